@@ -1,0 +1,11 @@
+//! Compiles the gRPC contracts in `proto/` with protox (pure Rust, no `protoc`).
+
+fn main() -> Result<(), Box<dyn std::error::Error>> {
+    let files = ["proto/drover/v1/gateway.proto", "proto/drover/v1/cluster.proto"];
+    for file in files {
+        println!("cargo:rerun-if-changed={file}");
+    }
+    let descriptors = protox::compile(files, ["proto"])?;
+    tonic_prost_build::configure().bytes(".drover.cluster.v1").compile_fds(descriptors)?;
+    Ok(())
+}

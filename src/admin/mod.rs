@@ -1,0 +1,143 @@
+//! Admin HTTP: `/health`, `/ready`, `/metrics` (Prometheus text format) and JSON
+//! views under `/actuator/*`. Owns the process's metrics recorder.
+
+use std::sync::{Arc, OnceLock};
+use std::time::Duration;
+
+use axum::extract::State;
+use axum::http::StatusCode;
+use axum::response::{IntoResponse, Json};
+use axum::routing::get;
+use axum::Router;
+use metrics_exporter_prometheus::{Matcher, PrometheusBuilder, PrometheusHandle};
+use serde_json::json;
+use tokio::net::TcpListener;
+use tokio::sync::watch;
+
+use crate::node::NodeContext;
+
+static RECORDER: OnceLock<PrometheusHandle> = OnceLock::new();
+
+/// The process-wide Prometheus recorder (installed on first use; several nodes
+/// in one test process share it).
+pub fn recorder() -> &'static PrometheusHandle {
+    RECORDER.get_or_init(|| {
+        let latency = [0.0005, 0.001, 0.002, 0.005, 0.01, 0.025, 0.05, 0.1, 0.25, 0.5, 1.0, 2.5, 5.0, 10.0];
+        let counts = [1.0, 2.0, 5.0, 10.0, 20.0, 50.0, 100.0, 200.0, 500.0, 1000.0, 2000.0, 5000.0];
+        PrometheusBuilder::new()
+            .set_buckets_for_metric(Matcher::Suffix("_seconds".into()), &latency)
+            .and_then(|b| b.set_buckets_for_metric(Matcher::Prefix("drover_raft_commands_per".into()), &counts))
+            .and_then(|b| b.set_buckets_for_metric(Matcher::Prefix("drover_storage_appends_per".into()), &counts))
+            .expect("valid buckets")
+            .install_recorder()
+            .unwrap_or_else(|_| {
+                // Another recorder is installed (an embedding application's):
+                // build one we can still render, though nothing records into it.
+                PrometheusBuilder::new().build_recorder().handle()
+            })
+    })
+}
+
+pub async fn serve(ctx: Arc<NodeContext>, listener: TcpListener, mut stop: watch::Receiver<bool>) {
+    recorder();
+    let app = Router::new()
+        .route("/health", get(|| async { "ok" }))
+        .route("/ready", get(ready))
+        .route("/metrics", get(|| async { recorder().render() }))
+        .route("/actuator/partitions", get(partitions))
+        .route("/actuator/jobstreams", get(jobstreams))
+        .with_state(ctx);
+    let shutdown = async move {
+        let _ = stop.wait_for(|s| *s).await;
+    };
+    if let Err(e) = axum::serve(listener, app).with_graceful_shutdown(shutdown).await {
+        tracing::error!("admin server failed: {e}");
+    }
+}
+
+async fn ready(State(ctx): State<Arc<NodeContext>>) -> impl IntoResponse {
+    if ctx.ready() {
+        (StatusCode::OK, "ready")
+    } else {
+        (StatusCode::SERVICE_UNAVAILABLE, "not ready: a partition on this node has no known leader")
+    }
+}
+
+async fn partitions(State(ctx): State<Arc<NodeContext>>) -> impl IntoResponse {
+    let brokers = crate::gateway::cluster_status_json(&ctx).await;
+    Json(json!({
+        "nodeId": ctx.node_id,
+        "clusterSize": ctx.cluster_size(),
+        "partitionsCount": ctx.partition_count(),
+        "replicationFactor": ctx.replication_factor,
+        "local": ctx.replicas.values().map(|r| r.status()).collect::<Vec<_>>(),
+        "brokers": brokers,
+    }))
+}
+
+async fn jobstreams(State(ctx): State<Arc<NodeContext>>) -> impl IntoResponse {
+    let remote: Vec<_> = ctx
+        .broker_streams
+        .all()
+        .iter()
+        .map(|s| {
+            json!({
+                "gatewayNodeId": s.gateway,
+                "streamId": s.stream_id,
+                "jobType": s.job_type,
+                "worker": s.worker,
+                "timeout": s.timeout_ms,
+                "tenantIds": s.tenants,
+                "fetchVariables": s.fetch_variables,
+            })
+        })
+        .collect();
+    Json(json!({ "client": ctx.gateway_streams.view(), "remote": remote }))
+}
+
+/// Publishes gauges that are read rather than counted: partition roles and
+/// progress, activatable jobs per type, storage figures.
+pub async fn record_gauges(ctx: Arc<NodeContext>, mut stop: watch::Receiver<bool>) {
+    loop {
+        for replica in ctx.replicas.values() {
+            let status = replica.status();
+            let p = status.partition.to_string();
+            let leader = if status.role == "leader" { 1.0 } else { 0.0 };
+            metrics::gauge!("drover_partition_role_leader", "partition" => p.clone()).set(leader);
+            metrics::gauge!("drover_partition_term", "partition" => p.clone()).set(status.term as f64);
+            metrics::gauge!("drover_partition_commit_index", "partition" => p.clone()).set(status.commit_index as f64);
+            metrics::gauge!("drover_partition_applied_index", "partition" => p.clone())
+                .set(status.applied_index as f64);
+            metrics::gauge!("drover_partition_has_leader", "partition" => p.clone()).set(if status.leader.is_some() {
+                1.0
+            } else {
+                0.0
+            });
+            if status.role == "leader" {
+                for (job_type, count) in replica.state().read(|s| s.activatable_by_type()) {
+                    metrics::gauge!("drover_jobs_activatable", "partition" => p.clone(), "type" => job_type)
+                        .set(count as f64);
+                }
+            }
+        }
+        let store = &ctx.store;
+        for (name, property) in [
+            ("drover_rocksdb_memtable_bytes", "rocksdb.cur-size-all-mem-tables"),
+            ("drover_rocksdb_sst_bytes", "rocksdb.total-sst-files-size"),
+            ("drover_rocksdb_write_stalled", "rocksdb.is-write-stopped"),
+            ("drover_rocksdb_pending_compaction_bytes", "rocksdb.estimate-pending-compaction-bytes"),
+        ] {
+            if let Some(value) = store.property(property) {
+                metrics::gauge!(name).set(value as f64);
+            }
+        }
+        let sync = store.sync_stats();
+        metrics::gauge!("drover_storage_wal_syncs").set(sync.syncs as f64);
+        metrics::gauge!("drover_storage_appends_synced").set(sync.batches as f64);
+        recorder().run_upkeep();
+        tokio::select! {
+            _ = tokio::time::sleep(Duration::from_secs(1)) => {}
+            _ = stop.wait_for(|s| *s) => return,
+        }
+    }
+}

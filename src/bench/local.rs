@@ -1,0 +1,176 @@
+//! A cluster of `drover serve` processes on this machine, in temporary (or
+//! given) data directories: used by `drover bench --local-nodes` and
+//! `drover dev-cluster`.
+
+use std::io::{BufRead, BufReader};
+use std::net::TcpListener;
+use std::path::{Path, PathBuf};
+use std::process::{Child, Command, Stdio};
+use std::time::{Duration, Instant};
+
+use anyhow::{bail, Context};
+
+pub struct LocalNodeProcess {
+    pub node_id: u64,
+    pub child: Child,
+    pub grpc: String,
+    pub cluster: String,
+    pub admin: String,
+    pub data_dir: PathBuf,
+}
+
+pub struct LocalCluster {
+    pub nodes: Vec<LocalNodeProcess>,
+    _temp: Option<tempfile::TempDir>,
+}
+
+fn free_port() -> anyhow::Result<u16> {
+    Ok(TcpListener::bind("127.0.0.1:0")?.local_addr()?.port())
+}
+
+impl LocalCluster {
+    /// Starts `nodes` nodes. With `base_dir` the data stays there; otherwise a
+    /// temporary directory is removed when the cluster is dropped.
+    pub fn start(
+        nodes: usize,
+        partitions: u32,
+        replication_factor: u32,
+        base_dir: Option<&Path>,
+        extra_args: &[String],
+    ) -> anyhow::Result<LocalCluster> {
+        let temp = match base_dir {
+            Some(_) => None,
+            None => Some(tempfile::Builder::new().prefix("drover-local-").tempdir()?),
+        };
+        let base = base_dir.map(Path::to_path_buf).unwrap_or_else(|| temp.as_ref().expect("temp").path().to_path_buf());
+        let mut ports = Vec::new();
+        for _ in 0..nodes {
+            ports.push((free_port()?, free_port()?, free_port()?));
+        }
+        let members: Vec<String> =
+            ports.iter().enumerate().map(|(id, (_, cluster, _))| format!("{id}=127.0.0.1:{cluster}")).collect();
+        let exe = std::env::current_exe().context("finding the drover binary")?;
+        let mut started = Vec::new();
+        for (id, (grpc, cluster, admin)) in ports.iter().enumerate() {
+            let data_dir = base.join(format!("node-{id}"));
+            let log = std::fs::File::create(base.join(format!("node-{id}.log")))?;
+            let child = Command::new(&exe)
+                .arg("serve")
+                .args(["--node-id", &id.to_string()])
+                .arg("--data-dir")
+                .arg(&data_dir)
+                .args(["--grpc-addr", &format!("127.0.0.1:{grpc}")])
+                .args(["--cluster-addr", &format!("127.0.0.1:{cluster}")])
+                .args(["--admin-addr", &format!("127.0.0.1:{admin}")])
+                .args(["--members", &members.join(",")])
+                .args(["--partitions", &partitions.to_string()])
+                .args(["--replication-factor", &replication_factor.to_string()])
+                .args(extra_args)
+                .stdout(Stdio::piped())
+                .stderr(log)
+                .spawn()
+                .context("starting drover serve")?;
+            started.push(LocalNodeProcess {
+                node_id: id as u64,
+                child,
+                grpc: format!("127.0.0.1:{grpc}"),
+                cluster: format!("127.0.0.1:{cluster}"),
+                admin: format!("127.0.0.1:{admin}"),
+                data_dir,
+            });
+        }
+        let mut cluster = LocalCluster { nodes: started, _temp: temp };
+        for node in &mut cluster.nodes {
+            let stdout = node.child.stdout.take().expect("piped");
+            let mut lines = BufReader::new(stdout).lines();
+            match lines.next() {
+                Some(Ok(line)) if line.contains("started") => {}
+                other => bail!("node {} did not start: {other:?}", node.node_id),
+            }
+            // Keep draining its stdout so it never blocks on a full pipe.
+            std::thread::spawn(move || for _ in lines.map_while(Result::ok) {});
+        }
+        Ok(cluster)
+    }
+
+    pub fn gateways(&self) -> Vec<String> {
+        self.nodes.iter().map(|n| n.grpc.clone()).collect()
+    }
+
+    /// Waits until every node says `/ready`.
+    pub async fn wait_ready(&self, limit: Duration) -> anyhow::Result<()> {
+        let started = Instant::now();
+        for node in &self.nodes {
+            loop {
+                if admin_get(&node.admin, "/ready").await.map(|(code, _)| code == 200).unwrap_or(false) {
+                    break;
+                }
+                if started.elapsed() > limit {
+                    bail!("node {} was not ready within {limit:?}", node.node_id);
+                }
+                tokio::time::sleep(Duration::from_millis(50)).await;
+            }
+        }
+        Ok(())
+    }
+
+    /// Resident memory of each node, in bytes (Linux).
+    pub fn resident_bytes(&self) -> Vec<u64> {
+        self.nodes.iter().map(|n| resident_bytes(n.child.id())).collect()
+    }
+
+    pub fn stop(&mut self) {
+        for node in &mut self.nodes {
+            unsafe {
+                libc::kill(node.child.id() as i32, libc::SIGTERM);
+            }
+        }
+        for node in &mut self.nodes {
+            let deadline = Instant::now() + Duration::from_secs(15);
+            loop {
+                match node.child.try_wait() {
+                    Ok(Some(_)) => break,
+                    Ok(None) if Instant::now() < deadline => std::thread::sleep(Duration::from_millis(50)),
+                    _ => {
+                        let _ = node.child.kill();
+                        let _ = node.child.wait();
+                        break;
+                    }
+                }
+            }
+        }
+    }
+}
+
+impl Drop for LocalCluster {
+    fn drop(&mut self) {
+        for node in &mut self.nodes {
+            let _ = node.child.kill();
+            let _ = node.child.wait();
+        }
+    }
+}
+
+pub fn resident_bytes(pid: u32) -> u64 {
+    let status = std::fs::read_to_string(format!("/proc/{pid}/status")).unwrap_or_default();
+    status
+        .lines()
+        .find_map(|l| l.strip_prefix("VmRSS:"))
+        .and_then(|v| v.split_whitespace().next())
+        .and_then(|kb| kb.parse::<u64>().ok())
+        .map(|kb| kb * 1024)
+        .unwrap_or(0)
+}
+
+/// A minimal HTTP GET against an admin port.
+pub async fn admin_get(addr: &str, path: &str) -> std::io::Result<(u16, String)> {
+    use tokio::io::{AsyncReadExt, AsyncWriteExt};
+    let mut stream = tokio::net::TcpStream::connect(addr).await?;
+    stream.write_all(format!("GET {path} HTTP/1.1\r\nHost: {addr}\r\nConnection: close\r\n\r\n").as_bytes()).await?;
+    let mut response = Vec::new();
+    stream.read_to_end(&mut response).await?;
+    let text = String::from_utf8_lossy(&response).into_owned();
+    let code = text.split_whitespace().nth(1).and_then(|c| c.parse().ok()).unwrap_or(0);
+    let body = text.split_once("\r\n\r\n").map(|(_, b)| b.to_string()).unwrap_or_default();
+    Ok((code, body))
+}

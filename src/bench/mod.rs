@@ -1,0 +1,115 @@
+//! `drover bench`: throughput and latency of a cluster, measured through the
+//! public gRPC API the way users compare brokers.
+//!
+//! - `throughput`: producers create `--jobs` jobs over `CreateJobs` streams with
+//!   up to `--in-flight` unacknowledged creates each, while workers receive them
+//!   over `StreamActivatedJobs` and complete each one over `CompleteJobs`.
+//!   Every payload carries a sequence number, so lost and doubly completed jobs
+//!   are counted, not assumed.
+//! - `latency`: a fixed `--rate` of creates for `--duration`; the latency is
+//!   "worker received - create sent", in an HDR histogram.
+
+mod local;
+mod workload;
+
+use std::time::Duration;
+
+use anyhow::bail;
+use serde::Serialize;
+
+pub use local::{admin_get, LocalCluster};
+use workload::Figures;
+
+#[derive(Clone, Copy, Debug, PartialEq, Eq, clap::ValueEnum, Serialize)]
+#[serde(rename_all = "lowercase")]
+pub enum Workload {
+    Throughput,
+    Latency,
+}
+
+#[derive(clap::Args, Clone, Debug, Serialize)]
+pub struct BenchArgs {
+    /// Workloads to run, in order.
+    #[arg(long, value_enum, value_delimiter = ',', default_value = "throughput,latency")]
+    pub workload: Vec<Workload>,
+    /// Gateways of a running cluster (comma separated). Ignored with --local-nodes.
+    #[arg(long, value_delimiter = ',', default_value = "127.0.0.1:26500")]
+    pub address: Vec<String>,
+    /// Start this many local nodes in temporary directories for the run.
+    #[arg(long)]
+    pub local_nodes: Option<usize>,
+    /// Partitions of the local cluster.
+    #[arg(long, default_value_t = 1)]
+    pub partitions: u32,
+    /// Replication factor of the local cluster.
+    #[arg(long, default_value_t = 1)]
+    pub replication_factor: u32,
+    /// Jobs of the throughput workload.
+    #[arg(long, default_value_t = 100_000)]
+    pub jobs: u64,
+    /// Size of each job's JSON variables.
+    #[arg(long, default_value_t = 256)]
+    pub payload_bytes: usize,
+    /// Concurrent producers.
+    #[arg(long, default_value_t = 4)]
+    pub producers: usize,
+    /// Unacknowledged creates per producer.
+    #[arg(long, default_value_t = 256)]
+    pub in_flight: usize,
+    /// Workers receiving over StreamActivatedJobs.
+    #[arg(long, default_value_t = 4)]
+    pub workers: usize,
+    /// Creates per second of the latency workload.
+    #[arg(long, default_value_t = 1000)]
+    pub rate: u64,
+    /// Seconds the latency workload runs.
+    #[arg(long, default_value_t = 20)]
+    pub duration: u64,
+    /// Print one JSON object per workload instead of a table.
+    #[arg(long)]
+    pub json: bool,
+}
+
+#[derive(Serialize)]
+struct Report<'a> {
+    workload: Workload,
+    parameters: &'a BenchArgs,
+    figures: Figures,
+}
+
+pub async fn run(args: BenchArgs) -> anyhow::Result<bool> {
+    if args.jobs == 0 || args.producers == 0 || args.workers == 0 || args.in_flight == 0 {
+        bail!("--jobs, --producers, --workers and --in-flight must be at least 1");
+    }
+    let mut cluster = match args.local_nodes {
+        Some(n) => {
+            let cluster = LocalCluster::start(n, args.partitions, args.replication_factor, None, &[])?;
+            cluster.wait_ready(Duration::from_secs(60)).await?;
+            Some(cluster)
+        }
+        None => None,
+    };
+    let gateways = match &cluster {
+        Some(c) => c.gateways(),
+        None => args.address.clone(),
+    };
+    let admins: Vec<String> =
+        cluster.as_ref().map(|c| c.nodes.iter().map(|n| n.admin.clone()).collect()).unwrap_or_default();
+    let mut clean = true;
+    for workload in &args.workload {
+        let figures = match workload {
+            Workload::Throughput => workload::throughput(&args, &gateways, cluster.as_ref(), &admins).await?,
+            Workload::Latency => workload::latency(&args, &gateways, cluster.as_ref(), &admins).await?,
+        };
+        clean &= figures.lost == 0 && figures.completed_twice == 0;
+        if args.json {
+            println!("{}", serde_json::to_string(&Report { workload: *workload, parameters: &args, figures })?);
+        } else {
+            figures.print(*workload);
+        }
+    }
+    if let Some(cluster) = cluster.as_mut() {
+        cluster.stop();
+    }
+    Ok(clean)
+}

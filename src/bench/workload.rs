@@ -1,0 +1,422 @@
+//! The two workloads and their bookkeeping.
+
+use std::collections::{HashMap, VecDeque};
+use std::sync::atomic::{AtomicBool, AtomicU32, AtomicU64, Ordering};
+use std::sync::{Arc, Mutex};
+use std::time::{Duration, Instant, SystemTime, UNIX_EPOCH};
+
+use anyhow::Context;
+use hdrhistogram::Histogram;
+use serde::{Deserialize, Serialize};
+use tokio::sync::{mpsc, watch, Semaphore};
+use tokio_stream::wrappers::ReceiverStream;
+
+use super::local::{admin_get, LocalCluster};
+use super::{BenchArgs, Workload};
+use crate::client::Client;
+use crate::proto::gateway::{CompleteJobRequest, CreateJobRequest, StreamActivatedJobsRequest};
+
+/// Give up waiting for completions after this long without progress.
+const STALL_LIMIT: Duration = Duration::from_secs(30);
+
+#[derive(Clone, Copy, Debug, Default, Serialize)]
+pub struct Percentiles {
+    pub p50: f64,
+    pub p99: f64,
+    pub p999: f64,
+    pub max: f64,
+    pub count: u64,
+}
+
+impl Percentiles {
+    fn of(h: &Histogram<u64>) -> Self {
+        let ms = |micros: u64| micros as f64 / 1000.0;
+        Percentiles {
+            p50: ms(h.value_at_quantile(0.50)),
+            p99: ms(h.value_at_quantile(0.99)),
+            p999: ms(h.value_at_quantile(0.999)),
+            max: ms(h.max()),
+            count: h.len(),
+        }
+    }
+}
+
+#[derive(Debug, Default, Serialize)]
+pub struct Figures {
+    pub jobs_created: u64,
+    pub create_errors: u64,
+    pub jobs_completed_unique: u64,
+    pub lost: u64,
+    pub completed_twice: u64,
+    pub redelivered: u64,
+    pub elapsed_s: f64,
+    pub jobs_per_s: f64,
+    pub create_ack_per_s: f64,
+    pub latency_ms: Option<Percentiles>,
+    pub create_ack_latency_ms: Option<Percentiles>,
+    pub rss_start_mib: Vec<f64>,
+    pub rss_peak_mib: Vec<f64>,
+    pub rss_end_mib: Vec<f64>,
+    pub wal_syncs: Vec<u64>,
+    pub jobs_per_sync: Option<f64>,
+}
+
+impl Figures {
+    pub fn print(&self, workload: Workload) {
+        println!("== {workload:?} ==");
+        println!("  jobs created (acknowledged)   {}", self.jobs_created);
+        println!("  create errors                 {}", self.create_errors);
+        println!("  jobs completed (unique)       {}", self.jobs_completed_unique);
+        println!("  lost / completed twice        {} / {}", self.lost, self.completed_twice);
+        println!("  redelivered                   {}", self.redelivered);
+        println!("  elapsed                       {:.2} s", self.elapsed_s);
+        println!("  end-to-end throughput         {:.0} jobs/s", self.jobs_per_s);
+        println!("  create acknowledgements       {:.0} /s", self.create_ack_per_s);
+        if let Some(l) = self.latency_ms {
+            println!(
+                "  create sent -> worker received  p50 {:.2} ms  p99 {:.2} ms  p99.9 {:.2} ms  max {:.2} ms",
+                l.p50, l.p99, l.p999, l.max
+            );
+        }
+        if let Some(l) = self.create_ack_latency_ms {
+            println!(
+                "  create acknowledgement         p50 {:.2} ms  p99 {:.2} ms  p99.9 {:.2} ms  max {:.2} ms",
+                l.p50, l.p99, l.p999, l.max
+            );
+        }
+        if !self.rss_peak_mib.is_empty() {
+            println!(
+                "  RSS per node (MiB)  start {:?}  peak {:?}  end {:?}",
+                self.rss_start_mib, self.rss_peak_mib, self.rss_end_mib
+            );
+        }
+        if let Some(jobs_per_sync) = self.jobs_per_sync {
+            println!("  WAL syncs per node {:?}; jobs per sync {:.1}", self.wal_syncs, jobs_per_sync);
+        }
+    }
+}
+
+#[derive(Deserialize)]
+struct Payload {
+    seq: u64,
+    sent: u64,
+}
+
+fn now_micros() -> u64 {
+    SystemTime::now().duration_since(UNIX_EPOCH).map(|d| d.as_micros() as u64).unwrap_or(0)
+}
+
+fn payload(seq: u64, size: usize) -> String {
+    let head = format!("{{\"seq\":{seq},\"sent\":{},\"pad\":\"", now_micros());
+    let pad = size.saturating_sub(head.len() + 2);
+    let mut text = String::with_capacity(head.len() + pad + 2);
+    text.push_str(&head);
+    text.extend(std::iter::repeat_n('x', pad));
+    text.push_str("\"}");
+    text
+}
+
+/// Per-sequence-number bookkeeping shared by producers and workers.
+struct Tracker {
+    acked: Vec<AtomicBool>,
+    completions: Vec<AtomicU32>,
+    deliveries: Vec<AtomicU32>,
+    acked_total: AtomicU64,
+    create_errors: AtomicU64,
+    completed_unique: AtomicU64,
+}
+
+impl Tracker {
+    fn new(jobs: u64) -> Self {
+        Tracker {
+            acked: (0..jobs).map(|_| AtomicBool::new(false)).collect(),
+            completions: (0..jobs).map(|_| AtomicU32::new(0)).collect(),
+            deliveries: (0..jobs).map(|_| AtomicU32::new(0)).collect(),
+            acked_total: AtomicU64::new(0),
+            create_errors: AtomicU64::new(0),
+            completed_unique: AtomicU64::new(0),
+        }
+    }
+}
+
+async fn connect(gateway: &str) -> anyhow::Result<Client> {
+    Client::connect(gateway).await.with_context(|| format!("connecting to {gateway}"))
+}
+
+/// Creates `seqs` over one CreateJobs stream with at most `in_flight` waiting.
+/// With `rate`, paces sends; records acknowledgement latency.
+async fn produce(
+    gateway: String,
+    job_type: String,
+    seqs: std::ops::Range<u64>,
+    payload_bytes: usize,
+    in_flight: usize,
+    rate: Option<u64>,
+    tracker: Arc<Tracker>,
+) -> anyhow::Result<Histogram<u64>> {
+    let client = connect(&gateway).await?;
+    let (tx, rx) = mpsc::channel::<CreateJobRequest>(in_flight);
+    let permits = Arc::new(Semaphore::new(in_flight));
+    let sent_at: Arc<Mutex<VecDeque<Instant>>> = Arc::default();
+    let mut responses = client.raw().create_jobs(ReceiverStream::new(rx)).await?.into_inner();
+    let sender = {
+        let (permits, sent_at, seqs) = (Arc::clone(&permits), Arc::clone(&sent_at), seqs.clone());
+        tokio::spawn(async move {
+            let mut ticker = rate.map(|r| {
+                let mut t = tokio::time::interval(Duration::from_nanos(1_000_000_000 / r.max(1)));
+                t.set_missed_tick_behavior(tokio::time::MissedTickBehavior::Burst);
+                t
+            });
+            for seq in seqs {
+                if let Some(t) = ticker.as_mut() {
+                    t.tick().await;
+                }
+                permits.acquire().await.expect("open").forget();
+                let request = CreateJobRequest {
+                    r#type: job_type.clone(),
+                    variables: payload(seq, payload_bytes),
+                    ..Default::default()
+                };
+                sent_at.lock().expect("lock").push_back(Instant::now());
+                if tx.send(request).await.is_err() {
+                    break;
+                }
+            }
+        })
+    };
+    let mut ack_latency = Histogram::<u64>::new(3)?;
+    let mut seq = seqs.start;
+    while seq < seqs.end {
+        let Some(response) = responses.message().await? else { break };
+        let sent = sent_at.lock().expect("lock").pop_front();
+        if let Some(sent) = sent {
+            let _ = ack_latency.record(sent.elapsed().as_micros() as u64);
+        }
+        if response.error.is_some() {
+            tracker.create_errors.fetch_add(1, Ordering::Relaxed);
+        } else {
+            tracker.acked[seq as usize].store(true, Ordering::Relaxed);
+            tracker.acked_total.fetch_add(1, Ordering::Relaxed);
+        }
+        permits.add_permits(1);
+        seq += 1;
+    }
+    sender.abort();
+    Ok(ack_latency)
+}
+
+/// Receives jobs over a stream and completes each over a CompleteJobs stream.
+async fn work(
+    gateway: String,
+    job_type: String,
+    tracker: Arc<Tracker>,
+    mut stop: watch::Receiver<bool>,
+) -> anyhow::Result<Histogram<u64>> {
+    let client = connect(&gateway).await?;
+    let (tx, rx) = mpsc::channel::<CompleteJobRequest>(4096);
+    let mut completions = client.raw().complete_jobs(ReceiverStream::new(rx)).await?.into_inner();
+    let pending: Arc<Mutex<HashMap<u64, u64>>> = Arc::default();
+    let reader = {
+        let (pending, tracker) = (Arc::clone(&pending), Arc::clone(&tracker));
+        tokio::spawn(async move {
+            while let Ok(Some(response)) = completions.message().await {
+                let seq = pending.lock().expect("lock").remove(&response.key);
+                if let (Some(seq), None) = (seq, response.error) {
+                    if tracker.completions[seq as usize].fetch_add(1, Ordering::Relaxed) == 0 {
+                        tracker.completed_unique.fetch_add(1, Ordering::Relaxed);
+                    }
+                }
+            }
+        })
+    };
+    let request =
+        StreamActivatedJobsRequest { r#type: job_type, worker: "bench".into(), timeout: 30_000, ..Default::default() };
+    let mut jobs = client.raw().stream_activated_jobs(request).await?.into_inner();
+    let mut latency = Histogram::<u64>::new(3)?;
+    loop {
+        let job = tokio::select! {
+            job = jobs.message() => job,
+            _ = stop.wait_for(|s| *s) => break,
+        };
+        let Ok(Some(job)) = job else { break };
+        let received = now_micros();
+        let Ok(payload) = serde_json::from_str::<Payload>(&job.variables) else { continue };
+        let _ = latency.record(received.saturating_sub(payload.sent));
+        tracker.deliveries[payload.seq as usize].fetch_add(1, Ordering::Relaxed);
+        pending.lock().expect("lock").insert(job.key, payload.seq);
+        let complete = CompleteJobRequest { key: job.key, attempt: job.attempt, variables: String::new() };
+        if tx.send(complete).await.is_err() {
+            break;
+        }
+    }
+    drop(tx);
+    let _ = tokio::time::timeout(Duration::from_secs(5), reader).await;
+    Ok(latency)
+}
+
+async fn wal_syncs(admins: &[String]) -> Vec<u64> {
+    let mut out = Vec::new();
+    for admin in admins {
+        let value = match admin_get(admin, "/metrics").await {
+            Ok((_, body)) => body
+                .lines()
+                .find(|l| l.starts_with("drover_storage_wal_syncs "))
+                .and_then(|l| l.split_whitespace().nth(1))
+                .and_then(|v| v.parse::<f64>().ok())
+                .unwrap_or(0.0) as u64,
+            Err(_) => 0,
+        };
+        out.push(value);
+    }
+    out
+}
+
+fn mib(bytes: &[u64]) -> Vec<f64> {
+    bytes.iter().map(|b| (*b as f64 / (1024.0 * 1024.0) * 10.0).round() / 10.0).collect()
+}
+
+async fn run(
+    args: &BenchArgs,
+    gateways: &[String],
+    cluster: Option<&LocalCluster>,
+    admins: &[String],
+    jobs: u64,
+    rate: Option<u64>,
+    producers: usize,
+) -> anyhow::Result<Figures> {
+    let job_type = format!("bench-{}", rand::random::<u32>());
+    let tracker = Arc::new(Tracker::new(jobs));
+    let (stop_tx, stop_rx) = watch::channel(false);
+    let rss_start = cluster.map(|c| c.resident_bytes()).unwrap_or_default();
+    let syncs_before = wal_syncs(admins).await;
+
+    let mut workers = Vec::new();
+    for i in 0..args.workers {
+        let gateway = gateways[i % gateways.len()].clone();
+        workers.push(tokio::spawn(work(gateway, job_type.clone(), Arc::clone(&tracker), stop_rx.clone())));
+    }
+    // Let the streams register before the first job, as long-running workers would be.
+    tokio::time::sleep(Duration::from_millis(300)).await;
+
+    let rss_peak: Arc<Mutex<Vec<u64>>> = Arc::new(Mutex::new(rss_start.clone()));
+    let sampler = cluster.map(|c| {
+        let pids: Vec<u32> = c.nodes.iter().map(|n| n.child.id()).collect();
+        let (peak, mut stop) = (Arc::clone(&rss_peak), stop_rx.clone());
+        tokio::spawn(async move {
+            loop {
+                {
+                    let mut peak = peak.lock().expect("lock");
+                    for (i, pid) in pids.iter().enumerate() {
+                        peak[i] = peak[i].max(super::local::resident_bytes(*pid));
+                    }
+                }
+                tokio::select! {
+                    _ = tokio::time::sleep(Duration::from_millis(250)) => {}
+                    _ = stop.wait_for(|s| *s) => return,
+                }
+            }
+        })
+    });
+
+    let started = Instant::now();
+    let mut producer_tasks = Vec::new();
+    let per = jobs.div_ceil(producers as u64);
+    for p in 0..producers as u64 {
+        let range = (p * per).min(jobs)..((p + 1) * per).min(jobs);
+        let gateway = gateways[p as usize % gateways.len()].clone();
+        let producer_rate = rate.map(|r| (r / producers as u64).max(1));
+        producer_tasks.push(tokio::spawn(produce(
+            gateway,
+            job_type.clone(),
+            range,
+            args.payload_bytes,
+            args.in_flight,
+            producer_rate,
+            Arc::clone(&tracker),
+        )));
+    }
+    let mut ack_latency = Histogram::<u64>::new(3)?;
+    for task in producer_tasks {
+        let histogram = task.await??;
+        ack_latency.add(histogram)?;
+    }
+    let produced_in = started.elapsed();
+
+    let mut last = (0, Instant::now());
+    loop {
+        let done = tracker.completed_unique.load(Ordering::Relaxed);
+        let acked = tracker.acked_total.load(Ordering::Relaxed);
+        if done >= acked {
+            break;
+        }
+        if done != last.0 {
+            last = (done, Instant::now());
+        } else if last.1.elapsed() > STALL_LIMIT {
+            break;
+        }
+        tokio::time::sleep(Duration::from_millis(5)).await;
+    }
+    let elapsed = started.elapsed();
+    let _ = stop_tx.send(true);
+    let mut latency = Histogram::<u64>::new(3)?;
+    for worker in workers {
+        latency.add(worker.await??)?;
+    }
+    if let Some(sampler) = sampler {
+        let _ = sampler.await;
+    }
+    let syncs_after = wal_syncs(admins).await;
+
+    let mut figures = Figures::default();
+    for seq in 0..jobs as usize {
+        let acked = tracker.acked[seq].load(Ordering::Relaxed);
+        let completions = tracker.completions[seq].load(Ordering::Relaxed);
+        if acked && completions == 0 {
+            figures.lost += 1;
+        }
+        if completions > 1 {
+            figures.completed_twice += 1;
+        }
+        figures.redelivered += tracker.deliveries[seq].load(Ordering::Relaxed).saturating_sub(1) as u64;
+    }
+    figures.jobs_created = tracker.acked_total.load(Ordering::Relaxed);
+    figures.create_errors = tracker.create_errors.load(Ordering::Relaxed);
+    figures.jobs_completed_unique = tracker.completed_unique.load(Ordering::Relaxed);
+    figures.elapsed_s = elapsed.as_secs_f64();
+    figures.jobs_per_s = figures.jobs_completed_unique as f64 / elapsed.as_secs_f64();
+    figures.create_ack_per_s = figures.jobs_created as f64 / produced_in.as_secs_f64();
+    figures.latency_ms = Some(Percentiles::of(&latency));
+    figures.create_ack_latency_ms = Some(Percentiles::of(&ack_latency));
+    if let Some(cluster) = cluster {
+        figures.rss_start_mib = mib(&rss_start);
+        figures.rss_peak_mib = mib(&rss_peak.lock().expect("lock"));
+        figures.rss_end_mib = mib(&cluster.resident_bytes());
+    }
+    if !admins.is_empty() {
+        figures.wal_syncs = syncs_after.iter().zip(&syncs_before).map(|(a, b)| a.saturating_sub(*b)).collect();
+        let busiest = figures.wal_syncs.iter().copied().max().unwrap_or(0);
+        if busiest > 0 {
+            figures.jobs_per_sync = Some(figures.jobs_completed_unique as f64 / busiest as f64);
+        }
+    }
+    Ok(figures)
+}
+
+pub async fn throughput(
+    args: &BenchArgs,
+    gateways: &[String],
+    cluster: Option<&LocalCluster>,
+    admins: &[String],
+) -> anyhow::Result<Figures> {
+    run(args, gateways, cluster, admins, args.jobs, None, args.producers).await
+}
+
+pub async fn latency(
+    args: &BenchArgs,
+    gateways: &[String],
+    cluster: Option<&LocalCluster>,
+    admins: &[String],
+) -> anyhow::Result<Figures> {
+    let jobs = args.rate * args.duration;
+    run(args, gateways, cluster, admins, jobs, Some(args.rate), 1).await
+}

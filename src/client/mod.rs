@@ -1,0 +1,133 @@
+//! The Rust client and worker library. Depends only on tonic and the generated
+//! contract: a worker application can use it with `default-features = false`.
+
+mod worker;
+
+use std::time::Duration;
+
+use tonic::transport::{Channel, Endpoint};
+
+pub use worker::{JobOutcome, Worker, WorkerOptions};
+
+use crate::proto::gateway::gateway_client::GatewayClient;
+use crate::proto::gateway::*;
+
+/// A connection to any Drover node's gateway.
+#[derive(Clone)]
+pub struct Client {
+    inner: GatewayClient<Channel>,
+}
+
+/// Turns `host:port` into `http://host:port`; keeps full URLs as they are.
+pub fn endpoint_url(address: &str) -> String {
+    if address.contains("://") {
+        address.to_string()
+    } else {
+        format!("http://{address}")
+    }
+}
+
+impl Client {
+    /// Connects lazily: the first call opens the connection, and a lost
+    /// connection is re-established by the next call.
+    pub fn connect_lazy(address: &str) -> Result<Client, tonic::transport::Error> {
+        let channel = Endpoint::from_shared(endpoint_url(address))?
+            .connect_timeout(Duration::from_secs(3))
+            .tcp_nodelay(true)
+            .http2_keep_alive_interval(Duration::from_secs(20))
+            .keep_alive_while_idle(true)
+            .connect_lazy();
+        Ok(Client::from_channel(channel))
+    }
+
+    /// Connects now, failing if the node cannot be reached.
+    pub async fn connect(address: &str) -> Result<Client, tonic::transport::Error> {
+        let channel = Endpoint::from_shared(endpoint_url(address))?
+            .connect_timeout(Duration::from_secs(3))
+            .tcp_nodelay(true)
+            .connect()
+            .await?;
+        Ok(Client::from_channel(channel))
+    }
+
+    pub fn from_channel(channel: Channel) -> Client {
+        Client { inner: GatewayClient::new(channel).max_decoding_message_size(64 << 20) }
+    }
+
+    /// The generated client, for calls this wrapper does not cover.
+    pub fn raw(&self) -> GatewayClient<Channel> {
+        self.inner.clone()
+    }
+
+    /// Creates a job of `job_type` with JSON `variables`; returns its key.
+    pub async fn create_job(&self, job_type: &str, variables: &str) -> Result<u64, tonic::Status> {
+        let request = CreateJobRequest { r#type: job_type.into(), variables: variables.into(), ..Default::default() };
+        Ok(self.raw().create_job(request).await?.into_inner().key)
+    }
+
+    pub async fn create(&self, request: CreateJobRequest) -> Result<u64, tonic::Status> {
+        Ok(self.raw().create_job(request).await?.into_inner().key)
+    }
+
+    pub async fn complete(&self, key: u64, attempt: u32, variables: &str) -> Result<(), tonic::Status> {
+        let request = CompleteJobRequest { key, attempt, variables: variables.into() };
+        self.raw().complete_job(request).await?;
+        Ok(())
+    }
+
+    pub async fn fail(
+        &self,
+        key: u64,
+        attempt: u32,
+        retries: i32,
+        error_message: &str,
+        retry_back_off_ms: i64,
+    ) -> Result<(), tonic::Status> {
+        let request = FailJobRequest {
+            key,
+            attempt,
+            retries,
+            error_message: error_message.into(),
+            retry_back_off: retry_back_off_ms,
+            variables: String::new(),
+        };
+        self.raw().fail_job(request).await?;
+        Ok(())
+    }
+
+    pub async fn get_job(&self, key: u64) -> Result<Job, tonic::Status> {
+        let reply = self.raw().get_job(GetJobRequest { key }).await?.into_inner();
+        reply.job.ok_or_else(|| tonic::Status::internal("GetJob returned no job"))
+    }
+
+    /// Activates up to `max` jobs, waiting up to `request_timeout_ms` for one.
+    pub async fn activate(
+        &self,
+        job_type: &str,
+        worker: &str,
+        max: i32,
+        timeout_ms: i64,
+        request_timeout_ms: i64,
+    ) -> Result<Vec<ActivatedJob>, tonic::Status> {
+        let request = ActivateJobsRequest {
+            r#type: job_type.into(),
+            worker: worker.into(),
+            timeout: timeout_ms,
+            max_jobs_to_activate: max,
+            request_timeout: request_timeout_ms,
+            ..Default::default()
+        };
+        let mut grpc = tonic::Request::new(request);
+        grpc.set_timeout(Duration::from_millis(request_timeout_ms.max(0) as u64 + 10_000));
+        let mut stream = self.raw().activate_jobs(grpc).await?.into_inner();
+        let mut jobs = Vec::new();
+        while let Some(reply) = stream.message().await? {
+            jobs.extend(reply.jobs);
+        }
+        Ok(jobs)
+    }
+
+    pub async fn topology(&self) -> Result<TopologyResponse, tonic::Status> {
+        Ok(self.raw().topology(TopologyRequest {}).await?.into_inner())
+    }
+}

@@ -1,0 +1,128 @@
+//! A job worker over `StreamActivatedJobs`: runs a handler per job, at most
+//! `concurrency` at a time, and reads the stream only when it has room for
+//! another job, so HTTP/2 flow control tells the gateway when this worker is
+//! busy. Reconnects with back-off when the stream breaks.
+
+use std::future::Future;
+use std::sync::Arc;
+use std::time::Duration;
+
+use tokio::sync::Semaphore;
+
+use super::Client;
+use crate::proto::gateway::{ActivatedJob, StreamActivatedJobsRequest};
+
+/// What the handler decided for a job.
+#[derive(Clone, Debug)]
+pub enum JobOutcome {
+    /// Complete with these result variables (a JSON object).
+    Complete(String),
+    /// Fail; `retries` is what remains after this failure.
+    Fail { retries: i32, message: String, back_off_ms: i64 },
+}
+
+#[derive(Clone, Debug)]
+pub struct WorkerOptions {
+    pub job_type: String,
+    pub worker: String,
+    pub timeout_ms: i64,
+    pub fetch_variables: Vec<String>,
+    /// Jobs handled at once.
+    pub concurrency: usize,
+    pub max_back_off: Duration,
+}
+
+impl WorkerOptions {
+    pub fn new(job_type: &str) -> Self {
+        WorkerOptions {
+            job_type: job_type.into(),
+            worker: format!("{}-{}", job_type, std::process::id()),
+            timeout_ms: 60_000,
+            fetch_variables: Vec::new(),
+            concurrency: 8,
+            max_back_off: Duration::from_secs(5),
+        }
+    }
+}
+
+pub struct Worker {
+    client: Client,
+    options: WorkerOptions,
+}
+
+impl Worker {
+    pub fn new(client: Client, options: WorkerOptions) -> Self {
+        Worker { client, options }
+    }
+
+    /// Runs until `stop` resolves. Each job's outcome is reported with its
+    /// activation's fencing token.
+    pub async fn run<H, F>(self, handler: H, stop: impl Future<Output = ()>)
+    where
+        H: Fn(ActivatedJob) -> F + Send + Sync + 'static,
+        F: Future<Output = JobOutcome> + Send + 'static,
+    {
+        let handler = Arc::new(handler);
+        let permits = Arc::new(Semaphore::new(self.options.concurrency.max(1)));
+        tokio::pin!(stop);
+        let mut back_off = Duration::from_millis(50);
+        loop {
+            let request = StreamActivatedJobsRequest {
+                r#type: self.options.job_type.clone(),
+                worker: self.options.worker.clone(),
+                timeout: self.options.timeout_ms,
+                fetch_variable: self.options.fetch_variables.clone(),
+                tenant_ids: Vec::new(),
+            };
+            let mut raw = self.client.raw();
+            let opened = tokio::select! {
+                opened = raw.stream_activated_jobs(request) => opened,
+                _ = &mut stop => return,
+            };
+            let mut stream = match opened {
+                Ok(response) => response.into_inner(),
+                Err(status) => {
+                    tracing::warn!("opening the job stream failed: {status}; retrying in {back_off:?}");
+                    tokio::select! {
+                        _ = tokio::time::sleep(back_off) => {}
+                        _ = &mut stop => return,
+                    }
+                    back_off = (back_off * 2).min(self.options.max_back_off);
+                    continue;
+                }
+            };
+            back_off = Duration::from_millis(50);
+            loop {
+                // Wait for room before reading: a busy worker stops reading.
+                let permit = tokio::select! {
+                    permit = Arc::clone(&permits).acquire_owned() => permit.expect("semaphore open"),
+                    _ = &mut stop => return,
+                };
+                let message = tokio::select! {
+                    message = stream.message() => message,
+                    _ = &mut stop => return,
+                };
+                let job = match message {
+                    Ok(Some(job)) => job,
+                    Ok(None) | Err(_) => break,
+                };
+                let client = self.client.clone();
+                let handler = Arc::clone(&handler);
+                tokio::spawn(async move {
+                    let (key, attempt) = (job.key, job.attempt);
+                    let result = match handler(job).await {
+                        JobOutcome::Complete(variables) => client.complete(key, attempt, &variables).await,
+                        JobOutcome::Fail { retries, message, back_off_ms } => {
+                            client.fail(key, attempt, retries, &message, back_off_ms).await
+                        }
+                    };
+                    if let Err(status) = result {
+                        tracing::warn!(key, attempt, "reporting the job's outcome failed: {status}");
+                    }
+                    drop(permit);
+                });
+            }
+            tracing::info!("job stream closed; reconnecting");
+        }
+    }
+}

@@ -1,0 +1,138 @@
+//! How partition leaders reach gateways and gateways reach brokers: directly on
+//! the same node, over the cluster service otherwise.
+
+use std::future::Future;
+use std::pin::Pin;
+use std::sync::{Arc, Weak};
+use std::time::Duration;
+
+use tokio::sync::watch;
+
+use crate::core::{ActivatedJobData, JobKey, PartitionId};
+use crate::node::NodeContext;
+use crate::partition::streams::RemoteStream;
+use crate::partition::GatewayLink;
+use crate::proto::cluster::{
+    NotifyAvailableRequest, PushRequest, RegisterStreamRequest, RemoveStreamRequest, StreamSpec,
+};
+
+/// How often gateways re-register their streams with every broker (brokers
+/// forget registrations after [`crate::partition::streams::STREAM_TTL`]).
+const REFRESH_EVERY: Duration = Duration::from_secs(3);
+
+pub struct Links {
+    ctx: Weak<NodeContext>,
+}
+
+impl Links {
+    pub fn new(ctx: Weak<NodeContext>) -> Self {
+        Links { ctx }
+    }
+}
+
+impl GatewayLink for Links {
+    fn push(
+        &self,
+        stream: &RemoteStream,
+        partition: PartitionId,
+        jobs: Vec<ActivatedJobData>,
+    ) -> Pin<Box<dyn Future<Output = Result<Vec<JobKey>, String>> + Send>> {
+        let Some(ctx) = self.ctx.upgrade() else {
+            return Box::pin(async { Err("node stopping".to_string()) });
+        };
+        let gateway = stream.gateway;
+        let stream_id = stream.stream_id;
+        Box::pin(async move {
+            if gateway == ctx.node_id {
+                return Ok(ctx.gateway_streams.push(stream_id, jobs));
+            }
+            let mut client = ctx.peers.client(gateway).ok_or_else(|| format!("unknown gateway {gateway}"))?;
+            let encoded = bincode::serialize(&jobs).map_err(|e| e.to_string())?;
+            let mut request =
+                tonic::Request::new(PushRequest { stream_id, partition_id: partition, jobs: encoded.into() });
+            request.set_timeout(Duration::from_secs(2));
+            let reply = client.push(request).await.map_err(|s| s.to_string())?;
+            Ok(reply.into_inner().rejected.into_iter().map(JobKey).collect())
+        })
+    }
+
+    fn jobs_available(&self, partition: PartitionId, job_type: &str) {
+        let Some(ctx) = self.ctx.upgrade() else { return };
+        let _ = ctx.available.send((partition, Arc::from(job_type)));
+        for (node, _) in ctx.members.iter().filter(|(id, _)| **id != ctx.node_id) {
+            let Some(mut client) = ctx.peers.client(*node) else { continue };
+            let request = NotifyAvailableRequest { partition_id: partition, r#type: job_type.to_string() };
+            tokio::spawn(async move {
+                let mut request = tonic::Request::new(request);
+                request.set_timeout(Duration::from_secs(1));
+                let _ = client.notify_available(request).await;
+            });
+        }
+    }
+}
+
+pub fn to_spec(stream: &RemoteStream) -> StreamSpec {
+    StreamSpec {
+        gateway_node_id: stream.gateway,
+        stream_id: stream.stream_id,
+        r#type: stream.job_type.clone(),
+        worker: stream.worker.clone(),
+        timeout: stream.timeout_ms,
+        fetch_variable: stream.fetch_variables.clone(),
+        tenant_ids: stream.tenants.clone(),
+    }
+}
+
+pub fn from_spec(spec: StreamSpec) -> RemoteStream {
+    RemoteStream {
+        gateway: spec.gateway_node_id,
+        stream_id: spec.stream_id,
+        job_type: spec.r#type,
+        worker: spec.worker,
+        timeout_ms: spec.timeout,
+        tenants: spec.tenant_ids,
+        fetch_variables: spec.fetch_variable,
+    }
+}
+
+/// Registers a gateway stream with every broker (best effort; the periodic
+/// refresh retries the ones that failed).
+pub fn register_everywhere(ctx: &Arc<NodeContext>, stream: &RemoteStream) {
+    ctx.broker_register(stream.clone());
+    for (node, _) in ctx.members.iter().filter(|(id, _)| **id != ctx.node_id) {
+        let Some(mut client) = ctx.peers.client(*node) else { continue };
+        let spec = to_spec(stream);
+        tokio::spawn(async move {
+            let mut request = tonic::Request::new(RegisterStreamRequest { stream: Some(spec) });
+            request.set_timeout(Duration::from_secs(2));
+            let _ = client.register_stream(request).await;
+        });
+    }
+}
+
+pub fn remove_everywhere(ctx: &Arc<NodeContext>, stream: &RemoteStream) {
+    ctx.broker_streams.remove(stream.gateway, stream.stream_id);
+    for (node, _) in ctx.members.iter().filter(|(id, _)| **id != ctx.node_id) {
+        let Some(mut client) = ctx.peers.client(*node) else { continue };
+        let request = RemoveStreamRequest { gateway_node_id: stream.gateway, stream_id: stream.stream_id };
+        tokio::spawn(async move {
+            let mut request = tonic::Request::new(request);
+            request.set_timeout(Duration::from_secs(2));
+            let _ = client.remove_stream(request).await;
+        });
+    }
+}
+
+/// Re-registers this gateway's streams everywhere, so brokers that restarted
+/// or missed a registration learn of them.
+pub async fn refresh_stream_registrations(ctx: Arc<NodeContext>, mut stop: watch::Receiver<bool>) {
+    loop {
+        tokio::select! {
+            _ = tokio::time::sleep(REFRESH_EVERY) => {}
+            _ = stop.wait_for(|s| *s) => return,
+        }
+        for stream in ctx.gateway_streams.registrations() {
+            register_everywhere(&ctx, &stream);
+        }
+    }
+}

@@ -1,0 +1,156 @@
+//! The cluster gRPC service.
+
+use std::sync::{Arc, OnceLock};
+use std::time::{Duration, Instant};
+
+use tonic::{Request, Response, Status};
+
+use super::links::from_spec;
+use crate::core::{ActivatedJobData, Command, JobKey};
+use crate::gateway::router;
+use crate::node::NodeContext;
+use crate::proto::cluster::cluster_server::Cluster;
+use crate::proto::cluster::*;
+use crate::raft::RpcKind;
+
+pub struct ClusterService {
+    ctx: Arc<OnceLock<Arc<NodeContext>>>,
+}
+
+impl ClusterService {
+    pub fn new(ctx: Arc<OnceLock<Arc<NodeContext>>>) -> Self {
+        ClusterService { ctx }
+    }
+
+    fn ctx(&self) -> Result<&Arc<NodeContext>, Status> {
+        self.ctx.get().ok_or_else(|| Status::unavailable("node is starting"))
+    }
+
+    async fn raft(&self, kind: RpcKind, request: Request<RaftRequest>) -> Result<Response<RaftReply>, Status> {
+        let ctx = self.ctx()?;
+        let request = request.into_inner();
+        let Some(replica) = ctx.replica(request.partition_id) else {
+            return Ok(Response::new(RaftReply {
+                payload: Default::default(),
+                error: format!("node {} hosts no replica of partition {}", ctx.node_id, request.partition_id),
+            }));
+        };
+        match replica.handle_rpc(kind, &request.payload).await {
+            Ok(payload) => Ok(Response::new(RaftReply { payload: payload.into(), error: String::new() })),
+            Err(error) => Ok(Response::new(RaftReply { payload: Default::default(), error })),
+        }
+    }
+}
+
+fn deadline_of<T>(request: &Request<T>, default: Duration) -> Instant {
+    let timeout = request
+        .metadata()
+        .get("grpc-timeout")
+        .and_then(|v| v.to_str().ok())
+        .and_then(crate::gateway::parse_grpc_timeout)
+        .unwrap_or(default);
+    Instant::now() + timeout
+}
+
+#[tonic::async_trait]
+impl Cluster for ClusterService {
+    async fn append_entries(&self, request: Request<RaftRequest>) -> Result<Response<RaftReply>, Status> {
+        self.raft(RpcKind::AppendEntries, request).await
+    }
+
+    async fn vote(&self, request: Request<RaftRequest>) -> Result<Response<RaftReply>, Status> {
+        self.raft(RpcKind::Vote, request).await
+    }
+
+    async fn install_snapshot(&self, request: Request<RaftRequest>) -> Result<Response<RaftReply>, Status> {
+        self.raft(RpcKind::InstallSnapshot, request).await
+    }
+
+    async fn forward(&self, request: Request<ForwardRequest>) -> Result<Response<ForwardReply>, Status> {
+        let ctx = self.ctx()?;
+        let deadline = deadline_of(&request, ctx.request_timeout);
+        let request = request.into_inner();
+        let commands: Vec<Command> = bincode::deserialize(&request.commands)
+            .map_err(|e| Status::invalid_argument(format!("malformed forwarded commands: {e}")))?;
+        let reply = match router::submit_here(ctx, request.partition_id, commands, deadline).await {
+            Ok(Ok(results)) => ForwardReply {
+                results: bincode::serialize(&results).map_err(|e| Status::internal(e.to_string()))?.into(),
+                ..Default::default()
+            },
+            Ok(Err(leader_hint)) => ForwardReply {
+                code: tonic::Code::Unavailable as i32,
+                message: format!("node {} does not lead partition {}", ctx.node_id, request.partition_id),
+                leader_hint,
+                ..Default::default()
+            },
+            Err(error) => ForwardReply { code: error.code() as i32, message: error.to_string(), ..Default::default() },
+        };
+        Ok(Response::new(reply))
+    }
+
+    async fn describe(&self, request: Request<DescribeRequest>) -> Result<Response<DescribeReply>, Status> {
+        let ctx = self.ctx()?;
+        let request = request.into_inner();
+        let leader = ctx.local_leader(request.partition_id).is_some();
+        let (Some(replica), true) = (ctx.replica(request.partition_id), leader) else {
+            return Ok(Response::new(DescribeReply {
+                code: tonic::Code::Unavailable as i32,
+                message: format!("node {} does not lead partition {}", ctx.node_id, request.partition_id),
+                ..Default::default()
+            }));
+        };
+        let job = replica.state().lookup(JobKey(request.key)).map_err(|e| Status::internal(e.to_string()))?;
+        let encoded = bincode::serialize(&job).map_err(|e| Status::internal(e.to_string()))?;
+        Ok(Response::new(DescribeReply { job: encoded.into(), ..Default::default() }))
+    }
+
+    async fn register_stream(
+        &self,
+        request: Request<RegisterStreamRequest>,
+    ) -> Result<Response<RegisterStreamReply>, Status> {
+        let ctx = self.ctx()?;
+        let spec = request.into_inner().stream.ok_or_else(|| Status::invalid_argument("stream is required"))?;
+        ctx.broker_register(from_spec(spec));
+        Ok(Response::new(RegisterStreamReply {}))
+    }
+
+    async fn remove_stream(
+        &self,
+        request: Request<RemoveStreamRequest>,
+    ) -> Result<Response<RemoveStreamReply>, Status> {
+        let ctx = self.ctx()?;
+        let request = request.into_inner();
+        ctx.broker_streams.remove(request.gateway_node_id, request.stream_id);
+        Ok(Response::new(RemoveStreamReply {}))
+    }
+
+    async fn push(&self, request: Request<PushRequest>) -> Result<Response<PushReply>, Status> {
+        let ctx = self.ctx()?;
+        let request = request.into_inner();
+        let jobs: Vec<ActivatedJobData> = bincode::deserialize(&request.jobs)
+            .map_err(|e| Status::invalid_argument(format!("malformed pushed jobs: {e}")))?;
+        let rejected = ctx.gateway_streams.push(request.stream_id, jobs);
+        Ok(Response::new(PushReply { rejected: rejected.into_iter().map(|k| k.0).collect() }))
+    }
+
+    async fn notify_available(
+        &self,
+        request: Request<NotifyAvailableRequest>,
+    ) -> Result<Response<NotifyAvailableReply>, Status> {
+        let ctx = self.ctx()?;
+        let request = request.into_inner();
+        let _ = ctx.available.send((request.partition_id, Arc::from(request.r#type.as_str())));
+        Ok(Response::new(NotifyAvailableReply {}))
+    }
+
+    async fn status(&self, _request: Request<StatusRequest>) -> Result<Response<StatusReply>, Status> {
+        let ctx = self.ctx()?;
+        let statuses: Vec<_> = ctx.replicas.values().map(|r| r.status()).collect();
+        Ok(Response::new(StatusReply {
+            node_id: ctx.node_id,
+            partitions: bincode::serialize(&statuses).map_err(|e| Status::internal(e.to_string()))?.into(),
+            gateway_address: ctx.grpc_addr.to_string(),
+            admin_address: ctx.admin_addr.to_string(),
+        }))
+    }
+}

@@ -1,0 +1,269 @@
+//! The one place that reads node settings: flags, `DROVER_*` environment
+//! variables and an optional TOML file, in that order of precedence, then
+//! defaults. Everything else receives a validated [`NodeConfig`].
+
+use std::collections::BTreeMap;
+use std::net::SocketAddr;
+use std::path::PathBuf;
+use std::time::Duration;
+
+use anyhow::{bail, Context};
+use serde::Deserialize;
+
+use crate::gateway::Limits;
+use crate::raft::{NodeId, RaftSettings};
+
+/// Settings of `drover serve`. Every flag has an environment variable, and every
+/// setting may also come from the TOML file given by `--config` (same names,
+/// snake_case: `node_id = 1`, `members = ["0=a:26502", ...]`).
+#[derive(clap::Args, Debug, Default, Clone, Deserialize)]
+#[serde(deny_unknown_fields)]
+pub struct ServeArgs {
+    /// A TOML file with any of the settings below; flags and environment win.
+    #[arg(long, env = "DROVER_CONFIG")]
+    #[serde(skip)]
+    pub config: Option<PathBuf>,
+    /// This node's id, 0..cluster size. With `auto`-like host names such as
+    /// `drover-2`, pass `--node-id-from-hostname` instead. [default: 0]
+    #[arg(long, env = "DROVER_NODE_ID")]
+    pub node_id: Option<u64>,
+    /// Take the node id from the number after the last '-' of the host name
+    /// (a StatefulSet pod ordinal: `drover-2` is node 2).
+    #[arg(long, env = "DROVER_NODE_ID_FROM_HOSTNAME")]
+    pub node_id_from_hostname: Option<bool>,
+    /// Where the node keeps its RocksDB database. [default: ./data]
+    #[arg(long, env = "DROVER_DATA_DIR")]
+    pub data_dir: Option<PathBuf>,
+    /// Client gRPC listen address. [default: 0.0.0.0:26500]
+    #[arg(long, env = "DROVER_GRPC_ADDR")]
+    pub grpc_addr: Option<String>,
+    /// Node-to-node gRPC listen address. [default: 127.0.0.1:26502 for a single
+    /// node, 0.0.0.0:26502 when members are given]
+    #[arg(long, env = "DROVER_CLUSTER_ADDR")]
+    pub cluster_addr: Option<String>,
+    /// Admin HTTP listen address (/metrics, /health, /ready, /actuator). [default: 0.0.0.0:9600]
+    #[arg(long, env = "DROVER_ADMIN_ADDR")]
+    pub admin_addr: Option<String>,
+    /// Every member's node-to-node address as ID=HOST:PORT, comma separated, the
+    /// same list on every node. [default: this node alone]
+    #[arg(long, env = "DROVER_MEMBERS", value_delimiter = ',')]
+    pub members: Option<Vec<String>>,
+    /// Partitions in the cluster; fixed when the cluster first forms. [default: 1]
+    #[arg(long, env = "DROVER_PARTITIONS")]
+    pub partitions: Option<u32>,
+    /// Replicas per partition; fixed when the cluster first forms. [default: 1,
+    /// or min(3, members) when members are given]
+    #[arg(long, env = "DROVER_REPLICATION_FACTOR")]
+    pub replication_factor: Option<u32>,
+    /// Largest variables + custom headers of one job, in bytes. [default: 4194304]
+    #[arg(long, env = "DROVER_MAX_PAYLOAD_BYTES")]
+    pub max_payload_bytes: Option<usize>,
+    /// Deadline of a request that carries none, in ms. [default: 10000]
+    #[arg(long, env = "DROVER_REQUEST_TIMEOUT_MS")]
+    pub request_timeout_ms: Option<u64>,
+    /// Raft heartbeat interval in ms. [default: 100]
+    #[arg(long, env = "DROVER_HEARTBEAT_MS")]
+    pub heartbeat_ms: Option<u64>,
+    /// Minimum Raft election timeout in ms (the maximum is twice it). [default: 500]
+    #[arg(long, env = "DROVER_ELECTION_TIMEOUT_MS")]
+    pub election_timeout_ms: Option<u64>,
+    /// Raft entries applied between snapshots. [default: 20000]
+    #[arg(long, env = "DROVER_SNAPSHOT_EVERY")]
+    pub snapshot_every: Option<u64>,
+    /// Log lines: `text` or `json`. Filter with RUST_LOG. [default: text]
+    #[arg(long, env = "DROVER_LOG_FORMAT")]
+    pub log_format: Option<String>,
+    /// OTLP/gRPC endpoint for traces; none are exported when unset.
+    #[arg(long, env = "OTEL_EXPORTER_OTLP_ENDPOINT")]
+    pub otlp_endpoint: Option<String>,
+}
+
+/// A node's validated settings.
+#[derive(Clone, Debug)]
+pub struct NodeConfig {
+    pub node_id: NodeId,
+    pub data_dir: PathBuf,
+    pub grpc_addr: SocketAddr,
+    pub cluster_addr: SocketAddr,
+    pub admin_addr: SocketAddr,
+    /// Node id -> node-to-node address. Empty: this node alone, at its bound
+    /// cluster address.
+    pub members: BTreeMap<NodeId, String>,
+    pub partitions: u32,
+    pub replication_factor: u32,
+    pub limits: Limits,
+    pub request_timeout: Duration,
+    pub raft: RaftSettings,
+    pub log_format: String,
+    pub otlp_endpoint: Option<String>,
+}
+
+impl NodeConfig {
+    /// A single node on loopback with ephemeral ports; for tests and benches.
+    pub fn local(data_dir: PathBuf) -> NodeConfig {
+        NodeConfig {
+            node_id: 0,
+            data_dir,
+            grpc_addr: "127.0.0.1:0".parse().expect("literal"),
+            cluster_addr: "127.0.0.1:0".parse().expect("literal"),
+            admin_addr: "127.0.0.1:0".parse().expect("literal"),
+            members: BTreeMap::new(),
+            partitions: 1,
+            replication_factor: 1,
+            limits: Limits::default(),
+            request_timeout: Duration::from_secs(10),
+            raft: RaftSettings::default(),
+            log_format: "text".into(),
+            otlp_endpoint: None,
+        }
+    }
+}
+
+fn parse_addr(name: &str, value: &str) -> anyhow::Result<SocketAddr> {
+    value.parse().with_context(|| format!("{name} {value:?} is not an address like 0.0.0.0:26500"))
+}
+
+fn node_id_from_hostname() -> anyhow::Result<NodeId> {
+    let host =
+        std::env::var("HOSTNAME").ok().or_else(|| std::fs::read_to_string("/etc/hostname").ok()).unwrap_or_default();
+    let host = host.trim();
+    let ordinal = host.rsplit('-').next().unwrap_or_default();
+    ordinal.parse().with_context(|| {
+        format!("host name {host:?} does not end in -N (a StatefulSet ordinal); set --node-id instead")
+    })
+}
+
+pub fn parse_members(entries: &[String]) -> anyhow::Result<BTreeMap<NodeId, String>> {
+    let mut members = BTreeMap::new();
+    for entry in entries.iter().map(|e| e.trim()).filter(|e| !e.is_empty()) {
+        let Some((id, addr)) = entry.split_once('=') else {
+            bail!("member {entry:?} must look like ID=HOST:PORT, for example 0=drover-0.drover:26502");
+        };
+        let id: NodeId = id.trim().parse().with_context(|| format!("member {entry:?}: {id:?} is not a node id"))?;
+        if members.insert(id, addr.trim().to_string()).is_some() {
+            bail!("member id {id} appears twice in the member list");
+        }
+    }
+    if !members.is_empty() {
+        let expected: Vec<NodeId> = (0..members.len() as NodeId).collect();
+        let actual: Vec<NodeId> = members.keys().copied().collect();
+        if actual != expected {
+            bail!("member ids must be 0..{} with none missing, got {actual:?}", members.len());
+        }
+    }
+    Ok(members)
+}
+
+impl ServeArgs {
+    /// Merges flags/environment over the file over defaults, and validates.
+    pub fn resolve(self) -> anyhow::Result<NodeConfig> {
+        let file: ServeArgs = match &self.config {
+            Some(path) => {
+                let text =
+                    std::fs::read_to_string(path).with_context(|| format!("reading config file {}", path.display()))?;
+                toml::from_str(&text).with_context(|| format!("parsing config file {}", path.display()))?
+            }
+            None => ServeArgs::default(),
+        };
+        macro_rules! pick {
+            ($field:ident) => {
+                self.$field.clone().or(file.$field.clone())
+            };
+        }
+        let members = parse_members(&pick!(members).unwrap_or_default())?;
+        let node_id = match (pick!(node_id), pick!(node_id_from_hostname).unwrap_or(false)) {
+            (Some(id), _) => id,
+            (None, true) => node_id_from_hostname()?,
+            (None, false) => 0,
+        };
+        if !members.is_empty() && !members.contains_key(&node_id) {
+            bail!(
+                "node id {node_id} is not in the member list (ids {:?}); give every node the same list and its own id",
+                members.keys().collect::<Vec<_>>()
+            );
+        }
+        let clustered = !members.is_empty();
+        let default_cluster = if clustered { "0.0.0.0:26502" } else { "127.0.0.1:26502" };
+        let partitions = pick!(partitions).unwrap_or(1);
+        let replication_factor =
+            pick!(replication_factor).unwrap_or(if clustered { members.len().min(3) as u32 } else { 1 });
+        if partitions == 0 || partitions > 4096 {
+            bail!("partitions must be between 1 and 4096, got {partitions}");
+        }
+        let cluster_size = members.len().max(1) as u32;
+        if replication_factor == 0 || replication_factor > cluster_size {
+            bail!(
+                "replication factor must be between 1 and the cluster size ({cluster_size}), got {replication_factor}"
+            );
+        }
+        let defaults = RaftSettings::default();
+        let raft = RaftSettings {
+            heartbeat_interval: pick!(heartbeat_ms).map(Duration::from_millis).unwrap_or(defaults.heartbeat_interval),
+            election_timeout_min: pick!(election_timeout_ms)
+                .map(Duration::from_millis)
+                .unwrap_or(defaults.election_timeout_min),
+            snapshot_every: pick!(snapshot_every).unwrap_or(defaults.snapshot_every),
+            keep_after_snapshot: defaults.keep_after_snapshot,
+        };
+        if raft.election_timeout_min <= raft.heartbeat_interval * 2 {
+            bail!("the election timeout must be more than twice the heartbeat interval");
+        }
+        let mut limits = Limits::default();
+        if let Some(max) = pick!(max_payload_bytes) {
+            limits.max_payload_bytes = max;
+        }
+        let log_format = pick!(log_format).unwrap_or_else(|| "text".into());
+        if log_format != "text" && log_format != "json" {
+            bail!("log format must be text or json, got {log_format:?}");
+        }
+        Ok(NodeConfig {
+            node_id,
+            data_dir: pick!(data_dir).unwrap_or_else(|| PathBuf::from("./data")),
+            grpc_addr: parse_addr("grpc address", &pick!(grpc_addr).unwrap_or_else(|| "0.0.0.0:26500".into()))?,
+            cluster_addr: parse_addr(
+                "cluster address",
+                &pick!(cluster_addr).unwrap_or_else(|| default_cluster.into()),
+            )?,
+            admin_addr: parse_addr("admin address", &pick!(admin_addr).unwrap_or_else(|| "0.0.0.0:9600".into()))?,
+            members,
+            partitions,
+            replication_factor,
+            limits,
+            request_timeout: Duration::from_millis(pick!(request_timeout_ms).unwrap_or(10_000)),
+            raft,
+            log_format,
+            otlp_endpoint: pick!(otlp_endpoint).filter(|e| !e.is_empty()),
+        })
+    }
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+
+    #[test]
+    fn members_must_be_dense_and_well_formed() {
+        assert!(parse_members(&["0=a:1".into(), "1=b:2".into()]).is_ok());
+        assert!(parse_members(&["0=a:1".into(), "2=b:2".into()]).is_err());
+        assert!(parse_members(&["a:1".into()]).is_err());
+        assert!(parse_members(&["0=a:1".into(), "0=b:2".into()]).is_err());
+    }
+
+    #[test]
+    fn unknown_node_id_is_refused() {
+        let args = ServeArgs { node_id: Some(5), members: Some(vec!["0=a:1".into()]), ..Default::default() };
+        let error = args.resolve().unwrap_err().to_string();
+        assert!(error.contains("not in the member list"), "{error}");
+    }
+
+    #[test]
+    fn flags_win_over_the_file() {
+        let dir = tempfile::tempdir().unwrap();
+        let path = dir.path().join("drover.toml");
+        std::fs::write(&path, "partitions = 4\ngrpc_addr = \"127.0.0.1:1\"\n").unwrap();
+        let args = ServeArgs { config: Some(path), partitions: Some(2), ..Default::default() };
+        let config = args.resolve().unwrap();
+        assert_eq!(config.partitions, 2);
+        assert_eq!(config.grpc_addr.port(), 1);
+    }
+}

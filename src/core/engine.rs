@@ -1,0 +1,440 @@
+//! One partition's job state and the transition function over it.
+
+use std::cmp::Reverse;
+use std::collections::{BTreeSet, HashMap};
+use std::sync::Arc;
+
+use serde::{Deserialize, Serialize};
+
+use super::job::*;
+
+/// Jobs waiting for a worker, ordered by priority (higher first), then key
+/// (older first): FIFO within a priority.
+type ReadyQueue = BTreeSet<(Reverse<i32>, JobKey)>;
+
+/// The in-memory state of one partition: every job that is not final, plus the
+/// indexes that answer "what is activatable" and "what timer fires next".
+/// Final jobs (completed, cancelled) leave memory through [`ApplyOutput::finished`];
+/// storage keeps their records.
+#[derive(Debug, Default)]
+pub struct PartitionState {
+    partition: PartitionId,
+    next_counter: u64,
+    clock: Millis,
+    jobs: HashMap<JobKey, Job>,
+    /// type -> tenant -> queue.
+    ready: HashMap<String, HashMap<String, ReadyQueue>>,
+    /// Activated jobs by deadline.
+    deadlines: BTreeSet<(Millis, JobKey)>,
+    /// Scheduled jobs by due time.
+    due: BTreeSet<(Millis, JobKey)>,
+}
+
+/// What applying a batch did, for the caller to persist and act on.
+#[derive(Debug, Default)]
+pub struct ApplyOutput {
+    /// One result per command, in order.
+    pub results: Vec<CommandResult>,
+    /// Keys of non-final jobs whose record changed (may repeat).
+    pub touched: Vec<JobKey>,
+    /// Jobs that reached a final state in this batch, moved out of memory.
+    pub finished: Vec<Job>,
+    /// Job types that gained an activatable job in this batch (no repeats).
+    pub available: Vec<String>,
+}
+
+/// The compact state a snapshot carries besides the job records.
+#[derive(Clone, Debug, Default, PartialEq, Serialize, Deserialize)]
+pub struct StateSnapshot {
+    pub partition: PartitionId,
+    pub next_counter: u64,
+    pub clock: Millis,
+}
+
+impl PartitionState {
+    pub fn new(partition: PartitionId) -> Self {
+        PartitionState { partition, next_counter: 1, ..Default::default() }
+    }
+
+    /// Rebuilds the state from its persisted parts: the counters and every
+    /// non-final job record.
+    pub fn restore(meta: StateSnapshot, jobs: impl IntoIterator<Item = Job>) -> Self {
+        let mut state = PartitionState {
+            partition: meta.partition,
+            next_counter: meta.next_counter.max(1),
+            clock: meta.clock,
+            ..Default::default()
+        };
+        for job in jobs {
+            if job.state.is_final() {
+                continue;
+            }
+            state.index(&job);
+            state.jobs.insert(job.key, job);
+        }
+        state
+    }
+
+    pub fn meta(&self) -> StateSnapshot {
+        StateSnapshot { partition: self.partition, next_counter: self.next_counter, clock: self.clock }
+    }
+
+    pub fn partition(&self) -> PartitionId {
+        self.partition
+    }
+
+    /// The greatest leader time applied so far.
+    pub fn clock(&self) -> Millis {
+        self.clock
+    }
+
+    pub fn job(&self, key: JobKey) -> Option<&Job> {
+        self.jobs.get(&key)
+    }
+
+    pub fn jobs(&self) -> impl Iterator<Item = &Job> {
+        self.jobs.values()
+    }
+
+    /// Whether `key` was ever created here (it may be final and out of memory).
+    pub fn was_created(&self, key: JobKey) -> bool {
+        key.partition() == self.partition && key.counter() >= 1 && key.counter() < self.next_counter
+    }
+
+    /// When the next timer (a due job or an activation deadline) fires.
+    pub fn next_timer(&self) -> Option<Millis> {
+        let due = self.due.first().map(|(at, _)| *at);
+        let deadline = self.deadlines.first().map(|(at, _)| *at);
+        match (due, deadline) {
+            (Some(a), Some(b)) => Some(a.min(b)),
+            (a, b) => a.or(b),
+        }
+    }
+
+    /// Activatable jobs of a type, over the given tenants (all tenants if empty).
+    pub fn activatable_count(&self, job_type: &str, tenants: &[String]) -> usize {
+        let Some(by_tenant) = self.ready.get(job_type) else { return 0 };
+        if tenants.is_empty() {
+            return by_tenant.values().map(BTreeSet::len).sum();
+        }
+        tenants.iter().filter_map(|t| by_tenant.get(t.as_str())).map(BTreeSet::len).sum()
+    }
+
+    /// Activatable jobs per type, for metrics and for pushing to new streams.
+    pub fn activatable_by_type(&self) -> Vec<(String, usize)> {
+        self.ready.iter().map(|(ty, by_tenant)| (ty.clone(), by_tenant.values().map(BTreeSet::len).sum())).collect()
+    }
+
+    /// Applies one replicated batch: first the timers due at `batch.now`, then
+    /// every command in order.
+    pub fn apply(&mut self, batch: &Batch) -> ApplyOutput {
+        let mut out = ApplyOutput { results: Vec::with_capacity(batch.commands.len()), ..Default::default() };
+        // Leaders' clocks differ; never let time run backwards within a partition.
+        self.clock = self.clock.max(batch.now);
+        self.fire_timers(&mut out);
+        for command in &batch.commands {
+            let result = match self.execute(command, &mut out) {
+                Ok(result) => result,
+                Err(error) => CommandResult::Rejected(error),
+            };
+            out.results.push(result);
+        }
+        out
+    }
+
+    fn fire_timers(&mut self, out: &mut ApplyOutput) {
+        let now = self.clock;
+        while let Some(&(at, key)) = self.due.first() {
+            if at > now {
+                break;
+            }
+            self.due.pop_first();
+            if let Some(job) = self.jobs.get_mut(&key) {
+                job.state = JobState::Activatable;
+                self.make_ready(key, out);
+            }
+        }
+        while let Some(&(at, key)) = self.deadlines.first() {
+            if at > now {
+                break;
+            }
+            self.deadlines.pop_first();
+            if let Some(job) = self.jobs.get_mut(&key) {
+                // A timeout hands the job back without consuming a retry.
+                job.state = JobState::Activatable;
+                job.deadline = 0;
+                self.make_ready(key, out);
+            }
+        }
+    }
+
+    fn execute(&mut self, command: &Command, out: &mut ApplyOutput) -> Result<CommandResult, CommandError> {
+        match command {
+            Command::Create(new_job) => Ok(self.create(new_job, out)),
+            Command::Activate(activation) => Ok(CommandResult::Activated(self.activate(activation, out))),
+            Command::Complete { key, attempt, variables } => {
+                self.activation_of(*key, *attempt, "complete")?;
+                let mut job = self.remove(*key);
+                job.state = JobState::Completed;
+                job.result = variables.clone();
+                out.finished.push(job);
+                Ok(CommandResult::Done)
+            }
+            Command::Fail { key, attempt, retries, error_message, back_off_ms } => {
+                if *retries < 0 || *back_off_ms < 0 {
+                    return Err(CommandError::invalid("retries and retry_back_off must be zero or more"));
+                }
+                self.activation_of(*key, *attempt, "fail")?;
+                let now = self.clock;
+                let job = self.jobs.get_mut(key).expect("checked by activation_of");
+                self.deadlines.remove(&(job.deadline, *key));
+                job.deadline = 0;
+                job.retries = *retries;
+                job.error_message.clone_from(error_message);
+                if *retries == 0 {
+                    job.state = JobState::Incident;
+                } else if *back_off_ms > 0 {
+                    job.state = JobState::Scheduled;
+                    job.due_at = now.saturating_add(*back_off_ms);
+                    self.due.insert((job.due_at, *key));
+                } else {
+                    job.state = JobState::Activatable;
+                    self.make_ready(*key, out);
+                }
+                out.touched.push(*key);
+                Ok(CommandResult::Done)
+            }
+            Command::UpdateTimeout { key, attempt, timeout_ms } => {
+                if *timeout_ms <= 0 {
+                    return Err(CommandError::invalid("timeout must be greater than zero"));
+                }
+                self.activation_of(*key, *attempt, "update the timeout of")?;
+                let deadline = self.clock.saturating_add(*timeout_ms);
+                let job = self.jobs.get_mut(key).expect("checked by activation_of");
+                self.deadlines.remove(&(job.deadline, *key));
+                job.deadline = deadline;
+                self.deadlines.insert((deadline, *key));
+                out.touched.push(*key);
+                Ok(CommandResult::Deadline(deadline))
+            }
+            Command::UpdateRetries { key, retries } => {
+                if *retries < 0 {
+                    return Err(CommandError::invalid("retries must be zero or more"));
+                }
+                let job = self.live_job(*key)?;
+                job.retries = *retries;
+                let revive = job.state == JobState::Incident && *retries > 0;
+                if revive {
+                    job.state = JobState::Activatable;
+                    job.error_message.clear();
+                    self.make_ready(*key, out);
+                }
+                out.touched.push(*key);
+                Ok(CommandResult::Done)
+            }
+            Command::Cancel { key } => {
+                self.live_job(*key)?;
+                let mut job = self.remove(*key);
+                job.state = JobState::Cancelled;
+                out.finished.push(job);
+                Ok(CommandResult::Done)
+            }
+            Command::Yield { key, attempt } => {
+                self.activation_of(*key, *attempt, "yield")?;
+                let job = self.jobs.get_mut(key).expect("checked by activation_of");
+                self.deadlines.remove(&(job.deadline, *key));
+                job.deadline = 0;
+                job.state = JobState::Activatable;
+                self.make_ready(*key, out);
+                out.touched.push(*key);
+                Ok(CommandResult::Done)
+            }
+        }
+    }
+
+    fn create(&mut self, new_job: &NewJob, out: &mut ApplyOutput) -> CommandResult {
+        let now = self.clock;
+        let key = JobKey::new(self.partition, self.next_counter);
+        self.next_counter += 1;
+        let due_at = match new_job.run_at {
+            Some(at) => at,
+            None => now.saturating_add(new_job.delay_ms.max(0)),
+        };
+        let state = if due_at > now { JobState::Scheduled } else { JobState::Activatable };
+        let job = Job {
+            key,
+            spec: Arc::clone(&new_job.spec),
+            state,
+            retries: new_job.retries,
+            attempt: 0,
+            worker: String::new(),
+            deadline: 0,
+            due_at: due_at.max(now),
+            created_at: now,
+            error_message: String::new(),
+            result: Default::default(),
+        };
+        self.jobs.insert(key, job);
+        if state == JobState::Scheduled {
+            self.due.insert((due_at, key));
+        } else {
+            self.make_ready(key, out);
+        }
+        out.touched.push(key);
+        CommandResult::Created { key }
+    }
+
+    fn activate(&mut self, activation: &Activation, out: &mut ApplyOutput) -> Vec<ActivatedJobData> {
+        let mut activated = Vec::new();
+        let deadline = self.clock.saturating_add(activation.timeout_ms.max(1));
+        while (activated.len() as u32) < activation.max_jobs {
+            let Some(key) = self.pop_ready(&activation.job_type, &activation.tenants) else { break };
+            let job = self.jobs.get_mut(&key).expect("ready jobs are in memory");
+            job.state = JobState::Activated;
+            job.attempt += 1;
+            job.worker.clone_from(&activation.worker);
+            job.deadline = deadline;
+            self.deadlines.insert((deadline, key));
+            out.touched.push(key);
+            activated.push(ActivatedJobData {
+                key,
+                spec: Arc::clone(&job.spec),
+                worker: job.worker.clone(),
+                retries: job.retries,
+                deadline,
+                attempt: job.attempt,
+                created_at: job.created_at,
+            });
+        }
+        activated
+    }
+
+    /// The best ready job of a type over the tenants: highest priority, then oldest.
+    fn pop_ready(&mut self, job_type: &str, tenants: &[String]) -> Option<JobKey> {
+        let by_tenant = self.ready.get_mut(job_type)?;
+        let best_tenant = tenants
+            .iter()
+            .filter_map(|t| by_tenant.get(t.as_str()).and_then(|q| q.first()).map(|first| (*first, t)))
+            .min_by_key(|(first, _)| *first)
+            .map(|(_, tenant)| tenant.as_str())?;
+        let queue = by_tenant.get_mut(best_tenant).expect("just found");
+        let (_, key) = queue.pop_first().expect("non-empty");
+        if queue.is_empty() {
+            by_tenant.remove(best_tenant);
+            if by_tenant.is_empty() {
+                self.ready.remove(job_type);
+            }
+        }
+        Some(key)
+    }
+
+    /// Checks that `key` is activated under `attempt` (zero: any attempt).
+    fn activation_of(&self, key: JobKey, attempt: u32, verb: &str) -> Result<(), CommandError> {
+        let Some(job) = self.jobs.get(&key) else {
+            return Err(self.absent(key));
+        };
+        if job.state != JobState::Activated {
+            if attempt != 0 && job.attempt >= attempt {
+                return Err(CommandError::precondition(format!(
+                    "cannot {verb} job {key}: activation attempt {attempt} is over (it timed out or was \
+                     handed back; the job is {}); the job is no longer yours",
+                    job.state.as_str()
+                )));
+            }
+            return Err(CommandError::precondition(format!(
+                "cannot {verb} job {key}: it is {}, not activated",
+                job.state.as_str()
+            )));
+        }
+        if attempt != 0 && attempt != job.attempt {
+            return Err(CommandError::precondition(format!(
+                "cannot {verb} job {key}: activation attempt {attempt} was superseded by attempt {} \
+                 (it timed out and was activated again); the job is no longer yours",
+                job.attempt
+            )));
+        }
+        Ok(())
+    }
+
+    fn live_job(&mut self, key: JobKey) -> Result<&mut Job, CommandError> {
+        if !self.jobs.contains_key(&key) {
+            return Err(self.absent(key));
+        }
+        Ok(self.jobs.get_mut(&key).expect("just checked"))
+    }
+
+    fn absent(&self, key: JobKey) -> CommandError {
+        if self.was_created(key) {
+            CommandError::precondition(format!("job {key} is already completed or cancelled"))
+        } else {
+            CommandError::not_found(key)
+        }
+    }
+
+    /// Removes a job from memory and every index.
+    fn remove(&mut self, key: JobKey) -> Job {
+        let job = self.jobs.remove(&key).expect("caller checked the job exists");
+        self.unindex(&job);
+        job
+    }
+
+    fn make_ready(&mut self, key: JobKey, out: &mut ApplyOutput) {
+        let job = &self.jobs[&key];
+        let job_type = &job.spec.job_type;
+        if !out.available.iter().any(|t| t == job_type) {
+            out.available.push(job_type.clone());
+        }
+        self.ready
+            .entry(job_type.clone())
+            .or_default()
+            .entry(job.spec.tenant.clone())
+            .or_default()
+            .insert((Reverse(job.spec.priority), key));
+        out.touched.push(key);
+    }
+
+    fn index(&mut self, job: &Job) {
+        match job.state {
+            JobState::Activatable => {
+                self.ready
+                    .entry(job.spec.job_type.clone())
+                    .or_default()
+                    .entry(job.spec.tenant.clone())
+                    .or_default()
+                    .insert((Reverse(job.spec.priority), job.key));
+            }
+            JobState::Activated => {
+                self.deadlines.insert((job.deadline, job.key));
+            }
+            JobState::Scheduled => {
+                self.due.insert((job.due_at, job.key));
+            }
+            JobState::Incident | JobState::Completed | JobState::Cancelled => {}
+        }
+    }
+
+    fn unindex(&mut self, job: &Job) {
+        match job.state {
+            JobState::Activatable => {
+                if let Some(by_tenant) = self.ready.get_mut(&job.spec.job_type) {
+                    if let Some(queue) = by_tenant.get_mut(&job.spec.tenant) {
+                        queue.remove(&(Reverse(job.spec.priority), job.key));
+                        if queue.is_empty() {
+                            by_tenant.remove(&job.spec.tenant);
+                        }
+                    }
+                    if by_tenant.is_empty() {
+                        self.ready.remove(&job.spec.job_type);
+                    }
+                }
+            }
+            JobState::Activated => {
+                self.deadlines.remove(&(job.deadline, job.key));
+            }
+            JobState::Scheduled => {
+                self.due.remove(&(job.due_at, job.key));
+            }
+            JobState::Incident | JobState::Completed | JobState::Cancelled => {}
+        }
+    }
+}

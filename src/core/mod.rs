@@ -1,0 +1,17 @@
+//! The pure job state machine: `(state, command, leader time) -> (state, effects)`.
+//!
+//! This module owns the job model and every rule of the lifecycle. It does no IO,
+//! reads no clock and draws no random numbers: time arrives inside each [`Batch`],
+//! stamped by the partition leader, so Raft apply on every replica, snapshot
+//! restore and unit tests all run the same code and reach the same state.
+//!
+//! It must never name RocksDB, openraft or tonic types.
+
+mod engine;
+mod job;
+
+pub use engine::{ApplyOutput, PartitionState, StateSnapshot};
+pub use job::*;
+
+#[cfg(test)]
+mod tests;

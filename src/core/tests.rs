@@ -1,0 +1,345 @@
+//! Every transition of the job lifecycle, without a server.
+
+use std::sync::Arc;
+
+use super::*;
+
+const TYPE: &str = "email";
+
+fn spec(priority: i32) -> Arc<JobSpec> {
+    Arc::new(JobSpec {
+        job_type: TYPE.into(),
+        tenant: DEFAULT_TENANT.into(),
+        variables: r#"{"to":"a@b.c"}"#.into(),
+        custom_headers: vec![("channel".into(), "ops".into())],
+        priority,
+        idempotency_key: String::new(),
+        traceparent: String::new(),
+    })
+}
+
+fn new_job(priority: i32) -> Command {
+    Command::Create(NewJob { spec: spec(priority), retries: 3, run_at: None, delay_ms: 0 })
+}
+
+fn activation(max_jobs: u32, timeout_ms: i64) -> Command {
+    Command::Activate(Activation {
+        job_type: TYPE.into(),
+        tenants: vec![DEFAULT_TENANT.into()],
+        worker: "w1".into(),
+        timeout_ms,
+        max_jobs,
+    })
+}
+
+struct Harness {
+    state: PartitionState,
+}
+
+impl Harness {
+    fn new() -> Self {
+        Harness { state: PartitionState::new(2) }
+    }
+    fn run(&mut self, now: Millis, command: Command) -> CommandResult {
+        let mut out = self.state.apply(&Batch { now, commands: vec![command] });
+        out.results.pop().expect("one result per command")
+    }
+    fn create(&mut self, now: Millis, priority: i32) -> JobKey {
+        match self.run(now, new_job(priority)) {
+            CommandResult::Created { key } => key,
+            other => panic!("create failed: {other:?}"),
+        }
+    }
+    fn activate(&mut self, now: Millis, max: u32, timeout_ms: i64) -> Vec<ActivatedJobData> {
+        match self.run(now, activation(max, timeout_ms)) {
+            CommandResult::Activated(jobs) => jobs,
+            other => panic!("activate failed: {other:?}"),
+        }
+    }
+    fn state_of(&self, key: JobKey) -> Option<JobState> {
+        self.state.job(key).map(|j| j.state)
+    }
+    fn rejected(result: CommandResult) -> CommandError {
+        match result {
+            CommandResult::Rejected(error) => error,
+            other => panic!("expected a rejection, got {other:?}"),
+        }
+    }
+}
+
+#[test]
+fn keys_carry_their_partition() {
+    let key = JobKey::new(7, 42);
+    assert_eq!(key.partition(), 7);
+    assert_eq!(key.counter(), 42);
+}
+
+#[test]
+fn create_makes_an_activatable_job_with_a_partition_key() {
+    let mut h = Harness::new();
+    let key = h.create(1_000, 0);
+    assert_eq!(key.partition(), 2);
+    assert_eq!(h.state_of(key), Some(JobState::Activatable));
+    assert_eq!(h.state.activatable_count(TYPE, &[]), 1);
+}
+
+#[test]
+fn activate_sets_worker_deadline_and_attempt() {
+    let mut h = Harness::new();
+    let key = h.create(1_000, 0);
+    let jobs = h.activate(2_000, 10, 5_000);
+    assert_eq!(jobs.len(), 1);
+    assert_eq!(jobs[0].key, key);
+    assert_eq!(jobs[0].attempt, 1);
+    assert_eq!(jobs[0].deadline, 7_000);
+    assert_eq!(jobs[0].worker, "w1");
+    assert_eq!(h.state_of(key), Some(JobState::Activated));
+    assert_eq!(h.state.next_timer(), Some(7_000));
+}
+
+#[test]
+fn activate_respects_max_jobs() {
+    let mut h = Harness::new();
+    for _ in 0..5 {
+        h.create(1_000, 0);
+    }
+    assert_eq!(h.activate(1_000, 3, 1_000).len(), 3);
+    assert_eq!(h.activate(1_000, 3, 1_000).len(), 2);
+    assert!(h.activate(1_000, 3, 1_000).is_empty());
+}
+
+#[test]
+fn higher_priority_first_then_fifo() {
+    let mut h = Harness::new();
+    let low_old = h.create(1_000, 0);
+    let high = h.create(1_001, 5);
+    let low_new = h.create(1_002, 0);
+    let order: Vec<JobKey> = h.activate(2_000, 10, 1_000).into_iter().map(|j| j.key).collect();
+    assert_eq!(order, vec![high, low_old, low_new]);
+}
+
+#[test]
+fn complete_finishes_the_job_and_leaves_memory() {
+    let mut h = Harness::new();
+    let key = h.create(1_000, 0);
+    let job = h.activate(1_000, 1, 1_000).remove(0);
+    let mut out = h.state.apply(&Batch {
+        now: 1_500,
+        commands: vec![Command::Complete { key, attempt: job.attempt, variables: r#"{"ok":true}"#.into() }],
+    });
+    assert_eq!(out.results.pop(), Some(CommandResult::Done));
+    assert_eq!(out.finished.len(), 1);
+    assert_eq!(out.finished[0].state, JobState::Completed);
+    assert_eq!(&out.finished[0].result[..], br#"{"ok":true}"#);
+    assert_eq!(h.state_of(key), None);
+    assert_eq!(h.state.next_timer(), None, "the deadline left with the job");
+    let again = Harness::rejected(h.run(1_600, Command::Complete { key, attempt: 1, variables: Default::default() }));
+    assert_eq!(again.kind, ErrorKind::FailedPrecondition);
+}
+
+#[test]
+fn unknown_keys_are_not_found() {
+    let mut h = Harness::new();
+    let error = Harness::rejected(
+        h.run(1_000, Command::Complete { key: JobKey::new(2, 99), attempt: 0, variables: Default::default() }),
+    );
+    assert_eq!(error.kind, ErrorKind::NotFound);
+}
+
+#[test]
+fn fail_with_retries_and_back_off_schedules_the_retry() {
+    let mut h = Harness::new();
+    let key = h.create(1_000, 0);
+    h.activate(1_000, 1, 10_000);
+    let result = h.run(
+        2_000,
+        Command::Fail { key, attempt: 1, retries: 2, error_message: "smtp down".into(), back_off_ms: 3_000 },
+    );
+    assert_eq!(result, CommandResult::Done);
+    let job = h.state.job(key).unwrap();
+    assert_eq!(job.state, JobState::Scheduled);
+    assert_eq!(job.retries, 2);
+    assert_eq!(job.due_at, 5_000);
+    assert_eq!(job.error_message, "smtp down");
+    assert!(h.activate(4_999, 1, 1_000).is_empty(), "back-off has not elapsed");
+    let retried = h.activate(5_000, 1, 1_000);
+    assert_eq!(retried.len(), 1);
+    assert_eq!(retried[0].attempt, 2);
+    assert_eq!(retried[0].retries, 2);
+}
+
+#[test]
+fn fail_without_back_off_is_activatable_at_once() {
+    let mut h = Harness::new();
+    let key = h.create(1_000, 0);
+    h.activate(1_000, 1, 10_000);
+    h.run(1_100, Command::Fail { key, attempt: 1, retries: 1, error_message: "x".into(), back_off_ms: 0 });
+    assert_eq!(h.state_of(key), Some(JobState::Activatable));
+}
+
+#[test]
+fn fail_with_no_retries_raises_an_incident_that_update_retries_resolves() {
+    let mut h = Harness::new();
+    let key = h.create(1_000, 0);
+    h.activate(1_000, 1, 10_000);
+    h.run(1_100, Command::Fail { key, attempt: 1, retries: 0, error_message: "bad".into(), back_off_ms: 0 });
+    assert_eq!(h.state_of(key), Some(JobState::Incident));
+    assert!(h.activate(1_200, 1, 1_000).is_empty(), "incidents are not activatable");
+    assert_eq!(h.run(1_300, Command::UpdateRetries { key, retries: 2 }), CommandResult::Done);
+    assert_eq!(h.state_of(key), Some(JobState::Activatable));
+    assert_eq!(h.activate(1_400, 1, 1_000)[0].retries, 2);
+}
+
+#[test]
+fn timeout_reactivates_without_consuming_a_retry() {
+    let mut h = Harness::new();
+    let key = h.create(1_000, 0);
+    h.activate(1_000, 1, 500);
+    assert!(h.activate(1_499, 1, 500).is_empty());
+    let again = h.activate(1_500, 1, 500);
+    assert_eq!(again.len(), 1, "the deadline passed; the job is activatable again");
+    assert_eq!(again[0].key, key);
+    assert_eq!(again[0].retries, 3);
+    assert_eq!(again[0].attempt, 2);
+}
+
+#[test]
+fn stale_activation_cannot_complete_or_fail() {
+    let mut h = Harness::new();
+    let key = h.create(1_000, 0);
+    h.activate(1_000, 1, 500);
+    h.activate(2_000, 1, 500); // attempt 1 timed out at 1_500, this is attempt 2
+    let stale = Harness::rejected(h.run(2_100, Command::Complete { key, attempt: 1, variables: Default::default() }));
+    assert_eq!(stale.kind, ErrorKind::FailedPrecondition);
+    assert!(stale.message.contains("superseded"), "{}", stale.message);
+    let stale_fail = Harness::rejected(
+        h.run(2_100, Command::Fail { key, attempt: 1, retries: 0, error_message: String::new(), back_off_ms: 0 }),
+    );
+    assert_eq!(stale_fail.kind, ErrorKind::FailedPrecondition);
+    assert_eq!(h.run(2_200, Command::Complete { key, attempt: 2, variables: Default::default() }), CommandResult::Done);
+}
+
+#[test]
+fn stale_activation_of_a_timed_out_job_is_rejected_before_reactivation() {
+    let mut h = Harness::new();
+    let key = h.create(1_000, 0);
+    h.activate(1_000, 1, 500);
+    let error = Harness::rejected(h.run(1_600, Command::Complete { key, attempt: 1, variables: Default::default() }));
+    assert_eq!(error.kind, ErrorKind::FailedPrecondition);
+    assert_eq!(h.state_of(key), Some(JobState::Activatable));
+}
+
+#[test]
+fn update_timeout_sets_deadline_from_now() {
+    let mut h = Harness::new();
+    let key = h.create(1_000, 0);
+    h.activate(1_000, 1, 500);
+    assert_eq!(
+        h.run(1_200, Command::UpdateTimeout { key, attempt: 1, timeout_ms: 10_000 }),
+        CommandResult::Deadline(11_200)
+    );
+    assert!(h.activate(5_000, 1, 500).is_empty(), "extended");
+    assert_eq!(
+        h.run(5_000, Command::UpdateTimeout { key, attempt: 1, timeout_ms: 100 }),
+        CommandResult::Deadline(5_100)
+    );
+    assert_eq!(h.activate(5_100, 1, 500).len(), 1, "shortened");
+}
+
+#[test]
+fn update_timeout_on_a_job_that_is_not_activated_fails() {
+    let mut h = Harness::new();
+    let key = h.create(1_000, 0);
+    let error = Harness::rejected(h.run(1_000, Command::UpdateTimeout { key, attempt: 0, timeout_ms: 100 }));
+    assert_eq!(error.kind, ErrorKind::FailedPrecondition);
+}
+
+#[test]
+fn delayed_and_run_at_jobs_wait_until_due() {
+    let mut h = Harness::new();
+    let delayed =
+        match h.run(1_000, Command::Create(NewJob { spec: spec(0), retries: 3, run_at: None, delay_ms: 2_000 })) {
+            CommandResult::Created { key } => key,
+            other => panic!("{other:?}"),
+        };
+    let at = match h.run(1_000, Command::Create(NewJob { spec: spec(0), retries: 3, run_at: Some(5_000), delay_ms: 0 }))
+    {
+        CommandResult::Created { key } => key,
+        other => panic!("{other:?}"),
+    };
+    assert_eq!(h.state_of(delayed), Some(JobState::Scheduled));
+    assert_eq!(h.state.next_timer(), Some(3_000));
+    assert!(h.activate(2_999, 5, 100_000).is_empty());
+    assert_eq!(h.activate(3_000, 5, 100_000)[0].key, delayed);
+    assert!(h.activate(4_999, 5, 100_000).is_empty());
+    assert_eq!(h.activate(5_000, 5, 100_000)[0].key, at);
+}
+
+#[test]
+fn yield_returns_the_job_without_using_a_retry() {
+    let mut h = Harness::new();
+    let key = h.create(1_000, 0);
+    h.activate(1_000, 1, 60_000);
+    assert_eq!(h.run(1_001, Command::Yield { key, attempt: 1 }), CommandResult::Done);
+    let again = h.activate(1_002, 1, 60_000);
+    assert_eq!(again[0].retries, 3);
+    assert_eq!(again[0].attempt, 2);
+}
+
+#[test]
+fn cancel_removes_any_live_job() {
+    let mut h = Harness::new();
+    let key = h.create(1_000, 0);
+    assert_eq!(h.run(1_000, Command::Cancel { key }), CommandResult::Done);
+    assert_eq!(h.state_of(key), None);
+    assert!(h.activate(1_000, 1, 100).is_empty());
+    assert_eq!(Harness::rejected(h.run(1_000, Command::Cancel { key })).kind, ErrorKind::FailedPrecondition);
+}
+
+#[test]
+fn tenants_filter_activation() {
+    let mut h = Harness::new();
+    let other = Arc::new(JobSpec { tenant: "acme".into(), ..(*spec(0)).clone() });
+    let command = Command::Create(NewJob { spec: other, retries: 1, run_at: None, delay_ms: 0 });
+    h.run(1_000, command);
+    assert!(h.activate(1_000, 5, 100).is_empty(), "default tenant sees nothing");
+    let acme = Command::Activate(Activation {
+        job_type: TYPE.into(),
+        tenants: vec!["acme".into()],
+        worker: "w".into(),
+        timeout_ms: 100,
+        max_jobs: 5,
+    });
+    assert!(matches!(h.run(1_000, acme), CommandResult::Activated(jobs) if jobs.len() == 1));
+}
+
+#[test]
+fn time_never_runs_backwards() {
+    let mut h = Harness::new();
+    h.create(10_000, 0);
+    h.activate(10_000, 1, 1_000);
+    // A new leader with a clock behind the old one must not extend the deadline.
+    h.state.apply(&Batch { now: 5_000, commands: vec![] });
+    assert_eq!(h.state.clock(), 10_000);
+}
+
+#[test]
+fn restore_rebuilds_indexes_from_records() {
+    let mut h = Harness::new();
+    let held = h.create(1_000, 0);
+    h.create(1_000, 0);
+    assert_eq!(h.activate(1_000, 1, 500)[0].key, held);
+    let records: Vec<Job> = h.state.jobs().cloned().collect();
+    let mut restored = PartitionState::restore(h.state.meta(), records);
+    assert_eq!(restored.next_timer(), Some(1_500));
+    assert_eq!(restored.activatable_count(TYPE, &[]), 1);
+    let out = restored.apply(&Batch { now: 1_000, commands: vec![new_job(0)] });
+    assert!(matches!(out.results[0], CommandResult::Created { key } if key.counter() == 3));
+}
+
+#[test]
+fn apply_reports_available_types_once() {
+    let mut h = Harness::new();
+    let out = h.state.apply(&Batch { now: 1, commands: vec![new_job(0), new_job(0)] });
+    assert_eq!(out.available, vec![TYPE.to_string()]);
+}

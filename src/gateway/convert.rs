@@ -1,0 +1,240 @@
+//! Validation of client input and conversion between the wire and the engine.
+
+use std::sync::Arc;
+
+use bytes::Bytes;
+use serde_json::value::RawValue;
+
+use super::error::ApiError;
+use crate::core::{ActivatedJobData, Activation, Job, JobSpec, NewJob, DEFAULT_TENANT};
+use crate::proto::gateway as pb;
+
+/// Limits applied before anything is replicated.
+#[derive(Clone, Debug)]
+pub struct Limits {
+    /// Largest variables + custom headers of one job, in bytes.
+    pub max_payload_bytes: usize,
+    /// Longest long poll a worker may ask for.
+    pub max_request_timeout_ms: i64,
+    /// Most jobs one ActivateJobs call may ask for.
+    pub max_jobs_to_activate: i32,
+}
+
+impl Default for Limits {
+    fn default() -> Self {
+        Limits { max_payload_bytes: 4 << 20, max_request_timeout_ms: 600_000, max_jobs_to_activate: 1000 }
+    }
+}
+
+pub const MAX_TYPE_LEN: usize = 255;
+
+pub fn job_type(value: &str) -> Result<(), ApiError> {
+    if value.is_empty() {
+        return Err(ApiError::InvalidArgument("type must not be empty".into()));
+    }
+    if value.len() > MAX_TYPE_LEN {
+        return Err(ApiError::InvalidArgument(format!(
+            "type is {} bytes long; at most {MAX_TYPE_LEN} are allowed",
+            value.len()
+        )));
+    }
+    if value.chars().any(char::is_control) {
+        return Err(ApiError::InvalidArgument("type must not contain control characters".into()));
+    }
+    Ok(())
+}
+
+/// Checks that `text` is a JSON object (empty means `{}`) and returns its bytes
+/// without copying.
+pub fn json_object(field: &str, text: String) -> Result<Bytes, ApiError> {
+    if text.trim().is_empty() {
+        return Ok(Bytes::from_static(b"{}"));
+    }
+    if !text.trim_start().starts_with('{') {
+        return Err(ApiError::InvalidArgument(format!("{field} must be a JSON object, like {{\"order\": 42}}")));
+    }
+    if let Err(e) = serde_json::from_str::<serde::de::IgnoredAny>(&text) {
+        return Err(ApiError::InvalidArgument(format!("{field} is not valid JSON: {e}")));
+    }
+    Ok(Bytes::from(text))
+}
+
+fn tenants(requested: Vec<String>) -> Vec<String> {
+    let mut tenants: Vec<String> =
+        requested.into_iter().map(|t| if t.is_empty() { DEFAULT_TENANT.to_string() } else { t }).collect();
+    if tenants.is_empty() {
+        tenants.push(DEFAULT_TENANT.to_string());
+    }
+    tenants.sort();
+    tenants.dedup();
+    tenants
+}
+
+pub fn new_job(request: pb::CreateJobRequest, traceparent: String, limits: &Limits) -> Result<NewJob, ApiError> {
+    job_type(&request.r#type)?;
+    let headers_len: usize = request.custom_headers.iter().map(|(k, v)| k.len() + v.len()).sum();
+    let payload = request.variables.len() + headers_len;
+    if payload > limits.max_payload_bytes {
+        return Err(ApiError::ResourceExhausted(format!(
+            "the job's variables and custom headers are {payload} bytes; this node accepts at most {} \
+             (setting max_payload_bytes); store large data elsewhere and pass a reference",
+            limits.max_payload_bytes
+        )));
+    }
+    let retries = request.retries.unwrap_or(3);
+    if retries < 0 {
+        return Err(ApiError::InvalidArgument(format!("retries must be zero or more, got {retries}")));
+    }
+    if request.delay < 0 || request.run_at < 0 {
+        return Err(ApiError::InvalidArgument("delay and run_at must be zero or more".into()));
+    }
+    if request.delay > 0 && request.run_at > 0 {
+        return Err(ApiError::InvalidArgument("give either run_at or delay, not both".into()));
+    }
+    let variables = json_object("variables", request.variables)?;
+    let mut custom_headers: Vec<(String, String)> = request.custom_headers.into_iter().collect();
+    custom_headers.sort();
+    let tenant = if request.tenant_id.is_empty() { DEFAULT_TENANT.to_string() } else { request.tenant_id };
+    if !request.idempotency_key.is_empty() {
+        return Err(ApiError::InvalidArgument(
+            "idempotency_key is reserved and not supported by this version; leave it empty".into(),
+        ));
+    }
+    Ok(NewJob {
+        spec: Arc::new(JobSpec {
+            job_type: request.r#type,
+            tenant,
+            variables,
+            custom_headers,
+            priority: request.priority,
+            idempotency_key: String::new(),
+            traceparent,
+        }),
+        retries,
+        run_at: (request.run_at > 0).then_some(request.run_at),
+        delay_ms: request.delay,
+    })
+}
+
+/// What a worker asked for, shared by polling and streaming.
+#[derive(Clone, Debug)]
+pub struct WorkerSpec {
+    pub job_type: String,
+    pub worker: String,
+    pub timeout_ms: i64,
+    pub fetch_variables: Vec<String>,
+    pub tenants: Vec<String>,
+}
+
+pub fn worker_spec(
+    job_type_value: String,
+    worker: String,
+    timeout_ms: i64,
+    mut fetch_variables: Vec<String>,
+    tenant_ids: Vec<String>,
+) -> Result<WorkerSpec, ApiError> {
+    job_type(&job_type_value)?;
+    if timeout_ms <= 0 {
+        return Err(ApiError::InvalidArgument(format!(
+            "timeout must be greater than zero (ms the job stays with the worker), got {timeout_ms}"
+        )));
+    }
+    fetch_variables.sort();
+    fetch_variables.dedup();
+    Ok(WorkerSpec {
+        job_type: job_type_value,
+        worker: if worker.is_empty() { "default".into() } else { worker },
+        timeout_ms,
+        fetch_variables,
+        tenants: tenants(tenant_ids),
+    })
+}
+
+pub fn activation(spec: &WorkerSpec, max_jobs: u32) -> Activation {
+    Activation {
+        job_type: spec.job_type.clone(),
+        tenants: spec.tenants.clone(),
+        worker: spec.worker.clone(),
+        timeout_ms: spec.timeout_ms,
+        max_jobs,
+    }
+}
+
+/// Keeps only the named top-level variables; all of them when `names` is empty.
+pub fn filter_variables(variables: &Bytes, names: &[String]) -> String {
+    let text = std::str::from_utf8(variables).unwrap_or("{}");
+    if names.is_empty() {
+        return text.to_string();
+    }
+    let Ok(all) = serde_json::from_str::<std::collections::BTreeMap<&str, &RawValue>>(text) else {
+        return text.to_string();
+    };
+    let kept: std::collections::BTreeMap<&str, &RawValue> =
+        all.into_iter().filter(|(name, _)| names.iter().any(|n| n == name)).collect();
+    serde_json::to_string(&kept).unwrap_or_else(|_| "{}".into())
+}
+
+pub fn activated_job(job: &ActivatedJobData, fetch_variables: &[String]) -> pb::ActivatedJob {
+    pb::ActivatedJob {
+        key: job.key.0,
+        r#type: job.spec.job_type.clone(),
+        variables: filter_variables(&job.spec.variables, fetch_variables),
+        custom_headers: job.spec.custom_headers.iter().cloned().collect(),
+        worker: job.worker.clone(),
+        retries: job.retries,
+        deadline: job.deadline,
+        attempt: job.attempt,
+        tenant_id: job.spec.tenant.clone(),
+        priority: job.spec.priority,
+        traceparent: job.spec.traceparent.clone(),
+        created_at: job.created_at,
+    }
+}
+
+pub fn job(job: &Job) -> pb::Job {
+    pb::Job {
+        key: job.key.0,
+        r#type: job.spec.job_type.clone(),
+        tenant_id: job.spec.tenant.clone(),
+        variables: String::from_utf8_lossy(&job.spec.variables).into_owned(),
+        custom_headers: job.spec.custom_headers.iter().cloned().collect(),
+        retries: job.retries,
+        priority: job.spec.priority,
+        state: job.state.as_str().into(),
+        attempt: job.attempt,
+        worker: job.worker.clone(),
+        deadline: job.deadline,
+        due_at: job.due_at,
+        created_at: job.created_at,
+        error_message: job.error_message.clone(),
+        result: String::from_utf8_lossy(&job.result).into_owned(),
+        partition_id: job.key.partition(),
+        idempotency_key: job.spec.idempotency_key.clone(),
+    }
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+
+    #[test]
+    fn fetch_variables_keep_only_named_ones() {
+        let vars = Bytes::from_static(br#"{"a":1,"b":{"c":[1,2]},"d":"x"}"#);
+        assert_eq!(filter_variables(&vars, &["b".into(), "d".into()]), r#"{"b":{"c":[1,2]},"d":"x"}"#);
+        assert_eq!(filter_variables(&vars, &[]), r#"{"a":1,"b":{"c":[1,2]},"d":"x"}"#);
+    }
+
+    #[test]
+    fn variables_must_be_an_object() {
+        assert!(json_object("variables", "[1]".into()).is_err());
+        assert!(json_object("variables", "{\"a\":".into()).is_err());
+        assert_eq!(&json_object("variables", "".into()).unwrap()[..], b"{}");
+        assert!(json_object("variables", " {\"a\": 1} ".into()).is_ok());
+    }
+
+    #[test]
+    fn tenants_are_a_set_with_a_default() {
+        assert_eq!(tenants(vec![]), vec![DEFAULT_TENANT.to_string()]);
+        assert_eq!(tenants(vec!["b".into(), "a".into(), "b".into()]), vec!["a".to_string(), "b".to_string()]);
+    }
+}

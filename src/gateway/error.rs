@@ -1,0 +1,91 @@
+//! Every error a client can see, mapped once to a gRPC status with a message a
+//! person can act on.
+
+use tonic::{Code, Status};
+
+use crate::core::{CommandError, ErrorKind, PartitionId};
+use crate::partition::SubmitError;
+
+#[derive(Debug, thiserror::Error)]
+pub enum ApiError {
+    #[error("{0}")]
+    InvalidArgument(String),
+    #[error("{0}")]
+    NotFound(String),
+    #[error("{0}")]
+    FailedPrecondition(String),
+    #[error("{0}")]
+    ResourceExhausted(String),
+    #[error("{0}")]
+    Unavailable(String),
+    #[error("{0}")]
+    Internal(String),
+}
+
+impl ApiError {
+    pub fn no_leader(partition: PartitionId, waited_ms: u128) -> Self {
+        ApiError::Unavailable(format!(
+            "partition {partition} has no reachable leader (waited {waited_ms} ms); the cluster may be electing \
+             one or a majority of its replicas is down; retry with back-off"
+        ))
+    }
+
+    pub fn code(&self) -> Code {
+        match self {
+            ApiError::InvalidArgument(_) => Code::InvalidArgument,
+            ApiError::NotFound(_) => Code::NotFound,
+            ApiError::FailedPrecondition(_) => Code::FailedPrecondition,
+            ApiError::ResourceExhausted(_) => Code::ResourceExhausted,
+            ApiError::Unavailable(_) => Code::Unavailable,
+            ApiError::Internal(_) => Code::Internal,
+        }
+    }
+
+    pub fn from_code(code: i32, message: String) -> Self {
+        match Code::from_i32(code) {
+            Code::InvalidArgument => ApiError::InvalidArgument(message),
+            Code::NotFound => ApiError::NotFound(message),
+            Code::FailedPrecondition => ApiError::FailedPrecondition(message),
+            Code::ResourceExhausted => ApiError::ResourceExhausted(message),
+            Code::Unavailable => ApiError::Unavailable(message),
+            _ => ApiError::Internal(message),
+        }
+    }
+
+    /// The per-item error of the streaming calls.
+    pub fn to_proto(&self) -> crate::proto::gateway::Error {
+        crate::proto::gateway::Error { code: self.code() as i32, message: self.to_string() }
+    }
+}
+
+impl From<ApiError> for Status {
+    fn from(e: ApiError) -> Status {
+        metrics::counter!("drover_gateway_errors_total", "code" => format!("{:?}", e.code())).increment(1);
+        Status::new(e.code(), e.to_string())
+    }
+}
+
+impl From<CommandError> for ApiError {
+    fn from(e: CommandError) -> Self {
+        match e.kind {
+            ErrorKind::InvalidArgument => ApiError::InvalidArgument(e.message),
+            ErrorKind::NotFound => ApiError::NotFound(e.message),
+            ErrorKind::FailedPrecondition => ApiError::FailedPrecondition(e.message),
+        }
+    }
+}
+
+impl From<SubmitError> for ApiError {
+    fn from(e: SubmitError) -> Self {
+        match e {
+            SubmitError::Overloaded { .. } => ApiError::ResourceExhausted(e.to_string()),
+            SubmitError::NotLeader { .. } | SubmitError::Stopped { .. } => ApiError::Unavailable(e.to_string()),
+        }
+    }
+}
+
+impl From<crate::storage::StorageError> for ApiError {
+    fn from(e: crate::storage::StorageError) -> Self {
+        ApiError::Internal(format!("storage: {e}"))
+    }
+}

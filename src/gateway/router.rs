@@ -1,0 +1,178 @@
+//! Routing commands to partition leaders, here or on another node.
+//!
+//! A gateway sends each batch to the node it believes leads the partition: its
+//! own leader actor when it has one, otherwise the node named by the latest
+//! leader hint, otherwise each replica of the partition in turn. On "not the
+//! leader" or an unreachable node it backs off and retries until the request's
+//! deadline, then answers UNAVAILABLE.
+
+use std::time::{Duration, Instant};
+
+use ractor::rpc::CallResult;
+
+use super::error::ApiError;
+use crate::core::{Command, CommandResult, Job, JobKey, PartitionId};
+use crate::node::NodeContext;
+use crate::partition::{LeaderMsg, SubmitError};
+use crate::proto::cluster::{DescribeRequest, ForwardRequest};
+use crate::raft::NodeId;
+
+const FIRST_BACK_OFF: Duration = Duration::from_millis(10);
+const MAX_BACK_OFF: Duration = Duration::from_millis(250);
+
+/// The outcome of one attempt on one node.
+enum Attempt<T> {
+    Done(T),
+    /// Try again, preferably on this node.
+    Retry(Option<NodeId>),
+}
+
+/// Runs `commands` on the partition's leader; results come back in order.
+pub async fn submit(
+    ctx: &NodeContext,
+    partition: PartitionId,
+    commands: Vec<Command>,
+    deadline: Instant,
+) -> Result<Vec<CommandResult>, ApiError> {
+    let started = Instant::now();
+    let mut back_off = FIRST_BACK_OFF;
+    let mut rotation = 0usize;
+    loop {
+        let attempt = match ctx.local_leader(partition) {
+            Some(leader) => submit_local(ctx, &leader, partition, commands.clone(), deadline).await?,
+            None => {
+                let target = ctx.leader_hint(partition, rotation);
+                rotation += 1;
+                match target {
+                    Some(node) if node != ctx.node_id => {
+                        forward(ctx, node, partition, commands.clone(), deadline).await?
+                    }
+                    _ => Attempt::Retry(None),
+                }
+            }
+        };
+        match attempt {
+            Attempt::Done(results) => return Ok(results),
+            Attempt::Retry(hint) => ctx.set_leader_hint(partition, hint),
+        }
+        if Instant::now() + back_off >= deadline {
+            return Err(ApiError::no_leader(partition, started.elapsed().as_millis()));
+        }
+        tokio::time::sleep(back_off).await;
+        back_off = (back_off * 2).min(MAX_BACK_OFF);
+    }
+}
+
+/// Runs commands only if this node leads the partition (for forwarded batches:
+/// a forward is never forwarded again).
+pub async fn submit_here(
+    ctx: &NodeContext,
+    partition: PartitionId,
+    commands: Vec<Command>,
+    deadline: Instant,
+) -> Result<Result<Vec<CommandResult>, Option<NodeId>>, ApiError> {
+    let Some(leader) = ctx.local_leader(partition) else {
+        return Ok(Err(ctx.known_leader(partition)));
+    };
+    match submit_local(ctx, &leader, partition, commands, deadline).await? {
+        Attempt::Done(results) => Ok(Ok(results)),
+        Attempt::Retry(hint) => Ok(Err(hint)),
+    }
+}
+
+async fn submit_local(
+    ctx: &NodeContext,
+    leader: &ractor::ActorRef<LeaderMsg>,
+    partition: PartitionId,
+    commands: Vec<Command>,
+    deadline: Instant,
+) -> Result<Attempt<Vec<CommandResult>>, ApiError> {
+    let wait = deadline.saturating_duration_since(Instant::now());
+    match leader.call(|reply| LeaderMsg::Submit { commands, reply }, Some(wait)).await {
+        Ok(CallResult::Success(Ok(results))) => Ok(Attempt::Done(results)),
+        Ok(CallResult::Success(Err(SubmitError::NotLeader { leader, .. }))) => Ok(Attempt::Retry(leader)),
+        Ok(CallResult::Success(Err(error @ SubmitError::Overloaded { .. }))) => Err(error.into()),
+        Ok(CallResult::Success(Err(SubmitError::Stopped { message, .. }))) => {
+            tracing::debug!(partition, "write failed: {message}");
+            Ok(Attempt::Retry(ctx.known_leader(partition)))
+        }
+        Ok(CallResult::Timeout) => Err(ApiError::Unavailable(format!(
+            "partition {partition} did not commit within the request's deadline; the outcome is unknown \
+             (a create may still have happened)"
+        ))),
+        Ok(CallResult::SenderError) | Err(_) => Ok(Attempt::Retry(ctx.known_leader(partition))),
+    }
+}
+
+async fn forward(
+    ctx: &NodeContext,
+    node: NodeId,
+    partition: PartitionId,
+    commands: Vec<Command>,
+    deadline: Instant,
+) -> Result<Attempt<Vec<CommandResult>>, ApiError> {
+    let Some(mut client) = ctx.peers.client(node) else { return Ok(Attempt::Retry(None)) };
+    let encoded = bincode::serialize(&commands).map_err(|e| ApiError::Internal(e.to_string()))?;
+    let mut request = tonic::Request::new(ForwardRequest { partition_id: partition, commands: encoded.into() });
+    request.set_timeout(deadline.saturating_duration_since(Instant::now()).max(Duration::from_millis(1)));
+    let reply = match client.forward(request).await {
+        Ok(reply) => reply.into_inner(),
+        Err(status) => {
+            tracing::debug!(partition, node, "forward failed: {status}");
+            return Ok(Attempt::Retry(None));
+        }
+    };
+    if reply.code != 0 {
+        let error = ApiError::from_code(reply.code, reply.message);
+        return match error {
+            ApiError::Unavailable(_) => Ok(Attempt::Retry(reply.leader_hint)),
+            other => Err(other),
+        };
+    }
+    let results = bincode::deserialize(&reply.results).map_err(|e| ApiError::Internal(e.to_string()))?;
+    Ok(Attempt::Done(results))
+}
+
+/// Reads a job from its partition's leader.
+pub async fn describe(ctx: &NodeContext, key: JobKey, deadline: Instant) -> Result<Job, ApiError> {
+    let partition = key.partition();
+    if partition >= ctx.partition_count() {
+        return Err(ApiError::NotFound(format!(
+            "no job with key {key} (it names partition {partition}, which does not exist)"
+        )));
+    }
+    let started = Instant::now();
+    let mut back_off = FIRST_BACK_OFF;
+    let mut rotation = 0usize;
+    loop {
+        if ctx.local_leader(partition).is_some() {
+            if let Some(replica) = ctx.replica(partition) {
+                return match replica.state().lookup(key)? {
+                    Some(job) => Ok(job),
+                    None => Err(ApiError::NotFound(format!("no job with key {key}"))),
+                };
+            }
+        }
+        let target = ctx.leader_hint(partition, rotation);
+        rotation += 1;
+        if let Some(node) = target.filter(|n| *n != ctx.node_id) {
+            if let Some(mut client) = ctx.peers.client(node) {
+                let mut request = tonic::Request::new(DescribeRequest { partition_id: partition, key: key.0 });
+                request.set_timeout(deadline.saturating_duration_since(Instant::now()).max(Duration::from_millis(1)));
+                if let Ok(reply) = client.describe(request).await {
+                    let reply = reply.into_inner();
+                    if reply.code == 0 {
+                        let job: Option<Job> =
+                            bincode::deserialize(&reply.job).map_err(|e| ApiError::Internal(e.to_string()))?;
+                        return job.ok_or_else(|| ApiError::NotFound(format!("no job with key {key}")));
+                    }
+                }
+            }
+        }
+        if Instant::now() + back_off >= deadline {
+            return Err(ApiError::no_leader(partition, started.elapsed().as_millis()));
+        }
+        tokio::time::sleep(back_off).await;
+        back_off = (back_off * 2).min(MAX_BACK_OFF);
+    }
+}

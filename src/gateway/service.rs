@@ -1,0 +1,600 @@
+//! The `drover.v1.Gateway` service.
+
+use std::collections::BTreeMap;
+use std::pin::Pin;
+use std::sync::Arc;
+use std::time::{Duration, Instant};
+
+use futures::{Stream, StreamExt};
+use tokio::sync::broadcast::error::RecvError;
+use tonic::{Request, Response, Status, Streaming};
+
+use super::convert::{self, WorkerSpec};
+use super::error::ApiError;
+use super::router;
+use super::streams::ClientStream;
+use crate::core::{Command, CommandResult, JobKey, PartitionId};
+use crate::node::NodeContext;
+use crate::proto::cluster::StatusRequest;
+use crate::proto::gateway::gateway_server::Gateway;
+use crate::proto::gateway::*;
+use crate::raft::ReplicaStatus;
+
+type BoxStream<T> = Pin<Box<dyn Stream<Item = Result<T, Status>> + Send>>;
+
+/// Requests of a client stream read together into one batch per partition.
+const STREAM_CHUNK: usize = 1024;
+/// Chunks of a client stream in flight at once.
+const STREAM_CHUNKS_IN_FLIGHT: usize = 4;
+
+pub struct GatewayService {
+    ctx: Arc<NodeContext>,
+}
+
+impl GatewayService {
+    pub fn new(ctx: Arc<NodeContext>) -> Self {
+        GatewayService { ctx }
+    }
+
+    fn deadline<T>(&self, request: &Request<T>) -> Instant {
+        let timeout = request
+            .metadata()
+            .get("grpc-timeout")
+            .and_then(|v| v.to_str().ok())
+            .and_then(super::parse_grpc_timeout)
+            .unwrap_or(self.ctx.request_timeout);
+        Instant::now() + timeout
+    }
+
+    /// Runs one command on the partition of `key`.
+    async fn one(&self, key: JobKey, command: Command, deadline: Instant) -> Result<CommandResult, ApiError> {
+        if key.partition() >= self.ctx.partition_count() || key.counter() == 0 {
+            return Err(ApiError::NotFound(format!("no job with key {key}")));
+        }
+        let mut results = router::submit(&self.ctx, key.partition(), vec![command], deadline).await?;
+        match results.pop() {
+            Some(CommandResult::Rejected(error)) => Err(error.into()),
+            Some(result) => Ok(result),
+            None => Err(ApiError::Internal("partition returned no result".into())),
+        }
+    }
+}
+
+fn traceparent<T>(request: &Request<T>) -> String {
+    request.metadata().get("traceparent").and_then(|v| v.to_str().ok()).unwrap_or_default().to_string()
+}
+
+fn key_of(key: u64) -> Result<JobKey, ApiError> {
+    if key == 0 {
+        return Err(ApiError::InvalidArgument("key is required".into()));
+    }
+    Ok(JobKey(key))
+}
+
+/// Runs a chunk of per-key commands: one batch per partition, concurrently,
+/// results back in the chunk's order.
+async fn run_chunk(
+    ctx: &NodeContext,
+    commands: Vec<Result<(PartitionId, Command), ApiError>>,
+    deadline: Instant,
+) -> Vec<Result<CommandResult, ApiError>> {
+    let mut by_partition: BTreeMap<PartitionId, (Vec<usize>, Vec<Command>)> = BTreeMap::new();
+    let mut out: Vec<Option<Result<CommandResult, ApiError>>> = Vec::with_capacity(commands.len());
+    for (index, command) in commands.into_iter().enumerate() {
+        match command {
+            Ok((partition, command)) => {
+                let entry = by_partition.entry(partition).or_default();
+                entry.0.push(index);
+                entry.1.push(command);
+                out.push(None);
+            }
+            Err(e) => out.push(Some(Err(e))),
+        }
+    }
+    let batches = by_partition.into_iter().map(|(partition, (indexes, commands))| async move {
+        (indexes, router::submit(ctx, partition, commands, deadline).await)
+    });
+    for (indexes, result) in futures::future::join_all(batches).await {
+        match result {
+            Ok(results) => {
+                for (index, result) in indexes.into_iter().zip(results) {
+                    out[index] = Some(match result {
+                        CommandResult::Rejected(error) => Err(error.into()),
+                        other => Ok(other),
+                    });
+                }
+            }
+            Err(error) => {
+                let message = error.to_string();
+                let code = error.code() as i32;
+                for index in indexes {
+                    out[index] = Some(Err(ApiError::from_code(code, message.clone())));
+                }
+            }
+        }
+    }
+    out.into_iter().map(|r| r.unwrap_or_else(|| Err(ApiError::Internal("missing result".into())))).collect()
+}
+
+impl GatewayService {
+    fn create_command(
+        &self,
+        request: CreateJobRequest,
+        traceparent: String,
+    ) -> Result<(PartitionId, Command), ApiError> {
+        let job = convert::new_job(request, traceparent, &self.ctx.limits)?;
+        Ok((self.ctx.next_partition(), Command::Create(job)))
+    }
+
+    fn complete_command(&self, request: CompleteJobRequest) -> Result<(PartitionId, Command), ApiError> {
+        let key = key_of(request.key)?;
+        if key.partition() >= self.ctx.partition_count() {
+            return Err(ApiError::NotFound(format!("no job with key {key}")));
+        }
+        let variables = convert::json_object("variables", request.variables)?;
+        Ok((key.partition(), Command::Complete { key, attempt: request.attempt, variables }))
+    }
+
+    /// One activation round over every partition, starting at a rotating one.
+    async fn activate_round(
+        &self,
+        spec: &WorkerSpec,
+        max: u32,
+        deadline: Instant,
+    ) -> Result<Vec<ActivatedJob>, ApiError> {
+        let mut jobs = Vec::new();
+        let partitions = self.ctx.partition_count();
+        let start = self.ctx.next_partition();
+        let mut last_error = None;
+        for offset in 0..partitions {
+            let remaining = max - jobs.len() as u32;
+            if remaining == 0 {
+                break;
+            }
+            let partition = (start + offset) % partitions;
+            let command = Command::Activate(convert::activation(spec, remaining));
+            match router::submit(&self.ctx, partition, vec![command], deadline).await {
+                Ok(mut results) => {
+                    if let Some(CommandResult::Activated(activated)) = results.pop() {
+                        metrics::counter!("drover_jobs_activated_total", "type" => spec.job_type.clone(), "via" => "poll")
+                            .increment(activated.len() as u64);
+                        jobs.extend(activated.iter().map(|j| convert::activated_job(j, &spec.fetch_variables)));
+                    }
+                }
+                // One partition without a leader must not hide jobs on others.
+                Err(error) => last_error = Some(error),
+            }
+        }
+        match (jobs.is_empty(), last_error) {
+            (true, Some(error)) if partitions == 1 => Err(error),
+            _ => Ok(jobs),
+        }
+    }
+}
+
+#[tonic::async_trait]
+impl Gateway for GatewayService {
+    type CreateJobsStream = BoxStream<CreateJobResponse>;
+    type ActivateJobsStream = BoxStream<ActivateJobsResponse>;
+    type StreamActivatedJobsStream = ClientStream;
+    type CompleteJobsStream = BoxStream<CompleteJobsResponse>;
+
+    #[tracing::instrument(name = "gateway.create_job", skip_all, fields(job_type = %request.get_ref().r#type))]
+    async fn create_job(&self, request: Request<CreateJobRequest>) -> Result<Response<CreateJobResponse>, Status> {
+        let _running = self.ctx.request_started();
+        let started = Instant::now();
+        let deadline = self.deadline(&request);
+        let traceparent = traceparent(&request);
+        let job_type = request.get_ref().r#type.clone();
+        let (partition, command) = self.create_command(request.into_inner(), traceparent)?;
+        let mut results = router::submit(&self.ctx, partition, vec![command], deadline).await?;
+        match results.pop() {
+            Some(CommandResult::Created { key }) => {
+                metrics::counter!("drover_jobs_created_total", "type" => job_type).increment(1);
+                metrics::histogram!("drover_create_ack_seconds").record(started.elapsed().as_secs_f64());
+                Ok(Response::new(CreateJobResponse { key: key.0, partition_id: partition, error: None }))
+            }
+            Some(CommandResult::Rejected(error)) => Err(ApiError::from(error).into()),
+            other => Err(ApiError::Internal(format!("unexpected create result {other:?}")).into()),
+        }
+    }
+
+    async fn create_jobs(
+        &self,
+        request: Request<Streaming<CreateJobRequest>>,
+    ) -> Result<Response<Self::CreateJobsStream>, Status> {
+        let traceparent = traceparent(&request);
+        let timeout = self.ctx.request_timeout;
+        let service = GatewayService { ctx: Arc::clone(&self.ctx) };
+        let service = Arc::new(service);
+        let responses = request
+            .into_inner()
+            .ready_chunks(STREAM_CHUNK)
+            .map(move |chunk| {
+                let service = Arc::clone(&service);
+                let traceparent = traceparent.clone();
+                async move {
+                    let started = Instant::now();
+                    let mut failed_read = None;
+                    let commands: Vec<_> = chunk
+                        .into_iter()
+                        .filter_map(|item| match item {
+                            Ok(request) => Some(service.create_command(request, traceparent.clone())),
+                            Err(status) => {
+                                failed_read = Some(status);
+                                None
+                            }
+                        })
+                        .collect();
+                    let partitions: Vec<Option<PartitionId>> =
+                        commands.iter().map(|c| c.as_ref().ok().map(|(p, _)| *p)).collect();
+                    let results = run_chunk(&service.ctx, commands, Instant::now() + timeout).await;
+                    let mut responses: Vec<Result<CreateJobResponse, Status>> = results
+                        .into_iter()
+                        .zip(partitions)
+                        .map(|(result, partition)| {
+                            Ok(match result {
+                                Ok(CommandResult::Created { key }) => CreateJobResponse {
+                                    key: key.0,
+                                    partition_id: partition.unwrap_or_default(),
+                                    error: None,
+                                },
+                                Ok(other) => CreateJobResponse {
+                                    error: Some(ApiError::Internal(format!("unexpected {other:?}")).to_proto()),
+                                    ..Default::default()
+                                },
+                                Err(e) => CreateJobResponse { error: Some(e.to_proto()), ..Default::default() },
+                            })
+                        })
+                        .collect();
+                    let created = responses.iter().filter(|r| matches!(r, Ok(c) if c.error.is_none())).count();
+                    metrics::counter!("drover_jobs_created_total", "type" => "<stream>").increment(created as u64);
+                    metrics::histogram!("drover_create_ack_seconds").record(started.elapsed().as_secs_f64());
+                    if let Some(status) = failed_read {
+                        responses.push(Err(status));
+                    }
+                    futures::stream::iter(responses)
+                }
+            })
+            .buffered(STREAM_CHUNKS_IN_FLIGHT)
+            .flatten();
+        Ok(Response::new(Box::pin(responses)))
+    }
+
+    #[tracing::instrument(name = "gateway.activate_jobs", skip_all, fields(job_type = %request.get_ref().r#type))]
+    async fn activate_jobs(
+        &self,
+        request: Request<ActivateJobsRequest>,
+    ) -> Result<Response<Self::ActivateJobsStream>, Status> {
+        let _running = self.ctx.request_started();
+        let request = request.into_inner();
+        if request.max_jobs_to_activate <= 0 || request.max_jobs_to_activate > self.ctx.limits.max_jobs_to_activate {
+            return Err(ApiError::InvalidArgument(format!(
+                "max_jobs_to_activate must be between 1 and {}, got {}",
+                self.ctx.limits.max_jobs_to_activate, request.max_jobs_to_activate
+            ))
+            .into());
+        }
+        if request.request_timeout < 0 {
+            return Err(ApiError::InvalidArgument(format!(
+                "request_timeout must be zero (no long polling) or more, got {}",
+                request.request_timeout
+            ))
+            .into());
+        }
+        let spec = convert::worker_spec(
+            request.r#type,
+            request.worker,
+            request.timeout,
+            request.fetch_variable,
+            request.tenant_ids,
+        )?;
+        let max = request.max_jobs_to_activate as u32;
+        let poll_for =
+            Duration::from_millis(request.request_timeout.min(self.ctx.limits.max_request_timeout_ms) as u64);
+        let poll_deadline = Instant::now() + poll_for;
+        // Subscribe before the first attempt, so a job created between an empty
+        // attempt and parking still wakes us.
+        let mut available = self.ctx.available.subscribe();
+        loop {
+            let attempt_deadline = Instant::now() + self.ctx.request_timeout;
+            let jobs = self.activate_round(&spec, max, attempt_deadline).await?;
+            if !jobs.is_empty() || Instant::now() >= poll_deadline {
+                let reply = ActivateJobsResponse { jobs };
+                return Ok(Response::new(Box::pin(futures::stream::iter([Ok(reply)]))));
+            }
+            metrics::gauge!("drover_gateway_parked_long_polls").increment(1.0);
+            let mut stopping = self.ctx.stopping.clone();
+            let woken = loop {
+                let next = tokio::select! {
+                    next = tokio::time::timeout_at(poll_deadline.into(), available.recv()) => next,
+                    _ = stopping.wait_for(|s| *s) => break false,
+                };
+                match next {
+                    Err(_) => break false,
+                    Ok(Ok((_, job_type))) if *job_type == *spec.job_type => break true,
+                    Ok(Ok(_)) => continue,
+                    Ok(Err(RecvError::Lagged(_))) => break true,
+                    Ok(Err(RecvError::Closed)) => break false,
+                }
+            };
+            metrics::gauge!("drover_gateway_parked_long_polls").decrement(1.0);
+            if !woken {
+                // Time is up: one last look, then an empty answer, never an error.
+                let jobs = self.activate_round(&spec, max, Instant::now() + self.ctx.request_timeout).await?;
+                return Ok(Response::new(Box::pin(futures::stream::iter([Ok(ActivateJobsResponse { jobs })]))));
+            }
+        }
+    }
+
+    async fn stream_activated_jobs(
+        &self,
+        request: Request<StreamActivatedJobsRequest>,
+    ) -> Result<Response<Self::StreamActivatedJobsStream>, Status> {
+        let request = request.into_inner();
+        let spec = convert::worker_spec(
+            request.r#type,
+            request.worker,
+            request.timeout,
+            request.fetch_variable,
+            request.tenant_ids,
+        )?;
+        let opened = self.ctx.gateway_streams.open(&spec);
+        if let Some(stream) = &opened.new_stream {
+            crate::cluster::register_everywhere(&self.ctx, stream);
+        }
+        let ctx = Arc::clone(&self.ctx);
+        let (stream_id, client_id) = (opened.stream_id, opened.client_id);
+        let on_close = Box::new(move |buffered: Vec<(JobKey, u32)>| {
+            if let Some(stream) = ctx.gateway_streams.close(stream_id, client_id) {
+                crate::cluster::remove_everywhere(&ctx, &stream);
+            }
+            if buffered.is_empty() {
+                return;
+            }
+            // Jobs that never reached the worker go back at once instead of
+            // waiting for their activation timeout.
+            let ctx = Arc::clone(&ctx);
+            tokio::spawn(async move {
+                let commands = buffered
+                    .into_iter()
+                    .map(|(key, attempt)| Ok((key.partition(), Command::Yield { key, attempt })))
+                    .collect();
+                let deadline = Instant::now() + ctx.request_timeout;
+                let count = run_chunk(&ctx, commands, deadline).await.len();
+                metrics::counter!("drover_gateway_job_stream_handed_back_total").increment(count as u64);
+            });
+        });
+        Ok(Response::new(ClientStream { receiver: opened.receiver, on_close: Some(on_close) }))
+    }
+
+    #[tracing::instrument(name = "gateway.complete_job", skip_all, fields(key = request.get_ref().key))]
+    async fn complete_job(
+        &self,
+        request: Request<CompleteJobRequest>,
+    ) -> Result<Response<CompleteJobResponse>, Status> {
+        let _running = self.ctx.request_started();
+        let deadline = self.deadline(&request);
+        let (_, command) = self.complete_command(request.into_inner())?;
+        let Command::Complete { key, .. } = &command else { unreachable!("complete_command builds a Complete") };
+        self.one(*key, command, deadline).await?;
+        metrics::counter!("drover_jobs_completed_total").increment(1);
+        Ok(Response::new(CompleteJobResponse {}))
+    }
+
+    async fn complete_jobs(
+        &self,
+        request: Request<Streaming<CompleteJobRequest>>,
+    ) -> Result<Response<Self::CompleteJobsStream>, Status> {
+        let timeout = self.ctx.request_timeout;
+        let service = Arc::new(GatewayService { ctx: Arc::clone(&self.ctx) });
+        let responses = request
+            .into_inner()
+            .ready_chunks(STREAM_CHUNK)
+            .map(move |chunk| {
+                let service = Arc::clone(&service);
+                async move {
+                    let mut failed_read = None;
+                    let mut keys = Vec::with_capacity(chunk.len());
+                    let commands: Vec<_> = chunk
+                        .into_iter()
+                        .filter_map(|item| match item {
+                            Ok(request) => {
+                                keys.push(request.key);
+                                Some(service.complete_command(request))
+                            }
+                            Err(status) => {
+                                failed_read = Some(status);
+                                None
+                            }
+                        })
+                        .collect();
+                    let results = run_chunk(&service.ctx, commands, Instant::now() + timeout).await;
+                    let completed = results.iter().filter(|r| r.is_ok()).count();
+                    metrics::counter!("drover_jobs_completed_total").increment(completed as u64);
+                    let mut responses: Vec<Result<CompleteJobsResponse, Status>> = results
+                        .into_iter()
+                        .zip(keys)
+                        .map(|(result, key)| {
+                            Ok(CompleteJobsResponse { key, error: result.err().map(|e| e.to_proto()) })
+                        })
+                        .collect();
+                    if let Some(status) = failed_read {
+                        responses.push(Err(status));
+                    }
+                    futures::stream::iter(responses)
+                }
+            })
+            .buffered(STREAM_CHUNKS_IN_FLIGHT)
+            .flatten();
+        Ok(Response::new(Box::pin(responses)))
+    }
+
+    #[tracing::instrument(name = "gateway.fail_job", skip_all, fields(key = request.get_ref().key))]
+    async fn fail_job(&self, request: Request<FailJobRequest>) -> Result<Response<FailJobResponse>, Status> {
+        let _running = self.ctx.request_started();
+        let deadline = self.deadline(&request);
+        let request = request.into_inner();
+        let key = key_of(request.key)?;
+        if request.retries < 0 {
+            return Err(
+                ApiError::InvalidArgument(format!("retries must be zero or more, got {}", request.retries)).into()
+            );
+        }
+        if request.retry_back_off < 0 {
+            return Err(ApiError::InvalidArgument(format!(
+                "retry_back_off must be zero or more ms, got {}",
+                request.retry_back_off
+            ))
+            .into());
+        }
+        if !request.variables.is_empty() {
+            convert::json_object("variables", request.variables)?;
+        }
+        let command = Command::Fail {
+            key,
+            attempt: request.attempt,
+            retries: request.retries,
+            error_message: request.error_message,
+            back_off_ms: request.retry_back_off,
+        };
+        self.one(key, command, deadline).await?;
+        metrics::counter!("drover_jobs_failed_total").increment(1);
+        if request.retries == 0 {
+            metrics::counter!("drover_jobs_incidents_total").increment(1);
+        }
+        Ok(Response::new(FailJobResponse {}))
+    }
+
+    async fn update_job_timeout(
+        &self,
+        request: Request<UpdateJobTimeoutRequest>,
+    ) -> Result<Response<UpdateJobTimeoutResponse>, Status> {
+        let _running = self.ctx.request_started();
+        let deadline = self.deadline(&request);
+        let request = request.into_inner();
+        let key = key_of(request.key)?;
+        if request.timeout <= 0 {
+            return Err(ApiError::InvalidArgument(format!(
+                "timeout must be greater than zero (the new deadline is now + timeout ms), got {}",
+                request.timeout
+            ))
+            .into());
+        }
+        let command = Command::UpdateTimeout { key, attempt: request.attempt, timeout_ms: request.timeout };
+        match self.one(key, command, deadline).await? {
+            CommandResult::Deadline(deadline) => Ok(Response::new(UpdateJobTimeoutResponse { deadline })),
+            other => Err(ApiError::Internal(format!("unexpected result {other:?}")).into()),
+        }
+    }
+
+    async fn update_job_retries(
+        &self,
+        request: Request<UpdateJobRetriesRequest>,
+    ) -> Result<Response<UpdateJobRetriesResponse>, Status> {
+        let _running = self.ctx.request_started();
+        let deadline = self.deadline(&request);
+        let request = request.into_inner();
+        let key = key_of(request.key)?;
+        if request.retries < 0 {
+            return Err(
+                ApiError::InvalidArgument(format!("retries must be zero or more, got {}", request.retries)).into()
+            );
+        }
+        self.one(key, Command::UpdateRetries { key, retries: request.retries }, deadline).await?;
+        Ok(Response::new(UpdateJobRetriesResponse {}))
+    }
+
+    async fn cancel_job(&self, request: Request<CancelJobRequest>) -> Result<Response<CancelJobResponse>, Status> {
+        let _running = self.ctx.request_started();
+        let deadline = self.deadline(&request);
+        let key = key_of(request.into_inner().key)?;
+        self.one(key, Command::Cancel { key }, deadline).await?;
+        Ok(Response::new(CancelJobResponse {}))
+    }
+
+    async fn get_job(&self, request: Request<GetJobRequest>) -> Result<Response<GetJobResponse>, Status> {
+        let _running = self.ctx.request_started();
+        let deadline = self.deadline(&request);
+        let key = key_of(request.into_inner().key)?;
+        let job = router::describe(&self.ctx, key, deadline).await?;
+        Ok(Response::new(GetJobResponse { job: Some(convert::job(&job)) }))
+    }
+
+    async fn topology(&self, _request: Request<TopologyRequest>) -> Result<Response<TopologyResponse>, Status> {
+        let _running = self.ctx.request_started();
+        let brokers = cluster_status(&self.ctx).await;
+        Ok(Response::new(TopologyResponse {
+            brokers,
+            cluster_size: self.ctx.cluster_size(),
+            partitions_count: self.ctx.partition_count(),
+            replication_factor: self.ctx.replication_factor,
+            gateway_node_id: self.ctx.node_id,
+        }))
+    }
+}
+
+fn partition_info(status: &ReplicaStatus) -> PartitionInfo {
+    PartitionInfo {
+        partition_id: status.partition,
+        role: status.role.clone(),
+        health: if status.leader.is_some() { "healthy" } else { "unhealthy" }.into(),
+        term: status.term,
+        leader_id: status.leader,
+        commit_index: status.commit_index,
+        applied_index: status.applied_index,
+    }
+}
+
+/// Every node's view of its partitions; unreachable nodes appear with none.
+pub async fn cluster_status(ctx: &Arc<NodeContext>) -> Vec<BrokerInfo> {
+    let mut brokers = Vec::new();
+    for (node, _) in ctx.members.iter() {
+        if *node == ctx.node_id {
+            brokers.push(BrokerInfo {
+                node_id: *node,
+                address: ctx.grpc_addr.to_string(),
+                partitions: ctx.replicas.values().map(|r| partition_info(&r.status())).collect(),
+            });
+            continue;
+        }
+        let mut info = BrokerInfo { node_id: *node, address: String::new(), partitions: Vec::new() };
+        if let Some(mut client) = ctx.peers.client(*node) {
+            let mut request = Request::new(StatusRequest {});
+            request.set_timeout(Duration::from_millis(1500));
+            if let Ok(reply) = client.status(request).await {
+                let reply = reply.into_inner();
+                info.address = reply.gateway_address;
+                let statuses: Vec<ReplicaStatus> = bincode::deserialize(&reply.partitions).unwrap_or_default();
+                info.partitions = statuses.iter().map(partition_info).collect();
+            }
+        }
+        brokers.push(info);
+    }
+    brokers
+}
+
+/// [`cluster_status`] as JSON for `/actuator/partitions`.
+pub async fn cluster_status_json(ctx: &Arc<NodeContext>) -> serde_json::Value {
+    let brokers = cluster_status(ctx).await;
+    serde_json::Value::Array(
+        brokers
+            .into_iter()
+            .map(|b| {
+                serde_json::json!({
+                    "nodeId": b.node_id,
+                    "address": b.address,
+                    "partitions": b.partitions.iter().map(|p| serde_json::json!({
+                        "partitionId": p.partition_id,
+                        "role": p.role,
+                        "health": p.health,
+                        "term": p.term,
+                        "leaderId": p.leader_id,
+                        "commitIndex": p.commit_index,
+                        "appliedIndex": p.applied_index,
+                    })).collect::<Vec<_>>(),
+                })
+            })
+            .collect(),
+    )
+}

@@ -1,0 +1,449 @@
+//! The `drover` command: run a node, use a cluster from the shell, run a
+//! command-line worker, benchmark.
+
+use std::collections::HashMap;
+use std::process::Stdio;
+use std::time::Duration;
+
+use anyhow::{bail, Context};
+use clap::{Parser, Subcommand};
+use drover::client::{Client, JobOutcome, Worker, WorkerOptions};
+use drover::config::ServeArgs;
+use drover::node::Node;
+use drover::proto::gateway::*;
+use tokio::io::AsyncWriteExt;
+
+#[derive(Parser)]
+#[command(name = "drover", version, about = "A clustered, replicated job broker")]
+struct Cli {
+    #[command(subcommand)]
+    command: Command,
+}
+
+#[derive(clap::Args, Clone)]
+struct Target {
+    /// A node's gateway address.
+    #[arg(long, short = 'a', env = "DROVER_ADDRESS", default_value = "127.0.0.1:26500", global = true)]
+    address: String,
+}
+
+#[derive(Subcommand)]
+enum Command {
+    /// Start a node (with no flags: one node, one partition, data under ./data).
+    Serve(ServeArgs),
+    /// Create, read and finish jobs.
+    Job {
+        #[command(subcommand)]
+        command: JobCommand,
+        #[command(flatten)]
+        target: Target,
+    },
+    /// Run a shell command for every job of a type: the job's variables on
+    /// stdin, a JSON object on stdout completes it, a non-zero exit fails it
+    /// with stderr as the error message.
+    Worker(WorkerArgs),
+    /// Show the node and cluster as the gateway sees them.
+    Status {
+        #[command(flatten)]
+        target: Target,
+    },
+    /// Measure throughput and latency of a cluster (or of local nodes it starts).
+    Bench(drover::bench::BenchArgs),
+    /// Start a local cluster of several nodes on this machine, for trying things out.
+    DevCluster {
+        /// Nodes to start.
+        #[arg(long, default_value_t = 3)]
+        nodes: usize,
+        #[arg(long, default_value_t = 3)]
+        partitions: u32,
+        #[arg(long, default_value_t = 3)]
+        replication_factor: u32,
+        /// Where the nodes keep their data (one folder each) and logs.
+        #[arg(long, default_value = "./dev-cluster")]
+        data_dir: std::path::PathBuf,
+    },
+    /// Cluster commands.
+    Cluster {
+        #[command(subcommand)]
+        command: ClusterCommand,
+        #[command(flatten)]
+        target: Target,
+    },
+}
+
+#[derive(Subcommand)]
+enum ClusterCommand {
+    /// Nodes, partitions, leaders, followers, terms, indexes and health.
+    Status,
+}
+
+#[derive(Subcommand)]
+enum JobCommand {
+    /// Create a job and print its key.
+    Create {
+        /// The job type.
+        #[arg(long = "type", short = 't')]
+        job_type: String,
+        /// Variables, a JSON object.
+        #[arg(long, default_value = "{}")]
+        variables: String,
+        /// Retries before an incident.
+        #[arg(long)]
+        retries: Option<i32>,
+        #[arg(long, default_value_t = 0)]
+        priority: i32,
+        /// Delay in ms before the job is activatable.
+        #[arg(long, default_value_t = 0)]
+        delay: i64,
+        /// A custom header, KEY=VALUE (repeatable).
+        #[arg(long = "header", value_parser = parse_header)]
+        headers: Vec<(String, String)>,
+        #[arg(long, default_value = "")]
+        tenant: String,
+    },
+    /// Print a job as JSON.
+    Get { key: u64 },
+    /// Complete an activated job.
+    Complete {
+        key: u64,
+        #[arg(long, default_value = "{}")]
+        variables: String,
+        /// The activation's fencing token; 0 completes whatever activation is current.
+        #[arg(long, default_value_t = 0)]
+        attempt: u32,
+    },
+    /// Fail an activated job.
+    Fail {
+        key: u64,
+        /// Retries left after this failure; 0 raises an incident.
+        #[arg(long)]
+        retries: i32,
+        #[arg(long, default_value = "")]
+        message: String,
+        /// Back-off in ms before the retry.
+        #[arg(long, default_value_t = 0)]
+        back_off: i64,
+        #[arg(long, default_value_t = 0)]
+        attempt: u32,
+    },
+    /// Give a job retries (resolves an incident).
+    Retries { key: u64, retries: i32 },
+    /// Set an activated job's deadline to now + TIMEOUT ms.
+    Timeout { key: u64, timeout: i64 },
+    /// Cancel a job.
+    Cancel { key: u64 },
+    /// Activate jobs once (long polling up to --wait ms) and print them.
+    Activate {
+        #[arg(long = "type", short = 't')]
+        job_type: String,
+        #[arg(long, default_value_t = 10)]
+        max: i32,
+        #[arg(long, default_value_t = 60_000)]
+        timeout: i64,
+        #[arg(long, default_value_t = 0)]
+        wait: i64,
+        #[arg(long, default_value = "cli")]
+        worker: String,
+    },
+}
+
+#[derive(clap::Args)]
+struct WorkerArgs {
+    /// The job type to work on.
+    #[arg(long = "type", short = 't')]
+    job_type: String,
+    /// The shell command run per job (via `sh -c`).
+    #[arg(long)]
+    exec: String,
+    /// The worker's name.
+    #[arg(long, default_value = "drover-cli")]
+    name: String,
+    /// Activation timeout per job, ms.
+    #[arg(long, default_value_t = 60_000)]
+    timeout: i64,
+    /// Jobs run at once.
+    #[arg(long, default_value_t = 4)]
+    concurrency: usize,
+    /// Back-off in ms before a failed job is retried.
+    #[arg(long, default_value_t = 1_000)]
+    retry_back_off: i64,
+    #[command(flatten)]
+    target: Target,
+}
+
+fn parse_header(value: &str) -> Result<(String, String), String> {
+    value.split_once('=').map(|(k, v)| (k.to_string(), v.to_string())).ok_or_else(|| "use KEY=VALUE".into())
+}
+
+fn main() -> anyhow::Result<()> {
+    let cli = Cli::parse();
+    let runtime = tokio::runtime::Builder::new_multi_thread().enable_all().build()?;
+    runtime.block_on(run(cli))
+}
+
+async fn run(cli: Cli) -> anyhow::Result<()> {
+    match cli.command {
+        Command::Serve(args) => serve(args).await,
+        Command::Job { command, target } => job(command, &target).await,
+        Command::Worker(args) => worker(args).await,
+        Command::Bench(args) => {
+            if !drover::bench::run(args).await? {
+                bail!("jobs were lost or completed twice");
+            }
+            Ok(())
+        }
+        Command::DevCluster { nodes, partitions, replication_factor, data_dir } => {
+            dev_cluster(nodes, partitions, replication_factor, &data_dir).await
+        }
+        Command::Status { target } | Command::Cluster { command: ClusterCommand::Status, target } => {
+            status(&target).await
+        }
+    }
+}
+
+async fn serve(args: ServeArgs) -> anyhow::Result<()> {
+    let config = args.resolve()?;
+    let telemetry = drover::telemetry::init(&config.log_format, config.otlp_endpoint.as_deref(), "drover")?;
+    let data_dir = config.data_dir.clone();
+    let (partitions, replication, members) =
+        (config.partitions, config.replication_factor, config.members.len().max(1));
+    let node = Node::start(config).await?;
+    println!("drover node {} started", node.ctx.node_id);
+    println!("  gateway (gRPC): {}", node.grpc_addr);
+    println!("  cluster (gRPC): {}", node.cluster_addr);
+    println!(
+        "  admin (HTTP):   http://{}  (/metrics /health /ready /actuator/partitions /actuator/jobstreams)",
+        node.admin_addr
+    );
+    println!("  data:           {}", data_dir.display());
+    println!("  partitions {partitions}, replication factor {replication}, members {members}");
+    use std::io::Write;
+    std::io::stdout().flush()?;
+
+    let mut terminate = tokio::signal::unix::signal(tokio::signal::unix::SignalKind::terminate())?;
+    tokio::select! {
+        _ = tokio::signal::ctrl_c() => {}
+        _ = terminate.recv() => {}
+    }
+    tracing::info!("stopping: no new work, finishing requests in flight");
+    node.shutdown().await;
+    telemetry.shutdown();
+    println!("drover node stopped");
+    Ok(())
+}
+
+async fn dev_cluster(
+    nodes: usize,
+    partitions: u32,
+    replication_factor: u32,
+    dir: &std::path::Path,
+) -> anyhow::Result<()> {
+    std::fs::create_dir_all(dir)?;
+    let mut cluster = drover::bench::LocalCluster::start(nodes, partitions, replication_factor, Some(dir), &[])?;
+    cluster.wait_ready(Duration::from_secs(60)).await?;
+    println!(
+        "{nodes} nodes, {partitions} partitions, replication factor {replication_factor}; data and logs in {}",
+        dir.display()
+    );
+    for node in &cluster.nodes {
+        println!("  node {}: gateway {}  admin http://{}", node.node_id, node.grpc, node.admin);
+    }
+    let first = &cluster.nodes[0].grpc;
+    println!("try:  drover status --address {first}");
+    println!("      drover job create --address {first} --type demo --variables '{{\"n\":1}}'");
+    println!("Ctrl-C stops the cluster (its data stays in {}).", dir.display());
+    let _ = tokio::signal::ctrl_c().await;
+    cluster.stop();
+    Ok(())
+}
+
+fn print_json(value: &serde_json::Value) {
+    println!("{}", serde_json::to_string_pretty(value).expect("json"));
+}
+
+fn job_json(job: &drover::proto::gateway::Job) -> serde_json::Value {
+    serde_json::json!({
+        "key": job.key,
+        "type": job.r#type,
+        "state": job.state,
+        "tenantId": job.tenant_id,
+        "variables": serde_json::from_str::<serde_json::Value>(&job.variables).unwrap_or(serde_json::Value::Null),
+        "customHeaders": job.custom_headers,
+        "retries": job.retries,
+        "priority": job.priority,
+        "attempt": job.attempt,
+        "worker": job.worker,
+        "deadline": job.deadline,
+        "dueAt": job.due_at,
+        "createdAt": job.created_at,
+        "errorMessage": job.error_message,
+        "result": serde_json::from_str::<serde_json::Value>(&job.result).unwrap_or(serde_json::Value::Null),
+        "partitionId": job.partition_id,
+    })
+}
+
+fn status_error(status: tonic::Status) -> anyhow::Error {
+    anyhow::anyhow!("{:?}: {}", status.code(), status.message())
+}
+
+async fn job(command: JobCommand, target: &Target) -> anyhow::Result<()> {
+    let client = Client::connect(&target.address)
+        .await
+        .with_context(|| format!("connecting to {} (is a node running? set --address)", target.address))?;
+    let mut raw = client.raw();
+    match command {
+        JobCommand::Create { job_type, variables, retries, priority, delay, headers, tenant } => {
+            let request = CreateJobRequest {
+                r#type: job_type,
+                variables,
+                custom_headers: headers.into_iter().collect::<HashMap<_, _>>(),
+                retries,
+                priority,
+                delay,
+                tenant_id: tenant,
+                ..Default::default()
+            };
+            let reply = raw.create_job(request).await.map_err(status_error)?.into_inner();
+            println!("{}", reply.key);
+        }
+        JobCommand::Get { key } => {
+            let job = client.get_job(key).await.map_err(status_error)?;
+            print_json(&job_json(&job));
+        }
+        JobCommand::Complete { key, variables, attempt } => {
+            client.complete(key, attempt, &variables).await.map_err(status_error)?;
+            println!("completed {key}");
+        }
+        JobCommand::Fail { key, retries, message, back_off, attempt } => {
+            client.fail(key, attempt, retries, &message, back_off).await.map_err(status_error)?;
+            println!("failed {key}; {retries} retries left");
+        }
+        JobCommand::Retries { key, retries } => {
+            raw.update_job_retries(UpdateJobRetriesRequest { key, retries }).await.map_err(status_error)?;
+            println!("job {key} has {retries} retries");
+        }
+        JobCommand::Timeout { key, timeout } => {
+            let reply = raw
+                .update_job_timeout(UpdateJobTimeoutRequest { key, timeout, attempt: 0 })
+                .await
+                .map_err(status_error)?
+                .into_inner();
+            println!("job {key} now times out at {}", reply.deadline);
+        }
+        JobCommand::Cancel { key } => {
+            raw.cancel_job(CancelJobRequest { key }).await.map_err(status_error)?;
+            println!("cancelled {key}");
+        }
+        JobCommand::Activate { job_type, max, timeout, wait, worker } => {
+            let jobs = client.activate(&job_type, &worker, max, timeout, wait).await.map_err(status_error)?;
+            let jobs: Vec<_> = jobs
+                .iter()
+                .map(|j| {
+                    serde_json::json!({
+                        "key": j.key, "type": j.r#type, "attempt": j.attempt, "retries": j.retries,
+                        "deadline": j.deadline, "worker": j.worker,
+                        "variables": serde_json::from_str::<serde_json::Value>(&j.variables).unwrap_or_default(),
+                        "customHeaders": j.custom_headers,
+                    })
+                })
+                .collect();
+            print_json(&serde_json::Value::Array(jobs));
+        }
+    }
+    Ok(())
+}
+
+async fn worker(args: WorkerArgs) -> anyhow::Result<()> {
+    let _telemetry = drover::telemetry::init("text", None, "drover-worker")?;
+    let client = Client::connect_lazy(&args.target.address)?;
+    let mut options = WorkerOptions::new(&args.job_type);
+    options.worker = args.name.clone();
+    options.timeout_ms = args.timeout;
+    options.concurrency = args.concurrency;
+    let command = args.exec.clone();
+    let back_off = args.retry_back_off;
+    eprintln!("working on jobs of type {:?} from {} with `{}`", args.job_type, args.target.address, command);
+    let handler = move |job: ActivatedJob| {
+        let command = command.clone();
+        async move { run_command(&command, &job, back_off).await }
+    };
+    let stop = async {
+        let _ = tokio::signal::ctrl_c().await;
+    };
+    Worker::new(client, options).run(handler, stop).await;
+    Ok(())
+}
+
+/// Runs the worker's command for one job.
+async fn run_command(command: &str, job: &ActivatedJob, back_off_ms: i64) -> JobOutcome {
+    let retries_left = (job.retries - 1).max(0);
+    let fail = |message: String| JobOutcome::Fail { retries: retries_left, message, back_off_ms };
+    let spawned = tokio::process::Command::new("sh")
+        .arg("-c")
+        .arg(command)
+        .env("DROVER_JOB_KEY", job.key.to_string())
+        .env("DROVER_JOB_TYPE", &job.r#type)
+        .env("DROVER_JOB_ATTEMPT", job.attempt.to_string())
+        .env("DROVER_JOB_RETRIES", job.retries.to_string())
+        .stdin(Stdio::piped())
+        .stdout(Stdio::piped())
+        .stderr(Stdio::piped())
+        .kill_on_drop(true)
+        .spawn();
+    let mut child = match spawned {
+        Ok(child) => child,
+        Err(e) => return fail(format!("could not start `{command}`: {e}")),
+    };
+    if let Some(mut stdin) = child.stdin.take() {
+        let _ = stdin.write_all(job.variables.as_bytes()).await;
+    }
+    let output = match child.wait_with_output().await {
+        Ok(output) => output,
+        Err(e) => return fail(format!("`{command}` failed to run: {e}")),
+    };
+    if !output.status.success() {
+        let stderr = String::from_utf8_lossy(&output.stderr);
+        let message: String = stderr.trim().chars().take(4000).collect();
+        return fail(if message.is_empty() { format!("`{command}` exited with {}", output.status) } else { message });
+    }
+    let stdout = String::from_utf8_lossy(&output.stdout).trim().to_string();
+    if stdout.is_empty() {
+        return JobOutcome::Complete("{}".into());
+    }
+    match serde_json::from_str::<serde_json::Map<String, serde_json::Value>>(&stdout) {
+        Ok(_) => JobOutcome::Complete(stdout),
+        Err(_) => fail(format!(
+            "`{command}` printed something that is not a JSON object: {}",
+            &stdout.chars().take(200).collect::<String>()
+        )),
+    }
+}
+
+async fn status(target: &Target) -> anyhow::Result<()> {
+    let client = Client::connect(&target.address)
+        .await
+        .with_context(|| format!("connecting to {} (is a node running? set --address)", target.address))?;
+    let topology = tokio::time::timeout(Duration::from_secs(10), client.topology())
+        .await
+        .context("the node did not answer within 10 s")?
+        .map_err(status_error)?;
+    println!(
+        "cluster: {} nodes, {} partitions, replication factor {} (answered by node {})",
+        topology.cluster_size, topology.partitions_count, topology.replication_factor, topology.gateway_node_id
+    );
+    for broker in &topology.brokers {
+        let address = if broker.address.is_empty() { "unreachable" } else { broker.address.as_str() };
+        println!("node {} ({address})", broker.node_id);
+        for p in &broker.partitions {
+            let leader = p.leader_id.map(|l| l.to_string()).unwrap_or_else(|| "none".into());
+            println!(
+                "  partition {:>3}  {:<9} {:<9} term {:<4} leader {:<4} commit {:<8} applied {}",
+                p.partition_id, p.role, p.health, p.term, leader, p.commit_index, p.applied_index
+            );
+        }
+    }
+    if topology.brokers.iter().any(|b| b.address.is_empty()) {
+        bail!("some nodes did not answer");
+    }
+    Ok(())
+}

@@ -1,0 +1,200 @@
+//! What every request handler on a node shares.
+
+use std::collections::{BTreeMap, HashMap};
+use std::net::SocketAddr;
+use std::sync::atomic::{AtomicU32, AtomicUsize, Ordering};
+use std::sync::{Arc, Mutex, RwLock};
+use std::time::Duration;
+
+use ractor::ActorRef;
+use tokio::sync::broadcast;
+
+use crate::config::NodeConfig;
+use crate::core::PartitionId;
+use crate::gateway::streams::GatewayStreams;
+use crate::gateway::Limits;
+use crate::partition::streams::{BrokerStreams, RemoteStream};
+use crate::partition::LeaderMsg;
+use crate::raft::{NodeId, PeerChannels, Replica};
+use crate::storage::Store;
+
+/// Placement: partition `p` lives on nodes `(p + i) mod cluster_size`.
+pub fn replica_nodes(partition: PartitionId, replication_factor: u32, cluster_size: u32) -> Vec<NodeId> {
+    (0..replication_factor).map(|i| ((partition + i) % cluster_size) as NodeId).collect()
+}
+
+pub struct NodeContext {
+    pub node_id: NodeId,
+    pub partitions: u32,
+    pub replication_factor: u32,
+    /// Node id -> node-to-node address.
+    pub members: BTreeMap<NodeId, String>,
+    pub grpc_addr: SocketAddr,
+    pub admin_addr: SocketAddr,
+    pub store: Arc<Store>,
+    /// The replicas this node hosts.
+    pub replicas: BTreeMap<PartitionId, Arc<Replica>>,
+    pub peers: PeerChannels,
+    pub limits: Limits,
+    pub request_timeout: Duration,
+    /// Streams registered with this broker by gateways (this node's and others').
+    pub broker_streams: Arc<BrokerStreams>,
+    /// Streams of workers connected to this gateway.
+    pub gateway_streams: GatewayStreams,
+    /// "Jobs of this type became activatable on this partition", for parked polls.
+    pub available: broadcast::Sender<(PartitionId, Arc<str>)>,
+    leaders: RwLock<HashMap<PartitionId, ActorRef<LeaderMsg>>>,
+    hints: Mutex<HashMap<PartitionId, NodeId>>,
+    next_partition: AtomicU32,
+    in_flight: Arc<AtomicUsize>,
+    /// Turns true when the node begins to stop.
+    pub stopping: tokio::sync::watch::Receiver<bool>,
+}
+
+/// Counts a client request while it runs (see [`NodeContext::request_started`]).
+pub struct InFlight(Arc<AtomicUsize>);
+
+impl Drop for InFlight {
+    fn drop(&mut self) {
+        self.0.fetch_sub(1, Ordering::AcqRel);
+    }
+}
+
+impl NodeContext {
+    pub(super) fn new(
+        config: &NodeConfig,
+        members: BTreeMap<NodeId, String>,
+        store: Arc<Store>,
+        replicas: BTreeMap<PartitionId, Arc<Replica>>,
+        peers: PeerChannels,
+        grpc_addr: SocketAddr,
+        admin_addr: SocketAddr,
+        stopping: tokio::sync::watch::Receiver<bool>,
+    ) -> Self {
+        NodeContext {
+            node_id: config.node_id,
+            partitions: config.partitions,
+            replication_factor: config.replication_factor,
+            members,
+            grpc_addr,
+            admin_addr,
+            store,
+            replicas,
+            peers,
+            limits: config.limits.clone(),
+            request_timeout: config.request_timeout,
+            broker_streams: Arc::new(BrokerStreams::default()),
+            gateway_streams: GatewayStreams::new(config.node_id),
+            available: broadcast::channel(1024).0,
+            leaders: RwLock::new(HashMap::new()),
+            hints: Mutex::new(HashMap::new()),
+            next_partition: AtomicU32::new(rand::random::<u32>()),
+            in_flight: Arc::new(AtomicUsize::new(0)),
+            stopping,
+        }
+    }
+
+    /// Marks a client request as running until the guard drops; shutdown
+    /// waits for these.
+    pub fn request_started(&self) -> InFlight {
+        self.in_flight.fetch_add(1, Ordering::AcqRel);
+        InFlight(Arc::clone(&self.in_flight))
+    }
+
+    pub fn requests_in_flight(&self) -> usize {
+        self.in_flight.load(Ordering::Acquire)
+    }
+
+    pub fn partition_count(&self) -> u32 {
+        self.partitions
+    }
+
+    pub fn cluster_size(&self) -> u32 {
+        self.members.len() as u32
+    }
+
+    pub fn replica_nodes(&self, partition: PartitionId) -> Vec<NodeId> {
+        replica_nodes(partition, self.replication_factor, self.cluster_size())
+    }
+
+    /// The partition for the next new job: round-robin.
+    pub fn next_partition(&self) -> PartitionId {
+        self.next_partition.fetch_add(1, Ordering::Relaxed) % self.partitions
+    }
+
+    pub fn replica(&self, partition: PartitionId) -> Option<&Arc<Replica>> {
+        self.replicas.get(&partition)
+    }
+
+    pub fn local_leader(&self, partition: PartitionId) -> Option<ActorRef<LeaderMsg>> {
+        self.leaders.read().expect("leaders lock").get(&partition).cloned()
+    }
+
+    pub fn local_leaders(&self) -> Vec<ActorRef<LeaderMsg>> {
+        self.leaders.read().expect("leaders lock").values().cloned().collect()
+    }
+
+    pub(super) fn set_local_leader(&self, partition: PartitionId, leader: Option<ActorRef<LeaderMsg>>) {
+        let mut leaders = self.leaders.write().expect("leaders lock");
+        match leader {
+            Some(actor) => leaders.insert(partition, actor),
+            None => leaders.remove(&partition),
+        };
+    }
+
+    pub(super) async fn stop_leaders(&self) {
+        let leaders: Vec<_> = self.leaders.write().expect("leaders lock").drain().map(|(_, a)| a).collect();
+        for leader in leaders {
+            let _ = leader.stop_and_wait(None, Some(Duration::from_secs(5))).await;
+        }
+    }
+
+    /// The leader this node knows of: its replica's view, else the last hint.
+    pub fn known_leader(&self, partition: PartitionId) -> Option<NodeId> {
+        if let Some(replica) = self.replicas.get(&partition) {
+            if let Some(leader) = replica.leadership().leader {
+                return Some(leader);
+            }
+        }
+        self.hints.lock().expect("hints lock").get(&partition).copied()
+    }
+
+    /// Where to send a partition's commands on attempt `rotation`: the known
+    /// leader, else each replica in turn.
+    pub fn leader_hint(&self, partition: PartitionId, rotation: usize) -> Option<NodeId> {
+        if rotation == 0 || rotation % 2 == 0 {
+            if let Some(leader) = self.known_leader(partition) {
+                return Some(leader);
+            }
+        }
+        let nodes = self.replica_nodes(partition);
+        let others: Vec<NodeId> = nodes.into_iter().filter(|n| *n != self.node_id).collect();
+        if others.is_empty() {
+            return None;
+        }
+        Some(others[rotation % others.len()])
+    }
+
+    pub fn set_leader_hint(&self, partition: PartitionId, hint: Option<NodeId>) {
+        let mut hints = self.hints.lock().expect("hints lock");
+        match hint {
+            Some(node) => hints.insert(partition, node),
+            None => hints.remove(&partition),
+        };
+    }
+
+    /// A gateway registered a stream with this broker.
+    pub fn broker_register(&self, stream: RemoteStream) {
+        let job_type = stream.job_type.clone();
+        if self.broker_streams.register(stream) {
+            for leader in self.local_leaders() {
+                let _ = leader.cast(LeaderMsg::StreamAdded { job_type: job_type.clone() });
+            }
+        }
+    }
+
+    /// True when every partition this node hosts has a known leader.
+    pub fn ready(&self) -> bool {
+        self.replicas.values().all(|r| r.leadership().leader.is_some())
+    }
+}

@@ -1,0 +1,236 @@
+//! A running node: the wiring of storage, partition replicas, leader actors,
+//! the gateway, the cluster service and the admin HTTP server, and its orderly
+//! shutdown. [`NodeContext`] is what every request handler shares.
+
+mod context;
+mod supervisor;
+
+use std::net::SocketAddr;
+use std::path::Path;
+use std::sync::{Arc, OnceLock};
+use std::time::{Duration, Instant};
+
+use anyhow::{bail, Context as _};
+use serde::{Deserialize, Serialize};
+use tokio::net::TcpListener;
+use tokio::sync::watch;
+use tokio::task::JoinHandle;
+use tokio_stream::wrappers::TcpListenerStream;
+
+pub use context::NodeContext;
+
+use crate::config::NodeConfig;
+use crate::proto::cluster::cluster_server::ClusterServer;
+use crate::proto::gateway::gateway_server::GatewayServer;
+use crate::raft::{PeerChannels, Replica};
+use crate::storage::Store;
+
+/// What a data directory was formed with; a node refuses to start on a data
+/// directory formed with other settings.
+#[derive(Debug, PartialEq, Serialize, Deserialize)]
+struct Identity {
+    node_id: u64,
+    partitions: u32,
+    replication_factor: u32,
+    cluster_size: u32,
+}
+
+fn check_identity(dir: &Path, identity: &Identity) -> anyhow::Result<()> {
+    std::fs::create_dir_all(dir).with_context(|| format!("creating data directory {}", dir.display()))?;
+    let path = dir.join("cluster.json");
+    match std::fs::read_to_string(&path) {
+        Ok(text) => {
+            let stored: Identity =
+                serde_json::from_str(&text).with_context(|| format!("reading {}", path.display()))?;
+            if &stored != identity {
+                bail!(
+                    "data directory {} was formed as node {} of a {}-node cluster with {} partitions and replication \
+                     factor {}, but this node is configured as node {} of {} nodes with {} partitions and replication \
+                     factor {}. These are fixed when a cluster forms: start with the original settings, or use an \
+                     empty data directory.",
+                    dir.display(),
+                    stored.node_id,
+                    stored.cluster_size,
+                    stored.partitions,
+                    stored.replication_factor,
+                    identity.node_id,
+                    identity.cluster_size,
+                    identity.partitions,
+                    identity.replication_factor
+                );
+            }
+            Ok(())
+        }
+        Err(e) if e.kind() == std::io::ErrorKind::NotFound => {
+            std::fs::write(&path, serde_json::to_string_pretty(identity)?)
+                .with_context(|| format!("writing {}", path.display()))?;
+            Ok(())
+        }
+        Err(e) => Err(e).with_context(|| format!("reading {}", path.display())),
+    }
+}
+
+/// A started node. Drop does not stop it; call [`Node::shutdown`].
+pub struct Node {
+    pub ctx: Arc<NodeContext>,
+    pub grpc_addr: SocketAddr,
+    pub cluster_addr: SocketAddr,
+    pub admin_addr: SocketAddr,
+    stop: watch::Sender<bool>,
+    servers: Vec<JoinHandle<()>>,
+    background: Vec<JoinHandle<()>>,
+}
+
+impl Node {
+    pub async fn start(config: NodeConfig) -> anyhow::Result<Node> {
+        let cluster_listener = TcpListener::bind(config.cluster_addr)
+            .await
+            .with_context(|| format!("binding the cluster address {}", config.cluster_addr))?;
+        let cluster_addr = cluster_listener.local_addr()?;
+        let grpc_listener = TcpListener::bind(config.grpc_addr)
+            .await
+            .with_context(|| format!("binding the gRPC address {}", config.grpc_addr))?;
+        let grpc_addr = grpc_listener.local_addr()?;
+        let admin_listener = TcpListener::bind(config.admin_addr)
+            .await
+            .with_context(|| format!("binding the admin address {}", config.admin_addr))?;
+        let admin_addr = admin_listener.local_addr()?;
+
+        let mut members = config.members.clone();
+        if members.is_empty() {
+            members.insert(config.node_id, cluster_addr.to_string());
+        }
+        check_identity(
+            &config.data_dir,
+            &Identity {
+                node_id: config.node_id,
+                partitions: config.partitions,
+                replication_factor: config.replication_factor,
+                cluster_size: members.len() as u32,
+            },
+        )?;
+        let store = Store::open(&config.data_dir.join("db"))
+            .with_context(|| format!("opening storage in {}", config.data_dir.display()))?;
+        let peers = PeerChannels::new(members.clone());
+        let (stop, stop_rx) = watch::channel(false);
+
+        // The cluster service answers before the replicas exist (peers may call
+        // early); it says UNAVAILABLE until the context is set.
+        let late_ctx: Arc<OnceLock<Arc<NodeContext>>> = Arc::new(OnceLock::new());
+        let cluster_service = crate::cluster::ClusterService::new(Arc::clone(&late_ctx));
+        let mut servers = Vec::new();
+        servers.push(tokio::spawn(serve_grpc(
+            "cluster",
+            tonic::transport::Server::builder()
+                .tcp_nodelay(true)
+                .initial_connection_window_size(Some(4 << 20))
+                .initial_stream_window_size(Some(1 << 20))
+                .add_service(
+                    ClusterServer::new(cluster_service)
+                        .max_decoding_message_size(64 << 20)
+                        .max_encoding_message_size(64 << 20),
+                ),
+            cluster_listener,
+            stop_rx.clone(),
+        )));
+
+        let cluster_size = members.len() as u32;
+        let mut replicas = std::collections::BTreeMap::new();
+        for partition in 0..config.partitions {
+            let hosts = context::replica_nodes(partition, config.replication_factor, cluster_size);
+            if !hosts.contains(&config.node_id) {
+                continue;
+            }
+            let group = hosts.iter().map(|id| (*id, members[id].clone())).collect();
+            let replica =
+                Replica::start(partition, config.node_id, &group, Arc::clone(&store), peers.clone(), &config.raft)
+                    .await
+                    .with_context(|| format!("starting partition {partition}"))?;
+            replicas.insert(partition, replica);
+        }
+
+        let ctx = Arc::new(NodeContext::new(
+            &config,
+            members,
+            Arc::clone(&store),
+            replicas,
+            peers,
+            grpc_addr,
+            admin_addr,
+            stop_rx.clone(),
+        ));
+        let _ = late_ctx.set(Arc::clone(&ctx));
+
+        let mut background = Vec::new();
+        for replica in ctx.replicas.values() {
+            background.push(tokio::spawn(supervisor::lead_while_leader(
+                Arc::clone(&ctx),
+                Arc::clone(replica),
+                stop_rx.clone(),
+            )));
+        }
+        background.push(tokio::spawn(crate::cluster::refresh_stream_registrations(Arc::clone(&ctx), stop_rx.clone())));
+        background.push(tokio::spawn(crate::admin::record_gauges(Arc::clone(&ctx), stop_rx.clone())));
+
+        let gateway = crate::gateway::GatewayService::new(Arc::clone(&ctx));
+        let max_message = config.limits.max_payload_bytes + (1 << 20);
+        servers.push(tokio::spawn(serve_grpc(
+            "gateway",
+            tonic::transport::Server::builder()
+                .tcp_nodelay(true)
+                .http2_keepalive_interval(Some(Duration::from_secs(30)))
+                .add_service(
+                    GatewayServer::new(gateway)
+                        .max_decoding_message_size(max_message)
+                        .max_encoding_message_size(max_message),
+                ),
+            grpc_listener,
+            stop_rx.clone(),
+        )));
+        servers.push(tokio::spawn(crate::admin::serve(Arc::clone(&ctx), admin_listener, stop_rx)));
+
+        Ok(Node { ctx, grpc_addr, cluster_addr, admin_addr, stop, servers, background })
+    }
+
+    /// Stops accepting work, lets in-flight requests finish, stops the leader
+    /// actors and Raft groups, and syncs storage.
+    pub async fn shutdown(self) {
+        let _ = self.stop.send(true);
+        self.ctx.gateway_streams.close_all();
+        // Servers stop accepting at once; requests already running may finish
+        // (bounded by the request timeout). Idle client connections are not
+        // waited for.
+        let grace = Instant::now() + self.ctx.request_timeout;
+        while self.ctx.requests_in_flight() > 0 && Instant::now() < grace {
+            tokio::time::sleep(Duration::from_millis(10)).await;
+        }
+        for server in self.servers {
+            server.abort();
+        }
+        for task in self.background {
+            task.abort();
+        }
+        self.ctx.stop_leaders().await;
+        for replica in self.ctx.replicas.values() {
+            replica.shutdown().await;
+        }
+        if let Err(e) = self.ctx.store.flush() {
+            tracing::error!("final storage sync failed: {e}");
+        }
+    }
+}
+
+async fn serve_grpc(
+    name: &'static str,
+    router: tonic::transport::server::Router,
+    listener: TcpListener,
+    mut stop: watch::Receiver<bool>,
+) {
+    let incoming = TcpListenerStream::new(listener);
+    let shutdown = async move {
+        let _ = stop.wait_for(|s| *s).await;
+    };
+    if let Err(e) = router.serve_with_incoming_shutdown(incoming, shutdown).await {
+        tracing::error!("{name} server failed: {e}");
+    }
+}

@@ -1,0 +1,64 @@
+//! Starts a partition's leader actor while this node leads it, and stops it
+//! when leadership moves. A leader actor that dies is started again while the
+//! node still leads.
+
+use std::sync::Arc;
+use std::time::Duration;
+
+use ractor::Actor;
+use tokio::sync::watch;
+
+use super::NodeContext;
+use crate::cluster::Links;
+use crate::partition::{LeaderArgs, PartitionLeader};
+use crate::raft::Replica;
+
+pub(super) async fn lead_while_leader(ctx: Arc<NodeContext>, replica: Arc<Replica>, mut stop: watch::Receiver<bool>) {
+    let partition = replica.partition;
+    let mut metrics = replica.watch();
+    let mut running: Option<(ractor::ActorRef<crate::partition::LeaderMsg>, tokio::task::JoinHandle<()>)> = None;
+    loop {
+        let leads = replica.leadership().is_leader;
+        if let Some((_, handle)) = &running {
+            if handle.is_finished() {
+                ctx.set_local_leader(partition, None);
+                running = None;
+            }
+        }
+        match (leads, running.is_some()) {
+            (true, false) => {
+                let args = LeaderArgs {
+                    replica: Arc::clone(&replica),
+                    streams: Arc::clone(&ctx.broker_streams),
+                    link: Arc::new(Links::new(Arc::downgrade(&ctx))),
+                };
+                match Actor::spawn(None, PartitionLeader, args).await {
+                    Ok((actor, handle)) => {
+                        ctx.set_local_leader(partition, Some(actor.clone()));
+                        running = Some((actor, handle));
+                    }
+                    Err(e) => tracing::error!(partition, "starting the partition leader failed: {e}"),
+                }
+            }
+            (false, true) => {
+                ctx.set_local_leader(partition, None);
+                if let Some((actor, handle)) = running.take() {
+                    actor.stop(Some("leadership moved".into()));
+                    let _ = handle.await;
+                }
+            }
+            _ => {}
+        }
+        tokio::select! {
+            changed = metrics.changed() => if changed.is_err() { break },
+            _ = stop.wait_for(|s| *s) => break,
+            // Also notice a leader actor that stopped on its own.
+            _ = tokio::time::sleep(Duration::from_millis(500)) => {}
+        }
+    }
+    ctx.set_local_leader(partition, None);
+    if let Some((actor, handle)) = running.take() {
+        actor.stop(Some("node stopping".into()));
+        let _ = handle.await;
+    }
+}

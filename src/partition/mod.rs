@@ -1,0 +1,14 @@
+//! Partition leadership: the `PartitionLeader` actor and the broker's stream registry.
+//!
+//! On the node that leads a partition, one [`PartitionLeader`] actor owns the
+//! path into Raft: it batches every waiting command into one entry, runs the
+//! partition's timers (activation deadlines, back-offs, delayed jobs) by
+//! appending ticks stamped with its clock, and pushes activatable jobs to
+//! registered streams, yielding them when a gateway's clients are not ready.
+//! It never touches storage or the engine's state except through Raft writes and
+//! read-only looks at [`crate::raft::SharedState`].
+
+mod leader;
+pub mod streams;
+
+pub use leader::{GatewayLink, LeaderArgs, LeaderMsg, PartitionLeader, SubmitError, SubmitReply};

@@ -1,0 +1,151 @@
+//! A partition's Raft log and vote in the node's RocksDB.
+//!
+//! Appends are durable before openraft hears of them: the write goes to the
+//! storage group-commit writer and `LogFlushed` fires only after the WAL sync
+//! that covers it. Votes are written synced before `save_vote` returns.
+
+use std::fmt::Debug;
+use std::io;
+use std::ops::{Bound, RangeBounds};
+use std::sync::Arc;
+
+use openraft::storage::{LogFlushed, LogState, RaftLogReader, RaftLogStorage};
+use openraft::{Entry, LogId, RaftLogId, StorageError, StorageIOError, Vote};
+
+use super::{NodeId, TypeConfig};
+use crate::core::PartitionId;
+use crate::storage::{self, meta_key, Store, Table};
+
+const VOTE: &str = "vote";
+const PURGED: &str = "purged";
+const COMMITTED: &str = "committed";
+
+#[derive(Clone)]
+pub struct LogStore {
+    partition: PartitionId,
+    store: Arc<Store>,
+}
+
+impl LogStore {
+    pub fn new(partition: PartitionId, store: Arc<Store>) -> Self {
+        LogStore { partition, store }
+    }
+
+    fn read_meta<T: serde::de::DeserializeOwned>(&self, name: &str) -> Result<Option<T>, StorageError<NodeId>> {
+        let bytes = self.store.get(Table::Meta, meta_key(self.partition, name)).map_err(read_err)?;
+        bytes.map(|b| storage::decode("raft meta", &b)).transpose().map_err(read_err)
+    }
+}
+
+fn read_err(e: impl std::error::Error + 'static) -> StorageError<NodeId> {
+    StorageIOError::read_logs(&e).into()
+}
+
+fn write_err(e: impl std::error::Error + 'static) -> StorageError<NodeId> {
+    StorageIOError::write_logs(&e).into()
+}
+
+impl RaftLogReader<TypeConfig> for LogStore {
+    async fn try_get_log_entries<RB: RangeBounds<u64> + Clone + Debug + Send>(
+        &mut self,
+        range: RB,
+    ) -> Result<Vec<Entry<TypeConfig>>, StorageError<NodeId>> {
+        let start = match range.start_bound() {
+            Bound::Included(i) => *i,
+            Bound::Excluded(i) => i + 1,
+            Bound::Unbounded => 0,
+        };
+        let end = match range.end_bound() {
+            Bound::Included(i) => i.saturating_add(1),
+            Bound::Excluded(i) => *i,
+            Bound::Unbounded => u64::MAX,
+        };
+        let rows = self.store.scan(Table::Log, self.partition, start..end).map_err(read_err)?;
+        rows.iter().map(|(_, bytes)| storage::decode("raft log", bytes).map_err(read_err)).collect()
+    }
+}
+
+impl RaftLogStorage<TypeConfig> for LogStore {
+    type LogReader = LogStore;
+
+    async fn get_log_state(&mut self) -> Result<LogState<TypeConfig>, StorageError<NodeId>> {
+        let last_purged_log_id: Option<LogId<NodeId>> = self.read_meta(PURGED)?;
+        let last = self.store.last(Table::Log, self.partition).map_err(read_err)?;
+        let last_log_id = match last {
+            Some((_, bytes)) => {
+                let entry: Entry<TypeConfig> = storage::decode("raft log", &bytes).map_err(read_err)?;
+                Some(*entry.get_log_id())
+            }
+            None => last_purged_log_id,
+        };
+        Ok(LogState { last_purged_log_id, last_log_id })
+    }
+
+    async fn get_log_reader(&mut self) -> Self::LogReader {
+        self.clone()
+    }
+
+    async fn save_vote(&mut self, vote: &Vote<NodeId>) -> Result<(), StorageError<NodeId>> {
+        let mut batch = self.store.batch();
+        batch.put(Table::Meta, meta_key(self.partition, VOTE), storage::encode(vote));
+        // A vote must never be forgotten: synced before we answer.
+        self.store.write_synced(batch).map_err(|e| StorageIOError::write_vote(&e).into())
+    }
+
+    async fn read_vote(&mut self) -> Result<Option<Vote<NodeId>>, StorageError<NodeId>> {
+        self.read_meta(VOTE)
+    }
+
+    async fn save_committed(&mut self, committed: Option<LogId<NodeId>>) -> Result<(), StorageError<NodeId>> {
+        let mut batch = self.store.batch();
+        batch.put(Table::Meta, meta_key(self.partition, COMMITTED), storage::encode(&committed));
+        self.store.write(batch).map_err(write_err)
+    }
+
+    async fn read_committed(&mut self) -> Result<Option<LogId<NodeId>>, StorageError<NodeId>> {
+        Ok(self.read_meta::<Option<LogId<NodeId>>>(COMMITTED)?.flatten())
+    }
+
+    async fn append<I>(&mut self, entries: I, callback: LogFlushed<TypeConfig>) -> Result<(), StorageError<NodeId>>
+    where
+        I: IntoIterator<Item = Entry<TypeConfig>> + Send,
+        I::IntoIter: Send,
+    {
+        let mut batch = self.store.batch();
+        let mut count = 0u64;
+        for entry in entries {
+            batch.put(Table::Log, storage::key(self.partition, entry.get_log_id().index), storage::encode(&entry));
+            count += 1;
+        }
+        metrics::counter!("drover_raft_entries_appended_total").increment(count);
+        // Entries must be readable when append returns; the memtable write happens
+        // on the writer thread, so wait for it, but let other partitions' appends
+        // share the sync.
+        let (tx, rx) = tokio::sync::oneshot::channel();
+        self.store.write_durable(
+            batch,
+            Box::new(move |result: Result<(), String>| {
+                callback.log_io_completed(result.clone().map_err(io::Error::other));
+                let _ = tx.send(result);
+            }),
+        );
+        match rx.await {
+            Ok(Ok(())) => Ok(()),
+            Ok(Err(e)) => Err(write_err(io::Error::other(e))),
+            Err(_) => Err(write_err(io::Error::other("storage writer dropped the append"))),
+        }
+    }
+
+    async fn truncate(&mut self, log_id: LogId<NodeId>) -> Result<(), StorageError<NodeId>> {
+        let mut batch = self.store.batch();
+        batch.delete_ids(Table::Log, self.partition, log_id.index..u64::MAX);
+        self.store.write_synced(batch).map_err(write_err)
+    }
+
+    async fn purge(&mut self, log_id: LogId<NodeId>) -> Result<(), StorageError<NodeId>> {
+        let mut batch = self.store.batch();
+        batch.put(Table::Meta, meta_key(self.partition, PURGED), storage::encode(&log_id));
+        batch.delete_ids(Table::Log, self.partition, 0..log_id.index + 1);
+        self.store.write(batch).map_err(write_err)
+    }
+}

@@ -1,0 +1,252 @@
+//! The only module that names openraft types.
+//!
+//! Every partition is one openraft group. This module owns the type config, the
+//! log store and state machine over [`crate::storage`], the network that carries
+//! Raft RPCs over the cluster gRPC service, and [`Replica`]: one partition's Raft
+//! handle plus the state the rest of the node may read. Everything outside sees
+//! Drover's own types: [`Replica::write`], [`ReplicaStatus`], [`WriteError`].
+
+mod log_store;
+mod network;
+mod state_machine;
+
+use std::collections::BTreeMap;
+use std::io::Cursor;
+use std::sync::Arc;
+use std::time::Duration;
+
+use openraft::error::{ClientWriteError, InitializeError, RaftError};
+use openraft::{BasicNode, Config, Raft, ServerState, SnapshotPolicy};
+use serde::{Deserialize, Serialize};
+use tokio::sync::watch;
+
+pub use network::{ClusterNetwork, PeerChannels};
+pub use state_machine::SharedState;
+
+use crate::core::{Batch, CommandResult, Millis, PartitionId};
+use crate::storage::Store;
+
+/// A node's id in the cluster, `0..cluster_size`.
+pub type NodeId = u64;
+
+/// What applying one Raft entry produced, returned to the writer.
+#[derive(Clone, Debug, Default, PartialEq, Serialize, Deserialize)]
+pub struct BatchResponse {
+    pub results: Vec<CommandResult>,
+    /// Job types that gained activatable jobs.
+    pub available: Vec<String>,
+    /// When the partition's next timer fires, after this entry.
+    pub next_timer: Option<Millis>,
+}
+
+openraft::declare_raft_types!(
+    /// Drover's openraft configuration: entries are command batches.
+    pub TypeConfig:
+        D = Batch,
+        R = BatchResponse,
+        NodeId = NodeId,
+        Node = BasicNode,
+);
+
+/// Tunables for every partition's group.
+#[derive(Clone, Debug)]
+pub struct RaftSettings {
+    pub heartbeat_interval: Duration,
+    pub election_timeout_min: Duration,
+    /// Log entries applied since the last snapshot that trigger a new one.
+    pub snapshot_every: u64,
+    /// Entries kept behind a snapshot for followers that are only a little behind.
+    pub keep_after_snapshot: u64,
+}
+
+impl Default for RaftSettings {
+    fn default() -> Self {
+        RaftSettings {
+            heartbeat_interval: Duration::from_millis(100),
+            election_timeout_min: Duration::from_millis(500),
+            snapshot_every: 20_000,
+            keep_after_snapshot: 5_000,
+        }
+    }
+}
+
+/// Why a write did not commit.
+#[derive(Debug, thiserror::Error)]
+pub enum WriteError {
+    #[error("this node does not lead partition {partition}")]
+    NotLeader { partition: PartitionId, leader: Option<NodeId> },
+    #[error("partition {partition} is shutting down or failed: {message}")]
+    Stopped { partition: PartitionId, message: String },
+}
+
+/// One partition's Raft role and progress, as this node sees it.
+#[derive(Clone, Debug, PartialEq, Serialize, Deserialize)]
+pub struct ReplicaStatus {
+    pub partition: PartitionId,
+    pub role: String,
+    pub term: u64,
+    pub leader: Option<NodeId>,
+    pub last_log_index: u64,
+    pub commit_index: u64,
+    pub applied_index: u64,
+    pub snapshot_index: Option<u64>,
+    pub purged_index: Option<u64>,
+    pub members: Vec<NodeId>,
+}
+
+/// The leadership facts other modules act on.
+#[derive(Clone, Copy, Debug, PartialEq, Eq)]
+pub struct Leadership {
+    pub is_leader: bool,
+    pub leader: Option<NodeId>,
+    pub term: u64,
+}
+
+/// One partition's replica on this node.
+pub struct Replica {
+    pub partition: PartitionId,
+    node_id: NodeId,
+    raft: Raft<TypeConfig>,
+    shared: Arc<SharedState>,
+}
+
+impl Replica {
+    /// Opens the partition's log and state from storage and starts its group.
+    /// On first start, the group is initialised with `members`; later starts
+    /// find their membership in the log.
+    pub async fn start(
+        partition: PartitionId,
+        node_id: NodeId,
+        members: &BTreeMap<NodeId, String>,
+        store: Arc<Store>,
+        peers: PeerChannels,
+        settings: &RaftSettings,
+    ) -> anyhow::Result<Arc<Replica>> {
+        let config = Config {
+            cluster_name: format!("drover-partition-{partition}"),
+            heartbeat_interval: settings.heartbeat_interval.as_millis() as u64,
+            election_timeout_min: settings.election_timeout_min.as_millis() as u64,
+            election_timeout_max: settings.election_timeout_min.as_millis() as u64 * 2,
+            install_snapshot_timeout: 10_000,
+            max_payload_entries: 16,
+            snapshot_policy: SnapshotPolicy::LogsSinceLast(settings.snapshot_every),
+            max_in_snapshot_log_to_keep: settings.keep_after_snapshot,
+            purge_batch_size: 256,
+            ..Default::default()
+        };
+        let config = Arc::new(config.validate()?);
+        let log = log_store::LogStore::new(partition, Arc::clone(&store));
+        let (state_machine, shared) = state_machine::StateMachine::open(partition, store)?;
+        let network = ClusterNetwork::new(partition, peers);
+        let raft = Raft::new(node_id, config, network, log, state_machine).await?;
+        let nodes: BTreeMap<NodeId, BasicNode> =
+            members.iter().map(|(id, addr)| (*id, BasicNode { addr: addr.clone() })).collect();
+        match raft.initialize(nodes).await {
+            Ok(()) => {}
+            Err(RaftError::APIError(InitializeError::NotAllowed(_))) => {} // formed before
+            Err(e) => return Err(anyhow::anyhow!("initialise partition {partition}: {e}")),
+        }
+        Ok(Arc::new(Replica { partition, node_id, raft, shared }))
+    }
+
+    /// Replicates one batch and returns what applying it produced. Resolves only
+    /// once the entry is committed on a majority and applied here.
+    pub async fn write(&self, batch: Batch) -> Result<BatchResponse, WriteError> {
+        match self.raft.client_write(batch).await {
+            Ok(response) => Ok(response.data),
+            Err(RaftError::APIError(ClientWriteError::ForwardToLeader(forward))) => {
+                Err(WriteError::NotLeader { partition: self.partition, leader: forward.leader_id })
+            }
+            Err(e) => Err(WriteError::Stopped { partition: self.partition, message: e.to_string() }),
+        }
+    }
+
+    /// State shared with the state machine: read-only access for leaders and reads.
+    pub fn state(&self) -> &Arc<SharedState> {
+        &self.shared
+    }
+
+    pub fn leadership(&self) -> Leadership {
+        let metrics = self.raft.metrics();
+        let m = metrics.borrow();
+        Leadership {
+            is_leader: m.state == ServerState::Leader && m.current_leader == Some(self.node_id),
+            leader: m.current_leader,
+            term: m.current_term,
+        }
+    }
+
+    /// A stream of leadership changes (and other metric updates).
+    pub fn watch(&self) -> watch::Receiver<openraft::RaftMetrics<NodeId, BasicNode>> {
+        self.raft.metrics()
+    }
+
+    pub fn leadership_of(metrics: &openraft::RaftMetrics<NodeId, BasicNode>, me: NodeId) -> Leadership {
+        Leadership {
+            is_leader: metrics.state == ServerState::Leader && metrics.current_leader == Some(me),
+            leader: metrics.current_leader,
+            term: metrics.current_term,
+        }
+    }
+
+    pub fn status(&self) -> ReplicaStatus {
+        let metrics = self.raft.metrics();
+        let m = metrics.borrow();
+        let role = match m.state {
+            ServerState::Leader => "leader",
+            ServerState::Follower => "follower",
+            ServerState::Candidate => "candidate",
+            ServerState::Learner => "learner",
+            ServerState::Shutdown => "shutdown",
+        };
+        let applied = m.last_applied.map(|l| l.index).unwrap_or(0);
+        ReplicaStatus {
+            partition: self.partition,
+            role: role.into(),
+            term: m.current_term,
+            leader: m.current_leader,
+            last_log_index: m.last_log_index.unwrap_or(0),
+            // openraft publishes no commit index to metrics; applied trails it by
+            // at most the entries in flight, and a leader's committed entries are
+            // applied before clients hear of them.
+            commit_index: applied,
+            applied_index: applied,
+            snapshot_index: m.snapshot.map(|l| l.index),
+            purged_index: m.purged.map(|l| l.index),
+            members: m.membership_config.membership().voter_ids().collect(),
+        }
+    }
+
+    /// Builds a snapshot now (and lets the log be purged behind it).
+    pub async fn snapshot(&self) -> anyhow::Result<()> {
+        self.raft.trigger().snapshot().await?;
+        Ok(())
+    }
+
+    pub async fn shutdown(&self) {
+        if let Err(e) = self.raft.shutdown().await {
+            tracing::warn!(partition = self.partition, "raft shutdown: {e}");
+        }
+    }
+
+    /// Handles an incoming Raft RPC for this group (bincode in, bincode out).
+    pub async fn handle_rpc(&self, kind: RpcKind, payload: &[u8]) -> Result<Vec<u8>, String> {
+        fn decode<T: serde::de::DeserializeOwned>(payload: &[u8]) -> Result<T, String> {
+            bincode::deserialize(payload).map_err(|e| format!("malformed raft request: {e}"))
+        }
+        let encoded = match kind {
+            RpcKind::AppendEntries => bincode::serialize(&self.raft.append_entries(decode(payload)?).await),
+            RpcKind::Vote => bincode::serialize(&self.raft.vote(decode(payload)?).await),
+            RpcKind::InstallSnapshot => bincode::serialize(&self.raft.install_snapshot(decode(payload)?).await),
+        };
+        encoded.map_err(|e| format!("encode raft reply: {e}"))
+    }
+}
+
+/// The three Raft RPCs carried by the cluster service.
+#[derive(Clone, Copy, Debug)]
+pub enum RpcKind {
+    AppendEntries,
+    Vote,
+    InstallSnapshot,
+}

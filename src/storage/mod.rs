@@ -1,0 +1,266 @@
+//! The only module that talks to RocksDB.
+//!
+//! One RocksDB instance per node holds every partition's Raft log, Raft metadata,
+//! job records and snapshots, in column families keyed by a big-endian partition
+//! prefix. Column families share one WAL, so a batch that spans them is atomic.
+//!
+//! Durability: log appends go through the [`SyncWriter`], a thread that drains
+//! every append waiting from every partition, writes them, and syncs the WAL once
+//! for all of them before any caller is told its append is durable (group commit).
+//! State-machine writes are not synced: they carry their applied log id in the
+//! same batch, so recovery always finds a consistent prefix and Raft re-applies
+//! the rest from the synced log.
+
+mod writer;
+
+use std::ops::Range;
+use std::path::Path;
+use std::sync::Arc;
+
+use rocksdb::{ColumnFamilyDescriptor, Direction, IteratorMode, Options, WriteBatch, WriteOptions, DB};
+
+pub use writer::SyncWriter;
+
+use crate::core::PartitionId;
+
+const CF_LOG: &str = "raft_log";
+const CF_META: &str = "raft_meta";
+const CF_JOBS: &str = "jobs";
+const CF_DONE: &str = "jobs_done";
+const CF_SNAPSHOT: &str = "snapshot";
+
+/// A storage failure. RocksDB errors are not something a client can fix, so they
+/// surface as UNAVAILABLE/INTERNAL at the edge.
+#[derive(Debug, thiserror::Error)]
+pub enum StorageError {
+    #[error("rocksdb: {0}")]
+    RocksDb(#[from] rocksdb::Error),
+    #[error("corrupt record in {what}: {source}")]
+    Decode { what: &'static str, source: bincode::Error },
+    #[error("the storage writer has stopped")]
+    WriterStopped,
+    #[error("{0}")]
+    Io(#[from] std::io::Error),
+}
+
+/// Which column family a record lives in.
+#[derive(Clone, Copy, Debug)]
+pub enum Table {
+    /// Raft log entries by (partition, index).
+    Log,
+    /// Raft vote, purge point, committed id, applied state, by (partition, name).
+    Meta,
+    /// Non-final job records by (partition, key).
+    Jobs,
+    /// Completed and cancelled job records by (partition, key).
+    Done,
+    /// The latest snapshot of each partition.
+    Snapshot,
+}
+
+impl Table {
+    fn cf_name(self) -> &'static str {
+        match self {
+            Table::Log => CF_LOG,
+            Table::Meta => CF_META,
+            Table::Jobs => CF_JOBS,
+            Table::Done => CF_DONE,
+            Table::Snapshot => CF_SNAPSHOT,
+        }
+    }
+}
+
+/// A key in any table: partition prefix, then an 8-byte id or a name.
+pub fn key(partition: PartitionId, id: u64) -> [u8; 12] {
+    let mut k = [0u8; 12];
+    k[..4].copy_from_slice(&partition.to_be_bytes());
+    k[4..].copy_from_slice(&id.to_be_bytes());
+    k
+}
+
+pub fn meta_key(partition: PartitionId, name: &str) -> Vec<u8> {
+    let mut k = partition.to_be_bytes().to_vec();
+    k.extend_from_slice(name.as_bytes());
+    k
+}
+
+fn id_of(key: &[u8]) -> u64 {
+    u64::from_be_bytes(key[4..12].try_into().expect("12-byte key"))
+}
+
+/// The node's RocksDB and its WAL group-commit writer.
+pub struct Store {
+    db: Arc<DB>,
+    writer: SyncWriter,
+}
+
+/// Atomic multi-table writes, built by callers and committed with [`Store::write`]
+/// or [`Store::write_synced`].
+pub struct Batch<'a> {
+    store: &'a Store,
+    inner: WriteBatch,
+}
+
+impl Batch<'_> {
+    pub fn put(&mut self, table: Table, key: impl AsRef<[u8]>, value: impl AsRef<[u8]>) {
+        let cf = self.store.cf(table);
+        self.inner.put_cf(cf, key, value);
+    }
+    pub fn delete(&mut self, table: Table, key: impl AsRef<[u8]>) {
+        let cf = self.store.cf(table);
+        self.inner.delete_cf(cf, key);
+    }
+    /// Deletes ids `range` of a partition in a table.
+    pub fn delete_ids(&mut self, table: Table, partition: PartitionId, range: Range<u64>) {
+        let cf = self.store.cf(table);
+        self.inner.delete_range_cf(cf, key(partition, range.start), key(partition, range.end));
+    }
+    pub fn len(&self) -> usize {
+        self.inner.len()
+    }
+    pub fn is_empty(&self) -> bool {
+        self.inner.is_empty()
+    }
+}
+
+impl Store {
+    /// Opens (creating if needed) the node's database under `dir`.
+    pub fn open(dir: &Path) -> Result<Arc<Store>, StorageError> {
+        std::fs::create_dir_all(dir)?;
+        let mut opts = Options::default();
+        opts.create_if_missing(true);
+        opts.create_missing_column_families(true);
+        opts.set_max_background_jobs(2);
+        opts.set_bytes_per_sync(1 << 20);
+        opts.set_max_total_wal_size(256 << 20);
+        opts.set_keep_log_file_num(4);
+        let cf = |name: &str| {
+            let mut cf_opts = Options::default();
+            cf_opts.set_compression_type(rocksdb::DBCompressionType::Lz4);
+            cf_opts.set_write_buffer_size(32 << 20);
+            ColumnFamilyDescriptor::new(name, cf_opts)
+        };
+        let cfs = [CF_LOG, CF_META, CF_JOBS, CF_DONE, CF_SNAPSHOT].map(cf);
+        let db = Arc::new(DB::open_cf_descriptors(&opts, dir, cfs)?);
+        let writer = SyncWriter::start(Arc::clone(&db));
+        Ok(Arc::new(Store { db, writer }))
+    }
+
+    fn cf(&self, table: Table) -> &rocksdb::ColumnFamily {
+        // Column families are created at open and never dropped.
+        self.db.cf_handle(table.cf_name()).expect("column family exists")
+    }
+
+    pub fn batch(&self) -> Batch<'_> {
+        Batch { store: self, inner: WriteBatch::default() }
+    }
+
+    /// Writes without syncing the WAL (state-machine writes; see the module doc).
+    pub fn write(&self, batch: Batch<'_>) -> Result<(), StorageError> {
+        let mut opts = WriteOptions::default();
+        opts.set_sync(false);
+        self.db.write_opt(batch.inner, &opts)?;
+        Ok(())
+    }
+
+    /// Writes and syncs before returning (votes, snapshot installs). Blocking.
+    pub fn write_synced(&self, batch: Batch<'_>) -> Result<(), StorageError> {
+        let mut opts = WriteOptions::default();
+        opts.set_sync(true);
+        self.db.write_opt(batch.inner, &opts)?;
+        Ok(())
+    }
+
+    /// Hands the batch to the group-commit writer; `done` runs once it is synced.
+    pub fn write_durable(&self, batch: Batch<'_>, done: writer::Completion) {
+        self.writer.submit(batch.inner, done);
+    }
+
+    pub fn get(&self, table: Table, key: impl AsRef<[u8]>) -> Result<Option<Vec<u8>>, StorageError> {
+        Ok(self.db.get_cf(self.cf(table), key)?)
+    }
+
+    /// Values of ids `range` of a partition, in order.
+    pub fn scan(
+        &self,
+        table: Table,
+        partition: PartitionId,
+        range: Range<u64>,
+    ) -> Result<Vec<(u64, Vec<u8>)>, StorageError> {
+        let cf = self.cf(table);
+        let start = key(partition, range.start);
+        let mut out = Vec::new();
+        for item in self.db.iterator_cf(cf, IteratorMode::From(&start, Direction::Forward)) {
+            let (k, v) = item?;
+            if k.len() != 12 || k[..4] != partition.to_be_bytes() {
+                break;
+            }
+            let id = id_of(&k);
+            if id >= range.end {
+                break;
+            }
+            out.push((id, v.into_vec()));
+        }
+        Ok(out)
+    }
+
+    /// Visits every record of a partition in a table, in id order.
+    pub fn for_each(
+        &self,
+        table: Table,
+        partition: PartitionId,
+        mut visit: impl FnMut(u64, &[u8]) -> Result<(), StorageError>,
+    ) -> Result<(), StorageError> {
+        let cf = self.cf(table);
+        let start = key(partition, 0);
+        for item in self.db.iterator_cf(cf, IteratorMode::From(&start, Direction::Forward)) {
+            let (k, v) = item?;
+            if k.len() != 12 || k[..4] != partition.to_be_bytes() {
+                break;
+            }
+            visit(id_of(&k), &v)?;
+        }
+        Ok(())
+    }
+
+    /// The highest id of a partition in a table, with its value.
+    pub fn last(&self, table: Table, partition: PartitionId) -> Result<Option<(u64, Vec<u8>)>, StorageError> {
+        let cf = self.cf(table);
+        let end = key(partition, u64::MAX);
+        let mut iter = self.db.iterator_cf(cf, IteratorMode::From(&end, Direction::Reverse));
+        match iter.next() {
+            Some(item) => {
+                let (k, v) = item?;
+                if k.len() == 12 && k[..4] == partition.to_be_bytes() {
+                    Ok(Some((id_of(&k), v.into_vec())))
+                } else {
+                    Ok(None)
+                }
+            }
+            None => Ok(None),
+        }
+    }
+
+    /// RocksDB's own figures for the admin metrics.
+    pub fn property(&self, name: &str) -> Option<u64> {
+        self.db.property_int_value(name).ok().flatten()
+    }
+
+    pub fn sync_stats(&self) -> writer::SyncStats {
+        self.writer.stats()
+    }
+
+    /// Syncs the WAL and stops the writer; used on graceful shutdown.
+    pub fn flush(&self) -> Result<(), StorageError> {
+        self.db.flush_wal(true)?;
+        Ok(())
+    }
+}
+
+pub fn encode<T: serde::Serialize>(value: &T) -> Vec<u8> {
+    bincode::serialize(value).expect("in-memory values always serialize")
+}
+
+pub fn decode<T: serde::de::DeserializeOwned>(what: &'static str, bytes: &[u8]) -> Result<T, StorageError> {
+    bincode::deserialize(bytes).map_err(|source| StorageError::Decode { what, source })
+}

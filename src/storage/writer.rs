@@ -1,0 +1,98 @@
+//! Group commit: one WAL sync for every append waiting, from every partition.
+
+use std::sync::atomic::{AtomicU64, Ordering};
+use std::sync::mpsc::{self, Receiver, Sender};
+use std::sync::Arc;
+use std::time::Instant;
+
+use rocksdb::{WriteBatch, WriteOptions, DB};
+
+/// Runs once the batch is durable (or failed to be).
+pub type Completion = Box<dyn FnOnce(Result<(), String>) + Send>;
+
+/// Appends processed per sync, capped so one huge drain cannot starve callers.
+const MAX_BATCHES_PER_SYNC: usize = 1024;
+
+struct Request {
+    batch: WriteBatch,
+    done: Completion,
+}
+
+#[derive(Default)]
+struct Counters {
+    syncs: AtomicU64,
+    batches: AtomicU64,
+    sync_micros: AtomicU64,
+}
+
+/// Totals since start, for `jobs per sync` and sync latency.
+#[derive(Clone, Copy, Debug, Default)]
+pub struct SyncStats {
+    pub syncs: u64,
+    pub batches: u64,
+    pub sync_micros: u64,
+}
+
+/// The WAL group-commit thread. Dropping the last handle stops it after it has
+/// synced what it already took.
+pub struct SyncWriter {
+    tx: Sender<Request>,
+    counters: Arc<Counters>,
+}
+
+impl SyncWriter {
+    pub fn start(db: Arc<DB>) -> SyncWriter {
+        let (tx, rx) = mpsc::channel::<Request>();
+        let counters = Arc::new(Counters::default());
+        let thread_counters = Arc::clone(&counters);
+        std::thread::Builder::new()
+            .name("drover-wal-sync".into())
+            .spawn(move || run(db, rx, thread_counters))
+            .expect("spawn the WAL writer thread");
+        SyncWriter { tx, counters }
+    }
+
+    pub fn submit(&self, batch: WriteBatch, done: Completion) {
+        if let Err(mpsc::SendError(request)) = self.tx.send(Request { batch, done }) {
+            (request.done)(Err("the storage writer has stopped".into()));
+        }
+    }
+
+    pub fn stats(&self) -> SyncStats {
+        SyncStats {
+            syncs: self.counters.syncs.load(Ordering::Relaxed),
+            batches: self.counters.batches.load(Ordering::Relaxed),
+            sync_micros: self.counters.sync_micros.load(Ordering::Relaxed),
+        }
+    }
+}
+
+fn run(db: Arc<DB>, rx: Receiver<Request>, counters: Arc<Counters>) {
+    let mut unsynced = WriteOptions::default();
+    unsynced.set_sync(false);
+    let mut waiting: Vec<Completion> = Vec::with_capacity(MAX_BATCHES_PER_SYNC);
+    while let Ok(first) = rx.recv() {
+        let started = Instant::now();
+        let mut result = db.write_opt(first.batch, &unsynced).map_err(|e| e.to_string());
+        waiting.push(first.done);
+        while waiting.len() < MAX_BATCHES_PER_SYNC {
+            let Ok(next) = rx.try_recv() else { break };
+            if result.is_ok() {
+                result = db.write_opt(next.batch, &unsynced).map_err(|e| e.to_string());
+            }
+            waiting.push(next.done);
+        }
+        if result.is_ok() {
+            result = db.flush_wal(true).map_err(|e| e.to_string());
+        }
+        let elapsed = started.elapsed();
+        counters.syncs.fetch_add(1, Ordering::Relaxed);
+        counters.batches.fetch_add(waiting.len() as u64, Ordering::Relaxed);
+        counters.sync_micros.fetch_add(elapsed.as_micros() as u64, Ordering::Relaxed);
+        metrics::histogram!("drover_storage_write_sync_seconds").record(elapsed.as_secs_f64());
+        metrics::histogram!("drover_storage_appends_per_sync").record(waiting.len() as f64);
+        for done in waiting.drain(..) {
+            done(result.clone());
+        }
+    }
+}

@@ -1,0 +1,166 @@
+//! Helpers that start real nodes: in-process (`Node::start` on loopback ports)
+//! or as `drover serve` child processes that can be killed with real signals.
+
+#![allow(dead_code)]
+
+use std::io::{BufRead, BufReader};
+use std::path::{Path, PathBuf};
+use std::process::{Child, Command, Stdio};
+use std::sync::mpsc;
+use std::time::{Duration, Instant};
+
+use drover::client::Client;
+use drover::config::NodeConfig;
+use drover::node::Node;
+
+/// Waits for `check` to hold, polling, and panics with `what` after `limit`.
+pub async fn eventually<F, Fut>(limit: Duration, what: &str, mut check: F)
+where
+    F: FnMut() -> Fut,
+    Fut: std::future::Future<Output = bool>,
+{
+    let started = Instant::now();
+    while !check().await {
+        assert!(started.elapsed() < limit, "timed out after {limit:?} waiting for {what}");
+        tokio::time::sleep(Duration::from_millis(20)).await;
+    }
+}
+
+/// A node running inside the test process.
+pub struct LocalNode {
+    pub node: Node,
+    pub client: Client,
+    pub dir: tempfile::TempDir,
+}
+
+impl LocalNode {
+    pub async fn start() -> LocalNode {
+        Self::start_with(|_| {}).await
+    }
+
+    pub async fn start_with(adjust: impl FnOnce(&mut NodeConfig)) -> LocalNode {
+        let dir = tempfile::tempdir().expect("temp dir");
+        let mut config = NodeConfig::local(dir.path().join("node"));
+        adjust(&mut config);
+        let node = Node::start(config).await.expect("node starts");
+        let ctx = node.ctx.clone();
+        eventually(Duration::from_secs(20), "the node to lead its partitions", || {
+            let ctx = ctx.clone();
+            async move { (0..ctx.partition_count()).all(|p| ctx.local_leader(p).is_some()) }
+        })
+        .await;
+        let client = Client::connect(&node.grpc_addr.to_string()).await.expect("client connects");
+        LocalNode { node, client, dir }
+    }
+}
+
+/// A `drover serve` child process.
+pub struct NodeProcess {
+    pub child: Child,
+    pub grpc: String,
+    pub admin: String,
+    pub data_dir: PathBuf,
+}
+
+pub fn drover_bin() -> &'static str {
+    env!("CARGO_BIN_EXE_drover")
+}
+
+impl NodeProcess {
+    /// Starts a single node on ephemeral loopback ports and waits until it
+    /// prints its addresses.
+    pub fn start(data_dir: &Path, extra: &[&str]) -> NodeProcess {
+        let mut child = Command::new(drover_bin())
+            .arg("serve")
+            .arg("--data-dir")
+            .arg(data_dir)
+            .args(["--grpc-addr", "127.0.0.1:0", "--cluster-addr", "127.0.0.1:0", "--admin-addr", "127.0.0.1:0"])
+            .args(extra)
+            .env("RUST_LOG", "warn")
+            .stdout(Stdio::piped())
+            .stderr(Stdio::inherit())
+            .spawn()
+            .expect("spawn drover serve");
+        let stdout = child.stdout.take().expect("stdout piped");
+        let (tx, rx) = mpsc::channel();
+        std::thread::spawn(move || {
+            for line in BufReader::new(stdout).lines().map_while(Result::ok) {
+                let _ = tx.send(line);
+            }
+        });
+        let mut grpc = None;
+        let mut admin = None;
+        let deadline = Instant::now() + Duration::from_secs(30);
+        while grpc.is_none() || admin.is_none() {
+            let left = deadline.saturating_duration_since(Instant::now());
+            let line = rx.recv_timeout(left).expect("drover serve printed its addresses within 30 s");
+            if let Some(addr) = line.trim().strip_prefix("gateway (gRPC):") {
+                grpc = Some(addr.trim().to_string());
+            }
+            if let Some(rest) = line.trim().strip_prefix("admin (HTTP):") {
+                admin = rest.split_whitespace().next().map(|s| s.trim_start_matches("http://").to_string());
+            }
+        }
+        NodeProcess { child, grpc: grpc.unwrap(), admin: admin.unwrap(), data_dir: data_dir.to_path_buf() }
+    }
+
+    pub async fn client(&self) -> Client {
+        Client::connect(&self.grpc).await.expect("client connects")
+    }
+
+    /// Waits until the node answers a write (its partitions have leaders).
+    pub async fn wait_ready(&self) {
+        let admin = self.admin.clone();
+        eventually(Duration::from_secs(30), "the node's /ready to say ready", || {
+            let admin = admin.clone();
+            async move { http_get(&admin, "/ready").await.map(|(code, _)| code == 200).unwrap_or(false) }
+        })
+        .await;
+    }
+
+    pub fn kill(&mut self) {
+        self.child.kill().expect("SIGKILL the node");
+        self.child.wait().expect("reap the node");
+    }
+
+    pub fn signal(&self, signal: i32) {
+        let rc = unsafe { libc::kill(self.child.id() as i32, signal) };
+        assert_eq!(rc, 0, "sending signal {signal}");
+    }
+}
+
+impl Drop for NodeProcess {
+    fn drop(&mut self) {
+        let _ = self.child.kill();
+        let _ = self.child.wait();
+    }
+}
+
+/// A minimal HTTP/1.1 GET; returns the status code and body.
+pub async fn http_get(addr: &str, path: &str) -> std::io::Result<(u16, String)> {
+    use tokio::io::{AsyncReadExt, AsyncWriteExt};
+    let mut stream = tokio::net::TcpStream::connect(addr).await?;
+    let request = format!("GET {path} HTTP/1.1\r\nHost: {addr}\r\nConnection: close\r\n\r\n");
+    stream.write_all(request.as_bytes()).await?;
+    let mut response = Vec::new();
+    stream.read_to_end(&mut response).await?;
+    let text = String::from_utf8_lossy(&response).into_owned();
+    let code = text.split_whitespace().nth(1).and_then(|c| c.parse().ok()).unwrap_or(0);
+    let body = text.split_once("\r\n\r\n").map(|(_, b)| b.to_string()).unwrap_or_default();
+    let body = if text.to_ascii_lowercase().contains("transfer-encoding: chunked") { dechunk(&body) } else { body };
+    Ok((code, body))
+}
+
+fn dechunk(body: &str) -> String {
+    let mut out = String::new();
+    let mut rest = body;
+    while let Some((size, after)) = rest.split_once("\r\n") {
+        let Ok(size) = usize::from_str_radix(size.trim(), 16) else { break };
+        if size == 0 || after.len() < size {
+            break;
+        }
+        out.push_str(&after[..size]);
+        rest = after[size..].trim_start_matches("\r\n");
+    }
+    out
+}
