@@ -70,6 +70,10 @@ pub struct ServeArgs {
     /// Raft entries applied between snapshots. [default: 20000]
     #[arg(long, env = "DROVER_SNAPSHOT_EVERY")]
     pub snapshot_every: Option<u64>,
+    /// Raft log entries kept behind a snapshot, for followers slightly behind;
+    /// followers further behind get the snapshot. [default: 5000]
+    #[arg(long, env = "DROVER_LOG_KEEP_AFTER_SNAPSHOT")]
+    pub log_keep_after_snapshot: Option<u64>,
     /// Log lines: `text` or `json`. Filter with RUST_LOG. [default: text]
     #[arg(long, env = "DROVER_LOG_FORMAT")]
     pub log_format: Option<String>,
@@ -203,7 +207,7 @@ impl ServeArgs {
                 .map(Duration::from_millis)
                 .unwrap_or(defaults.election_timeout_min),
             snapshot_every: pick!(snapshot_every).unwrap_or(defaults.snapshot_every),
-            keep_after_snapshot: defaults.keep_after_snapshot,
+            keep_after_snapshot: pick!(log_keep_after_snapshot).unwrap_or(defaults.keep_after_snapshot),
         };
         if raft.election_timeout_min <= raft.heartbeat_interval * 2 {
             bail!("the election timeout must be more than twice the heartbeat interval");

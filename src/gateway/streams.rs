@@ -220,8 +220,12 @@ impl GatewayStreams {
 /// those jobs do not wait for their activation timeout.
 pub struct ClientStream {
     pub receiver: mpsc::Receiver<Result<pb::ActivatedJob, Status>>,
-    pub on_close: Option<Box<dyn FnOnce(Vec<(JobKey, u32)>) + Send>>,
+    pub on_close: Option<OnClose>,
 }
+
+/// Runs when a client stream ends, with the (key, attempt) of every job still
+/// buffered for it.
+pub type OnClose = Box<dyn FnOnce(Vec<(JobKey, u32)>) + Send>;
 
 impl Stream for ClientStream {
     type Item = Result<pb::ActivatedJob, Status>;

@@ -67,8 +67,7 @@ impl NodeContext {
         store: Arc<Store>,
         replicas: BTreeMap<PartitionId, Arc<Replica>>,
         peers: PeerChannels,
-        grpc_addr: SocketAddr,
-        admin_addr: SocketAddr,
+        (grpc_addr, admin_addr): (SocketAddr, SocketAddr),
         stopping: tokio::sync::watch::Receiver<bool>,
     ) -> Self {
         NodeContext {

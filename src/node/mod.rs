@@ -155,8 +155,7 @@ impl Node {
             Arc::clone(&store),
             replicas,
             peers,
-            grpc_addr,
-            admin_addr,
+            (grpc_addr, admin_addr),
             stop_rx.clone(),
         ));
         let _ = late_ctx.set(Arc::clone(&ctx));

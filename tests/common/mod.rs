@@ -70,12 +70,22 @@ impl NodeProcess {
     /// Starts a single node on ephemeral loopback ports and waits until it
     /// prints its addresses.
     pub fn start(data_dir: &Path, extra: &[&str]) -> NodeProcess {
+        let mut args: Vec<String> = ["--grpc-addr", "127.0.0.1:0", "--cluster-addr", "127.0.0.1:0"]
+            .iter()
+            .chain(["--admin-addr", "127.0.0.1:0"].iter())
+            .map(|s| s.to_string())
+            .collect();
+        args.extend(extra.iter().map(|s| s.to_string()));
+        Self::spawn(data_dir, &args)
+    }
+
+    /// Starts `drover serve --data-dir DIR ARGS...` and waits for its addresses.
+    pub fn spawn(data_dir: &Path, args: &[String]) -> NodeProcess {
         let mut child = Command::new(drover_bin())
             .arg("serve")
             .arg("--data-dir")
             .arg(data_dir)
-            .args(["--grpc-addr", "127.0.0.1:0", "--cluster-addr", "127.0.0.1:0", "--admin-addr", "127.0.0.1:0"])
-            .args(extra)
+            .args(args)
             .env("RUST_LOG", "warn")
             .stdout(Stdio::piped())
             .stderr(Stdio::inherit())
@@ -163,4 +173,138 @@ fn dechunk(body: &str) -> String {
         rest = after[size..].trim_start_matches("\r\n");
     }
     out
+}
+
+fn free_port() -> u16 {
+    std::net::TcpListener::bind("127.0.0.1:0").unwrap().local_addr().unwrap().port()
+}
+
+/// Ports of one node of a [`ProcessCluster`], fixed so a restart reuses them.
+#[derive(Clone, Copy)]
+struct Ports {
+    grpc: u16,
+    cluster: u16,
+    admin: u16,
+}
+
+/// One partition's Raft status as a node reports it on /actuator/partitions.
+#[derive(Debug, Clone, serde::Deserialize)]
+pub struct PartitionStatus {
+    pub partition: u32,
+    pub role: String,
+    pub term: u64,
+    pub leader: Option<u64>,
+    pub applied_index: u64,
+    pub snapshot_index: Option<u64>,
+    pub purged_index: Option<u64>,
+}
+
+/// Several `drover serve` processes forming one cluster on loopback.
+pub struct ProcessCluster {
+    pub nodes: Vec<Option<NodeProcess>>,
+    ports: Vec<Ports>,
+    args: Vec<String>,
+    pub dir: tempfile::TempDir,
+}
+
+impl ProcessCluster {
+    pub fn start(size: usize, partitions: u32, replication_factor: u32, extra: &[&str]) -> ProcessCluster {
+        let dir = tempfile::tempdir().expect("temp dir");
+        let ports: Vec<Ports> =
+            (0..size).map(|_| Ports { grpc: free_port(), cluster: free_port(), admin: free_port() }).collect();
+        let members: Vec<String> =
+            ports.iter().enumerate().map(|(i, p)| format!("{i}=127.0.0.1:{}", p.cluster)).collect();
+        let mut args = vec![
+            "--members".to_string(),
+            members.join(","),
+            "--partitions".into(),
+            partitions.to_string(),
+            "--replication-factor".into(),
+            replication_factor.to_string(),
+        ];
+        args.extend(extra.iter().map(|s| s.to_string()));
+        let mut cluster = ProcessCluster { nodes: (0..size).map(|_| None).collect(), ports, args, dir };
+        for id in 0..size {
+            cluster.start_node(id);
+        }
+        cluster
+    }
+
+    pub fn start_node(&mut self, id: usize) {
+        let p = self.ports[id];
+        let mut args = vec![
+            "--node-id".to_string(),
+            id.to_string(),
+            "--grpc-addr".into(),
+            format!("127.0.0.1:{}", p.grpc),
+            "--cluster-addr".into(),
+            format!("127.0.0.1:{}", p.cluster),
+            "--admin-addr".into(),
+            format!("127.0.0.1:{}", p.admin),
+        ];
+        args.extend(self.args.iter().cloned());
+        let data = self.dir.path().join(format!("node-{id}"));
+        self.nodes[id] = Some(NodeProcess::spawn(&data, &args));
+    }
+
+    pub fn kill(&mut self, id: usize) {
+        if let Some(mut node) = self.nodes[id].take() {
+            node.kill();
+        }
+    }
+
+    pub fn node(&self, id: usize) -> &NodeProcess {
+        self.nodes[id].as_ref().expect("node is running")
+    }
+
+    pub fn live(&self) -> Vec<usize> {
+        (0..self.nodes.len()).filter(|i| self.nodes[*i].is_some()).collect()
+    }
+
+    pub fn gateway(&self, id: usize) -> String {
+        format!("127.0.0.1:{}", self.ports[id].grpc)
+    }
+
+    /// The node's view of its partitions, or None if it does not answer.
+    pub async fn status(&self, id: usize) -> Option<Vec<PartitionStatus>> {
+        let admin = format!("127.0.0.1:{}", self.ports[id].admin);
+        let (code, body) = http_get(&admin, "/actuator/partitions").await.ok()?;
+        if code != 200 {
+            return None;
+        }
+        let value: serde_json::Value = serde_json::from_str(&body).ok()?;
+        serde_json::from_value(value.get("local")?.clone()).ok()
+    }
+
+    /// Waits until a live node leads `partition` and every live replica agrees.
+    pub async fn leader_of(&self, partition: u32, limit: Duration) -> usize {
+        let started = Instant::now();
+        loop {
+            let mut views = Vec::new();
+            for id in self.live() {
+                if let Some(statuses) = self.status(id).await {
+                    if let Some(s) = statuses.into_iter().find(|s| s.partition == partition) {
+                        views.push((id, s));
+                    }
+                }
+            }
+            let leaders: Vec<usize> = views.iter().filter(|(_, s)| s.role == "leader").map(|(id, _)| *id).collect();
+            if let [leader] = leaders[..] {
+                if views.iter().all(|(_, s)| s.leader == Some(leader as u64)) {
+                    return leader;
+                }
+            }
+            assert!(
+                started.elapsed() < limit,
+                "no agreed leader for partition {partition} within {limit:?}: {views:?}"
+            );
+            tokio::time::sleep(Duration::from_millis(50)).await;
+        }
+    }
+
+    pub async fn wait_ready(&self) {
+        for id in self.live() {
+            self.node(id).wait_ready().await;
+        }
+    }
 }

@@ -1,0 +1,241 @@
+//! Three real nodes as separate processes: routing across gateways, leader
+//! failover under load with SIGKILL, catch-up by snapshot, timers that move
+//! with leadership.
+
+mod common;
+
+use std::collections::HashMap;
+use std::sync::{Arc, Mutex};
+use std::time::{Duration, Instant};
+
+use common::ProcessCluster;
+use drover::client::Client;
+use tokio::sync::watch;
+
+const FAST_RAFT: &[&str] = &["--heartbeat-ms", "50", "--election-timeout-ms", "300"];
+
+#[tokio::test]
+async fn jobs_created_on_one_gateway_complete_through_another() {
+    let cluster = ProcessCluster::start(3, 3, 3, FAST_RAFT);
+    cluster.wait_ready().await;
+    let first = cluster.node(0).client().await;
+    let third = cluster.node(2).client().await;
+    let mut keys = Vec::new();
+    for n in 0..9 {
+        keys.push(first.create_job("route", &format!(r#"{{"n":{n}}}"#)).await.unwrap());
+    }
+    let partitions: std::collections::BTreeSet<u32> = keys.iter().map(|k| (k >> 48) as u32).collect();
+    assert_eq!(partitions.len(), 3, "new jobs spread round-robin over the partitions");
+    let mut jobs = Vec::new();
+    while jobs.len() < keys.len() {
+        let batch = third.activate("route", "w3", 10, 60_000, 5_000).await.unwrap();
+        assert!(!batch.is_empty(), "node 3 activates the jobs created through node 1");
+        jobs.extend(batch);
+    }
+    for job in &jobs {
+        third.complete(job.key, job.attempt, "{}").await.unwrap();
+    }
+    for key in keys {
+        assert_eq!(first.get_job(key).await.unwrap().state, "completed");
+    }
+}
+
+/// What clients saw while a workload ran.
+#[derive(Default)]
+struct History {
+    acked: Vec<u64>,
+    completions: HashMap<u64, u32>,
+}
+
+/// Producers and workers that use any live gateway and retry on errors.
+fn run_workload(
+    gateways: Vec<String>,
+    history: Arc<Mutex<History>>,
+    stop: watch::Receiver<bool>,
+) -> Vec<tokio::task::JoinHandle<()>> {
+    let mut tasks = Vec::new();
+    for (i, gateway) in gateways.iter().enumerate() {
+        let (producer_gateway, producer_history, mut producer_stop) =
+            (gateway.clone(), Arc::clone(&history), stop.clone());
+        tasks.push(tokio::spawn(async move {
+            let client = Client::connect_lazy(&producer_gateway).unwrap();
+            let mut n = 0u64;
+            while !*producer_stop.borrow() {
+                n += 1;
+                let variables = format!(r#"{{"producer":{i},"n":{n}}}"#);
+                let create = client.create_job("failover", &variables);
+                tokio::select! {
+                    result = create => match result {
+                        Ok(key) => producer_history.lock().unwrap().acked.push(key),
+                        Err(_) => tokio::time::sleep(Duration::from_millis(20)).await,
+                    },
+                    _ = producer_stop.changed() => {}
+                }
+            }
+        }));
+        let (gateway, history, mut stop) = (gateway.clone(), Arc::clone(&history), stop.clone());
+        tasks.push(tokio::spawn(async move {
+            let client = Client::connect_lazy(&gateway).unwrap();
+            while !*stop.borrow() {
+                let activate = client.activate("failover", "w", 20, 2_000, 200);
+                let jobs = tokio::select! {
+                    jobs = activate => jobs,
+                    _ = stop.changed() => break,
+                };
+                let Ok(jobs) = jobs else {
+                    tokio::time::sleep(Duration::from_millis(20)).await;
+                    continue;
+                };
+                for job in jobs {
+                    if client.complete(job.key, job.attempt, "{}").await.is_ok() {
+                        *history.lock().unwrap().completions.entry(job.key).or_default() += 1;
+                    }
+                }
+            }
+        }));
+    }
+    tasks
+}
+
+/// Kills the leader of partition 0 under load; returns the failover time.
+async fn kill_leader_under_load(cluster: &mut ProcessCluster) -> (usize, Duration) {
+    let history = Arc::new(Mutex::new(History::default()));
+    let (stop_tx, stop_rx) = watch::channel(false);
+    let leader = cluster.leader_of(0, Duration::from_secs(20)).await;
+    let gateways: Vec<String> =
+        cluster.live().into_iter().filter(|id| *id != leader).map(|id| cluster.gateway(id)).collect();
+    let tasks = run_workload(gateways.clone(), Arc::clone(&history), stop_rx);
+    common::eventually(Duration::from_secs(20), "the workload to get going", || {
+        let history = Arc::clone(&history);
+        async move { history.lock().unwrap().completions.len() >= 50 }
+    })
+    .await;
+
+    cluster.kill(leader);
+    let killed_at = Instant::now();
+    let acked_before = history.lock().unwrap().acked.len();
+    common::eventually(Duration::from_secs(30), "a create acknowledged after the leader died", || {
+        let history = Arc::clone(&history);
+        async move { history.lock().unwrap().acked.len() > acked_before + 20 }
+    })
+    .await;
+    let failover = killed_at.elapsed();
+    let _ = stop_tx.send(true);
+    for task in tasks {
+        task.await.unwrap();
+    }
+
+    // Every acknowledged create is completed, or still there to be worked on.
+    let client = Client::connect(&gateways[0]).await.unwrap();
+    let history = std::mem::take(&mut *history.lock().unwrap());
+    for key in &history.acked {
+        let job = client.get_job(*key).await.unwrap_or_else(|e| panic!("acknowledged job {key} lost: {e}"));
+        assert!(["completed", "activatable", "activated"].contains(&job.state.as_str()), "job {key} is {}", job.state);
+        if history.completions.contains_key(key) {
+            assert_eq!(job.state, "completed", "job {key} was completed for a client");
+        }
+    }
+    for (key, count) in &history.completions {
+        assert_eq!(*count, 1, "job {key} was completed {count} times");
+    }
+    eprintln!("failover after killing node {leader}: {failover:?}; {} creates acknowledged", history.acked.len());
+    (leader, failover)
+}
+
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn three_nodes_leader_killed_jobs_survive_then_again_after_restart() {
+    let mut cluster = ProcessCluster::start(3, 1, 3, FAST_RAFT);
+    cluster.wait_ready().await;
+    let (first_victim, _) = kill_leader_under_load(&mut cluster).await;
+
+    cluster.start_node(first_victim);
+    cluster.node(first_victim).wait_ready().await;
+    let leader = cluster.leader_of(0, Duration::from_secs(20)).await;
+    let leader_applied = cluster.status(leader).await.unwrap()[0].applied_index;
+    common::eventually(Duration::from_secs(30), "the restarted node to catch up", || {
+        let cluster = &cluster;
+        async move { cluster.status(first_victim).await.map(|s| s[0].applied_index >= leader_applied).unwrap_or(false) }
+    })
+    .await;
+
+    let (second_victim, _) = kill_leader_under_load(&mut cluster).await;
+    assert_ne!(first_victim, second_victim, "a different node was the leader the second time");
+}
+
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn a_follower_far_behind_installs_a_snapshot_and_then_leads() {
+    let mut args = FAST_RAFT.to_vec();
+    args.extend(["--snapshot-every", "50", "--log-keep-after-snapshot", "10"]);
+    let mut cluster = ProcessCluster::start(3, 1, 3, &args);
+    cluster.wait_ready().await;
+    let leader = cluster.leader_of(0, Duration::from_secs(20)).await;
+    let follower = (leader + 1) % 3;
+    cluster.kill(follower);
+
+    let client = cluster.node(leader).client().await;
+    let mut states = HashMap::new();
+    for n in 0..300 {
+        let key = client.create_job("snap", &format!(r#"{{"n":{n}}}"#)).await.unwrap();
+        states.insert(key, "activatable");
+    }
+    let jobs = client.activate("snap", "w", 100, 600_000, 0).await.unwrap();
+    for job in jobs {
+        client.complete(job.key, job.attempt, r#"{"ok":1}"#).await.unwrap();
+        states.insert(job.key, "completed");
+    }
+    let status = cluster.status(leader).await.unwrap();
+    let purged = status[0].purged_index.unwrap_or(0);
+    assert!(purged > 0, "the leader purged its log behind a snapshot: {status:?}");
+
+    cluster.start_node(follower);
+    cluster.node(follower).wait_ready().await;
+    let target = status[0].applied_index;
+    common::eventually(Duration::from_secs(30), "the follower to catch up by snapshot", || {
+        let cluster = &cluster;
+        async move {
+            cluster
+                .status(follower)
+                .await
+                .map(|s| s[0].applied_index >= target && s[0].snapshot_index.is_some())
+                .unwrap_or(false)
+        }
+    })
+    .await;
+
+    // Move leadership until the restored follower holds it.
+    for _ in 0..6 {
+        let current = cluster.leader_of(0, Duration::from_secs(20)).await;
+        if current == follower {
+            break;
+        }
+        cluster.kill(current);
+        cluster.leader_of(0, Duration::from_secs(20)).await;
+        cluster.start_node(current);
+        cluster.node(current).wait_ready().await;
+    }
+    assert_eq!(cluster.leader_of(0, Duration::from_secs(20)).await, follower, "the restored follower leads");
+    let restored = cluster.node(follower).client().await;
+    for (key, state) in &states {
+        assert_eq!(restored.get_job(*key).await.unwrap().state, *state, "job {key} on the restored leader");
+    }
+}
+
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn an_activation_times_out_on_schedule_under_a_new_leader() {
+    let mut cluster = ProcessCluster::start(3, 1, 3, FAST_RAFT);
+    cluster.wait_ready().await;
+    let leader = cluster.leader_of(0, Duration::from_secs(20)).await;
+    let survivor = (leader + 1) % 3;
+    let client = cluster.node(survivor).client().await;
+    let key = client.create_job("timer", "{}").await.unwrap();
+    let first = client.activate("timer", "w", 1, 3_000, 0).await.unwrap().remove(0);
+    cluster.kill(leader);
+
+    let again = client.activate("timer", "w", 1, 60_000, 20_000).await.unwrap();
+    assert_eq!(again.len(), 1, "the job timed out under the new leader");
+    assert_eq!(again[0].key, key);
+    assert_eq!(again[0].attempt, 2);
+    let reactivated_at = again[0].deadline - 60_000;
+    assert!(reactivated_at >= first.deadline, "not before its deadline");
+    assert!(reactivated_at <= first.deadline + 5_000, "within the election slack of its deadline");
+}
