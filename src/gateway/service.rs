@@ -365,7 +365,7 @@ impl Gateway for GatewayService {
                 metrics::counter!("drover_gateway_job_stream_handed_back_total").increment(count as u64);
             });
         });
-        Ok(Response::new(ClientStream { receiver: opened.receiver, on_close: Some(on_close) }))
+        Ok(Response::new(ClientStream::new(opened.receiver, on_close)))
     }
 
     #[tracing::instrument(name = "gateway.complete_job", skip_all, fields(key = request.get_ref().key))]

@@ -219,8 +219,19 @@ impl GatewayStreams {
 /// leaves the aggregate and hands back every job still buffered for it, so
 /// those jobs do not wait for their activation timeout.
 pub struct ClientStream {
-    pub receiver: mpsc::Receiver<Result<pb::ActivatedJob, Status>>,
-    pub on_close: Option<OnClose>,
+    receiver: mpsc::Receiver<Result<pb::ActivatedJob, Status>>,
+    on_close: Option<OnClose>,
+    /// Set after handing out a job: the next poll says Pending once, so the
+    /// encoder sends each job in its own chunk instead of draining the buffer
+    /// into a write it cannot take back. Jobs left in the buffer can then be
+    /// handed back when the client goes away.
+    just_yielded: bool,
+}
+
+impl ClientStream {
+    pub fn new(receiver: mpsc::Receiver<Result<pb::ActivatedJob, Status>>, on_close: OnClose) -> Self {
+        ClientStream { receiver, on_close: Some(on_close), just_yielded: false }
+    }
 }
 
 /// Runs when a client stream ends, with the (key, attempt) of every job still
@@ -231,7 +242,14 @@ impl Stream for ClientStream {
     type Item = Result<pb::ActivatedJob, Status>;
 
     fn poll_next(mut self: Pin<&mut Self>, cx: &mut Context<'_>) -> Poll<Option<Self::Item>> {
-        self.receiver.poll_recv(cx)
+        if self.just_yielded {
+            self.just_yielded = false;
+            cx.waker().wake_by_ref();
+            return Poll::Pending;
+        }
+        let next = self.receiver.poll_recv(cx);
+        self.just_yielded = matches!(next, Poll::Ready(Some(_)));
+        next
     }
 }
 

@@ -1,0 +1,263 @@
+//! Job streaming across gateways on a three-node cluster: aggregation, random
+//! routing, yield and reroute when a worker is not ready, hand-back of buffered
+//! jobs, and streams that survive gateway and leader loss.
+
+mod common;
+
+use std::collections::HashSet;
+use std::time::{Duration, Instant};
+
+use common::{http_get, ProcessCluster};
+use drover::client::Client;
+use drover::proto::gateway::gateway_client::GatewayClient;
+use drover::proto::gateway::{ActivatedJob, StreamActivatedJobsRequest};
+use tonic::transport::Endpoint;
+use tonic::Streaming;
+
+const FAST_RAFT: &[&str] = &["--heartbeat-ms", "50", "--election-timeout-ms", "300"];
+/// Long enough that a job waiting for its activation timeout fails the test.
+const TIMEOUT_MS: i64 = 120_000;
+
+fn request(job_type: &str, timeout: i64, fetch: &[&str]) -> StreamActivatedJobsRequest {
+    StreamActivatedJobsRequest {
+        r#type: job_type.into(),
+        worker: "w".into(),
+        timeout,
+        fetch_variable: fetch.iter().map(|s| s.to_string()).collect(),
+        tenant_ids: vec![],
+    }
+}
+
+/// A client whose HTTP/2 receive window is tiny, so a worker that stops
+/// reading holds almost nothing in its transport.
+async fn small_window_client(gateway: &str) -> GatewayClient<tonic::transport::Channel> {
+    let channel = Endpoint::from_shared(format!("http://{gateway}"))
+        .unwrap()
+        .initial_stream_window_size(Some(1024))
+        .initial_connection_window_size(Some(1024))
+        .connect()
+        .await
+        .unwrap();
+    GatewayClient::new(channel)
+}
+
+async fn open(gateway: &str, request: StreamActivatedJobsRequest) -> Streaming<ActivatedJob> {
+    Client::connect(gateway).await.unwrap().raw().stream_activated_jobs(request).await.unwrap().into_inner()
+}
+
+async fn jobstreams(cluster: &ProcessCluster, node: usize) -> serde_json::Value {
+    let (_, body) = http_get(&cluster.node(node).admin, "/actuator/jobstreams").await.unwrap();
+    serde_json::from_str(&body).unwrap()
+}
+
+async fn metric(cluster: &ProcessCluster, node: usize, name: &str) -> f64 {
+    let (_, body) = http_get(&cluster.node(node).admin, "/metrics").await.unwrap();
+    body.lines()
+        .filter(|l| l.starts_with(name))
+        .filter_map(|l| l.rsplit(' ').next().and_then(|v| v.parse::<f64>().ok()))
+        .sum()
+}
+
+/// Reads and completes jobs from `stream` until `stop` says so.
+fn complete_all(gateway: String, mut stream: Streaming<ActivatedJob>) -> tokio::task::JoinHandle<Vec<u64>> {
+    tokio::spawn(async move {
+        let client = Client::connect(&gateway).await.unwrap();
+        let mut done = Vec::new();
+        while let Ok(Ok(Some(job))) = tokio::time::timeout(Duration::from_secs(5), stream.message()).await {
+            client.complete(job.key, job.attempt, "{}").await.unwrap();
+            done.push(job.key);
+        }
+        done
+    })
+}
+
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn equivalent_workers_share_one_stream_and_others_do_not() {
+    let cluster = ProcessCluster::start(3, 3, 3, FAST_RAFT);
+    cluster.wait_ready().await;
+    let gateway = cluster.node(0).grpc.clone();
+    let _a = open(&gateway, request("agg", 30_000, &["x", "y"])).await;
+    let _b = open(&gateway, request("agg", 30_000, &["y", "x", "y"])).await;
+    let _c = open(&gateway, request("agg", 45_000, &["x", "y"])).await;
+    let _d = open(&gateway, request("agg", 30_000, &["x"])).await;
+
+    let view = jobstreams(&cluster, 0).await;
+    let client: Vec<&serde_json::Value> =
+        view["client"].as_array().unwrap().iter().filter(|s| s["key"]["job_type"] == "agg").collect();
+    assert_eq!(
+        client.len(),
+        3,
+        "same parameters in another order aggregate; other timeout or variables do not: {view}"
+    );
+    let mut sizes: Vec<usize> = client.iter().map(|s| s["clients"].as_array().unwrap().len()).collect();
+    sizes.sort();
+    assert_eq!(sizes, vec![1, 1, 2]);
+
+    // Every broker knows the three aggregated streams of gateway 0.
+    for node in 0..3 {
+        common::eventually(Duration::from_secs(10), "brokers to learn the streams", || {
+            let cluster = &cluster;
+            async move {
+                let view = jobstreams(cluster, node).await;
+                view["remote"].as_array().unwrap().iter().filter(|s| s["jobType"] == "agg").count() == 3
+            }
+        })
+        .await;
+    }
+}
+
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn workers_on_two_gateways_both_receive_jobs() {
+    let cluster = ProcessCluster::start(3, 3, 3, FAST_RAFT);
+    cluster.wait_ready().await;
+    let (g0, g1) = (cluster.node(0).grpc.clone(), cluster.node(1).grpc.clone());
+    let on_0 = complete_all(g0.clone(), open(&g0, request("fair", TIMEOUT_MS, &[])).await);
+    let on_1 = complete_all(g1.clone(), open(&g1, request("fair", TIMEOUT_MS, &[])).await);
+    common::eventually(Duration::from_secs(10), "both streams registered everywhere", || {
+        let cluster = &cluster;
+        async move {
+            let mut ok = true;
+            for node in 0..3 {
+                let view = jobstreams(cluster, node).await;
+                ok &= view["remote"].as_array().unwrap().iter().filter(|s| s["jobType"] == "fair").count() == 2;
+            }
+            ok
+        }
+    })
+    .await;
+    let producer = Client::connect(&cluster.node(2).grpc).await.unwrap();
+    for n in 0..200 {
+        producer.create_job("fair", &format!(r#"{{"n":{n}}}"#)).await.unwrap();
+    }
+    let (a, b) = (on_0.await.unwrap(), on_1.await.unwrap());
+    assert_eq!(a.len() + b.len(), 200, "every job completed once");
+    assert!(a.len() >= 20 && b.len() >= 20, "neither gateway starves: {} / {}", a.len(), b.len());
+}
+
+/// Jobs a stuck worker may hold beyond the gateway's buffer: one in the
+/// encoder plus the two or three padded jobs that fit in a 1 KiB HTTP/2 window.
+const IN_TRANSPORT: usize = 5;
+
+fn padded(n: usize) -> String {
+    format!(r#"{{"n":{n},"pad":"{}"}}"#, "x".repeat(400))
+}
+
+async fn blocked_total(cluster: &ProcessCluster) -> f64 {
+    let mut total = 0.0;
+    for node in 0..3 {
+        total += metric(cluster, node, "drover_broker_jobs_push_fail_try_count_total").await;
+    }
+    total
+}
+
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn a_worker_that_stops_reading_has_its_jobs_rerouted() {
+    let cluster = ProcessCluster::start(3, 1, 3, FAST_RAFT);
+    cluster.wait_ready().await;
+    let (g0, g1) = (cluster.node(0).grpc.clone(), cluster.node(1).grpc.clone());
+    // The stuck worker: opens its stream on gateway 0 and stops reading.
+    let mut stuck_client = small_window_client(&g0).await;
+    let mut stuck = stuck_client.stream_activated_jobs(request("slow", TIMEOUT_MS, &[])).await.unwrap().into_inner();
+    let healthy = complete_all(g1.clone(), open(&g1, request("slow", TIMEOUT_MS, &[])).await);
+    let blocked_before = blocked_total(&cluster).await;
+
+    let producer = Client::connect(&cluster.node(2).grpc).await.unwrap();
+    let started = Instant::now();
+    let mut keys = HashSet::new();
+    for n in 0..150 {
+        keys.insert(producer.create_job("slow", &padded(n)).await.unwrap());
+    }
+    let done: HashSet<u64> = healthy.await.unwrap().into_iter().collect();
+    let elapsed = started.elapsed();
+    // Whatever the stuck worker holds is what the healthy one did not get.
+    let mut held = HashSet::new();
+    while let Ok(Ok(Some(job))) = tokio::time::timeout(Duration::from_millis(500), stuck.message()).await {
+        held.insert(job.key);
+    }
+    assert!(blocked_total(&cluster).await > blocked_before, "pushes to the stuck worker's gateway counted as BLOCKED");
+    assert_eq!(done.len() + held.len(), keys.len(), "every job went to exactly one worker");
+    assert!(held.len() <= streams_buffer() + IN_TRANSPORT, "the stuck worker held {} jobs", held.len());
+    assert!(done.len() >= keys.len() - streams_buffer() - IN_TRANSPORT);
+    assert!(
+        elapsed < Duration::from_millis(TIMEOUT_MS as u64 / 4),
+        "done in {elapsed:?}, far under the activation timeout"
+    );
+}
+
+fn streams_buffer() -> usize {
+    drover::gateway::streams::CLIENT_BUFFER
+}
+
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn jobs_buffered_for_a_closed_stream_are_handed_back_at_once() {
+    let cluster = ProcessCluster::start(3, 1, 3, FAST_RAFT);
+    cluster.wait_ready().await;
+    let g0 = cluster.node(0).grpc.clone();
+    let mut stuck_client = small_window_client(&g0).await;
+    let stuck = stuck_client.stream_activated_jobs(request("handback", TIMEOUT_MS, &[])).await.unwrap().into_inner();
+    let blocked_before = blocked_total(&cluster).await;
+    let producer = Client::connect(&cluster.node(1).grpc).await.unwrap();
+    let started = Instant::now();
+    let mut keys = HashSet::new();
+    for n in 0..60 {
+        keys.insert(producer.create_job("handback", &padded(n)).await.unwrap());
+    }
+    common::eventually(Duration::from_secs(10), "the stuck worker's buffer to fill", || {
+        let cluster = &cluster;
+        async move { blocked_total(cluster).await > blocked_before }
+    })
+    .await;
+    drop(stuck);
+    drop(stuck_client);
+    let g2 = cluster.node(2).grpc.clone();
+    let done: HashSet<u64> = complete_all(g2.clone(), open(&g2, request("handback", TIMEOUT_MS, &[])).await)
+        .await
+        .unwrap()
+        .into_iter()
+        .collect();
+    let handed_back = metric(&cluster, 0, "drover_gateway_job_stream_handed_back_total").await;
+    assert!(handed_back >= streams_buffer() as f64 - 1.0, "{handed_back} jobs handed back");
+    assert!(done.len() >= keys.len() - IN_TRANSPORT, "only {} of {} completed", done.len(), keys.len());
+    assert!(started.elapsed() < Duration::from_millis(TIMEOUT_MS as u64 / 4));
+}
+
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn streams_survive_the_loss_of_a_gateway_and_of_a_leader() {
+    let mut cluster = ProcessCluster::start(3, 1, 3, FAST_RAFT);
+    cluster.wait_ready().await;
+    let leader = cluster.leader_of(0, Duration::from_secs(20)).await;
+    let gateway_node = (leader + 1) % 3;
+    let other = (leader + 2) % 3;
+
+    // A worker on a gateway that is not the leader; the gateway dies.
+    let g = cluster.node(gateway_node).grpc.clone();
+    let _first = open(&g, request("survive", TIMEOUT_MS, &[])).await;
+    cluster.kill(gateway_node);
+    // The worker reconnects to another gateway and keeps receiving.
+    let g_other = cluster.node(other).grpc.clone();
+    let mut reconnected = open(&g_other, request("survive", TIMEOUT_MS, &[])).await;
+    let producer = Client::connect(&g_other).await.unwrap();
+    let key = producer.create_job("survive", "{}").await.unwrap();
+    let job = tokio::time::timeout(Duration::from_secs(10), reconnected.message()).await.unwrap().unwrap().unwrap();
+    assert_eq!(job.key, key);
+
+    // Bring the gateway back, then kill the partition leader: the stream keeps
+    // receiving from the new leader.
+    cluster.start_node(gateway_node);
+    cluster.node(gateway_node).wait_ready().await;
+    cluster.kill(leader);
+    let new_leader = cluster.leader_of(0, Duration::from_secs(20)).await;
+    assert_ne!(new_leader, leader);
+    let key = tokio::time::timeout(Duration::from_secs(20), async {
+        loop {
+            if let Ok(key) = producer.create_job("survive", "{}").await {
+                return key;
+            }
+            tokio::time::sleep(Duration::from_millis(50)).await;
+        }
+    })
+    .await
+    .expect("a create succeeds under the new leader");
+    let job = tokio::time::timeout(Duration::from_secs(10), reconnected.message()).await.unwrap().unwrap().unwrap();
+    assert_eq!(job.key, key, "pushed by the new leader");
+}
