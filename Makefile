@@ -2,6 +2,8 @@
 # Both install what a fresh machine lacks first.
 
 CARGO_TARGET_DIR ?= $(HOME)/.cache/drover-target
+DROVER_TOOLS ?= $(HOME)/.cache/drover-tools/bin
+export DROVER_TOOLS
 export CARGO_TARGET_DIR
 
 .PHONY: run test setup fmt lint

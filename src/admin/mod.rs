@@ -38,8 +38,76 @@ pub fn recorder() -> &'static PrometheusHandle {
     })
 }
 
-pub async fn serve(ctx: Arc<NodeContext>, listener: TcpListener, mut stop: watch::Receiver<bool>) {
+/// Registers every metric family with its help text, so dashboards and alerts
+/// see each one (at zero) before its first event.
+pub fn register_metrics() {
+    use metrics::{describe_counter, describe_gauge, describe_histogram, Unit};
     recorder();
+    let counters: &[(&str, &str)] = &[
+        ("drover_jobs_total", "Jobs reaching an outcome (created, activated, completed, failed, timed_out, yielded, incident, cancelled), counted by the partition leader"),
+        ("drover_gateway_job_stream_push_total", "Jobs a gateway handed to a stream client"),
+        ("drover_gateway_job_stream_push_fail_try_total", "Tries to hand a pushed job to a client that was not ready"),
+        ("drover_gateway_job_stream_handed_back_total", "Jobs buffered for a closed client stream and handed back at once"),
+        ("drover_broker_jobs_pushed_count_total", "Jobs a partition leader pushed to a stream and a client took"),
+        ("drover_broker_jobs_push_fail_try_count_total", "Pushed jobs no client could take (code BLOCKED: not ready), yielded"),
+        ("drover_gateway_errors_total", "Client requests answered with an error, by gRPC code"),
+        ("drover_gateway_jobs_polled_total", "Jobs activated by ActivateJobs"),
+        ("drover_grpc_requests_total", "Client gRPC requests by method"),
+        ("drover_partition_leader_changes_total", "Times this node became leader of a partition"),
+        ("drover_raft_snapshots_built_total", "Snapshots built"),
+        ("drover_raft_snapshots_installed_total", "Snapshots installed from a leader"),
+        ("drover_raft_entries_appended_total", "Raft log entries appended on this node"),
+    ];
+    for (name, help) in counters {
+        describe_counter!(*name, *help);
+    }
+    metrics::counter!("drover_broker_jobs_push_fail_try_count_total", "code" => "BLOCKED").absolute(0);
+    for name in [
+        "drover_gateway_job_stream_push_total",
+        "drover_gateway_job_stream_push_fail_try_total",
+        "drover_gateway_job_stream_handed_back_total",
+        "drover_broker_jobs_pushed_count_total",
+        "drover_gateway_jobs_polled_total",
+    ] {
+        metrics::counter!(name).absolute(0);
+    }
+    let gauges: &[(&str, &str)] = &[
+        ("drover_gateway_job_stream_clients", "Worker streams connected to this gateway"),
+        ("drover_gateway_job_stream_streams", "Aggregated streams on this gateway"),
+        ("drover_gateway_job_stream_servers", "Brokers this gateway's streams are registered with"),
+        ("drover_broker_open_job_stream_count", "Aggregated streams registered with this broker"),
+        ("drover_gateway_parked_long_polls", "ActivateJobs requests waiting for jobs"),
+        ("drover_jobs_activatable", "Activatable jobs per partition and type (on the leader)"),
+        ("drover_partition_role_leader", "1 when this node leads the partition"),
+        ("drover_partition_has_leader", "1 when this node knows a leader for the partition"),
+        ("drover_partition_term", "Raft term of the partition on this node"),
+        ("drover_partition_commit_index", "Committed log index of the partition on this node"),
+        ("drover_partition_applied_index", "Applied log index of the partition on this node"),
+        ("drover_rocksdb_memtable_bytes", "RocksDB memtable size"),
+        ("drover_rocksdb_sst_bytes", "RocksDB SST files size"),
+        ("drover_rocksdb_write_stalled", "1 while RocksDB writes are stopped"),
+        ("drover_rocksdb_pending_compaction_bytes", "RocksDB estimated pending compaction bytes"),
+        ("drover_storage_wal_syncs", "WAL syncs since start"),
+        ("drover_storage_appends_synced", "Log appends covered by WAL syncs since start"),
+    ];
+    for (name, help) in gauges {
+        describe_gauge!(*name, *help);
+        metrics::gauge!(*name).increment(0.0);
+    }
+    let histograms: &[(&str, &str)] = &[
+        ("drover_create_ack_seconds", "CreateJob received to acknowledged"),
+        ("drover_raft_append_to_commit_seconds", "Raft write submitted to committed and applied"),
+        ("drover_storage_write_sync_seconds", "One group-commit WAL write and sync"),
+    ];
+    for (name, help) in histograms {
+        describe_histogram!(*name, Unit::Seconds, *help);
+    }
+    describe_histogram!("drover_raft_commands_per_entry", "Commands batched into one Raft entry");
+    describe_histogram!("drover_storage_appends_per_sync", "Log appends covered by one WAL sync");
+}
+
+pub async fn serve(ctx: Arc<NodeContext>, listener: TcpListener, mut stop: watch::Receiver<bool>) {
+    register_metrics();
     let app = Router::new()
         .route("/health", get(|| async { "ok" }))
         .route("/ready", get(ready))

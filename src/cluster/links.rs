@@ -131,8 +131,24 @@ pub async fn refresh_stream_registrations(ctx: Arc<NodeContext>, mut stop: watch
             _ = tokio::time::sleep(REFRESH_EVERY) => {}
             _ = stop.wait_for(|s| *s) => return,
         }
-        for stream in ctx.gateway_streams.registrations() {
-            register_everywhere(&ctx, &stream);
+        let streams = ctx.gateway_streams.registrations();
+        for stream in &streams {
+            ctx.broker_register(stream.clone());
         }
+        // Re-register with every other broker; count the brokers that have
+        // all of this gateway's streams.
+        let mut servers = 1;
+        for (node, _) in ctx.members.iter().filter(|(id, _)| **id != ctx.node_id) {
+            let Some(mut client) = ctx.peers.client(*node) else { continue };
+            let mut all = true;
+            for stream in &streams {
+                let mut request = tonic::Request::new(RegisterStreamRequest { stream: Some(to_spec(stream)) });
+                request.set_timeout(Duration::from_secs(1));
+                all &= client.register_stream(request).await.is_ok();
+            }
+            servers += all as usize;
+        }
+        let servers = if streams.is_empty() { 0 } else { servers };
+        metrics::gauge!("drover_gateway_job_stream_servers").set(servers as f64);
     }
 }

@@ -41,6 +41,17 @@ pub struct ApplyOutput {
     pub finished: Vec<Job>,
     /// Job types that gained an activatable job in this batch (no repeats).
     pub available: Vec<String>,
+    /// How many jobs of each type reached each outcome in this batch.
+    pub outcomes: Vec<(String, Outcome, u64)>,
+}
+
+impl ApplyOutput {
+    fn count(&mut self, job_type: &str, outcome: Outcome) {
+        match self.outcomes.iter_mut().find(|(t, o, _)| *o == outcome && t == job_type) {
+            Some((_, _, n)) => *n += 1,
+            None => self.outcomes.push((job_type.to_string(), outcome, 1)),
+        }
+    }
 }
 
 /// The compact state a snapshot carries besides the job records.
@@ -163,6 +174,7 @@ impl PartitionState {
                 // A timeout hands the job back without consuming a retry.
                 job.state = JobState::Activatable;
                 job.deadline = 0;
+                out.count(&job.spec.job_type, Outcome::TimedOut);
                 self.make_ready(key, out);
             }
         }
@@ -177,6 +189,7 @@ impl PartitionState {
                 let mut job = self.remove(*key);
                 job.state = JobState::Completed;
                 job.result = variables.clone();
+                out.count(&job.spec.job_type, Outcome::Completed);
                 out.finished.push(job);
                 Ok(CommandResult::Done)
             }
@@ -191,7 +204,9 @@ impl PartitionState {
                 job.deadline = 0;
                 job.retries = *retries;
                 job.error_message.clone_from(error_message);
+                out.count(&job.spec.job_type, Outcome::Failed);
                 if *retries == 0 {
+                    out.count(&job.spec.job_type, Outcome::Incident);
                     job.state = JobState::Incident;
                 } else if *back_off_ms > 0 {
                     job.state = JobState::Scheduled;
@@ -236,6 +251,7 @@ impl PartitionState {
                 self.live_job(*key)?;
                 let mut job = self.remove(*key);
                 job.state = JobState::Cancelled;
+                out.count(&job.spec.job_type, Outcome::Cancelled);
                 out.finished.push(job);
                 Ok(CommandResult::Done)
             }
@@ -245,6 +261,7 @@ impl PartitionState {
                 self.deadlines.remove(&(job.deadline, *key));
                 job.deadline = 0;
                 job.state = JobState::Activatable;
+                out.count(&job.spec.job_type, Outcome::Yielded);
                 self.make_ready(*key, out);
                 out.touched.push(*key);
                 Ok(CommandResult::Done)
@@ -274,6 +291,7 @@ impl PartitionState {
             error_message: String::new(),
             result: Default::default(),
         };
+        out.count(&new_job.spec.job_type, Outcome::Created);
         self.jobs.insert(key, job);
         if state == JobState::Scheduled {
             self.due.insert((due_at, key));
@@ -296,6 +314,7 @@ impl PartitionState {
             job.deadline = deadline;
             self.deadlines.insert((deadline, key));
             out.touched.push(key);
+            out.count(&activation.job_type, Outcome::Activated);
             activated.push(ActivatedJobData {
                 key,
                 spec: Arc::clone(&job.spec),

@@ -232,3 +232,31 @@ pub enum CommandResult {
     Deadline(Millis),
     Rejected(CommandError),
 }
+
+/// What happened to a job, for counting.
+#[derive(Clone, Copy, Debug, PartialEq, Eq, Serialize, Deserialize)]
+pub enum Outcome {
+    Created,
+    Activated,
+    Completed,
+    Failed,
+    TimedOut,
+    Yielded,
+    Incident,
+    Cancelled,
+}
+
+impl Outcome {
+    pub fn as_str(self) -> &'static str {
+        match self {
+            Outcome::Created => "created",
+            Outcome::Activated => "activated",
+            Outcome::Completed => "completed",
+            Outcome::Failed => "failed",
+            Outcome::TimedOut => "timed_out",
+            Outcome::Yielded => "yielded",
+            Outcome::Incident => "incident",
+            Outcome::Cancelled => "cancelled",
+        }
+    }
+}

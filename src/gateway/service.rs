@@ -156,8 +156,7 @@ impl GatewayService {
             match router::submit(&self.ctx, partition, vec![command], deadline).await {
                 Ok(mut results) => {
                     if let Some(CommandResult::Activated(activated)) = results.pop() {
-                        metrics::counter!("drover_jobs_activated_total", "type" => spec.job_type.clone(), "via" => "poll")
-                            .increment(activated.len() as u64);
+                        metrics::counter!("drover_gateway_jobs_polled_total").increment(activated.len() as u64);
                         jobs.extend(activated.iter().map(|j| convert::activated_job(j, &spec.fetch_variables)));
                     }
                 }
@@ -181,16 +180,14 @@ impl Gateway for GatewayService {
 
     #[tracing::instrument(name = "gateway.create_job", skip_all, fields(job_type = %request.get_ref().r#type))]
     async fn create_job(&self, request: Request<CreateJobRequest>) -> Result<Response<CreateJobResponse>, Status> {
-        let _running = self.ctx.request_started();
+        let _running = self.ctx.request_started("one");
         let started = Instant::now();
         let deadline = self.deadline(&request);
         let traceparent = traceparent(&request);
-        let job_type = request.get_ref().r#type.clone();
         let (partition, command) = self.create_command(request.into_inner(), traceparent)?;
         let mut results = router::submit(&self.ctx, partition, vec![command], deadline).await?;
         match results.pop() {
             Some(CommandResult::Created { key }) => {
-                metrics::counter!("drover_jobs_created_total", "type" => job_type).increment(1);
                 metrics::histogram!("drover_create_ack_seconds").record(started.elapsed().as_secs_f64());
                 Ok(Response::new(CreateJobResponse { key: key.0, partition_id: partition, error: None }))
             }
@@ -247,8 +244,6 @@ impl Gateway for GatewayService {
                             })
                         })
                         .collect();
-                    let created = responses.iter().filter(|r| matches!(r, Ok(c) if c.error.is_none())).count();
-                    metrics::counter!("drover_jobs_created_total", "type" => "<stream>").increment(created as u64);
                     metrics::histogram!("drover_create_ack_seconds").record(started.elapsed().as_secs_f64());
                     if let Some(status) = failed_read {
                         responses.push(Err(status));
@@ -266,7 +261,7 @@ impl Gateway for GatewayService {
         &self,
         request: Request<ActivateJobsRequest>,
     ) -> Result<Response<Self::ActivateJobsStream>, Status> {
-        let _running = self.ctx.request_started();
+        let _running = self.ctx.request_started("create_jobs");
         let request = request.into_inner();
         if request.max_jobs_to_activate <= 0 || request.max_jobs_to_activate > self.ctx.limits.max_jobs_to_activate {
             return Err(ApiError::InvalidArgument(format!(
@@ -373,12 +368,11 @@ impl Gateway for GatewayService {
         &self,
         request: Request<CompleteJobRequest>,
     ) -> Result<Response<CompleteJobResponse>, Status> {
-        let _running = self.ctx.request_started();
+        let _running = self.ctx.request_started("stream_activated_jobs");
         let deadline = self.deadline(&request);
         let (_, command) = self.complete_command(request.into_inner())?;
         let Command::Complete { key, .. } = &command else { unreachable!("complete_command builds a Complete") };
         self.one(*key, command, deadline).await?;
-        metrics::counter!("drover_jobs_completed_total").increment(1);
         Ok(Response::new(CompleteJobResponse {}))
     }
 
@@ -410,8 +404,6 @@ impl Gateway for GatewayService {
                         })
                         .collect();
                     let results = run_chunk(&service.ctx, commands, Instant::now() + timeout).await;
-                    let completed = results.iter().filter(|r| r.is_ok()).count();
-                    metrics::counter!("drover_jobs_completed_total").increment(completed as u64);
                     let mut responses: Vec<Result<CompleteJobsResponse, Status>> = results
                         .into_iter()
                         .zip(keys)
@@ -432,7 +424,7 @@ impl Gateway for GatewayService {
 
     #[tracing::instrument(name = "gateway.fail_job", skip_all, fields(key = request.get_ref().key))]
     async fn fail_job(&self, request: Request<FailJobRequest>) -> Result<Response<FailJobResponse>, Status> {
-        let _running = self.ctx.request_started();
+        let _running = self.ctx.request_started("complete_jobs");
         let deadline = self.deadline(&request);
         let request = request.into_inner();
         let key = key_of(request.key)?;
@@ -459,10 +451,6 @@ impl Gateway for GatewayService {
             back_off_ms: request.retry_back_off,
         };
         self.one(key, command, deadline).await?;
-        metrics::counter!("drover_jobs_failed_total").increment(1);
-        if request.retries == 0 {
-            metrics::counter!("drover_jobs_incidents_total").increment(1);
-        }
         Ok(Response::new(FailJobResponse {}))
     }
 
@@ -470,7 +458,7 @@ impl Gateway for GatewayService {
         &self,
         request: Request<UpdateJobTimeoutRequest>,
     ) -> Result<Response<UpdateJobTimeoutResponse>, Status> {
-        let _running = self.ctx.request_started();
+        let _running = self.ctx.request_started("update_job_timeout");
         let deadline = self.deadline(&request);
         let request = request.into_inner();
         let key = key_of(request.key)?;
@@ -492,7 +480,7 @@ impl Gateway for GatewayService {
         &self,
         request: Request<UpdateJobRetriesRequest>,
     ) -> Result<Response<UpdateJobRetriesResponse>, Status> {
-        let _running = self.ctx.request_started();
+        let _running = self.ctx.request_started("update_job_retries");
         let deadline = self.deadline(&request);
         let request = request.into_inner();
         let key = key_of(request.key)?;
@@ -506,7 +494,7 @@ impl Gateway for GatewayService {
     }
 
     async fn cancel_job(&self, request: Request<CancelJobRequest>) -> Result<Response<CancelJobResponse>, Status> {
-        let _running = self.ctx.request_started();
+        let _running = self.ctx.request_started("cancel_job");
         let deadline = self.deadline(&request);
         let key = key_of(request.into_inner().key)?;
         self.one(key, Command::Cancel { key }, deadline).await?;
@@ -514,7 +502,7 @@ impl Gateway for GatewayService {
     }
 
     async fn get_job(&self, request: Request<GetJobRequest>) -> Result<Response<GetJobResponse>, Status> {
-        let _running = self.ctx.request_started();
+        let _running = self.ctx.request_started("get_job");
         let deadline = self.deadline(&request);
         let key = key_of(request.into_inner().key)?;
         let job = router::describe(&self.ctx, key, deadline).await?;
@@ -522,7 +510,7 @@ impl Gateway for GatewayService {
     }
 
     async fn topology(&self, _request: Request<TopologyRequest>) -> Result<Response<TopologyResponse>, Status> {
-        let _running = self.ctx.request_started();
+        let _running = self.ctx.request_started("topology");
         let brokers = cluster_status(&self.ctx).await;
         Ok(Response::new(TopologyResponse {
             brokers,

@@ -350,6 +350,11 @@ async fn write(
                     ReplyTo::Ignore => {}
                 }
             }
+            let p = partition.to_string();
+            for (job_type, outcome, count) in response.outcomes {
+                metrics::counter!("drover_jobs_total", "partition" => p.clone(), "type" => job_type, "outcome" => outcome.as_str())
+                    .increment(count);
+            }
             let _ = leader.cast(LeaderMsg::Written {
                 available: response.available,
                 next_timer: response.next_timer,

@@ -27,7 +27,7 @@ use tokio::sync::watch;
 pub use network::{ClusterNetwork, PeerChannels};
 pub use state_machine::SharedState;
 
-use crate::core::{Batch, CommandResult, Millis, PartitionId};
+use crate::core::{Batch, CommandResult, Millis, Outcome, PartitionId};
 use crate::storage::Store;
 
 /// A node's id in the cluster, `0..cluster_size`.
@@ -41,6 +41,8 @@ pub struct BatchResponse {
     pub available: Vec<String>,
     /// When the partition's next timer fires, after this entry.
     pub next_timer: Option<Millis>,
+    /// Jobs per (type, outcome) in this entry, for the leader's metrics.
+    pub outcomes: Vec<(String, Outcome, u64)>,
 }
 
 openraft::declare_raft_types!(

@@ -163,7 +163,12 @@ impl RaftStateMachine<TypeConfig> for StateMachine {
                         batch.delete(Table::Jobs, k);
                         batch.put(Table::Done, k, storage::encode(&job));
                     }
-                    responses.push(BatchResponse { results: out.results, available: out.available, next_timer: None });
+                    responses.push(BatchResponse {
+                        results: out.results,
+                        available: out.available,
+                        next_timer: None,
+                        outcomes: out.outcomes,
+                    });
                 }
             }
         }

@@ -1,0 +1,34 @@
+{{- define "drover.fullname" -}}
+{{- if contains .Chart.Name .Release.Name -}}
+{{- .Release.Name | trunc 63 | trimSuffix "-" -}}
+{{- else -}}
+{{- printf "%s-%s" .Release.Name .Chart.Name | trunc 63 | trimSuffix "-" -}}
+{{- end -}}
+{{- end -}}
+
+{{- define "drover.headless" -}}
+{{- printf "%s-headless" (include "drover.fullname" .) -}}
+{{- end -}}
+
+{{- define "drover.labels" -}}
+app.kubernetes.io/name: {{ .Chart.Name }}
+app.kubernetes.io/instance: {{ .Release.Name }}
+app.kubernetes.io/version: {{ .Chart.AppVersion | quote }}
+helm.sh/chart: {{ printf "%s-%s" .Chart.Name .Chart.Version }}
+{{- end -}}
+
+{{- define "drover.selector" -}}
+app.kubernetes.io/name: {{ .Chart.Name }}
+app.kubernetes.io/instance: {{ .Release.Name }}
+{{- end -}}
+
+{{/* Every member's node-to-node address: ID=POD.HEADLESS.NAMESPACE.svc:PORT */}}
+{{- define "drover.members" -}}
+{{- $full := include "drover.fullname" . -}}
+{{- $headless := include "drover.headless" . -}}
+{{- $members := list -}}
+{{- range $i := until (int .Values.clusterSize) -}}
+{{- $members = append $members (printf "%d=%s-%d.%s.%s.svc:%d" $i $full $i $headless $.Release.Namespace (int $.Values.ports.cluster)) -}}
+{{- end -}}
+{{- join "," $members -}}
+{{- end -}}

@@ -1,0 +1,367 @@
+//! The deployment artefacts kept true against the real thing: the Helm chart
+//! rendered by helm, the compose file's nodes started as processes, the
+//! dashboard's and alerts' metrics present on a node, and a real Prometheus
+//! scraping a three-node cluster.
+
+mod common;
+
+use std::collections::BTreeSet;
+use std::path::{Path, PathBuf};
+use std::process::{Child, Command, Stdio};
+use std::time::Duration;
+
+use common::{eventually, http_get, LocalNode, ProcessCluster};
+use drover::client::Client;
+use drover::proto::gateway::StreamActivatedJobsRequest;
+use serde_yaml::Value;
+
+fn repo(path: &str) -> PathBuf {
+    Path::new(env!("CARGO_MANIFEST_DIR")).join(path)
+}
+
+fn tool(name: &str) -> PathBuf {
+    let dir = std::env::var("DROVER_TOOLS")
+        .map(PathBuf::from)
+        .unwrap_or_else(|_| PathBuf::from(std::env::var("HOME").unwrap()).join(".cache/drover-tools/bin"));
+    let candidate = dir.join(name);
+    if candidate.exists() {
+        return candidate;
+    }
+    PathBuf::from(name)
+}
+
+fn run(mut command: Command) -> String {
+    let output = command.output().unwrap_or_else(|e| panic!("running {command:?}: {e} (run scripts/setup.sh)"));
+    assert!(
+        output.status.success(),
+        "{command:?} failed:\n{}{}",
+        String::from_utf8_lossy(&output.stdout),
+        String::from_utf8_lossy(&output.stderr)
+    );
+    String::from_utf8_lossy(&output.stdout).into_owned()
+}
+
+fn documents(yaml: &str) -> Vec<Value> {
+    serde_yaml::Deserializer::from_str(yaml).map(|d| Value::deserialize(d).unwrap()).filter(|v| !v.is_null()).collect()
+}
+
+use serde::Deserialize;
+
+fn kind<'a>(docs: &'a [Value], kind: &str) -> Vec<&'a Value> {
+    docs.iter().filter(|d| d["kind"].as_str() == Some(kind)).collect()
+}
+
+fn env_of<'a>(container: &'a Value, name: &str) -> Option<&'a str> {
+    container["env"].as_sequence()?.iter().find(|e| e["name"].as_str() == Some(name))?["value"].as_str()
+}
+
+#[test]
+fn helm_chart_renders_a_consistent_cluster_for_1_3_and_5_nodes() {
+    let helm = tool("helm");
+    let chart = repo("helm/drover");
+    let mut lint = Command::new(&helm);
+    lint.arg("lint").arg(&chart);
+    run(lint);
+    for size in [1usize, 3, 5] {
+        let rf = size.min(3);
+        let mut template = Command::new(&helm);
+        template
+            .args(["template", "drover", "--namespace", "jobs"])
+            .arg(&chart)
+            .args(["--set", &format!("clusterSize={size},replicationFactor={rf},serviceMonitor.enabled=true")]);
+        let docs = documents(&run(template));
+
+        let headless: Vec<&Value> =
+            kind(&docs, "Service").into_iter().filter(|s| s["spec"]["clusterIP"].as_str() == Some("None")).collect();
+        assert_eq!(headless.len(), 1, "one headless Service");
+        let headless = headless[0];
+        assert_eq!(headless["spec"]["publishNotReadyAddresses"].as_bool(), Some(true));
+        let headless_name = headless["metadata"]["name"].as_str().unwrap();
+
+        let sets = kind(&docs, "StatefulSet");
+        assert_eq!(sets.len(), 1);
+        let set = sets[0];
+        let set_name = set["metadata"]["name"].as_str().unwrap();
+        assert_eq!(set["spec"]["replicas"].as_u64(), Some(size as u64));
+        assert_eq!(
+            set["spec"]["serviceName"].as_str(),
+            Some(headless_name),
+            "pods get DNS names under the headless Service"
+        );
+        assert_eq!(set["spec"]["podManagementPolicy"].as_str(), Some("Parallel"));
+        let pod = &set["spec"]["template"]["spec"];
+        let container = &pod["containers"][0];
+
+        let members: Vec<&str> = env_of(container, "DROVER_MEMBERS").unwrap().split(',').collect();
+        assert_eq!(members.len(), size, "the member list has clusterSize entries");
+        for (i, member) in members.iter().enumerate() {
+            assert_eq!(*member, format!("{i}={set_name}-{i}.{headless_name}.jobs.svc:26502"), "member {i}");
+        }
+        assert_eq!(env_of(container, "DROVER_NODE_ID_FROM_HOSTNAME"), Some("true"), "node id from the pod ordinal");
+        assert_eq!(env_of(container, "DROVER_REPLICATION_FACTOR"), Some(rf.to_string().as_str()));
+        // The node id derivation: pod names are <statefulset>-<ordinal>.
+        let config = drover::config::ServeArgs {
+            node_id_from_hostname: Some(true),
+            members: Some(members.iter().map(|m| m.to_string()).collect()),
+            replication_factor: Some(rf as u32),
+            ..Default::default()
+        };
+        // SAFETY of the test: HOSTNAME is only read by this call, in this test process.
+        unsafe { std::env::set_var("HOSTNAME", format!("{set_name}-{}", size - 1)) };
+        assert_eq!(config.resolve().unwrap().node_id, (size - 1) as u64);
+
+        let ports: Vec<(&str, u64)> = container["ports"]
+            .as_sequence()
+            .unwrap()
+            .iter()
+            .map(|p| (p["name"].as_str().unwrap(), p["containerPort"].as_u64().unwrap()))
+            .collect();
+        let admin_port = ports.iter().find(|(n, _)| *n == "admin").unwrap().1;
+        assert_eq!(env_of(container, "DROVER_ADMIN_ADDR"), Some(format!("0.0.0.0:{admin_port}").as_str()));
+        assert_eq!(container["readinessProbe"]["httpGet"]["path"].as_str(), Some("/ready"));
+        assert_eq!(container["readinessProbe"]["httpGet"]["port"].as_str(), Some("admin"));
+        assert_eq!(container["livenessProbe"]["httpGet"]["path"].as_str(), Some("/health"));
+        assert_eq!(container["livenessProbe"]["httpGet"]["port"].as_str(), Some("admin"));
+
+        let pdbs = kind(&docs, "PodDisruptionBudget");
+        assert_eq!(pdbs.len(), 1);
+        assert_eq!(pdbs[0]["spec"]["maxUnavailable"].as_u64(), Some(1), "at most one node down");
+        let anti = &pod["affinity"]["podAntiAffinity"]["requiredDuringSchedulingIgnoredDuringExecution"][0];
+        assert_eq!(anti["topologyKey"].as_str(), Some("kubernetes.io/hostname"));
+        assert_eq!(anti["labelSelector"]["matchLabels"], set["spec"]["selector"]["matchLabels"]);
+        assert_eq!(kind(&docs, "ServiceMonitor").len(), 1);
+        assert!(set["spec"]["volumeClaimTemplates"].as_sequence().is_some_and(|v| !v.is_empty()));
+    }
+}
+
+#[tokio::test]
+async fn the_probe_paths_exist_on_a_node() {
+    let node = LocalNode::start().await;
+    let admin = node.node.admin_addr.to_string();
+    assert_eq!(http_get(&admin, "/health").await.unwrap().0, 200);
+    assert_eq!(http_get(&admin, "/ready").await.unwrap().0, 200);
+}
+
+/// Metric names (without histogram suffixes) used in PromQL expressions.
+fn metric_names(text: &str) -> BTreeSet<String> {
+    let mut names = BTreeSet::new();
+    let bytes = text.as_bytes();
+    let mut i = 0;
+    while let Some(found) = text[i..].find("drover_") {
+        let start = i + found;
+        let mut end = start;
+        while end < bytes.len() && (bytes[end].is_ascii_alphanumeric() || bytes[end] == b'_') {
+            end += 1;
+        }
+        let name = &text[start..end];
+        let base = ["_bucket", "_sum", "_count"].iter().find_map(|s| name.strip_suffix(s)).unwrap_or(name);
+        names.insert(base.to_string());
+        i = end;
+    }
+    names
+}
+
+#[tokio::test]
+async fn every_metric_in_the_dashboard_and_alerts_is_exported() {
+    let dashboard = std::fs::read_to_string(repo("deploy/grafana/drover.json")).unwrap();
+    let rules = std::fs::read_to_string(repo("deploy/prometheus-rules.yml")).unwrap();
+    let dashboard: serde_json::Value = serde_json::from_str(&dashboard).unwrap();
+    let mut used = BTreeSet::new();
+    for panel in dashboard["panels"].as_array().unwrap() {
+        for target in panel["targets"].as_array().unwrap() {
+            used.extend(metric_names(target["expr"].as_str().unwrap()));
+        }
+    }
+    let alert_metrics = metric_names(&rules);
+    assert!(alert_metrics.len() >= 3);
+    used.extend(alert_metrics);
+
+    let node = LocalNode::start().await;
+    // Drive every kind of event once.
+    let key = node.client.create_job("ops", "{}").await.unwrap();
+    let job = node.client.activate("ops", "w", 1, 60_000, 0).await.unwrap().remove(0);
+    node.client.fail(key, job.attempt, 0, "x", 0).await.unwrap();
+    let _stream = node
+        .client
+        .raw()
+        .stream_activated_jobs(StreamActivatedJobsRequest {
+            r#type: "ops2".into(),
+            timeout: 1000,
+            ..Default::default()
+        })
+        .await
+        .unwrap();
+    node.client.create_job("ops2", "{}").await.unwrap();
+    let _ = node.client.get_job(1 << 40).await;
+    let admin = node.node.admin_addr.to_string();
+    eventually(Duration::from_secs(10), "every used metric on /metrics", || {
+        let (admin, used) = (admin.clone(), used.clone());
+        async move {
+            let (_, body) = http_get(&admin, "/metrics").await.unwrap();
+            let exported = metric_names(&body);
+            let missing: Vec<&String> = used.iter().filter(|m| !exported.contains(*m)).collect();
+            if !missing.is_empty() {
+                eprintln!("not (yet) exported: {missing:?}");
+            }
+            missing.is_empty()
+        }
+    })
+    .await;
+
+    let mut check_rules = Command::new(tool("promtool"));
+    check_rules.arg("check").arg("rules").arg(repo("deploy/prometheus-rules.yml"));
+    run(check_rules);
+    let mut check_config = Command::new(tool("promtool"));
+    check_config.arg("check").arg("config").arg(repo("deploy/prometheus.yml"));
+    run(check_config);
+}
+
+struct Killed(Child);
+impl Drop for Killed {
+    fn drop(&mut self) {
+        let _ = self.0.kill();
+        let _ = self.0.wait();
+    }
+}
+
+async fn prometheus_query(addr: &str, query: &str) -> serde_json::Value {
+    let encoded: String = query
+        .bytes()
+        .map(|b| if b.is_ascii_alphanumeric() { (b as char).to_string() } else { format!("%{b:02X}") })
+        .collect();
+    let (_, body) = http_get(addr, &format!("/api/v1/query?query={encoded}")).await.unwrap_or_default();
+    serde_json::from_str(&body).unwrap_or(serde_json::Value::Null)
+}
+
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn prometheus_scrapes_a_three_node_cluster() {
+    let cluster = ProcessCluster::start(3, 3, 3, &["--heartbeat-ms", "50", "--election-timeout-ms", "300"]);
+    cluster.wait_ready().await;
+    // deploy/prometheus.yml with the targets pointed at this cluster and a
+    // one-second interval; everything else as shipped.
+    let dir = tempfile::tempdir().unwrap();
+    let mut config: Value =
+        serde_yaml::from_str(&std::fs::read_to_string(repo("deploy/prometheus.yml")).unwrap()).unwrap();
+    let job = &mut config["scrape_configs"][0];
+    assert_eq!(job["metrics_path"].as_str(), Some("/metrics"));
+    job["scrape_interval"] = Value::from("1s");
+    let targets: Vec<Value> = (0..3).map(|i| Value::from(cluster.node(i).admin.clone())).collect();
+    job["static_configs"][0]["targets"] = Value::Sequence(targets);
+    config["global"]["scrape_interval"] = Value::from("1s");
+    std::fs::copy(repo("deploy/prometheus-rules.yml"), dir.path().join("prometheus-rules.yml")).unwrap();
+    let config_path = dir.path().join("prometheus.yml");
+    std::fs::write(&config_path, serde_yaml::to_string(&config).unwrap()).unwrap();
+    let port = std::net::TcpListener::bind("127.0.0.1:0").unwrap().local_addr().unwrap().port();
+    let addr = format!("127.0.0.1:{port}");
+    let _prometheus = Killed(
+        Command::new(tool("prometheus"))
+            .arg(format!("--config.file={}", config_path.display()))
+            .arg(format!("--storage.tsdb.path={}", dir.path().join("data").display()))
+            .arg(format!("--web.listen-address={addr}"))
+            .stdout(Stdio::null())
+            .stderr(Stdio::null())
+            .spawn()
+            .expect("prometheus runs (scripts/setup.sh installs it)"),
+    );
+
+    eventually(Duration::from_secs(60), "Prometheus to see all three targets up", || {
+        let addr = addr.clone();
+        async move {
+            let reply = prometheus_query(&addr, r#"sum(up{job="drover"})"#).await;
+            reply["data"]["result"][0]["value"][1].as_str() == Some("3")
+        }
+    })
+    .await;
+    let completed = r#"sum(drover_jobs_total{outcome="completed",type="prom"}) or vector(0)"#;
+    let before: f64 =
+        prometheus_query(&addr, completed).await["data"]["result"][0]["value"][1].as_str().unwrap().parse().unwrap();
+    let client = Client::connect(&cluster.node(0).grpc).await.unwrap();
+    let mut done = 0;
+    for _ in 0..12 {
+        client.create_job("prom", "{}").await.unwrap();
+    }
+    while done < 12 {
+        for job in client.activate("prom", "w", 12, 60_000, 5_000).await.unwrap() {
+            client.complete(job.key, job.attempt, "{}").await.unwrap();
+            done += 1;
+        }
+    }
+    eventually(Duration::from_secs(30), "the completed counter in Prometheus to grow by 12", || {
+        let addr = addr.clone();
+        async move {
+            let reply = prometheus_query(&addr, completed).await;
+            let now: f64 = reply["data"]["result"][0]["value"][1].as_str().and_then(|v| v.parse().ok()).unwrap_or(-1.0);
+            now - before == 12.0
+        }
+    })
+    .await;
+}
+
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn the_compose_file_starts_a_cluster_that_serves_jobs() {
+    let mut compose: Value =
+        serde_yaml::from_str(&std::fs::read_to_string(repo("deploy/compose.yaml")).unwrap()).unwrap();
+    compose.apply_merge().unwrap();
+    let services = compose["services"].as_mapping().unwrap();
+    let names: Vec<String> =
+        services.keys().filter_map(|k| k.as_str()).filter(|k| k.starts_with("drover-")).map(String::from).collect();
+    assert_eq!(names.len(), 3, "three Drover services");
+    // Each compose host gets its own loopback address; ports stay as written.
+    let host_ip = |host: &str| -> String {
+        match host {
+            "drover-0" => "127.0.0.11".into(),
+            "drover-1" => "127.0.0.12".into(),
+            "drover-2" => "127.0.0.13".into(),
+            _ => "127.0.0.19".into(), // the collector: nothing listens there
+        }
+    };
+    let map_hosts = |value: &str, own: &str| -> String {
+        let mut v = value.replace("0.0.0.0", &host_ip(own));
+        for host in ["drover-0", "drover-1", "drover-2", "otel-collector"] {
+            v = v.replace(&format!("{host}:"), &format!("{}:", host_ip(host)));
+        }
+        v
+    };
+    let dir = tempfile::tempdir().unwrap();
+    let mut nodes = Vec::new();
+    for name in &names {
+        let service = &services[name.as_str()];
+        let command: Vec<String> =
+            service["command"].as_sequence().unwrap().iter().map(|c| c.as_str().unwrap().to_string()).collect();
+        let mut process = Command::new(common::drover_bin());
+        process.args(&command).env_clear().env("RUST_LOG", "warn");
+        for (key, value) in service["environment"].as_mapping().unwrap() {
+            let (key, value) = (key.as_str().unwrap(), value.as_str().unwrap());
+            let value = if key == "DROVER_DATA_DIR" {
+                dir.path().join(name).display().to_string()
+            } else {
+                map_hosts(value, name)
+            };
+            process.env(key, value);
+        }
+        process.stdout(Stdio::null()).stderr(Stdio::inherit());
+        nodes.push(Killed(process.spawn().unwrap()));
+    }
+    let gateway = format!("{}:26500", host_ip("drover-1"));
+    eventually(Duration::from_secs(60), "the compose cluster to elect leaders", || {
+        let gateway = gateway.clone();
+        async move {
+            let Ok(client) = Client::connect(&gateway).await else { return false };
+            let Ok(topology) = client.topology().await else { return false };
+            topology.brokers.len() == 3
+                && (0..topology.partitions_count).all(|p| {
+                    topology
+                        .brokers
+                        .iter()
+                        .any(|b| b.partitions.iter().any(|i| i.partition_id == p && i.role == "leader"))
+                })
+        }
+    })
+    .await;
+    let client = Client::connect(&format!("{}:26500", host_ip("drover-2"))).await.unwrap();
+    let key = client.create_job("compose", r#"{"ok":true}"#).await.unwrap();
+    let job = client.activate("compose", "w", 1, 60_000, 10_000).await.unwrap().remove(0);
+    assert_eq!(job.key, key);
+    client.complete(job.key, job.attempt, "{}").await.unwrap();
+    drop(nodes);
+}
