@@ -11,6 +11,8 @@
 
 pub mod client;
 pub mod proto;
+#[cfg(feature = "otel")]
+pub mod trace_context;
 
 #[cfg(feature = "server")]
 pub mod admin;

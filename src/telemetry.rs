@@ -45,6 +45,7 @@ pub fn init(log_format: &str, otlp_endpoint: Option<&str>, service_name: &str) -
                 opentelemetry_sdk::propagation::TraceContextPropagator::new(),
             );
             let layer = tracing_opentelemetry::layer().with_tracer(tracer).with_filter(EnvFilter::new("info"));
+            crate::trace_context::set_exporting(true);
             (Some(layer), Some(provider))
         }
         None => (None, None),

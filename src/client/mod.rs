@@ -75,6 +75,25 @@ impl Client {
         Ok(())
     }
 
+    /// Completes with the caller's W3C `traceparent` in the request metadata,
+    /// so the broker's completion span joins that trace.
+    pub async fn complete_traced(
+        &self,
+        key: u64,
+        attempt: u32,
+        variables: &str,
+        traceparent: &str,
+    ) -> Result<(), tonic::Status> {
+        let mut request = tonic::Request::new(CompleteJobRequest { key, attempt, variables: variables.into() });
+        if let Ok(value) = traceparent.parse() {
+            if !traceparent.is_empty() {
+                request.metadata_mut().insert("traceparent", value);
+            }
+        }
+        self.raw().complete_job(request).await?;
+        Ok(())
+    }
+
     pub async fn fail(
         &self,
         key: u64,

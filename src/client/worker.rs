@@ -8,6 +8,7 @@ use std::sync::Arc;
 use std::time::Duration;
 
 use tokio::sync::Semaphore;
+use tracing::Instrument;
 
 use super::Client;
 use crate::proto::gateway::{ActivatedJob, StreamActivatedJobsRequest};
@@ -108,10 +109,22 @@ impl Worker {
                 };
                 let client = self.client.clone();
                 let handler = Arc::clone(&handler);
+                let span =
+                    tracing::info_span!("job.work", key = job.key, attempt = job.attempt, job_type = %job.r#type);
+                #[cfg(feature = "otel")]
+                crate::trace_context::continue_trace(&span, &job.traceparent);
                 tokio::spawn(async move {
                     let (key, attempt) = (job.key, job.attempt);
-                    let result = match handler(job).await {
-                        JobOutcome::Complete(variables) => client.complete(key, attempt, &variables).await,
+                    let outcome = handler(job).instrument(span.clone()).await;
+                    #[cfg(feature = "otel")]
+                    let traceparent = crate::trace_context::traceparent_of(&span);
+                    #[cfg(not(feature = "otel"))]
+                    let traceparent = String::new();
+                    drop(span);
+                    let result = match outcome {
+                        JobOutcome::Complete(variables) => {
+                            client.complete_traced(key, attempt, &variables, &traceparent).await
+                        }
                         JobOutcome::Fail { retries, message, back_off_ms } => {
                             client.fail(key, attempt, retries, &message, back_off_ms).await
                         }

@@ -8,6 +8,7 @@ use std::time::{Duration, Instant};
 use futures::{Stream, StreamExt};
 use tokio::sync::broadcast::error::RecvError;
 use tonic::{Request, Response, Status, Streaming};
+use tracing::Instrument;
 
 use super::convert::{self, WorkerSpec};
 use super::error::ApiError;
@@ -157,6 +158,7 @@ impl GatewayService {
                 Ok(mut results) => {
                     if let Some(CommandResult::Activated(activated)) = results.pop() {
                         metrics::counter!("drover_gateway_jobs_polled_total").increment(activated.len() as u64);
+                        crate::trace_context::activation_spans(partition, &activated);
                         jobs.extend(activated.iter().map(|j| convert::activated_job(j, &spec.fetch_variables)));
                     }
                 }
@@ -178,16 +180,18 @@ impl Gateway for GatewayService {
     type StreamActivatedJobsStream = ClientStream;
     type CompleteJobsStream = BoxStream<CompleteJobsResponse>;
 
-    #[tracing::instrument(name = "gateway.create_job", skip_all, fields(job_type = %request.get_ref().r#type))]
     async fn create_job(&self, request: Request<CreateJobRequest>) -> Result<Response<CreateJobResponse>, Status> {
-        let _running = self.ctx.request_started("one");
+        let _running = self.ctx.request_started("create_job");
         let started = Instant::now();
         let deadline = self.deadline(&request);
         let traceparent = traceparent(&request);
+        let span = tracing::info_span!("gateway.create_job", job_type = %request.get_ref().r#type, key = tracing::field::Empty);
+        crate::trace_context::continue_trace(&span, &traceparent);
         let (partition, command) = self.create_command(request.into_inner(), traceparent)?;
-        let mut results = router::submit(&self.ctx, partition, vec![command], deadline).await?;
-        match results.pop() {
+        let submitted = router::submit(&self.ctx, partition, vec![command], deadline).instrument(span.clone()).await;
+        match submitted?.pop() {
             Some(CommandResult::Created { key }) => {
+                span.record("key", key.0);
                 metrics::histogram!("drover_create_ack_seconds").record(started.elapsed().as_secs_f64());
                 Ok(Response::new(CreateJobResponse { key: key.0, partition_id: partition, error: None }))
             }
@@ -363,16 +367,21 @@ impl Gateway for GatewayService {
         Ok(Response::new(ClientStream::new(opened.receiver, on_close)))
     }
 
-    #[tracing::instrument(name = "gateway.complete_job", skip_all, fields(key = request.get_ref().key))]
     async fn complete_job(
         &self,
         request: Request<CompleteJobRequest>,
     ) -> Result<Response<CompleteJobResponse>, Status> {
-        let _running = self.ctx.request_started("stream_activated_jobs");
+        let _running = self.ctx.request_started("complete_job");
         let deadline = self.deadline(&request);
+        let span = tracing::info_span!(
+            "gateway.complete_job",
+            key = request.get_ref().key,
+            attempt = request.get_ref().attempt
+        );
+        crate::trace_context::continue_trace(&span, &traceparent(&request));
         let (_, command) = self.complete_command(request.into_inner())?;
         let Command::Complete { key, .. } = &command else { unreachable!("complete_command builds a Complete") };
-        self.one(*key, command, deadline).await?;
+        self.one(*key, command, deadline).instrument(span).await?;
         Ok(Response::new(CompleteJobResponse {}))
     }
 

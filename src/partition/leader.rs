@@ -397,6 +397,7 @@ async fn push(
         _ => Vec::new(),
     };
     let activated = jobs.len();
+    crate::trace_context::activation_spans(partition, &jobs);
     let attempts: HashMap<JobKey, u32> = jobs.iter().map(|j| (j.key, j.attempt)).collect();
     let rejected = if jobs.is_empty() {
         Vec::new()
