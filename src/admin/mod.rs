@@ -114,6 +114,7 @@ pub async fn serve(ctx: Arc<NodeContext>, listener: TcpListener, mut stop: watch
         .route("/metrics", get(|| async { recorder().render() }))
         .route("/actuator/partitions", get(partitions))
         .route("/actuator/jobstreams", get(jobstreams))
+        .route("/actuator/jobs", get(local_jobs))
         .with_state(ctx);
     let shutdown = async move {
         let _ = stop.wait_for(|s| *s).await;
@@ -141,6 +142,28 @@ async fn partitions(State(ctx): State<Arc<NodeContext>>) -> impl IntoResponse {
         "local": ctx.replicas.values().map(|r| r.status()).collect::<Vec<_>>(),
         "brokers": brokers,
     }))
+}
+
+/// Every job held by this node's replicas, as this node sees them (not routed
+/// to leaders): key, partition, type, state, attempt, variables.
+async fn local_jobs(State(ctx): State<Arc<NodeContext>>) -> impl IntoResponse {
+    let mut jobs = Vec::new();
+    for replica in ctx.replicas.values() {
+        match replica.state().all_jobs() {
+            Ok(all) => jobs.extend(all.iter().map(|j| {
+                json!({
+                    "key": j.key.0,
+                    "partition": j.key.partition(),
+                    "type": j.spec.job_type,
+                    "state": j.state.as_str(),
+                    "attempt": j.attempt,
+                    "variables": String::from_utf8_lossy(&j.spec.variables),
+                })
+            })),
+            Err(e) => return (StatusCode::INTERNAL_SERVER_ERROR, Json(json!({ "error": e.to_string() }))),
+        }
+    }
+    (StatusCode::OK, Json(json!({ "nodeId": ctx.node_id, "jobs": jobs })))
 }
 
 async fn jobstreams(State(ctx): State<Arc<NodeContext>>) -> impl IntoResponse {

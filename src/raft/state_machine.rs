@@ -71,6 +71,18 @@ impl SharedState {
         }
     }
 
+    /// Every job this replica holds, live and final (for fault-test
+    /// verification and operators; reads the whole partition).
+    pub fn all_jobs(&self) -> Result<Vec<Job>, storage::StorageError> {
+        let inner = self.lock();
+        let mut jobs: Vec<Job> = inner.engine.jobs().cloned().collect();
+        self.store.for_each(Table::Done, self.partition, |_, bytes| {
+            jobs.push(storage::decode::<Job>("job record", bytes)?);
+            Ok(())
+        })?;
+        Ok(jobs)
+    }
+
     pub fn applied_index(&self) -> u64 {
         self.lock().last_applied.map(|l| l.index).unwrap_or(0)
     }

@@ -1,0 +1,163 @@
+//! `drover serve` processes, one per node namespace.
+
+use std::path::{Path, PathBuf};
+use std::process::{Child, Command};
+use std::time::{Duration, Instant};
+
+use anyhow::Context;
+
+pub struct Nodes {
+    pub drover: PathBuf,
+    pub dir: PathBuf,
+    pub ips: Vec<String>,
+    pub namespaces: Vec<String>,
+    pub partitions: u32,
+    pub children: Vec<Option<Child>>,
+    pub paused: Vec<bool>,
+}
+
+impl Nodes {
+    pub fn from_parts(drover: &Path, dir: &Path, namespaces: &[String], ips: &[String], partitions: u32) -> Nodes {
+        let n = ips.len();
+        Nodes {
+            drover: drover.to_path_buf(),
+            dir: dir.to_path_buf(),
+            ips: ips.to_vec(),
+            namespaces: namespaces.to_vec(),
+            partitions,
+            children: (0..n).map(|_| None).collect(),
+            paused: vec![false; n],
+        }
+    }
+
+    pub fn admin(&self, i: usize) -> String {
+        format!("{}:9600", self.ips[i])
+    }
+
+    pub fn start(&mut self, i: usize) -> anyhow::Result<()> {
+        let members: Vec<String> = self.ips.iter().enumerate().map(|(id, ip)| format!("{id}={ip}:26502")).collect();
+        let log = std::fs::OpenOptions::new().create(true).append(true).open(self.dir.join(format!("node-{i}.log")))?;
+        let child = Command::new("ip")
+            .args(["netns", "exec", &self.namespaces[i]])
+            .arg(&self.drover)
+            .arg("serve")
+            .args(["--node-id", &i.to_string()])
+            .args(["--members", &members.join(",")])
+            .args(["--partitions", &self.partitions.to_string()])
+            .args(["--replication-factor", &self.ips.len().min(3).to_string()])
+            .args(["--grpc-addr", &format!("{}:26500", self.ips[i])])
+            .args(["--cluster-addr", &format!("{}:26502", self.ips[i])])
+            .args(["--admin-addr", &format!("{}:9600", self.ips[i])])
+            .args(["--heartbeat-ms", "100", "--election-timeout-ms", "600", "--snapshot-every", "200"])
+            .arg("--data-dir")
+            .arg(self.dir.join(format!("node-{i}")))
+            .env("RUST_LOG", "warn,drover=info")
+            .stdout(log.try_clone()?)
+            .stderr(log)
+            .spawn()
+            .context("starting a node")?;
+        self.children[i] = Some(child);
+        self.paused[i] = false;
+        Ok(())
+    }
+
+    pub fn signal(&mut self, i: usize, signal: i32) {
+        if let Some(child) = &self.children[i] {
+            unsafe {
+                libc::kill(child.id() as i32, signal);
+            }
+        }
+        match signal {
+            libc::SIGSTOP => self.paused[i] = true,
+            libc::SIGCONT => self.paused[i] = false,
+            _ => {}
+        }
+    }
+
+    pub fn kill(&mut self, i: usize) {
+        if let Some(mut child) = self.children[i].take() {
+            let _ = child.kill();
+            let _ = child.wait();
+        }
+        self.paused[i] = false;
+    }
+
+    pub fn running(&self, i: usize) -> bool {
+        self.children[i].is_some()
+    }
+
+    /// Resumes paused nodes and restarts killed ones.
+    pub fn heal(&mut self) -> anyhow::Result<()> {
+        for i in 0..self.children.len() {
+            if self.paused[i] {
+                self.signal(i, libc::SIGCONT);
+            }
+            if !self.running(i) {
+                self.start(i)?;
+            }
+        }
+        Ok(())
+    }
+
+    pub async fn wait_ready(&self, limit: Duration) -> anyhow::Result<()> {
+        let started = Instant::now();
+        for i in 0..self.ips.len() {
+            while http_get(&self.admin(i), "/ready").await.map(|(c, _)| c != 200).unwrap_or(true) {
+                if started.elapsed() > limit {
+                    anyhow::bail!("node {i} not ready within {limit:?}");
+                }
+                tokio::time::sleep(Duration::from_millis(100)).await;
+            }
+        }
+        Ok(())
+    }
+
+    /// The node leading `partition`, by the nodes' own reports.
+    pub async fn leader_of(&self, partition: u32) -> Option<usize> {
+        for i in 0..self.ips.len() {
+            if !self.running(i) || self.paused[i] {
+                continue;
+            }
+            let Ok((200, body)) = http_get(&self.admin(i), "/actuator/partitions").await else { continue };
+            let value: serde_json::Value = serde_json::from_str(&body).ok()?;
+            for p in value["local"].as_array().into_iter().flatten() {
+                if p["partition"].as_u64() == Some(partition as u64) && p["role"] == "leader" {
+                    return Some(i);
+                }
+            }
+        }
+        None
+    }
+
+    pub fn stop_all(&mut self) {
+        for i in 0..self.children.len() {
+            if self.paused[i] {
+                self.signal(i, libc::SIGCONT);
+            }
+            self.kill(i);
+        }
+    }
+}
+
+impl Drop for Nodes {
+    fn drop(&mut self) {
+        self.stop_all();
+    }
+}
+
+pub async fn http_get(addr: &str, path: &str) -> std::io::Result<(u16, String)> {
+    use tokio::io::{AsyncReadExt, AsyncWriteExt};
+    let connect = tokio::net::TcpStream::connect(addr);
+    let mut stream = tokio::time::timeout(Duration::from_secs(2), connect)
+        .await
+        .map_err(|_| std::io::Error::new(std::io::ErrorKind::TimedOut, "connect timed out"))??;
+    stream.write_all(format!("GET {path} HTTP/1.1\r\nHost: {addr}\r\nConnection: close\r\n\r\n").as_bytes()).await?;
+    let mut response = Vec::new();
+    tokio::time::timeout(Duration::from_secs(10), stream.read_to_end(&mut response))
+        .await
+        .map_err(|_| std::io::Error::new(std::io::ErrorKind::TimedOut, "read timed out"))??;
+    let text = String::from_utf8_lossy(&response).into_owned();
+    let code = text.split_whitespace().nth(1).and_then(|c| c.parse().ok()).unwrap_or(0);
+    let body = text.split_once("\r\n\r\n").map(|(_, b)| b.to_string()).unwrap_or_default();
+    Ok((code, body))
+}
