@@ -6,7 +6,11 @@ DROVER_TOOLS ?= $(HOME)/.cache/drover-tools/bin
 export DROVER_TOOLS
 export CARGO_TARGET_DIR
 
-.PHONY: run test setup fmt lint
+.PHONY: run test setup fmt lint jepsen
+
+# The fault-injection suite, short form: every nemesis for 20 s, then all
+# combined. Needs root (network namespaces, nftables).
+JEPSEN_TIME ?= 20
 
 setup:
 	@./scripts/setup.sh
@@ -14,7 +18,14 @@ setup:
 run: setup
 	cargo run --release --bin drover -- serve
 
+jepsen: setup
+	cargo build --workspace --bins
+	$(CARGO_TARGET_DIR)/debug/drover-jepsen suite --time $(JEPSEN_TIME) --drain 90 \
+		--drover $(CARGO_TARGET_DIR)/debug/drover --out jepsen/runs
+
 test: setup
+	@if [ "$$(id -u)" = 0 ]; then $(MAKE) --no-print-directory jepsen; \
+	else echo "skipping the jepsen suite: it needs root for network namespaces"; fi
 	@if cargo nextest --version >/dev/null 2>&1; then \
 		cargo nextest run --workspace --no-fail-fast; \
 	else \

@@ -10,6 +10,11 @@ need=()
 ls /usr/lib/llvm-*/lib/libclang.so* >/dev/null 2>&1 || need+=(libclang-dev)
 command -v g++ >/dev/null 2>&1 || need+=(g++)
 command -v promtool >/dev/null 2>&1 || need+=(prometheus)
+# The jepsen suite: namespaces, veth and bridges (iproute2), fault rules (nftables).
+command -v ip >/dev/null 2>&1 || need+=(iproute2)
+command -v nft >/dev/null 2>&1 || need+=(nftables)
+command -v iptables >/dev/null 2>&1 || need+=(iptables)
+command -v ping >/dev/null 2>&1 || need+=(iputils-ping)
 
 if [ ${#need[@]} -gt 0 ]; then
   echo "installing: ${need[*]}"

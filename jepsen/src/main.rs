@@ -98,7 +98,7 @@ fn main() -> anyhow::Result<()> {
             std::process::exit(if valid { 0 } else { 1 });
         }
         Command::Suite(args) => {
-            let mut all_valid = true;
+            let (mut passed, mut failed) = (0, 0);
             let mut combos: Vec<Vec<Nemesis>> = [Nemesis::Partition, Nemesis::Kill, Nemesis::Pause, Nemesis::Badlinks]
                 .iter()
                 .map(|n| vec![*n])
@@ -106,9 +106,17 @@ fn main() -> anyhow::Result<()> {
             combos.push(vec![Nemesis::Partition, Nemesis::Kill, Nemesis::Pause, Nemesis::Badlinks]);
             for nemesis in combos {
                 let args = RunArgs { nemesis, ..args.clone() };
-                all_valid &= run(args)?;
+                match run(args) {
+                    Ok(true) => passed += 1,
+                    Ok(false) => failed += 1,
+                    Err(e) => {
+                        eprintln!("jepsen: run failed: {e:#}");
+                        failed += 1;
+                    }
+                }
             }
-            std::process::exit(if all_valid { 0 } else { 1 });
+            println!("jepsen: {passed} passed, {failed} failed");
+            std::process::exit(if failed == 0 { 0 } else { 1 });
         }
         Command::Inner { dir } => {
             let runtime = tokio::runtime::Builder::new_multi_thread().enable_all().build()?;

@@ -57,6 +57,7 @@ pub fn register_metrics() {
         ("drover_raft_snapshots_built_total", "Snapshots built"),
         ("drover_raft_snapshots_installed_total", "Snapshots installed from a leader"),
         ("drover_raft_entries_appended_total", "Raft log entries appended on this node"),
+        ("drover_storage_wal_syncs_total", "WAL syncs (each covers every log append waiting)"),
     ];
     for (name, help) in counters {
         describe_counter!(*name, *help);
@@ -68,6 +69,7 @@ pub fn register_metrics() {
         "drover_gateway_job_stream_handed_back_total",
         "drover_broker_jobs_pushed_count_total",
         "drover_gateway_jobs_polled_total",
+        "drover_storage_wal_syncs_total",
     ] {
         metrics::counter!(name).absolute(0);
     }

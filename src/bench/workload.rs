@@ -260,7 +260,7 @@ async fn wal_syncs(admins: &[String]) -> Vec<u64> {
         let value = match admin_get(admin, "/metrics").await {
             Ok((_, body)) => body
                 .lines()
-                .find(|l| l.starts_with("drover_storage_wal_syncs "))
+                .find(|l| l.starts_with("drover_storage_wal_syncs_total "))
                 .and_then(|l| l.split_whitespace().nth(1))
                 .and_then(|v| v.parse::<f64>().ok())
                 .unwrap_or(0.0) as u64,

@@ -263,6 +263,23 @@ impl LeaderState {
                 commands.extend(next);
             }
             self.pending_commands -= commands.len();
+            // Jobs created in this entry can be activated for a stream in the
+            // same entry: one commit instead of two before a worker has them.
+            let mut created_types: Vec<&str> = Vec::new();
+            for command in &commands {
+                if let Command::Create(job) = command {
+                    if !created_types.contains(&job.spec.job_type.as_str()) {
+                        created_types.push(&job.spec.job_type);
+                    }
+                }
+            }
+            let created_types: Vec<String> = created_types.into_iter().map(String::from).collect();
+            for job_type in created_types {
+                if let Some((activation, stream)) = self.push_activation(myself, &job_type, false) {
+                    commands.push(activation);
+                    replies.push((1, ReplyTo::Push(stream)));
+                }
+            }
             self.in_flight += 1;
             metrics::histogram!("drover_raft_commands_per_entry").record(commands.len() as f64);
             let batch = Batch { now: now_millis(), commands };
@@ -288,9 +305,25 @@ impl LeaderState {
 
     /// Activates a batch of `job_type` for a randomly picked ready stream.
     fn try_push(&mut self, myself: &ActorRef<LeaderMsg>, job_type: &str) {
+        if let Some((activation, stream)) = self.push_activation(myself, job_type, true) {
+            self.enqueue(vec![activation], ReplyTo::Push(stream));
+            self.flush(myself);
+        }
+    }
+
+    /// The activation command for a push of `job_type`, if a ready stream
+    /// exists and no push of the type is in flight. With `only_if_waiting`,
+    /// only when jobs are activatable now (not when they are being created in
+    /// the same entry).
+    fn push_activation(
+        &mut self,
+        myself: &ActorRef<LeaderMsg>,
+        job_type: &str,
+        only_if_waiting: bool,
+    ) -> Option<(Command, Arc<RemoteStream>)> {
         if self.pushing.contains(job_type) {
             self.push_again.insert(job_type.to_string());
-            return;
+            return None;
         }
         let now = Instant::now();
         self.blocked.retain(|_, until| *until > now);
@@ -305,11 +338,10 @@ impl LeaderState {
                     let _ = me.cast(LeaderMsg::RetryPush { job_type });
                 });
             }
-            return;
+            return None;
         };
-        let waiting = self.replica.state().read(|s| s.activatable_count(job_type, &stream.tenants));
-        if waiting == 0 {
-            return;
+        if only_if_waiting && self.replica.state().read(|s| s.activatable_count(job_type, &stream.tenants)) == 0 {
+            return None;
         }
         self.pushing.insert(job_type.to_string());
         let activation = Command::Activate(Activation {
@@ -319,8 +351,7 @@ impl LeaderState {
             timeout_ms: stream.timeout_ms,
             max_jobs: PUSH_BATCH,
         });
-        self.enqueue(vec![activation], ReplyTo::Push(stream));
-        self.flush(myself);
+        Some((activation, stream))
     }
 }
 

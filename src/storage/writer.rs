@@ -87,6 +87,7 @@ fn run(db: Arc<DB>, rx: Receiver<Request>, counters: Arc<Counters>) {
         }
         let elapsed = started.elapsed();
         counters.syncs.fetch_add(1, Ordering::Relaxed);
+        metrics::counter!("drover_storage_wal_syncs_total").increment(1);
         counters.batches.fetch_add(waiting.len() as u64, Ordering::Relaxed);
         counters.sync_micros.fetch_add(elapsed.as_micros() as u64, Ordering::Relaxed);
         metrics::histogram!("drover_storage_write_sync_seconds").record(elapsed.as_secs_f64());

@@ -1,0 +1,29 @@
+//! A tiny run of `drover bench` against nodes it starts itself: every job
+//! created is completed exactly once. Timings belong to the bench output only.
+
+mod common;
+
+use std::process::Command;
+
+#[test]
+fn a_tiny_bench_completes_every_job_once() {
+    let output = Command::new(common::drover_bin())
+        .args(["bench", "--local-nodes", "1", "--jobs", "300", "--producers", "2", "--workers", "2"])
+        .args(["--workload", "throughput,latency", "--rate", "200", "--duration", "2", "--json"])
+        .output()
+        .expect("run drover bench");
+    let stdout = String::from_utf8_lossy(&output.stdout);
+    assert!(output.status.success(), "bench failed:\n{stdout}\n{}", String::from_utf8_lossy(&output.stderr));
+    let reports: Vec<serde_json::Value> =
+        stdout.lines().filter(|l| l.starts_with('{')).map(|l| serde_json::from_str(l).unwrap()).collect();
+    assert_eq!(reports.len(), 2, "one JSON object per workload:\n{stdout}");
+    for report in &reports {
+        let figures = &report["figures"];
+        let expected = if report["workload"] == "throughput" { 300 } else { 400 };
+        assert_eq!(figures["jobs_created"], expected, "{report}");
+        assert_eq!(figures["jobs_completed_unique"], expected, "{report}");
+        assert_eq!(figures["lost"], 0);
+        assert_eq!(figures["completed_twice"], 0);
+        assert!(figures["latency_ms"]["count"].as_u64().unwrap() >= expected);
+    }
+}
