@@ -16,6 +16,7 @@ use tokio::net::TcpListener;
 use tokio::sync::watch;
 use tokio::task::JoinHandle;
 use tokio_stream::wrappers::TcpListenerStream;
+use tokio_stream::StreamExt;
 
 pub use context::NodeContext;
 
@@ -225,7 +226,15 @@ async fn serve_grpc(
     listener: TcpListener,
     mut stop: watch::Receiver<bool>,
 ) {
-    let incoming = TcpListenerStream::new(listener);
+    // Nagle's algorithm with delayed ACKs holds small pushed messages for up to
+    // 40 ms; tonic's own tcp_nodelay only applies to listeners it binds.
+    let incoming = TcpListenerStream::new(listener).map(|accepted| {
+        accepted.inspect(|stream| {
+            if let Err(e) = stream.set_nodelay(true) {
+                tracing::debug!("TCP_NODELAY on an accepted connection: {e}");
+            }
+        })
+    });
     let shutdown = async move {
         let _ = stop.wait_for(|s| *s).await;
     };

@@ -32,7 +32,23 @@ struct AppliedMeta {
 struct SnapshotBody {
     engine: StateSnapshot,
     jobs: Vec<Job>,
-    done: Vec<Job>,
+    /// Final records as stored (bincode of `Job`), copied without decoding.
+    done: Vec<(u64, serde_bytes_vec::Bytes)>,
+}
+
+/// Raw bytes that serialize as one length-prefixed blob.
+mod serde_bytes_vec {
+    #[derive(serde::Serialize, serde::Deserialize)]
+    pub struct Bytes(#[serde(with = "bytes_as_seq")] pub Vec<u8>);
+
+    mod bytes_as_seq {
+        pub fn serialize<S: serde::Serializer>(v: &[u8], s: S) -> Result<S::Ok, S::Error> {
+            s.serialize_bytes(v)
+        }
+        pub fn deserialize<'de, D: serde::Deserializer<'de>>(d: D) -> Result<Vec<u8>, D::Error> {
+            <Vec<u8> as serde::Deserialize>::deserialize(d)
+        }
+    }
 }
 
 struct Inner {
@@ -225,8 +241,8 @@ impl RaftStateMachine<TypeConfig> for StateMachine {
         for job in &body.jobs {
             batch.put(Table::Jobs, key(self.partition, job.key.0), storage::encode(job));
         }
-        for job in &body.done {
-            batch.put(Table::Done, key(self.partition, job.key.0), storage::encode(job));
+        for (job_key, record) in &body.done {
+            batch.put(Table::Done, key(self.partition, *job_key), &record.0);
         }
         let mut inner = self.shared.lock();
         inner.engine = PartitionState::restore(body.engine, body.jobs);
@@ -263,20 +279,24 @@ pub struct SnapshotBuilder {
 
 impl RaftSnapshotBuilder<TypeConfig> for SnapshotBuilder {
     async fn build_snapshot(&mut self) -> Result<Snapshot<TypeConfig>, StorageError<NodeId>> {
-        let (body, last_applied, membership) = {
-            // The records, the counters and the applied id must agree, so they are
-            // taken under the lock apply holds.
+        // Only the live jobs, the counters and a point-in-time view of storage
+        // are taken under the lock apply holds; final records (which grow with
+        // every completed job) are read from that view without blocking apply.
+        let (mut body, last_applied, membership, view) = {
             let inner = self.shared.lock();
-            let mut done = Vec::new();
-            self.store
-                .for_each(Table::Done, self.partition, |_, bytes| {
-                    done.push(storage::decode::<Job>("job record", bytes)?);
-                    Ok(())
-                })
-                .map_err(sm_read_err)?;
-            let body = SnapshotBody { engine: inner.engine.meta(), jobs: inner.engine.jobs().cloned().collect(), done };
-            (body, inner.last_applied, inner.membership.clone())
+            let body = SnapshotBody {
+                engine: inner.engine.meta(),
+                jobs: inner.engine.jobs().cloned().collect(),
+                done: Vec::new(),
+            };
+            (body, inner.last_applied, inner.membership.clone(), self.store.point_in_time())
         };
+        view.for_each(Table::Done, self.partition, |job_key, bytes| {
+            body.done.push((job_key, serde_bytes_vec::Bytes(bytes.to_vec())));
+            Ok(())
+        })
+        .map_err(sm_read_err)?;
+        drop(view);
         let data = storage::encode(&body);
         let snapshot_id = match last_applied {
             Some(id) => format!("{}-{}-{}", id.leader_id, id.index, data.len()),
