@@ -30,8 +30,9 @@ pub fn init(log_format: &str, otlp_endpoint: Option<&str>, service_name: &str) -
             .unwrap_or_else(|_| EnvFilter::new("info,openraft=warn,h2=warn,tower=warn,hyper=warn"))
     };
     let fmt_layer = match log_format {
-        "json" => tracing_subscriber::fmt::layer().json().with_filter(filter()).boxed(),
-        _ => tracing_subscriber::fmt::layer().with_filter(filter()).boxed(),
+        // Logs go to stderr: stdout is for what a command prints (keys, JSON).
+        "json" => tracing_subscriber::fmt::layer().json().with_writer(std::io::stderr).with_filter(filter()).boxed(),
+        _ => tracing_subscriber::fmt::layer().with_writer(std::io::stderr).with_filter(filter()).boxed(),
     };
     let (otel_layer, provider) = match otlp_endpoint {
         Some(endpoint) => {
