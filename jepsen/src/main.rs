@@ -137,6 +137,12 @@ fn run(args: RunArgs) -> anyhow::Result<bool> {
     let dir = args.out.join(format!("{stamp}-{}-{seed}", names.join("+")));
     std::fs::create_dir_all(&dir)?;
     let dir = std::fs::canonicalize(&dir)?;
+    // The binaries this run uses, linked into the run directory: a rebuild
+    // during the run cannot pull them away, and the run can be repeated with them.
+    let bin = dir.join("bin");
+    std::fs::create_dir_all(&bin)?;
+    let drover = keep(&drover, &bin.join("drover"))?;
+    let runner = keep(&std::env::current_exe()?, &bin.join("drover-jepsen"))?;
     let prefix = format!("drj{:05}", seed % 100_000);
     let net = net::Network::create(&prefix, args.nodes).context("creating the test network (run as root)")?;
     let config = InnerConfig {
@@ -157,7 +163,7 @@ fn run(args: RunArgs) -> anyhow::Result<bool> {
     );
     let status = std::process::Command::new("ip")
         .args(["netns", "exec", &net.client_ns()])
-        .arg(std::env::current_exe()?)
+        .arg(&runner)
         .arg("inner")
         .arg(&dir)
         .status()?;
@@ -169,6 +175,15 @@ fn run(args: RunArgs) -> anyhow::Result<bool> {
     } else {
         bail!("the run failed ({status}); see {}", dir.display())
     }
+}
+
+/// Hard-links (or copies) `from` to `to` and returns `to`.
+fn keep(from: &Path, to: &Path) -> anyhow::Result<PathBuf> {
+    let _ = std::fs::remove_file(to);
+    if std::fs::hard_link(from, to).is_err() {
+        std::fs::copy(from, to).with_context(|| format!("copying {}", from.display()))?;
+    }
+    Ok(to.to_path_buf())
 }
 
 fn append_line(path: &Path, value: &impl Serialize) {

@@ -185,7 +185,7 @@ async fn jobstreams(State(ctx): State<Arc<NodeContext>>) -> impl IntoResponse {
             })
         })
         .collect();
-    Json(json!({ "client": ctx.gateway_streams.view(), "remote": remote }))
+    Json(json!({ "client": ctx.gateway_streams.view().await, "remote": remote }))
 }
 
 /// Publishes gauges that are read rather than counted: partition roles and

@@ -44,7 +44,7 @@ impl GatewayLink for Links {
         let stream_id = stream.stream_id;
         Box::pin(async move {
             if gateway == ctx.node_id {
-                return Ok(ctx.gateway_streams.push(stream_id, jobs));
+                return Ok(ctx.gateway_streams.push(stream_id, jobs).await);
             }
             let mut client = ctx.peers.client(gateway).ok_or_else(|| format!("unknown gateway {gateway}"))?;
             let encoded = bincode::serialize(&jobs).map_err(|e| e.to_string())?;
@@ -131,7 +131,7 @@ pub async fn refresh_stream_registrations(ctx: Arc<NodeContext>, mut stop: watch
             _ = tokio::time::sleep(REFRESH_EVERY) => {}
             _ = stop.wait_for(|s| *s) => return,
         }
-        let streams = ctx.gateway_streams.registrations();
+        let streams = ctx.gateway_streams.registrations().await;
         for stream in &streams {
             ctx.broker_register(stream.clone());
         }

@@ -129,7 +129,7 @@ impl Cluster for ClusterService {
         let request = request.into_inner();
         let jobs: Vec<ActivatedJobData> = bincode::deserialize(&request.jobs)
             .map_err(|e| Status::invalid_argument(format!("malformed pushed jobs: {e}")))?;
-        let rejected = ctx.gateway_streams.push(request.stream_id, jobs);
+        let rejected = ctx.gateway_streams.push(request.stream_id, jobs).await;
         Ok(Response::new(PushReply { rejected: rejected.into_iter().map(|k| k.0).collect() }))
     }
 

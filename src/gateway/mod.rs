@@ -5,6 +5,7 @@
 //! replicated), picks a partition for new jobs (round-robin) or reads it from a
 //! job's key, and sends commands to that partition's leader wherever it runs.
 
+mod aggregator;
 pub mod convert;
 pub mod error;
 pub mod router;

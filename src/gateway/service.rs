@@ -338,23 +338,23 @@ impl Gateway for GatewayService {
             request.fetch_variable,
             request.tenant_ids,
         )?;
-        let opened = self.ctx.gateway_streams.open(&spec);
+        let opened = self.ctx.gateway_streams.open(&spec).await?;
         if let Some(stream) = &opened.new_stream {
             crate::cluster::register_everywhere(&self.ctx, stream);
         }
         let ctx = Arc::clone(&self.ctx);
         let (stream_id, client_id) = (opened.stream_id, opened.client_id);
         let on_close = Box::new(move |buffered: Vec<(JobKey, u32)>| {
-            if let Some(stream) = ctx.gateway_streams.close(stream_id, client_id) {
-                crate::cluster::remove_everywhere(&ctx, &stream);
-            }
-            if buffered.is_empty() {
-                return;
-            }
             // Jobs that never reached the worker go back at once instead of
             // waiting for their activation timeout.
             let ctx = Arc::clone(&ctx);
             tokio::spawn(async move {
+                if let Some(stream) = ctx.gateway_streams.close(stream_id, client_id).await {
+                    crate::cluster::remove_everywhere(&ctx, &stream);
+                }
+                if buffered.is_empty() {
+                    return;
+                }
                 let commands = buffered
                     .into_iter()
                     .map(|(key, attempt)| Ok((key.partition(), Command::Yield { key, attempt })))

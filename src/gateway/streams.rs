@@ -4,7 +4,9 @@
 //! Two worker streams are equivalent when they ask for the same job type,
 //! worker name, activation timeout, set of fetch variables and set of tenants
 //! (order and repeats do not matter). Equivalent streams share one aggregated
-//! stream id, registered once with every broker. Each client has a bounded
+//! stream id, registered once with every broker, and one
+//! [`StreamAggregator`](super::aggregator::StreamAggregator) actor that owns
+//! their clients and hands out pushed jobs. Each client has a bounded
 //! buffer; a client is ready while its buffer has room, and the buffer stops
 //! draining when the client stops reading (HTTP/2 flow control), so a slow worker
 //! becomes "not ready" and its jobs go elsewhere.
@@ -12,16 +14,18 @@
 use std::collections::HashMap;
 use std::pin::Pin;
 use std::sync::atomic::{AtomicU64, Ordering};
-use std::sync::Mutex;
 use std::task::{Context, Poll};
+use std::time::Duration;
 
-use rand::Rng;
+use ractor::rpc::CallResult;
+use ractor::{Actor, ActorRef};
 use serde::Serialize;
-use tokio::sync::mpsc::{self, error::TrySendError};
+use tokio::sync::mpsc;
 use tokio_stream::Stream;
 use tonic::Status;
 
-use super::convert::{self, WorkerSpec};
+use super::aggregator::{AggregatorMsg, StreamAggregator};
+use super::convert::WorkerSpec;
 use crate::core::{ActivatedJobData, JobKey};
 use crate::partition::streams::RemoteStream;
 use crate::proto::gateway as pb;
@@ -29,8 +33,6 @@ use crate::raft::NodeId;
 
 /// Jobs buffered per client beyond what HTTP/2 already holds.
 pub const CLIENT_BUFFER: usize = 16;
-
-type ClientSender = mpsc::Sender<Result<pb::ActivatedJob, Status>>;
 
 /// The equivalence key of worker streams.
 #[derive(Clone, Debug, PartialEq, Eq, Hash, Serialize)]
@@ -55,27 +57,24 @@ impl From<&WorkerSpec> for StreamKey {
     }
 }
 
-struct Client {
-    id: u64,
-    tx: ClientSender,
-}
-
-struct Aggregate {
+struct Entry {
     key: StreamKey,
-    clients: Vec<Client>,
+    actor: ActorRef<AggregatorMsg>,
 }
 
 #[derive(Default)]
 struct Inner {
     by_key: HashMap<StreamKey, u64>,
-    streams: HashMap<u64, Aggregate>,
+    streams: HashMap<u64, Entry>,
 }
 
-/// All aggregated streams of this gateway.
+/// The registry of this gateway's aggregated streams: equivalence key to
+/// stream id to its [`StreamAggregator`] actor. Joining and leaving are
+/// serialised here, so a stream never loses a client to a concurrent removal.
 pub struct GatewayStreams {
     node_id: NodeId,
     next_id: AtomicU64,
-    inner: Mutex<Inner>,
+    inner: tokio::sync::Mutex<Inner>,
 }
 
 /// A client's place in an aggregated stream.
@@ -95,9 +94,11 @@ pub struct ClientStreamView {
     pub clients: Vec<u64>,
 }
 
+const CALL_TIMEOUT: Duration = Duration::from_secs(5);
+
 impl GatewayStreams {
     pub fn new(node_id: NodeId) -> Self {
-        GatewayStreams { node_id, next_id: AtomicU64::new(1), inner: Mutex::new(Inner::default()) }
+        GatewayStreams { node_id, next_id: AtomicU64::new(1), inner: tokio::sync::Mutex::new(Inner::default()) }
     }
 
     fn remote(&self, stream_id: u64, key: &StreamKey) -> RemoteStream {
@@ -112,104 +113,95 @@ impl GatewayStreams {
         }
     }
 
-    pub fn open(&self, spec: &WorkerSpec) -> Opened {
+    /// Adds a worker stream to its aggregate, starting the aggregate's actor if
+    /// it is the first of its kind.
+    pub async fn open(&self, spec: &WorkerSpec) -> Result<Opened, Status> {
         let key = StreamKey::from(spec);
-        let (tx, receiver) = mpsc::channel(CLIENT_BUFFER);
+        let (sender, receiver) = mpsc::channel(CLIENT_BUFFER);
         let client_id = self.next_id.fetch_add(1, Ordering::Relaxed);
-        let mut inner = self.inner.lock().expect("gateway streams lock");
+        let mut inner = self.inner.lock().await;
         let (stream_id, new_stream) = match inner.by_key.get(&key) {
             Some(id) => (*id, None),
             None => {
                 let id = self.next_id.fetch_add(1, Ordering::Relaxed);
+                let (actor, _) = Actor::spawn(None, StreamAggregator, key.clone())
+                    .await
+                    .map_err(|e| Status::internal(format!("starting the stream aggregator: {e}")))?;
                 inner.by_key.insert(key.clone(), id);
-                inner.streams.insert(id, Aggregate { key: key.clone(), clients: Vec::new() });
+                inner.streams.insert(id, Entry { key: key.clone(), actor });
                 metrics::gauge!("drover_gateway_job_stream_streams").increment(1.0);
                 (id, Some(self.remote(id, &key)))
             }
         };
-        inner.streams.get_mut(&stream_id).expect("just ensured").clients.push(Client { id: client_id, tx });
-        metrics::gauge!("drover_gateway_job_stream_clients").increment(1.0);
-        Opened { stream_id, client_id, receiver, new_stream }
+        let actor = &inner.streams[&stream_id].actor;
+        match actor.call(|reply| AggregatorMsg::AddClient { client_id, sender, reply }, Some(CALL_TIMEOUT)).await {
+            Ok(CallResult::Success(())) => Ok(Opened { stream_id, client_id, receiver, new_stream }),
+            _ => Err(Status::unavailable("the stream aggregator did not answer; reconnect")),
+        }
     }
 
     /// Removes a client; returns the stream when it was the last one, to be
     /// removed from the brokers.
-    pub fn close(&self, stream_id: u64, client_id: u64) -> Option<RemoteStream> {
-        let mut inner = self.inner.lock().expect("gateway streams lock");
-        let aggregate = inner.streams.get_mut(&stream_id)?;
-        let before = aggregate.clients.len();
-        aggregate.clients.retain(|c| c.id != client_id);
-        if aggregate.clients.len() < before {
-            metrics::gauge!("drover_gateway_job_stream_clients").decrement(1.0);
-        }
-        if !aggregate.clients.is_empty() {
+    pub async fn close(&self, stream_id: u64, client_id: u64) -> Option<RemoteStream> {
+        let mut inner = self.inner.lock().await;
+        let entry = inner.streams.get(&stream_id)?;
+        let empty = matches!(
+            entry.actor.call(|reply| AggregatorMsg::RemoveClient { client_id, reply }, Some(CALL_TIMEOUT)).await,
+            Ok(CallResult::Success(true))
+        );
+        if !empty {
             return None;
         }
-        let aggregate = inner.streams.remove(&stream_id).expect("present");
-        inner.by_key.remove(&aggregate.key);
+        let entry = inner.streams.remove(&stream_id).expect("present");
+        inner.by_key.remove(&entry.key);
+        entry.actor.stop(Some("last client left".into()));
         metrics::gauge!("drover_gateway_job_stream_streams").decrement(1.0);
-        Some(self.remote(stream_id, &aggregate.key))
+        Some(self.remote(stream_id, &entry.key))
     }
 
-    /// Hands pushed jobs to ready clients, each to one picked at random (trying
-    /// the others when the pick is not ready). Returns the keys nobody took.
-    pub fn push(&self, stream_id: u64, jobs: Vec<ActivatedJobData>) -> Vec<JobKey> {
-        let inner = self.inner.lock().expect("gateway streams lock");
-        let Some(aggregate) = inner.streams.get(&stream_id) else {
+    /// Hands pushed jobs to the stream's aggregator. Returns the keys nobody took.
+    pub async fn push(&self, stream_id: u64, jobs: Vec<ActivatedJobData>) -> Vec<JobKey> {
+        let actor = self.inner.lock().await.streams.get(&stream_id).map(|e| e.actor.clone());
+        let Some(actor) = actor else {
             return jobs.iter().map(|j| j.key).collect();
         };
-        let mut rejected = Vec::new();
-        let mut rng = rand::rng();
-        for job in jobs {
-            let count = aggregate.clients.len();
-            let mut message = Some(Ok(convert::activated_job(&job, &aggregate.key.fetch_variables)));
-            if count > 0 {
-                let start = rng.random_range(0..count);
-                for offset in 0..count {
-                    let client = &aggregate.clients[(start + offset) % count];
-                    match client.tx.try_send(message.take().expect("message present")) {
-                        Ok(()) => break,
-                        Err(TrySendError::Full(m) | TrySendError::Closed(m)) => {
-                            metrics::counter!("drover_gateway_job_stream_push_fail_try_total").increment(1);
-                            message = Some(m);
-                        }
-                    }
-                }
-            }
-            if message.is_some() {
-                rejected.push(job.key);
-            } else {
-                metrics::counter!("drover_gateway_job_stream_push_total").increment(1);
-            }
+        let keys: Vec<JobKey> = jobs.iter().map(|j| j.key).collect();
+        match actor.call(|reply| AggregatorMsg::Push { jobs, reply }, Some(CALL_TIMEOUT)).await {
+            Ok(CallResult::Success(rejected)) => rejected,
+            _ => keys,
         }
-        rejected
     }
 
     /// Ends every client stream (node shutdown): workers see their stream
     /// close and reconnect elsewhere.
-    pub fn close_all(&self) {
-        let mut inner = self.inner.lock().expect("gateway streams lock");
+    pub async fn close_all(&self) {
+        let mut inner = self.inner.lock().await;
         inner.by_key.clear();
-        inner.streams.clear();
+        for (_, entry) in inner.streams.drain() {
+            entry.actor.stop(Some("node stopping".into()));
+            metrics::gauge!("drover_gateway_job_stream_streams").decrement(1.0);
+        }
     }
 
     /// Every aggregated stream, for (re-)registration with brokers.
-    pub fn registrations(&self) -> Vec<RemoteStream> {
-        let inner = self.inner.lock().expect("gateway streams lock");
-        inner.streams.iter().map(|(id, a)| self.remote(*id, &a.key)).collect()
+    pub async fn registrations(&self) -> Vec<RemoteStream> {
+        let inner = self.inner.lock().await;
+        inner.streams.iter().map(|(id, e)| self.remote(*id, &e.key)).collect()
     }
 
-    pub fn view(&self) -> Vec<ClientStreamView> {
-        let inner = self.inner.lock().expect("gateway streams lock");
-        let mut views: Vec<ClientStreamView> = inner
-            .streams
-            .iter()
-            .map(|(id, a)| ClientStreamView {
-                id: *id,
-                key: a.key.clone(),
-                clients: a.clients.iter().map(|c| c.id).collect(),
-            })
-            .collect();
+    pub async fn view(&self) -> Vec<ClientStreamView> {
+        let streams: Vec<(u64, StreamKey, ActorRef<AggregatorMsg>)> = {
+            let inner = self.inner.lock().await;
+            inner.streams.iter().map(|(id, e)| (*id, e.key.clone(), e.actor.clone())).collect()
+        };
+        let mut views = Vec::new();
+        for (id, key, actor) in streams {
+            let clients = match actor.call(|reply| AggregatorMsg::Clients { reply }, Some(CALL_TIMEOUT)).await {
+                Ok(CallResult::Success(clients)) => clients,
+                _ => Vec::new(),
+            };
+            views.push(ClientStreamView { id, key, clients });
+        }
         views.sort_by_key(|v| v.id);
         views
     }
@@ -268,36 +260,37 @@ impl Drop for ClientStream {
     }
 }
 
-/// Keeps the client-side of the actuator and push path testable alone.
 #[cfg(test)]
 mod tests {
     use std::sync::Arc;
 
     use super::*;
+    use crate::gateway::convert;
 
     fn spec(timeout_ms: i64, fetch: &[&str]) -> WorkerSpec {
         convert::worker_spec("t".into(), "w".into(), timeout_ms, fetch.iter().map(|s| s.to_string()).collect(), vec![])
             .unwrap()
     }
 
-    #[test]
-    fn equivalent_streams_aggregate_regardless_of_order() {
+    #[tokio::test]
+    async fn equivalent_streams_aggregate_regardless_of_order() {
         let streams = GatewayStreams::new(0);
-        let a = streams.open(&spec(1000, &["x", "y"]));
-        let b = streams.open(&spec(1000, &["y", "x", "x"]));
-        let c = streams.open(&spec(2000, &["x", "y"]));
+        let a = streams.open(&spec(1000, &["x", "y"])).await.unwrap();
+        let b = streams.open(&spec(1000, &["y", "x", "x"])).await.unwrap();
+        let c = streams.open(&spec(2000, &["x", "y"])).await.unwrap();
         assert!(a.new_stream.is_some());
         assert!(b.new_stream.is_none());
         assert_eq!(a.stream_id, b.stream_id);
         assert_ne!(a.stream_id, c.stream_id);
-        assert_eq!(streams.close(a.stream_id, a.client_id), None);
-        assert!(streams.close(b.stream_id, b.client_id).is_some(), "last client removes the stream");
+        assert_eq!(streams.view().await.iter().find(|v| v.id == a.stream_id).unwrap().clients.len(), 2);
+        assert_eq!(streams.close(a.stream_id, a.client_id).await, None);
+        assert!(streams.close(b.stream_id, b.client_id).await.is_some(), "last client removes the stream");
     }
 
-    #[test]
-    fn full_clients_reject_pushes() {
+    #[tokio::test]
+    async fn full_clients_reject_pushes() {
         let streams = GatewayStreams::new(0);
-        let opened = streams.open(&spec(1000, &[]));
+        let opened = streams.open(&spec(1000, &[])).await.unwrap();
         let job = |n: u64| ActivatedJobData {
             key: JobKey(n),
             spec: Arc::new(crate::core::JobSpec {
@@ -316,7 +309,7 @@ mod tests {
             created_at: 0,
         };
         let jobs: Vec<_> = (1..=(CLIENT_BUFFER as u64 + 3)).map(job).collect();
-        let rejected = streams.push(opened.stream_id, jobs);
+        let rejected = streams.push(opened.stream_id, jobs).await;
         assert_eq!(rejected.len(), 3, "the buffer holds {CLIENT_BUFFER}; the rest are not taken");
     }
 }

@@ -196,7 +196,7 @@ impl Node {
     /// actors and Raft groups, and syncs storage.
     pub async fn shutdown(self) {
         let _ = self.stop.send(true);
-        self.ctx.gateway_streams.close_all();
+        self.ctx.gateway_streams.close_all().await;
         // Servers stop accepting at once; requests already running may finish
         // (bounded by the request timeout). Idle client connections are not
         // waited for.

@@ -81,6 +81,12 @@ impl NodeProcess {
 
     /// Starts `drover serve --data-dir DIR ARGS...` and waits for its addresses.
     pub fn spawn(data_dir: &Path, args: &[String]) -> NodeProcess {
+        Self::try_spawn(data_dir, args).expect("drover serve printed its addresses within 30 s")
+    }
+
+    /// Like [`NodeProcess::spawn`], but a node that exits before printing its
+    /// addresses (a port taken by a parallel test) is an error, not a panic.
+    pub fn try_spawn(data_dir: &Path, args: &[String]) -> Result<NodeProcess, String> {
         let mut child = Command::new(drover_bin())
             .arg("serve")
             .arg("--data-dir")
@@ -103,7 +109,11 @@ impl NodeProcess {
         let deadline = Instant::now() + Duration::from_secs(30);
         while grpc.is_none() || admin.is_none() {
             let left = deadline.saturating_duration_since(Instant::now());
-            let line = rx.recv_timeout(left).expect("drover serve printed its addresses within 30 s");
+            let Ok(line) = rx.recv_timeout(left) else {
+                let _ = child.kill();
+                let _ = child.wait();
+                return Err(format!("drover serve {args:?} exited or stalled before printing its addresses"));
+            };
             if let Some(addr) = line.trim().strip_prefix("gateway (gRPC):") {
                 grpc = Some(addr.trim().to_string());
             }
@@ -111,7 +121,7 @@ impl NodeProcess {
                 admin = rest.split_whitespace().next().map(|s| s.trim_start_matches("http://").to_string());
             }
         }
-        NodeProcess { child, grpc: grpc.unwrap(), admin: admin.unwrap(), data_dir: data_dir.to_path_buf() }
+        Ok(NodeProcess { child, grpc: grpc.unwrap(), admin: admin.unwrap(), data_dir: data_dir.to_path_buf() })
     }
 
     pub async fn client(&self) -> Client {
@@ -209,28 +219,38 @@ pub struct ProcessCluster {
 
 impl ProcessCluster {
     pub fn start(size: usize, partitions: u32, replication_factor: u32, extra: &[&str]) -> ProcessCluster {
-        let dir = tempfile::tempdir().expect("temp dir");
-        let ports: Vec<Ports> =
-            (0..size).map(|_| Ports { grpc: free_port(), cluster: free_port(), admin: free_port() }).collect();
-        let members: Vec<String> =
-            ports.iter().enumerate().map(|(i, p)| format!("{i}=127.0.0.1:{}", p.cluster)).collect();
-        let mut args = vec![
-            "--members".to_string(),
-            members.join(","),
-            "--partitions".into(),
-            partitions.to_string(),
-            "--replication-factor".into(),
-            replication_factor.to_string(),
-        ];
-        args.extend(extra.iter().map(|s| s.to_string()));
-        let mut cluster = ProcessCluster { nodes: (0..size).map(|_| None).collect(), ports, args, dir };
-        for id in 0..size {
-            cluster.start_node(id);
+        // Ports are picked free and then released, so a parallel test can take
+        // one first; such a start is retried on other ports.
+        for _ in 0..5 {
+            let dir = tempfile::tempdir().expect("temp dir");
+            let ports: Vec<Ports> =
+                (0..size).map(|_| Ports { grpc: free_port(), cluster: free_port(), admin: free_port() }).collect();
+            let members: Vec<String> =
+                ports.iter().enumerate().map(|(i, p)| format!("{i}=127.0.0.1:{}", p.cluster)).collect();
+            let mut args = vec![
+                "--members".to_string(),
+                members.join(","),
+                "--partitions".into(),
+                partitions.to_string(),
+                "--replication-factor".into(),
+                replication_factor.to_string(),
+            ];
+            args.extend(extra.iter().map(|s| s.to_string()));
+            let mut cluster = ProcessCluster { nodes: (0..size).map(|_| None).collect(), ports, args, dir };
+            if (0..size).all(|id| cluster.try_start_node(id).is_ok()) {
+                return cluster;
+            }
         }
-        cluster
+        panic!("could not start a {size}-node cluster on free ports in 5 attempts");
     }
 
-    pub fn start_node(&mut self, id: usize) {
+    fn try_start_node(&mut self, id: usize) -> Result<(), String> {
+        let (data, args) = self.node_args(id);
+        self.nodes[id] = Some(NodeProcess::try_spawn(&data, &args)?);
+        Ok(())
+    }
+
+    fn node_args(&self, id: usize) -> (PathBuf, Vec<String>) {
         let p = self.ports[id];
         let mut args = vec![
             "--node-id".to_string(),
@@ -243,7 +263,11 @@ impl ProcessCluster {
             format!("127.0.0.1:{}", p.admin),
         ];
         args.extend(self.args.iter().cloned());
-        let data = self.dir.path().join(format!("node-{id}"));
+        (self.dir.path().join(format!("node-{id}")), args)
+    }
+
+    pub fn start_node(&mut self, id: usize) {
+        let (data, args) = self.node_args(id);
         self.nodes[id] = Some(NodeProcess::spawn(&data, &args));
     }
 

@@ -1,0 +1,118 @@
+//! The `StreamAggregator` actor: one per aggregated stream on a gateway. It
+//! owns the stream's clients and hands each pushed job to one of them.
+
+use ractor::{Actor, ActorProcessingErr, ActorRef, RpcReplyPort};
+use rand::Rng;
+use tokio::sync::mpsc::{self, error::TrySendError};
+use tonic::Status;
+
+use super::convert;
+use super::streams::StreamKey;
+use crate::core::{ActivatedJobData, JobKey};
+use crate::proto::gateway as pb;
+
+pub type ClientSender = mpsc::Sender<Result<pb::ActivatedJob, Status>>;
+
+pub enum AggregatorMsg {
+    /// A worker stream joins.
+    AddClient { client_id: u64, sender: ClientSender, reply: RpcReplyPort<()> },
+    /// A worker stream left; the reply says whether none are left.
+    RemoveClient { client_id: u64, reply: RpcReplyPort<bool> },
+    /// Jobs pushed by a partition leader; the reply lists the keys no ready
+    /// client took.
+    Push { jobs: Vec<ActivatedJobData>, reply: RpcReplyPort<Vec<JobKey>> },
+    /// The ids of the clients, for `/actuator/jobstreams`.
+    Clients { reply: RpcReplyPort<Vec<u64>> },
+}
+
+pub struct StreamAggregator;
+
+pub struct AggregatorState {
+    key: StreamKey,
+    clients: Vec<(u64, ClientSender)>,
+}
+
+impl Actor for StreamAggregator {
+    type Msg = AggregatorMsg;
+    type State = AggregatorState;
+    type Arguments = StreamKey;
+
+    async fn pre_start(
+        &self,
+        _myself: ActorRef<AggregatorMsg>,
+        key: StreamKey,
+    ) -> Result<AggregatorState, ActorProcessingErr> {
+        Ok(AggregatorState { key, clients: Vec::new() })
+    }
+
+    async fn handle(
+        &self,
+        _myself: ActorRef<AggregatorMsg>,
+        message: AggregatorMsg,
+        state: &mut AggregatorState,
+    ) -> Result<(), ActorProcessingErr> {
+        match message {
+            AggregatorMsg::AddClient { client_id, sender, reply } => {
+                state.clients.push((client_id, sender));
+                metrics::gauge!("drover_gateway_job_stream_clients").increment(1.0);
+                let _ = reply.send(());
+            }
+            AggregatorMsg::RemoveClient { client_id, reply } => {
+                let before = state.clients.len();
+                state.clients.retain(|(id, _)| *id != client_id);
+                if state.clients.len() < before {
+                    metrics::gauge!("drover_gateway_job_stream_clients").decrement(1.0);
+                }
+                let _ = reply.send(state.clients.is_empty());
+            }
+            AggregatorMsg::Push { jobs, reply } => {
+                let _ = reply.send(state.push(jobs));
+            }
+            AggregatorMsg::Clients { reply } => {
+                let _ = reply.send(state.clients.iter().map(|(id, _)| *id).collect());
+            }
+        }
+        Ok(())
+    }
+
+    async fn post_stop(
+        &self,
+        _myself: ActorRef<AggregatorMsg>,
+        state: &mut AggregatorState,
+    ) -> Result<(), ActorProcessingErr> {
+        metrics::gauge!("drover_gateway_job_stream_clients").decrement(state.clients.len() as f64);
+        Ok(())
+    }
+}
+
+impl AggregatorState {
+    /// Each job goes to a client picked at random; when the pick is not ready
+    /// (its buffer is full because it stopped reading) the others are tried.
+    fn push(&self, jobs: Vec<ActivatedJobData>) -> Vec<JobKey> {
+        let mut rejected = Vec::new();
+        let mut rng = rand::rng();
+        let count = self.clients.len();
+        for job in jobs {
+            let mut message = Some(Ok(convert::activated_job(&job, &self.key.fetch_variables)));
+            if count > 0 {
+                let start = rng.random_range(0..count);
+                for offset in 0..count {
+                    let (_, client) = &self.clients[(start + offset) % count];
+                    match client.try_send(message.take().expect("message present")) {
+                        Ok(()) => break,
+                        Err(TrySendError::Full(m) | TrySendError::Closed(m)) => {
+                            metrics::counter!("drover_gateway_job_stream_push_fail_try_total").increment(1);
+                            message = Some(m);
+                        }
+                    }
+                }
+            }
+            if message.is_some() {
+                rejected.push(job.key);
+            } else {
+                metrics::counter!("drover_gateway_job_stream_push_total").increment(1);
+            }
+        }
+        rejected
+    }
+}
