@@ -181,6 +181,10 @@ async fn every_metric_in_the_dashboard_and_alerts_is_exported() {
     let key = node.client.create_job("ops", "{}").await.unwrap();
     let job = node.client.activate("ops", "w", 1, 60_000, 0).await.unwrap().remove(0);
     node.client.fail(key, job.attempt, 0, "x", 0).await.unwrap();
+    let done = node.client.create_job("ops", "{}").await.unwrap();
+    let job = node.client.activate("ops", "w", 1, 60_000, 0).await.unwrap().remove(0);
+    assert_eq!(job.key, done);
+    node.client.complete(job.key, job.attempt, "{}").await.unwrap();
     let _stream = node
         .client
         .raw()

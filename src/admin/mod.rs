@@ -52,7 +52,7 @@ pub fn register_metrics() {
         ("drover_broker_jobs_push_fail_try_count_total", "Pushed jobs no client could take (code BLOCKED: not ready), yielded"),
         ("drover_gateway_errors_total", "Client requests answered with an error, by gRPC code"),
         ("drover_gateway_jobs_polled_total", "Jobs activated by ActivateJobs"),
-        ("drover_grpc_requests_total", "Client gRPC requests by method"),
+        ("drover_grpc_requests_total", "Client gRPC requests by method and status code"),
         ("drover_partition_leader_changes_total", "Times this node became leader of a partition"),
         ("drover_raft_snapshots_built_total", "Snapshots built"),
         ("drover_raft_snapshots_installed_total", "Snapshots installed from a leader"),
@@ -100,6 +100,8 @@ pub fn register_metrics() {
         ("drover_create_ack_seconds", "CreateJob received to acknowledged"),
         ("drover_raft_append_to_commit_seconds", "Raft write submitted to committed and applied"),
         ("drover_storage_write_sync_seconds", "One group-commit WAL write and sync"),
+        ("drover_job_create_to_activate_seconds", "A job's creation to its activation (leader clock)"),
+        ("drover_job_activate_to_complete_seconds", "A job's activation to its completion (leader clock)"),
     ];
     for (name, help) in histograms {
         describe_histogram!(*name, Unit::Seconds, *help);

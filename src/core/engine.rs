@@ -43,6 +43,10 @@ pub struct ApplyOutput {
     pub available: Vec<String>,
     /// How many jobs of each type reached each outcome in this batch.
     pub outcomes: Vec<(String, Outcome, u64)>,
+    /// Per job activated here: ms since it was created.
+    pub created_to_activated: Vec<Millis>,
+    /// Per job completed here: ms since its activation.
+    pub activated_to_completed: Vec<Millis>,
 }
 
 impl ApplyOutput {
@@ -189,6 +193,7 @@ impl PartitionState {
                 let mut job = self.remove(*key);
                 job.state = JobState::Completed;
                 job.result = variables.clone();
+                out.activated_to_completed.push(self.clock - job.activated_at);
                 out.count(&job.spec.job_type, Outcome::Completed);
                 out.finished.push(job);
                 Ok(CommandResult::Done)
@@ -290,6 +295,7 @@ impl PartitionState {
             created_at: now,
             error_message: String::new(),
             result: Default::default(),
+            activated_at: 0,
         };
         out.count(&new_job.spec.job_type, Outcome::Created);
         self.jobs.insert(key, job);
@@ -310,6 +316,8 @@ impl PartitionState {
             let job = self.jobs.get_mut(&key).expect("ready jobs are in memory");
             job.state = JobState::Activated;
             job.attempt += 1;
+            job.activated_at = self.clock;
+            out.created_to_activated.push(self.clock - job.created_at);
             job.worker.clone_from(&activation.worker);
             job.deadline = deadline;
             self.deadlines.insert((deadline, key));

@@ -114,6 +114,8 @@ pub struct Job {
     pub error_message: String,
     /// Result variables of a completed job (a JSON object).
     pub result: Bytes,
+    /// When the current or last activation began.
+    pub activated_at: Millis,
 }
 
 /// A create request after validation.

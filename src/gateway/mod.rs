@@ -8,6 +8,7 @@
 mod aggregator;
 pub mod convert;
 pub mod error;
+mod observe;
 pub mod router;
 mod service;
 pub mod streams;
@@ -16,6 +17,7 @@ use std::time::Duration;
 
 pub use convert::Limits;
 pub use error::ApiError;
+pub use observe::Observe;
 pub use service::{cluster_status, cluster_status_json, GatewayService};
 
 /// Parses a `grpc-timeout` header value (`100m`, `5S`, ...).

@@ -72,6 +72,42 @@ fn key_of(key: u64) -> Result<JobKey, ApiError> {
     Ok(JobKey(key))
 }
 
+/// Answers a client stream in chunks: the requests waiting are read together,
+/// handled as one batch per partition by `handle`, and answered in order. A
+/// broken inbound stream ends the answers with its status.
+fn chunked<Req, Resp, F, Fut>(inbound: Streaming<Req>, handle: F) -> BoxStream<Resp>
+where
+    Req: Send + 'static,
+    Resp: Send + 'static,
+    F: Fn(Vec<Req>) -> Fut + Send + 'static,
+    Fut: std::future::Future<Output = Vec<Resp>> + Send + 'static,
+{
+    let responses = inbound
+        .ready_chunks(STREAM_CHUNK)
+        .map(move |chunk| {
+            let mut failed_read = None;
+            let requests: Vec<Req> = chunk
+                .into_iter()
+                .filter_map(|item| match item {
+                    Ok(request) => Some(request),
+                    Err(status) => {
+                        failed_read = Some(status);
+                        None
+                    }
+                })
+                .collect();
+            let answers = handle(requests);
+            async move {
+                let mut out: Vec<Result<Resp, Status>> = answers.await.into_iter().map(Ok).collect();
+                out.extend(failed_read.map(Err));
+                futures::stream::iter(out)
+            }
+        })
+        .buffered(STREAM_CHUNKS_IN_FLIGHT)
+        .flatten();
+    Box::pin(responses)
+}
+
 /// Runs a chunk of per-key commands: one batch per partition, concurrently,
 /// results back in the chunk's order.
 async fn run_chunk(
@@ -205,62 +241,35 @@ impl Gateway for GatewayService {
         request: Request<Streaming<CreateJobRequest>>,
     ) -> Result<Response<Self::CreateJobsStream>, Status> {
         let traceparent = traceparent(&request);
-        let timeout = self.ctx.request_timeout;
-        let service = GatewayService { ctx: Arc::clone(&self.ctx) };
-        let service = Arc::new(service);
-        let responses = request
-            .into_inner()
-            .ready_chunks(STREAM_CHUNK)
-            .map(move |chunk| {
-                let service = Arc::clone(&service);
-                let traceparent = traceparent.clone();
-                async move {
-                    let started = Instant::now();
-                    let mut failed_read = None;
-                    let commands: Vec<_> = chunk
-                        .into_iter()
-                        .filter_map(|item| match item {
-                            Ok(request) => Some(service.create_command(request, traceparent.clone())),
-                            Err(status) => {
-                                failed_read = Some(status);
-                                None
-                            }
-                        })
-                        .collect();
-                    let partitions: Vec<Option<PartitionId>> =
-                        commands.iter().map(|c| c.as_ref().ok().map(|(p, _)| *p)).collect();
-                    let results = run_chunk(&service.ctx, commands, Instant::now() + timeout).await;
-                    let mut responses: Vec<Result<CreateJobResponse, Status>> = results
-                        .into_iter()
-                        .zip(partitions)
-                        .map(|(result, partition)| {
-                            Ok(match result {
-                                Ok(CommandResult::Created { key }) => CreateJobResponse {
-                                    key: key.0,
-                                    partition_id: partition.unwrap_or_default(),
-                                    error: None,
-                                },
-                                Ok(other) => CreateJobResponse {
-                                    error: Some(ApiError::Internal(format!("unexpected {other:?}")).to_proto()),
-                                    ..Default::default()
-                                },
-                                Err(e) => CreateJobResponse { error: Some(e.to_proto()), ..Default::default() },
-                            })
-                        })
-                        .collect();
-                    metrics::histogram!("drover_create_ack_seconds").record(started.elapsed().as_secs_f64());
-                    if let Some(status) = failed_read {
-                        responses.push(Err(status));
-                    }
-                    futures::stream::iter(responses)
-                }
-            })
-            .buffered(STREAM_CHUNKS_IN_FLIGHT)
-            .flatten();
-        Ok(Response::new(Box::pin(responses)))
+        let service = Arc::new(GatewayService { ctx: Arc::clone(&self.ctx) });
+        Ok(Response::new(chunked(request.into_inner(), move |requests| {
+            let (service, traceparent) = (Arc::clone(&service), traceparent.clone());
+            async move {
+                let started = Instant::now();
+                let commands: Vec<_> =
+                    requests.into_iter().map(|r| service.create_command(r, traceparent.clone())).collect();
+                let partitions: Vec<Option<PartitionId>> =
+                    commands.iter().map(|c| c.as_ref().ok().map(|(p, _)| *p)).collect();
+                let results = run_chunk(&service.ctx, commands, Instant::now() + service.ctx.request_timeout).await;
+                metrics::histogram!("drover_create_ack_seconds").record(started.elapsed().as_secs_f64());
+                results
+                    .into_iter()
+                    .zip(partitions)
+                    .map(|(result, partition)| match result {
+                        Ok(CommandResult::Created { key }) => {
+                            CreateJobResponse { key: key.0, partition_id: partition.unwrap_or_default(), error: None }
+                        }
+                        Ok(other) => CreateJobResponse {
+                            error: Some(ApiError::Internal(format!("unexpected {other:?}")).to_proto()),
+                            ..Default::default()
+                        },
+                        Err(e) => CreateJobResponse { error: Some(e.to_proto()), ..Default::default() },
+                    })
+                    .collect()
+            }
+        })))
     }
 
-    #[tracing::instrument(name = "gateway.activate_jobs", skip_all, fields(job_type = %request.get_ref().r#type))]
     async fn activate_jobs(
         &self,
         request: Request<ActivateJobsRequest>,
@@ -389,49 +398,22 @@ impl Gateway for GatewayService {
         &self,
         request: Request<Streaming<CompleteJobRequest>>,
     ) -> Result<Response<Self::CompleteJobsStream>, Status> {
-        let timeout = self.ctx.request_timeout;
         let service = Arc::new(GatewayService { ctx: Arc::clone(&self.ctx) });
-        let responses = request
-            .into_inner()
-            .ready_chunks(STREAM_CHUNK)
-            .map(move |chunk| {
-                let service = Arc::clone(&service);
-                async move {
-                    let mut failed_read = None;
-                    let mut keys = Vec::with_capacity(chunk.len());
-                    let commands: Vec<_> = chunk
-                        .into_iter()
-                        .filter_map(|item| match item {
-                            Ok(request) => {
-                                keys.push(request.key);
-                                Some(service.complete_command(request))
-                            }
-                            Err(status) => {
-                                failed_read = Some(status);
-                                None
-                            }
-                        })
-                        .collect();
-                    let results = run_chunk(&service.ctx, commands, Instant::now() + timeout).await;
-                    let mut responses: Vec<Result<CompleteJobsResponse, Status>> = results
-                        .into_iter()
-                        .zip(keys)
-                        .map(|(result, key)| {
-                            Ok(CompleteJobsResponse { key, error: result.err().map(|e| e.to_proto()) })
-                        })
-                        .collect();
-                    if let Some(status) = failed_read {
-                        responses.push(Err(status));
-                    }
-                    futures::stream::iter(responses)
-                }
-            })
-            .buffered(STREAM_CHUNKS_IN_FLIGHT)
-            .flatten();
-        Ok(Response::new(Box::pin(responses)))
+        Ok(Response::new(chunked(request.into_inner(), move |requests| {
+            let service = Arc::clone(&service);
+            async move {
+                let keys: Vec<u64> = requests.iter().map(|r| r.key).collect();
+                let commands: Vec<_> = requests.into_iter().map(|r| service.complete_command(r)).collect();
+                let results = run_chunk(&service.ctx, commands, Instant::now() + service.ctx.request_timeout).await;
+                results
+                    .into_iter()
+                    .zip(keys)
+                    .map(|(result, key)| CompleteJobsResponse { key, error: result.err().map(|e| e.to_proto()) })
+                    .collect()
+            }
+        })))
     }
 
-    #[tracing::instrument(name = "gateway.fail_job", skip_all, fields(key = request.get_ref().key))]
     async fn fail_job(&self, request: Request<FailJobRequest>) -> Result<Response<FailJobResponse>, Status> {
         let _running = self.ctx.request_started("complete_jobs");
         let deadline = self.deadline(&request);

@@ -179,11 +179,11 @@ impl Node {
             tonic::transport::Server::builder()
                 .tcp_nodelay(true)
                 .http2_keepalive_interval(Some(Duration::from_secs(30)))
-                .add_service(
+                .add_service(crate::gateway::Observe::new(
                     GatewayServer::new(gateway)
                         .max_decoding_message_size(max_message)
                         .max_encoding_message_size(max_message),
-                ),
+                )),
             grpc_listener,
             stop_rx.clone(),
         )));

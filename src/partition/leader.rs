@@ -386,6 +386,12 @@ async fn write(
                 metrics::counter!("drover_jobs_total", "partition" => p.clone(), "type" => job_type, "outcome" => outcome.as_str())
                     .increment(count);
             }
+            for ms in &response.created_to_activated {
+                metrics::histogram!("drover_job_create_to_activate_seconds").record(*ms as f64 / 1000.0);
+            }
+            for ms in &response.activated_to_completed {
+                metrics::histogram!("drover_job_activate_to_complete_seconds").record(*ms as f64 / 1000.0);
+            }
             let _ = leader.cast(LeaderMsg::Written {
                 available: response.available,
                 next_timer: response.next_timer,

@@ -43,6 +43,10 @@ pub struct BatchResponse {
     pub next_timer: Option<Millis>,
     /// Jobs per (type, outcome) in this entry, for the leader's metrics.
     pub outcomes: Vec<(String, Outcome, u64)>,
+    /// Creation to activation (ms) of each job activated in this entry.
+    pub created_to_activated: Vec<Millis>,
+    /// Activation to completion (ms) of each job completed in this entry.
+    pub activated_to_completed: Vec<Millis>,
 }
 
 openraft::declare_raft_types!(

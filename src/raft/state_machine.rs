@@ -196,6 +196,8 @@ impl RaftStateMachine<TypeConfig> for StateMachine {
                         available: out.available,
                         next_timer: None,
                         outcomes: out.outcomes,
+                        created_to_activated: out.created_to_activated,
+                        activated_to_completed: out.activated_to_completed,
                     });
                 }
             }

@@ -211,18 +211,14 @@ impl Store {
         &self,
         table: Table,
         partition: PartitionId,
-        mut visit: impl FnMut(u64, &[u8]) -> Result<(), StorageError>,
+        visit: impl FnMut(u64, &[u8]) -> Result<(), StorageError>,
     ) -> Result<(), StorageError> {
-        let cf = self.cf(table);
         let start = key(partition, 0);
-        for item in self.db.iterator_cf(cf, IteratorMode::From(&start, Direction::Forward)) {
-            let (k, v) = item?;
-            if k.len() != 12 || k[..4] != partition.to_be_bytes() {
-                break;
-            }
-            visit(id_of(&k), &v)?;
-        }
-        Ok(())
+        visit_partition(
+            self.db.iterator_cf(self.cf(table), IteratorMode::From(&start, Direction::Forward)),
+            partition,
+            visit,
+        )
     }
 
     /// The highest id of a partition in a table, with its value.
@@ -277,20 +273,32 @@ impl PointInTime<'_> {
         &self,
         table: Table,
         partition: PartitionId,
-        mut visit: impl FnMut(u64, &[u8]) -> Result<(), StorageError>,
+        visit: impl FnMut(u64, &[u8]) -> Result<(), StorageError>,
     ) -> Result<(), StorageError> {
-        let cf = self.store.cf(table);
         let start = key(partition, 0);
-        let iter = self.snapshot.iterator_cf(cf, IteratorMode::From(&start, Direction::Forward));
-        for item in iter {
-            let (k, v) = item?;
-            if k.len() != 12 || k[..4] != partition.to_be_bytes() {
-                break;
-            }
-            visit(id_of(&k), &v)?;
-        }
-        Ok(())
+        let iter = self.snapshot.iterator_cf(self.store.cf(table), IteratorMode::From(&start, Direction::Forward));
+        visit_partition(iter, partition, visit)
     }
+}
+
+/// Feeds `visit` the records of one partition from an iterator positioned at
+/// its first key.
+fn visit_partition<I>(
+    iter: I,
+    partition: PartitionId,
+    mut visit: impl FnMut(u64, &[u8]) -> Result<(), StorageError>,
+) -> Result<(), StorageError>
+where
+    I: Iterator<Item = Result<(Box<[u8]>, Box<[u8]>), rocksdb::Error>>,
+{
+    for item in iter {
+        let (k, v) = item?;
+        if k.len() != 12 || k[..4] != partition.to_be_bytes() {
+            break;
+        }
+        visit(id_of(&k), &v)?;
+    }
+    Ok(())
 }
 
 pub fn encode<T: serde::Serialize>(value: &T) -> Vec<u8> {
