@@ -4,12 +4,15 @@
 //! - **lost**: an acknowledged create whose job never completed and is not
 //!   an incident after the final drain (missing, or left unfinished);
 //! - **unexpected**: a completion of a job that was never created;
-//! - **duplicated**: two accepted completions of one job;
+//! - **duplicated**: two accepted completions of one job (one key);
 //! - **stale**: a completion accepted for an attempt that had already been
 //!   superseded: a newer activation of the job had been returned to a client
 //!   before the completion was invoked;
 //! - **recovered** (reported, not a violation): a create with an unknown or
 //!   failed outcome whose job exists after all;
+//! - **created twice** (reported, not a violation): one create made two jobs,
+//!   because a gateway retried it after its answer was lost; creates are at
+//!   least once until idempotency keys exist (see `docs/workers.md`);
 //! - **divergent**: after healing, a node's replica misses an acknowledged job
 //!   or holds it in another final state than the other replicas.
 
@@ -30,6 +33,7 @@ pub struct Report {
     pub duplicated: Vec<u64>,
     pub stale: Vec<u64>,
     pub recovered: Vec<u64>,
+    pub created_twice: Vec<u64>,
     pub divergent: Vec<u64>,
     pub valid: bool,
 }
@@ -38,7 +42,7 @@ impl Report {
     pub fn summary(&self) -> String {
         format!(
             "{}: {} attempted, {} acknowledged, {} completed, {} incidents; lost {}, unexpected {}, duplicated {}, \
-             stale {}, divergent {}, recovered {}",
+             stale {}, divergent {}, recovered {}, created twice {}",
             if self.valid { "VALID" } else { "INVALID" },
             self.attempted,
             self.acknowledged,
@@ -49,7 +53,8 @@ impl Report {
             self.duplicated.len(),
             self.stale.len(),
             self.divergent.len(),
-            self.recovered.len()
+            self.recovered.len(),
+            self.created_twice.len()
         )
     }
 }
@@ -67,37 +72,45 @@ pub fn check(history: &[Op], finals: &FinalReads, replicas: impl Fn(u64) -> Vec<
     report.attempted = attempted.len();
     report.acknowledged = acknowledged.len();
 
-    // The final state of each job, by majority over the nodes that answered.
+    // The final state of each job (by key), and the jobs each id became.
     let mut final_state: BTreeMap<u64, String> = BTreeMap::new();
-    let mut seen: BTreeSet<u64> = BTreeSet::new();
+    let mut keys_of_id: BTreeMap<u64, BTreeSet<u64>> = BTreeMap::new();
     for jobs in finals.values() {
-        for (id, job) in jobs {
-            seen.insert(*id);
-            final_state.entry(*id).or_insert_with(|| job.state.clone());
+        for (key, job) in jobs {
+            keys_of_id.entry(job.id).or_default().insert(*key);
+            final_state.entry(*key).or_insert_with(|| job.state.clone());
             if job.state == "completed" {
-                final_state.insert(*id, job.state.clone());
+                final_state.insert(*key, job.state.clone());
             }
         }
     }
+    let id_of_key: BTreeMap<u64, u64> =
+        keys_of_id.iter().flat_map(|(id, keys)| keys.iter().map(move |k| (*k, *id))).collect();
 
-    // Accepted completions, per job.
+    // Accepted completions, per job key.
     let mut completions: BTreeMap<u64, Vec<&Op>> = BTreeMap::new();
     for op in history.iter().filter(|o| o.kind == Kind::Complete && o.phase == Phase::Ok) {
-        completions.entry(op.id).or_default().push(op);
+        if let Some(key) = op.key {
+            completions.entry(key).or_default().push(op);
+            keys_of_id.entry(op.id).or_default().insert(key);
+        }
     }
-    for (id, ops) in &completions {
-        if !attempted.contains(id) {
-            report.unexpected.push(*id);
+    for (key, ops) in &completions {
+        let id = ops[0].id;
+        if !attempted.contains(&id) && !report.unexpected.contains(&id) {
+            report.unexpected.push(id);
         }
         if ops.len() > 1 {
-            report.duplicated.push(*id);
+            report.duplicated.push(*key);
         }
     }
-    for (id, state) in &final_state {
-        if state == "completed" && !attempted.contains(id) && !report.unexpected.contains(id) {
-            report.unexpected.push(*id);
+    for (key, state) in &final_state {
+        let id = id_of_key[key];
+        if state == "completed" && !attempted.contains(&id) && !report.unexpected.contains(&id) {
+            report.unexpected.push(id);
         }
     }
+    report.created_twice = keys_of_id.iter().filter(|(_, keys)| keys.len() > 1).map(|(id, _)| *id).collect();
 
     // Stale: an accepted completion whose attempt was superseded by an
     // activation returned before the completion was invoked.
@@ -105,25 +118,25 @@ pub fn check(history: &[Op], finals: &FinalReads, replicas: impl Fn(u64) -> Vec<
     for op in history.iter().filter(|o| o.kind == Kind::Complete && o.phase == Phase::Invoke) {
         invoked_at.insert((op.process, op.id, op.attempt), op.time_ms);
     }
-    for (id, ops) in &completions {
+    for (key, ops) in &completions {
         for done in ops {
             let Some(&started) = invoked_at.get(&(done.process, done.id, done.attempt)) else { continue };
             let superseded = history.iter().any(|o| {
                 o.kind == Kind::Activate
                     && o.phase == Phase::Ok
-                    && o.id == *id
+                    && o.key == Some(*key)
                     && o.attempt > done.attempt
                     && o.time_ms < started
             });
-            if superseded && !report.stale.contains(id) {
-                report.stale.push(*id);
+            if superseded && !report.stale.contains(key) {
+                report.stale.push(*key);
             }
         }
     }
 
     for (id, key) in &acknowledged {
-        let completed = completions.contains_key(id) || final_state.get(id).is_some_and(|s| s == "completed");
-        let incident = final_state.get(id).is_some_and(|s| s == "incident");
+        let completed = completions.contains_key(key) || final_state.get(key).is_some_and(|s| s == "completed");
+        let incident = final_state.get(key).is_some_and(|s| s == "incident");
         if completed {
             report.completed += 1;
         } else if incident {
@@ -135,7 +148,7 @@ pub fn check(history: &[Op], finals: &FinalReads, replicas: impl Fn(u64) -> Vec<
         // the same final state.
         let states: Vec<Option<&str>> = replicas(*key)
             .into_iter()
-            .filter_map(|node| finals.get(&node).map(|jobs| jobs.get(id).map(|j| j.state.as_str())))
+            .filter_map(|node| finals.get(&node).map(|jobs| jobs.get(key).map(|j| j.state.as_str())))
             .collect();
         let first = states.first().copied().flatten();
         if states.iter().any(|s| s.is_none() || *s != first) {
@@ -143,7 +156,7 @@ pub fn check(history: &[Op], finals: &FinalReads, replicas: impl Fn(u64) -> Vec<
         }
     }
     for id in &attempted {
-        if !acknowledged.contains_key(id) && (seen.contains(id) || completions.contains_key(id)) {
+        if !acknowledged.contains_key(id) && keys_of_id.contains_key(id) {
             report.recovered.push(*id);
         }
     }
@@ -181,9 +194,7 @@ mod tests {
     fn finals(nodes: &[usize], jobs: &[(u64, u64, &str)]) -> FinalReads {
         nodes
             .iter()
-            .map(|n| {
-                (*n, jobs.iter().map(|(id, key, s)| (*id, FinalJob { key: *key, state: s.to_string() })).collect())
-            })
+            .map(|n| (*n, jobs.iter().map(|(id, key, s)| (*key, FinalJob { id: *id, state: s.to_string() })).collect()))
             .collect()
     }
 
@@ -242,7 +253,20 @@ mod tests {
         h.extend(completed(1, 101, 2, 20, 3));
         let r = check(&h, &finals(&[0, 1, 2], &[(1, 101, "completed")]), all_nodes);
         assert!(!r.valid);
-        assert_eq!(r.duplicated, vec![1]);
+        assert_eq!(r.duplicated, vec![101]);
+    }
+
+    #[test]
+    fn one_create_that_made_two_jobs_is_reported_but_valid() {
+        // The gateway retried a create whose answer was lost: two jobs, one id,
+        // each completed once.
+        let mut h = created(1, 102, 0);
+        h.extend(completed(1, 101, 1, 10, 2));
+        h.extend(completed(1, 102, 1, 12, 3));
+        let r = check(&h, &finals(&[0, 1, 2], &[(1, 101, "completed"), (1, 102, "completed")]), all_nodes);
+        assert!(r.valid, "{r:?}");
+        assert!(r.duplicated.is_empty());
+        assert_eq!(r.created_twice, vec![1]);
     }
 
     #[test]
@@ -255,7 +279,7 @@ mod tests {
         h.extend(completed(1, 101, 1, 60, 2));
         let r = check(&h, &finals(&[0, 1, 2], &[(1, 101, "completed")]), all_nodes);
         assert!(!r.valid);
-        assert_eq!(r.stale, vec![1]);
+        assert_eq!(r.stale, vec![101]);
     }
 
     #[test]
@@ -279,7 +303,7 @@ mod tests {
         assert!(!r.valid);
         assert_eq!(r.divergent, vec![1]);
         let mut f = finals(&[0, 1], &[(1, 101, "completed")]);
-        f.insert(2, [(1, FinalJob { key: 101, state: "activatable".into() })].into());
+        f.insert(2, [(101, FinalJob { id: 1, state: "activatable".into() })].into());
         assert_eq!(check(&h, &f, all_nodes).divergent, vec![1], "another state on one node");
     }
 

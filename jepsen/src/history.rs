@@ -43,9 +43,11 @@ pub struct Op {
 /// A job as one node's replica holds it after the faults healed.
 #[derive(Clone, Debug, PartialEq, Eq, Serialize, Deserialize)]
 pub struct FinalJob {
-    pub key: u64,
+    /// The unique id from the job's variables.
+    pub id: u64,
     pub state: String,
 }
 
-/// Node -> job id -> what that node holds.
+/// Node -> job key -> what that node holds. Keyed by job key, not id: a create
+/// retried after a lost answer can make two jobs with one id.
 pub type FinalReads = BTreeMap<usize, BTreeMap<u64, FinalJob>>;

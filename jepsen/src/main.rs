@@ -357,7 +357,7 @@ async fn final_reads(nodes: &cluster::Nodes) -> FinalReads {
             if let (Some(id), Some(key), Some(state)) =
                 (variables["id"].as_u64(), job["key"].as_u64(), job["state"].as_str())
             {
-                jobs.insert(id, FinalJob { key, state: state.to_string() });
+                jobs.insert(key, FinalJob { id, state: state.to_string() });
             }
         }
         finals.insert(i, jobs);
