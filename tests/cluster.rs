@@ -183,9 +183,13 @@ async fn a_follower_far_behind_installs_a_snapshot_and_then_leads() {
         client.complete(job.key, job.attempt, r#"{"ok":1}"#).await.unwrap();
         states.insert(job.key, "completed");
     }
+    // Purging follows the snapshot asynchronously.
+    common::eventually(Duration::from_secs(20), "the leader to purge its log behind a snapshot", || {
+        let cluster = &cluster;
+        async move { cluster.status(leader).await.is_some_and(|s| s[0].purged_index.unwrap_or(0) > 0) }
+    })
+    .await;
     let status = cluster.status(leader).await.unwrap();
-    let purged = status[0].purged_index.unwrap_or(0);
-    assert!(purged > 0, "the leader purged its log behind a snapshot: {status:?}");
 
     cluster.start_node(follower);
     cluster.node(follower).wait_ready().await;

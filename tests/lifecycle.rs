@@ -18,7 +18,7 @@ async fn activate(node: &LocalNode, job_type: &str, max: i32, timeout_ms: i64, w
     node.client.activate(job_type, "tester", max, timeout_ms, wait_ms).await.expect("activate")
 }
 
-#[tokio::test]
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
 async fn create_activate_complete() {
     let node = LocalNode::start().await;
     let mut request = CreateJobRequest {
@@ -61,7 +61,7 @@ async fn create_activate_complete() {
     assert!(activate(&node, "email", 5, 1_000, 0).await.is_empty(), "a completed job is never activated again");
 }
 
-#[tokio::test]
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
 async fn fail_with_back_off_delays_the_next_activation() {
     let node = LocalNode::start().await;
     let key = create(&node, "charge", "{}").await;
@@ -86,7 +86,7 @@ async fn fail_with_back_off_delays_the_next_activation() {
     assert_eq!(retried[0].retries, 2);
 }
 
-#[tokio::test]
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
 async fn no_retries_left_is_an_incident_until_retries_are_given_back() {
     let node = LocalNode::start().await;
     let key = create(&node, "ship", "{}").await;
@@ -105,7 +105,7 @@ async fn no_retries_left_is_an_incident_until_retries_are_given_back() {
     assert_eq!(again[0].retries, 1);
 }
 
-#[tokio::test]
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
 async fn activation_timeout_reactivates_without_using_a_retry() {
     let node = LocalNode::start().await;
     let key = create(&node, "resize", "{}").await;
@@ -118,7 +118,7 @@ async fn activation_timeout_reactivates_without_using_a_retry() {
     assert!(second[0].deadline - 30_000 >= first.deadline, "not re-activated before the deadline");
 }
 
-#[tokio::test]
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
 async fn update_job_timeout_sets_the_deadline_from_now() {
     let node = LocalNode::start().await;
     let key = create(&node, "report", "{}").await;
@@ -144,7 +144,7 @@ async fn update_job_timeout_sets_the_deadline_from_now() {
     assert_eq!(node.client.get_job(key).await.unwrap().deadline, extended.deadline);
 }
 
-#[tokio::test]
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
 async fn a_stale_activation_cannot_complete_the_job() {
     let node = LocalNode::start().await;
     let key = create(&node, "sync", "{}").await;
@@ -162,7 +162,7 @@ async fn a_stale_activation_cannot_complete_the_job() {
     assert_eq!(node.client.get_job(key).await.unwrap().state, "completed");
 }
 
-#[tokio::test]
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
 async fn higher_priority_first_fifo_within_a_priority() {
     let node = LocalNode::start().await;
     let mut keys = Vec::new();
@@ -174,7 +174,7 @@ async fn higher_priority_first_fifo_within_a_priority() {
     assert_eq!(order, vec![keys[1], keys[3], keys[0], keys[2]]);
 }
 
-#[tokio::test]
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
 async fn a_delayed_job_waits_until_due() {
     let node = LocalNode::start().await;
     let request = CreateJobRequest { r#type: "later".into(), delay: 400, ..Default::default() };
@@ -193,7 +193,7 @@ async fn a_delayed_job_waits_until_due() {
     assert_eq!(node.client.get_job(key).await.unwrap().due_at, at);
 }
 
-#[tokio::test]
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
 async fn a_long_poll_wakes_on_create_and_returns_empty_when_time_is_up() {
     let node = LocalNode::start().await;
     let started = Instant::now();
@@ -206,7 +206,7 @@ async fn a_long_poll_wakes_on_create_and_returns_empty_when_time_is_up() {
         tokio::spawn(async move { client.activate("wake", "tester", 1, 30_000, 60_000).await })
     };
     // The poll must be parked before the create for this to test waking.
-    let ctx = node.node.ctx.clone();
+    let ctx = node.node().ctx.clone();
     common::eventually(Duration::from_secs(10), "the poll to park", || {
         let ctx = ctx.clone();
         async move { ctx.available.receiver_count() > 0 }
@@ -219,7 +219,7 @@ async fn a_long_poll_wakes_on_create_and_returns_empty_when_time_is_up() {
     assert_eq!(jobs[0].key, key);
 }
 
-#[tokio::test]
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
 async fn a_stream_receives_jobs_as_they_become_activatable() {
     let node = LocalNode::start().await;
     let mut stream = node
@@ -257,7 +257,7 @@ async fn a_stream_receives_jobs_as_they_become_activatable() {
     }
 }
 
-#[tokio::test]
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
 async fn bad_input_gets_a_clear_status() {
     let node = LocalNode::start_with(|c| c.limits.max_payload_bytes = 1024).await;
     let mut raw = node.client.raw();

@@ -134,10 +134,10 @@ fn helm_chart_renders_a_consistent_cluster_for_1_3_and_5_nodes() {
     }
 }
 
-#[tokio::test]
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
 async fn the_probe_paths_exist_on_a_node() {
     let node = LocalNode::start().await;
-    let admin = node.node.admin_addr.to_string();
+    let admin = node.node().admin_addr.to_string();
     assert_eq!(http_get(&admin, "/health").await.unwrap().0, 200);
     assert_eq!(http_get(&admin, "/ready").await.unwrap().0, 200);
 }
@@ -161,7 +161,7 @@ fn metric_names(text: &str) -> BTreeSet<String> {
     names
 }
 
-#[tokio::test]
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
 async fn every_metric_in_the_dashboard_and_alerts_is_exported() {
     let dashboard = std::fs::read_to_string(repo("deploy/grafana/drover.json")).unwrap();
     let rules = std::fs::read_to_string(repo("deploy/prometheus-rules.yml")).unwrap();
@@ -197,7 +197,7 @@ async fn every_metric_in_the_dashboard_and_alerts_is_exported() {
         .unwrap();
     node.client.create_job("ops2", "{}").await.unwrap();
     let _ = node.client.get_job(1 << 40).await;
-    let admin = node.node.admin_addr.to_string();
+    let admin = node.node().admin_addr.to_string();
     eventually(Duration::from_secs(10), "every used metric on /metrics", || {
         let (admin, used) = (admin.clone(), used.clone());
         async move {

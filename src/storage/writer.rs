@@ -36,8 +36,20 @@ pub struct SyncStats {
 /// The WAL group-commit thread. Dropping the last handle stops it after it has
 /// synced what it already took.
 pub struct SyncWriter {
-    tx: Sender<Request>,
+    tx: Option<Sender<Request>>,
+    thread: Option<std::thread::JoinHandle<()>>,
     counters: Arc<Counters>,
+}
+
+impl Drop for SyncWriter {
+    /// Stops the thread and waits for it, so its handle on the database is
+    /// released before the database is closed.
+    fn drop(&mut self) {
+        self.tx.take();
+        if let Some(thread) = self.thread.take() {
+            let _ = thread.join();
+        }
+    }
 }
 
 impl SyncWriter {
@@ -45,15 +57,20 @@ impl SyncWriter {
         let (tx, rx) = mpsc::channel::<Request>();
         let counters = Arc::new(Counters::default());
         let thread_counters = Arc::clone(&counters);
-        std::thread::Builder::new()
+        let thread = std::thread::Builder::new()
             .name("drover-wal-sync".into())
             .spawn(move || run(db, rx, thread_counters))
             .expect("spawn the WAL writer thread");
-        SyncWriter { tx, counters }
+        SyncWriter { tx: Some(tx), thread: Some(thread), counters }
     }
 
     pub fn submit(&self, batch: WriteBatch, done: Completion) {
-        if let Err(mpsc::SendError(request)) = self.tx.send(Request { batch, done }) {
+        let request = Request { batch, done };
+        let unsent = match &self.tx {
+            Some(tx) => tx.send(request).err().map(|mpsc::SendError(request)| request),
+            None => Some(request),
+        };
+        if let Some(request) = unsent {
             (request.done)(Err("the storage writer has stopped".into()));
         }
     }

@@ -26,11 +26,21 @@ where
     }
 }
 
-/// A node running inside the test process.
+/// A node running inside the test process. Dropping it shuts the node down
+/// (so RocksDB is closed before the test process exits); tests that use it run
+/// on the multi-threaded runtime.
 pub struct LocalNode {
-    pub node: Node,
+    node: Option<Node>,
     pub client: Client,
     pub dir: tempfile::TempDir,
+}
+
+impl Drop for LocalNode {
+    fn drop(&mut self) {
+        if let Some(node) = self.node.take() {
+            tokio::task::block_in_place(|| tokio::runtime::Handle::current().block_on(node.shutdown()));
+        }
+    }
 }
 
 impl LocalNode {
@@ -50,7 +60,11 @@ impl LocalNode {
         })
         .await;
         let client = Client::connect(&node.grpc_addr.to_string()).await.expect("client connects");
-        LocalNode { node, client, dir }
+        LocalNode { node: Some(node), client, dir }
+    }
+
+    pub fn node(&self) -> &Node {
+        self.node.as_ref().expect("running")
     }
 }
 
