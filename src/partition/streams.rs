@@ -85,10 +85,6 @@ impl BrokerStreams {
         candidates.choose(&mut rand::rng()).map(|e| Arc::clone(&e.stream))
     }
 
-    pub fn types(&self) -> Vec<String> {
-        self.by_type.lock().expect("stream registry lock").keys().cloned().collect()
-    }
-
     pub fn all(&self) -> Vec<Arc<RemoteStream>> {
         let by_type = self.by_type.lock().expect("stream registry lock");
         by_type.values().flatten().map(|e| Arc::clone(&e.stream)).collect()

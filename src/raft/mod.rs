@@ -191,14 +191,6 @@ impl Replica {
         self.raft.metrics()
     }
 
-    pub fn leadership_of(metrics: &openraft::RaftMetrics<NodeId, BasicNode>, me: NodeId) -> Leadership {
-        Leadership {
-            is_leader: metrics.state == ServerState::Leader && metrics.current_leader == Some(me),
-            leader: metrics.current_leader,
-            term: metrics.current_term,
-        }
-    }
-
     pub fn status(&self) -> ReplicaStatus {
         let metrics = self.raft.metrics();
         let m = metrics.borrow();
@@ -225,12 +217,6 @@ impl Replica {
             purged_index: m.purged.map(|l| l.index),
             members: m.membership_config.membership().voter_ids().collect(),
         }
-    }
-
-    /// Builds a snapshot now (and lets the log be purged behind it).
-    pub async fn snapshot(&self) -> anyhow::Result<()> {
-        self.raft.trigger().snapshot().await?;
-        Ok(())
     }
 
     pub async fn shutdown(&self) {

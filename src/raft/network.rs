@@ -53,10 +53,6 @@ impl PeerChannels {
         channels.insert(node, channel.clone());
         Some(ClusterClient::new(channel).max_decoding_message_size(64 << 20).max_encoding_message_size(64 << 20))
     }
-
-    pub fn members(&self) -> impl Iterator<Item = (&NodeId, &String)> {
-        self.addresses.iter()
-    }
 }
 
 /// The openraft network factory of one partition.

@@ -98,10 +98,6 @@ impl SharedState {
         })?;
         Ok(jobs)
     }
-
-    pub fn applied_index(&self) -> u64 {
-        self.lock().last_applied.map(|l| l.index).unwrap_or(0)
-    }
 }
 
 pub struct StateMachine {

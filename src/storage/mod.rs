@@ -37,8 +37,6 @@ pub enum StorageError {
     RocksDb(#[from] rocksdb::Error),
     #[error("corrupt record in {what}: {source}")]
     Decode { what: &'static str, source: bincode::Error },
-    #[error("the storage writer has stopped")]
-    WriterStopped,
     #[error("{0}")]
     Io(#[from] std::io::Error),
 }
@@ -114,12 +112,6 @@ impl Batch<'_> {
     pub fn delete_ids(&mut self, table: Table, partition: PartitionId, range: Range<u64>) {
         let cf = self.store.cf(table);
         self.inner.delete_range_cf(cf, key(partition, range.start), key(partition, range.end));
-    }
-    pub fn len(&self) -> usize {
-        self.inner.len()
-    }
-    pub fn is_empty(&self) -> bool {
-        self.inner.is_empty()
     }
 }
 
