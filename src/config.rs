@@ -10,6 +10,7 @@ use std::time::Duration;
 use anyhow::{bail, Context};
 use serde::Deserialize;
 
+use crate::core::Retention;
 use crate::gateway::Limits;
 use crate::raft::{NodeId, RaftSettings};
 
@@ -74,6 +75,13 @@ pub struct ServeArgs {
     /// followers further behind get the snapshot. [default: 5000]
     #[arg(long, env = "DROVER_LOG_KEEP_AFTER_SNAPSHOT")]
     pub log_keep_after_snapshot: Option<u64>,
+    /// How long completed and cancelled jobs stay readable, in seconds. [default: 600]
+    #[arg(long, env = "DROVER_FINISHED_RETENTION_SECS")]
+    pub finished_retention_secs: Option<u64>,
+    /// At most this many completed and cancelled jobs are kept per partition;
+    /// the oldest go first. [default: 100000]
+    #[arg(long, env = "DROVER_FINISHED_RETENTION_JOBS")]
+    pub finished_retention_jobs: Option<u64>,
     /// Log lines: `text` or `json`. Filter with RUST_LOG. [default: text]
     #[arg(long, env = "DROVER_LOG_FORMAT")]
     pub log_format: Option<String>,
@@ -98,6 +106,8 @@ pub struct NodeConfig {
     pub limits: Limits,
     pub request_timeout: Duration,
     pub raft: RaftSettings,
+    /// Stamped by this node's partition leaders on the entries they write.
+    pub retention: Retention,
     pub log_format: String,
     pub otlp_endpoint: Option<String>,
 }
@@ -117,6 +127,7 @@ impl NodeConfig {
             limits: Limits::default(),
             request_timeout: Duration::from_secs(10),
             raft: RaftSettings::default(),
+            retention: Retention::default(),
             log_format: "text".into(),
             otlp_endpoint: None,
         }
@@ -216,6 +227,13 @@ impl ServeArgs {
         if let Some(max) = pick!(max_payload_bytes) {
             limits.max_payload_bytes = max;
         }
+        let mut retention = Retention::default();
+        if let Some(secs) = pick!(finished_retention_secs) {
+            retention.max_age_ms = i64::try_from(secs.saturating_mul(1000)).unwrap_or(i64::MAX);
+        }
+        if let Some(jobs) = pick!(finished_retention_jobs) {
+            retention.max_jobs = jobs;
+        }
         let log_format = pick!(log_format).unwrap_or_else(|| "text".into());
         if log_format != "text" && log_format != "json" {
             bail!("log format must be text or json, got {log_format:?}");
@@ -235,6 +253,7 @@ impl ServeArgs {
             limits,
             request_timeout: Duration::from_millis(pick!(request_timeout_ms).unwrap_or(10_000)),
             raft,
+            retention,
             log_format,
             otlp_endpoint: pick!(otlp_endpoint).filter(|e| !e.is_empty()),
         })

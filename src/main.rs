@@ -30,7 +30,7 @@ struct Target {
 #[derive(Subcommand)]
 enum Command {
     /// Start a node (with no flags: one node, one partition, data under ./data).
-    Serve(ServeArgs),
+    Serve(Box<ServeArgs>),
     /// Create, read and finish jobs.
     Job {
         #[command(subcommand)]
@@ -183,7 +183,7 @@ fn main() -> anyhow::Result<()> {
 
 async fn run(cli: Cli) -> anyhow::Result<()> {
     match cli.command {
-        Command::Serve(args) => serve(args).await,
+        Command::Serve(args) => serve(*args).await,
         Command::Job { command, target } => job(command, &target).await,
         Command::Worker(args) => worker(args).await,
         Command::Bench(args) => {

@@ -56,6 +56,7 @@ pub fn register_metrics() {
         ("drover_partition_leader_changes_total", "Times this node became leader of a partition"),
         ("drover_raft_snapshots_built_total", "Snapshots built"),
         ("drover_raft_snapshots_installed_total", "Snapshots installed from a leader"),
+        ("drover_jobs_pruned_total", "Records of completed and cancelled jobs removed after their retention, by partition"),
         ("drover_raft_entries_appended_total", "Raft log entries appended on this node"),
         ("drover_storage_wal_syncs_total", "WAL syncs (each covers every log append waiting)"),
     ];

@@ -181,7 +181,34 @@ pub enum Command {
 #[derive(Clone, Debug, PartialEq, Serialize, Deserialize)]
 pub struct Batch {
     pub now: Millis,
+    /// The leader's retention of final records when it wrote this entry; every
+    /// replica prunes by the entry's own value, so they prune alike.
+    pub retention: Retention,
     pub commands: Vec<Command>,
+}
+
+impl Batch {
+    /// A batch under the default retention.
+    pub fn at(now: Millis, commands: Vec<Command>) -> Self {
+        Batch { now, retention: Retention::default(), commands }
+    }
+}
+
+/// How long a partition keeps the records of completed and cancelled jobs
+/// readable (`GetJob`, fencing answers) after they finish: until they are
+/// older than `max_age_ms`, or until more than `max_jobs` newer ones finished,
+/// whichever comes first. Pruning happens as entries apply, so a record may
+/// outlive its age on a partition that sees no writes.
+#[derive(Clone, Copy, Debug, PartialEq, Eq, Serialize, Deserialize)]
+pub struct Retention {
+    pub max_age_ms: Millis,
+    pub max_jobs: u64,
+}
+
+impl Default for Retention {
+    fn default() -> Self {
+        Retention { max_age_ms: 10 * 60 * 1000, max_jobs: 100_000 }
+    }
 }
 
 /// Why a command was refused. Maps to a gRPC status at the edge.

@@ -41,7 +41,7 @@ impl Harness {
         Harness { state: PartitionState::new(2) }
     }
     fn run(&mut self, now: Millis, command: Command) -> CommandResult {
-        let mut out = self.state.apply(&Batch { now, commands: vec![command] });
+        let mut out = self.state.apply(&Batch::at(now, vec![command]));
         out.results.pop().expect("one result per command")
     }
     fn create(&mut self, now: Millis, priority: i32) -> JobKey {
@@ -123,10 +123,10 @@ fn complete_finishes_the_job_and_leaves_memory() {
     let mut h = Harness::new();
     let key = h.create(1_000, 0);
     let job = h.activate(1_000, 1, 1_000).remove(0);
-    let mut out = h.state.apply(&Batch {
-        now: 1_500,
-        commands: vec![Command::Complete { key, attempt: job.attempt, variables: r#"{"ok":true}"#.into() }],
-    });
+    let mut out = h.state.apply(&Batch::at(
+        1_500,
+        vec![Command::Complete { key, attempt: job.attempt, variables: r#"{"ok":true}"#.into() }],
+    ));
     assert_eq!(out.results.pop(), Some(CommandResult::Done));
     assert_eq!(out.finished.len(), 1);
     assert_eq!(out.finished[0].state, JobState::Completed);
@@ -319,7 +319,7 @@ fn time_never_runs_backwards() {
     h.create(10_000, 0);
     h.activate(10_000, 1, 1_000);
     // A new leader with a clock behind the old one must not extend the deadline.
-    h.state.apply(&Batch { now: 5_000, commands: vec![] });
+    h.state.apply(&Batch::at(5_000, vec![]));
     assert_eq!(h.state.clock(), 10_000);
 }
 
@@ -333,13 +333,13 @@ fn restore_rebuilds_indexes_from_records() {
     let mut restored = PartitionState::restore(h.state.meta(), records);
     assert_eq!(restored.next_timer(), Some(1_500));
     assert_eq!(restored.activatable_count(TYPE, &[]), 1);
-    let out = restored.apply(&Batch { now: 1_000, commands: vec![new_job(0)] });
+    let out = restored.apply(&Batch::at(1_000, vec![new_job(0)]));
     assert!(matches!(out.results[0], CommandResult::Created { key } if key.counter() == 3));
 }
 
 #[test]
 fn apply_reports_available_types_once() {
     let mut h = Harness::new();
-    let out = h.state.apply(&Batch { now: 1, commands: vec![new_job(0), new_job(0)] });
+    let out = h.state.apply(&Batch::at(1, vec![new_job(0), new_job(0)]));
     assert_eq!(out.available, vec![TYPE.to_string()]);
 }

@@ -149,7 +149,7 @@ pub async fn describe(ctx: &NodeContext, key: JobKey, deadline: Instant) -> Resu
             if let Some(replica) = ctx.replica(partition) {
                 return match replica.state().lookup(key)? {
                     Some(job) => Ok(job),
-                    None => Err(ApiError::NotFound(format!("no job with key {key}"))),
+                    None => Err(no_record(key)),
                 };
             }
         }
@@ -164,7 +164,7 @@ pub async fn describe(ctx: &NodeContext, key: JobKey, deadline: Instant) -> Resu
                     if reply.code == 0 {
                         let job: Option<Job> =
                             bincode::deserialize(&reply.job).map_err(|e| ApiError::Internal(e.to_string()))?;
-                        return job.ok_or_else(|| ApiError::NotFound(format!("no job with key {key}")));
+                        return job.ok_or_else(|| no_record(key));
                     }
                 }
             }
@@ -175,4 +175,11 @@ pub async fn describe(ctx: &NodeContext, key: JobKey, deadline: Instant) -> Resu
         tokio::time::sleep(back_off).await;
         back_off = (back_off * 2).min(MAX_BACK_OFF);
     }
+}
+
+/// NOT_FOUND for a key whose partition exists but holds no record of it.
+fn no_record(key: JobKey) -> ApiError {
+    ApiError::NotFound(format!(
+        "no job with key {key} (records of completed and cancelled jobs are kept only for the retention period)"
+    ))
 }

@@ -37,6 +37,8 @@ pub struct NodeContext {
     pub peers: PeerChannels,
     pub limits: Limits,
     pub request_timeout: Duration,
+    /// What this node's partition leaders stamp on their entries.
+    pub retention: crate::core::Retention,
     /// Streams registered with this broker by gateways (this node's and others').
     pub broker_streams: Arc<BrokerStreams>,
     /// Streams of workers connected to this gateway.
@@ -82,6 +84,7 @@ impl NodeContext {
             peers,
             limits: config.limits.clone(),
             request_timeout: config.request_timeout,
+            retention: config.retention,
             broker_streams: Arc::new(BrokerStreams::default()),
             gateway_streams: GatewayStreams::new(config.node_id),
             available: broadcast::channel(1024).0,

@@ -31,6 +31,7 @@ pub(super) async fn lead_while_leader(ctx: Arc<NodeContext>, replica: Arc<Replic
                     replica: Arc::clone(&replica),
                     streams: Arc::clone(&ctx.broker_streams),
                     link: Arc::new(Links::new(Arc::downgrade(&ctx))),
+                    retention: ctx.retention,
                 };
                 match Actor::spawn(None, PartitionLeader, args).await {
                     Ok((actor, handle)) => {

@@ -9,7 +9,9 @@ use std::time::{Duration, Instant, SystemTime, UNIX_EPOCH};
 use ractor::{Actor, ActorProcessingErr, ActorRef, RpcReplyPort};
 
 use super::streams::{BrokerStreams, RemoteStream};
-use crate::core::{ActivatedJobData, Activation, Batch, Command, CommandResult, JobKey, Millis, PartitionId};
+use crate::core::{
+    ActivatedJobData, Activation, Batch, Command, CommandResult, JobKey, Millis, PartitionId, Retention,
+};
 use crate::raft::{NodeId, Replica, WriteError};
 
 /// Commands in one Raft entry, at most.
@@ -88,6 +90,7 @@ pub struct LeaderArgs {
     pub replica: Arc<Replica>,
     pub streams: Arc<BrokerStreams>,
     pub link: Arc<dyn GatewayLink>,
+    pub retention: Retention,
 }
 
 pub struct PartitionLeader;
@@ -97,6 +100,7 @@ pub struct LeaderState {
     replica: Arc<Replica>,
     streams: Arc<BrokerStreams>,
     link: Arc<dyn GatewayLink>,
+    retention: Retention,
     pending: VecDeque<(Vec<Command>, ReplyTo)>,
     pending_commands: usize,
     in_flight: usize,
@@ -131,6 +135,7 @@ impl Actor for PartitionLeader {
             replica: args.replica,
             streams: args.streams,
             link: args.link,
+            retention: args.retention,
             pending: VecDeque::new(),
             pending_commands: 0,
             in_flight: 0,
@@ -282,7 +287,7 @@ impl LeaderState {
             }
             self.in_flight += 1;
             metrics::histogram!("drover_raft_commands_per_entry").record(commands.len() as f64);
-            let batch = Batch { now: now_millis(), commands };
+            let batch = Batch { now: now_millis(), retention: self.retention, commands };
             tokio::spawn(write(Arc::clone(&self.replica), Arc::clone(&self.link), batch, replies, myself.clone()));
         }
     }

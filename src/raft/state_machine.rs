@@ -4,7 +4,13 @@
 //! record, the applied log id and the membership in one unsynced RocksDB batch
 //! (see [`crate::storage`] for why that is safe). Snapshots carry every record,
 //! live and final, so a follower that installs one answers `GetJob` like the rest.
+//!
+//! Final records are kept for a while, then pruned, oldest first, under the
+//! [`Retention`] the leader stamped on each entry. Every replica prunes after
+//! the same entry, so replicas at one applied index hold the same records; and
+//! memory, storage and snapshot size stay bounded however long the node runs.
 
+use std::collections::VecDeque;
 use std::io::Cursor;
 use std::sync::{Arc, Mutex, MutexGuard};
 
@@ -15,7 +21,7 @@ use openraft::{
 use serde::{Deserialize, Serialize};
 
 use super::{BatchResponse, NodeId, TypeConfig};
-use crate::core::{Job, JobKey, PartitionId, PartitionState, StateSnapshot};
+use crate::core::{Job, JobKey, Millis, PartitionId, PartitionState, Retention, StateSnapshot};
 use crate::storage::{self, key, meta_key, Store, Table};
 
 const APPLIED: &str = "applied";
@@ -26,35 +32,97 @@ struct AppliedMeta {
     last_applied: Option<LogId<NodeId>>,
     membership: StoredMembership<NodeId, BasicNode>,
     engine: StateSnapshot,
+    /// The finish sequence number the next final record gets.
+    finished_next: u64,
 }
 
+/// A snapshot is this header (bincode), then one frame per final record:
+/// job key (u64 LE), length (u32 LE), the record as stored. Final records are
+/// copied between storage and snapshot as bytes, never decoded, and never
+/// gathered into a second buffer.
 #[derive(Serialize, Deserialize)]
-struct SnapshotBody {
+struct SnapshotHeader {
     engine: StateSnapshot,
     jobs: Vec<Job>,
-    /// Final records as stored (bincode of `Job`), copied without decoding.
-    done: Vec<(u64, serde_bytes_vec::Bytes)>,
+    /// The pruning order of the final records: the first one's sequence
+    /// number, then (finished at, job key) oldest first.
+    finished_first: u64,
+    finished: Vec<(Millis, u64)>,
 }
 
-/// Raw bytes that serialize as one length-prefixed blob.
-mod serde_bytes_vec {
-    #[derive(serde::Serialize, serde::Deserialize)]
-    pub struct Bytes(#[serde(with = "bytes_as_seq")] pub Vec<u8>);
+fn push_frame(data: &mut Vec<u8>, job_key: u64, record: &[u8]) {
+    data.extend_from_slice(&job_key.to_le_bytes());
+    data.extend_from_slice(&(record.len() as u32).to_le_bytes());
+    data.extend_from_slice(record);
+}
 
-    mod bytes_as_seq {
-        pub fn serialize<S: serde::Serializer>(v: &[u8], s: S) -> Result<S::Ok, S::Error> {
-            s.serialize_bytes(v)
-        }
-        pub fn deserialize<'de, D: serde::Deserializer<'de>>(d: D) -> Result<Vec<u8>, D::Error> {
-            <Vec<u8> as serde::Deserialize>::deserialize(d)
+/// The next frame of `rest`, advancing it; `None` at the end.
+fn next_frame<'a>(rest: &mut &'a [u8]) -> Result<Option<(u64, &'a [u8])>, std::io::Error> {
+    if rest.is_empty() {
+        return Ok(None);
+    }
+    let corrupt = || std::io::Error::other("snapshot ends inside a job record");
+    let job_key = u64::from_le_bytes(rest.get(..8).ok_or_else(corrupt)?.try_into().expect("8 bytes"));
+    let len = u32::from_le_bytes(rest.get(8..12).ok_or_else(corrupt)?.try_into().expect("4 bytes")) as usize;
+    let record = rest.get(12..12 + len).ok_or_else(corrupt)?;
+    *rest = &rest[12 + len..];
+    Ok(Some((job_key, record)))
+}
+
+/// Final records in the order they finished, oldest first: what pruning takes
+/// next. It mirrors [`Table::Expiry`] so deciding what to prune reads nothing.
+#[derive(Default)]
+struct Finished {
+    /// The sequence number of `order.front()`.
+    first: u64,
+    order: VecDeque<(Millis, JobKey)>,
+}
+
+impl Finished {
+    fn next(&self) -> u64 {
+        self.first + self.order.len() as u64
+    }
+
+    /// Records `job`, finished at `at`, as the newest final record.
+    fn push(&mut self, batch: &mut storage::Batch<'_>, partition: PartitionId, at: Millis, job: JobKey) {
+        batch.put(Table::Expiry, key(partition, self.next()), expiry_value(at, job));
+        self.order.push_back((at, job));
+    }
+
+    /// Drops the oldest records while there are more than `retention` keeps
+    /// at `now`. The expiry index entries are removed by the caller, as one
+    /// range per apply.
+    fn prune(&mut self, batch: &mut storage::Batch<'_>, partition: PartitionId, retention: Retention, now: Millis) {
+        let oldest_kept = now.saturating_sub(retention.max_age_ms);
+        while let Some(&(at, job)) = self.order.front() {
+            if self.order.len() as u64 <= retention.max_jobs && at >= oldest_kept {
+                break;
+            }
+            batch.delete(Table::Done, key(partition, job.0));
+            self.order.pop_front();
+            self.first += 1;
         }
     }
+}
+
+fn expiry_value(at: Millis, job: JobKey) -> [u8; 16] {
+    let mut value = [0u8; 16];
+    value[..8].copy_from_slice(&at.to_be_bytes());
+    value[8..].copy_from_slice(&job.0.to_be_bytes());
+    value
+}
+
+fn parse_expiry(value: &[u8]) -> Option<(Millis, JobKey)> {
+    let at = Millis::from_be_bytes(value.get(..8)?.try_into().ok()?);
+    let job = u64::from_be_bytes(value.get(8..16)?.try_into().ok()?);
+    Some((at, JobKey(job)))
 }
 
 struct Inner {
     engine: PartitionState,
     last_applied: Option<LogId<NodeId>>,
     membership: StoredMembership<NodeId, BasicNode>,
+    finished: Finished,
 }
 
 /// The partition's state, shared between the Raft state machine (the only
@@ -126,16 +194,38 @@ impl StateMachine {
             jobs.push(storage::decode::<Job>("job record", bytes)?);
             Ok(())
         })?;
+        let mut finished = Finished::default();
+        let mut first = None;
+        store.for_each(Table::Expiry, partition, |seq, bytes| {
+            first.get_or_insert(seq);
+            let entry = parse_expiry(bytes).ok_or_else(|| {
+                storage::StorageError::Io(std::io::Error::other(format!("corrupt expiry entry {seq}")))
+            })?;
+            finished.order.push_back(entry);
+            Ok(())
+        })?;
         let inner = match meta {
-            Some(meta) => Inner {
-                engine: PartitionState::restore(meta.engine, jobs),
-                last_applied: meta.last_applied,
-                membership: meta.membership,
-            },
+            Some(meta) => {
+                finished.first = first.unwrap_or(meta.finished_next);
+                if finished.next() != meta.finished_next {
+                    anyhow::bail!(
+                        "partition {partition}: the expiry index ends at {} but the applied state expects {}",
+                        finished.next(),
+                        meta.finished_next
+                    );
+                }
+                Inner {
+                    engine: PartitionState::restore(meta.engine, jobs),
+                    last_applied: meta.last_applied,
+                    membership: meta.membership,
+                    finished,
+                }
+            }
             None => Inner {
                 engine: PartitionState::new(partition),
                 last_applied: None,
                 membership: StoredMembership::default(),
+                finished,
             },
         };
         let shared = Arc::new(SharedState { partition, store: Arc::clone(&store), inner: Mutex::new(inner) });
@@ -147,6 +237,7 @@ impl StateMachine {
             last_applied: inner.last_applied,
             membership: inner.membership.clone(),
             engine: inner.engine.meta(),
+            finished_next: inner.finished.next(),
         };
         batch.put(Table::Meta, meta_key(self.partition, APPLIED), storage::encode(&meta));
     }
@@ -171,6 +262,7 @@ impl RaftStateMachine<TypeConfig> for StateMachine {
         let mut batch = self.store.batch();
         let mut inner = self.shared.lock();
         let mut touched = Vec::new();
+        let pruned_from = inner.finished.first;
         for entry in entries {
             inner.last_applied = Some(entry.log_id);
             match entry.payload {
@@ -181,12 +273,15 @@ impl RaftStateMachine<TypeConfig> for StateMachine {
                 }
                 EntryPayload::Normal(commands) => {
                     let out = inner.engine.apply(&commands);
+                    let now = inner.engine.clock();
                     touched.extend(out.touched);
                     for job in out.finished {
                         let k = key(self.partition, job.key.0);
                         batch.delete(Table::Jobs, k);
                         batch.put(Table::Done, k, storage::encode(&job));
+                        inner.finished.push(&mut batch, self.partition, now, job.key);
                     }
+                    inner.finished.prune(&mut batch, self.partition, commands.retention, now);
                     responses.push(BatchResponse {
                         results: out.results,
                         available: out.available,
@@ -205,6 +300,12 @@ impl RaftStateMachine<TypeConfig> for StateMachine {
             if let Some(job) = inner.engine.job(job_key) {
                 batch.put(Table::Jobs, key(self.partition, job_key.0), storage::encode(job));
             }
+        }
+        let pruned_to = inner.finished.first;
+        if pruned_to > pruned_from {
+            batch.delete_ids(Table::Expiry, self.partition, pruned_from..pruned_to);
+            metrics::counter!("drover_jobs_pruned_total", "partition" => self.partition.to_string())
+                .increment(pruned_to - pruned_from);
         }
         let next_timer = inner.engine.next_timer();
         for response in &mut responses {
@@ -232,22 +333,32 @@ impl RaftStateMachine<TypeConfig> for StateMachine {
         snapshot: Box<Cursor<Vec<u8>>>,
     ) -> Result<(), StorageError<NodeId>> {
         let data = snapshot.into_inner();
-        let body: SnapshotBody = storage::decode("snapshot", &data).map_err(sm_read_err)?;
+        let mut rest = &data[..];
+        let body: SnapshotHeader = storage::decode_from("snapshot", &mut rest).map_err(sm_read_err)?;
         let mut batch = self.store.batch();
         batch.delete_ids(Table::Jobs, self.partition, 0..u64::MAX);
         batch.delete_ids(Table::Done, self.partition, 0..u64::MAX);
+        batch.delete_ids(Table::Expiry, self.partition, 0..u64::MAX);
+        let mut finished = Finished { first: body.finished_first, order: VecDeque::with_capacity(body.finished.len()) };
+        for (at, job) in &body.finished {
+            finished.order.push_back((*at, JobKey(*job)));
+        }
+        for (i, (at, job)) in finished.order.iter().enumerate() {
+            batch.put(Table::Expiry, key(self.partition, finished.first + i as u64), expiry_value(*at, *job));
+        }
         for job in &body.jobs {
             batch.put(Table::Jobs, key(self.partition, job.key.0), storage::encode(job));
         }
-        for (job_key, record) in &body.done {
-            batch.put(Table::Done, key(self.partition, *job_key), &record.0);
+        while let Some((job_key, record)) = next_frame(&mut rest).map_err(sm_read_err)? {
+            batch.put(Table::Done, key(self.partition, job_key), record);
         }
         let mut inner = self.shared.lock();
         inner.engine = PartitionState::restore(body.engine, body.jobs);
         inner.last_applied = meta.last_log_id;
         inner.membership = meta.last_membership.clone();
+        inner.finished = finished;
         self.persist_meta(&mut batch, &inner);
-        batch.put(Table::Snapshot, key(self.partition, 0), storage::encode(&(meta, data)));
+        put_snapshot(&mut batch, self.partition, meta, &data);
         self.store.write_synced(batch).map_err(sm_write_err)?;
         drop(inner);
         metrics::counter!("drover_raft_snapshots_installed_total", "partition" => self.partition.to_string())
@@ -260,12 +371,24 @@ impl RaftStateMachine<TypeConfig> for StateMachine {
     }
 }
 
+/// Where a partition's latest snapshot is kept: its data under id 0 and its
+/// meta under id 1, written in one batch.
+fn put_snapshot(
+    batch: &mut storage::Batch<'_>,
+    partition: PartitionId,
+    meta: &SnapshotMeta<NodeId, BasicNode>,
+    data: &[u8],
+) {
+    batch.put(Table::Snapshot, key(partition, 0), data);
+    batch.put(Table::Snapshot, key(partition, 1), storage::encode(meta));
+}
+
 fn load_snapshot(store: &Store, partition: PartitionId) -> Result<Option<Snapshot<TypeConfig>>, StorageError<NodeId>> {
-    let Some(bytes) = store.get(Table::Snapshot, key(partition, 0)).map_err(sm_read_err)? else {
+    let Some(meta) = store.get(Table::Snapshot, key(partition, 1)).map_err(sm_read_err)? else {
         return Ok(None);
     };
-    let (meta, data): (SnapshotMeta<NodeId, BasicNode>, Vec<u8>) =
-        storage::decode("snapshot", &bytes).map_err(sm_read_err)?;
+    let meta: SnapshotMeta<NodeId, BasicNode> = storage::decode("snapshot meta", &meta).map_err(sm_read_err)?;
+    let data = store.get(Table::Snapshot, key(partition, 0)).map_err(sm_read_err)?.unwrap_or_default();
     Ok(Some(Snapshot { meta, snapshot: Box::new(Cursor::new(data)) }))
 }
 
@@ -280,31 +403,119 @@ impl RaftSnapshotBuilder<TypeConfig> for SnapshotBuilder {
         // Only the live jobs, the counters and a point-in-time view of storage
         // are taken under the lock apply holds; final records (which grow with
         // every completed job) are read from that view without blocking apply.
-        let (mut body, last_applied, membership, view) = {
+        let (header, last_applied, membership, view) = {
             let inner = self.shared.lock();
-            let body = SnapshotBody {
+            let header = SnapshotHeader {
                 engine: inner.engine.meta(),
                 jobs: inner.engine.jobs().cloned().collect(),
-                done: Vec::new(),
+                finished_first: inner.finished.first,
+                finished: inner.finished.order.iter().map(|(at, job)| (*at, job.0)).collect(),
             };
-            (body, inner.last_applied, inner.membership.clone(), self.store.point_in_time())
+            (header, inner.last_applied, inner.membership.clone(), self.store.point_in_time())
         };
-        view.for_each(Table::Done, self.partition, |job_key, bytes| {
-            body.done.push((job_key, serde_bytes_vec::Bytes(bytes.to_vec())));
+        let mut data = storage::encode(&header);
+        drop(header);
+        view.for_each(Table::Done, self.partition, |job_key, record| {
+            push_frame(&mut data, job_key, record);
             Ok(())
         })
         .map_err(sm_read_err)?;
         drop(view);
-        let data = storage::encode(&body);
         let snapshot_id = match last_applied {
             Some(id) => format!("{}-{}-{}", id.leader_id, id.index, data.len()),
             None => format!("empty-{}", data.len()),
         };
         let meta = SnapshotMeta { last_log_id: last_applied, last_membership: membership, snapshot_id };
         let mut batch = self.store.batch();
-        batch.put(Table::Snapshot, key(self.partition, 0), storage::encode(&(&meta, &data)));
+        put_snapshot(&mut batch, self.partition, &meta, &data);
         self.store.write(batch).map_err(sm_write_err)?;
         metrics::counter!("drover_raft_snapshots_built_total", "partition" => self.partition.to_string()).increment(1);
         Ok(Snapshot { meta, snapshot: Box::new(Cursor::new(data)) })
+    }
+}
+
+#[cfg(test)]
+mod tests {
+    use std::sync::Arc;
+
+    use openraft::{CommittedLeaderId, Entry, EntryPayload, LogId};
+
+    use super::*;
+    use crate::core::{Batch, Command, JobSpec, JobState, NewJob, Retention, DEFAULT_TENANT};
+
+    const RETENTION: Retention = Retention { max_age_ms: 10_000, max_jobs: 3 };
+
+    fn entry(index: u64, now: Millis, commands: Vec<Command>) -> Entry<TypeConfig> {
+        Entry {
+            log_id: LogId::new(CommittedLeaderId::new(1, 0), index),
+            payload: EntryPayload::Normal(Batch { now, retention: RETENTION, commands }),
+        }
+    }
+
+    fn create() -> Command {
+        Command::Create(NewJob {
+            spec: Arc::new(JobSpec {
+                job_type: "t".into(),
+                tenant: DEFAULT_TENANT.into(),
+                variables: "{}".into(),
+                custom_headers: Vec::new(),
+                priority: 0,
+                idempotency_key: String::new(),
+                traceparent: String::new(),
+            }),
+            retries: 1,
+            run_at: None,
+            delay_ms: 0,
+        })
+    }
+
+    fn states(shared: &SharedState) -> Vec<(u64, JobState)> {
+        let mut jobs: Vec<(u64, JobState)> =
+            shared.all_jobs().unwrap().into_iter().map(|j| (j.key.counter(), j.state)).collect();
+        jobs.sort_unstable_by_key(|(k, _)| *k);
+        jobs
+    }
+
+    #[tokio::test]
+    async fn final_records_are_pruned_alike_after_restart_and_snapshot_install() {
+        let dir = tempfile::tempdir().unwrap();
+        let (mut sm, shared) = StateMachine::open(0, Store::open(&dir.path().join("a")).unwrap()).unwrap();
+        sm.apply([entry(1, 1_000, (0..6).map(|_| create()).collect())]).await.unwrap();
+        // Five of six finish: only the newest three final records stay.
+        let cancels = (1..=5).map(|c| Command::Cancel { key: JobKey::new(0, c) }).collect();
+        sm.apply([entry(2, 2_000, cancels)]).await.unwrap();
+        let expected = vec![
+            (3, JobState::Cancelled),
+            (4, JobState::Cancelled),
+            (5, JobState::Cancelled),
+            (6, JobState::Activatable),
+        ];
+        assert_eq!(states(&shared), expected);
+        assert!(shared.lookup(JobKey::new(0, 1)).unwrap().is_none(), "the oldest final record is pruned");
+
+        // A follower installing a snapshot gets the same records and pruning order.
+        let snapshot = sm.get_snapshot_builder().await.build_snapshot().await.unwrap();
+        let (mut follower, follower_shared) =
+            StateMachine::open(0, Store::open(&dir.path().join("b")).unwrap()).unwrap();
+        follower.install_snapshot(&snapshot.meta, snapshot.snapshot).await.unwrap();
+        assert_eq!(states(&follower_shared), expected);
+
+        // A restart restores the pruning order from storage.
+        drop((sm, shared));
+        let (mut sm, shared) = StateMachine::open(0, Store::open(&dir.path().join("a")).unwrap()).unwrap();
+        assert_eq!(states(&shared), expected);
+
+        // Past their age, every final record goes, on both, and only those.
+        let later = entry(3, 2_000 + RETENTION.max_age_ms + 1, Vec::new());
+        sm.apply([later.clone()]).await.unwrap();
+        follower.apply([later]).await.unwrap();
+        assert_eq!(states(&shared), vec![(6, JobState::Activatable)]);
+        assert_eq!(states(&follower_shared), vec![(6, JobState::Activatable)]);
+
+        // And the index picks up where it stopped.
+        sm.apply([entry(4, 20_000, vec![Command::Cancel { key: JobKey::new(0, 6) }])]).await.unwrap();
+        drop((sm, shared));
+        let (_sm, shared) = StateMachine::open(0, Store::open(&dir.path().join("a")).unwrap()).unwrap();
+        assert_eq!(states(&shared), vec![(6, JobState::Cancelled)]);
     }
 }

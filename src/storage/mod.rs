@@ -27,6 +27,7 @@ const CF_LOG: &str = "raft_log";
 const CF_META: &str = "raft_meta";
 const CF_JOBS: &str = "jobs";
 const CF_DONE: &str = "jobs_done";
+const CF_EXPIRY: &str = "jobs_expiry";
 const CF_SNAPSHOT: &str = "snapshot";
 
 /// A storage failure. RocksDB errors are not something a client can fix, so they
@@ -52,6 +53,9 @@ pub enum Table {
     Jobs,
     /// Completed and cancelled job records by (partition, key).
     Done,
+    /// The order final records are pruned in: (partition, finish sequence) ->
+    /// (finished at, job key); see `raft::state_machine`.
+    Expiry,
     /// The latest snapshot of each partition.
     Snapshot,
 }
@@ -63,6 +67,7 @@ impl Table {
             Table::Meta => CF_META,
             Table::Jobs => CF_JOBS,
             Table::Done => CF_DONE,
+            Table::Expiry => CF_EXPIRY,
             Table::Snapshot => CF_SNAPSHOT,
         }
     }
@@ -134,7 +139,7 @@ impl Store {
             cf_opts.set_write_buffer_size(16 << 20);
             ColumnFamilyDescriptor::new(name, cf_opts)
         };
-        let cfs = [CF_LOG, CF_META, CF_JOBS, CF_DONE, CF_SNAPSHOT].map(cf);
+        let cfs = [CF_LOG, CF_META, CF_JOBS, CF_DONE, CF_EXPIRY, CF_SNAPSHOT].map(cf);
         let db = Arc::new(DB::open_cf_descriptors(&opts, dir, cfs)?);
         let writer = SyncWriter::start(Arc::clone(&db));
         Ok(Arc::new(Store { db, writer }))
@@ -299,4 +304,9 @@ pub fn encode<T: serde::Serialize>(value: &T) -> Vec<u8> {
 
 pub fn decode<T: serde::de::DeserializeOwned>(what: &'static str, bytes: &[u8]) -> Result<T, StorageError> {
     bincode::deserialize(bytes).map_err(|source| StorageError::Decode { what, source })
+}
+
+/// Decodes a value from the front of `bytes` and advances past it.
+pub fn decode_from<T: serde::de::DeserializeOwned>(what: &'static str, bytes: &mut &[u8]) -> Result<T, StorageError> {
+    bincode::deserialize_from(bytes).map_err(|source| StorageError::Decode { what, source })
 }
