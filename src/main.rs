@@ -251,8 +251,12 @@ async fn dev_cluster(
     let first = &cluster.nodes[0].grpc;
     println!("try:  drover status --address {first}");
     println!("      drover job create --address {first} --type demo --variables '{{\"n\":1}}'");
-    println!("Ctrl-C stops the cluster (its data stays in {}).", dir.display());
-    let _ = tokio::signal::ctrl_c().await;
+    println!("Ctrl-C (or SIGTERM) stops the cluster (its data stays in {}).", dir.display());
+    let mut terminate = tokio::signal::unix::signal(tokio::signal::unix::SignalKind::terminate())?;
+    tokio::select! {
+        _ = tokio::signal::ctrl_c() => {}
+        _ = terminate.recv() => {}
+    }
     cluster.stop();
     Ok(())
 }

@@ -118,22 +118,18 @@ impl RaftLogStorage<TypeConfig> for LogStore {
             count += 1;
         }
         metrics::counter!("drover_raft_entries_appended_total").increment(count);
-        // Entries must be readable when append returns; the memtable write happens
-        // on the writer thread, so wait for it, but let other partitions' appends
-        // share the sync.
-        let (tx, rx) = tokio::sync::oneshot::channel();
-        self.store.write_durable(
-            batch,
-            Box::new(move |result: Result<(), String>| {
-                callback.log_io_completed(result.clone().map_err(io::Error::other));
-                let _ = tx.send(result);
-            }),
-        );
-        match rx.await {
-            Ok(Ok(())) => Ok(()),
-            Ok(Err(e)) => Err(write_err(io::Error::other(e))),
-            Err(_) => Err(write_err(io::Error::other("storage writer dropped the append"))),
-        }
+        // The entries are written (readable) when this returns; openraft learns
+        // they are durable from the callback, after the group sync that covers
+        // them. Returning before the sync lets the leader replicate in parallel
+        // with its own sync; nothing counts as committed before the callback.
+        self.store
+            .write_durable(
+                batch,
+                Box::new(move |result: Result<(), String>| {
+                    callback.log_io_completed(result.map_err(io::Error::other));
+                }),
+            )
+            .map_err(write_err)
     }
 
     async fn truncate(&mut self, log_id: LogId<NodeId>) -> Result<(), StorageError<NodeId>> {

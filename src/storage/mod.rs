@@ -4,9 +4,10 @@
 //! job records and snapshots, in column families keyed by a big-endian partition
 //! prefix. Column families share one WAL, so a batch that spans them is atomic.
 //!
-//! Durability: log appends go through the [`SyncWriter`], a thread that drains
-//! every append waiting from every partition, writes them, and syncs the WAL once
-//! for all of them before any caller is told its append is durable (group commit).
+//! Durability: log appends are written at once, unsynced, then the
+//! [`SyncWriter`], a thread that drains every append waiting from every
+//! partition, syncs the WAL once for all of them before any caller is told its
+//! append is durable (group commit).
 //! State-machine writes are not synced: they carry their applied log id in the
 //! same batch, so recovery always finds a consistent prefix and Raft re-applies
 //! the rest from the synced log.
@@ -170,9 +171,15 @@ impl Store {
         Ok(())
     }
 
-    /// Hands the batch to the group-commit writer; `done` runs once it is synced.
-    pub fn write_durable(&self, batch: Batch<'_>, done: writer::Completion) {
-        self.writer.submit(batch.inner, done);
+    /// Writes the batch now (readable when this returns) and hands it to the
+    /// group-commit writer; `done` runs once a WAL sync covers it. A write
+    /// refused outright returns the error and never runs `done`.
+    pub fn write_durable(&self, batch: Batch<'_>, done: writer::Completion) -> Result<(), StorageError> {
+        let mut opts = WriteOptions::default();
+        opts.set_sync(false);
+        self.db.write_opt(batch.inner, &opts)?;
+        self.writer.sync(done);
+        Ok(())
     }
 
     pub fn get(&self, table: Table, key: impl AsRef<[u8]>) -> Result<Option<Vec<u8>>, StorageError> {

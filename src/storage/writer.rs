@@ -1,20 +1,25 @@
 //! Group commit: one WAL sync for every append waiting, from every partition.
+//!
+//! Callers write their batch to RocksDB themselves, unsynced (it is readable at
+//! once), then ask this thread to make it durable. The thread takes every
+//! request waiting, syncs the WAL once, and tells each caller. A Raft leader
+//! therefore sends entries to its followers while its own sync is under way,
+//! instead of after it.
 
 use std::sync::atomic::{AtomicU64, Ordering};
 use std::sync::mpsc::{self, Receiver, Sender};
 use std::sync::Arc;
 use std::time::Instant;
 
-use rocksdb::{WriteBatch, WriteOptions, DB};
+use rocksdb::DB;
 
 /// Runs once the batch is durable (or failed to be).
 pub type Completion = Box<dyn FnOnce(Result<(), String>) + Send>;
 
-/// Appends processed per sync, capped so one huge drain cannot starve callers.
+/// Requests answered per sync, capped so one huge drain cannot starve callers.
 const MAX_BATCHES_PER_SYNC: usize = 1024;
 
 struct Request {
-    batch: WriteBatch,
     done: Completion,
 }
 
@@ -64,8 +69,9 @@ impl SyncWriter {
         SyncWriter { tx: Some(tx), thread: Some(thread), counters }
     }
 
-    pub fn submit(&self, batch: WriteBatch, done: Completion) {
-        let request = Request { batch, done };
+    /// Syncs everything written to the WAL before this call, then runs `done`.
+    pub fn sync(&self, done: Completion) {
+        let request = Request { done };
         let unsent = match &self.tx {
             Some(tx) => tx.send(request).err().map(|mpsc::SendError(request)| request),
             None => Some(request),
@@ -85,23 +91,17 @@ impl SyncWriter {
 }
 
 fn run(db: Arc<DB>, rx: Receiver<Request>, counters: Arc<Counters>) {
-    let mut unsynced = WriteOptions::default();
-    unsynced.set_sync(false);
     let mut waiting: Vec<Completion> = Vec::with_capacity(MAX_BATCHES_PER_SYNC);
     while let Ok(first) = rx.recv() {
         let started = Instant::now();
-        let mut result = db.write_opt(first.batch, &unsynced).map_err(|e| e.to_string());
         waiting.push(first.done);
         while waiting.len() < MAX_BATCHES_PER_SYNC {
             let Ok(next) = rx.try_recv() else { break };
-            if result.is_ok() {
-                result = db.write_opt(next.batch, &unsynced).map_err(|e| e.to_string());
-            }
             waiting.push(next.done);
         }
-        if result.is_ok() {
-            result = db.flush_wal(true).map_err(|e| e.to_string());
-        }
+        // Every request was written before it was sent, so this one sync
+        // covers all of them.
+        let result = db.flush_wal(true).map_err(|e| e.to_string());
         let elapsed = started.elapsed();
         counters.syncs.fetch_add(1, Ordering::Relaxed);
         metrics::counter!("drover_storage_wal_syncs_total").increment(1);
