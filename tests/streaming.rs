@@ -199,7 +199,8 @@ async fn jobs_buffered_for_a_closed_stream_are_handed_back_at_once() {
     let producer = Client::connect(&cluster.node(1).grpc).await.unwrap();
     let started = Instant::now();
     let mut keys = HashSet::new();
-    for n in 0..60 {
+    // More than the stuck worker's buffer holds, so some pushes to it are BLOCKED.
+    for n in 0..streams_buffer() + 44 {
         keys.insert(producer.create_job("handback", &padded(n)).await.unwrap());
     }
     common::eventually(Duration::from_secs(10), "the stuck worker's buffer to fill", || {

@@ -32,7 +32,7 @@ use crate::proto::gateway as pb;
 use crate::raft::NodeId;
 
 /// Jobs buffered per client beyond what HTTP/2 already holds.
-pub const CLIENT_BUFFER: usize = 16;
+pub const CLIENT_BUFFER: usize = 64;
 
 /// The equivalence key of worker streams.
 #[derive(Clone, Debug, PartialEq, Eq, Hash, Serialize)]

@@ -22,6 +22,10 @@ const MAX_IN_FLIGHT: usize = 4;
 const MAX_PENDING_COMMANDS: usize = 100_000;
 /// Jobs activated for one push to one stream.
 const PUSH_BATCH: u32 = 32;
+/// Pushes of one type in flight at once (each a Raft write, then an RPC to a
+/// gateway). One at a time capped a partition's delivery at one batch per
+/// commit-and-push round trip while creates ran far ahead.
+const MAX_PUSHES_PER_TYPE: usize = 4;
 /// How long a stream whose gateway answered "not ready" is skipped.
 const BLOCKED_FOR: Duration = Duration::from_millis(100);
 
@@ -106,8 +110,9 @@ pub struct LeaderState {
     in_flight: usize,
     timer_at: Option<Millis>,
     timer_generation: u64,
-    /// Types with a push in flight; a second would race for the same jobs.
-    pushing: HashSet<String>,
+    /// Pushes in flight per type. Each activation takes its jobs when it
+    /// applies, so concurrent pushes never hand out the same job.
+    pushing: HashMap<String, usize>,
     /// Types that became available again while a push was in flight.
     push_again: HashSet<String>,
     /// Streams that answered "not ready", until when.
@@ -141,7 +146,7 @@ impl Actor for PartitionLeader {
             in_flight: 0,
             timer_at: None,
             timer_generation: 0,
-            pushing: HashSet::new(),
+            pushing: HashMap::new(),
             push_again: HashSet::new(),
             blocked: HashMap::new(),
             retry_scheduled: HashSet::new(),
@@ -205,7 +210,12 @@ impl Actor for PartitionLeader {
                 }
             }
             LeaderMsg::PushDone { stream, requested, activated, rejected } => {
-                state.pushing.remove(&stream.job_type);
+                if let Some(count) = state.pushing.get_mut(&stream.job_type) {
+                    *count -= 1;
+                    if *count == 0 {
+                        state.pushing.remove(&stream.job_type);
+                    }
+                }
                 let job_type = stream.job_type.clone();
                 if activated > 0 {
                     let delivered = activated - rejected.len();
@@ -317,7 +327,7 @@ impl LeaderState {
     }
 
     /// The activation command for a push of `job_type`, if a ready stream
-    /// exists and no push of the type is in flight. With `only_if_waiting`,
+    /// exists and fewer than [`MAX_PUSHES_PER_TYPE`] pushes of it are in flight. With `only_if_waiting`,
     /// only when jobs are activatable now (not when they are being created in
     /// the same entry).
     fn push_activation(
@@ -326,7 +336,7 @@ impl LeaderState {
         job_type: &str,
         only_if_waiting: bool,
     ) -> Option<(Command, Arc<RemoteStream>)> {
-        if self.pushing.contains(job_type) {
+        if self.pushing.get(job_type).copied().unwrap_or(0) >= MAX_PUSHES_PER_TYPE {
             self.push_again.insert(job_type.to_string());
             return None;
         }
@@ -348,7 +358,7 @@ impl LeaderState {
         if only_if_waiting && self.replica.state().read(|s| s.activatable_count(job_type, &stream.tenants)) == 0 {
             return None;
         }
-        self.pushing.insert(job_type.to_string());
+        *self.pushing.entry(job_type.to_string()).or_default() += 1;
         let activation = Command::Activate(Activation {
             job_type: stream.job_type.clone(),
             tenants: stream.tenants.clone(),
