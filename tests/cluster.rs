@@ -197,11 +197,8 @@ async fn a_follower_far_behind_installs_a_snapshot_and_then_leads() {
     common::eventually(Duration::from_secs(30), "the follower to catch up by snapshot", || {
         let cluster = &cluster;
         async move {
-            cluster
-                .status(follower)
-                .await
-                .map(|s| s[0].applied_index >= target && s[0].snapshot_index.is_some())
-                .unwrap_or(false)
+            let caught_up = cluster.status(follower).await.is_some_and(|s| s[0].applied_index >= target);
+            caught_up && cluster.metric(follower, "drover_raft_snapshots_installed_total").await >= 1.0
         }
     })
     .await;

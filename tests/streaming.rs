@@ -50,14 +50,6 @@ async fn jobstreams(cluster: &ProcessCluster, node: usize) -> serde_json::Value 
     serde_json::from_str(&body).unwrap()
 }
 
-async fn metric(cluster: &ProcessCluster, node: usize, name: &str) -> f64 {
-    let (_, body) = http_get(&cluster.node(node).admin, "/metrics").await.unwrap();
-    body.lines()
-        .filter(|l| l.starts_with(name))
-        .filter_map(|l| l.rsplit(' ').next().and_then(|v| v.parse::<f64>().ok()))
-        .sum()
-}
-
 /// Reads and completes jobs from `stream` until `stop` says so.
 fn complete_all(gateway: String, mut stream: Streaming<ActivatedJob>) -> tokio::task::JoinHandle<Vec<u64>> {
     tokio::spawn(async move {
@@ -145,7 +137,7 @@ fn padded(n: usize) -> String {
 async fn blocked_total(cluster: &ProcessCluster) -> f64 {
     let mut total = 0.0;
     for node in 0..3 {
-        total += metric(cluster, node, "drover_broker_jobs_push_fail_try_count_total").await;
+        total += cluster.metric(node, "drover_broker_jobs_push_fail_try_count_total").await;
     }
     total
 }
@@ -216,7 +208,7 @@ async fn jobs_buffered_for_a_closed_stream_are_handed_back_at_once() {
         .unwrap()
         .into_iter()
         .collect();
-    let handed_back = metric(&cluster, 0, "drover_gateway_job_stream_handed_back_total").await;
+    let handed_back = cluster.metric(0, "drover_gateway_job_stream_handed_back_total").await;
     assert!(handed_back >= streams_buffer() as f64 - 1.0, "{handed_back} jobs handed back");
     assert!(done.len() >= keys.len() - IN_TRANSPORT, "only {} of {} completed", done.len(), keys.len());
     assert!(started.elapsed() < Duration::from_millis(TIMEOUT_MS as u64 / 4));

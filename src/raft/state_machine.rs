@@ -320,7 +320,7 @@ impl RaftStateMachine<TypeConfig> for StateMachine {
     }
 
     async fn get_snapshot_builder(&mut self) -> SnapshotBuilder {
-        SnapshotBuilder { partition: self.partition, store: Arc::clone(&self.store), shared: Arc::clone(&self.shared) }
+        SnapshotBuilder { shared: Arc::clone(&self.shared) }
     }
 
     async fn begin_receiving_snapshot(&mut self) -> Result<Box<Cursor<Vec<u8>>>, StorageError<NodeId>> {
@@ -358,7 +358,6 @@ impl RaftStateMachine<TypeConfig> for StateMachine {
         inner.membership = meta.last_membership.clone();
         inner.finished = finished;
         self.persist_meta(&mut batch, &inner);
-        put_snapshot(&mut batch, self.partition, meta, &data);
         self.store.write_synced(batch).map_err(sm_write_err)?;
         drop(inner);
         metrics::counter!("drover_raft_snapshots_installed_total", "partition" => self.partition.to_string())
@@ -366,52 +365,40 @@ impl RaftStateMachine<TypeConfig> for StateMachine {
         Ok(())
     }
 
+    /// The partition's state as a snapshot, made now. Snapshots are not kept:
+    /// openraft asks for one only to send it to a follower whose log was
+    /// purged past, and the state machine worker that asks applies nothing
+    /// meanwhile, so the snapshot matches the applied index it names.
     async fn get_current_snapshot(&mut self) -> Result<Option<Snapshot<TypeConfig>>, StorageError<NodeId>> {
-        load_snapshot(&self.store, self.partition)
+        self.shared.snapshot()
     }
 }
 
-/// Where a partition's latest snapshot is kept: its data under id 0 and its
-/// meta under id 1, written in one batch.
-fn put_snapshot(
-    batch: &mut storage::Batch<'_>,
-    partition: PartitionId,
-    meta: &SnapshotMeta<NodeId, BasicNode>,
-    data: &[u8],
-) {
-    batch.put(Table::Snapshot, key(partition, 0), data);
-    batch.put(Table::Snapshot, key(partition, 1), storage::encode(meta));
-}
-
-fn load_snapshot(store: &Store, partition: PartitionId) -> Result<Option<Snapshot<TypeConfig>>, StorageError<NodeId>> {
-    let Some(meta) = store.get(Table::Snapshot, key(partition, 1)).map_err(sm_read_err)? else {
-        return Ok(None);
+fn snapshot_meta(inner: &Inner) -> SnapshotMeta<NodeId, BasicNode> {
+    let snapshot_id = match inner.last_applied {
+        Some(id) => format!("{}-{}", id.leader_id, id.index),
+        None => "empty".to_string(),
     };
-    let meta: SnapshotMeta<NodeId, BasicNode> = storage::decode("snapshot meta", &meta).map_err(sm_read_err)?;
-    let data = store.get(Table::Snapshot, key(partition, 0)).map_err(sm_read_err)?.unwrap_or_default();
-    Ok(Some(Snapshot { meta, snapshot: Box::new(Cursor::new(data)) }))
+    SnapshotMeta { last_log_id: inner.last_applied, last_membership: inner.membership.clone(), snapshot_id }
 }
 
-pub struct SnapshotBuilder {
-    partition: PartitionId,
-    store: Arc<Store>,
-    shared: Arc<SharedState>,
-}
-
-impl RaftSnapshotBuilder<TypeConfig> for SnapshotBuilder {
-    async fn build_snapshot(&mut self) -> Result<Snapshot<TypeConfig>, StorageError<NodeId>> {
-        // Only the live jobs, the counters and a point-in-time view of storage
-        // are taken under the lock apply holds; final records (which grow with
-        // every completed job) are read from that view without blocking apply.
-        let (header, last_applied, membership, view) = {
-            let inner = self.shared.lock();
+impl SharedState {
+    /// Serialises the state as of now: the live jobs, counters and pruning
+    /// order under the lock apply holds, then the final records from a
+    /// point-in-time view taken under the same lock, without blocking apply.
+    fn snapshot(&self) -> Result<Option<Snapshot<TypeConfig>>, StorageError<NodeId>> {
+        let (header, meta, view) = {
+            let inner = self.lock();
+            if inner.last_applied.is_none() {
+                return Ok(None);
+            }
             let header = SnapshotHeader {
                 engine: inner.engine.meta(),
                 jobs: inner.engine.jobs().cloned().collect(),
                 finished_first: inner.finished.first,
                 finished: inner.finished.order.iter().map(|(at, job)| (*at, job.0)).collect(),
             };
-            (header, inner.last_applied, inner.membership.clone(), self.store.point_in_time())
+            (header, snapshot_meta(&inner), self.store.point_in_time())
         };
         let mut data = storage::encode(&header);
         drop(header);
@@ -420,17 +407,25 @@ impl RaftSnapshotBuilder<TypeConfig> for SnapshotBuilder {
             Ok(())
         })
         .map_err(sm_read_err)?;
-        drop(view);
-        let snapshot_id = match last_applied {
-            Some(id) => format!("{}-{}-{}", id.leader_id, id.index, data.len()),
-            None => format!("empty-{}", data.len()),
-        };
-        let meta = SnapshotMeta { last_log_id: last_applied, last_membership: membership, snapshot_id };
-        let mut batch = self.store.batch();
-        put_snapshot(&mut batch, self.partition, &meta, &data);
-        self.store.write(batch).map_err(sm_write_err)?;
-        metrics::counter!("drover_raft_snapshots_built_total", "partition" => self.partition.to_string()).increment(1);
-        Ok(Snapshot { meta, snapshot: Box::new(Cursor::new(data)) })
+        Ok(Some(Snapshot { meta, snapshot: Box::new(Cursor::new(data)) }))
+    }
+}
+
+pub struct SnapshotBuilder {
+    shared: Arc<SharedState>,
+}
+
+impl RaftSnapshotBuilder<TypeConfig> for SnapshotBuilder {
+    /// Marks the applied index as snapshotted so openraft may purge the log
+    /// behind it. Everything a snapshot holds is already in storage, so
+    /// nothing is copied here; the data is made when a follower needs it
+    /// ([`RaftStateMachine::get_current_snapshot`]). openraft keeps only the
+    /// meta of what this returns.
+    async fn build_snapshot(&mut self) -> Result<Snapshot<TypeConfig>, StorageError<NodeId>> {
+        let meta = snapshot_meta(&self.shared.lock());
+        metrics::counter!("drover_raft_snapshots_built_total", "partition" => self.shared.partition.to_string())
+            .increment(1);
+        Ok(Snapshot { meta, snapshot: Box::new(Cursor::new(Vec::new())) })
     }
 }
 
@@ -494,7 +489,7 @@ mod tests {
         assert!(shared.lookup(JobKey::new(0, 1)).unwrap().is_none(), "the oldest final record is pruned");
 
         // A follower installing a snapshot gets the same records and pruning order.
-        let snapshot = sm.get_snapshot_builder().await.build_snapshot().await.unwrap();
+        let snapshot = sm.get_current_snapshot().await.unwrap().expect("entries were applied");
         let (mut follower, follower_shared) =
             StateMachine::open(0, Store::open(&dir.path().join("b")).unwrap()).unwrap();
         follower.install_snapshot(&snapshot.meta, snapshot.snapshot).await.unwrap();

@@ -1,8 +1,7 @@
 //! The only module that talks to RocksDB.
 //!
-//! One RocksDB instance per node holds every partition's Raft log, Raft metadata,
-//! job records and snapshots, in column families keyed by a big-endian partition
-//! prefix. Column families share one WAL, so a batch that spans them is atomic.
+//! One RocksDB instance per node holds every partition's Raft log, Raft metadata
+//! and job records, in column families keyed by a big-endian partition prefix. Column families share one WAL, so a batch that spans them is atomic.
 //!
 //! Durability: log appends are written at once, unsynced, then the
 //! [`SyncWriter`], a thread that drains every append waiting from every
@@ -29,7 +28,6 @@ const CF_META: &str = "raft_meta";
 const CF_JOBS: &str = "jobs";
 const CF_DONE: &str = "jobs_done";
 const CF_EXPIRY: &str = "jobs_expiry";
-const CF_SNAPSHOT: &str = "snapshot";
 
 /// A storage failure. RocksDB errors are not something a client can fix, so they
 /// surface as UNAVAILABLE/INTERNAL at the edge.
@@ -57,8 +55,6 @@ pub enum Table {
     /// The order final records are pruned in: (partition, finish sequence) ->
     /// (finished at, job key); see `raft::state_machine`.
     Expiry,
-    /// The latest snapshot of each partition.
-    Snapshot,
 }
 
 impl Table {
@@ -69,7 +65,6 @@ impl Table {
             Table::Jobs => CF_JOBS,
             Table::Done => CF_DONE,
             Table::Expiry => CF_EXPIRY,
-            Table::Snapshot => CF_SNAPSHOT,
         }
     }
 }
@@ -140,7 +135,7 @@ impl Store {
             cf_opts.set_write_buffer_size(16 << 20);
             ColumnFamilyDescriptor::new(name, cf_opts)
         };
-        let cfs = [CF_LOG, CF_META, CF_JOBS, CF_DONE, CF_EXPIRY, CF_SNAPSHOT].map(cf);
+        let cfs = [CF_LOG, CF_META, CF_JOBS, CF_DONE, CF_EXPIRY].map(cf);
         let db = Arc::new(DB::open_cf_descriptors(&opts, dir, cfs)?);
         let writer = SyncWriter::start(Arc::clone(&db));
         Ok(Arc::new(Store { db, writer }))

@@ -303,6 +303,16 @@ impl ProcessCluster {
         format!("127.0.0.1:{}", self.ports[id].grpc)
     }
 
+    /// The sum of a metric family's samples on a node (0 if it does not answer).
+    pub async fn metric(&self, id: usize, name: &str) -> f64 {
+        let admin = format!("127.0.0.1:{}", self.ports[id].admin);
+        let Ok((_, body)) = http_get(&admin, "/metrics").await else { return 0.0 };
+        body.lines()
+            .filter(|l| l.starts_with(name))
+            .filter_map(|l| l.rsplit(' ').next().and_then(|v| v.parse::<f64>().ok()))
+            .sum()
+    }
+
     /// The node's view of its partitions, or None if it does not answer.
     pub async fn status(&self, id: usize) -> Option<Vec<PartitionStatus>> {
         let admin = format!("127.0.0.1:{}", self.ports[id].admin);
