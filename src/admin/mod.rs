@@ -100,7 +100,12 @@ pub fn register_metrics() {
     let histograms: &[(&str, &str)] = &[
         ("drover_create_ack_seconds", "CreateJob received to acknowledged"),
         ("drover_raft_append_to_commit_seconds", "Raft write submitted to committed and applied"),
-        ("drover_storage_write_sync_seconds", "One group-commit WAL write and sync"),
+        ("drover_storage_write_sync_seconds", "One group-commit WAL sync"),
+        ("drover_raft_rpc_seconds", "Raft RPCs sent to peers, by rpc, from send to reply"),
+        (
+            "drover_raft_rpc_handled_seconds",
+            "Raft RPCs from peers, by rpc, from receipt to reply (includes the log sync)",
+        ),
         ("drover_job_create_to_activate_seconds", "A job's creation to its activation (leader clock)"),
         ("drover_job_activate_to_complete_seconds", "A job's activation to its completion (leader clock)"),
     ];

@@ -230,11 +230,14 @@ impl Replica {
         fn decode<T: serde::de::DeserializeOwned>(payload: &[u8]) -> Result<T, String> {
             bincode::deserialize(payload).map_err(|e| format!("malformed raft request: {e}"))
         }
+        let started = std::time::Instant::now();
         let encoded = match kind {
             RpcKind::AppendEntries => bincode::serialize(&self.raft.append_entries(decode(payload)?).await),
             RpcKind::Vote => bincode::serialize(&self.raft.vote(decode(payload)?).await),
             RpcKind::InstallSnapshot => bincode::serialize(&self.raft.install_snapshot(decode(payload)?).await),
         };
+        metrics::histogram!("drover_raft_rpc_handled_seconds", "rpc" => kind.as_str())
+            .record(started.elapsed().as_secs_f64());
         encoded.map_err(|e| format!("encode raft reply: {e}"))
     }
 }
@@ -245,4 +248,14 @@ pub enum RpcKind {
     AppendEntries,
     Vote,
     InstallSnapshot,
+}
+
+impl RpcKind {
+    pub fn as_str(self) -> &'static str {
+        match self {
+            RpcKind::AppendEntries => "append_entries",
+            RpcKind::Vote => "vote",
+            RpcKind::InstallSnapshot => "install_snapshot",
+        }
+    }
 }

@@ -104,11 +104,13 @@ impl PeerConnection {
         let payload = bincode::serialize(request).map_err(|e| RPCError::Network(NetworkError::new(&e)))?;
         let mut grpc = tonic::Request::new(RaftRequest { partition_id: self.partition, payload: payload.into() });
         grpc.set_timeout(option.hard_ttl());
+        let started = std::time::Instant::now();
         let reply = match kind {
             super::RpcKind::AppendEntries => client.append_entries(grpc).await,
             super::RpcKind::Vote => client.vote(grpc).await,
             super::RpcKind::InstallSnapshot => client.install_snapshot(grpc).await,
         };
+        metrics::histogram!("drover_raft_rpc_seconds", "rpc" => kind.as_str()).record(started.elapsed().as_secs_f64());
         let reply = match reply {
             Ok(reply) => reply.into_inner(),
             Err(status) => {
