@@ -9,7 +9,7 @@ export CARGO_TARGET_DIR
 .PHONY: run test setup fmt lint jepsen
 
 # The fault-injection suite, short form: every nemesis for 20 s, then all
-# combined. Needs root (network namespaces, nftables).
+# combined. Needs root (network namespaces, nftables, tc).
 JEPSEN_TIME ?= 20
 
 setup:

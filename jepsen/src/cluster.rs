@@ -1,5 +1,6 @@
 //! `drover serve` processes, one per node namespace.
 
+use std::os::unix::process::CommandExt;
 use std::path::{Path, PathBuf};
 use std::process::{Child, Command};
 use std::time::{Duration, Instant};
@@ -35,9 +36,21 @@ impl Nodes {
     }
 
     pub fn start(&mut self, i: usize) -> anyhow::Result<()> {
-        let members: Vec<String> = self.ips.iter().enumerate().map(|(id, ip)| format!("{id}={ip}:26502")).collect();
+        // Peers are dialled through this node's proxy (see `proxy.rs`); the
+        // node still listens on its own address.
+        let members: Vec<String> =
+            (0..self.ips.len()).map(|id| format!("{id}={}", crate::proxy::member_addr(id))).collect();
         let log = std::fs::OpenOptions::new().create(true).append(true).open(self.dir.join(format!("node-{i}.log")))?;
-        let child = Command::new("ip")
+        let mut command = Command::new("ip");
+        // A node dies with the run (the signal survives the exec of `ip netns
+        // exec` and of drover), so a killed run leaves no node behind.
+        unsafe {
+            command.pre_exec(|| {
+                libc::prctl(libc::PR_SET_PDEATHSIG, libc::SIGKILL as libc::c_ulong, 0, 0, 0);
+                Ok(())
+            });
+        }
+        let child = command
             .args(["netns", "exec", &self.namespaces[i]])
             .arg(&self.drover)
             .arg("serve")

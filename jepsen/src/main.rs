@@ -9,6 +9,8 @@ mod checker;
 mod cluster;
 mod history;
 mod net;
+mod partition;
+mod proxy;
 mod workload;
 
 use std::collections::BTreeMap;
@@ -78,6 +80,18 @@ enum Command {
     /// Internal: the part of a run that executes inside the client namespace.
     #[command(hide = true)]
     Inner { dir: PathBuf },
+    /// Internal: one node's delaying proxy to its peers, inside its namespace.
+    #[command(hide = true)]
+    Proxy {
+        #[arg(long)]
+        node: usize,
+        /// `j=host:port` for every node j.
+        #[arg(long, value_delimiter = ',')]
+        targets: Vec<String>,
+        /// The settings file it polls.
+        #[arg(long)]
+        control: PathBuf,
+    },
 }
 
 #[derive(Serialize, Deserialize)]
@@ -123,6 +137,7 @@ fn main() -> anyhow::Result<()> {
             let valid = runtime.block_on(inner(&dir))?;
             std::process::exit(if valid { 0 } else { 1 });
         }
+        Command::Proxy { node, targets, control } => proxy::serve(node, &targets, &control),
     }
 }
 
@@ -130,6 +145,9 @@ fn main() -> anyhow::Result<()> {
 /// everything down, and prints the one-line summary.
 fn run(args: RunArgs) -> anyhow::Result<bool> {
     let seed = args.seed.unwrap_or_else(rand::random);
+    if !(3..100).contains(&args.nodes) {
+        bail!("--nodes must be between 3 and 99 (partitions and majorities need 3)");
+    }
     let drover = std::fs::canonicalize(&args.drover)
         .with_context(|| format!("the drover binary {} (build it first, or pass --drover)", args.drover.display()))?;
     let names: Vec<String> = args.nemesis.iter().map(|n| format!("{n:?}").to_lowercase()).collect();
@@ -197,6 +215,7 @@ async fn inner(dir: &Path) -> anyhow::Result<bool> {
     let args = &config.args;
     let mut rng = StdRng::seed_from_u64(config.seed);
     let network = net::Network::attach(&config.namespaces, &config.ips);
+    let proxies = proxy::Proxies::start(&std::env::current_exe()?, dir, &config.namespaces, &config.ips)?;
     let mut nodes = cluster::Nodes::from_parts(&config.drover, dir, &config.namespaces, &config.ips, args.partitions);
     for i in 0..args.nodes {
         nodes.start(i)?;
@@ -226,26 +245,29 @@ async fn inner(dir: &Path) -> anyhow::Result<bool> {
     let timeline = dir.join("nemesis.jsonl");
     let started = Instant::now();
     let end = started + Duration::from_secs(args.time);
+    let mut schedule = Schedule::new(&args.nemesis);
+    let mut faults = Faults { network: &network, proxies: &proxies, nodes: &mut nodes };
     while Instant::now() + Duration::from_secs(4) < end {
         tokio::time::sleep(Duration::from_millis(rng.random_range(1_500..3_000))).await;
-        let nemesis = *args.nemesis.choose(&mut rng).expect("at least one nemesis");
-        let description = inject(nemesis, &network, &mut nodes, &mut rng).await?;
+        let nemesis = schedule.nemeses.next(&mut rng);
+        let fault = faults.inject(nemesis, &mut schedule, &mut rng).await?;
         let t = shared.recorder.now_ms();
         append_line(
             &timeline,
-            &serde_json::json!({ "time_ms": t, "event": "start", "nemesis": nemesis, "fault": description }),
+            &serde_json::json!({
+                "time_ms": t, "event": "start", "nemesis": nemesis, "kind": fault.kind,
+                "fault": fault.description, "detail": fault.detail,
+            }),
         );
         let hold = rng.random_range(2_000..5_000).min(end.saturating_duration_since(Instant::now()).as_millis() as u64);
         tokio::time::sleep(Duration::from_millis(hold)).await;
-        network.heal();
-        nodes.heal()?;
+        faults.heal()?;
         append_line(&timeline, &serde_json::json!({ "time_ms": shared.recorder.now_ms(), "event": "heal" }));
     }
     tokio::time::sleep(end.saturating_duration_since(Instant::now())).await;
 
     // Heal everything, stop creating, and drain with well-behaved workers.
-    network.heal();
-    nodes.heal()?;
+    faults.heal()?;
     shared.stop_creating.store(true, Ordering::Relaxed);
     shared.draining.store(true, Ordering::Relaxed);
     append_line(&timeline, &serde_json::json!({ "time_ms": shared.recorder.now_ms(), "event": "drain" }));
@@ -279,69 +301,225 @@ async fn inner(dir: &Path) -> anyhow::Result<bool> {
     std::fs::write(dir.join("report.json"), serde_json::to_string_pretty(&report)?)?;
     std::fs::write(dir.join("report.txt"), report.summary())?;
     nodes.stop_all();
+    drop(proxies);
     Ok(report.valid)
 }
 
-async fn inject(
-    nemesis: Nemesis,
-    network: &net::Network,
-    nodes: &mut cluster::Nodes,
-    rng: &mut StdRng,
-) -> anyhow::Result<String> {
-    let n = nodes.ips.len();
-    let all: Vec<usize> = (0..n).collect();
-    Ok(match nemesis {
-        Nemesis::Partition => {
-            let kind = rng.random_range(0..3);
-            let (side_a, side_b): (Vec<usize>, Vec<usize>) = match kind {
-                0 => {
-                    let victim = rng.random_range(0..n);
-                    (vec![victim], all.iter().copied().filter(|i| *i != victim).collect())
-                }
-                1 => {
-                    let mut shuffled = all.clone();
-                    shuffled.shuffle(rng);
-                    let cut = rng.random_range(1..n);
-                    (shuffled[..cut].to_vec(), shuffled[cut..].to_vec())
-                }
-                _ => {
-                    let leader = nodes.leader_of(0).await.unwrap_or(0);
-                    (vec![leader], all.iter().copied().filter(|i| *i != leader).collect())
-                }
-            };
-            for a in &side_a {
-                network.block(*a, &side_b.iter().map(|b| nodes.ips[*b].clone()).collect::<Vec<_>>())?;
+/// Draws from a fixed set in shuffled rounds: each item once per round, so a
+/// short run still sees every kind (time allowing) in a seeded order.
+struct Bag<T> {
+    items: Vec<T>,
+    left: Vec<T>,
+}
+
+impl<T: Copy> Bag<T> {
+    fn new(items: &[T]) -> Self {
+        assert!(!items.is_empty(), "a bag needs items");
+        Bag { items: items.to_vec(), left: Vec::new() }
+    }
+
+    fn next(&mut self, rng: &mut StdRng) -> T {
+        if self.left.is_empty() {
+            self.left = self.items.clone();
+            self.left.shuffle(rng);
+        }
+        self.left.pop().expect("refilled")
+    }
+}
+
+/// The link faults of the `badlinks` nemesis.
+#[derive(Clone, Copy, Debug, PartialEq, Eq, Serialize)]
+#[serde(rename_all = "kebab-case")]
+enum LinkKind {
+    Loss,
+    Delay,
+    Bandwidth,
+}
+
+/// How many nodes the `kill` nemesis kills.
+#[derive(Clone, Copy, Debug, PartialEq, Eq, Serialize)]
+#[serde(rename_all = "kebab-case")]
+enum KillKind {
+    One,
+    Majority,
+    All,
+}
+
+/// Which nemesis, partition, kill and link fault come next.
+struct Schedule {
+    nemeses: Bag<Nemesis>,
+    partitions: Bag<partition::Kind>,
+    kills: Bag<KillKind>,
+    links: Bag<LinkKind>,
+}
+
+impl Schedule {
+    fn new(nemeses: &[Nemesis]) -> Schedule {
+        let mut unique: Vec<Nemesis> = Vec::new();
+        for nemesis in nemeses {
+            if !unique.contains(nemesis) {
+                unique.push(*nemesis);
             }
-            for b in &side_b {
-                network.block(*b, &side_a.iter().map(|a| nodes.ips[*a].clone()).collect::<Vec<_>>())?;
-            }
-            format!("partition {side_a:?} | {side_b:?}")
         }
-        Nemesis::Kill => {
-            if rng.random_bool(0.2) {
-                for i in 0..n {
-                    nodes.kill(i);
+        Schedule {
+            nemeses: Bag::new(&unique),
+            partitions: Bag::new(&partition::Kind::ALL),
+            // Single kills twice as often as the others.
+            kills: Bag::new(&[KillKind::One, KillKind::Majority, KillKind::One, KillKind::All]),
+            links: Bag::new(&[LinkKind::Loss, LinkKind::Delay, LinkKind::Bandwidth]),
+        }
+    }
+}
+
+/// One injected fault, as the timeline records it.
+struct Fault {
+    kind: String,
+    description: String,
+    detail: serde_json::Value,
+}
+
+impl Fault {
+    fn new(kind: impl Serialize, description: String, detail: serde_json::Value) -> Fault {
+        let kind = serde_json::to_value(kind).ok().and_then(|k| k.as_str().map(str::to_string)).unwrap_or_default();
+        Fault { kind, description, detail }
+    }
+}
+
+/// What the nemeses act on.
+struct Faults<'a> {
+    network: &'a net::Network,
+    proxies: &'a proxy::Proxies,
+    nodes: &'a mut cluster::Nodes,
+}
+
+impl Faults<'_> {
+    /// Ends every fault: rules and limits removed, delays cleared, paused
+    /// nodes resumed, killed nodes restarted.
+    fn heal(&mut self) -> anyhow::Result<()> {
+        self.network.heal();
+        self.proxies.clear();
+        self.nodes.heal()
+    }
+
+    async fn inject(&mut self, nemesis: Nemesis, schedule: &mut Schedule, rng: &mut StdRng) -> anyhow::Result<Fault> {
+        let n = self.nodes.ips.len();
+        let all: Vec<usize> = (0..n).collect();
+        let mut order = all.clone();
+        order.shuffle(rng);
+        Ok(match nemesis {
+            Nemesis::Partition => {
+                let kind = schedule.partitions.next(rng);
+                let others = |x: usize| all.iter().copied().filter(|i| *i != x).collect::<Vec<_>>();
+                let (grudge, description) = match kind {
+                    partition::Kind::IsolateOne => {
+                        let rest = others(order[0]);
+                        (
+                            partition::split(&[order[0]], &rest),
+                            format!("isolate node {}: {:?} | {rest:?}", order[0], [order[0]]),
+                        )
+                    }
+                    partition::Kind::Halves => {
+                        let (a, b) = order.split_at(rng.random_range(1..n));
+                        (partition::split(a, b), format!("halves {a:?} | {b:?}"))
+                    }
+                    partition::Kind::IsolateLeader => {
+                        let leader = self.nodes.leader_of(0).await.unwrap_or(order[0]);
+                        let rest = others(leader);
+                        (
+                            partition::split(&[leader], &rest),
+                            format!("isolate the leader of partition 0: [{leader}] | {rest:?}"),
+                        )
+                    }
+                    partition::Kind::Ring => {
+                        let ring = order.iter().map(|i| i.to_string()).collect::<Vec<_>>().join("-");
+                        let shape = if n <= 3 {
+                            format!(" (on 3 nodes, a bridge through node {})", order[0])
+                        } else {
+                            String::new()
+                        };
+                        (partition::ring(&order), format!("majorities ring {ring}{shape}"))
+                    }
+                    partition::Kind::Bridge => {
+                        let (a, b) = order[1..].split_at((n - 1) / 2);
+                        (partition::bridge(&order), format!("bridge through node {}: {a:?} | {b:?}", order[0]))
+                    }
+                    partition::Kind::OneWay => {
+                        let node = if rng.random_bool(0.5) {
+                            self.nodes.leader_of(0).await.unwrap_or(order[0])
+                        } else {
+                            order[0]
+                        };
+                        let rest = others(node);
+                        let from = if rng.random_bool(0.5) { rest } else { vec![*rest.choose(rng).expect("3 nodes")] };
+                        (
+                            partition::one_way(node, &from),
+                            format!("node {node} drops packets from {from:?}; they still hear it"),
+                        )
+                    }
+                };
+                self.network.partition(&grudge)?;
+                let detail = serde_json::json!({ "drops": grudge, "hears": partition::hears(&grudge, n) });
+                Fault::new(kind, description, detail)
+            }
+            Nemesis::Kill => {
+                let kind = schedule.kills.next(rng);
+                let mut victims = match kind {
+                    KillKind::One => vec![order[0]],
+                    KillKind::Majority => order[..n / 2 + 1].to_vec(),
+                    KillKind::All => all.clone(),
+                };
+                victims.sort_unstable();
+                for victim in &victims {
+                    self.nodes.kill(*victim);
                 }
-                "SIGKILL all nodes".to_string()
-            } else {
-                let victim = rng.random_range(0..n);
-                nodes.kill(victim);
-                format!("SIGKILL node {victim}")
+                Fault::new(kind, format!("SIGKILL nodes {victims:?}"), serde_json::json!({ "nodes": victims }))
             }
-        }
-        Nemesis::Pause => {
-            let victim =
-                if rng.random_bool(0.5) { nodes.leader_of(0).await.unwrap_or(0) } else { rng.random_range(0..n) };
-            nodes.signal(victim, libc::SIGSTOP);
-            format!("SIGSTOP node {victim}")
-        }
-        Nemesis::Badlinks => {
-            let victim = rng.random_range(0..n);
-            let percent = rng.random_range(10..40);
-            network.lossy(victim, percent)?;
-            format!("drop {percent}% of packets into node {victim}")
-        }
-    })
+            Nemesis::Pause => {
+                let (kind, victim) = if rng.random_bool(0.5) {
+                    ("leader", self.nodes.leader_of(0).await.unwrap_or(order[0]))
+                } else {
+                    ("one", order[0])
+                };
+                self.nodes.signal(victim, libc::SIGSTOP);
+                Fault::new(kind, format!("SIGSTOP node {victim}"), serde_json::json!({ "node": victim }))
+            }
+            Nemesis::Badlinks => {
+                let kind = schedule.links.next(rng);
+                let victim = order[0];
+                match kind {
+                    LinkKind::Loss => {
+                        let percent = rng.random_range(10..40);
+                        self.network.lossy(victim, percent)?;
+                        let detail = serde_json::json!({ "node": victim, "percent": percent });
+                        Fault::new(kind, format!("drop {percent}% of packets into node {victim}"), detail)
+                    }
+                    LinkKind::Delay => {
+                        let base = rng.random_range(10..=300);
+                        let jitter = rng.random_range(0..=100);
+                        let one = rng.random_bool(0.5);
+                        let delays: proxy::Delays = all
+                            .iter()
+                            .flat_map(|a| all.iter().map(move |b| (*a, *b)))
+                            .filter(|(a, b)| a != b && (!one || *a == victim))
+                            .map(|link| (link, base))
+                            .collect();
+                        self.proxies.delay(&delays, jitter)?;
+                        let whose = if one { format!("from node {victim}") } else { "between all nodes".to_string() };
+                        let detail = serde_json::json!({
+                            "from": if one { vec![victim] } else { all.clone() }, "base_ms": base, "jitter_ms": jitter,
+                        });
+                        Fault::new(kind, format!("delay {base} ms + up to {jitter} ms jitter on links {whose}"), detail)
+                    }
+                    LinkKind::Bandwidth => {
+                        let kbit = rng.random_range(256..=2048);
+                        self.network.throttle(victim, kbit)?;
+                        let detail = serde_json::json!({ "node": victim, "kbit": kbit });
+                        Fault::new(kind, format!("limit node {victim} to {kbit} kbit/s out"), detail)
+                    }
+                }
+            }
+        })
+    }
 }
 
 /// Every node's own view of every job (not routed to leaders).
@@ -363,4 +541,26 @@ async fn final_reads(nodes: &cluster::Nodes) -> FinalReads {
         finals.insert(i, jobs);
     }
     finals
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+
+    #[test]
+    fn a_bag_gives_every_item_once_per_round() {
+        let mut rng = StdRng::seed_from_u64(3);
+        let mut bag = Bag::new(&[LinkKind::Loss, LinkKind::Delay, LinkKind::Bandwidth]);
+        for _ in 0..10 {
+            let mut round: Vec<String> = (0..3).map(|_| format!("{:?}", bag.next(&mut rng))).collect();
+            round.sort();
+            assert_eq!(round, ["Bandwidth", "Delay", "Loss"]);
+        }
+    }
+
+    #[test]
+    fn a_schedule_names_each_nemesis_once() {
+        let schedule = Schedule::new(&[Nemesis::Kill, Nemesis::Partition, Nemesis::Kill]);
+        assert_eq!(schedule.nemeses.items, [Nemesis::Kill, Nemesis::Partition]);
+    }
 }

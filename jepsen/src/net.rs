@@ -1,6 +1,7 @@
 //! Test hosts: one network namespace per node and one for the clients, joined
 //! by a bridge that lives in its own namespace, so no test traffic touches the
-//! machine's own network. Faults are nftables rules inside the namespaces.
+//! machine's own network. Faults are nftables rules and `tbf` queueing
+//! disciplines inside the namespaces.
 
 use std::process::{Command, Stdio};
 
@@ -111,6 +112,27 @@ impl Network {
         )
     }
 
+    /// Applies a partition: every node drops what arrives from the nodes it
+    /// holds a grudge against.
+    pub fn partition(&self, grudge: &crate::partition::Grudge) -> anyhow::Result<()> {
+        for (node, from) in grudge {
+            self.block(*node, &from.iter().map(|j| self.node_ip(*j)).collect::<Vec<_>>())?;
+        }
+        Ok(())
+    }
+
+    /// Limits what node `i` sends to `kbit` kilobits per second (a token
+    /// bucket on its interface: bursts up to 32 kbit, packets queued longer
+    /// than 400 ms are dropped).
+    pub fn throttle(&self, i: usize, kbit: u32) -> anyhow::Result<()> {
+        let ns = self.node_ns(i);
+        let rate = format!("{kbit}kbit");
+        sh(&[
+            "ip", "netns", "exec", &ns, "tc", "qdisc", "add", "dev", "eth0", "root", "tbf", "rate", &rate, "burst",
+            "32kbit", "latency", "400ms",
+        ])
+    }
+
     /// Drops a random `percent` of the packets arriving at node `i`.
     pub fn lossy(&self, i: usize, percent: u32) -> anyhow::Result<()> {
         nft(
@@ -121,12 +143,14 @@ impl Network {
         )
     }
 
-    /// Removes every fault rule from every node.
+    /// Removes every fault rule and bandwidth limit from every node.
     pub fn heal(&self) {
         for i in 0..self.nodes {
             for table in ["drj_part", "drj_loss"] {
                 let _ = sh(&["ip", "netns", "exec", &self.node_ns(i), "nft", "delete", "table", "inet", table]);
             }
+            // Fails with "no qdisc" when the node was not throttled.
+            let _ = sh(&["ip", "netns", "exec", &self.node_ns(i), "tc", "qdisc", "del", "dev", "eth0", "root"]);
         }
     }
 
