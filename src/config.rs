@@ -62,10 +62,12 @@ pub struct ServeArgs {
     /// Deadline of a request that carries none, in ms. [default: 10000]
     #[arg(long, env = "DROVER_REQUEST_TIMEOUT_MS")]
     pub request_timeout_ms: Option<u64>,
-    /// Raft heartbeat interval in ms. [default: 100]
+    /// Raft heartbeat interval in ms; also how long a follower has to answer
+    /// an append (its disk sync included), so keep it above the worst round
+    /// trip between nodes. [default: 250]
     #[arg(long, env = "DROVER_HEARTBEAT_MS")]
     pub heartbeat_ms: Option<u64>,
-    /// Minimum Raft election timeout in ms (the maximum is twice it). [default: 500]
+    /// Minimum Raft election timeout in ms (the maximum is twice it). [default: 1250]
     #[arg(long, env = "DROVER_ELECTION_TIMEOUT_MS")]
     pub election_timeout_ms: Option<u64>,
     /// Raft entries applied between snapshots. [default: 20000]

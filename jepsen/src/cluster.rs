@@ -61,7 +61,11 @@ impl Nodes {
             .args(["--grpc-addr", &format!("{}:26500", self.ips[i])])
             .args(["--cluster-addr", &format!("{}:26502", self.ips[i])])
             .args(["--admin-addr", &format!("{}:9600", self.ips[i])])
-            .args(["--heartbeat-ms", "100", "--election-timeout-ms", "600", "--snapshot-every", "200"])
+            // Default Raft timing (what users run); frequent snapshots so
+            // restarted nodes catch up by installing one.
+            .args(["--snapshot-every", "200"])
+            // The checker reads every job back after the drain: keep them all.
+            .args(["--finished-retention-secs", "86400", "--finished-retention-jobs", "100000000"])
             .arg("--data-dir")
             .arg(self.dir.join(format!("node-{i}")))
             .env("RUST_LOG", "warn,drover=info")

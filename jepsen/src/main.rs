@@ -259,7 +259,11 @@ async fn inner(dir: &Path) -> anyhow::Result<bool> {
                 "fault": fault.description, "detail": fault.detail,
             }),
         );
-        let hold = rng.random_range(2_000..5_000).min(end.saturating_duration_since(Instant::now()).as_millis() as u64);
+        // Pauses outlast the longest election timeout (2.5 s by default) and
+        // the workload's 2 s activation timeout.
+        let shortest = if nemesis == Nemesis::Pause { 3_000 } else { 2_000 };
+        let hold =
+            rng.random_range(shortest..5_000).min(end.saturating_duration_since(Instant::now()).as_millis() as u64);
         tokio::time::sleep(Duration::from_millis(hold)).await;
         faults.heal()?;
         append_line(&timeline, &serde_json::json!({ "time_ms": shared.recorder.now_ms(), "event": "heal" }));

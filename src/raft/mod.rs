@@ -72,8 +72,11 @@ pub struct RaftSettings {
 impl Default for RaftSettings {
     fn default() -> Self {
         RaftSettings {
-            heartbeat_interval: Duration::from_millis(100),
-            election_timeout_min: Duration::from_millis(500),
+            // openraft also gives every AppendEntries one heartbeat interval
+            // to answer, follower sync included: below the worst round trip,
+            // nothing commits at all.
+            heartbeat_interval: Duration::from_millis(250),
+            election_timeout_min: Duration::from_millis(1250),
             snapshot_every: 20_000,
             keep_after_snapshot: 5_000,
         }
