@@ -25,6 +25,7 @@ fn request(job_type: &str, timeout: i64, fetch: &[&str]) -> StreamActivatedJobsR
         timeout,
         fetch_variable: fetch.iter().map(|s| s.to_string()).collect(),
         tenant_ids: vec![],
+        max_jobs_in_flight: 0,
     }
 }
 
@@ -168,16 +169,24 @@ async fn a_worker_that_stops_reading_has_its_jobs_rerouted() {
     }
     assert!(blocked_total(&cluster).await > blocked_before, "pushes to the stuck worker's gateway counted as BLOCKED");
     assert_eq!(done.len() + held.len(), keys.len(), "every job went to exactly one worker");
-    assert!(held.len() <= streams_buffer() + IN_TRANSPORT, "the stuck worker held {} jobs", held.len());
-    assert!(done.len() >= keys.len() - streams_buffer() - IN_TRANSPORT);
+    assert!(held.len() <= streams_buffer(), "the stuck worker held {} jobs", held.len());
+    assert!(done.len() >= keys.len() - streams_buffer());
     assert!(
         elapsed < Duration::from_millis(TIMEOUT_MS as u64 / 4),
         "done in {elapsed:?}, far under the activation timeout"
     );
 }
 
+async fn next_job(stream: &mut Streaming<ActivatedJob>) -> ActivatedJob {
+    match tokio::time::timeout(Duration::from_secs(10), stream.message()).await {
+        Ok(Ok(Some(job))) => job,
+        other => panic!("expected a job within 10 s, got {other:?}"),
+    }
+}
+
+/// What a stream that names no limit holds at most.
 fn streams_buffer() -> usize {
-    drover::gateway::streams::CLIENT_BUFFER
+    drover::gateway::streams::DEFAULT_MAX_IN_FLIGHT
 }
 
 #[tokio::test(flavor = "multi_thread", worker_threads = 2)]
@@ -209,7 +218,7 @@ async fn jobs_buffered_for_a_closed_stream_are_handed_back_at_once() {
         .into_iter()
         .collect();
     let handed_back = cluster.metric(0, "drover_gateway_job_stream_handed_back_total").await;
-    assert!(handed_back >= streams_buffer() as f64 - 1.0, "{handed_back} jobs handed back");
+    assert!(handed_back >= (streams_buffer() - IN_TRANSPORT) as f64, "{handed_back} jobs handed back");
     assert!(done.len() >= keys.len() - IN_TRANSPORT, "only {} of {} completed", done.len(), keys.len());
     assert!(started.elapsed() < Duration::from_millis(TIMEOUT_MS as u64 / 4));
 }
@@ -253,4 +262,33 @@ async fn streams_survive_the_loss_of_a_gateway_and_of_a_leader() {
     .expect("a create succeeds under the new leader");
     let job = tokio::time::timeout(Duration::from_secs(10), reconnected.message()).await.unwrap().unwrap().unwrap();
     assert_eq!(job.key, key, "pushed by the new leader");
+}
+
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn a_stream_holds_no_more_jobs_than_it_allows_until_it_finishes_some() {
+    let cluster = ProcessCluster::start(1, 1, 1, FAST_RAFT);
+    cluster.wait_ready().await;
+    let g = cluster.node(0).grpc.clone();
+    let client = Client::connect(&g).await.unwrap();
+
+    let mut too_many = request("limited", TIMEOUT_MS, &[]);
+    too_many.max_jobs_in_flight = 1001;
+    let refused = client.raw().stream_activated_jobs(too_many).await.unwrap_err();
+    assert_eq!(refused.code(), tonic::Code::InvalidArgument, "{refused:?}");
+
+    let mut limited = request("limited", TIMEOUT_MS, &[]);
+    limited.max_jobs_in_flight = 2;
+    let mut stream = open(&g, limited).await;
+    for n in 0..5 {
+        client.create_job("limited", &format!(r#"{{"n":{n}}}"#)).await.unwrap();
+    }
+    let first = next_job(&mut stream).await;
+    let _second = next_job(&mut stream).await;
+    // The leader retries the stream every 100 ms; a third job would be here by now.
+    let third = tokio::time::timeout(Duration::from_millis(700), stream.message()).await;
+    assert!(third.is_err(), "a third job arrived while two were held: {third:?}");
+
+    client.fail(first.key, first.attempt, 3, "try again later", 60_000).await.unwrap();
+    let third = next_job(&mut stream).await;
+    assert_ne!(third.key, first.key, "the failed job waits for its back-off");
 }

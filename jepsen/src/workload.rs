@@ -152,6 +152,8 @@ pub async fn streamer(shared: Arc<Shared>, process: u64, seed: u64) {
             r#type: JOB_TYPE.into(),
             worker: "streamer".into(),
             timeout: ACTIVATION_TIMEOUT_MS,
+            // It works one job at a time: more would wait past their timeout.
+            max_jobs_in_flight: 2,
             ..Default::default()
         };
         let opened = tokio::time::timeout(Duration::from_secs(3), client.raw().stream_activated_jobs(request)).await;

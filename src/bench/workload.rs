@@ -116,6 +116,9 @@ fn payload(seq: u64, size: usize) -> String {
     text
 }
 
+/// Jobs each bench worker's stream may hold before it completes some.
+const WORKER_JOBS_IN_FLIGHT: i32 = 256;
+
 /// Per-sequence-number bookkeeping shared by producers and workers.
 struct Tracker {
     acked: Vec<AtomicBool>,
@@ -229,8 +232,14 @@ async fn work(
             }
         })
     };
-    let request =
-        StreamActivatedJobsRequest { r#type: job_type, worker: "bench".into(), timeout: 30_000, ..Default::default() };
+    let request = StreamActivatedJobsRequest {
+        r#type: job_type,
+        worker: "bench".into(),
+        timeout: 30_000,
+        // Completions are pipelined: the window must cover throughput x round trip.
+        max_jobs_in_flight: WORKER_JOBS_IN_FLIGHT,
+        ..Default::default()
+    };
     let mut jobs = client.raw().stream_activated_jobs(request).await?.into_inner();
     let mut latency = Histogram::<u64>::new(3)?;
     loop {

@@ -1,7 +1,8 @@
 //! A job worker over `StreamActivatedJobs`: runs a handler per job, at most
-//! `concurrency` at a time, and reads the stream only when it has room for
-//! another job, so HTTP/2 flow control tells the gateway when this worker is
-//! busy. Reconnects with back-off when the stream breaks.
+//! `concurrency` at a time, and asks the gateway to hold no more than twice
+//! that for it (`max_jobs_in_flight`), so a busy worker is "not ready" and jobs
+//! go to others instead of waiting in its buffers. Reconnects with back-off
+//! when the stream breaks.
 
 use std::future::Future;
 use std::sync::Arc;
@@ -74,6 +75,8 @@ impl Worker {
                 timeout: self.options.timeout_ms,
                 fetch_variable: self.options.fetch_variables.clone(),
                 tenant_ids: Vec::new(),
+                // The gateway sends no more than the worker can start soon.
+                max_jobs_in_flight: (self.options.concurrency.max(1) * 2).min(1000) as i32,
             };
             let mut raw = self.client.raw();
             let opened = tokio::select! {

@@ -6,8 +6,10 @@ use rand::Rng;
 use tokio::sync::mpsc::{self, error::TrySendError};
 use tonic::Status;
 
+use std::sync::Arc;
+
 use super::convert;
-use super::streams::StreamKey;
+use super::streams::{Credits, Held, StreamKey};
 use crate::core::{ActivatedJobData, JobKey};
 use crate::proto::gateway as pb;
 
@@ -15,7 +17,7 @@ pub type ClientSender = mpsc::Sender<Result<pb::ActivatedJob, Status>>;
 
 pub enum AggregatorMsg {
     /// A worker stream joins.
-    AddClient { client_id: u64, sender: ClientSender, reply: RpcReplyPort<()> },
+    AddClient { client_id: u64, sender: ClientSender, credits: Arc<Credits>, reply: RpcReplyPort<()> },
     /// A worker stream left; the reply says whether none are left.
     RemoveClient { client_id: u64, reply: RpcReplyPort<bool> },
     /// Jobs pushed by a partition leader; the reply lists the keys no ready
@@ -29,20 +31,21 @@ pub struct StreamAggregator;
 
 pub struct AggregatorState {
     key: StreamKey,
-    clients: Vec<(u64, ClientSender)>,
+    held: Arc<Held>,
+    clients: Vec<(u64, ClientSender, Arc<Credits>)>,
 }
 
 impl Actor for StreamAggregator {
     type Msg = AggregatorMsg;
     type State = AggregatorState;
-    type Arguments = StreamKey;
+    type Arguments = (StreamKey, Arc<Held>);
 
     async fn pre_start(
         &self,
         _myself: ActorRef<AggregatorMsg>,
-        key: StreamKey,
+        (key, held): (StreamKey, Arc<Held>),
     ) -> Result<AggregatorState, ActorProcessingErr> {
-        Ok(AggregatorState { key, clients: Vec::new() })
+        Ok(AggregatorState { key, held, clients: Vec::new() })
     }
 
     async fn handle(
@@ -52,14 +55,14 @@ impl Actor for StreamAggregator {
         state: &mut AggregatorState,
     ) -> Result<(), ActorProcessingErr> {
         match message {
-            AggregatorMsg::AddClient { client_id, sender, reply } => {
-                state.clients.push((client_id, sender));
+            AggregatorMsg::AddClient { client_id, sender, credits, reply } => {
+                state.clients.push((client_id, sender, credits));
                 metrics::gauge!("drover_gateway_job_stream_clients").increment(1.0);
                 let _ = reply.send(());
             }
             AggregatorMsg::RemoveClient { client_id, reply } => {
                 let before = state.clients.len();
-                state.clients.retain(|(id, _)| *id != client_id);
+                state.clients.retain(|(id, _, _)| *id != client_id);
                 if state.clients.len() < before {
                     metrics::gauge!("drover_gateway_job_stream_clients").decrement(1.0);
                 }
@@ -69,7 +72,7 @@ impl Actor for StreamAggregator {
                 let _ = reply.send(state.push(jobs));
             }
             AggregatorMsg::Clients { reply } => {
-                let _ = reply.send(state.clients.iter().map(|(id, _)| *id).collect());
+                let _ = reply.send(state.clients.iter().map(|(id, _, _)| *id).collect());
             }
         }
         Ok(())
@@ -87,8 +90,9 @@ impl Actor for StreamAggregator {
 
 impl AggregatorState {
     /// Each job goes to a client picked at random; when the pick is not ready
-    /// (its buffer is full because it stopped reading) the others are tried.
+    /// (it holds as many jobs as it allows, or it is gone) the others are tried.
     fn push(&self, jobs: Vec<ActivatedJobData>) -> Vec<JobKey> {
+        self.held.expire(crate::partition::now_millis());
         let mut rejected = Vec::new();
         let mut rng = rand::rng();
         let count = self.clients.len();
@@ -97,10 +101,18 @@ impl AggregatorState {
             if count > 0 {
                 let start = rng.random_range(0..count);
                 for offset in 0..count {
-                    let (_, client) = &self.clients[(start + offset) % count];
+                    let (_, client, credits) = &self.clients[(start + offset) % count];
+                    if !credits.try_take() {
+                        metrics::counter!("drover_gateway_job_stream_push_fail_try_total").increment(1);
+                        continue;
+                    }
                     match client.try_send(message.take().expect("message present")) {
-                        Ok(()) => break,
+                        Ok(()) => {
+                            self.held.hold(job.key, job.attempt, Arc::clone(credits), job.deadline);
+                            break;
+                        }
                         Err(TrySendError::Full(m) | TrySendError::Closed(m)) => {
+                            credits.give_back();
                             metrics::counter!("drover_gateway_job_stream_push_fail_try_total").increment(1);
                             message = Some(m);
                         }

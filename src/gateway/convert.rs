@@ -126,6 +126,19 @@ pub struct WorkerSpec {
     pub tenants: Vec<String>,
 }
 
+/// A stream's `max_jobs_in_flight`: 0 means the default.
+pub fn max_jobs_in_flight(requested: i32) -> Result<usize, ApiError> {
+    use super::streams::{DEFAULT_MAX_IN_FLIGHT, MAX_IN_FLIGHT_LIMIT};
+    match requested {
+        0 => Ok(DEFAULT_MAX_IN_FLIGHT),
+        n if n > 0 && n as usize <= MAX_IN_FLIGHT_LIMIT => Ok(n as usize),
+        n => Err(ApiError::InvalidArgument(format!(
+            "max_jobs_in_flight must be between 1 and {MAX_IN_FLIGHT_LIMIT} (0 for the default, \
+             {DEFAULT_MAX_IN_FLIGHT}), got {n}"
+        ))),
+    }
+}
+
 pub fn worker_spec(
     job_type_value: String,
     worker: String,

@@ -165,6 +165,8 @@ impl GatewayService {
 
     fn complete_command(&self, request: CompleteJobRequest) -> Result<(PartitionId, Command), ApiError> {
         let key = key_of(request.key)?;
+        // The worker is done with this activation, however the completion fares.
+        self.ctx.gateway_streams.release(key, request.attempt);
         if key.partition() >= self.ctx.partition_count() {
             return Err(ApiError::NotFound(format!("no job with key {key}")));
         }
@@ -340,6 +342,7 @@ impl Gateway for GatewayService {
         request: Request<StreamActivatedJobsRequest>,
     ) -> Result<Response<Self::StreamActivatedJobsStream>, Status> {
         let request = request.into_inner();
+        let max_in_flight = convert::max_jobs_in_flight(request.max_jobs_in_flight)?;
         let spec = convert::worker_spec(
             request.r#type,
             request.worker,
@@ -347,7 +350,7 @@ impl Gateway for GatewayService {
             request.fetch_variable,
             request.tenant_ids,
         )?;
-        let opened = self.ctx.gateway_streams.open(&spec).await?;
+        let opened = self.ctx.gateway_streams.open(&spec, max_in_flight).await?;
         if let Some(stream) = &opened.new_stream {
             crate::cluster::register_everywhere(&self.ctx, stream);
         }
@@ -360,6 +363,9 @@ impl Gateway for GatewayService {
             tokio::spawn(async move {
                 if let Some(stream) = ctx.gateway_streams.close(stream_id, client_id).await {
                     crate::cluster::remove_everywhere(&ctx, &stream);
+                }
+                for (key, attempt) in &buffered {
+                    ctx.gateway_streams.release(*key, *attempt);
                 }
                 if buffered.is_empty() {
                     return;
@@ -415,10 +421,11 @@ impl Gateway for GatewayService {
     }
 
     async fn fail_job(&self, request: Request<FailJobRequest>) -> Result<Response<FailJobResponse>, Status> {
-        let _running = self.ctx.request_started("complete_jobs");
+        let _running = self.ctx.request_started("fail_job");
         let deadline = self.deadline(&request);
         let request = request.into_inner();
         let key = key_of(request.key)?;
+        self.ctx.gateway_streams.release(key, request.attempt);
         if request.retries < 0 {
             return Err(
                 ApiError::InvalidArgument(format!("retries must be zero or more, got {}", request.retries)).into()

@@ -6,14 +6,18 @@
 //! (order and repeats do not matter). Equivalent streams share one aggregated
 //! stream id, registered once with every broker, and one
 //! [`StreamAggregator`](super::aggregator::StreamAggregator) actor that owns
-//! their clients and hands out pushed jobs. Each client has a bounded
-//! buffer; a client is ready while its buffer has room, and the buffer stops
-//! draining when the client stops reading (HTTP/2 flow control), so a slow worker
-//! becomes "not ready" and its jobs go elsewhere.
+//! their clients and hands out pushed jobs.
+//!
+//! A client is ready while it holds fewer jobs than its `max_jobs_in_flight`:
+//! a job pushed to it is held until the worker completes or fails it through
+//! this gateway, or its activation times out ([`Held`]). HTTP/2 flow control
+//! alone cannot say a worker is busy: a client's receive window holds
+//! thousands of small jobs, which would sit there past their timeout.
 
 use std::collections::HashMap;
 use std::pin::Pin;
-use std::sync::atomic::{AtomicU64, Ordering};
+use std::sync::atomic::{AtomicU64, AtomicUsize, Ordering};
+use std::sync::{Arc, Mutex};
 use std::task::{Context, Poll};
 use std::time::Duration;
 
@@ -26,13 +30,86 @@ use tonic::Status;
 
 use super::aggregator::{AggregatorMsg, StreamAggregator};
 use super::convert::WorkerSpec;
-use crate::core::{ActivatedJobData, JobKey};
+use crate::core::{ActivatedJobData, JobKey, Millis};
 use crate::partition::streams::RemoteStream;
 use crate::proto::gateway as pb;
 use crate::raft::NodeId;
 
-/// Jobs buffered per client beyond what HTTP/2 already holds.
-pub const CLIENT_BUFFER: usize = 64;
+/// Jobs a worker stream holds at once when it names no limit.
+pub const DEFAULT_MAX_IN_FLIGHT: usize = 32;
+/// The largest `max_jobs_in_flight` a stream may ask for.
+pub const MAX_IN_FLIGHT_LIMIT: usize = 1000;
+/// How often held jobs past their activation timeout are let go.
+const EXPIRE_EVERY_MS: Millis = 250;
+
+/// A client's jobs in hand, against its limit.
+pub struct Credits {
+    held: AtomicUsize,
+    max: usize,
+}
+
+impl Credits {
+    pub fn new(max: usize) -> Arc<Credits> {
+        Arc::new(Credits { held: AtomicUsize::new(0), max })
+    }
+
+    /// Takes one if the client is under its limit.
+    pub fn try_take(&self) -> bool {
+        self.held.fetch_update(Ordering::AcqRel, Ordering::Acquire, |h| (h < self.max).then_some(h + 1)).is_ok()
+    }
+
+    pub fn give_back(&self) {
+        let _ = self.held.fetch_update(Ordering::AcqRel, Ordering::Acquire, |h| h.checked_sub(1));
+    }
+}
+
+/// Activations held by clients: (key, attempt) -> (the client's credits, deadline).
+type HeldJobs = HashMap<(JobKey, u32), (Arc<Credits>, Millis)>;
+
+/// Jobs pushed to this gateway's clients, by (key, attempt), until the worker
+/// finishes them here or their activation deadline passes.
+#[derive(Default)]
+pub struct Held {
+    jobs: Mutex<HeldJobs>,
+    next_expiry: AtomicU64,
+}
+
+impl Held {
+    fn jobs(&self) -> std::sync::MutexGuard<'_, HeldJobs> {
+        self.jobs.lock().expect("held jobs lock poisoned")
+    }
+
+    pub fn hold(&self, key: JobKey, attempt: u32, credits: Arc<Credits>, deadline: Millis) {
+        let previous = self.jobs().insert((key, attempt), (credits, deadline));
+        if let Some((previous, _)) = previous {
+            previous.give_back();
+        }
+    }
+
+    /// The worker is done with this activation (or it never reached it).
+    pub fn release(&self, key: JobKey, attempt: u32) {
+        let released = self.jobs().remove(&(key, attempt));
+        if let Some((credits, _)) = released {
+            credits.give_back();
+        }
+    }
+
+    /// Lets go of activations past their deadline, at most every
+    /// [`EXPIRE_EVERY_MS`]: the job is no longer the worker's.
+    pub fn expire(&self, now: Millis) {
+        if (now as u64) < self.next_expiry.load(Ordering::Acquire) {
+            return;
+        }
+        self.next_expiry.store((now + EXPIRE_EVERY_MS) as u64, Ordering::Release);
+        self.jobs().retain(|_, (credits, deadline)| {
+            let keep = *deadline > now;
+            if !keep {
+                credits.give_back();
+            }
+            keep
+        });
+    }
+}
 
 /// The equivalence key of worker streams.
 #[derive(Clone, Debug, PartialEq, Eq, Hash, Serialize)]
@@ -75,6 +152,7 @@ pub struct GatewayStreams {
     node_id: NodeId,
     next_id: AtomicU64,
     inner: tokio::sync::Mutex<Inner>,
+    held: Arc<Held>,
 }
 
 /// A client's place in an aggregated stream.
@@ -98,7 +176,12 @@ const CALL_TIMEOUT: Duration = Duration::from_secs(5);
 
 impl GatewayStreams {
     pub fn new(node_id: NodeId) -> Self {
-        GatewayStreams { node_id, next_id: AtomicU64::new(1), inner: tokio::sync::Mutex::new(Inner::default()) }
+        GatewayStreams {
+            node_id,
+            next_id: AtomicU64::new(1),
+            inner: tokio::sync::Mutex::new(Inner::default()),
+            held: Arc::new(Held::default()),
+        }
     }
 
     fn remote(&self, stream_id: u64, key: &StreamKey) -> RemoteStream {
@@ -113,18 +196,25 @@ impl GatewayStreams {
         }
     }
 
-    /// Adds a worker stream to its aggregate, starting the aggregate's actor if
-    /// it is the first of its kind.
-    pub async fn open(&self, spec: &WorkerSpec) -> Result<Opened, Status> {
+    /// A worker finished (or gave up) an activation it may have received
+    /// from this gateway: its stream may take another job.
+    pub fn release(&self, key: JobKey, attempt: u32) {
+        self.held.release(key, attempt);
+    }
+
+    /// Adds a worker stream, holding at most `max_in_flight` jobs, to its
+    /// aggregate, starting the aggregate's actor if it is the first of its kind.
+    pub async fn open(&self, spec: &WorkerSpec, max_in_flight: usize) -> Result<Opened, Status> {
         let key = StreamKey::from(spec);
-        let (sender, receiver) = mpsc::channel(CLIENT_BUFFER);
+        let (sender, receiver) = mpsc::channel(max_in_flight.max(1));
+        let credits = Credits::new(max_in_flight);
         let client_id = self.next_id.fetch_add(1, Ordering::Relaxed);
         let mut inner = self.inner.lock().await;
         let (stream_id, new_stream) = match inner.by_key.get(&key) {
             Some(id) => (*id, None),
             None => {
                 let id = self.next_id.fetch_add(1, Ordering::Relaxed);
-                let (actor, _) = Actor::spawn(None, StreamAggregator, key.clone())
+                let (actor, _) = Actor::spawn(None, StreamAggregator, (key.clone(), Arc::clone(&self.held)))
                     .await
                     .map_err(|e| Status::internal(format!("starting the stream aggregator: {e}")))?;
                 inner.by_key.insert(key.clone(), id);
@@ -134,7 +224,10 @@ impl GatewayStreams {
             }
         };
         let actor = &inner.streams[&stream_id].actor;
-        match actor.call(|reply| AggregatorMsg::AddClient { client_id, sender, reply }, Some(CALL_TIMEOUT)).await {
+        match actor
+            .call(|reply| AggregatorMsg::AddClient { client_id, sender, credits, reply }, Some(CALL_TIMEOUT))
+            .await
+        {
             Ok(CallResult::Success(())) => Ok(Opened { stream_id, client_id, receiver, new_stream }),
             _ => Err(Status::unavailable("the stream aggregator did not answer; reconnect")),
         }
@@ -275,9 +368,9 @@ mod tests {
     #[tokio::test]
     async fn equivalent_streams_aggregate_regardless_of_order() {
         let streams = GatewayStreams::new(0);
-        let a = streams.open(&spec(1000, &["x", "y"])).await.unwrap();
-        let b = streams.open(&spec(1000, &["y", "x", "x"])).await.unwrap();
-        let c = streams.open(&spec(2000, &["x", "y"])).await.unwrap();
+        let a = streams.open(&spec(1000, &["x", "y"]), 8).await.unwrap();
+        let b = streams.open(&spec(1000, &["y", "x", "x"]), 8).await.unwrap();
+        let c = streams.open(&spec(2000, &["x", "y"]), 8).await.unwrap();
         assert!(a.new_stream.is_some());
         assert!(b.new_stream.is_none());
         assert_eq!(a.stream_id, b.stream_id);
@@ -288,10 +381,10 @@ mod tests {
     }
 
     #[tokio::test]
-    async fn full_clients_reject_pushes() {
+    async fn clients_at_their_limit_reject_pushes_until_jobs_are_released_or_expire() {
         let streams = GatewayStreams::new(0);
-        let opened = streams.open(&spec(1000, &[])).await.unwrap();
-        let job = |n: u64| ActivatedJobData {
+        let mut opened = streams.open(&spec(1000, &[]), 4).await.unwrap();
+        let job = |n: u64, deadline: Millis| ActivatedJobData {
             key: JobKey(n),
             spec: Arc::new(crate::core::JobSpec {
                 job_type: "t".into(),
@@ -304,12 +397,29 @@ mod tests {
             }),
             worker: "w".into(),
             retries: 3,
-            deadline: 0,
+            deadline,
             attempt: 1,
             created_at: 0,
         };
-        let jobs: Vec<_> = (1..=(CLIENT_BUFFER as u64 + 3)).map(job).collect();
-        let rejected = streams.push(opened.stream_id, jobs).await;
-        assert_eq!(rejected.len(), 3, "the buffer holds {CLIENT_BUFFER}; the rest are not taken");
+        let later = crate::partition::now_millis() + 60_000;
+        let rejected = streams.push(opened.stream_id, (1..=7).map(|n| job(n, later)).collect()).await;
+        assert_eq!(rejected, vec![JobKey(5), JobKey(6), JobKey(7)], "the client holds 4; the rest are not taken");
+        // The worker reads them: they leave the buffer but are still its to finish.
+        let mut received = 0;
+        while opened.receiver.try_recv().is_ok() {
+            received += 1;
+        }
+        assert_eq!(received, 4);
+
+        streams.release(JobKey(1), 1);
+        streams.release(JobKey(2), 7); // another attempt: not one this client holds
+        let rejected = streams.push(opened.stream_id, vec![job(8, 0), job(9, later)]).await;
+        assert_eq!(rejected, vec![JobKey(9)], "one released, one taken");
+        while opened.receiver.try_recv().is_ok() {}
+
+        // Job 8's deadline has passed: the next push lets it go.
+        tokio::time::sleep(Duration::from_millis(300)).await;
+        let rejected = streams.push(opened.stream_id, vec![job(10, later), job(11, later)]).await;
+        assert_eq!(rejected, vec![JobKey(11)], "the expired activation freed one");
     }
 }

@@ -11,4 +11,4 @@
 mod leader;
 pub mod streams;
 
-pub use leader::{GatewayLink, LeaderArgs, LeaderMsg, PartitionLeader, SubmitError, SubmitReply};
+pub use leader::{now_millis, GatewayLink, LeaderArgs, LeaderMsg, PartitionLeader, SubmitError, SubmitReply};
