@@ -57,6 +57,8 @@ pub struct Figures {
     pub rss_start_mib: Vec<f64>,
     pub rss_peak_mib: Vec<f64>,
     pub rss_end_mib: Vec<f64>,
+    /// Each node's peak resident set in each minute of the run (is memory flat?).
+    pub rss_peak_per_minute_mib: Vec<Vec<f64>>,
     pub wal_syncs: Vec<u64>,
     pub jobs_per_sync: Option<f64>,
 }
@@ -89,6 +91,11 @@ impl Figures {
                 "  RSS per node (MiB)  start {:?}  peak {:?}  end {:?}",
                 self.rss_start_mib, self.rss_peak_mib, self.rss_end_mib
             );
+        }
+        if self.rss_peak_per_minute_mib.iter().any(|minutes| minutes.len() > 1) {
+            for (node, minutes) in self.rss_peak_per_minute_mib.iter().enumerate() {
+                println!("  RSS peak per minute, node {node} (MiB)  {minutes:?}");
+            }
         }
         if let Some(jobs_per_sync) = self.jobs_per_sync {
             println!("  WAL syncs per node {:?}; jobs per sync {:.1}", self.wal_syncs, jobs_per_sync);
@@ -308,15 +315,23 @@ async fn run(
     tokio::time::sleep(Duration::from_millis(300)).await;
 
     let rss_peak: Arc<Mutex<Vec<u64>>> = Arc::new(Mutex::new(rss_start.clone()));
+    let rss_minutes: Arc<Mutex<Vec<Vec<u64>>>> = Arc::new(Mutex::new(vec![Vec::new(); rss_start.len()]));
     let sampler = cluster.map(|c| {
         let pids: Vec<u32> = c.nodes.iter().map(|n| n.child.id()).collect();
-        let (peak, mut stop) = (Arc::clone(&rss_peak), stop_rx.clone());
+        let (peak, minutes, mut stop) = (Arc::clone(&rss_peak), Arc::clone(&rss_minutes), stop_rx.clone());
+        let sampling_since = Instant::now();
         tokio::spawn(async move {
             loop {
                 {
-                    let mut peak = peak.lock().expect("lock");
+                    let minute = (sampling_since.elapsed().as_secs() / 60) as usize;
+                    let (mut peak, mut minutes) = (peak.lock().expect("lock"), minutes.lock().expect("lock"));
                     for (i, pid) in pids.iter().enumerate() {
-                        peak[i] = peak[i].max(super::local::resident_bytes(*pid));
+                        let rss = super::local::resident_bytes(*pid);
+                        peak[i] = peak[i].max(rss);
+                        if minutes[i].len() <= minute {
+                            minutes[i].resize(minute + 1, 0);
+                        }
+                        minutes[i][minute] = minutes[i][minute].max(rss);
                     }
                 }
                 tokio::select! {
@@ -400,6 +415,7 @@ async fn run(
         figures.rss_start_mib = mib(&rss_start);
         figures.rss_peak_mib = mib(&rss_peak.lock().expect("lock"));
         figures.rss_end_mib = mib(&cluster.resident_bytes());
+        figures.rss_peak_per_minute_mib = rss_minutes.lock().expect("lock").iter().map(|m| mib(m)).collect();
     }
     if !admins.is_empty() {
         figures.wal_syncs = syncs_after.iter().zip(&syncs_before).map(|(a, b)| a.saturating_sub(*b)).collect();
