@@ -202,6 +202,7 @@ async fn run(cli: Cli) -> anyhow::Result<()> {
 }
 
 async fn serve(args: ServeArgs) -> anyhow::Result<()> {
+    limit_malloc_arenas();
     let config = args.resolve()?;
     let telemetry = drover::telemetry::init(&config.log_format, config.otlp_endpoint.as_deref(), "drover")?;
     let data_dir = config.data_dir.clone();
@@ -450,4 +451,15 @@ async fn status(target: &Target) -> anyhow::Result<()> {
         bail!("some nodes did not answer");
     }
     Ok(())
+}
+
+/// glibc gives each thread that allocates concurrently its own arena, up to
+/// eight per core, and memory freed in one is not returned while others hold
+/// it: with tokio's and RocksDB's threads, resident memory drifts upward. Two
+/// arenas keep it near what is in use, at no measurable cost here.
+fn limit_malloc_arenas() {
+    #[cfg(target_env = "gnu")]
+    unsafe {
+        libc::mallopt(libc::M_ARENA_MAX, 2);
+    }
 }

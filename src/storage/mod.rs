@@ -127,12 +127,21 @@ impl Store {
         opts.set_bytes_per_sync(1 << 20);
         opts.set_max_total_wal_size(256 << 20);
         opts.set_keep_log_file_num(4);
-        // Bounds memtables across all column families (memory stays flat).
-        opts.set_db_write_buffer_size(96 << 20);
+        // Memory is bounded, not grown with the data: memtables of every
+        // column family share one budget, and block, index and filter blocks
+        // share one cache (by default each column family would get its own
+        // cache, and index blocks would sit outside any, growing with files).
+        opts.set_db_write_buffer_size(64 << 20);
+        let cache = rocksdb::Cache::new_lru_cache(32 << 20);
         let cf = |name: &str| {
+            let mut table = rocksdb::BlockBasedOptions::default();
+            table.set_block_cache(&cache);
+            table.set_cache_index_and_filter_blocks(true);
+            table.set_pin_l0_filter_and_index_blocks_in_cache(true);
             let mut cf_opts = Options::default();
             cf_opts.set_compression_type(rocksdb::DBCompressionType::Lz4);
             cf_opts.set_write_buffer_size(16 << 20);
+            cf_opts.set_block_based_table_factory(&table);
             ColumnFamilyDescriptor::new(name, cf_opts)
         };
         let cfs = [CF_LOG, CF_META, CF_JOBS, CF_DONE, CF_EXPIRY].map(cf);
