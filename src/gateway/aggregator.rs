@@ -1,12 +1,12 @@
 //! The `StreamAggregator` actor: one per aggregated stream on a gateway. It
 //! owns the stream's clients and hands each pushed job to one of them.
 
+use std::sync::Arc;
+
 use ractor::{Actor, ActorProcessingErr, ActorRef, RpcReplyPort};
 use rand::Rng;
 use tokio::sync::mpsc::{self, error::TrySendError};
 use tonic::Status;
-
-use std::sync::Arc;
 
 use super::convert;
 use super::streams::{Credits, Held, StreamKey};
