@@ -240,3 +240,20 @@ async fn an_activation_times_out_on_schedule_under_a_new_leader() {
     assert!(reactivated_at >= first.deadline, "not before its deadline");
     assert!(reactivated_at <= first.deadline + 5_000, "within the election slack of its deadline");
 }
+
+/// openraft gives every AppendEntries one heartbeat interval to answer. With
+/// a 100 ms heartbeat (the old default), links with a round trip over 100 ms
+/// committed nothing at all (found by the fault suite's delay nemesis). With
+/// the default timing, writes commit over links 60 ms slow each way.
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn writes_commit_over_links_slower_than_a_100_ms_round_trip() {
+    let slow = |_: usize, port: u16| format!("127.0.0.1:{}", common::delaying_proxy(port, Duration::from_millis(60)));
+    let cluster = ProcessCluster::start_with(3, 1, 3, &[], &slow);
+    cluster.wait_ready().await;
+    let leader = cluster.leader_of(0, Duration::from_secs(30)).await;
+    let client = cluster.node(leader).client().await;
+    for n in 0..10 {
+        let created = client.create_job("slow-links", &format!(r#"{{"n":{n}}}"#)).await;
+        assert!(created.is_ok(), "create {n} over slow links: {created:?}");
+    }
+}

@@ -233,6 +233,18 @@ pub struct ProcessCluster {
 
 impl ProcessCluster {
     pub fn start(size: usize, partitions: u32, replication_factor: u32, extra: &[&str]) -> ProcessCluster {
+        Self::start_with(size, partitions, replication_factor, extra, &|_, port| format!("127.0.0.1:{port}"))
+    }
+
+    /// Like [`ProcessCluster::start`], but nodes dial node i at
+    /// `dial(i, its cluster port)` (a proxy in front of it, say).
+    pub fn start_with(
+        size: usize,
+        partitions: u32,
+        replication_factor: u32,
+        extra: &[&str],
+        dial: &dyn Fn(usize, u16) -> String,
+    ) -> ProcessCluster {
         // Ports are picked free and then released, so a parallel test can take
         // one first; such a start is retried on other ports.
         for _ in 0..5 {
@@ -240,7 +252,7 @@ impl ProcessCluster {
             let ports: Vec<Ports> =
                 (0..size).map(|_| Ports { grpc: free_port(), cluster: free_port(), admin: free_port() }).collect();
             let members: Vec<String> =
-                ports.iter().enumerate().map(|(i, p)| format!("{i}=127.0.0.1:{}", p.cluster)).collect();
+                ports.iter().enumerate().map(|(i, p)| format!("{i}={}", dial(i, p.cluster))).collect();
             let mut args = vec![
                 "--members".to_string(),
                 members.join(","),
@@ -355,4 +367,53 @@ impl ProcessCluster {
             self.node(id).wait_ready().await;
         }
     }
+}
+
+/// Forwards connections on a loopback port to `target`, holding every chunk
+/// of bytes for `delay` in each direction, in order: a slow link, which this
+/// kernel cannot make itself (no netem). Returns the port. The proxy lives as
+/// long as the test's runtime.
+pub fn delaying_proxy(target: u16, delay: Duration) -> u16 {
+    let listener = std::net::TcpListener::bind("127.0.0.1:0").expect("bind a proxy port");
+    let port = listener.local_addr().expect("proxy address").port();
+    listener.set_nonblocking(true).expect("non-blocking listener");
+    tokio::spawn(async move {
+        let listener = tokio::net::TcpListener::from_std(listener).expect("tokio listener");
+        while let Ok((inbound, _)) = listener.accept().await {
+            tokio::spawn(async move {
+                let Ok(outbound) = tokio::net::TcpStream::connect(("127.0.0.1", target)).await else { return };
+                let _ = (inbound.set_nodelay(true), outbound.set_nodelay(true));
+                let (from_client, to_client) = inbound.into_split();
+                let (from_server, to_server) = outbound.into_split();
+                tokio::spawn(delayed_copy(from_client, to_server, delay));
+                tokio::spawn(delayed_copy(from_server, to_client, delay));
+            });
+        }
+    });
+    port
+}
+
+async fn delayed_copy(
+    mut from: tokio::net::tcp::OwnedReadHalf,
+    mut to: tokio::net::tcp::OwnedWriteHalf,
+    delay: Duration,
+) {
+    use tokio::io::{AsyncReadExt, AsyncWriteExt};
+    let (tx, mut rx) = tokio::sync::mpsc::unbounded_channel::<(tokio::time::Instant, Vec<u8>)>();
+    let writer = tokio::spawn(async move {
+        while let Some((at, bytes)) = rx.recv().await {
+            tokio::time::sleep_until(at).await;
+            if to.write_all(&bytes).await.is_err() {
+                break;
+            }
+        }
+    });
+    let mut buffer = vec![0u8; 64 * 1024];
+    while let Ok(n) = from.read(&mut buffer).await {
+        if n == 0 || tx.send((tokio::time::Instant::now() + delay, buffer[..n].to_vec())).is_err() {
+            break;
+        }
+    }
+    drop(tx);
+    let _ = writer.await;
 }
