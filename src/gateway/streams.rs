@@ -16,7 +16,7 @@
 
 use std::collections::HashMap;
 use std::pin::Pin;
-use std::sync::atomic::{AtomicU64, AtomicUsize, Ordering};
+use std::sync::atomic::{AtomicI64, AtomicU64, AtomicUsize, Ordering};
 use std::sync::{Arc, Mutex};
 use std::task::{Context, Poll};
 use std::time::Duration;
@@ -39,8 +39,6 @@ use crate::raft::NodeId;
 pub const DEFAULT_MAX_IN_FLIGHT: usize = 32;
 /// The largest `max_jobs_in_flight` a stream may ask for.
 pub const MAX_IN_FLIGHT_LIMIT: usize = 1000;
-/// How often held jobs past their activation timeout are let go.
-const EXPIRE_EVERY_MS: Millis = 250;
 
 /// A client's jobs in hand, against its limit.
 pub struct Credits {
@@ -71,7 +69,9 @@ type HeldJobs = HashMap<(JobKey, u32), (Arc<Credits>, Millis)>;
 #[derive(Default)]
 pub struct Held {
     jobs: Mutex<HeldJobs>,
-    next_expiry: AtomicU64,
+    /// No held deadline is earlier than this (it may be earlier than needed
+    /// after releases): expiry scans only once it has passed.
+    earliest_deadline: AtomicI64,
 }
 
 impl Held {
@@ -80,7 +80,10 @@ impl Held {
     }
 
     pub fn hold(&self, key: JobKey, attempt: u32, credits: Arc<Credits>, deadline: Millis) {
-        let previous = self.jobs().insert((key, attempt), (credits, deadline));
+        let mut jobs = self.jobs();
+        self.earliest_deadline.fetch_min(deadline, Ordering::AcqRel);
+        let previous = jobs.insert((key, attempt), (credits, deadline));
+        drop(jobs);
         if let Some((previous, _)) = previous {
             previous.give_back();
         }
@@ -94,20 +97,24 @@ impl Held {
         }
     }
 
-    /// Lets go of activations past their deadline, at most every
-    /// [`EXPIRE_EVERY_MS`]: the job is no longer the worker's.
+    /// Lets go of activations past their deadline (the job is no longer the
+    /// worker's). Scans only when the earliest held deadline has passed.
     pub fn expire(&self, now: Millis) {
-        if (now as u64) < self.next_expiry.load(Ordering::Acquire) {
+        if now < self.earliest_deadline.load(Ordering::Acquire) {
             return;
         }
-        self.next_expiry.store((now + EXPIRE_EVERY_MS) as u64, Ordering::Release);
-        self.jobs().retain(|_, (credits, deadline)| {
+        let mut jobs = self.jobs();
+        let mut earliest = Millis::MAX;
+        jobs.retain(|_, (credits, deadline)| {
             let keep = *deadline > now;
-            if !keep {
+            if keep {
+                earliest = earliest.min(*deadline);
+            } else {
                 credits.give_back();
             }
             keep
         });
+        self.earliest_deadline.store(earliest, Ordering::Release);
     }
 }
 
@@ -418,7 +425,6 @@ mod tests {
         while opened.receiver.try_recv().is_ok() {}
 
         // Job 8's deadline has passed: the next push lets it go.
-        tokio::time::sleep(Duration::from_millis(300)).await;
         let rejected = streams.push(opened.stream_id, vec![job(10, later), job(11, later)]).await;
         assert_eq!(rejected, vec![JobKey(11)], "the expired activation freed one");
     }

@@ -19,10 +19,6 @@ pub type Completion = Box<dyn FnOnce(Result<(), String>) + Send>;
 /// Requests answered per sync, capped so one huge drain cannot starve callers.
 const MAX_BATCHES_PER_SYNC: usize = 1024;
 
-struct Request {
-    done: Completion,
-}
-
 #[derive(Default)]
 struct Counters {
     syncs: AtomicU64,
@@ -41,7 +37,7 @@ pub struct SyncStats {
 /// The WAL group-commit thread. Dropping the last handle stops it after it has
 /// synced what it already took.
 pub struct SyncWriter {
-    tx: Option<Sender<Request>>,
+    tx: Option<Sender<Completion>>,
     thread: Option<std::thread::JoinHandle<()>>,
     counters: Arc<Counters>,
 }
@@ -59,7 +55,7 @@ impl Drop for SyncWriter {
 
 impl SyncWriter {
     pub fn start(db: Arc<DB>) -> SyncWriter {
-        let (tx, rx) = mpsc::channel::<Request>();
+        let (tx, rx) = mpsc::channel::<Completion>();
         let counters = Arc::new(Counters::default());
         let thread_counters = Arc::clone(&counters);
         let thread = std::thread::Builder::new()
@@ -71,13 +67,12 @@ impl SyncWriter {
 
     /// Syncs everything written to the WAL before this call, then runs `done`.
     pub fn sync(&self, done: Completion) {
-        let request = Request { done };
         let unsent = match &self.tx {
-            Some(tx) => tx.send(request).err().map(|mpsc::SendError(request)| request),
-            None => Some(request),
+            Some(tx) => tx.send(done).err().map(|mpsc::SendError(done)| done),
+            None => Some(done),
         };
-        if let Some(request) = unsent {
-            (request.done)(Err("the storage writer has stopped".into()));
+        if let Some(done) = unsent {
+            done(Err("the storage writer has stopped".into()));
         }
     }
 
@@ -90,14 +85,14 @@ impl SyncWriter {
     }
 }
 
-fn run(db: Arc<DB>, rx: Receiver<Request>, counters: Arc<Counters>) {
+fn run(db: Arc<DB>, rx: Receiver<Completion>, counters: Arc<Counters>) {
     let mut waiting: Vec<Completion> = Vec::with_capacity(MAX_BATCHES_PER_SYNC);
     while let Ok(first) = rx.recv() {
         let started = Instant::now();
-        waiting.push(first.done);
+        waiting.push(first);
         while waiting.len() < MAX_BATCHES_PER_SYNC {
             let Ok(next) = rx.try_recv() else { break };
-            waiting.push(next.done);
+            waiting.push(next);
         }
         // Every request was written before it was sent, so this one sync
         // covers all of them.
