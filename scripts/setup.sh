@@ -15,6 +15,8 @@ command -v ip >/dev/null 2>&1 || need+=(iproute2)
 command -v nft >/dev/null 2>&1 || need+=(nftables)
 command -v iptables >/dev/null 2>&1 || need+=(iptables)
 command -v ping >/dev/null 2>&1 || need+=(iputils-ping)
+# The clock tests step nodes' wall clocks with libfaketime.
+[ -e /usr/lib/x86_64-linux-gnu/faketime/libfaketimeMT.so.1 ] || need+=(faketime)
 
 if [ ${#need[@]} -gt 0 ]; then
   echo "installing: ${need[*]}"

@@ -84,12 +84,35 @@ pub struct ServeArgs {
     /// the oldest go first. [default: 100000]
     #[arg(long, env = "DROVER_FINISHED_RETENTION_JOBS")]
     pub finished_retention_jobs: Option<u64>,
+    /// How long a partition remembers a create that carried no idempotency
+    /// key, in seconds, so a gateway that re-sends it after a failover finds
+    /// the first job; gateways re-send for at most a third of it. [default: 30]
+    #[arg(long, env = "DROVER_REQUEST_DEDUPE_WINDOW_SECS")]
+    pub request_dedupe_window_secs: Option<u64>,
+    /// How long an idempotency key names its job, in seconds. [default: 86400]
+    #[arg(long, env = "DROVER_IDEMPOTENCY_WINDOW_SECS")]
+    pub idempotency_window_secs: Option<u64>,
     /// Log lines: `text` or `json`. Filter with RUST_LOG. [default: text]
     #[arg(long, env = "DROVER_LOG_FORMAT")]
     pub log_format: Option<String>,
     /// OTLP/gRPC endpoint for traces; none are exported when unset.
     #[arg(long, env = "OTEL_EXPORTER_OTLP_ENDPOINT")]
     pub otlp_endpoint: Option<String>,
+}
+
+/// How long partitions remember creates, so that repeats find the first job.
+#[derive(Clone, Copy, Debug, PartialEq, Eq)]
+pub struct DedupeWindows {
+    /// Creates without an idempotency key, identified by their gateway.
+    pub request: Duration,
+    /// Creates with an idempotency key.
+    pub idempotency: Duration,
+}
+
+impl Default for DedupeWindows {
+    fn default() -> Self {
+        DedupeWindows { request: Duration::from_secs(30), idempotency: Duration::from_secs(24 * 3600) }
+    }
 }
 
 /// A node's validated settings.
@@ -110,6 +133,7 @@ pub struct NodeConfig {
     pub raft: RaftSettings,
     /// Stamped by this node's partition leaders on the entries they write.
     pub retention: Retention,
+    pub dedupe: DedupeWindows,
     pub log_format: String,
     pub otlp_endpoint: Option<String>,
 }
@@ -130,6 +154,7 @@ impl NodeConfig {
             request_timeout: Duration::from_secs(10),
             raft: RaftSettings::default(),
             retention: Retention::default(),
+            dedupe: DedupeWindows::default(),
             log_format: "text".into(),
             otlp_endpoint: None,
         }
@@ -236,6 +261,19 @@ impl ServeArgs {
         if let Some(jobs) = pick!(finished_retention_jobs) {
             retention.max_jobs = jobs;
         }
+        let mut dedupe = DedupeWindows::default();
+        if let Some(secs) = pick!(request_dedupe_window_secs) {
+            if secs < 3 {
+                bail!("the request dedupe window must be at least 3 s (gateways re-send creates for a third of it)");
+            }
+            dedupe.request = Duration::from_secs(secs);
+        }
+        if let Some(secs) = pick!(idempotency_window_secs) {
+            if secs < 60 {
+                bail!("the idempotency window must be at least 60 s");
+            }
+            dedupe.idempotency = Duration::from_secs(secs);
+        }
         let log_format = pick!(log_format).unwrap_or_else(|| "text".into());
         if log_format != "text" && log_format != "json" {
             bail!("log format must be text or json, got {log_format:?}");
@@ -256,6 +294,7 @@ impl ServeArgs {
             request_timeout: Duration::from_millis(pick!(request_timeout_ms).unwrap_or(10_000)),
             raft,
             retention,
+            dedupe,
             log_format,
             otlp_endpoint: pick!(otlp_endpoint).filter(|e| !e.is_empty()),
         })

@@ -25,6 +25,8 @@ pub mod config;
 #[cfg(feature = "server")]
 pub mod core;
 #[cfg(feature = "server")]
+pub mod failpoints;
+#[cfg(feature = "server")]
 pub mod gateway;
 #[cfg(feature = "server")]
 pub mod node;

@@ -125,6 +125,7 @@ pub async fn serve(ctx: Arc<NodeContext>, listener: TcpListener, mut stop: watch
         .route("/actuator/partitions", get(partitions))
         .route("/actuator/jobstreams", get(jobstreams))
         .route("/actuator/jobs", get(local_jobs))
+        .route("/actuator/failpoints/{name}", axum::routing::put(arm_failpoint))
         .with_state(ctx);
     let shutdown = async move {
         let _ = stop.wait_for(|s| *s).await;
@@ -132,6 +133,25 @@ pub async fn serve(ctx: Arc<NodeContext>, listener: TcpListener, mut stop: watch
     if let Err(e) = axum::serve(listener, app).with_graceful_shutdown(shutdown).await {
         tracing::error!("admin server failed: {e}");
     }
+}
+
+#[derive(serde::Deserialize)]
+struct ArmFailpoint {
+    count: u32,
+    #[serde(default)]
+    hold_ms: u64,
+}
+
+/// Test-only: see [`crate::failpoints`].
+async fn arm_failpoint(
+    axum::extract::Path(name): axum::extract::Path<String>,
+    axum::extract::Query(arm): axum::extract::Query<ArmFailpoint>,
+) -> impl IntoResponse {
+    if !crate::failpoints::enabled() {
+        return (StatusCode::NOT_FOUND, "failpoints are off (DROVER_FAILPOINTS is not set)".to_string());
+    }
+    crate::failpoints::arm(&name, arm.count, Duration::from_millis(arm.hold_ms));
+    (StatusCode::OK, format!("{name} armed"))
 }
 
 async fn ready(State(ctx): State<Arc<NodeContext>>) -> impl IntoResponse {

@@ -68,6 +68,9 @@ impl Cluster for ClusterService {
 
     async fn forward(&self, request: Request<ForwardRequest>) -> Result<Response<ForwardReply>, Status> {
         let ctx = self.ctx()?;
+        // Shutdown waits for this: cutting a forwarded batch that is already
+        // in the log would leave its gateway with an unknown outcome.
+        let _running = ctx.request_started("forward");
         let deadline = deadline_of(&request, ctx.request_timeout);
         let request = request.into_inner();
         let commands: Vec<Command> = bincode::deserialize(&request.commands)

@@ -1,7 +1,7 @@
 //! One partition's job state and the transition function over it.
 
 use std::cmp::Reverse;
-use std::collections::{BTreeSet, HashMap};
+use std::collections::{BTreeMap, BTreeSet, HashMap};
 use std::sync::Arc;
 
 use serde::{Deserialize, Serialize};
@@ -28,6 +28,30 @@ pub struct PartitionState {
     deadlines: BTreeSet<(Millis, JobKey)>,
     /// Scheduled jobs by due time.
     due: BTreeSet<(Millis, JobKey)>,
+    /// Creates remembered for de-duplication: request id -> the job it made.
+    requests: HashMap<RequestId, Deduped>,
+    /// The same entries by [`request_storage_id`], so the earliest to expire
+    /// comes first.
+    request_expiry: BTreeMap<u64, RequestId>,
+    /// Mixed into storage ids, so entries that expire in the same ms differ.
+    next_request_seq: u64,
+}
+
+/// Bits of a request entry's storage id below its expiry time.
+const REQUEST_SEQ_BITS: u32 = 20;
+/// Expiry times fit in the 44 bits above: until the year 2527.
+const MAX_REQUEST_EXPIRY: Millis = (1 << (64 - REQUEST_SEQ_BITS)) - 1;
+
+/// Where a request entry is stored: its expiry time in the high bits, so one
+/// range delete drops every expired entry, and a sequence number below it.
+pub fn request_storage_id(expires_at: Millis, seq: u64) -> u64 {
+    let at = expires_at.clamp(0, MAX_REQUEST_EXPIRY) as u64;
+    (at << REQUEST_SEQ_BITS) | (seq & ((1 << REQUEST_SEQ_BITS) - 1))
+}
+
+/// Request entries with storage ids below this have expired at `now`.
+pub fn request_expiry_bound(now: Millis) -> u64 {
+    request_storage_id(now.saturating_add(1), 0)
 }
 
 /// What applying a batch did, for the caller to persist and act on.
@@ -47,6 +71,11 @@ pub struct ApplyOutput {
     pub created_to_activated: Vec<Millis>,
     /// Per job completed here: ms since its activation.
     pub activated_to_completed: Vec<Millis>,
+    /// Request entries made in this batch, with their storage ids.
+    pub requests_added: Vec<(u64, RequestId, Deduped)>,
+    /// How many request entries expired in this batch (every storage id
+    /// below [`request_expiry_bound`] of the batch's time is gone).
+    pub requests_expired: usize,
 }
 
 impl ApplyOutput {
@@ -64,6 +93,7 @@ pub struct StateSnapshot {
     pub partition: PartitionId,
     pub next_counter: u64,
     pub clock: Millis,
+    pub next_request_seq: u64,
 }
 
 impl PartitionState {
@@ -71,13 +101,18 @@ impl PartitionState {
         PartitionState { partition, next_counter: 1, ..Default::default() }
     }
 
-    /// Rebuilds the state from its persisted parts: the counters and every
-    /// non-final job record.
-    pub fn restore(meta: StateSnapshot, jobs: impl IntoIterator<Item = Job>) -> Self {
+    /// Rebuilds the state from its persisted parts: the counters, every
+    /// non-final job record and the request entries with their storage ids.
+    pub fn restore(
+        meta: StateSnapshot,
+        jobs: impl IntoIterator<Item = Job>,
+        requests: impl IntoIterator<Item = (u64, RequestId, Deduped)>,
+    ) -> Self {
         let mut state = PartitionState {
             partition: meta.partition,
             next_counter: meta.next_counter.max(1),
             clock: meta.clock,
+            next_request_seq: meta.next_request_seq,
             ..Default::default()
         };
         for job in jobs {
@@ -87,11 +122,30 @@ impl PartitionState {
             state.index(&job);
             state.jobs.insert(job.key, job);
         }
+        for (id, request, entry) in requests {
+            state.request_expiry.insert(id, request.clone());
+            state.requests.insert(request, entry);
+        }
         state
     }
 
     pub fn meta(&self) -> StateSnapshot {
-        StateSnapshot { partition: self.partition, next_counter: self.next_counter, clock: self.clock }
+        StateSnapshot {
+            partition: self.partition,
+            next_counter: self.next_counter,
+            clock: self.clock,
+            next_request_seq: self.next_request_seq,
+        }
+    }
+
+    /// Every remembered create with its storage id, for snapshots.
+    pub fn requests(&self) -> impl Iterator<Item = (u64, &RequestId, &Deduped)> {
+        self.request_expiry.iter().map(|(id, request)| (*id, request, &self.requests[request]))
+    }
+
+    /// What the partition remembers of a create, if it is within its window.
+    pub fn request(&self, request: &RequestId) -> Option<&Deduped> {
+        self.requests.get(request)
     }
 
     pub fn partition(&self) -> PartitionId {
@@ -146,6 +200,7 @@ impl PartitionState {
         let mut out = ApplyOutput { results: Vec::with_capacity(batch.commands.len()), ..Default::default() };
         // Leaders' clocks differ; never let time run backwards within a partition.
         self.clock = self.clock.max(batch.now);
+        self.expire_requests(&mut out);
         self.fire_timers(&mut out);
         for command in &batch.commands {
             let result = match self.execute(command, &mut out) {
@@ -155,6 +210,18 @@ impl PartitionState {
             out.results.push(result);
         }
         out
+    }
+
+    fn expire_requests(&mut self, out: &mut ApplyOutput) {
+        let bound = request_expiry_bound(self.clock);
+        while let Some(entry) = self.request_expiry.first_entry() {
+            if *entry.key() >= bound {
+                break;
+            }
+            let request = entry.remove();
+            self.requests.remove(&request);
+            out.requests_expired += 1;
+        }
     }
 
     fn fire_timers(&mut self, out: &mut ApplyOutput) {
@@ -186,7 +253,7 @@ impl PartitionState {
 
     fn execute(&mut self, command: &Command, out: &mut ApplyOutput) -> Result<CommandResult, CommandError> {
         match command {
-            Command::Create(new_job) => Ok(self.create(new_job, out)),
+            Command::Create(new_job) => self.create(new_job, out),
             Command::Activate(activation) => Ok(CommandResult::Activated(self.activate(activation, out))),
             Command::Complete { key, attempt, variables } => {
                 self.activation_of(*key, *attempt, "complete")?;
@@ -202,12 +269,17 @@ impl PartitionState {
                 if *retries < 0 || *back_off_ms < 0 {
                     return Err(CommandError::invalid("retries and retry_back_off must be zero or more"));
                 }
+                if self.already_failed(*key, *attempt) {
+                    // A retried request whose first send took effect.
+                    return Ok(CommandResult::Done);
+                }
                 self.activation_of(*key, *attempt, "fail")?;
                 let now = self.clock;
                 let job = self.jobs.get_mut(key).expect("checked by activation_of");
                 self.deadlines.remove(&(job.deadline, *key));
                 job.deadline = 0;
                 job.retries = *retries;
+                job.failed_attempt = job.attempt;
                 job.error_message.clone_from(error_message);
                 out.count(&job.spec.job_type, Outcome::Failed);
                 if *retries == 0 {
@@ -274,7 +346,19 @@ impl PartitionState {
         }
     }
 
-    fn create(&mut self, new_job: &NewJob, out: &mut ApplyOutput) -> CommandResult {
+    fn create(&mut self, new_job: &NewJob, out: &mut ApplyOutput) -> Result<CommandResult, CommandError> {
+        if let Some(request) = &new_job.request {
+            if let Some(seen) = self.requests.get(request) {
+                if matches!(request, RequestId::Key { .. }) && seen.fingerprint != payload_fingerprint(&new_job.spec) {
+                    return Err(CommandError::precondition(format!(
+                        "{request} was used for job {} with another type, variables or custom headers; \
+                         an idempotency key names one job's content for its whole window",
+                        seen.job
+                    )));
+                }
+                return Ok(CommandResult::Created { key: seen.job, created: false });
+            }
+        }
         let now = self.clock;
         let key = JobKey::new(self.partition, self.next_counter);
         self.next_counter += 1;
@@ -296,6 +380,7 @@ impl PartitionState {
             error_message: String::new(),
             result: Default::default(),
             activated_at: 0,
+            failed_attempt: 0,
         };
         out.count(&new_job.spec.job_type, Outcome::Created);
         self.jobs.insert(key, job);
@@ -305,7 +390,27 @@ impl PartitionState {
             self.make_ready(key, out);
         }
         out.touched.push(key);
-        CommandResult::Created { key }
+        if let Some(request) = &new_job.request {
+            self.remember(request, key, &new_job.spec, new_job.dedupe_window_ms, out);
+        }
+        Ok(CommandResult::Created { key, created: true })
+    }
+
+    fn remember(&mut self, request: &RequestId, job: JobKey, spec: &JobSpec, window: Millis, out: &mut ApplyOutput) {
+        let fingerprint = match request {
+            RequestId::Key { .. } => payload_fingerprint(spec),
+            RequestId::Gateway { .. } => 0,
+        };
+        let entry = Deduped { job, expires_at: self.clock.saturating_add(window.max(0)), fingerprint };
+        let id = request_storage_id(entry.expires_at, self.next_request_seq);
+        self.next_request_seq += 1;
+        if let Some(displaced) = self.request_expiry.insert(id, request.clone()) {
+            // Only when over a million entries expire in one ms: forget the
+            // older one rather than keep an entry storage cannot hold.
+            self.requests.remove(&displaced);
+        }
+        self.requests.insert(request.clone(), entry);
+        out.requests_added.push((id, request.clone(), entry));
     }
 
     fn activate(&mut self, activation: &Activation, out: &mut ApplyOutput) -> Vec<ActivatedJobData> {
@@ -353,6 +458,15 @@ impl PartitionState {
             }
         }
         Some(key)
+    }
+
+    /// Whether attempt `attempt` of `key` already failed and nothing has
+    /// activated the job since.
+    fn already_failed(&self, key: JobKey, attempt: u32) -> bool {
+        attempt != 0
+            && self.jobs.get(&key).is_some_and(|job| {
+                job.state != JobState::Activated && job.attempt == attempt && job.failed_attempt == attempt
+            })
     }
 
     /// Checks that `key` is activated under `attempt` (zero: any attempt).

@@ -116,6 +116,9 @@ pub struct Job {
     pub result: Bytes,
     /// When the current or last activation began.
     pub activated_at: Millis,
+    /// The attempt whose failure was last recorded (0: none), so a repeated
+    /// `Fail` of that attempt is answered as done rather than refused.
+    pub failed_attempt: u32,
 }
 
 /// A create request after validation.
@@ -127,6 +130,88 @@ pub struct NewJob {
     pub run_at: Option<Millis>,
     /// Delay from the leader's time; zero means none.
     pub delay_ms: i64,
+    /// The create's identity: a repeat of it within `dedupe_window_ms` answers
+    /// with the first job instead of making a second. `None` only in tests and
+    /// tools that accept duplicates.
+    pub request: Option<RequestId>,
+    /// How long the partition remembers `request`, from when the job is created.
+    pub dedupe_window_ms: Millis,
+}
+
+/// What makes two creates "the same request", so a retried create finds the
+/// job the first one made. Gateways and producers' idempotency keys share one
+/// table: `(request id) -> job key`, replicated with the jobs.
+#[derive(Clone, Debug, PartialEq, Eq, Hash, PartialOrd, Ord, Serialize, Deserialize)]
+pub enum RequestId {
+    /// Made by a gateway for a create that carried no idempotency key. The
+    /// epoch is drawn at each gateway start, so ids never repeat across restarts.
+    Gateway { node: u64, epoch: u64, seq: u64 },
+    /// A producer's idempotency key, unique within a tenant.
+    Key { tenant: String, key: String },
+}
+
+impl fmt::Display for RequestId {
+    fn fmt(&self, f: &mut fmt::Formatter<'_>) -> fmt::Result {
+        match self {
+            RequestId::Gateway { node, epoch, seq } => write!(f, "request {node}/{epoch:x}/{seq}"),
+            RequestId::Key { tenant, key } => write!(f, "idempotency key {key:?} of tenant {tenant:?}"),
+        }
+    }
+}
+
+/// What the partition remembers of a create it has run.
+#[derive(Clone, Copy, Debug, PartialEq, Eq, Serialize, Deserialize)]
+pub struct Deduped {
+    pub job: JobKey,
+    /// When the entry is forgotten (leader time).
+    pub expires_at: Millis,
+    /// [`payload_fingerprint`] of the first create: a repeat with other
+    /// content under the same idempotency key is a client bug, not a retry.
+    pub fingerprint: u64,
+}
+
+/// A stable 64-bit FNV-1a hash over length-prefixed parts: the same on
+/// every platform and version, so replicas and gateways agree on it.
+#[derive(Clone, Copy)]
+pub struct StableHash(u64);
+
+impl StableHash {
+    pub fn new() -> Self {
+        StableHash(0xcbf2_9ce4_8422_2325)
+    }
+    /// Adds one part; its length goes first, so ("ab","c") and ("a","bc") differ.
+    pub fn part(mut self, bytes: &[u8]) -> Self {
+        for byte in (bytes.len() as u64).to_le_bytes().iter().chain(bytes) {
+            self.0 ^= u64::from(*byte);
+            self.0 = self.0.wrapping_mul(0x0100_0000_01b3);
+        }
+        self
+    }
+    pub fn finish(self) -> u64 {
+        self.0
+    }
+}
+
+impl Default for StableHash {
+    fn default() -> Self {
+        Self::new()
+    }
+}
+
+/// What makes a job's content, hashed: type, variables and custom headers.
+pub fn payload_fingerprint(spec: &JobSpec) -> u64 {
+    let mut hash = StableHash::new().part(spec.job_type.as_bytes()).part(&spec.variables);
+    for (name, value) in &spec.custom_headers {
+        hash = hash.part(name.as_bytes()).part(value.as_bytes());
+    }
+    hash.finish()
+}
+
+/// The partition of a create with an idempotency key: every repeat of the
+/// key goes to the partition that remembers it.
+pub fn idempotency_partition(tenant: &str, key: &str, partitions: u32) -> PartitionId {
+    (StableHash::new().part(tenant.as_bytes()).part(key.as_bytes()).finish() % u64::from(partitions.max(1)))
+        as PartitionId
 }
 
 /// Who an activation is for.
@@ -252,8 +337,12 @@ pub struct ActivatedJobData {
 /// The outcome of one command, in the order of the batch.
 #[derive(Clone, Debug, PartialEq, Serialize, Deserialize)]
 pub enum CommandResult {
+    /// The job a create made, or, for a repeat of a create the partition
+    /// remembers (same request id or idempotency key), the job the first one
+    /// made (`created: false`).
     Created {
         key: JobKey,
+        created: bool,
     },
     Activated(Vec<ActivatedJobData>),
     Done,

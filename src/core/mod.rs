@@ -10,7 +10,7 @@
 mod engine;
 mod job;
 
-pub use engine::{ApplyOutput, PartitionState, StateSnapshot};
+pub use engine::{request_expiry_bound, request_storage_id, ApplyOutput, PartitionState, StateSnapshot};
 pub use job::*;
 
 #[cfg(test)]

@@ -19,7 +19,14 @@ fn spec(priority: i32) -> Arc<JobSpec> {
 }
 
 fn new_job(priority: i32) -> Command {
-    Command::Create(NewJob { spec: spec(priority), retries: 3, run_at: None, delay_ms: 0 })
+    Command::Create(NewJob {
+        spec: spec(priority),
+        retries: 3,
+        run_at: None,
+        delay_ms: 0,
+        request: None,
+        dedupe_window_ms: 0,
+    })
 }
 
 fn activation(max_jobs: u32, timeout_ms: i64) -> Command {
@@ -46,7 +53,7 @@ impl Harness {
     }
     fn create(&mut self, now: Millis, priority: i32) -> JobKey {
         match self.run(now, new_job(priority)) {
-            CommandResult::Created { key } => key,
+            CommandResult::Created { key, .. } => key,
             other => panic!("create failed: {other:?}"),
         }
     }
@@ -257,14 +264,32 @@ fn update_timeout_on_a_job_that_is_not_activated_fails() {
 #[test]
 fn delayed_and_run_at_jobs_wait_until_due() {
     let mut h = Harness::new();
-    let delayed =
-        match h.run(1_000, Command::Create(NewJob { spec: spec(0), retries: 3, run_at: None, delay_ms: 2_000 })) {
-            CommandResult::Created { key } => key,
-            other => panic!("{other:?}"),
-        };
-    let at = match h.run(1_000, Command::Create(NewJob { spec: spec(0), retries: 3, run_at: Some(5_000), delay_ms: 0 }))
-    {
-        CommandResult::Created { key } => key,
+    let delayed = match h.run(
+        1_000,
+        Command::Create(NewJob {
+            spec: spec(0),
+            retries: 3,
+            run_at: None,
+            delay_ms: 2_000,
+            request: None,
+            dedupe_window_ms: 0,
+        }),
+    ) {
+        CommandResult::Created { key, .. } => key,
+        other => panic!("{other:?}"),
+    };
+    let at = match h.run(
+        1_000,
+        Command::Create(NewJob {
+            spec: spec(0),
+            retries: 3,
+            run_at: Some(5_000),
+            delay_ms: 0,
+            request: None,
+            dedupe_window_ms: 0,
+        }),
+    ) {
+        CommandResult::Created { key, .. } => key,
         other => panic!("{other:?}"),
     };
     assert_eq!(h.state_of(delayed), Some(JobState::Scheduled));
@@ -300,7 +325,14 @@ fn cancel_removes_any_live_job() {
 fn tenants_filter_activation() {
     let mut h = Harness::new();
     let other = Arc::new(JobSpec { tenant: "acme".into(), ..(*spec(0)).clone() });
-    let command = Command::Create(NewJob { spec: other, retries: 1, run_at: None, delay_ms: 0 });
+    let command = Command::Create(NewJob {
+        spec: other,
+        retries: 1,
+        run_at: None,
+        delay_ms: 0,
+        request: None,
+        dedupe_window_ms: 0,
+    });
     h.run(1_000, command);
     assert!(h.activate(1_000, 5, 100).is_empty(), "default tenant sees nothing");
     let acme = Command::Activate(Activation {
@@ -330,11 +362,11 @@ fn restore_rebuilds_indexes_from_records() {
     h.create(1_000, 0);
     assert_eq!(h.activate(1_000, 1, 500)[0].key, held);
     let records: Vec<Job> = h.state.jobs().cloned().collect();
-    let mut restored = PartitionState::restore(h.state.meta(), records);
+    let mut restored = PartitionState::restore(h.state.meta(), records, Vec::new());
     assert_eq!(restored.next_timer(), Some(1_500));
     assert_eq!(restored.activatable_count(TYPE, &[]), 1);
     let out = restored.apply(&Batch::at(1_000, vec![new_job(0)]));
-    assert!(matches!(out.results[0], CommandResult::Created { key } if key.counter() == 3));
+    assert!(matches!(out.results[0], CommandResult::Created { key, .. } if key.counter() == 3));
 }
 
 #[test]
@@ -342,4 +374,109 @@ fn apply_reports_available_types_once() {
     let mut h = Harness::new();
     let out = h.state.apply(&Batch::at(1, vec![new_job(0), new_job(0)]));
     assert_eq!(out.available, vec![TYPE.to_string()]);
+}
+
+fn create_as(request: RequestId, window: Millis, spec: Arc<JobSpec>) -> Command {
+    Command::Create(NewJob {
+        spec,
+        retries: 3,
+        run_at: None,
+        delay_ms: 0,
+        request: Some(request),
+        dedupe_window_ms: window,
+    })
+}
+
+fn gateway_request(seq: u64) -> RequestId {
+    RequestId::Gateway { node: 1, epoch: 7, seq }
+}
+
+#[test]
+fn a_repeated_create_answers_with_the_first_job_until_its_window_ends() {
+    let mut h = Harness::new();
+    let first = h.run(1_000, create_as(gateway_request(1), 30_000, spec(0)));
+    let CommandResult::Created { key, created: true } = first else { panic!("{first:?}") };
+    // The re-send after a lost answer, in a later entry.
+    assert_eq!(
+        h.run(2_000, create_as(gateway_request(1), 30_000, spec(0))),
+        CommandResult::Created { key, created: false }
+    );
+    // Another request is another job.
+    let other = h.run(2_000, create_as(gateway_request(2), 30_000, spec(0)));
+    assert!(matches!(other, CommandResult::Created { key: k, created: true } if k != key), "{other:?}");
+    // Past the window the partition forgets the request.
+    let late = h.run(31_001, create_as(gateway_request(1), 30_000, spec(0)));
+    assert!(matches!(late, CommandResult::Created { key: k, created: true } if k != key), "{late:?}");
+}
+
+#[test]
+fn a_repeat_within_one_batch_is_one_job() {
+    let mut state = PartitionState::new(0);
+    let command = create_as(gateway_request(9), 30_000, spec(0));
+    let out = state.apply(&Batch::at(1_000, vec![command.clone(), command]));
+    let [CommandResult::Created { key: a, created: true }, CommandResult::Created { key: b, created: false }] =
+        out.results[..]
+    else {
+        panic!("{:?}", out.results)
+    };
+    assert_eq!(a, b);
+    assert_eq!(out.requests_added.len(), 1);
+}
+
+#[test]
+fn an_idempotency_key_names_one_content_per_tenant() {
+    let mut h = Harness::new();
+    let key_of = |tenant: &str| RequestId::Key { tenant: tenant.into(), key: "refund-42".into() };
+    let CommandResult::Created { key, .. } = h.run(1_000, create_as(key_of("t1"), 60_000, spec(0))) else { panic!() };
+    // Same content: the same job (priority is not content).
+    assert_eq!(h.run(1_500, create_as(key_of("t1"), 60_000, spec(5))), CommandResult::Created { key, created: false });
+    // Other variables under the same key: a client bug, refused, naming the key.
+    let mut other = (*spec(0)).clone();
+    other.variables = r#"{"to":"x@y.z"}"#.into();
+    match h.run(1_600, create_as(key_of("t1"), 60_000, Arc::new(other))) {
+        CommandResult::Rejected(e) => {
+            assert_eq!(e.kind, ErrorKind::FailedPrecondition);
+            assert!(e.message.contains("refund-42") && e.message.contains(&key.to_string()), "{}", e.message);
+        }
+        other => panic!("{other:?}"),
+    }
+    // Another tenant's identical key is its own job.
+    assert!(matches!(
+        h.run(1_700, create_as(key_of("t2"), 60_000, spec(0))),
+        CommandResult::Created { created: true, .. }
+    ));
+}
+
+#[test]
+fn request_entries_survive_restore_and_expire_by_storage_id() {
+    let mut state = PartitionState::new(0);
+    let out = state.apply(&Batch::at(
+        1_000,
+        vec![create_as(gateway_request(1), 10_000, spec(0)), create_as(gateway_request(2), 50_000, spec(0))],
+    ));
+    let added = out.requests_added.clone();
+    assert_eq!(added.len(), 2);
+    // Restored from what storage holds, the state answers repeats alike.
+    let jobs: Vec<Job> = state.jobs().cloned().collect();
+    let mut restored = PartitionState::restore(state.meta(), jobs, added.clone());
+    let out = restored.apply(&Batch::at(20_000, vec![create_as(gateway_request(2), 50_000, spec(0))]));
+    assert!(matches!(out.results[0], CommandResult::Created { created: false, .. }));
+    // Request 1 expired at 11_000: its storage id is below the batch's bound, 2's is not.
+    assert_eq!(out.requests_expired, 1);
+    assert!(added[0].0 < request_expiry_bound(20_000) && added[1].0 >= request_expiry_bound(20_000));
+    assert!(restored.request(&gateway_request(1)).is_none());
+}
+
+#[test]
+fn a_repeated_failure_of_one_attempt_is_done_not_refused() {
+    let mut h = Harness::new();
+    let key = h.create(1_000, 0);
+    let attempt = h.activate(1_000, 1, 30_000)[0].attempt;
+    let fail = Command::Fail { key, attempt, retries: 2, error_message: "boom".into(), back_off_ms: 0 };
+    assert_eq!(h.run(2_000, fail.clone()), CommandResult::Done);
+    assert_eq!(h.run(2_100, fail.clone()), CommandResult::Done);
+    assert_eq!(h.state.job(key).unwrap().retries, 2, "the repeat changed nothing");
+    // Once the job is activated again, the old attempt's failure is refused.
+    h.activate(3_000, 1, 30_000);
+    assert!(matches!(h.run(3_100, fail), CommandResult::Rejected(_)));
 }

@@ -6,7 +6,8 @@ use bytes::Bytes;
 use serde_json::value::RawValue;
 
 use super::error::ApiError;
-use crate::core::{ActivatedJobData, Activation, Job, JobSpec, NewJob, DEFAULT_TENANT};
+use crate::config::DedupeWindows;
+use crate::core::{ActivatedJobData, Activation, Job, JobSpec, NewJob, RequestId, DEFAULT_TENANT};
 use crate::proto::gateway as pb;
 
 /// Limits applied before anything is replicated.
@@ -70,7 +71,15 @@ fn tenants(requested: Vec<String>) -> Vec<String> {
     tenants
 }
 
-pub fn new_job(request: pb::CreateJobRequest, traceparent: String, limits: &Limits) -> Result<NewJob, ApiError> {
+/// Validates a create. `gateway_request` names it when it carries no
+/// idempotency key.
+pub fn new_job(
+    request: pb::CreateJobRequest,
+    traceparent: String,
+    limits: &Limits,
+    dedupe: &DedupeWindows,
+    gateway_request: impl FnOnce() -> RequestId,
+) -> Result<NewJob, ApiError> {
     job_type(&request.r#type)?;
     let headers_len: usize = request.custom_headers.iter().map(|(k, v)| k.len() + v.len()).sum();
     let payload = request.variables.len() + headers_len;
@@ -95,11 +104,26 @@ pub fn new_job(request: pb::CreateJobRequest, traceparent: String, limits: &Limi
     let mut custom_headers: Vec<(String, String)> = request.custom_headers.into_iter().collect();
     custom_headers.sort();
     let tenant = if request.tenant_id.is_empty() { DEFAULT_TENANT.to_string() } else { request.tenant_id };
-    if !request.idempotency_key.is_empty() {
-        return Err(ApiError::InvalidArgument(
-            "idempotency_key is reserved and not supported by this version; leave it empty".into(),
-        ));
-    }
+    let (request_id, dedupe_window_ms) = if request.idempotency_key.is_empty() {
+        if request.idempotency_window != 0 {
+            return Err(ApiError::InvalidArgument("idempotency_window needs an idempotency_key".into()));
+        }
+        (gateway_request(), millis(dedupe.request))
+    } else {
+        idempotency_key(&request.idempotency_key)?;
+        let window = match request.idempotency_window {
+            0 => millis(dedupe.idempotency),
+            ms if (MIN_IDEMPOTENCY_WINDOW_MS..=millis(dedupe.idempotency)).contains(&ms) => ms,
+            ms => {
+                return Err(ApiError::InvalidArgument(format!(
+                    "idempotency_window must be between {MIN_IDEMPOTENCY_WINDOW_MS} ms and this node's window, \
+                     {} ms (0 for that), got {ms}",
+                    millis(dedupe.idempotency)
+                )))
+            }
+        };
+        (RequestId::Key { tenant: tenant.clone(), key: request.idempotency_key.clone() }, window)
+    };
     Ok(NewJob {
         spec: Arc::new(JobSpec {
             job_type: request.r#type,
@@ -107,13 +131,36 @@ pub fn new_job(request: pb::CreateJobRequest, traceparent: String, limits: &Limi
             variables,
             custom_headers,
             priority: request.priority,
-            idempotency_key: String::new(),
+            idempotency_key: request.idempotency_key,
             traceparent,
         }),
         retries,
         run_at: (request.run_at > 0).then_some(request.run_at),
         delay_ms: request.delay,
+        request: Some(request_id),
+        dedupe_window_ms,
     })
+}
+
+/// The shortest window a create may ask for its idempotency key.
+pub const MIN_IDEMPOTENCY_WINDOW_MS: i64 = 60_000;
+pub const MAX_IDEMPOTENCY_KEY_LEN: usize = 255;
+
+fn idempotency_key(key: &str) -> Result<(), ApiError> {
+    if key.len() > MAX_IDEMPOTENCY_KEY_LEN {
+        return Err(ApiError::InvalidArgument(format!(
+            "idempotency_key is {} bytes long; at most {MAX_IDEMPOTENCY_KEY_LEN} are allowed",
+            key.len()
+        )));
+    }
+    if key.chars().any(char::is_control) {
+        return Err(ApiError::InvalidArgument("idempotency_key must not contain control characters".into()));
+    }
+    Ok(())
+}
+
+fn millis(duration: std::time::Duration) -> i64 {
+    i64::try_from(duration.as_millis()).unwrap_or(i64::MAX)
 }
 
 /// What a worker asked for, shared by polling and streaming.

@@ -18,6 +18,9 @@ pub enum ApiError {
     ResourceExhausted(String),
     #[error("{0}")]
     Unavailable(String),
+    /// The request may or may not have taken effect.
+    #[error("{0}")]
+    OutcomeUnknown(String),
     #[error("{0}")]
     Internal(String),
 }
@@ -30,6 +33,13 @@ impl ApiError {
         ))
     }
 
+    pub fn outcome_unknown(partition: PartitionId, why: &str) -> Self {
+        ApiError::OutcomeUnknown(format!(
+            "the outcome is unknown: {why} (partition {partition}); the request may or may not have taken \
+             effect. Read the job to find out; a create retried with the same idempotency_key is safe"
+        ))
+    }
+
     pub fn code(&self) -> Code {
         match self {
             ApiError::InvalidArgument(_) => Code::InvalidArgument,
@@ -37,6 +47,7 @@ impl ApiError {
             ApiError::FailedPrecondition(_) => Code::FailedPrecondition,
             ApiError::ResourceExhausted(_) => Code::ResourceExhausted,
             ApiError::Unavailable(_) => Code::Unavailable,
+            ApiError::OutcomeUnknown(_) => Code::DeadlineExceeded,
             ApiError::Internal(_) => Code::Internal,
         }
     }
@@ -48,6 +59,7 @@ impl ApiError {
             Code::FailedPrecondition => ApiError::FailedPrecondition(message),
             Code::ResourceExhausted => ApiError::ResourceExhausted(message),
             Code::Unavailable => ApiError::Unavailable(message),
+            Code::DeadlineExceeded => ApiError::OutcomeUnknown(message),
             _ => ApiError::Internal(message),
         }
     }

@@ -2,9 +2,22 @@
 //!
 //! A gateway sends each batch to the node it believes leads the partition: its
 //! own leader actor when it has one, otherwise the node named by the latest
-//! leader hint, otherwise each replica of the partition in turn. On "not the
-//! leader" or an unreachable node it backs off and retries until the request's
-//! deadline, then answers UNAVAILABLE.
+//! leader hint, otherwise each replica of the partition in turn.
+//!
+//! Two kinds of failure are kept apart. "Not the leader" and "no leader known"
+//! prove nothing was proposed: the router backs off and tries again until the
+//! request's deadline, then answers UNAVAILABLE (safe to retry). A lost
+//! connection after sending, a leader that stopped with the batch in flight, or
+//! a deadline passed while waiting for the commit leave the outcome unknown:
+//! the batch may be in the log and commit under the next leader. Such a batch
+//! is sent again, because every command is safe to repeat: a create carries a
+//! request id the partition remembers; completions, failures, timeout updates
+//! and yields are fenced by the attempt, and a repeat of one that took effect
+//! is recognised (by the engine, or for final jobs by the gateway reading
+//! the job); retries are set, not added; and a repeated activation hands out
+//! other jobs, while those of a first one whose answer was lost come back at
+//! their activation timeout, as they would without the repeat. When time runs
+//! out after such a failure the answer is DEADLINE_EXCEEDED, "outcome unknown".
 
 use std::time::{Duration, Instant};
 
@@ -23,8 +36,13 @@ const MAX_BACK_OFF: Duration = Duration::from_millis(250);
 /// The outcome of one attempt on one node.
 enum Attempt<T> {
     Done(T),
-    /// Try again, preferably on this node.
+    /// Nothing was proposed: try again, preferably on this node.
     Retry(Option<NodeId>),
+    /// The batch may have been proposed; whether it commits is unknown.
+    Unknown {
+        hint: Option<NodeId>,
+        why: String,
+    },
 }
 
 /// Runs `commands` on the partition's leader; results come back in order.
@@ -35,6 +53,16 @@ pub async fn submit(
     deadline: Instant,
 ) -> Result<Vec<CommandResult>, ApiError> {
     let started = Instant::now();
+    // A create is re-sent only while the partition still remembers its
+    // request id: within a third of the window, so the first send and the
+    // last re-send apply well inside it, even with some clock skew between
+    // leaders.
+    let deadline = if commands.iter().any(|c| matches!(c, Command::Create(_))) {
+        deadline.min(started + ctx.dedupe.request / 3)
+    } else {
+        deadline
+    };
+    let mut unknown: Option<String> = None;
     let mut back_off = FIRST_BACK_OFF;
     let mut rotation = 0usize;
     loop {
@@ -54,9 +82,18 @@ pub async fn submit(
         match attempt {
             Attempt::Done(results) => return Ok(results),
             Attempt::Retry(hint) => ctx.set_leader_hint(partition, hint),
+            Attempt::Unknown { hint, why } => {
+                tracing::debug!(partition, "outcome unknown, sending again: {why}");
+                metrics::counter!("drover_gateway_resent_total").increment(1);
+                ctx.set_leader_hint(partition, hint);
+                unknown = Some(why);
+            }
         }
         if Instant::now() + back_off >= deadline {
-            return Err(ApiError::no_leader(partition, started.elapsed().as_millis()));
+            return Err(match unknown {
+                Some(why) => ApiError::outcome_unknown(partition, &why),
+                None => ApiError::no_leader(partition, started.elapsed().as_millis()),
+            });
         }
         tokio::time::sleep(back_off).await;
         back_off = (back_off * 2).min(MAX_BACK_OFF);
@@ -77,6 +114,7 @@ pub async fn submit_here(
     match submit_local(ctx, &leader, partition, commands, deadline).await? {
         Attempt::Done(results) => Ok(Ok(results)),
         Attempt::Retry(hint) => Ok(Err(hint)),
+        Attempt::Unknown { why, .. } => Err(ApiError::outcome_unknown(partition, &why)),
     }
 }
 
@@ -92,15 +130,19 @@ async fn submit_local(
         Ok(CallResult::Success(Ok(results))) => Ok(Attempt::Done(results)),
         Ok(CallResult::Success(Err(SubmitError::NotLeader { leader, .. }))) => Ok(Attempt::Retry(leader)),
         Ok(CallResult::Success(Err(error @ SubmitError::Overloaded { .. }))) => Err(error.into()),
-        Ok(CallResult::Success(Err(SubmitError::Stopped { message, .. }))) => {
-            tracing::debug!(partition, "write failed: {message}");
-            Ok(Attempt::Retry(ctx.known_leader(partition)))
+        Ok(CallResult::Success(Err(SubmitError::Stopped { message, .. }))) => Ok(Attempt::Unknown {
+            hint: ctx.known_leader(partition),
+            why: format!("the leader stopped with the batch in flight: {message}"),
+        }),
+        Ok(CallResult::Timeout) => {
+            Err(ApiError::outcome_unknown(partition, "the request's deadline passed before the batch committed"))
         }
-        Ok(CallResult::Timeout) => Err(ApiError::Unavailable(format!(
-            "partition {partition} did not commit within the request's deadline; the outcome is unknown \
-             (a create may still have happened)"
-        ))),
-        Ok(CallResult::SenderError) | Err(_) => Ok(Attempt::Retry(ctx.known_leader(partition))),
+        // The leader actor was gone before it took the batch.
+        Err(_) => Ok(Attempt::Retry(ctx.known_leader(partition))),
+        Ok(CallResult::SenderError) => Ok(Attempt::Unknown {
+            hint: ctx.known_leader(partition),
+            why: "the leader actor stopped with the batch in flight".into(),
+        }),
     }
 }
 
@@ -117,20 +159,51 @@ async fn forward(
     request.set_timeout(deadline.saturating_duration_since(Instant::now()).max(Duration::from_millis(1)));
     let reply = match client.forward(request).await {
         Ok(reply) => reply.into_inner(),
-        Err(status) => {
-            tracing::debug!(partition, node, "forward failed: {status}");
+        Err(status) if never_connected(&status) => {
+            tracing::debug!(partition, node, "forward not sent: {status}");
             return Ok(Attempt::Retry(None));
         }
+        // The request may have reached the leader and been proposed.
+        Err(status) => {
+            tracing::debug!(partition, node, "forward failed: {status}");
+            return Ok(Attempt::Unknown {
+                hint: None,
+                why: format!("node {node} did not answer: {}", status.message()),
+            });
+        }
     };
+    if let Some(hold) = crate::failpoints::fire("forward_lose_reply") {
+        tokio::time::sleep(hold).await;
+        return Ok(Attempt::Unknown { hint: None, why: format!("the reply from node {node} was lost (failpoint)") });
+    }
     if reply.code != 0 {
         let error = ApiError::from_code(reply.code, reply.message);
         return match error {
             ApiError::Unavailable(_) => Ok(Attempt::Retry(reply.leader_hint)),
+            ApiError::OutcomeUnknown(why) => Ok(Attempt::Unknown { hint: reply.leader_hint, why }),
             other => Err(other),
         };
     }
     let results = bincode::deserialize(&reply.results).map_err(|e| ApiError::Internal(e.to_string()))?;
     Ok(Attempt::Done(results))
+}
+
+/// Whether a failed call never reached its peer: the connection could not be
+/// made (refused, or the connect failed), so nothing was sent on it.
+fn never_connected(status: &tonic::Status) -> bool {
+    if status.message().contains("tcp connect error") {
+        return true;
+    }
+    let mut source = std::error::Error::source(status);
+    while let Some(error) = source {
+        if let Some(io) = error.downcast_ref::<std::io::Error>() {
+            if io.kind() == std::io::ErrorKind::ConnectionRefused {
+                return true;
+            }
+        }
+        source = error.source();
+    }
+    false
 }
 
 /// Reads a job from its partition's leader.

@@ -14,7 +14,7 @@ use super::convert::{self, WorkerSpec};
 use super::error::ApiError;
 use super::router;
 use super::streams::ClientStream;
-use crate::core::{Command, CommandResult, JobKey, PartitionId};
+use crate::core::{idempotency_partition, Command, CommandResult, JobKey, JobState, PartitionId, RequestId};
 use crate::node::NodeContext;
 use crate::proto::cluster::StatusRequest;
 use crate::proto::gateway::gateway_server::Gateway;
@@ -52,12 +52,55 @@ impl GatewayService {
         if key.partition() >= self.ctx.partition_count() || key.counter() == 0 {
             return Err(ApiError::NotFound(format!("no job with key {key}")));
         }
+        let repeat = Repeat::of(&command);
         let mut results = router::submit(&self.ctx, key.partition(), vec![command], deadline).await?;
         match results.pop() {
-            Some(CommandResult::Rejected(error)) => Err(error.into()),
+            Some(CommandResult::Rejected(error)) => settle(&self.ctx, repeat, error.into(), deadline).await,
             Some(result) => Ok(result),
             None => Err(ApiError::Internal("partition returned no result".into())),
         }
+    }
+}
+
+/// A completion or cancellation that may repeat one that already ended the
+/// job (a client's retry, or the gateway's own re-send after a lost answer).
+#[derive(Clone, Copy)]
+struct Repeat {
+    key: JobKey,
+    state: JobState,
+    /// The attempt the completion was for; 0 for a cancellation.
+    attempt: u32,
+}
+
+impl Repeat {
+    fn of(command: &Command) -> Option<Repeat> {
+        match command {
+            // Attempt 0 is an operator's override: nothing tells its repeat apart.
+            Command::Complete { key, attempt, .. } if *attempt != 0 => {
+                Some(Repeat { key: *key, state: JobState::Completed, attempt: *attempt })
+            }
+            Command::Cancel { key } => Some(Repeat { key: *key, state: JobState::Cancelled, attempt: 0 }),
+            _ => None,
+        }
+    }
+}
+
+/// Turns the refusal of a repeated completion or cancellation into success
+/// when the job already ended the way it asked: completed by that very
+/// attempt, or cancelled. The partition keeps final records only in storage,
+/// so this reads the job; it runs only on a refusal.
+async fn settle(
+    ctx: &NodeContext,
+    repeat: Option<Repeat>,
+    error: ApiError,
+    deadline: Instant,
+) -> Result<CommandResult, ApiError> {
+    let (Some(repeat), ApiError::FailedPrecondition(_)) = (repeat, &error) else { return Err(error) };
+    match router::describe(ctx, repeat.key, deadline).await {
+        Ok(job) if job.state == repeat.state && (repeat.attempt == 0 || job.attempt == repeat.attempt) => {
+            Ok(CommandResult::Done)
+        }
+        _ => Err(error),
     }
 }
 
@@ -159,8 +202,15 @@ impl GatewayService {
         request: CreateJobRequest,
         traceparent: String,
     ) -> Result<(PartitionId, Command), ApiError> {
-        let job = convert::new_job(request, traceparent, &self.ctx.limits)?;
-        Ok((self.ctx.next_partition(), Command::Create(job)))
+        let ctx = &self.ctx;
+        let job = convert::new_job(request, traceparent, &ctx.limits, &ctx.dedupe, || ctx.next_request_id())?;
+        // Every repeat of an idempotency key must reach the partition that
+        // remembers it; other creates spread round-robin.
+        let partition = match &job.request {
+            Some(RequestId::Key { tenant, key }) => idempotency_partition(tenant, key, ctx.partition_count()),
+            _ => ctx.next_partition(),
+        };
+        Ok((partition, Command::Create(job)))
     }
 
     fn complete_command(&self, request: CompleteJobRequest) -> Result<(PartitionId, Command), ApiError> {
@@ -228,10 +278,10 @@ impl Gateway for GatewayService {
         let (partition, command) = self.create_command(request.into_inner(), traceparent)?;
         let submitted = router::submit(&self.ctx, partition, vec![command], deadline).instrument(span.clone()).await;
         match submitted?.pop() {
-            Some(CommandResult::Created { key }) => {
+            Some(CommandResult::Created { key, created }) => {
                 span.record("key", key.0);
                 metrics::histogram!("drover_create_ack_seconds").record(started.elapsed().as_secs_f64());
-                Ok(Response::new(CreateJobResponse { key: key.0, partition_id: partition, error: None }))
+                Ok(Response::new(CreateJobResponse { key: key.0, partition_id: partition, error: None, created }))
             }
             Some(CommandResult::Rejected(error)) => Err(ApiError::from(error).into()),
             other => Err(ApiError::Internal(format!("unexpected create result {other:?}")).into()),
@@ -258,9 +308,12 @@ impl Gateway for GatewayService {
                     .into_iter()
                     .zip(partitions)
                     .map(|(result, partition)| match result {
-                        Ok(CommandResult::Created { key }) => {
-                            CreateJobResponse { key: key.0, partition_id: partition.unwrap_or_default(), error: None }
-                        }
+                        Ok(CommandResult::Created { key, created }) => CreateJobResponse {
+                            key: key.0,
+                            partition_id: partition.unwrap_or_default(),
+                            error: None,
+                            created,
+                        },
                         Ok(other) => CreateJobResponse {
                             error: Some(ApiError::Internal(format!("unexpected {other:?}")).to_proto()),
                             ..Default::default()
@@ -410,12 +463,19 @@ impl Gateway for GatewayService {
             async move {
                 let keys: Vec<u64> = requests.iter().map(|r| r.key).collect();
                 let commands: Vec<_> = requests.into_iter().map(|r| service.complete_command(r)).collect();
-                let results = run_chunk(&service.ctx, commands, Instant::now() + service.ctx.request_timeout).await;
-                results
-                    .into_iter()
-                    .zip(keys)
-                    .map(|(result, key)| CompleteJobsResponse { key, error: result.err().map(|e| e.to_proto()) })
-                    .collect()
+                let repeats: Vec<Option<Repeat>> =
+                    commands.iter().map(|c| c.as_ref().ok().and_then(|(_, c)| Repeat::of(c))).collect();
+                let deadline = Instant::now() + service.ctx.request_timeout;
+                let results = run_chunk(&service.ctx, commands, deadline).await;
+                let mut out = Vec::with_capacity(results.len());
+                for ((result, key), repeat) in results.into_iter().zip(keys).zip(repeats) {
+                    let result = match result {
+                        Err(error) => settle(&service.ctx, repeat, error, deadline).await,
+                        ok => ok,
+                    };
+                    out.push(CompleteJobsResponse { key, error: result.err().map(|e| e.to_proto()) });
+                }
+                out
             }
         })))
     }

@@ -2,15 +2,15 @@
 
 use std::collections::{BTreeMap, HashMap};
 use std::net::SocketAddr;
-use std::sync::atomic::{AtomicU32, AtomicUsize, Ordering};
+use std::sync::atomic::{AtomicU32, AtomicU64, AtomicUsize, Ordering};
 use std::sync::{Arc, Mutex, RwLock};
 use std::time::Duration;
 
 use ractor::ActorRef;
 use tokio::sync::broadcast;
 
-use crate::config::NodeConfig;
-use crate::core::PartitionId;
+use crate::config::{DedupeWindows, NodeConfig};
+use crate::core::{PartitionId, RequestId};
 use crate::gateway::streams::GatewayStreams;
 use crate::gateway::Limits;
 use crate::partition::streams::{BrokerStreams, RemoteStream};
@@ -39,6 +39,11 @@ pub struct NodeContext {
     pub request_timeout: Duration,
     /// What this node's partition leaders stamp on their entries.
     pub retention: crate::core::Retention,
+    pub dedupe: DedupeWindows,
+    /// Drawn at start: with the sequence below, makes this gateway's request
+    /// ids unique across its restarts.
+    request_epoch: u64,
+    request_seq: AtomicU64,
     /// Streams registered with this broker by gateways (this node's and others').
     pub broker_streams: Arc<BrokerStreams>,
     /// Streams of workers connected to this gateway.
@@ -85,6 +90,9 @@ impl NodeContext {
             limits: config.limits.clone(),
             request_timeout: config.request_timeout,
             retention: config.retention,
+            dedupe: config.dedupe,
+            request_epoch: rand::random::<u64>(),
+            request_seq: AtomicU64::new(0),
             broker_streams: Arc::new(BrokerStreams::default()),
             gateway_streams: GatewayStreams::new(config.node_id),
             available: broadcast::channel(1024).0,
@@ -101,6 +109,15 @@ impl NodeContext {
     pub fn request_started(&self, _method: &'static str) -> InFlight {
         self.in_flight.fetch_add(1, Ordering::AcqRel);
         InFlight(Arc::clone(&self.in_flight))
+    }
+
+    /// A new id for a create that carries no idempotency key.
+    pub fn next_request_id(&self) -> RequestId {
+        RequestId::Gateway {
+            node: self.node_id,
+            epoch: self.request_epoch,
+            seq: self.request_seq.fetch_add(1, Ordering::Relaxed),
+        }
     }
 
     pub fn requests_in_flight(&self) -> usize {

@@ -1,6 +1,8 @@
 //! Starts a partition's leader actor while this node leads it, and stops it
 //! when leadership moves. A leader actor that dies is started again while the
-//! node still leads.
+//! node still leads. An actor belongs to one term: when the node lost and
+//! regained leadership between two looks, the old actor stops and a new one
+//! starts, so it takes over (timers, pushes) as every new leader does.
 
 use std::sync::Arc;
 use std::time::Duration;
@@ -17,12 +19,21 @@ pub(super) async fn lead_while_leader(ctx: Arc<NodeContext>, replica: Arc<Replic
     let partition = replica.partition;
     let mut metrics = replica.watch();
     let mut running: Option<(ractor::ActorRef<crate::partition::LeaderMsg>, tokio::task::JoinHandle<()>)> = None;
+    let mut running_term = 0;
     loop {
-        let leads = replica.leadership().is_leader;
+        let leadership = replica.leadership();
+        let leads = leadership.is_leader;
         if let Some((_, handle)) = &running {
             if handle.is_finished() {
                 ctx.set_local_leader(partition, None);
                 running = None;
+            }
+        }
+        if running.is_some() && leadership.term != running_term {
+            ctx.set_local_leader(partition, None);
+            if let Some((actor, handle)) = running.take() {
+                actor.stop(Some("a new term began".into()));
+                let _ = handle.await;
             }
         }
         match (leads, running.is_some()) {
@@ -37,6 +48,7 @@ pub(super) async fn lead_while_leader(ctx: Arc<NodeContext>, replica: Arc<Replic
                     Ok((actor, handle)) => {
                         ctx.set_local_leader(partition, Some(actor.clone()));
                         running = Some((actor, handle));
+                        running_term = leadership.term;
                     }
                     Err(e) => tracing::error!(partition, "starting the partition leader failed: {e}"),
                 }

@@ -1,4 +1,23 @@
 //! The `PartitionLeader` actor.
+//!
+//! While its node leads a partition, the actor owns the partition's writes:
+//! it batches submitted commands into Raft entries, runs the timers, and
+//! pushes activated jobs to registered streams.
+//!
+//! **Time.** Every entry carries the leader's time, and the engine's timers
+//! (activation deadlines, back-offs, delays, retention and dedupe windows)
+//! run on it. A leader's time is a steady clock: it starts from the
+//! partition's replicated time as this node last saw it advance, plus the
+//! time elapsed here since (see `SharedState::clock_estimate`), and then
+//! runs with the process's monotonic clock. Wall clocks are read only when a
+//! node that has just restarted leads before it applied any new entry; then
+//! the later of its wall clock and the replicated time is taken. So a wall
+//! clock that steps (NTP, a VM resume) or is skewed on one node moves no
+//! deadline, and time never runs backwards within a partition.
+//!
+//! **Taking over.** A new leader first commits an empty entry of its own:
+//! once that applies, every entry of earlier terms has applied too, and the
+//! leader schedules their timers and offers their activatable jobs.
 
 use std::collections::{HashMap, HashSet, VecDeque};
 use std::future::Future;
@@ -82,12 +101,37 @@ pub enum LeaderMsg {
     PushDone { stream: Arc<RemoteStream>, requested: u32, activated: usize, rejected: Vec<(JobKey, u32)> },
     /// Try pushing a type again after streams were blocked (internal).
     RetryPush { job_type: String },
+    /// The leader's first entry applied: every earlier entry has too (internal).
+    TookOver,
 }
 
 enum ReplyTo {
     Client(SubmitReply),
     Push(Arc<RemoteStream>),
+    /// The leader's first entry.
+    TakeOver,
     Ignore,
+}
+
+/// A partition leader's steady clock: see the module doc.
+struct LeaderClock {
+    base: Millis,
+    started: Instant,
+}
+
+impl LeaderClock {
+    fn start(replica: &Replica) -> Self {
+        let shared = replica.state();
+        let base = match shared.clock_estimate() {
+            Some(estimate) => estimate,
+            None => shared.read(|s| s.clock()).max(now_millis()),
+        };
+        LeaderClock { base, started: Instant::now() }
+    }
+
+    fn now(&self) -> Millis {
+        self.base.saturating_add(self.started.elapsed().as_millis() as Millis)
+    }
 }
 
 pub struct LeaderArgs {
@@ -105,6 +149,7 @@ pub struct LeaderState {
     streams: Arc<BrokerStreams>,
     link: Arc<dyn GatewayLink>,
     retention: Retention,
+    clock: LeaderClock,
     pending: VecDeque<(Vec<Command>, ReplyTo)>,
     pending_commands: usize,
     in_flight: usize,
@@ -135,8 +180,10 @@ impl Actor for PartitionLeader {
         args: LeaderArgs,
     ) -> Result<LeaderState, ActorProcessingErr> {
         let partition = args.replica.partition;
+        let clock = LeaderClock::start(&args.replica);
         let mut state = LeaderState {
             partition,
+            clock,
             replica: args.replica,
             streams: args.streams,
             link: args.link,
@@ -152,16 +199,11 @@ impl Actor for PartitionLeader {
             retry_scheduled: HashSet::new(),
         };
         // A new leader resumes the timers the replicated state holds, and offers
-        // what is already activatable to streams and long polls.
-        let next = state.replica.state().read(|s| s.next_timer());
-        state.schedule_timer(&myself, next);
-        let waiting = state.replica.state().read(|s| s.activatable_by_type());
-        for (job_type, count) in waiting {
-            if count > 0 {
-                state.link.jobs_available(partition, &job_type);
-                state.try_push(&myself, &job_type);
-            }
-        }
+        // what is already activatable to streams and long polls; again once its
+        // first entry has applied, for what earlier terms left unapplied.
+        state.resume(&myself);
+        state.enqueue(Vec::new(), ReplyTo::TakeOver);
+        state.flush(&myself);
         metrics::counter!("drover_partition_leader_changes_total", "partition" => partition.to_string()).increment(1);
         tracing::info!(partition, "partition leader started");
         Ok(state)
@@ -242,6 +284,7 @@ impl Actor for PartitionLeader {
                 state.retry_scheduled.remove(&job_type);
                 state.try_push(&myself, &job_type);
             }
+            LeaderMsg::TookOver => state.resume(&myself),
         }
         Ok(())
     }
@@ -259,6 +302,19 @@ impl Actor for PartitionLeader {
 }
 
 impl LeaderState {
+    /// Schedules the earliest timer and offers every activatable type.
+    fn resume(&mut self, myself: &ActorRef<LeaderMsg>) {
+        let next = self.replica.state().read(|s| s.next_timer());
+        self.schedule_timer(myself, next);
+        let waiting = self.replica.state().read(|s| s.activatable_by_type());
+        for (job_type, count) in waiting {
+            if count > 0 {
+                self.link.jobs_available(self.partition, &job_type);
+                self.try_push(myself, &job_type);
+            }
+        }
+    }
+
     fn enqueue(&mut self, commands: Vec<Command>, reply: ReplyTo) {
         self.pending_commands += commands.len();
         self.pending.push_back((commands, reply));
@@ -297,7 +353,7 @@ impl LeaderState {
             }
             self.in_flight += 1;
             metrics::histogram!("drover_raft_commands_per_entry").record(commands.len() as f64);
-            let batch = Batch { now: now_millis(), retention: self.retention, commands };
+            let batch = Batch { now: self.clock.now(), retention: self.retention, commands };
             tokio::spawn(write(Arc::clone(&self.replica), Arc::clone(&self.link), batch, replies, myself.clone()));
         }
     }
@@ -310,7 +366,7 @@ impl LeaderState {
         self.timer_generation += 1;
         self.timer_at = Some(at);
         let generation = self.timer_generation;
-        let wait = Duration::from_millis((at - now_millis()).max(0) as u64);
+        let wait = Duration::from_millis(at.saturating_sub(self.clock.now()).max(0) as u64);
         let me = myself.clone();
         tokio::spawn(async move {
             tokio::time::sleep(wait).await;
@@ -393,6 +449,9 @@ async fn write(
                     ReplyTo::Push(stream) => {
                         tokio::spawn(push(Arc::clone(&link), partition, stream, chunk, leader.clone()));
                     }
+                    ReplyTo::TakeOver => {
+                        let _ = leader.cast(LeaderMsg::TookOver);
+                    }
                     ReplyTo::Ignore => {}
                 }
             }
@@ -428,7 +487,7 @@ async fn write(
                             rejected: Vec::new(),
                         });
                     }
-                    ReplyTo::Ignore => {}
+                    ReplyTo::TakeOver | ReplyTo::Ignore => {}
                 }
             }
             let _ = leader.cast(LeaderMsg::Written { available: Vec::new(), next_timer: None, error: Some(error) });
@@ -451,6 +510,9 @@ async fn push(
     let activated = jobs.len();
     crate::trace_context::activation_spans(partition, &jobs);
     let attempts: HashMap<JobKey, u32> = jobs.iter().map(|j| (j.key, j.attempt)).collect();
+    if let Some(hold) = crate::failpoints::fire("leader_push_hold") {
+        tokio::time::sleep(hold).await;
+    }
     let rejected = if jobs.is_empty() {
         Vec::new()
     } else {

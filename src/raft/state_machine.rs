@@ -21,7 +21,10 @@ use openraft::{
 use serde::{Deserialize, Serialize};
 
 use super::{BatchResponse, NodeId, TypeConfig};
-use crate::core::{Job, JobKey, Millis, PartitionId, PartitionState, Retention, StateSnapshot};
+use crate::core::{
+    request_expiry_bound, Deduped, Job, JobKey, Millis, PartitionId, PartitionState, RequestId, Retention,
+    StateSnapshot,
+};
 use crate::storage::{self, key, meta_key, Store, Table};
 
 const APPLIED: &str = "applied";
@@ -44,6 +47,8 @@ struct AppliedMeta {
 struct SnapshotHeader {
     engine: StateSnapshot,
     jobs: Vec<Job>,
+    /// Remembered creates with their storage ids.
+    requests: Vec<(u64, RequestId, Deduped)>,
     /// The pruning order of the final records: the first one's sequence
     /// number, then (finished at, job key) oldest first.
     finished_first: u64,
@@ -123,6 +128,10 @@ struct Inner {
     last_applied: Option<LogId<NodeId>>,
     membership: StoredMembership<NodeId, BasicNode>,
     finished: Finished,
+    /// The leader time of the newest entry applied here that was appended
+    /// after this process started, and when it was applied (see
+    /// [`SharedState::clock_estimate`]).
+    observed: Option<(Millis, std::time::Instant)>,
 }
 
 /// The partition's state, shared between the Raft state machine (the only
@@ -137,6 +146,17 @@ pub struct SharedState {
 impl SharedState {
     fn lock(&self) -> MutexGuard<'_, Inner> {
         self.inner.lock().expect("state machine lock poisoned")
+    }
+
+    /// The partition's leader time now, from this process's own steady clock:
+    /// the time of the last live entry applied here plus the time since it
+    /// was applied. `None` until this process has applied an entry written
+    /// since it started (entries replayed from its own log tell nothing of
+    /// how long it was down).
+    pub fn clock_estimate(&self) -> Option<Millis> {
+        let inner = self.lock();
+        let (at, seen) = inner.observed?;
+        Some(at.saturating_add(seen.elapsed().as_millis() as Millis).max(inner.engine.clock()))
     }
 
     /// Reads the engine state.
@@ -170,6 +190,9 @@ impl SharedState {
 
 pub struct StateMachine {
     partition: PartitionId,
+    /// The last log index present when the store was opened: entries up to
+    /// it are replays, not news of the leader's clock.
+    replayed_until: u64,
     store: Arc<Store>,
     shared: Arc<SharedState>,
 }
@@ -194,6 +217,12 @@ impl StateMachine {
             jobs.push(storage::decode::<Job>("job record", bytes)?);
             Ok(())
         })?;
+        let mut requests = Vec::new();
+        store.for_each(Table::Requests, partition, |id, bytes| {
+            let (request, entry): (RequestId, Deduped) = storage::decode("request entry", bytes)?;
+            requests.push((id, request, entry));
+            Ok(())
+        })?;
         let mut finished = Finished::default();
         let mut first = None;
         store.for_each(Table::Expiry, partition, |seq, bytes| {
@@ -215,10 +244,11 @@ impl StateMachine {
                     );
                 }
                 Inner {
-                    engine: PartitionState::restore(meta.engine, jobs),
+                    engine: PartitionState::restore(meta.engine, jobs, requests),
                     last_applied: meta.last_applied,
                     membership: meta.membership,
                     finished,
+                    observed: None,
                 }
             }
             None => Inner {
@@ -226,10 +256,12 @@ impl StateMachine {
                 last_applied: None,
                 membership: StoredMembership::default(),
                 finished,
+                observed: None,
             },
         };
+        let replayed_until = store.last(Table::Log, partition)?.map(|(index, _)| index).unwrap_or(0);
         let shared = Arc::new(SharedState { partition, store: Arc::clone(&store), inner: Mutex::new(inner) });
-        Ok((StateMachine { partition, store, shared: Arc::clone(&shared) }, shared))
+        Ok((StateMachine { partition, replayed_until, store, shared: Arc::clone(&shared) }, shared))
     }
 
     fn persist_meta(&self, batch: &mut storage::Batch<'_>, inner: &Inner) {
@@ -274,7 +306,16 @@ impl RaftStateMachine<TypeConfig> for StateMachine {
                 EntryPayload::Normal(commands) => {
                     let out = inner.engine.apply(&commands);
                     let now = inner.engine.clock();
+                    if entry.log_id.index > self.replayed_until {
+                        inner.observed = Some((now, std::time::Instant::now()));
+                    }
                     touched.extend(out.touched);
+                    if out.requests_expired > 0 {
+                        batch.delete_ids(Table::Requests, self.partition, 0..request_expiry_bound(now));
+                    }
+                    for (id, request, entry) in &out.requests_added {
+                        batch.put(Table::Requests, key(self.partition, *id), storage::encode(&(request, entry)));
+                    }
                     for job in out.finished {
                         let k = key(self.partition, job.key.0);
                         batch.delete(Table::Jobs, k);
@@ -339,6 +380,10 @@ impl RaftStateMachine<TypeConfig> for StateMachine {
         batch.delete_ids(Table::Jobs, self.partition, 0..u64::MAX);
         batch.delete_ids(Table::Done, self.partition, 0..u64::MAX);
         batch.delete_ids(Table::Expiry, self.partition, 0..u64::MAX);
+        batch.delete_ids(Table::Requests, self.partition, 0..u64::MAX);
+        for (id, request, entry) in &body.requests {
+            batch.put(Table::Requests, key(self.partition, *id), storage::encode(&(request, entry)));
+        }
         let mut finished = Finished { first: body.finished_first, order: VecDeque::with_capacity(body.finished.len()) };
         for (at, job) in &body.finished {
             finished.order.push_back((*at, JobKey(*job)));
@@ -353,7 +398,7 @@ impl RaftStateMachine<TypeConfig> for StateMachine {
             batch.put(Table::Done, key(self.partition, job_key), record);
         }
         let mut inner = self.shared.lock();
-        inner.engine = PartitionState::restore(body.engine, body.jobs);
+        inner.engine = PartitionState::restore(body.engine, body.jobs, body.requests);
         inner.last_applied = meta.last_log_id;
         inner.membership = meta.last_membership.clone();
         inner.finished = finished;
@@ -395,6 +440,7 @@ impl SharedState {
             let header = SnapshotHeader {
                 engine: inner.engine.meta(),
                 jobs: inner.engine.jobs().cloned().collect(),
+                requests: inner.engine.requests().map(|(id, r, e)| (id, r.clone(), *e)).collect(),
                 finished_first: inner.finished.first,
                 finished: inner.finished.order.iter().map(|(at, job)| (*at, job.0)).collect(),
             };
@@ -461,6 +507,8 @@ mod tests {
             retries: 1,
             run_at: None,
             delay_ms: 0,
+            request: None,
+            dedupe_window_ms: 0,
         })
     }
 

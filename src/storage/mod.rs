@@ -28,6 +28,7 @@ const CF_META: &str = "raft_meta";
 const CF_JOBS: &str = "jobs";
 const CF_DONE: &str = "jobs_done";
 const CF_EXPIRY: &str = "jobs_expiry";
+const CF_REQUESTS: &str = "requests";
 
 /// A storage failure. RocksDB errors are not something a client can fix, so they
 /// surface as UNAVAILABLE/INTERNAL at the edge.
@@ -55,6 +56,9 @@ pub enum Table {
     /// The order final records are pruned in: (partition, finish sequence) ->
     /// (finished at, job key); see `raft::state_machine`.
     Expiry,
+    /// Remembered creates by (partition, storage id: expiry time, then a
+    /// sequence number) -> (request id, the job it made); see `core`.
+    Requests,
 }
 
 impl Table {
@@ -65,6 +69,7 @@ impl Table {
             Table::Jobs => CF_JOBS,
             Table::Done => CF_DONE,
             Table::Expiry => CF_EXPIRY,
+            Table::Requests => CF_REQUESTS,
         }
     }
 }
@@ -144,7 +149,7 @@ impl Store {
             cf_opts.set_block_based_table_factory(&table);
             ColumnFamilyDescriptor::new(name, cf_opts)
         };
-        let cfs = [CF_LOG, CF_META, CF_JOBS, CF_DONE, CF_EXPIRY].map(cf);
+        let cfs = [CF_LOG, CF_META, CF_JOBS, CF_DONE, CF_EXPIRY, CF_REQUESTS].map(cf);
         let db = Arc::new(DB::open_cf_descriptors(&opts, dir, cfs)?);
         let writer = SyncWriter::start(Arc::clone(&db));
         Ok(Arc::new(Store { db, writer }))

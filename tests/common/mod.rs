@@ -172,9 +172,14 @@ impl Drop for NodeProcess {
 
 /// A minimal HTTP/1.1 GET; returns the status code and body.
 pub async fn http_get(addr: &str, path: &str) -> std::io::Result<(u16, String)> {
+    http_request("GET", addr, path).await
+}
+
+/// A minimal HTTP/1.1 request without a body; returns the status code and body.
+pub async fn http_request(method: &str, addr: &str, path: &str) -> std::io::Result<(u16, String)> {
     use tokio::io::{AsyncReadExt, AsyncWriteExt};
     let mut stream = tokio::net::TcpStream::connect(addr).await?;
-    let request = format!("GET {path} HTTP/1.1\r\nHost: {addr}\r\nConnection: close\r\n\r\n");
+    let request = format!("{method} {path} HTTP/1.1\r\nHost: {addr}\r\nContent-Length: 0\r\nConnection: close\r\n\r\n");
     stream.write_all(request.as_bytes()).await?;
     let mut response = Vec::new();
     stream.read_to_end(&mut response).await?;

@@ -1,0 +1,90 @@
+//! Fault injection for tests: off unless `DROVER_FAILPOINTS` is set.
+//!
+//! `DROVER_FAILPOINTS=name=count[@hold_ms],...` arms each named point to fire
+//! `count` times; a firing point may also hold its caller for `hold_ms`. The
+//! variable is read once, at the first check. While the variable is set (even
+//! empty), `PUT /actuator/failpoints/NAME?count=N&hold_ms=H` on the admin port
+//! arms a point at run time, so a test can arm it on one node it chose
+//! (the leader, say); without it the route answers 404. Points compiled in:
+//!
+//! - `forward_lose_reply`: a gateway treats the answer to a forwarded batch
+//!   as lost (the batch committed, the reply never arrived), then holds for
+//!   `hold_ms` before it handles that, as a gateway cut off from the leader
+//!   would.
+//! - `leader_push_hold`: a partition leader holds a push of activated jobs
+//!   for `hold_ms` before sending it, as a leader about to crash would.
+//!
+//! Production never sets the variable; a check is one uncontended lock of an
+//! empty map.
+
+use std::collections::HashMap;
+use std::sync::{Mutex, OnceLock};
+use std::time::Duration;
+
+struct Point {
+    remaining: u32,
+    hold: Duration,
+}
+
+fn points() -> &'static Mutex<HashMap<String, Point>> {
+    static POINTS: OnceLock<Mutex<HashMap<String, Point>>> = OnceLock::new();
+    POINTS.get_or_init(|| Mutex::new(parse(&std::env::var("DROVER_FAILPOINTS").unwrap_or_default())))
+}
+
+fn parse(spec: &str) -> HashMap<String, Point> {
+    let mut points = HashMap::new();
+    for item in spec.split(',').map(str::trim).filter(|s| !s.is_empty()) {
+        let Some((name, rest)) = item.split_once('=') else {
+            tracing::warn!("ignoring failpoint {item:?}: expected name=count[@hold_ms]");
+            continue;
+        };
+        let (count, hold) = rest.split_once('@').unwrap_or((rest, "0"));
+        match (count.parse(), hold.parse()) {
+            (Ok(remaining), Ok(hold)) => {
+                tracing::warn!("failpoint {name} armed: fires {remaining} times, holds {hold} ms");
+                points.insert(name.to_string(), Point { remaining, hold: Duration::from_millis(hold) });
+            }
+            _ => tracing::warn!("ignoring failpoint {item:?}: expected name=count[@hold_ms]"),
+        }
+    }
+    points
+}
+
+/// Whether failpoints may be armed at run time: `DROVER_FAILPOINTS` is set.
+pub fn enabled() -> bool {
+    static ENABLED: OnceLock<bool> = OnceLock::new();
+    *ENABLED.get_or_init(|| std::env::var_os("DROVER_FAILPOINTS").is_some())
+}
+
+/// Arms `name` to fire `count` times, holding its caller for `hold` each time.
+pub fn arm(name: &str, count: u32, hold: Duration) {
+    tracing::warn!("failpoint {name} armed: fires {count} times, holds {} ms", hold.as_millis());
+    points().lock().expect("failpoints lock").insert(name.to_string(), Point { remaining: count, hold });
+}
+
+/// Whether the point fires now (using up one of its firings), and for how
+/// long it holds its caller.
+pub fn fire(name: &str) -> Option<Duration> {
+    let mut points = points().lock().expect("failpoints lock");
+    let point = points.get_mut(name)?;
+    if point.remaining == 0 {
+        return None;
+    }
+    point.remaining -= 1;
+    tracing::warn!("failpoint {name} fired");
+    Some(point.hold)
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+
+    #[test]
+    fn a_point_fires_as_often_as_armed() {
+        let points = parse("a=2@150, b=1,bad, c=x");
+        assert_eq!(points["a"].remaining, 2);
+        assert_eq!(points["a"].hold, Duration::from_millis(150));
+        assert_eq!(points["b"].hold, Duration::ZERO);
+        assert!(!points.contains_key("bad") && !points.contains_key("c"));
+    }
+}

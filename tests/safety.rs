@@ -1,0 +1,296 @@
+//! Safety under faults on three real nodes: a create whose answer is lost
+//! while its leader dies makes one job; repeated completions and failures
+//! answer as the first did; a create whose every answer is lost answers
+//! "outcome unknown"; and a leader that dies right after acknowledging leaves nothing
+//! stuck for the next one.
+//!
+//! Faults between replication and reply are injected with failpoints
+//! (`DROVER_FAILPOINTS`, see `drover::failpoints`), armed in every node of
+//! the test's cluster; leaders are killed with SIGKILL.
+
+mod common;
+
+use std::time::{Duration, Instant};
+
+use common::{eventually, http_get, http_request, ProcessCluster};
+use drover::client::Client;
+use drover::proto::gateway::{ActivateJobsRequest, CreateJobRequest, StreamActivatedJobsRequest};
+use tonic::Code;
+
+const FAST_RAFT: &[&str] = &["--heartbeat-ms", "50", "--election-timeout-ms", "300"];
+
+/// Starts a cluster whose nodes have `failpoints` armed.
+fn cluster_with_failpoints(failpoints: &str, partitions: u32) -> ProcessCluster {
+    // Each test runs in its own process (nextest), and nodes inherit its environment.
+    std::env::set_var("DROVER_FAILPOINTS", failpoints);
+    ProcessCluster::start(3, partitions, 3, FAST_RAFT)
+}
+
+/// Jobs on `node` whose variables contain `marker`.
+async fn jobs_with(cluster: &ProcessCluster, node: usize, marker: &str) -> Vec<serde_json::Value> {
+    let Ok((200, body)) = http_get(&cluster.node(node).admin, "/actuator/jobs").await else { return Vec::new() };
+    let view: serde_json::Value = serde_json::from_str(&body).expect("jobs view is JSON");
+    view["jobs"]
+        .as_array()
+        .expect("jobs array")
+        .iter()
+        .filter(|j| j["variables"].as_str().is_some_and(|v| v.contains(marker)))
+        .cloned()
+        .collect()
+}
+
+fn other_than(cluster: &ProcessCluster, node: usize) -> usize {
+    cluster.live().into_iter().find(|id| *id != node).expect("another live node")
+}
+
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn a_create_whose_answer_is_lost_while_its_leader_dies_makes_one_job() {
+    // The gateway loses the leader's answer, and holds 3 s before it sends again.
+    let mut cluster = cluster_with_failpoints("forward_lose_reply=1@3000", 1);
+    cluster.wait_ready().await;
+    let leader = cluster.leader_of(0, Duration::from_secs(20)).await;
+    let gateway = other_than(&cluster, leader);
+    let client = Client::connect(&cluster.node(gateway).grpc).await.unwrap();
+
+    let create = tokio::spawn(async move {
+        let mut request = tonic::Request::new(CreateJobRequest {
+            r#type: "refund".into(),
+            variables: r#"{"marker":"lost-answer"}"#.into(),
+            ..Default::default()
+        });
+        request.set_timeout(Duration::from_secs(30));
+        client.raw().create_job(request).await
+    });
+    // The create is committed and applied on the leader: kill it before the
+    // gateway hears anything.
+    eventually(Duration::from_secs(10), "the create to apply on the leader", || {
+        let cluster = &cluster;
+        async move { !jobs_with(cluster, leader, "lost-answer").await.is_empty() }
+    })
+    .await;
+    cluster.kill(leader);
+
+    let answer = create.await.unwrap().expect("the create is acknowledged once a new leader answers").into_inner();
+    assert!(!answer.created, "the re-sent create found the first job instead of making one: {answer:?}");
+    let new_leader = cluster.leader_of(0, Duration::from_secs(20)).await;
+    let jobs = jobs_with(&cluster, new_leader, "lost-answer").await;
+    assert_eq!(jobs.len(), 1, "one create made {} jobs: {jobs:?}", jobs.len());
+    assert_eq!(jobs[0]["key"].as_u64(), Some(answer.key));
+}
+
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn repeated_completions_and_failures_answer_as_the_first_did() {
+    let cluster = cluster_with_failpoints("forward_lose_reply=2", 1);
+    cluster.wait_ready().await;
+    let leader = cluster.leader_of(0, Duration::from_secs(20)).await;
+    let direct = Client::connect(&cluster.node(leader).grpc).await.unwrap();
+    let through = Client::connect(&cluster.node(other_than(&cluster, leader)).grpc).await.unwrap();
+    for n in 0..2 {
+        direct.create_job("repeat", &format!(r#"{{"n":{n}}}"#)).await.unwrap();
+    }
+    let jobs = direct.activate("repeat", "w", 2, 600_000, 0).await.unwrap();
+    assert_eq!(jobs.len(), 2);
+    let (done, failed) = (&jobs[0], &jobs[1]);
+
+    // The first answer of each is lost on the way back; the gateway sends again.
+    through.complete(done.key, done.attempt, r#"{"ok":true}"#).await.expect("a completion that took effect is OK");
+    through.fail(failed.key, failed.attempt, 2, "flaky", 0).await.expect("a failure that took effect is OK");
+    // A worker's own retry is answered the same way.
+    direct.complete(done.key, done.attempt, r#"{"ok":true}"#).await.expect("completing twice is OK");
+    direct.fail(failed.key, failed.attempt, 2, "flaky", 0).await.expect("failing one attempt twice is OK");
+
+    let job = direct.get_job(failed.key).await.unwrap();
+    assert_eq!((job.state.as_str(), job.retries), ("activatable", 2), "the repeat changed nothing");
+    // Another attempt's completion is still refused.
+    let stale = direct.complete(done.key, done.attempt + 1, "{}").await.unwrap_err();
+    assert_eq!(stale.code(), Code::FailedPrecondition, "{stale:?}");
+}
+
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn a_create_whose_every_answer_is_lost_answers_outcome_unknown() {
+    let cluster = cluster_with_failpoints("forward_lose_reply=1000", 1);
+    cluster.wait_ready().await;
+    let leader = cluster.leader_of(0, Duration::from_secs(20)).await;
+    let through = Client::connect(&cluster.node(other_than(&cluster, leader)).grpc).await.unwrap();
+    let mut request = tonic::Request::new(CreateJobRequest {
+        r#type: "unknown".into(),
+        variables: r#"{"marker":"every-answer-lost"}"#.into(),
+        ..Default::default()
+    });
+    request.set_timeout(Duration::from_secs(2));
+    let error = through.raw().create_job(request).await.unwrap_err();
+    // Not UNAVAILABLE: that would tell the producer nothing happened.
+    assert_eq!(error.code(), Code::DeadlineExceeded, "{error:?}");
+    assert!(error.message().contains("outcome is unknown"), "{}", error.message());
+    // It did happen, once, however often the gateway sent it.
+    let jobs = jobs_with(&cluster, leader, "every-answer-lost").await;
+    assert_eq!(jobs.len(), 1, "{jobs:?}");
+}
+
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn an_activation_whose_answer_is_lost_is_sent_again_and_its_jobs_come_back() {
+    let cluster = cluster_with_failpoints("forward_lose_reply=1", 1);
+    cluster.wait_ready().await;
+    let leader = cluster.leader_of(0, Duration::from_secs(20)).await;
+    let direct = Client::connect(&cluster.node(leader).grpc).await.unwrap();
+    let through = Client::connect(&cluster.node(other_than(&cluster, leader)).grpc).await.unwrap();
+    let first = direct.create_job("lost-activation", "{}").await.unwrap();
+    let second = direct.create_job("lost-activation", "{}").await.unwrap();
+
+    let request = ActivateJobsRequest {
+        r#type: "lost-activation".into(),
+        worker: "w".into(),
+        timeout: 1_000,
+        max_jobs_to_activate: 1,
+        ..Default::default()
+    };
+    let mut answers = through.raw().activate_jobs(request).await.expect("the re-sent activation answers").into_inner();
+    let jobs = answers.message().await.unwrap().expect("one answer").jobs;
+    assert_eq!(jobs.iter().map(|j| j.key).collect::<Vec<_>>(), vec![second], "the re-send took the next job");
+    // The first activation's job is back when that activation times out.
+    let again = direct.activate("lost-activation", "w", 1, 60_000, 10_000).await.unwrap();
+    assert_eq!((again[0].key, again[0].attempt), (first, 2));
+}
+
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn a_leader_killed_right_after_acknowledging_leaves_nothing_stuck() {
+    let mut cluster = cluster_with_failpoints("", 1);
+    cluster.wait_ready().await;
+    let leader = cluster.leader_of(0, Duration::from_secs(20)).await;
+    // The leader holds its pushes long enough to be killed before any.
+    let armed = http_request(
+        "PUT",
+        &cluster.node(leader).admin,
+        "/actuator/failpoints/leader_push_hold?count=100&hold_ms=60000",
+    )
+    .await
+    .unwrap();
+    assert_eq!(armed.0, 200, "{armed:?}");
+    let gateway = other_than(&cluster, leader);
+    let address = cluster.node(gateway).grpc.clone();
+    let client = Client::connect(&address).await.unwrap();
+    let mut stream = client
+        .raw()
+        .stream_activated_jobs(StreamActivatedJobsRequest {
+            r#type: "tail".into(),
+            worker: "w".into(),
+            timeout: 2_000,
+            ..Default::default()
+        })
+        .await
+        .unwrap()
+        .into_inner();
+    // The stream is registered with the leader before the create.
+    eventually(Duration::from_secs(10), "the stream to register with the leader", || {
+        let admin = cluster.node(leader).admin.clone();
+        async move {
+            let Ok((_, body)) = http_get(&admin, "/actuator/jobstreams").await else { return false };
+            body.contains("\"tail\"")
+        }
+    })
+    .await;
+
+    // The create commits with the activation for the stream in the same
+    // entry; the leader acknowledges and dies before it pushes. Nothing else
+    // is written to the partition.
+    let key = Client::connect(&cluster.node(leader).grpc).await.unwrap().create_job("tail", "{}").await.unwrap();
+    cluster.kill(leader);
+
+    // The next leader must time the activation out and push the job.
+    let started = Instant::now();
+    let job = tokio::time::timeout(Duration::from_secs(30), stream.message())
+        .await
+        .unwrap_or_else(|_| panic!("job {key} was not delivered within 30 s of the leader's death"))
+        .expect("the stream stays open")
+        .expect("a job arrives");
+    assert_eq!(job.key, key);
+    assert!(job.attempt >= 2, "delivered by the next leader after the first activation timed out: {job:?}");
+    client.complete(job.key, job.attempt, "{}").await.unwrap();
+    eprintln!("delivered {:?} after the kill", started.elapsed());
+}
+
+const LIBFAKETIME: &str = "/usr/lib/x86_64-linux-gnu/faketime/libfaketimeMT.so.1";
+
+/// Seconds the node's wall clock is ahead of ours, from its HTTP Date header.
+async fn wall_clock_offset(admin: &str) -> Option<i64> {
+    use tokio::io::{AsyncReadExt, AsyncWriteExt};
+    let mut stream = tokio::net::TcpStream::connect(admin).await.ok()?;
+    let request = format!("GET /health HTTP/1.1\r\nHost: {admin}\r\nConnection: close\r\n\r\n");
+    stream.write_all(request.as_bytes()).await.ok()?;
+    let mut response = String::new();
+    stream.read_to_string(&mut response).await.ok()?;
+    // "date: Mon, 23 Nov 2026 15:48:20 GMT": compare the time of day.
+    let date = response.lines().find_map(|l| l.strip_prefix("date: ").or_else(|| l.strip_prefix("Date: ")))?;
+    let clock: Vec<i64> = date.split_whitespace().nth(4)?.split(':').filter_map(|p| p.parse().ok()).collect();
+    let theirs = clock.first()? * 3600 + clock.get(1)? * 60 + clock.get(2)?;
+    let ours = (std::time::SystemTime::now().duration_since(std::time::UNIX_EPOCH).ok()?.as_secs() % 86_400) as i64;
+    Some((theirs - ours + 86_400 + 43_200) % 86_400 - 43_200)
+}
+
+/// Sets every node's wall clock `seconds` ahead (libfaketime reads the file
+/// at every clock read) and checks that the nodes see it.
+async fn step_wall_clocks(cluster: &ProcessCluster, file: &std::path::Path, offset: &str, seconds: i64) {
+    std::fs::write(file, format!("{offset}\n")).unwrap();
+    if seconds <= 0 {
+        // HTTP servers cache their Date header until their clock passes the
+        // next second, so a step back cannot be seen there; the file is read
+        // at every clock read, so it holds from here on.
+        return;
+    }
+    for id in cluster.live() {
+        let admin = cluster.node(id).admin.clone();
+        eventually(Duration::from_secs(15), &format!("node {id}'s wall clock to read {offset}"), || {
+            let admin = admin.clone();
+            async move { wall_clock_offset(&admin).await.is_some_and(|o| (o - seconds).abs() < 120) }
+        })
+        .await;
+    }
+}
+
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn wall_clock_steps_move_no_deadline() {
+    assert!(std::path::Path::new(LIBFAKETIME).exists(), "{LIBFAKETIME} is missing: run scripts/setup.sh");
+    let dir = tempfile::tempdir().unwrap();
+    let clock = dir.path().join("faketime");
+    std::fs::write(&clock, "+0\n").unwrap();
+    // Every node's wall clock (not its monotonic clock) follows the file.
+    std::env::set_var("LD_PRELOAD", LIBFAKETIME);
+    std::env::set_var("FAKETIME_TIMESTAMP_FILE", &clock);
+    std::env::set_var("FAKETIME_NO_CACHE", "1");
+    std::env::set_var("FAKETIME_DONT_FAKE_MONOTONIC", "1");
+    let cluster = ProcessCluster::start(3, 1, 3, FAST_RAFT);
+    for key in ["LD_PRELOAD", "FAKETIME_TIMESTAMP_FILE"] {
+        std::env::remove_var(key);
+    }
+    cluster.wait_ready().await;
+    let leader = cluster.leader_of(0, Duration::from_secs(20)).await;
+    let client = Client::connect(&cluster.node(leader).grpc).await.unwrap();
+
+    // One job held for ten minutes, one completed (its record kept ten minutes).
+    let held = client.create_job("clock", "{}").await.unwrap();
+    let held_attempt = client.activate("clock", "w", 1, 600_000, 0).await.unwrap()[0].attempt;
+    let done = client.create_job("clock", "{}").await.unwrap();
+    let job = client.activate("clock", "w", 1, 600_000, 0).await.unwrap().remove(0);
+    client.complete(job.key, job.attempt, "{}").await.unwrap();
+
+    // Every wall clock jumps an hour ahead; writes go on.
+    step_wall_clocks(&cluster, &clock, "+1h", 3600).await;
+    let after = client.create_job("clock-after", "{}").await.unwrap();
+    let job = client.get_job(held).await.unwrap();
+    assert_eq!((job.state.as_str(), job.attempt), ("activated", held_attempt), "the step timed out a held job");
+    let job = client.get_job(done).await.expect("the step pruned a retained final record");
+    assert_eq!(job.state, "completed");
+    let now = std::time::SystemTime::now().duration_since(std::time::UNIX_EPOCH).unwrap().as_millis() as i64;
+    let created = client.get_job(after).await.unwrap().created_at;
+    assert!((created - now).abs() < 60_000, "job time followed the wall clock: created {created}, now {now}");
+
+    // The clocks are set right again: deadlines still fire on time.
+    step_wall_clocks(&cluster, &clock, "+0", 0).await;
+    let quick = client.create_job("clock-quick", "{}").await.unwrap();
+    assert_eq!(client.activate("clock-quick", "w", 1, 2_000, 0).await.unwrap().len(), 1);
+    eventually(Duration::from_secs(20), "a 2 s activation to time out", || {
+        let client = &client;
+        async move { client.get_job(quick).await.is_ok_and(|j| j.state == "activatable") }
+    })
+    .await;
+}
