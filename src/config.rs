@@ -246,6 +246,7 @@ impl ServeArgs {
                 .unwrap_or(defaults.election_timeout_min),
             snapshot_every: pick!(snapshot_every).unwrap_or(defaults.snapshot_every),
             keep_after_snapshot: pick!(log_keep_after_snapshot).unwrap_or(defaults.keep_after_snapshot),
+            ..defaults
         };
         if raft.election_timeout_min <= raft.heartbeat_interval * 2 {
             bail!("the election timeout must be more than twice the heartbeat interval");

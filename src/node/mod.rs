@@ -136,6 +136,8 @@ impl Node {
         )));
 
         let cluster_size = members.len() as u32;
+        let raft_settings =
+            crate::raft::RaftSettings { snapshot_dir: config.data_dir.join("snapshots"), ..config.raft.clone() };
         let mut replicas = std::collections::BTreeMap::new();
         for partition in 0..config.partitions {
             let hosts = context::replica_nodes(partition, config.replication_factor, cluster_size);
@@ -144,7 +146,7 @@ impl Node {
             }
             let group = hosts.iter().map(|id| (*id, members[id].clone())).collect();
             let replica =
-                Replica::start(partition, config.node_id, &group, Arc::clone(&store), peers.clone(), &config.raft)
+                Replica::start(partition, config.node_id, &group, Arc::clone(&store), peers.clone(), &raft_settings)
                     .await
                     .with_context(|| format!("starting partition {partition}"))?;
             replicas.insert(partition, replica);

@@ -15,7 +15,6 @@ mod network;
 mod state_machine;
 
 use std::collections::BTreeMap;
-use std::io::Cursor;
 use std::sync::Arc;
 use std::time::Duration;
 
@@ -56,6 +55,7 @@ openraft::declare_raft_types!(
         R = BatchResponse,
         NodeId = NodeId,
         Node = BasicNode,
+        SnapshotData = tokio::fs::File,
 );
 
 /// Tunables for every partition's group.
@@ -67,6 +67,8 @@ pub struct RaftSettings {
     pub snapshot_every: u64,
     /// Entries kept behind a snapshot for followers that are only a little behind.
     pub keep_after_snapshot: u64,
+    /// Where snapshots being sent or received are spooled (unnamed files).
+    pub snapshot_dir: std::path::PathBuf,
 }
 
 impl Default for RaftSettings {
@@ -79,6 +81,7 @@ impl Default for RaftSettings {
             election_timeout_min: Duration::from_millis(1250),
             snapshot_every: 20_000,
             keep_after_snapshot: 5_000,
+            snapshot_dir: std::env::temp_dir(),
         }
     }
 }
@@ -149,7 +152,8 @@ impl Replica {
         };
         let config = Arc::new(config.validate()?);
         let log = log_store::LogStore::new(partition, Arc::clone(&store));
-        let (state_machine, shared) = state_machine::StateMachine::open(partition, store)?;
+        let (state_machine, shared) =
+            state_machine::StateMachine::open(partition, store, settings.snapshot_dir.clone())?;
         let network = ClusterNetwork::new(partition, peers);
         let raft = Raft::new(node_id, config, network, log, state_machine).await?;
         let nodes: BTreeMap<NodeId, BasicNode> =

@@ -5,13 +5,22 @@
 //! (see [`crate::storage`] for why that is safe). Snapshots carry every record,
 //! live and final, so a follower that installs one answers `GetJob` like the rest.
 //!
+//! A snapshot is made only when a follower needs one, into an unnamed file in
+//! the data directory: the final records stream from a RocksDB point-in-time
+//! view to the file, and openraft sends it in chunks, so neither side holds
+//! the retained records in memory while sending. Installing writes one synced
+//! batch (it must be atomic), which holds the snapshot's records once. At
+//! start openraft asks only for the snapshot's identity; that is answered
+//! without making one.
+//!
 //! Final records are kept for a while, then pruned, oldest first, under the
 //! [`Retention`] the leader stamped on each entry. Every replica prunes after
 //! the same entry, so replicas at one applied index hold the same records; and
 //! memory, storage and snapshot size stay bounded however long the node runs.
 
 use std::collections::VecDeque;
-use std::io::Cursor;
+use std::io::{BufReader, BufWriter, Read, Seek, Write};
+use std::path::PathBuf;
 use std::sync::{Arc, Mutex, MutexGuard};
 
 use openraft::storage::{RaftStateMachine, Snapshot, SnapshotMeta};
@@ -55,23 +64,34 @@ struct SnapshotHeader {
     finished: Vec<(Millis, u64)>,
 }
 
-fn push_frame(data: &mut Vec<u8>, job_key: u64, record: &[u8]) {
-    data.extend_from_slice(&job_key.to_le_bytes());
-    data.extend_from_slice(&(record.len() as u32).to_le_bytes());
-    data.extend_from_slice(record);
+fn push_frame(out: &mut impl Write, job_key: u64, record: &[u8]) -> std::io::Result<()> {
+    out.write_all(&job_key.to_le_bytes())?;
+    out.write_all(&(record.len() as u32).to_le_bytes())?;
+    out.write_all(record)
 }
 
-/// The next frame of `rest`, advancing it; `None` at the end.
-fn next_frame<'a>(rest: &mut &'a [u8]) -> Result<Option<(u64, &'a [u8])>, std::io::Error> {
-    if rest.is_empty() {
-        return Ok(None);
+/// The next frame of `input`; `None` at its end.
+fn next_frame(input: &mut impl Read) -> Result<Option<(u64, Vec<u8>)>, std::io::Error> {
+    let mut head = [0u8; 12];
+    let mut filled = 0;
+    while filled < head.len() {
+        match input.read(&mut head[filled..])? {
+            0 if filled == 0 => return Ok(None),
+            0 => return Err(std::io::Error::other("snapshot ends inside a job record")),
+            n => filled += n,
+        }
     }
-    let corrupt = || std::io::Error::other("snapshot ends inside a job record");
-    let job_key = u64::from_le_bytes(rest.get(..8).ok_or_else(corrupt)?.try_into().expect("8 bytes"));
-    let len = u32::from_le_bytes(rest.get(8..12).ok_or_else(corrupt)?.try_into().expect("4 bytes")) as usize;
-    let record = rest.get(12..12 + len).ok_or_else(corrupt)?;
-    *rest = &rest[12 + len..];
+    let job_key = u64::from_le_bytes(head[..8].try_into().expect("8 bytes"));
+    let len = u32::from_le_bytes(head[8..].try_into().expect("4 bytes")) as usize;
+    let mut record = vec![0u8; len];
+    input.read_exact(&mut record).map_err(|_| std::io::Error::other("snapshot ends inside a job record"))?;
     Ok(Some((job_key, record)))
+}
+
+/// An unnamed file in `dir` for a snapshot: gone when closed.
+fn snapshot_file(dir: &std::path::Path) -> Result<std::fs::File, StorageError<NodeId>> {
+    std::fs::create_dir_all(dir).map_err(sm_write_err)?;
+    tempfile::tempfile_in(dir).map_err(sm_write_err)
 }
 
 /// Final records in the order they finished, oldest first: what pruning takes
@@ -140,6 +160,8 @@ struct Inner {
 pub struct SharedState {
     partition: PartitionId,
     store: Arc<Store>,
+    /// Where snapshot files are made.
+    snapshot_dir: PathBuf,
     inner: Mutex<Inner>,
 }
 
@@ -193,6 +215,8 @@ pub struct StateMachine {
     /// The last log index present when the store was opened: entries up to
     /// it are replays, not news of the leader's clock.
     replayed_until: u64,
+    /// Whether openraft has had the snapshot identity it reads at start.
+    identity_served: bool,
     store: Arc<Store>,
     shared: Arc<SharedState>,
 }
@@ -207,7 +231,11 @@ fn sm_write_err(e: impl std::error::Error + 'static) -> StorageError<NodeId> {
 
 impl StateMachine {
     /// Loads the partition's applied state and live jobs from storage.
-    pub fn open(partition: PartitionId, store: Arc<Store>) -> anyhow::Result<(StateMachine, Arc<SharedState>)> {
+    pub fn open(
+        partition: PartitionId,
+        store: Arc<Store>,
+        snapshot_dir: PathBuf,
+    ) -> anyhow::Result<(StateMachine, Arc<SharedState>)> {
         let meta: Option<AppliedMeta> = store
             .get(Table::Meta, meta_key(partition, APPLIED))?
             .map(|b| storage::decode("applied state", &b))
@@ -260,8 +288,12 @@ impl StateMachine {
             },
         };
         let replayed_until = store.last(Table::Log, partition)?.map(|(index, _)| index).unwrap_or(0);
-        let shared = Arc::new(SharedState { partition, store: Arc::clone(&store), inner: Mutex::new(inner) });
-        Ok((StateMachine { partition, replayed_until, store, shared: Arc::clone(&shared) }, shared))
+        let shared =
+            Arc::new(SharedState { partition, store: Arc::clone(&store), snapshot_dir, inner: Mutex::new(inner) });
+        Ok((
+            StateMachine { partition, replayed_until, identity_served: false, store, shared: Arc::clone(&shared) },
+            shared,
+        ))
     }
 
     fn persist_meta(&self, batch: &mut storage::Batch<'_>, inner: &Inner) {
@@ -364,18 +396,19 @@ impl RaftStateMachine<TypeConfig> for StateMachine {
         SnapshotBuilder { shared: Arc::clone(&self.shared) }
     }
 
-    async fn begin_receiving_snapshot(&mut self) -> Result<Box<Cursor<Vec<u8>>>, StorageError<NodeId>> {
-        Ok(Box::new(Cursor::new(Vec::new())))
+    async fn begin_receiving_snapshot(&mut self) -> Result<Box<tokio::fs::File>, StorageError<NodeId>> {
+        Ok(Box::new(tokio::fs::File::from_std(snapshot_file(&self.shared.snapshot_dir)?)))
     }
 
     async fn install_snapshot(
         &mut self,
         meta: &SnapshotMeta<NodeId, BasicNode>,
-        snapshot: Box<Cursor<Vec<u8>>>,
+        snapshot: Box<tokio::fs::File>,
     ) -> Result<(), StorageError<NodeId>> {
-        let data = snapshot.into_inner();
-        let mut rest = &data[..];
-        let body: SnapshotHeader = storage::decode_from("snapshot", &mut rest).map_err(sm_read_err)?;
+        let mut file = snapshot.into_std().await;
+        file.rewind().map_err(sm_read_err)?;
+        let mut rest = BufReader::with_capacity(1 << 20, file);
+        let body: SnapshotHeader = bincode::deserialize_from(&mut rest).map_err(sm_read_err)?;
         let mut batch = self.store.batch();
         batch.delete_ids(Table::Jobs, self.partition, 0..u64::MAX);
         batch.delete_ids(Table::Done, self.partition, 0..u64::MAX);
@@ -395,7 +428,7 @@ impl RaftStateMachine<TypeConfig> for StateMachine {
             batch.put(Table::Jobs, key(self.partition, job.key.0), storage::encode(job));
         }
         while let Some((job_key, record)) = next_frame(&mut rest).map_err(sm_read_err)? {
-            batch.put(Table::Done, key(self.partition, job_key), record);
+            batch.put(Table::Done, key(self.partition, job_key), &record);
         }
         let mut inner = self.shared.lock();
         inner.engine = PartitionState::restore(body.engine, body.jobs, body.requests);
@@ -415,6 +448,20 @@ impl RaftStateMachine<TypeConfig> for StateMachine {
     /// purged past, and the state machine worker that asks applies nothing
     /// meanwhile, so the snapshot matches the applied index it names.
     async fn get_current_snapshot(&mut self) -> Result<Option<Snapshot<TypeConfig>>, StorageError<NodeId>> {
+        if !self.identity_served {
+            // Raft::new reads the snapshot only for its identity (meta);
+            // making one would copy every retained record at every start.
+            self.identity_served = true;
+            let meta = {
+                let inner = self.shared.lock();
+                if inner.last_applied.is_none() {
+                    return Ok(None);
+                }
+                snapshot_meta(&inner)
+            };
+            let empty = tokio::fs::File::from_std(snapshot_file(&self.shared.snapshot_dir)?);
+            return Ok(Some(Snapshot { meta, snapshot: Box::new(empty) }));
+        }
         self.shared.snapshot()
     }
 }
@@ -446,14 +493,14 @@ impl SharedState {
             };
             (header, snapshot_meta(&inner), self.store.point_in_time())
         };
-        let mut data = storage::encode(&header);
+        let mut out = BufWriter::with_capacity(1 << 20, snapshot_file(&self.snapshot_dir)?);
+        bincode::serialize_into(&mut out, &header).map_err(sm_write_err)?;
         drop(header);
-        view.for_each(Table::Done, self.partition, |job_key, record| {
-            push_frame(&mut data, job_key, record);
-            Ok(())
-        })
-        .map_err(sm_read_err)?;
-        Ok(Some(Snapshot { meta, snapshot: Box::new(Cursor::new(data)) }))
+        view.for_each(Table::Done, self.partition, |job_key, record| Ok(push_frame(&mut out, job_key, record)?))
+            .map_err(sm_read_err)?;
+        let mut file = out.into_inner().map_err(|e| sm_write_err(e.into_error()))?;
+        file.rewind().map_err(sm_write_err)?;
+        Ok(Some(Snapshot { meta, snapshot: Box::new(tokio::fs::File::from_std(file)) }))
     }
 }
 
@@ -471,7 +518,8 @@ impl RaftSnapshotBuilder<TypeConfig> for SnapshotBuilder {
         let meta = snapshot_meta(&self.shared.lock());
         metrics::counter!("drover_raft_snapshots_built_total", "partition" => self.shared.partition.to_string())
             .increment(1);
-        Ok(Snapshot { meta, snapshot: Box::new(Cursor::new(Vec::new())) })
+        let empty = tokio::fs::File::from_std(snapshot_file(&self.shared.snapshot_dir)?);
+        Ok(Snapshot { meta, snapshot: Box::new(empty) })
     }
 }
 
@@ -522,7 +570,8 @@ mod tests {
     #[tokio::test]
     async fn final_records_are_pruned_alike_after_restart_and_snapshot_install() {
         let dir = tempfile::tempdir().unwrap();
-        let (mut sm, shared) = StateMachine::open(0, Store::open(&dir.path().join("a")).unwrap()).unwrap();
+        let (mut sm, shared) =
+            StateMachine::open(0, Store::open(&dir.path().join("a")).unwrap(), dir.path().join("snap-a")).unwrap();
         sm.apply([entry(1, 1_000, (0..6).map(|_| create()).collect())]).await.unwrap();
         // Five of six finish: only the newest three final records stay.
         let cancels = (1..=5).map(|c| Command::Cancel { key: JobKey::new(0, c) }).collect();
@@ -537,15 +586,21 @@ mod tests {
         assert!(shared.lookup(JobKey::new(0, 1)).unwrap().is_none(), "the oldest final record is pruned");
 
         // A follower installing a snapshot gets the same records and pruning order.
+        // At start openraft asks only for the identity: nothing is copied.
+        let identity = sm.get_current_snapshot().await.unwrap().expect("entries were applied");
+        assert_eq!(identity.meta.last_log_id.map(|l| l.index), Some(2));
+        assert_eq!(identity.snapshot.metadata().await.unwrap().len(), 0);
         let snapshot = sm.get_current_snapshot().await.unwrap().expect("entries were applied");
+        assert!(snapshot.snapshot.metadata().await.unwrap().len() > 0);
         let (mut follower, follower_shared) =
-            StateMachine::open(0, Store::open(&dir.path().join("b")).unwrap()).unwrap();
+            StateMachine::open(0, Store::open(&dir.path().join("b")).unwrap(), dir.path().join("snap-b")).unwrap();
         follower.install_snapshot(&snapshot.meta, snapshot.snapshot).await.unwrap();
         assert_eq!(states(&follower_shared), expected);
 
         // A restart restores the pruning order from storage.
         drop((sm, shared));
-        let (mut sm, shared) = StateMachine::open(0, Store::open(&dir.path().join("a")).unwrap()).unwrap();
+        let (mut sm, shared) =
+            StateMachine::open(0, Store::open(&dir.path().join("a")).unwrap(), dir.path().join("snap-a")).unwrap();
         assert_eq!(states(&shared), expected);
 
         // Past their age, every final record goes, on both, and only those.
@@ -558,7 +613,8 @@ mod tests {
         // And the index picks up where it stopped.
         sm.apply([entry(4, 20_000, vec![Command::Cancel { key: JobKey::new(0, 6) }])]).await.unwrap();
         drop((sm, shared));
-        let (_sm, shared) = StateMachine::open(0, Store::open(&dir.path().join("a")).unwrap()).unwrap();
+        let (_sm, shared) =
+            StateMachine::open(0, Store::open(&dir.path().join("a")).unwrap(), dir.path().join("snap-a")).unwrap();
         assert_eq!(states(&shared), vec![(6, JobState::Cancelled)]);
     }
 }
