@@ -100,6 +100,10 @@ enum JobCommand {
         headers: Vec<(String, String)>,
         #[arg(long, default_value = "")]
         tenant: String,
+        /// Makes the create idempotent: within the key's window, the same key
+        /// (and tenant) answers with the first job instead of making another.
+        #[arg(long, default_value = "")]
+        idempotency_key: String,
     },
     /// Print a job as JSON.
     Get { key: u64 },
@@ -297,7 +301,7 @@ async fn job(command: JobCommand, target: &Target) -> anyhow::Result<()> {
         .with_context(|| format!("connecting to {} (is a node running? set --address)", target.address))?;
     let mut raw = client.raw();
     match command {
-        JobCommand::Create { job_type, variables, retries, priority, delay, headers, tenant } => {
+        JobCommand::Create { job_type, variables, retries, priority, delay, headers, tenant, idempotency_key } => {
             let request = CreateJobRequest {
                 r#type: job_type,
                 variables,
@@ -306,9 +310,13 @@ async fn job(command: JobCommand, target: &Target) -> anyhow::Result<()> {
                 priority,
                 delay,
                 tenant_id: tenant,
+                idempotency_key,
                 ..Default::default()
             };
             let reply = raw.create_job(request).await.map_err(status_error)?.into_inner();
+            if !reply.created {
+                eprintln!("job {} already existed: the idempotency key names it", reply.key);
+            }
             println!("{}", reply.key);
         }
         JobCommand::Get { key } => {

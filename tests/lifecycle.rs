@@ -310,3 +310,49 @@ async fn bad_input_gets_a_clear_status() {
     let status = node.client.complete(key, 0, "not json").await.unwrap_err();
     assert_eq!(status.code(), Code::InvalidArgument);
 }
+
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn an_idempotency_key_names_one_job_for_its_window() {
+    let node = LocalNode::start_with(|c| c.partitions = 3).await;
+    let mut raw = node.client.raw();
+    let request = |tenant: &str, variables: &str| CreateJobRequest {
+        r#type: "refund".into(),
+        variables: variables.into(),
+        tenant_id: tenant.into(),
+        idempotency_key: "order-7/refund".into(),
+        ..Default::default()
+    };
+    let first = raw.create_job(request("t1", r#"{"cents":500}"#)).await.unwrap().into_inner();
+    assert!(first.created, "{first:?}");
+    // Through the CreateJobs stream too, the key finds the first job.
+    let again = raw.create_job(request("t1", r#"{"cents":500}"#)).await.unwrap().into_inner();
+    assert_eq!((again.key, again.created), (first.key, false));
+    let streamed = raw
+        .create_jobs(futures::stream::iter([request("t1", r#"{"cents":500}"#)]))
+        .await
+        .unwrap()
+        .into_inner()
+        .message()
+        .await
+        .unwrap()
+        .unwrap();
+    assert_eq!((streamed.key, streamed.created), (first.key, false));
+    // Other content under the key is a client bug that names the key.
+    let error = raw.create_job(request("t1", r#"{"cents":900}"#)).await.unwrap_err();
+    assert_eq!(error.code(), Code::FailedPrecondition, "{error:?}");
+    assert!(error.message().contains("order-7/refund"), "{}", error.message());
+    // Keys are per tenant.
+    let other = raw.create_job(request("t2", r#"{"cents":900}"#)).await.unwrap().into_inner();
+    assert!(other.created && other.key != first.key);
+    assert_eq!(node.client.get_job(first.key).await.unwrap().idempotency_key, "order-7/refund");
+
+    // Bad keys and windows are refused up front.
+    let mut long = request("t1", "{}");
+    long.idempotency_key = "k".repeat(256);
+    assert_eq!(raw.create_job(long).await.unwrap_err().code(), Code::InvalidArgument);
+    let mut short = request("t1", "{}");
+    short.idempotency_window = 1_000;
+    let error = raw.create_job(short).await.unwrap_err();
+    assert_eq!(error.code(), Code::InvalidArgument);
+    assert!(error.message().contains("idempotency_window"), "{}", error.message());
+}
