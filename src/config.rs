@@ -56,7 +56,10 @@ pub struct ServeArgs {
     /// or min(3, members) when members are given]
     #[arg(long, env = "DROVER_REPLICATION_FACTOR")]
     pub replication_factor: Option<u32>,
-    /// Largest variables + custom headers of one job, in bytes. [default: 4194304]
+    /// Largest variables + custom headers of one job, in bytes. Every message
+    /// limit follows from it: requests up to this + 1 MiB, node-to-node
+    /// messages and replies up to 4 times that (at least 64 MiB); give every
+    /// node the same value. [default: 4194304]
     #[arg(long, env = "DROVER_MAX_PAYLOAD_BYTES")]
     pub max_payload_bytes: Option<usize>,
     /// Deadline of a request that carries none, in ms. [default: 10000]

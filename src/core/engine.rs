@@ -416,8 +416,18 @@ impl PartitionState {
     fn activate(&mut self, activation: &Activation, out: &mut ApplyOutput) -> Vec<ActivatedJobData> {
         let mut activated = Vec::new();
         let deadline = self.clock.saturating_add(activation.timeout_ms.max(1));
+        let mut bytes = 0u64;
         while (activated.len() as u32) < activation.max_jobs {
-            let Some(key) = self.pop_ready(&activation.job_type, &activation.tenants) else { break };
+            let Some((tenant, key)) = self.best_ready(&activation.job_type, &activation.tenants) else { break };
+            let size = ActivatedJobData::encoded_len(&self.jobs[&key].spec, &activation.worker) as u64;
+            // The first job is taken whatever its size: one job always fits a
+            // message, and a job that never fit the budget would never run.
+            if !activated.is_empty() && bytes.saturating_add(size) > activation.max_bytes {
+                break;
+            }
+            bytes = bytes.saturating_add(size);
+            let popped = self.pop_ready(&activation.job_type, &activation.tenants[tenant]);
+            debug_assert_eq!(popped, Some(key));
             let job = self.jobs.get_mut(&key).expect("ready jobs are in memory");
             job.state = JobState::Activated;
             job.attempt += 1;
@@ -441,18 +451,26 @@ impl PartitionState {
         activated
     }
 
-    /// The best ready job of a type over the tenants: highest priority, then oldest.
-    fn pop_ready(&mut self, job_type: &str, tenants: &[String]) -> Option<JobKey> {
-        let by_tenant = self.ready.get_mut(job_type)?;
-        let best_tenant = tenants
+    /// The best ready job of a type over the tenants (highest priority, then
+    /// oldest), with the index of its tenant in `tenants`.
+    fn best_ready(&self, job_type: &str, tenants: &[String]) -> Option<(usize, JobKey)> {
+        let by_tenant = self.ready.get(job_type)?;
+        tenants
             .iter()
-            .filter_map(|t| by_tenant.get(t.as_str()).and_then(|q| q.first()).map(|first| (*first, t)))
+            .enumerate()
+            .filter_map(|(i, t)| by_tenant.get(t.as_str()).and_then(|q| q.first()).map(|first| (*first, i)))
             .min_by_key(|(first, _)| *first)
-            .map(|(_, tenant)| tenant.as_str())?;
-        let queue = by_tenant.get_mut(best_tenant).expect("just found");
-        let (_, key) = queue.pop_first().expect("non-empty");
+            .map(|((_, key), i)| (i, key))
+    }
+
+    /// Takes the first job off a type's and tenant's ready queue (the one
+    /// [`Self::best_ready`] named).
+    fn pop_ready(&mut self, job_type: &str, tenant: &str) -> Option<JobKey> {
+        let by_tenant = self.ready.get_mut(job_type)?;
+        let queue = by_tenant.get_mut(tenant)?;
+        let (_, key) = queue.pop_first()?;
         if queue.is_empty() {
-            by_tenant.remove(best_tenant);
+            by_tenant.remove(tenant);
             if by_tenant.is_empty() {
                 self.ready.remove(job_type);
             }

@@ -223,6 +223,10 @@ pub struct Activation {
     pub worker: String,
     pub timeout_ms: i64,
     pub max_jobs: u32,
+    /// The activated jobs' [`ActivatedJobData::encoded_len`] together stay
+    /// within this, so they fit one message; the first job is taken whatever
+    /// its size (the payload limit makes one job always fit).
+    pub max_bytes: u64,
 }
 
 /// One change requested of a partition. Commands are replicated in batches.
@@ -332,6 +336,54 @@ pub struct ActivatedJobData {
     pub deadline: Millis,
     pub attempt: u32,
     pub created_at: Millis,
+}
+
+/// Bytes of a length-prefixed string or byte field as encoded (bincode: a u64 length).
+fn field_len(bytes: usize) -> usize {
+    8 + bytes
+}
+
+impl JobSpec {
+    /// The bytes this spec takes when encoded, within a few: what Raft
+    /// entries, pushes and replies count against their limits.
+    pub fn encoded_len(&self) -> usize {
+        let headers: usize = self.custom_headers.iter().map(|(k, v)| field_len(k.len()) + field_len(v.len())).sum();
+        field_len(self.job_type.len())
+            + field_len(self.tenant.len())
+            + field_len(self.variables.len())
+            + field_len(headers)
+            + 4
+            + field_len(self.idempotency_key.len())
+            + field_len(self.traceparent.len())
+    }
+}
+
+impl Command {
+    /// The bytes this command takes when encoded, within a few.
+    pub fn encoded_len(&self) -> usize {
+        let body = match self {
+            Command::Create(job) => job.spec.encoded_len() + 32,
+            Command::Activate(a) => {
+                let tenants: usize = a.tenants.iter().map(|t| field_len(t.len())).sum();
+                field_len(a.job_type.len()) + field_len(tenants) + field_len(a.worker.len()) + 32
+            }
+            Command::Complete { variables, .. } => field_len(variables.len()) + 16,
+            Command::Fail { error_message, .. } => field_len(error_message.len()) + 32,
+            Command::UpdateTimeout { .. }
+            | Command::UpdateRetries { .. }
+            | Command::Cancel { .. }
+            | Command::Yield { .. } => 32,
+        };
+        4 + body
+    }
+}
+
+impl ActivatedJobData {
+    /// The bytes an activation of a job with `spec` for `worker` takes when
+    /// encoded, within a few.
+    pub fn encoded_len(spec: &JobSpec, worker: &str) -> usize {
+        spec.encoded_len() + field_len(worker.len()) + 40
+    }
 }
 
 /// The outcome of one command, in the order of the batch.

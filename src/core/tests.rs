@@ -36,6 +36,7 @@ fn activation(max_jobs: u32, timeout_ms: i64) -> Command {
         worker: "w1".into(),
         timeout_ms,
         max_jobs,
+        max_bytes: u64::MAX,
     })
 }
 
@@ -322,6 +323,54 @@ fn cancel_removes_any_live_job() {
 }
 
 #[test]
+fn activation_stays_within_its_byte_budget_but_always_takes_one_job() {
+    let mut h = Harness::new();
+    let large =
+        Arc::new(JobSpec { variables: format!(r#"{{"blob":"{}"}}"#, "x".repeat(3000)).into(), ..(*spec(0)).clone() });
+    for _ in 0..3 {
+        h.run(
+            1_000,
+            Command::Create(NewJob {
+                spec: Arc::clone(&large),
+                retries: 1,
+                run_at: None,
+                delay_ms: 0,
+                request: None,
+                dedupe_window_ms: 0,
+            }),
+        );
+    }
+    let one = ActivatedJobData::encoded_len(&large, "w1") as u64;
+    let activate = |max_bytes| {
+        Command::Activate(Activation {
+            job_type: TYPE.into(),
+            tenants: vec![DEFAULT_TENANT.into()],
+            worker: "w1".into(),
+            timeout_ms: 100,
+            max_jobs: 10,
+            max_bytes,
+        })
+    };
+    let taken = |result| match result {
+        CommandResult::Activated(jobs) => jobs.len(),
+        other => panic!("activate failed: {other:?}"),
+    };
+    assert_eq!(taken(h.run(1_000, activate(2 * one + one / 2))), 2, "two fit, the third does not");
+    assert_eq!(taken(h.run(1_000, activate(10))), 1, "a job larger than the budget still goes alone");
+    assert_eq!(h.state.activatable_count(TYPE, &[]), 0);
+}
+
+#[test]
+fn encoded_len_covers_the_encoding() {
+    let job = new_job(0);
+    let batch = Batch::at(1, vec![job.clone(), activation(3, 100)]);
+    let estimate: usize = batch.commands.iter().map(Command::encoded_len).sum();
+    let actual = bincode::serialize(&batch.commands).unwrap().len();
+    assert!(estimate + 8 >= actual, "estimate {estimate} below the encoded {actual} bytes");
+    assert!(estimate <= actual + 128, "estimate {estimate} far above the encoded {actual} bytes");
+}
+
+#[test]
 fn tenants_filter_activation() {
     let mut h = Harness::new();
     let other = Arc::new(JobSpec { tenant: "acme".into(), ..(*spec(0)).clone() });
@@ -341,6 +390,7 @@ fn tenants_filter_activation() {
         worker: "w".into(),
         timeout_ms: 100,
         max_jobs: 5,
+        max_bytes: u64::MAX,
     });
     assert!(matches!(h.run(1_000, acme), CommandResult::Activated(jobs) if jobs.len() == 1));
 }

@@ -10,7 +10,21 @@ use crate::config::DedupeWindows;
 use crate::core::{ActivatedJobData, Activation, Job, JobSpec, NewJob, RequestId, DEFAULT_TENANT};
 use crate::proto::gateway as pb;
 
-/// Limits applied before anything is replicated.
+/// Room in a request for a job's fields besides its payload (type, tenant,
+/// trace context, header framing).
+const REQUEST_OVERHEAD: usize = 1 << 20;
+/// The smallest limit on node-to-node messages.
+const MIN_CLUSTER_MESSAGE: usize = 64 << 20;
+
+/// Limits applied before anything is replicated, and the message sizes that
+/// follow from them.
+///
+/// Every size follows from `max_payload_bytes`, so that one job always fits
+/// one message anywhere: a client request and a stored job are at most
+/// [`Limits::max_request_bytes`]; a node-to-node message (a Raft append, a
+/// forwarded batch, a push, a job record with its result, error and worker
+/// name) at most [`Limits::max_cluster_message_bytes`]. Batches of several
+/// jobs are cut by bytes to stay within these, never beyond one job.
 #[derive(Clone, Debug)]
 pub struct Limits {
     /// Largest variables + custom headers of one job, in bytes.
@@ -24,6 +38,23 @@ pub struct Limits {
 impl Default for Limits {
     fn default() -> Self {
         Limits { max_payload_bytes: 4 << 20, max_request_timeout_ms: 600_000, max_jobs_to_activate: 1000 }
+    }
+}
+
+impl Limits {
+    /// The largest request a gateway accepts, and the largest job as stored
+    /// ([`JobSpec::encoded_len`]): one job's payload and room for the rest.
+    /// Also the byte budget of one ActivateJobs reply.
+    pub fn max_request_bytes(&self) -> usize {
+        self.max_payload_bytes.saturating_add(REQUEST_OVERHEAD)
+    }
+
+    /// The limit on every node-to-node message, encoded and decoded, on every
+    /// cluster client and server, and on gateway replies: room for the
+    /// largest record of one job (its variables, result, error message and
+    /// worker name can each be as large as a request).
+    pub fn max_cluster_message_bytes(&self) -> usize {
+        self.max_request_bytes().saturating_mul(4).max(MIN_CLUSTER_MESSAGE)
     }
 }
 
@@ -124,16 +155,18 @@ pub fn new_job(
         };
         (RequestId::Key { tenant: tenant.clone(), key: request.idempotency_key.clone() }, window)
     };
+    let spec = JobSpec {
+        job_type: request.r#type,
+        tenant,
+        variables,
+        custom_headers,
+        priority: request.priority,
+        idempotency_key: request.idempotency_key,
+        traceparent,
+    };
+    stored_size(&spec, limits)?;
     Ok(NewJob {
-        spec: Arc::new(JobSpec {
-            job_type: request.r#type,
-            tenant,
-            variables,
-            custom_headers,
-            priority: request.priority,
-            idempotency_key: request.idempotency_key,
-            traceparent,
-        }),
+        spec: Arc::new(spec),
         retries,
         run_at: (request.run_at > 0).then_some(request.run_at),
         delay_ms: request.delay,
@@ -161,6 +194,22 @@ fn idempotency_key(key: &str) -> Result<(), ApiError> {
 
 fn millis(duration: std::time::Duration) -> i64 {
     i64::try_from(duration.as_millis()).unwrap_or(i64::MAX)
+}
+
+/// Refuses a job that would take more than [`Limits::max_request_bytes`] as
+/// stored, which only many tiny custom headers or a huge tenant id reach
+/// within the payload limit: every message that carries one job must hold it.
+fn stored_size(spec: &JobSpec, limits: &Limits) -> Result<(), ApiError> {
+    let stored = spec.encoded_len();
+    if stored > limits.max_request_bytes() {
+        return Err(ApiError::ResourceExhausted(format!(
+            "the job takes {stored} bytes as stored (variables, custom headers at 16 bytes each besides their \
+             text, type, tenant and trace context); this node accepts at most {}: use fewer custom headers and \
+             store large data elsewhere",
+            limits.max_request_bytes()
+        )));
+    }
+    Ok(())
 }
 
 /// What a worker asked for, shared by polling and streaming.
@@ -210,13 +259,14 @@ pub fn worker_spec(
     })
 }
 
-pub fn activation(spec: &WorkerSpec, max_jobs: u32) -> Activation {
+pub fn activation(spec: &WorkerSpec, max_jobs: u32, max_bytes: u64) -> Activation {
     Activation {
         job_type: spec.job_type.clone(),
         tenants: spec.tenants.clone(),
         worker: spec.worker.clone(),
         timeout_ms: spec.timeout_ms,
         max_jobs,
+        max_bytes,
     }
 }
 
@@ -290,6 +340,38 @@ mod tests {
         assert!(json_object("variables", "{\"a\":".into()).is_err());
         assert_eq!(&json_object("variables", "".into()).unwrap()[..], b"{}");
         assert!(json_object("variables", " {\"a\": 1} ".into()).is_ok());
+    }
+
+    #[test]
+    fn a_job_near_the_default_payload_limit_fits_every_message() {
+        let limits = Limits::default();
+        let variables = format!(r#"{{"blob":"{}"}}"#, "x".repeat(3_900_000));
+        let request = pb::CreateJobRequest { r#type: "t".into(), variables, ..Default::default() };
+        let job = new_job(request, String::new(), &limits, &DedupeWindows::default(), || RequestId::Gateway {
+            node: 0,
+            epoch: 0,
+            seq: 0,
+        })
+        .expect("a 3.9 MB job is accepted");
+        assert!(job.spec.encoded_len() <= limits.max_request_bytes());
+        // Activated for a worker whose name is as large as a request allows.
+        let activated = ActivatedJobData::encoded_len(&job.spec, &"w".repeat(limits.max_request_bytes()));
+        assert!(activated < limits.max_cluster_message_bytes(), "one activated job fits a cluster message");
+    }
+
+    #[test]
+    fn a_job_too_large_as_stored_is_refused() {
+        let limits = Limits { max_payload_bytes: 1 << 20, ..Limits::default() };
+        // 150k tiny headers: under the payload limit, over it as stored.
+        let custom_headers = (0..150_000).map(|n| (format!("{n:x}"), String::new())).collect();
+        let request = pb::CreateJobRequest { r#type: "t".into(), custom_headers, ..Default::default() };
+        let error = new_job(request, String::new(), &limits, &DedupeWindows::default(), || RequestId::Gateway {
+            node: 0,
+            epoch: 0,
+            seq: 0,
+        })
+        .unwrap_err();
+        assert!(matches!(&error, ApiError::ResourceExhausted(m) if m.contains("as stored")), "{error:?}");
     }
 
     #[test]

@@ -53,12 +53,12 @@ pub async fn submit(
     deadline: Instant,
 ) -> Result<Vec<CommandResult>, ApiError> {
     let started = Instant::now();
-    // A create is re-sent only while the partition still remembers its
-    // request id: within a third of the window, so the first send and the
-    // last re-send apply well inside it, even with some clock skew between
-    // leaders.
-    let deadline = if commands.iter().any(|c| matches!(c, Command::Create(_))) {
-        deadline.min(started + ctx.dedupe.request / 3)
+    // A create is re-sent only while the partition surely still remembers
+    // its request id: within a third of the window from the first send, so
+    // the first send and the last re-send apply well inside it, even with
+    // some clock skew between leaders. Waiting for a commit is not limited.
+    let resend_until = if commands.iter().any(|c| matches!(c, Command::Create(_))) {
+        started + ctx.dedupe.request / 3
     } else {
         deadline
     };
@@ -82,6 +82,9 @@ pub async fn submit(
         match attempt {
             Attempt::Done(results) => return Ok(results),
             Attempt::Retry(hint) => ctx.set_leader_hint(partition, hint),
+            Attempt::Unknown { why, .. } if Instant::now() >= resend_until => {
+                return Err(ApiError::outcome_unknown(partition, &why));
+            }
             Attempt::Unknown { hint, why } => {
                 tracing::debug!(partition, "outcome unknown, sending again: {why}");
                 metrics::counter!("drover_gateway_resent_total").increment(1);

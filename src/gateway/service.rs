@@ -14,8 +14,11 @@ use super::convert::{self, WorkerSpec};
 use super::error::ApiError;
 use super::router;
 use super::streams::ClientStream;
-use crate::core::{idempotency_partition, Command, CommandResult, JobKey, JobState, PartitionId, RequestId};
+use crate::core::{
+    idempotency_partition, ActivatedJobData, Command, CommandResult, JobKey, JobState, PartitionId, RequestId,
+};
 use crate::node::NodeContext;
+use crate::partition::MAX_ENTRY_BYTES;
 use crate::proto::cluster::StatusRequest;
 use crate::proto::gateway::gateway_server::Gateway;
 use crate::proto::gateway::*;
@@ -151,8 +154,30 @@ where
     Box::pin(responses)
 }
 
-/// Runs a chunk of per-key commands: one batch per partition, concurrently,
-/// results back in the chunk's order.
+/// Cuts one partition's commands into batches of at most `max_bytes` as
+/// encoded (at least one command each), in order.
+fn split_by_bytes(indexes: Vec<usize>, commands: Vec<Command>, max_bytes: usize) -> Vec<(Vec<usize>, Vec<Command>)> {
+    let mut batches: Vec<(Vec<usize>, Vec<Command>)> = Vec::new();
+    let mut bytes = 0usize;
+    for (index, command) in indexes.into_iter().zip(commands) {
+        let size = command.encoded_len();
+        match batches.last_mut() {
+            Some((indexes, commands)) if bytes.saturating_add(size) <= max_bytes => {
+                bytes += size;
+                indexes.push(index);
+                commands.push(command);
+            }
+            _ => {
+                bytes = size;
+                batches.push((vec![index], vec![command]));
+            }
+        }
+    }
+    batches
+}
+
+/// Runs a chunk of per-key commands: per partition, batches cut by bytes and
+/// run in order; the partitions concurrently; results back in the chunk's order.
 async fn run_chunk(
     ctx: &NodeContext,
     commands: Vec<Result<(PartitionId, Command), ApiError>>,
@@ -171,10 +196,18 @@ async fn run_chunk(
             Err(e) => out.push(Some(Err(e))),
         }
     }
-    let batches = by_partition.into_iter().map(|(partition, (indexes, commands))| async move {
-        (indexes, router::submit(ctx, partition, commands, deadline).await)
+    // A batch is one outcome and one Raft entry; the partition leader never
+    // splits one, so it is cut here to the entry size (which also keeps a
+    // forwarded batch within the cluster's message limit).
+    let max_bytes = MAX_ENTRY_BYTES;
+    let partitions = by_partition.into_iter().map(|(partition, (indexes, commands))| async move {
+        let mut done = Vec::new();
+        for (indexes, commands) in split_by_bytes(indexes, commands, max_bytes) {
+            done.push((indexes, router::submit(ctx, partition, commands, deadline).await));
+        }
+        done
     });
-    for (indexes, result) in futures::future::join_all(batches).await {
+    for (indexes, result) in futures::future::join_all(partitions).await.into_iter().flatten() {
         match result {
             Ok(results) => {
                 for (index, result) in indexes.into_iter().zip(results) {
@@ -225,6 +258,9 @@ impl GatewayService {
     }
 
     /// One activation round over every partition, starting at a rotating one.
+    /// The reply holds at most `max` jobs and about [`convert::Limits::max_request_bytes`]:
+    /// each partition activates only what the bytes left allow (at least one
+    /// job), so no activation is committed that the reply cannot carry.
     async fn activate_round(
         &self,
         spec: &WorkerSpec,
@@ -235,17 +271,21 @@ impl GatewayService {
         let partitions = self.ctx.partition_count();
         let start = self.ctx.next_partition();
         let mut last_error = None;
+        let mut bytes_left = self.ctx.limits.max_request_bytes() as u64;
         for offset in 0..partitions {
             let remaining = max - jobs.len() as u32;
-            if remaining == 0 {
+            if remaining == 0 || bytes_left == 0 {
                 break;
             }
             let partition = (start + offset) % partitions;
-            let command = Command::Activate(convert::activation(spec, remaining));
+            let command = Command::Activate(convert::activation(spec, remaining, bytes_left));
             match router::submit(&self.ctx, partition, vec![command], deadline).await {
                 Ok(mut results) => {
                     if let Some(CommandResult::Activated(activated)) = results.pop() {
                         metrics::counter!("drover_gateway_jobs_polled_total").increment(activated.len() as u64);
+                        let bytes: usize =
+                            activated.iter().map(|j| ActivatedJobData::encoded_len(&j.spec, &j.worker)).sum();
+                        bytes_left = bytes_left.saturating_sub(bytes as u64);
                         crate::trace_context::activation_spans(partition, &activated);
                         jobs.extend(activated.iter().map(|j| convert::activated_job(j, &spec.fetch_variables)));
                     }

@@ -112,7 +112,9 @@ impl Node {
         )?;
         let store = Store::open(&config.data_dir.join("db"))
             .with_context(|| format!("opening storage in {}", config.data_dir.display()))?;
-        let peers = PeerChannels::new(members.clone());
+        // One limit on node-to-node messages, for every client and server.
+        let max_cluster_message = config.limits.max_cluster_message_bytes();
+        let peers = PeerChannels::new(members.clone(), max_cluster_message);
         let (stop, stop_rx) = watch::channel(false);
 
         // The cluster service answers before the replicas exist (peers may call
@@ -128,8 +130,8 @@ impl Node {
                 .initial_stream_window_size(Some(1 << 20))
                 .add_service(
                     ClusterServer::new(cluster_service)
-                        .max_decoding_message_size(64 << 20)
-                        .max_encoding_message_size(64 << 20),
+                        .max_decoding_message_size(max_cluster_message)
+                        .max_encoding_message_size(max_cluster_message),
                 ),
             cluster_listener,
             stop_rx.clone(),
@@ -175,7 +177,9 @@ impl Node {
         background.push(tokio::spawn(crate::admin::record_gauges(Arc::clone(&ctx), stop_rx.clone())));
 
         let gateway = crate::gateway::GatewayService::new(Arc::clone(&ctx));
-        let max_message = config.limits.max_payload_bytes + (1 << 20);
+        // Requests hold at most one job; replies may hold a whole job record
+        // (variables, result, error message) or an ActivateJobs batch cut to
+        // the request size plus one job, so they get the cluster's limit.
         servers.push(tokio::spawn(serve_grpc(
             "gateway",
             tonic::transport::Server::builder()
@@ -183,8 +187,8 @@ impl Node {
                 .http2_keepalive_interval(Some(Duration::from_secs(30)))
                 .add_service(crate::gateway::Observe::new(
                     GatewayServer::new(gateway)
-                        .max_decoding_message_size(max_message)
-                        .max_encoding_message_size(max_message),
+                        .max_decoding_message_size(config.limits.max_request_bytes())
+                        .max_encoding_message_size(max_cluster_message),
                 )),
             grpc_listener,
             stop_rx.clone(),

@@ -35,12 +35,21 @@ use crate::raft::{NodeId, Replica, WriteError};
 
 /// Commands in one Raft entry, at most.
 const MAX_BATCH_COMMANDS: usize = 4096;
+/// Bytes of commands ([`Command::encoded_len`]) in one Raft entry, at most,
+/// unless one submission alone is larger: a submission is one outcome and is
+/// never split, so submitters with many commands cut them to this size
+/// (the gateway does). It keeps an entry, and so a Raft append, quick to ship
+/// and sync within a heartbeat.
+pub const MAX_ENTRY_BYTES: usize = 4 << 20;
 /// Raft writes in flight at once; more commands wait and join the next entry.
 const MAX_IN_FLIGHT: usize = 4;
 /// Commands waiting for a write; beyond this, submitters get RESOURCE_EXHAUSTED.
 const MAX_PENDING_COMMANDS: usize = 100_000;
 /// Jobs activated for one push to one stream.
 const PUSH_BATCH: u32 = 32;
+/// Bytes of jobs ([`ActivatedJobData::encoded_len`]) activated for one push,
+/// at most (or one job, whatever its size), so the push fits one message.
+const PUSH_BATCH_BYTES: u64 = 16 << 20;
 /// Pushes of one type in flight at once (each a Raft write, then an RPC to a
 /// gateway). One at a time capped a partition's delivery at one batch per
 /// commit-and-push round trip while creates ran far ahead.
@@ -251,7 +260,7 @@ impl Actor for PartitionLeader {
                     state.flush(&myself);
                 }
             }
-            LeaderMsg::PushDone { stream, requested, activated, rejected } => {
+            LeaderMsg::PushDone { stream, requested: _, activated, rejected } => {
                 if let Some(count) = state.pushing.get_mut(&stream.job_type) {
                     *count -= 1;
                     if *count == 0 {
@@ -273,8 +282,10 @@ impl Actor for PartitionLeader {
                     // to another stream (the blocked one is skipped for a while).
                     state.enqueue(yields, ReplyTo::Ignore);
                     state.flush(&myself);
-                } else if activated as u32 == requested {
-                    again = true; // there may be more waiting
+                } else if activated > 0 {
+                    // There may be more waiting: the batch was full, or cut
+                    // short by its bytes (`try_push` pushes only if jobs wait).
+                    again = true;
                 }
                 if again {
                     state.try_push(&myself, &job_type);
@@ -325,10 +336,15 @@ impl LeaderState {
         while self.in_flight < MAX_IN_FLIGHT && !self.pending.is_empty() {
             let mut commands = Vec::new();
             let mut replies = Vec::new();
+            let mut bytes = 0usize;
             while let Some((next, _)) = self.pending.front() {
-                if !commands.is_empty() && commands.len() + next.len() > MAX_BATCH_COMMANDS {
+                let next_bytes: usize = next.iter().map(Command::encoded_len).sum();
+                if !commands.is_empty()
+                    && (commands.len() + next.len() > MAX_BATCH_COMMANDS || bytes + next_bytes > MAX_ENTRY_BYTES)
+                {
                     break;
                 }
+                bytes += next_bytes;
                 let (next, reply) = self.pending.pop_front().expect("front exists");
                 replies.push((next.len(), reply));
                 commands.extend(next);
@@ -421,6 +437,7 @@ impl LeaderState {
             worker: stream.worker.clone(),
             timeout_ms: stream.timeout_ms,
             max_jobs: PUSH_BATCH,
+            max_bytes: PUSH_BATCH_BYTES,
         });
         Some((activation, stream))
     }

@@ -11,4 +11,6 @@
 mod leader;
 pub mod streams;
 
-pub use leader::{now_millis, GatewayLink, LeaderArgs, LeaderMsg, PartitionLeader, SubmitError, SubmitReply};
+pub use leader::{
+    now_millis, GatewayLink, LeaderArgs, LeaderMsg, PartitionLeader, SubmitError, SubmitReply, MAX_ENTRY_BYTES,
+};

@@ -3,6 +3,10 @@
 //! Appends are durable before openraft hears of them: the write goes to the
 //! storage group-commit writer and `LogFlushed` fires only after the WAL sync
 //! that covers it. Votes are written synced before `save_vote` returns.
+//!
+//! Replication reads at most [`MAX_APPEND_BYTES`] of entries for one append
+//! (at least one entry), so an append ships and syncs within a heartbeat and
+//! fits the cluster's message limit.
 
 use std::fmt::Debug;
 use std::io;
@@ -19,16 +23,22 @@ use crate::storage::{self, meta_key, Store, Table};
 const VOTE: &str = "vote";
 const PURGED: &str = "purged";
 const COMMITTED: &str = "committed";
+/// Bytes of stored entries sent in one append, at most, unless one entry is
+/// larger (it then goes alone).
+pub const MAX_APPEND_BYTES: usize = 8 << 20;
 
 #[derive(Clone)]
 pub struct LogStore {
     partition: PartitionId,
     store: Arc<Store>,
+    max_append_bytes: usize,
 }
 
 impl LogStore {
-    pub fn new(partition: PartitionId, store: Arc<Store>) -> Self {
-        LogStore { partition, store }
+    /// `max_message_bytes` is the cluster's message limit: an append never
+    /// reads more than half of it (or [`MAX_APPEND_BYTES`]).
+    pub fn new(partition: PartitionId, store: Arc<Store>, max_message_bytes: usize) -> Self {
+        LogStore { partition, store, max_append_bytes: MAX_APPEND_BYTES.min(max_message_bytes / 2) }
     }
 
     fn read_meta<T: serde::de::DeserializeOwned>(&self, name: &str) -> Result<Option<T>, StorageError<NodeId>> {
@@ -62,6 +72,26 @@ impl RaftLogReader<TypeConfig> for LogStore {
         };
         let rows = self.store.scan(Table::Log, self.partition, start..end).map_err(read_err)?;
         rows.iter().map(|(_, bytes)| storage::decode("raft log", bytes).map_err(read_err)).collect()
+    }
+
+    /// The entries of one append: from `start`, up to `max_append_bytes` as
+    /// stored, at least one.
+    async fn limited_get_log_entries(
+        &mut self,
+        start: u64,
+        end: u64,
+    ) -> Result<Vec<Entry<TypeConfig>>, StorageError<NodeId>> {
+        let rows = self.store.scan(Table::Log, self.partition, start..end).map_err(read_err)?;
+        let mut entries = Vec::new();
+        let mut bytes = 0usize;
+        for (_, row) in &rows {
+            if !entries.is_empty() && bytes + row.len() > self.max_append_bytes {
+                break;
+            }
+            bytes += row.len();
+            entries.push(storage::decode("raft log", row).map_err(read_err)?);
+        }
+        Ok(entries)
     }
 }
 

@@ -144,6 +144,9 @@ impl Replica {
             election_timeout_min: settings.election_timeout_min.as_millis() as u64,
             election_timeout_max: settings.election_timeout_min.as_millis() as u64 * 2,
             install_snapshot_timeout: 10_000,
+            // At most; the log store cuts an append by bytes as well, and the
+            // network asks for fewer entries when an append would not fit
+            // one message.
             max_payload_entries: 16,
             snapshot_policy: SnapshotPolicy::LogsSinceLast(settings.snapshot_every),
             max_in_snapshot_log_to_keep: settings.keep_after_snapshot,
@@ -151,7 +154,7 @@ impl Replica {
             ..Default::default()
         };
         let config = Arc::new(config.validate()?);
-        let log = log_store::LogStore::new(partition, Arc::clone(&store));
+        let log = log_store::LogStore::new(partition, Arc::clone(&store), peers.max_message_bytes());
         let (state_machine, shared) =
             state_machine::StateMachine::open(partition, store, settings.snapshot_dir.clone())?;
         let network = ClusterNetwork::new(partition, peers);

@@ -1,11 +1,20 @@
 //! Raft RPCs over the cluster gRPC service: one lazily connected channel per
 //! peer, shared by every partition's group; each request names its partition.
+//!
+//! Every cluster client encodes and decodes messages up to one limit, the same
+//! the cluster server applies ([`PeerChannels::max_message_bytes`]). An append
+//! that would not fit, or that a peer refuses as too large, is answered with
+//! openraft's `PayloadTooLarge` and a smaller entry count, so openraft sends
+//! fewer entries at once instead of backing off and resending the same range
+//! for ever.
 
 use std::collections::{BTreeMap, HashMap};
 use std::sync::{Arc, Mutex};
 use std::time::Duration;
 
-use openraft::error::{InstallSnapshotError, NetworkError, RPCError, RaftError, RemoteError, Unreachable};
+use openraft::error::{
+    InstallSnapshotError, NetworkError, PayloadTooLarge, RPCError, RaftError, RemoteError, Unreachable,
+};
 use openraft::network::{RPCOption, RaftNetwork, RaftNetworkFactory};
 use openraft::raft::{
     AppendEntriesRequest, AppendEntriesResponse, InstallSnapshotRequest, InstallSnapshotResponse, VoteRequest,
@@ -27,18 +36,35 @@ use crate::proto::cluster::RaftRequest;
 pub struct PeerChannels {
     addresses: Arc<BTreeMap<NodeId, String>>,
     channels: Arc<Mutex<HashMap<NodeId, Channel>>>,
+    max_message_bytes: usize,
 }
 
 impl PeerChannels {
-    pub fn new(addresses: BTreeMap<NodeId, String>) -> Self {
-        PeerChannels { addresses: Arc::new(addresses), channels: Default::default() }
+    /// Channels to `addresses`, whose clients encode and decode messages of
+    /// up to `max_message_bytes` (the cluster server's limit too).
+    pub fn new(addresses: BTreeMap<NodeId, String>, max_message_bytes: usize) -> Self {
+        PeerChannels { addresses: Arc::new(addresses), channels: Default::default(), max_message_bytes }
+    }
+
+    /// The limit on node-to-node messages, both ways.
+    pub fn max_message_bytes(&self) -> usize {
+        self.max_message_bytes
     }
 
     /// The cluster-service client for `node`, if it is a member.
     pub fn client(&self, node: NodeId) -> Option<ClusterClient<Channel>> {
+        let channel = self.channel(node)?;
+        Some(
+            ClusterClient::new(channel)
+                .max_decoding_message_size(self.max_message_bytes)
+                .max_encoding_message_size(self.max_message_bytes),
+        )
+    }
+
+    fn channel(&self, node: NodeId) -> Option<Channel> {
         let mut channels = self.channels.lock().expect("peer channel lock poisoned");
         if let Some(channel) = channels.get(&node) {
-            return Some(ClusterClient::new(channel.clone()));
+            return Some(channel.clone());
         }
         let address = self.addresses.get(&node)?;
         let endpoint = Endpoint::from_shared(format!("http://{address}"))
@@ -51,7 +77,7 @@ impl PeerChannels {
             .initial_stream_window_size(Some(1 << 20));
         let channel = endpoint.connect_lazy();
         channels.insert(node, channel.clone());
-        Some(ClusterClient::new(channel).max_decoding_message_size(64 << 20).max_encoding_message_size(64 << 20))
+        Some(channel)
     }
 }
 
@@ -71,7 +97,12 @@ impl RaftNetworkFactory<TypeConfig> for ClusterNetwork {
     type Network = PeerConnection;
 
     async fn new_client(&mut self, target: NodeId, _node: &BasicNode) -> PeerConnection {
-        PeerConnection { partition: self.partition, target, client: self.peers.client(target) }
+        PeerConnection {
+            partition: self.partition,
+            target,
+            client: self.peers.client(target),
+            max_message_bytes: self.peers.max_message_bytes(),
+        }
     }
 }
 
@@ -79,6 +110,23 @@ pub struct PeerConnection {
     partition: PartitionId,
     target: NodeId,
     client: Option<ClusterClient<Channel>>,
+    max_message_bytes: usize,
+}
+
+/// Room in a message for the request's framing besides the openraft payload.
+const FRAMING: usize = 1024;
+
+/// Whether a status says a message was over a gRPC size limit (tonic answers
+/// OUT_OF_RANGE, "... message length too large ...", on either side).
+fn too_large(status: &tonic::Status) -> bool {
+    status.code() == tonic::Code::OutOfRange && status.message().contains("message length too large")
+}
+
+/// The entry count to try after `entries` entries took `bytes` and did not
+/// fit `limit`: proportionally fewer, always fewer than before, at least one.
+fn entries_hint(entries: usize, bytes: usize, limit: usize) -> u64 {
+    let scaled = (entries as u128 * limit as u128 / bytes.max(1) as u128) as usize;
+    scaled.min(entries.saturating_sub(1)).max(1) as u64
 }
 
 #[derive(Debug, thiserror::Error)]
@@ -86,10 +134,14 @@ pub struct PeerConnection {
 struct TransportError(String);
 
 impl PeerConnection {
+    /// Sends one RPC. `entries` is the entry count of an append (None for
+    /// other RPCs): an append too large for one message comes back as
+    /// `PayloadTooLarge` with a smaller count to try.
     async fn call<Req, Resp, E>(
         &mut self,
         kind: super::RpcKind,
         request: &Req,
+        entries: Option<usize>,
         option: &RPCOption,
     ) -> Result<Resp, RPCError<NodeId, BasicNode, E>>
     where
@@ -102,6 +154,11 @@ impl PeerConnection {
             return Err(RPCError::Unreachable(Unreachable::new(&e)));
         };
         let payload = bincode::serialize(request).map_err(|e| RPCError::Network(NetworkError::new(&e)))?;
+        let limit = self.max_message_bytes.saturating_sub(FRAMING);
+        if let Some(entries) = entries.filter(|n| *n > 1 && payload.len() > limit) {
+            metrics::counter!("drover_raft_appends_too_large_total").increment(1);
+            return Err(PayloadTooLarge::new_entries_hint(entries_hint(entries, payload.len(), limit)).into());
+        }
         let mut grpc = tonic::Request::new(RaftRequest { partition_id: self.partition, payload: payload.into() });
         grpc.set_timeout(option.hard_ttl());
         let started = std::time::Instant::now();
@@ -114,6 +171,11 @@ impl PeerConnection {
         let reply = match reply {
             Ok(reply) => reply.into_inner(),
             Err(status) => {
+                // A peer with a smaller limit refused it: halve and try again.
+                if let Some(entries) = entries.filter(|n| *n > 1 && too_large(&status)) {
+                    metrics::counter!("drover_raft_appends_too_large_total").increment(1);
+                    return Err(PayloadTooLarge::new_entries_hint(entries_hint(entries, 2, 1)).into());
+                }
                 let e = TransportError(format!("{}: {}", status.code(), status.message()));
                 return Err(RPCError::Unreachable(Unreachable::new(&e)));
             }
@@ -133,7 +195,8 @@ impl RaftNetwork<TypeConfig> for PeerConnection {
         rpc: AppendEntriesRequest<TypeConfig>,
         option: RPCOption,
     ) -> Result<AppendEntriesResponse<NodeId>, RPCError<NodeId, BasicNode, RaftError<NodeId>>> {
-        self.call(super::RpcKind::AppendEntries, &rpc, &option).await
+        let entries = rpc.entries.len();
+        self.call(super::RpcKind::AppendEntries, &rpc, Some(entries), &option).await
     }
 
     async fn install_snapshot(
@@ -142,7 +205,7 @@ impl RaftNetwork<TypeConfig> for PeerConnection {
         option: RPCOption,
     ) -> Result<InstallSnapshotResponse<NodeId>, RPCError<NodeId, BasicNode, RaftError<NodeId, InstallSnapshotError>>>
     {
-        self.call(super::RpcKind::InstallSnapshot, &rpc, &option).await
+        self.call(super::RpcKind::InstallSnapshot, &rpc, None, &option).await
     }
 
     async fn vote(
@@ -150,6 +213,31 @@ impl RaftNetwork<TypeConfig> for PeerConnection {
         rpc: VoteRequest<NodeId>,
         option: RPCOption,
     ) -> Result<VoteResponse<NodeId>, RPCError<NodeId, BasicNode, RaftError<NodeId>>> {
-        self.call(super::RpcKind::Vote, &rpc, &option).await
+        self.call(super::RpcKind::Vote, &rpc, None, &option).await
+    }
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+
+    #[test]
+    fn a_too_large_append_is_retried_with_fewer_entries() {
+        // 16 entries of 5 MB against 64 MB: 12 fit.
+        assert_eq!(entries_hint(16, 80 << 20, 64 << 20), 12);
+        // Always fewer than before, never none.
+        assert_eq!(entries_hint(16, (64 << 20) + 1, 64 << 20), 15);
+        assert_eq!(entries_hint(2, 1 << 30, 64 << 20), 1);
+        // A peer's refusal: half.
+        assert_eq!(entries_hint(16, 2, 1), 8);
+    }
+
+    #[test]
+    fn tonic_size_errors_are_recognised() {
+        assert!(too_large(&tonic::Status::out_of_range(
+            "Error, decoded message length too large: found 70000000 bytes, the limit is: 67108864 bytes"
+        )));
+        assert!(!too_large(&tonic::Status::out_of_range("deadline")));
+        assert!(!too_large(&tonic::Status::unavailable("message length too large")));
     }
 }
