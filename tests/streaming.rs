@@ -430,3 +430,32 @@ async fn a_worker_completing_through_another_gateway_keeps_receiving_jobs() {
     }
     assert!(started.elapsed() < Duration::from_millis(TIMEOUT_MS as u64 / 4), "took {:?}", started.elapsed());
 }
+
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn a_gateway_stopped_gracefully_removes_its_streams_from_every_broker() {
+    let mut cluster = ProcessCluster::start(3, 1, 3, FAST_RAFT);
+    cluster.wait_ready().await;
+    let _stream = open(&cluster.node(0).grpc, request("leaving", TIMEOUT_MS, &[])).await;
+    let registered = |view: serde_json::Value| {
+        view["remote"].as_array().unwrap().iter().any(|s| s["gatewayNodeId"] == 0 && s["jobType"] == "leaving")
+    };
+    for node in 1..3 {
+        common::eventually(Duration::from_secs(10), "the brokers to learn the stream", || {
+            let cluster = &cluster;
+            async move { registered(jobstreams(cluster, node).await) }
+        })
+        .await;
+    }
+    cluster.node(0).signal(libc::SIGTERM);
+    let process = &mut cluster.nodes[0].as_mut().unwrap().child;
+    let deadline = Instant::now() + Duration::from_secs(20);
+    while process.try_wait().unwrap().is_none() {
+        assert!(Instant::now() < deadline, "node 0 did not exit within 20 s of SIGTERM");
+        tokio::time::sleep(Duration::from_millis(20)).await;
+    }
+    // Registrations left behind would live on for their 15 s TTL.
+    for node in 1..3 {
+        let view = jobstreams(&cluster, node).await;
+        assert!(!registered(view.clone()), "node {node} still knows the stopped gateway's stream: {view}");
+    }
+}
