@@ -322,17 +322,20 @@ impl GatewayStreams {
         let deliver_by = Instant::now() + PUSH_DELIVER_WITHIN;
         match actor.call(|reply| AggregatorMsg::Push { jobs, deliver_by, reply }, Some(PUSH_ANSWER_WITHIN)).await {
             Ok(CallResult::Success(rejected)) => PushOutcome::Answered { rejected },
-            // The push never reached the mailbox.
-            Err(e) => PushOutcome::NotDelivered {
-                reason: format!("the stream's aggregator stopped: {e}"),
-                unknown_stream: false,
-            },
             Ok(CallResult::Timeout) => PushOutcome::Unknown {
                 reason: format!("the stream's aggregator did not answer within {PUSH_ANSWER_WITHIN:?}"),
             },
-            Ok(CallResult::SenderError) => {
-                PushOutcome::Unknown { reason: "the stream's aggregator stopped while handling the push".into() }
-            }
+            // The push never reached the mailbox, or was dropped from it unread:
+            // the last client left and the aggregator stopped. Aggregators are
+            // stopped (between messages), never killed mid-push.
+            Err(e) => PushOutcome::NotDelivered {
+                reason: format!("the stream's aggregator stopped: {e}"),
+                unknown_stream: true,
+            },
+            Ok(CallResult::SenderError) => PushOutcome::NotDelivered {
+                reason: "the stream's aggregator stopped before handling the push".into(),
+                unknown_stream: true,
+            },
         }
     }
 
