@@ -459,3 +459,43 @@ async fn a_gateway_stopped_gracefully_removes_its_streams_from_every_broker() {
         assert!(!registered(view.clone()), "node {node} still knows the stopped gateway's stream: {view}");
     }
 }
+
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn jobs_pushed_towards_a_dead_gateway_reach_a_live_one_at_once() {
+    let mut cluster = ProcessCluster::start(3, 1, 3, FAST_RAFT);
+    cluster.wait_ready().await;
+    let leader = cluster.leader_of(0, Duration::from_secs(20)).await;
+    let (dead, live) = ((leader + 1) % 3, (leader + 2) % 3);
+    let _orphan = open(&cluster.node(dead).grpc, request("rerouted", TIMEOUT_MS, &[])).await;
+    let mut stream = open(&cluster.node(live).grpc, request("rerouted", TIMEOUT_MS, &[])).await;
+    common::eventually(Duration::from_secs(10), "the leader to know both streams", || {
+        let cluster = &cluster;
+        async move {
+            let view = jobstreams(cluster, leader).await;
+            view["remote"].as_array().unwrap().iter().filter(|s| s["jobType"] == "rerouted").count() == 2
+        }
+    })
+    .await;
+    // Its registration outlives it: pushes to it fail to connect, which is
+    // certain non-delivery, so the jobs are yielded to the live stream.
+    cluster.kill(dead);
+    let producer = Client::connect(&cluster.node(leader).grpc).await.unwrap();
+    let client = Client::connect(&cluster.node(live).grpc).await.unwrap();
+    for n in 0..20 {
+        let key = producer.create_job("rerouted", "{}").await.unwrap();
+        let job = match tokio::time::timeout(Duration::from_secs(5), stream.message()).await {
+            Ok(Ok(Some(job))) => job,
+            other => panic!("job {n} ({key}) did not reach the live stream within 5 s: {other:?}"),
+        };
+        assert_eq!(job.key, key);
+        client.complete(job.key, job.attempt, "{}").await.unwrap();
+    }
+    let failed = |code: &'static str| {
+        let cluster = &cluster;
+        async move {
+            cluster.metric(leader, &format!("drover_broker_jobs_push_fail_try_count_total{{code=\"{code}\"}}")).await
+        }
+    };
+    assert!(failed("BLOCKED").await > 0.0, "some pushes went towards the dead gateway and were yielded");
+    assert_eq!(failed("UNKNOWN").await, 0.0, "a refused connection is not an unknown outcome");
+}
