@@ -171,8 +171,9 @@ pub fn register_everywhere(ctx: &Arc<NodeContext>, stream: &RemoteStream) {
 }
 
 /// Removes a stopping gateway's streams from every broker, waiting (briefly)
-/// for the answers: a broker that did not hear of it learns from its next
-/// push ("no such stream") or forgets the stream after its TTL.
+/// for the answers. A broker that did not hear of it yields whatever it
+/// pushes there (the connection is refused) until the registration's TTL
+/// ends, or until the restarted gateway answers "no such stream".
 pub async fn remove_all_everywhere(ctx: &Arc<NodeContext>, streams: &[RemoteStream]) {
     let mut calls = Vec::new();
     for stream in streams {

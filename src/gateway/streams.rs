@@ -19,11 +19,12 @@
 //! Stream ids carry a per-start epoch in their high 32 bits, so a restarted
 //! gateway never answers to a registration its previous run left at a broker.
 //!
-//! A push is answered only when its outcome is certain: the aggregator hands
-//! out nothing from a push older than [`PUSH_DELIVER_WITHIN`], and the gateway
-//! waits for its answer up to [`PUSH_ANSWER_WITHIN`]. A push still unanswered
-//! then is reported as of unknown outcome, never as rejected, so its jobs are
-//! not yielded to a second worker while the first may still receive them.
+//! A pushed job is reported as rejected only when no client certainly got it:
+//! the aggregator hands out nothing from a push older than
+//! [`PUSH_DELIVER_WITHIN`], and the gateway waits for its answer up to
+//! [`PUSH_ANSWER_WITHIN`]. A push still unanswered then is reported as of
+//! unknown outcome, so its jobs are not yielded to a second worker while the
+//! first may still receive them.
 
 use std::collections::HashMap;
 use std::pin::Pin;
