@@ -1,16 +1,18 @@
 //! Job streaming across gateways on a three-node cluster: aggregation, random
 //! routing, yield and reroute when a worker is not ready, hand-back of buffered
-//! jobs, and streams that survive gateway and leader loss.
+//! jobs, streams that survive gateway and leader loss, tenant-aware routing,
+//! restarted gateways, pushes whose outcome is unknown, and credits released
+//! by completions through another gateway.
 
 mod common;
 
-use std::collections::HashSet;
+use std::collections::{HashMap, HashSet};
 use std::time::{Duration, Instant};
 
-use common::{http_get, ProcessCluster};
+use common::{http_get, LocalNode, ProcessCluster};
 use drover::client::Client;
 use drover::proto::gateway::gateway_client::GatewayClient;
-use drover::proto::gateway::{ActivatedJob, StreamActivatedJobsRequest};
+use drover::proto::gateway::{ActivatedJob, CreateJobRequest, StreamActivatedJobsRequest};
 use tonic::transport::Endpoint;
 use tonic::Streaming;
 
@@ -291,4 +293,209 @@ async fn a_stream_holds_no_more_jobs_than_it_allows_until_it_finishes_some() {
     client.fail(first.key, first.attempt, 3, "try again later", 60_000).await.unwrap();
     let third = next_job(&mut stream).await;
     assert_ne!(third.key, first.key, "the failed job waits for its back-off");
+}
+
+fn tenant_request(job_type: &str, tenants: &[&str]) -> StreamActivatedJobsRequest {
+    StreamActivatedJobsRequest {
+        tenant_ids: tenants.iter().map(|t| t.to_string()).collect(),
+        ..request(job_type, TIMEOUT_MS, &[])
+    }
+}
+
+async fn create_for_tenant(client: &Client, job_type: &str, tenant: &str) -> u64 {
+    let request = CreateJobRequest {
+        r#type: job_type.into(),
+        variables: "{}".into(),
+        tenant_id: tenant.into(),
+        ..Default::default()
+    };
+    client.create(request).await.unwrap()
+}
+
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn a_restarted_gateway_gets_no_jobs_meant_for_its_previous_streams() {
+    let mut cluster = ProcessCluster::start(3, 1, 3, FAST_RAFT);
+    cluster.wait_ready().await;
+    let leader = cluster.leader_of(0, Duration::from_secs(20)).await;
+    let (gateway, producer_node) = ((leader + 1) % 3, (leader + 2) % 3);
+
+    let _before = open(&cluster.node(gateway).grpc, tenant_request("restarted", &["t1"])).await;
+    wait_for_registration(&cluster, gateway, leader).await;
+    // The gateway dies without a word and comes back on the same data directory.
+    cluster.kill(gateway);
+    cluster.start_node(gateway);
+    cluster.node(gateway).wait_ready().await;
+    let mut t2 = open(&cluster.node(gateway).grpc, tenant_request("restarted", &["t2"])).await;
+    wait_for_registration(&cluster, gateway, leader).await;
+
+    let producer = Client::connect(&cluster.node(producer_node).grpc).await.unwrap();
+    let key = create_for_tenant(&producer, "restarted", "t1").await;
+    let wrong = tokio::time::timeout(Duration::from_secs(3), t2.message()).await;
+    assert!(wrong.is_err(), "the tenant-t2 worker received a job of tenant t1: {wrong:?}");
+
+    // The job waits for a worker of its own tenant.
+    let mut t1 = open(&cluster.node(producer_node).grpc, tenant_request("restarted", &["t1"])).await;
+    let job = next_job(&mut t1).await;
+    assert_eq!((job.key, job.tenant_id.as_str()), (key, "t1"));
+}
+
+/// Waits until the partition leader knows the stream `gateway` now holds
+/// (its only one) under the id the gateway gave it.
+async fn wait_for_registration(cluster: &ProcessCluster, gateway: usize, leader: usize) {
+    let view = jobstreams(cluster, gateway).await;
+    let id = view["client"][0]["id"].as_u64().expect("the gateway holds a stream");
+    common::eventually(Duration::from_secs(10), "the leader to learn the gateway's stream", || async move {
+        let view = jobstreams(cluster, leader).await;
+        view["remote"].as_array().unwrap().iter().any(|s| s["gatewayNodeId"] == gateway as u64 && s["streamId"] == id)
+    })
+    .await;
+}
+
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn every_job_is_pushed_to_a_stream_of_its_tenant() {
+    let node = LocalNode::start().await;
+    let gateway = node.node().grpc_addr.to_string();
+    let _tenant_a = open(&gateway, tenant_request("split", &["a"])).await;
+    let mut tenant_b = open(&gateway, tenant_request("split", &["b"])).await;
+    for n in 0..50 {
+        let key = create_for_tenant(&node.client, "split", "b").await;
+        let job = match tokio::time::timeout(Duration::from_secs(5), tenant_b.message()).await {
+            Ok(Ok(Some(job))) => job,
+            other => panic!("job {n} ({key}) of tenant b was not pushed to the tenant-b stream within 5 s: {other:?}"),
+        };
+        assert_eq!(job.key, key, "job {n}");
+        node.client.complete(job.key, job.attempt, "{}").await.unwrap();
+    }
+}
+
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn a_push_the_gateway_could_not_confirm_reaches_at_most_one_worker() {
+    let node = LocalNode::start().await;
+    let gateway = node.node().grpc_addr.to_string();
+    // Activations time out after 3 s, so a job that was not delivered comes back soon.
+    let (mut first, mut second) = (
+        open(&gateway, request("unconfirmed", 3_000, &[])).await,
+        open(&gateway, request("unconfirmed", 3_000, &[])).await,
+    );
+    // The aggregator takes longer over the first push than anyone waits for it.
+    node.node().ctx.gateway_streams.slow_down_next_push(Duration::from_secs(6));
+    let mut keys = HashSet::new();
+    for n in 0..5 {
+        keys.insert(node.client.create_job("unconfirmed", &format!(r#"{{"n":{n}}}"#)).await.unwrap());
+    }
+    let mut deliveries: HashMap<u64, Vec<u32>> = HashMap::new();
+    let started = Instant::now();
+    // Read until every job arrived, then 2 s more for late second deliveries.
+    let mut quiet_until = None;
+    loop {
+        let until = quiet_until.unwrap_or(started + Duration::from_secs(30));
+        let next = tokio::select! {
+            job = first.message() => job,
+            job = second.message() => job,
+            _ = tokio::time::sleep_until(until.into()) => break,
+        };
+        let job = next.unwrap().expect("stream open");
+        deliveries.entry(job.key).or_default().push(job.attempt);
+        // A duplicate's completion is refused; the delivery is what counts.
+        let _ = node.client.complete(job.key, job.attempt, "{}").await;
+        if quiet_until.is_none() && keys.iter().all(|k| deliveries.contains_key(k)) {
+            quiet_until = Some(Instant::now() + Duration::from_secs(2));
+        }
+    }
+    let twice: Vec<_> = deliveries.iter().filter(|(_, attempts)| attempts.len() > 1).collect();
+    assert!(twice.is_empty(), "jobs delivered more than once (key, attempts): {twice:?}");
+    assert_eq!(deliveries.len(), keys.len(), "every job was delivered: {deliveries:?}");
+}
+
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn a_worker_completing_through_another_gateway_keeps_receiving_jobs() {
+    let cluster = ProcessCluster::start(3, 1, 3, FAST_RAFT);
+    cluster.wait_ready().await;
+    let mut limited = request("elsewhere", TIMEOUT_MS, &[]);
+    limited.max_jobs_in_flight = 2;
+    let mut stream = open(&cluster.node(0).grpc, limited).await;
+    // Completions go through another node, as behind a load balancer.
+    let completer = Client::connect(&cluster.node(1).grpc).await.unwrap();
+    let producer = Client::connect(&cluster.node(2).grpc).await.unwrap();
+    for n in 0..10 {
+        producer.create_job("elsewhere", &format!(r#"{{"n":{n}}}"#)).await.unwrap();
+    }
+    let started = Instant::now();
+    for n in 0..10 {
+        let job = match tokio::time::timeout(Duration::from_secs(10), stream.message()).await {
+            Ok(Ok(Some(job))) => job,
+            other => panic!("job {n} not pushed within 10 s (the stream allows 2 in flight): {other:?}"),
+        };
+        completer.complete(job.key, job.attempt, "{}").await.unwrap();
+    }
+    assert!(started.elapsed() < Duration::from_millis(TIMEOUT_MS as u64 / 4), "took {:?}", started.elapsed());
+}
+
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn a_gateway_stopped_gracefully_removes_its_streams_from_every_broker() {
+    let mut cluster = ProcessCluster::start(3, 1, 3, FAST_RAFT);
+    cluster.wait_ready().await;
+    let _stream = open(&cluster.node(0).grpc, request("leaving", TIMEOUT_MS, &[])).await;
+    let registered = |view: serde_json::Value| {
+        view["remote"].as_array().unwrap().iter().any(|s| s["gatewayNodeId"] == 0 && s["jobType"] == "leaving")
+    };
+    for node in 1..3 {
+        common::eventually(Duration::from_secs(10), "the brokers to learn the stream", || {
+            let cluster = &cluster;
+            async move { registered(jobstreams(cluster, node).await) }
+        })
+        .await;
+    }
+    cluster.node(0).signal(libc::SIGTERM);
+    let process = &mut cluster.nodes[0].as_mut().unwrap().child;
+    let deadline = Instant::now() + Duration::from_secs(20);
+    while process.try_wait().unwrap().is_none() {
+        assert!(Instant::now() < deadline, "node 0 did not exit within 20 s of SIGTERM");
+        tokio::time::sleep(Duration::from_millis(20)).await;
+    }
+    // Registrations left behind would live on for their 15 s TTL.
+    for node in 1..3 {
+        let view = jobstreams(&cluster, node).await;
+        assert!(!registered(view.clone()), "node {node} still knows the stopped gateway's stream: {view}");
+    }
+}
+
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn jobs_pushed_towards_a_dead_gateway_reach_a_live_one_at_once() {
+    let mut cluster = ProcessCluster::start(3, 1, 3, FAST_RAFT);
+    cluster.wait_ready().await;
+    let leader = cluster.leader_of(0, Duration::from_secs(20)).await;
+    let (dead, live) = ((leader + 1) % 3, (leader + 2) % 3);
+    let _orphan = open(&cluster.node(dead).grpc, request("rerouted", TIMEOUT_MS, &[])).await;
+    let mut stream = open(&cluster.node(live).grpc, request("rerouted", TIMEOUT_MS, &[])).await;
+    common::eventually(Duration::from_secs(10), "the leader to know both streams", || {
+        let cluster = &cluster;
+        async move {
+            let view = jobstreams(cluster, leader).await;
+            view["remote"].as_array().unwrap().iter().filter(|s| s["jobType"] == "rerouted").count() == 2
+        }
+    })
+    .await;
+    // Its registration outlives it: pushes to it fail to connect, which is
+    // certain non-delivery, so the jobs are yielded to the live stream.
+    cluster.kill(dead);
+    let producer = Client::connect(&cluster.node(leader).grpc).await.unwrap();
+    let client = Client::connect(&cluster.node(live).grpc).await.unwrap();
+    for n in 0..20 {
+        let key = producer.create_job("rerouted", "{}").await.unwrap();
+        let job = match tokio::time::timeout(Duration::from_secs(5), stream.message()).await {
+            Ok(Ok(Some(job))) => job,
+            other => panic!("job {n} ({key}) did not reach the live stream within 5 s: {other:?}"),
+        };
+        assert_eq!(job.key, key);
+        client.complete(job.key, job.attempt, "{}").await.unwrap();
+    }
+    let failed = |code: &'static str| {
+        let cluster = &cluster;
+        async move {
+            cluster.metric(leader, &format!("drover_broker_jobs_push_fail_try_count_total{{code=\"{code}\"}}")).await
+        }
+    };
+    assert!(failed("BLOCKED").await > 0.0, "some pushes went towards the dead gateway and were yielded");
+    assert_eq!(failed("UNKNOWN").await, 0.0, "a refused connection is not an unknown outcome");
 }

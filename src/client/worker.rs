@@ -3,6 +3,10 @@
 //! that for it (`max_jobs_in_flight`), so a busy worker is "not ready" and jobs
 //! go to others instead of waiting in its buffers. Reconnects with back-off
 //! when the stream breaks.
+//!
+//! A pushed job of another type or tenant than the worker asked for never
+//! reaches the handler: it is handed back at once (failed with its retries
+//! unchanged and no back-off), so another worker gets it.
 
 use std::future::Future;
 use std::sync::Arc;
@@ -13,6 +17,9 @@ use tracing::Instrument;
 
 use super::Client;
 use crate::proto::gateway::{ActivatedJob, StreamActivatedJobsRequest};
+
+/// The tenant of jobs created without one (as the gateway names it).
+const DEFAULT_TENANT: &str = "<default>";
 
 /// What the handler decided for a job.
 #[derive(Clone, Debug)]
@@ -29,6 +36,8 @@ pub struct WorkerOptions {
     pub worker: String,
     pub timeout_ms: i64,
     pub fetch_variables: Vec<String>,
+    /// Tenants whose jobs this worker takes; empty means the default tenant.
+    pub tenant_ids: Vec<String>,
     /// Jobs handled at once.
     pub concurrency: usize,
     pub max_back_off: Duration,
@@ -41,9 +50,26 @@ impl WorkerOptions {
             worker: format!("{}-{}", job_type, std::process::id()),
             timeout_ms: 60_000,
             fetch_variables: Vec::new(),
+            tenant_ids: Vec::new(),
             concurrency: 8,
             max_back_off: Duration::from_secs(5),
         }
+    }
+}
+
+impl WorkerOptions {
+    /// Why this worker must not run `job`, if it must not: a job of another
+    /// type or tenant than it asked for.
+    fn refusal(&self, job: &ActivatedJob) -> Option<String> {
+        if job.r#type != self.job_type {
+            return Some(format!("this worker handles type {:?}, not {:?}", self.job_type, job.r#type));
+        }
+        let serves = if self.tenant_ids.is_empty() {
+            job.tenant_id == DEFAULT_TENANT
+        } else {
+            self.tenant_ids.contains(&job.tenant_id)
+        };
+        (!serves).then(|| format!("this worker does not serve tenant {:?}", job.tenant_id))
     }
 }
 
@@ -74,7 +100,7 @@ impl Worker {
                 worker: self.options.worker.clone(),
                 timeout: self.options.timeout_ms,
                 fetch_variable: self.options.fetch_variables.clone(),
-                tenant_ids: Vec::new(),
+                tenant_ids: self.options.tenant_ids.clone(),
                 // The gateway sends no more than the worker can start soon.
                 max_jobs_in_flight: (self.options.concurrency.max(1) * 2).min(1000) as i32,
             };
@@ -111,6 +137,16 @@ impl Worker {
                     Ok(None) | Err(_) => break,
                 };
                 let client = self.client.clone();
+                if let Some(reason) = self.options.refusal(&job) {
+                    tracing::warn!(key = job.key, attempt = job.attempt, "handing back a pushed job: {reason}");
+                    tokio::spawn(async move {
+                        if let Err(status) = client.fail(job.key, job.attempt, job.retries, &reason, 0).await {
+                            tracing::warn!(key = job.key, "handing back the job failed: {status}");
+                        }
+                        drop(permit);
+                    });
+                    continue;
+                }
                 let handler = Arc::clone(&handler);
                 let span =
                     tracing::info_span!("job.work", key = job.key, attempt = job.attempt, job_type = %job.r#type);
@@ -140,5 +176,26 @@ impl Worker {
             }
             tracing::info!("job stream closed; reconnecting");
         }
+    }
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+
+    #[test]
+    fn a_worker_refuses_jobs_of_other_types_and_tenants() {
+        let mut options = WorkerOptions::new("email");
+        let job = |job_type: &str, tenant: &str| ActivatedJob {
+            r#type: job_type.into(),
+            tenant_id: tenant.into(),
+            ..Default::default()
+        };
+        assert_eq!(options.refusal(&job("email", DEFAULT_TENANT)), None);
+        assert!(options.refusal(&job("sms", DEFAULT_TENANT)).is_some());
+        assert!(options.refusal(&job("email", "t1")).is_some(), "only the default tenant when none is named");
+        options.tenant_ids = vec!["t1".into(), "t2".into()];
+        assert_eq!(options.refusal(&job("email", "t2")), None);
+        assert!(options.refusal(&job("email", DEFAULT_TENANT)).is_some());
     }
 }

@@ -10,15 +10,23 @@ use tokio::sync::watch;
 
 use crate::core::{ActivatedJobData, JobKey, PartitionId};
 use crate::node::NodeContext;
-use crate::partition::streams::RemoteStream;
+use crate::partition::streams::{PushOutcome, RemoteStream};
 use crate::partition::GatewayLink;
 use crate::proto::cluster::{
-    NotifyAvailableRequest, PushRequest, RegisterStreamRequest, RemoveStreamRequest, StreamSpec,
+    NotifyAvailableRequest, PushRequest, RegisterStreamRequest, ReleaseJobsRequest, ReleasedActivation,
+    RemoveStreamRequest, StreamSpec,
 };
+use crate::raft::NodeId;
 
 /// How often gateways re-register their streams with every broker (brokers
 /// forget registrations after [`crate::partition::streams::STREAM_TTL`]).
 const REFRESH_EVERY: Duration = Duration::from_secs(3);
+/// How long a broker waits for a gateway's answer to a push: longer than the
+/// gateway waits for its aggregator, so a gateway's answer (even "unknown")
+/// arrives before the broker gives up.
+const PUSH_RPC_TIMEOUT: Duration = Duration::from_secs(crate::gateway::streams::PUSH_ANSWER_WITHIN.as_secs() + 2);
+/// How long a stopping gateway waits for brokers to drop its streams.
+const REMOVE_ON_SHUTDOWN_WITHIN: Duration = Duration::from_secs(1);
 
 pub struct Links {
     ctx: Weak<NodeContext>,
@@ -36,23 +44,42 @@ impl GatewayLink for Links {
         stream: &RemoteStream,
         partition: PartitionId,
         jobs: Vec<ActivatedJobData>,
-    ) -> Pin<Box<dyn Future<Output = Result<Vec<JobKey>, String>> + Send>> {
+    ) -> Pin<Box<dyn Future<Output = PushOutcome> + Send>> {
+        let not_sent = |reason: String| PushOutcome::NotDelivered { reason, unknown_stream: false };
         let Some(ctx) = self.ctx.upgrade() else {
-            return Box::pin(async { Err("node stopping".to_string()) });
+            return Box::pin(async move { not_sent("node stopping".into()) });
         };
         let gateway = stream.gateway;
         let stream_id = stream.stream_id;
         Box::pin(async move {
             if gateway == ctx.node_id {
-                return Ok(ctx.gateway_streams.push(stream_id, jobs).await);
+                return ctx.gateway_streams.push(stream_id, jobs).await;
             }
-            let mut client = ctx.peers.client(gateway).ok_or_else(|| format!("unknown gateway {gateway}"))?;
-            let encoded = bincode::serialize(&jobs).map_err(|e| e.to_string())?;
+            let Some(mut client) = ctx.peers.client(gateway) else {
+                return not_sent(format!("unknown gateway {gateway}"));
+            };
+            let encoded = match bincode::serialize(&jobs) {
+                Ok(encoded) => encoded,
+                Err(e) => return not_sent(format!("encoding the jobs: {e}")),
+            };
             let mut request =
                 tonic::Request::new(PushRequest { stream_id, partition_id: partition, jobs: encoded.into() });
-            request.set_timeout(Duration::from_secs(2));
-            let reply = client.push(request).await.map_err(|s| s.to_string())?;
-            Ok(reply.into_inner().rejected.into_iter().map(JobKey).collect())
+            request.set_timeout(PUSH_RPC_TIMEOUT);
+            match client.push(request).await {
+                Ok(reply) => {
+                    let reply = reply.into_inner();
+                    if reply.outcome_unknown {
+                        PushOutcome::Unknown { reason: format!("gateway {gateway} could not tell") }
+                    } else if reply.unknown_stream {
+                        let reason = format!("gateway {gateway} has no stream {stream_id}");
+                        PushOutcome::NotDelivered { reason, unknown_stream: true }
+                    } else {
+                        PushOutcome::Answered { rejected: reply.rejected.into_iter().map(JobKey).collect() }
+                    }
+                }
+                Err(status) if never_sent(&status) => not_sent(status.to_string()),
+                Err(status) => PushOutcome::Unknown { reason: status.to_string() },
+            }
         })
     }
 
@@ -69,6 +96,39 @@ impl GatewayLink for Links {
             });
         }
     }
+
+    fn release(&self, gateway: NodeId, activations: Vec<(JobKey, u32)>) {
+        let Some(ctx) = self.ctx.upgrade() else { return };
+        if gateway == ctx.node_id {
+            for (key, attempt) in activations {
+                ctx.gateway_streams.release(key, attempt);
+            }
+            return;
+        }
+        let Some(mut client) = ctx.peers.client(gateway) else { return };
+        let activations =
+            activations.into_iter().map(|(key, attempt)| ReleasedActivation { key: key.0, attempt }).collect();
+        tokio::spawn(async move {
+            let mut request = tonic::Request::new(ReleaseJobsRequest { activations });
+            request.set_timeout(Duration::from_secs(2));
+            // Best effort: a gateway that misses it frees the slots at the activation timeout.
+            let _ = client.release_jobs(request).await;
+        });
+    }
+}
+
+/// Whether a failed RPC certainly never reached the peer: the connection
+/// could not be made. Any other failure (a timeout, a reset) may have come
+/// after the peer acted on it.
+fn never_sent(status: &tonic::Status) -> bool {
+    let mut source: Option<&(dyn std::error::Error + 'static)> = std::error::Error::source(status);
+    while let Some(error) = source {
+        if error.is::<tonic::ConnectError>() {
+            return true;
+        }
+        source = error.source();
+    }
+    false
 }
 
 pub fn to_spec(stream: &RemoteStream) -> StreamSpec {
@@ -108,6 +168,27 @@ pub fn register_everywhere(ctx: &Arc<NodeContext>, stream: &RemoteStream) {
             let _ = client.register_stream(request).await;
         });
     }
+}
+
+/// Removes a stopping gateway's streams from every broker, waiting (briefly)
+/// for the answers. A broker that did not hear of it yields whatever it
+/// pushes there (the connection is refused) until the registration's TTL
+/// ends, or until the restarted gateway answers "no such stream".
+pub async fn remove_all_everywhere(ctx: &Arc<NodeContext>, streams: &[RemoteStream]) {
+    let mut calls = Vec::new();
+    for stream in streams {
+        ctx.broker_streams.remove(stream.gateway, stream.stream_id);
+        for (node, _) in ctx.members.iter().filter(|(id, _)| **id != ctx.node_id) {
+            let Some(mut client) = ctx.peers.client(*node) else { continue };
+            let request = RemoveStreamRequest { gateway_node_id: stream.gateway, stream_id: stream.stream_id };
+            calls.push(async move {
+                let mut request = tonic::Request::new(request);
+                request.set_timeout(REMOVE_ON_SHUTDOWN_WITHIN);
+                let _ = client.remove_stream(request).await;
+            });
+        }
+    }
+    futures::future::join_all(calls).await;
 }
 
 pub fn remove_everywhere(ctx: &Arc<NodeContext>, stream: &RemoteStream) {

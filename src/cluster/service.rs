@@ -9,6 +9,7 @@ use super::links::from_spec;
 use crate::core::{ActivatedJobData, Command, JobKey};
 use crate::gateway::router;
 use crate::node::NodeContext;
+use crate::partition::streams::PushOutcome;
 use crate::proto::cluster::cluster_server::Cluster;
 use crate::proto::cluster::*;
 use crate::raft::RpcKind;
@@ -128,12 +129,33 @@ impl Cluster for ClusterService {
     }
 
     async fn push(&self, request: Request<PushRequest>) -> Result<Response<PushReply>, Status> {
-        let ctx = self.ctx()?;
+        // A node still starting holds no streams: whatever the caller registered
+        // was its previous run's.
+        let Ok(ctx) = self.ctx() else {
+            return Ok(Response::new(PushReply { unknown_stream: true, ..Default::default() }));
+        };
         let request = request.into_inner();
         let jobs: Vec<ActivatedJobData> = bincode::deserialize(&request.jobs)
             .map_err(|e| Status::invalid_argument(format!("malformed pushed jobs: {e}")))?;
-        let rejected = ctx.gateway_streams.push(request.stream_id, jobs).await;
-        Ok(Response::new(PushReply { rejected: rejected.into_iter().map(|k| k.0).collect() }))
+        let keys: Vec<u64> = jobs.iter().map(|j| j.key.0).collect();
+        let reply = match ctx.gateway_streams.push(request.stream_id, jobs).await {
+            PushOutcome::Answered { rejected } => {
+                PushReply { rejected: rejected.into_iter().map(|k| k.0).collect(), ..Default::default() }
+            }
+            PushOutcome::NotDelivered { unknown_stream, .. } => {
+                PushReply { rejected: keys, unknown_stream, outcome_unknown: false }
+            }
+            PushOutcome::Unknown { .. } => PushReply { outcome_unknown: true, ..Default::default() },
+        };
+        Ok(Response::new(reply))
+    }
+
+    async fn release_jobs(&self, request: Request<ReleaseJobsRequest>) -> Result<Response<ReleaseJobsReply>, Status> {
+        let ctx = self.ctx()?;
+        for activation in request.into_inner().activations {
+            ctx.gateway_streams.release(JobKey(activation.key), activation.attempt);
+        }
+        Ok(Response::new(ReleaseJobsReply {}))
     }
 
     async fn notify_available(

@@ -9,17 +9,29 @@
 //! their clients and hands out pushed jobs.
 //!
 //! A client is ready while it holds fewer jobs than its `max_jobs_in_flight`:
-//! a job pushed to it is held until the worker completes or fails it through
-//! this gateway, or its activation times out ([`Held`]). HTTP/2 flow control
-//! alone cannot say a worker is busy: a client's receive window holds
-//! thousands of small jobs, which would sit there past their timeout.
+//! a job pushed to it is held until the worker completes or fails it (through
+//! this gateway, or through another one whose partition leader then tells this
+//! gateway), or its activation timeout has passed on this gateway's own clock
+//! ([`Held`]). HTTP/2 flow control alone cannot say a worker is busy: a
+//! client's receive window holds thousands of small jobs, which would sit there
+//! past their timeout.
+//!
+//! Stream ids carry a per-start epoch in their high 32 bits, so a restarted
+//! gateway never answers to a registration its previous run left at a broker.
+//!
+//! A pushed job is reported as rejected only when no client certainly got it:
+//! the aggregator hands out nothing from a push older than
+//! [`PUSH_DELIVER_WITHIN`], and the gateway waits for its answer up to
+//! [`PUSH_ANSWER_WITHIN`]. A push still unanswered then is reported as of
+//! unknown outcome, so its jobs are not yielded to a second worker while the
+//! first may still receive them.
 
 use std::collections::HashMap;
 use std::pin::Pin;
-use std::sync::atomic::{AtomicI64, AtomicU64, AtomicUsize, Ordering};
+use std::sync::atomic::{AtomicU64, AtomicUsize, Ordering};
 use std::sync::{Arc, Mutex};
 use std::task::{Context, Poll};
-use std::time::Duration;
+use std::time::{Duration, Instant};
 
 use ractor::rpc::CallResult;
 use ractor::{Actor, ActorRef};
@@ -30,8 +42,8 @@ use tonic::Status;
 
 use super::aggregator::{AggregatorMsg, StreamAggregator};
 use super::convert::WorkerSpec;
-use crate::core::{ActivatedJobData, JobKey, Millis};
-use crate::partition::streams::RemoteStream;
+use crate::core::{ActivatedJobData, JobKey};
+use crate::partition::streams::{PushOutcome, RemoteStream};
 use crate::proto::gateway as pb;
 use crate::raft::NodeId;
 
@@ -61,17 +73,29 @@ impl Credits {
     }
 }
 
-/// Activations held by clients: (key, attempt) -> (the client's credits, deadline).
-type HeldJobs = HashMap<(JobKey, u32), (Arc<Credits>, Millis)>;
+/// Activations held by clients: (key, attempt) -> (the client's credits, expiry).
+type HeldJobs = HashMap<(JobKey, u32), (Arc<Credits>, Instant)>;
 
 /// Jobs pushed to this gateway's clients, by (key, attempt), until the worker
-/// finishes them here or their activation deadline passes.
-#[derive(Default)]
+/// finishes them or their activation timeout passes.
+///
+/// Expiry runs on this gateway's monotonic clock: a job expires its timeout
+/// after it was handed to the client, which is never before the leader's
+/// deadline for it. Comparing the leader's deadline with this node's wall
+/// clock would free slots early (or late) by the clocks' skew.
 pub struct Held {
     jobs: Mutex<HeldJobs>,
-    /// No held deadline is earlier than this (it may be earlier than needed
-    /// after releases): expiry scans only once it has passed.
-    earliest_deadline: AtomicI64,
+    /// The origin of `earliest_expiry`.
+    base: Instant,
+    /// No held expiry is earlier than this many ms after `base` (it may be
+    /// earlier than needed after releases): expiry scans only once it passed.
+    earliest_expiry: AtomicU64,
+}
+
+impl Default for Held {
+    fn default() -> Self {
+        Held { jobs: Mutex::default(), base: Instant::now(), earliest_expiry: AtomicU64::new(u64::MAX) }
+    }
 }
 
 impl Held {
@@ -79,10 +103,14 @@ impl Held {
         self.jobs.lock().expect("held jobs lock poisoned")
     }
 
-    pub fn hold(&self, key: JobKey, attempt: u32, credits: Arc<Credits>, deadline: Millis) {
+    fn millis(&self, at: Instant) -> u64 {
+        at.saturating_duration_since(self.base).as_millis() as u64
+    }
+
+    pub fn hold(&self, key: JobKey, attempt: u32, credits: Arc<Credits>, expires: Instant) {
         let mut jobs = self.jobs();
-        self.earliest_deadline.fetch_min(deadline, Ordering::AcqRel);
-        let previous = jobs.insert((key, attempt), (credits, deadline));
+        self.earliest_expiry.fetch_min(self.millis(expires), Ordering::AcqRel);
+        let previous = jobs.insert((key, attempt), (credits, expires));
         drop(jobs);
         if let Some((previous, _)) = previous {
             previous.give_back();
@@ -97,24 +125,24 @@ impl Held {
         }
     }
 
-    /// Lets go of activations past their deadline (the job is no longer the
-    /// worker's). Scans only when the earliest held deadline has passed.
-    pub fn expire(&self, now: Millis) {
-        if now < self.earliest_deadline.load(Ordering::Acquire) {
+    /// Lets go of activations past their expiry (the job is no longer the
+    /// worker's). Scans only when the earliest held expiry has passed.
+    pub fn expire(&self, now: Instant) {
+        if self.millis(now) < self.earliest_expiry.load(Ordering::Acquire) {
             return;
         }
         let mut jobs = self.jobs();
-        let mut earliest = Millis::MAX;
-        jobs.retain(|_, (credits, deadline)| {
-            let keep = *deadline > now;
+        let mut earliest = u64::MAX;
+        jobs.retain(|_, (credits, expires)| {
+            let keep = *expires > now;
             if keep {
-                earliest = earliest.min(*deadline);
+                earliest = earliest.min(self.millis(*expires));
             } else {
                 credits.give_back();
             }
             keep
         });
-        self.earliest_deadline.store(earliest, Ordering::Release);
+        self.earliest_expiry.store(earliest, Ordering::Release);
     }
 }
 
@@ -157,9 +185,12 @@ struct Inner {
 /// serialised here, so a stream never loses a client to a concurrent removal.
 pub struct GatewayStreams {
     node_id: NodeId,
+    /// This run's epoch, in the high 32 bits of every stream id.
+    epoch: u64,
     next_id: AtomicU64,
     inner: tokio::sync::Mutex<Inner>,
     held: Arc<Held>,
+    slow_next_push: Arc<AtomicU64>,
 }
 
 /// A client's place in an aggregated stream.
@@ -180,15 +211,34 @@ pub struct ClientStreamView {
 }
 
 const CALL_TIMEOUT: Duration = Duration::from_secs(5);
+/// An aggregator hands out nothing from a push that waited longer than this
+/// in its mailbox: whoever sent it has stopped waiting.
+pub const PUSH_DELIVER_WITHIN: Duration = Duration::from_secs(1);
+/// How long the gateway waits for an aggregator's answer to a push. Longer
+/// than [`PUSH_DELIVER_WITHIN`], so that an answer given in time arrives; the
+/// broker's push RPC waits longer still.
+pub const PUSH_ANSWER_WITHIN: Duration = Duration::from_secs(2);
 
 impl GatewayStreams {
     pub fn new(node_id: NodeId) -> Self {
+        // Random, not the start time: two starts within a clock tick (or on a
+        // clock set back) must not share an epoch.
+        let epoch = u64::from(rand::random::<u32>().max(1)) << 32;
         GatewayStreams {
             node_id,
+            epoch,
             next_id: AtomicU64::new(1),
             inner: tokio::sync::Mutex::new(Inner::default()),
             held: Arc::new(Held::default()),
+            slow_next_push: Arc::new(AtomicU64::new(0)),
         }
+    }
+
+    /// Test hook: the next push one of this gateway's aggregators handles
+    /// waits `delay` first, as an overloaded aggregator would.
+    #[doc(hidden)]
+    pub fn slow_down_next_push(&self, delay: Duration) {
+        self.slow_next_push.store(delay.as_millis() as u64, Ordering::Release);
     }
 
     fn remote(&self, stream_id: u64, key: &StreamKey) -> RemoteStream {
@@ -220,10 +270,14 @@ impl GatewayStreams {
         let (stream_id, new_stream) = match inner.by_key.get(&key) {
             Some(id) => (*id, None),
             None => {
-                let id = self.next_id.fetch_add(1, Ordering::Relaxed);
-                let (actor, _) = Actor::spawn(None, StreamAggregator, (key.clone(), Arc::clone(&self.held)))
-                    .await
-                    .map_err(|e| Status::internal(format!("starting the stream aggregator: {e}")))?;
+                let id = self.epoch | (self.next_id.fetch_add(1, Ordering::Relaxed) & u64::from(u32::MAX));
+                let (actor, _) = Actor::spawn(
+                    None,
+                    StreamAggregator,
+                    (key.clone(), Arc::clone(&self.held), Arc::clone(&self.slow_next_push)),
+                )
+                .await
+                .map_err(|e| Status::internal(format!("starting the stream aggregator: {e}")))?;
                 inner.by_key.insert(key.clone(), id);
                 inner.streams.insert(id, Entry { key: key.clone(), actor });
                 metrics::gauge!("drover_gateway_job_stream_streams").increment(1.0);
@@ -259,28 +313,46 @@ impl GatewayStreams {
         Some(self.remote(stream_id, &entry.key))
     }
 
-    /// Hands pushed jobs to the stream's aggregator. Returns the keys nobody took.
-    pub async fn push(&self, stream_id: u64, jobs: Vec<ActivatedJobData>) -> Vec<JobKey> {
+    /// Hands pushed jobs to the stream's aggregator.
+    pub async fn push(&self, stream_id: u64, jobs: Vec<ActivatedJobData>) -> PushOutcome {
         let actor = self.inner.lock().await.streams.get(&stream_id).map(|e| e.actor.clone());
         let Some(actor) = actor else {
-            return jobs.iter().map(|j| j.key).collect();
+            let reason = format!("gateway {} has no stream {stream_id}", self.node_id);
+            return PushOutcome::NotDelivered { reason, unknown_stream: true };
         };
-        let keys: Vec<JobKey> = jobs.iter().map(|j| j.key).collect();
-        match actor.call(|reply| AggregatorMsg::Push { jobs, reply }, Some(CALL_TIMEOUT)).await {
-            Ok(CallResult::Success(rejected)) => rejected,
-            _ => keys,
+        let deliver_by = Instant::now() + PUSH_DELIVER_WITHIN;
+        match actor.call(|reply| AggregatorMsg::Push { jobs, deliver_by, reply }, Some(PUSH_ANSWER_WITHIN)).await {
+            Ok(CallResult::Success(rejected)) => PushOutcome::Answered { rejected },
+            Ok(CallResult::Timeout) => PushOutcome::Unknown {
+                reason: format!("the stream's aggregator did not answer within {PUSH_ANSWER_WITHIN:?}"),
+            },
+            // The push never reached the mailbox, or was dropped from it unread:
+            // the last client left and the aggregator stopped. Aggregators are
+            // stopped (between messages), never killed mid-push.
+            Err(e) => PushOutcome::NotDelivered {
+                reason: format!("the stream's aggregator stopped: {e}"),
+                unknown_stream: true,
+            },
+            Ok(CallResult::SenderError) => PushOutcome::NotDelivered {
+                reason: "the stream's aggregator stopped before handling the push".into(),
+                unknown_stream: true,
+            },
         }
     }
 
     /// Ends every client stream (node shutdown): workers see their stream
-    /// close and reconnect elsewhere.
-    pub async fn close_all(&self) {
+    /// close and reconnect elsewhere. Returns the streams, to be removed from
+    /// the brokers.
+    pub async fn close_all(&self) -> Vec<RemoteStream> {
         let mut inner = self.inner.lock().await;
         inner.by_key.clear();
-        for (_, entry) in inner.streams.drain() {
+        let mut closed = Vec::new();
+        for (id, entry) in inner.streams.drain() {
             entry.actor.stop(Some("node stopping".into()));
             metrics::gauge!("drover_gateway_job_stream_streams").decrement(1.0);
+            closed.push(self.remote(id, &entry.key));
         }
+        closed
     }
 
     /// Every aggregated stream, for (re-)registration with brokers.
@@ -387,15 +459,12 @@ mod tests {
         assert!(streams.close(b.stream_id, b.client_id).await.is_some(), "last client removes the stream");
     }
 
-    #[tokio::test]
-    async fn clients_at_their_limit_reject_pushes_until_jobs_are_released_or_expire() {
-        let streams = GatewayStreams::new(0);
-        let mut opened = streams.open(&spec(1000, &[]), 4).await.unwrap();
-        let job = |n: u64, deadline: Millis| ActivatedJobData {
+    fn job(n: u64, job_type: &str, tenant: &str, deadline: crate::core::Millis) -> ActivatedJobData {
+        ActivatedJobData {
             key: JobKey(n),
             spec: Arc::new(crate::core::JobSpec {
-                job_type: "t".into(),
-                tenant: crate::core::DEFAULT_TENANT.into(),
+                job_type: job_type.into(),
+                tenant: tenant.into(),
                 variables: "{}".into(),
                 custom_headers: vec![],
                 priority: 0,
@@ -407,10 +476,27 @@ mod tests {
             deadline,
             attempt: 1,
             created_at: 0,
-        };
-        let later = crate::partition::now_millis() + 60_000;
-        let rejected = streams.push(opened.stream_id, (1..=7).map(|n| job(n, later)).collect()).await;
-        assert_eq!(rejected, vec![JobKey(5), JobKey(6), JobKey(7)], "the client holds 4; the rest are not taken");
+        }
+    }
+
+    fn rejected(outcome: PushOutcome) -> Vec<JobKey> {
+        match outcome {
+            PushOutcome::Answered { rejected } => rejected,
+            other => panic!("expected an answer, got {other:?}"),
+        }
+    }
+
+    #[tokio::test]
+    async fn clients_at_their_limit_reject_pushes_until_jobs_are_released() {
+        let streams = GatewayStreams::new(0);
+        let mut opened = streams.open(&spec(60_000, &[]), 4).await.unwrap();
+        let t = |n: u64| job(n, "t", crate::core::DEFAULT_TENANT, 0);
+        let outcome = streams.push(opened.stream_id, (1..=7).map(t).collect()).await;
+        assert_eq!(
+            rejected(outcome),
+            vec![JobKey(5), JobKey(6), JobKey(7)],
+            "the client holds 4; the rest are not taken"
+        );
         // The worker reads them: they leave the buffer but are still its to finish.
         let mut received = 0;
         while opened.receiver.try_recv().is_ok() {
@@ -420,12 +506,59 @@ mod tests {
 
         streams.release(JobKey(1), 1);
         streams.release(JobKey(2), 7); // another attempt: not one this client holds
-        let rejected = streams.push(opened.stream_id, vec![job(8, 0), job(9, later)]).await;
-        assert_eq!(rejected, vec![JobKey(9)], "one released, one taken");
-        while opened.receiver.try_recv().is_ok() {}
+                                       // The jobs' deadlines (by the leader's clock) are long past; what counts
+                                       // is the activation timeout on this gateway's clock.
+        let outcome = streams.push(opened.stream_id, vec![t(8), t(9)]).await;
+        assert_eq!(rejected(outcome), vec![JobKey(9)], "one released, one taken");
+    }
 
-        // Job 8's deadline has passed: the next push lets it go.
-        let rejected = streams.push(opened.stream_id, vec![job(10, later), job(11, later)]).await;
-        assert_eq!(rejected, vec![JobKey(11)], "the expired activation freed one");
+    #[test]
+    fn held_activations_expire_by_the_gateway_clock() {
+        let held = Held::default();
+        let credits = Credits::new(1);
+        assert!(credits.try_take());
+        let now = Instant::now();
+        held.hold(JobKey(1), 1, Arc::clone(&credits), now + Duration::from_millis(50));
+        held.expire(now);
+        assert!(!credits.try_take(), "held until its expiry");
+        held.expire(now + Duration::from_millis(60));
+        assert!(credits.try_take(), "expired and given back");
+    }
+
+    #[tokio::test]
+    async fn a_stream_takes_only_jobs_of_its_type_and_tenants() {
+        let streams = GatewayStreams::new(0);
+        let tenants = vec!["t1".to_string()];
+        let spec = convert::worker_spec("a".into(), "w".into(), 60_000, vec![], tenants).unwrap();
+        let mut opened = streams.open(&spec, 8).await.unwrap();
+        let jobs = vec![job(1, "a", "t1", 0), job(2, "a", "t2", 0), job(3, "b", "t1", 0)];
+        let outcome = streams.push(opened.stream_id, jobs).await;
+        assert_eq!(rejected(outcome), vec![JobKey(2), JobKey(3)]);
+        assert_eq!(opened.receiver.try_recv().unwrap().unwrap().key, 1);
+        assert!(opened.receiver.try_recv().is_err());
+    }
+
+    #[tokio::test]
+    async fn stream_ids_differ_between_starts_and_unknown_ids_are_said_so() {
+        let (before, after) = (GatewayStreams::new(0), GatewayStreams::new(0));
+        let old = before.open(&spec(1000, &[]), 8).await.unwrap();
+        let new = after.open(&spec(1000, &[]), 8).await.unwrap();
+        assert_ne!(old.stream_id, new.stream_id, "a restarted gateway never reuses an id");
+        let outcome = after.push(old.stream_id, vec![job(1, "t", crate::core::DEFAULT_TENANT, 0)]).await;
+        assert!(matches!(outcome, PushOutcome::NotDelivered { unknown_stream: true, .. }), "{outcome:?}");
+    }
+
+    #[tokio::test]
+    async fn a_push_that_waited_past_its_time_hands_out_nothing() {
+        let streams = GatewayStreams::new(0);
+        let mut opened = streams.open(&spec(60_000, &[]), 8).await.unwrap();
+        streams.slow_down_next_push(PUSH_ANSWER_WITHIN + Duration::from_millis(200));
+        let outcome = streams.push(opened.stream_id, vec![job(1, "t", crate::core::DEFAULT_TENANT, 0)]).await;
+        assert!(matches!(outcome, PushOutcome::Unknown { .. }), "{outcome:?}");
+        // The aggregator handles it late, and hands nothing out.
+        let outcome = streams.push(opened.stream_id, vec![job(2, "t", crate::core::DEFAULT_TENANT, 0)]).await;
+        assert_eq!(rejected(outcome), vec![]);
+        assert_eq!(opened.receiver.try_recv().unwrap().unwrap().key, 2, "only the push in time is delivered");
+        assert!(opened.receiver.try_recv().is_err());
     }
 }

@@ -202,7 +202,10 @@ impl Node {
     /// actors and Raft groups, and syncs storage.
     pub async fn shutdown(self) {
         let _ = self.stop.send(true);
-        self.ctx.gateway_streams.close_all().await;
+        let streams = self.ctx.gateway_streams.close_all().await;
+        // Brokers stop pushing to this gateway at once, instead of yielding
+        // their pushes until the registrations expire.
+        crate::cluster::remove_all_everywhere(&self.ctx, &streams).await;
         // Servers stop accepting at once; requests already running may finish
         // (bounded by the request timeout). Idle client connections are not
         // waited for.

@@ -26,8 +26,9 @@ use std::sync::Arc;
 use std::time::{Duration, Instant, SystemTime, UNIX_EPOCH};
 
 use ractor::{Actor, ActorProcessingErr, ActorRef, RpcReplyPort};
+use rand::seq::IndexedRandom;
 
-use super::streams::{BrokerStreams, RemoteStream};
+use super::streams::{BrokerStreams, PushOutcome, PushedActivations, RemoteStream};
 use crate::core::{
     ActivatedJobData, Activation, Batch, Command, CommandResult, JobKey, Millis, PartitionId, Retention,
 };
@@ -85,16 +86,18 @@ pub type SubmitReply = RpcReplyPort<Result<Vec<CommandResult>, SubmitError>>;
 
 /// How a partition leader reaches gateways (its own node's or another's).
 pub trait GatewayLink: Send + Sync + 'static {
-    /// Hands activated jobs to a stream's gateway. Returns the keys no ready
-    /// client took; an error means none were taken.
+    /// Hands activated jobs to a stream's gateway.
     fn push(
         &self,
         stream: &RemoteStream,
         partition: PartitionId,
         jobs: Vec<ActivatedJobData>,
-    ) -> Pin<Box<dyn Future<Output = Result<Vec<JobKey>, String>> + Send>>;
+    ) -> Pin<Box<dyn Future<Output = PushOutcome> + Send>>;
     /// Tells every gateway that jobs of a type became activatable here.
     fn jobs_available(&self, partition: PartitionId, job_type: &str);
+    /// Tells a gateway that workers finished these pushed (key, attempt)
+    /// activations, wherever they reported it (best effort).
+    fn release(&self, gateway: NodeId, activations: Vec<(JobKey, u32)>);
 }
 
 pub enum LeaderMsg {
@@ -106,12 +109,42 @@ pub enum LeaderMsg {
     Written { available: Vec<String>, next_timer: Option<Millis>, error: Option<SubmitError> },
     /// The partition's earliest timer is due (internal).
     TimerFired { generation: u64 },
+    /// A push is about to leave for `gateway` (internal). Sent before the push
+    /// itself, so it is here before any completion of these activations.
+    Handing { gateway: NodeId, activations: Vec<(JobKey, u32, Millis)> },
     /// A push finished (internal).
-    PushDone { stream: Arc<RemoteStream>, requested: u32, activated: usize, rejected: Vec<(JobKey, u32)> },
+    PushDone(PushReport),
     /// Try pushing a type again after streams were blocked (internal).
     RetryPush { job_type: String },
     /// The leader's first entry applied: every earlier entry has too (internal).
     TookOver,
+}
+
+/// What a finished push tells its leader.
+pub struct PushReport {
+    stream: Arc<RemoteStream>,
+    activated: usize,
+    /// Activations no client took, for certain: yielded.
+    rejected: Vec<(JobKey, u32)>,
+    /// Activations a client took, or may have.
+    handed: usize,
+    /// The gateway holds no such stream any more.
+    unknown_stream: bool,
+    /// Whether the jobs in `handed` reached a client is not known.
+    outcome_unknown: bool,
+}
+
+impl PushReport {
+    fn empty(stream: Arc<RemoteStream>) -> Self {
+        PushReport {
+            stream,
+            activated: 0,
+            rejected: Vec::new(),
+            handed: 0,
+            unknown_stream: false,
+            outcome_unknown: false,
+        }
+    }
 }
 
 enum ReplyTo {
@@ -172,6 +205,10 @@ pub struct LeaderState {
     /// Streams that answered "not ready", until when.
     blocked: HashMap<(NodeId, u64), Instant>,
     retry_scheduled: HashSet<String>,
+    /// Pushed activations, to tell their gateway when they finish.
+    pushed: PushedActivations,
+    /// Finished pushed activations per gateway, sent after the next write.
+    releases: HashMap<NodeId, Vec<(JobKey, u32)>>,
 }
 
 pub fn now_millis() -> Millis {
@@ -206,6 +243,8 @@ impl Actor for PartitionLeader {
             push_again: HashSet::new(),
             blocked: HashMap::new(),
             retry_scheduled: HashSet::new(),
+            pushed: PushedActivations::default(),
+            releases: HashMap::new(),
         };
         // A new leader resumes the timers the replicated state holds, and offers
         // what is already activatable to streams and long polls; again once its
@@ -233,12 +272,14 @@ impl Actor for PartitionLeader {
                     }));
                     return Ok(());
                 }
+                state.note_finished(&commands);
                 state.enqueue(commands, ReplyTo::Client(reply));
                 state.flush(&myself);
             }
             LeaderMsg::StreamAdded { job_type } => state.try_push(&myself, &job_type),
             LeaderMsg::Written { available, next_timer, error } => {
                 state.in_flight -= 1;
+                state.send_releases();
                 if let Some(error) = error {
                     if matches!(error, SubmitError::NotLeader { .. }) {
                         tracing::info!(partition = state.partition, "lost leadership; leader actor stops");
@@ -260,7 +301,8 @@ impl Actor for PartitionLeader {
                     state.flush(&myself);
                 }
             }
-            LeaderMsg::PushDone { stream, requested: _, activated, rejected } => {
+            LeaderMsg::PushDone(report) => {
+                let PushReport { stream, activated, rejected, handed, unknown_stream, outcome_unknown } = report;
                 if let Some(count) = state.pushing.get_mut(&stream.job_type) {
                     *count -= 1;
                     if *count == 0 {
@@ -268,11 +310,19 @@ impl Actor for PartitionLeader {
                     }
                 }
                 let job_type = stream.job_type.clone();
-                if activated > 0 {
-                    let delivered = activated - rejected.len();
-                    metrics::counter!("drover_broker_jobs_pushed_count_total").increment(delivered as u64);
-                }
                 let mut again = state.push_again.remove(&job_type);
+                if unknown_stream {
+                    // The gateway restarted or closed the stream: nothing was delivered.
+                    state.streams.remove(stream.gateway, stream.stream_id);
+                }
+                if outcome_unknown {
+                    // Not yielded: their activation timeout returns what was not delivered.
+                    metrics::counter!("drover_broker_jobs_push_fail_try_count_total", "code" => "UNKNOWN")
+                        .increment(handed as u64);
+                    state.blocked.insert((stream.gateway, stream.stream_id), Instant::now() + BLOCKED_FOR);
+                } else {
+                    metrics::counter!("drover_broker_jobs_pushed_count_total").increment(handed as u64);
+                }
                 if !rejected.is_empty() {
                     metrics::counter!("drover_broker_jobs_push_fail_try_count_total", "code" => "BLOCKED")
                         .increment(rejected.len() as u64);
@@ -290,6 +340,9 @@ impl Actor for PartitionLeader {
                 if again {
                     state.try_push(&myself, &job_type);
                 }
+            }
+            LeaderMsg::Handing { gateway, activations } => {
+                state.pushed.handed(gateway, &activations, state.clock.now());
             }
             LeaderMsg::RetryPush { job_type } => {
                 state.retry_scheduled.remove(&job_type);
@@ -352,17 +405,9 @@ impl LeaderState {
             self.pending_commands -= commands.len();
             // Jobs created in this entry can be activated for a stream in the
             // same entry: one commit instead of two before a worker has them.
-            let mut created_types: Vec<&str> = Vec::new();
-            for command in &commands {
-                if let Command::Create(job) = command {
-                    if !created_types.contains(&job.spec.job_type.as_str()) {
-                        created_types.push(&job.spec.job_type);
-                    }
-                }
-            }
-            let created_types: Vec<String> = created_types.into_iter().map(String::from).collect();
-            for job_type in created_types {
-                if let Some((activation, stream)) = self.push_activation(myself, &job_type, false) {
+            let created = created_tenants_by_type(&commands);
+            for (job_type, tenants) in created {
+                if let Some((activation, stream)) = self.push_activation(myself, &job_type, &tenants) {
                     commands.push(activation);
                     replies.push((1, ReplyTo::Push(stream)));
                 }
@@ -392,32 +437,47 @@ impl LeaderState {
 
     /// Activates a batch of `job_type` for a randomly picked ready stream.
     fn try_push(&mut self, myself: &ActorRef<LeaderMsg>, job_type: &str) {
-        if let Some((activation, stream)) = self.push_activation(myself, job_type, true) {
+        if let Some((activation, stream)) = self.push_activation(myself, job_type, &[]) {
             self.enqueue(vec![activation], ReplyTo::Push(stream));
             self.flush(myself);
         }
     }
 
-    /// The activation command for a push of `job_type`, if a ready stream
-    /// exists and fewer than [`MAX_PUSHES_PER_TYPE`] pushes of it are in flight. With `only_if_waiting`,
-    /// only when jobs are activatable now (not when they are being created in
-    /// the same entry).
+    /// The activation command for a push of `job_type`, if fewer than
+    /// [`MAX_PUSHES_PER_TYPE`] pushes of it are in flight and a stream can take
+    /// a job: it serves a tenant with activatable jobs, or one in
+    /// `created_tenants` (jobs created in the entry the activation joins). The
+    /// stream is picked at random among those that are not blocked; when all
+    /// are, the type is tried again once they unblock, so yielded jobs are
+    /// offered again.
     fn push_activation(
         &mut self,
         myself: &ActorRef<LeaderMsg>,
         job_type: &str,
-        only_if_waiting: bool,
+        created_tenants: &[String],
     ) -> Option<(Command, Arc<RemoteStream>)> {
         if self.pushing.get(job_type).copied().unwrap_or(0) >= MAX_PUSHES_PER_TYPE {
             self.push_again.insert(job_type.to_string());
             return None;
         }
+        let live = self.streams.live(job_type);
+        if live.is_empty() {
+            return None;
+        }
+        let serving: Vec<Arc<RemoteStream>> = self.replica.state().read(|s| {
+            live.into_iter()
+                .filter(|stream| {
+                    stream.tenants.iter().any(|t| created_tenants.contains(t))
+                        || s.activatable_count(job_type, &stream.tenants) > 0
+                })
+                .collect()
+        });
         let now = Instant::now();
         self.blocked.retain(|_, until| *until > now);
-        let blocked = &self.blocked;
-        let Some(stream) = self.streams.pick(job_type, |s| blocked.contains_key(&(s.gateway, s.stream_id))) else {
-            let any_blocked = self.streams.pick(job_type, |_| false).is_some();
-            if any_blocked && self.retry_scheduled.insert(job_type.to_string()) {
+        let open: Vec<&Arc<RemoteStream>> =
+            serving.iter().filter(|s| !self.blocked.contains_key(&(s.gateway, s.stream_id))).collect();
+        let Some(stream) = open.choose(&mut rand::rng()).map(|s| Arc::clone(s)) else {
+            if !serving.is_empty() && self.retry_scheduled.insert(job_type.to_string()) {
                 let me = myself.clone();
                 let job_type = job_type.to_string();
                 tokio::spawn(async move {
@@ -427,9 +487,6 @@ impl LeaderState {
             }
             return None;
         };
-        if only_if_waiting && self.replica.state().read(|s| s.activatable_count(job_type, &stream.tenants)) == 0 {
-            return None;
-        }
         *self.pushing.entry(job_type.to_string()).or_default() += 1;
         let activation = Command::Activate(Activation {
             job_type: stream.job_type.clone(),
@@ -441,6 +498,41 @@ impl LeaderState {
         });
         Some((activation, stream))
     }
+
+    /// Notes pushed activations that a worker completes or fails in
+    /// `commands`, so their gateway frees the worker's slot even when the
+    /// worker reported through another gateway.
+    fn note_finished(&mut self, commands: &[Command]) {
+        for command in commands {
+            if let Command::Complete { key, attempt, .. } | Command::Fail { key, attempt, .. } = command {
+                if let Some(gateway) = self.pushed.finished(*key, *attempt) {
+                    self.releases.entry(gateway).or_default().push((*key, *attempt));
+                }
+            }
+        }
+    }
+
+    fn send_releases(&mut self) {
+        for (gateway, activations) in self.releases.drain() {
+            self.link.release(gateway, activations);
+        }
+    }
+}
+
+/// The tenants of the jobs each type gets in `commands`.
+fn created_tenants_by_type(commands: &[Command]) -> Vec<(String, Vec<String>)> {
+    let mut created: Vec<(String, Vec<String>)> = Vec::new();
+    for command in commands {
+        if let Command::Create(job) = command {
+            let (job_type, tenant) = (&job.spec.job_type, &job.spec.tenant);
+            match created.iter_mut().find(|(t, _)| t == job_type) {
+                Some((_, tenants)) if tenants.contains(tenant) => {}
+                Some((_, tenants)) => tenants.push(tenant.clone()),
+                None => created.push((job_type.clone(), vec![tenant.clone()])),
+            }
+        }
+    }
+    created
 }
 
 /// One Raft write and the hand-back of its results.
@@ -497,12 +589,7 @@ async fn write(
                         let _ = port.send(Err(error.clone()));
                     }
                     ReplyTo::Push(stream) => {
-                        let _ = leader.cast(LeaderMsg::PushDone {
-                            stream,
-                            requested: PUSH_BATCH,
-                            activated: 0,
-                            rejected: Vec::new(),
-                        });
+                        let _ = leader.cast(LeaderMsg::PushDone(PushReport::empty(stream)));
                     }
                     ReplyTo::TakeOver | ReplyTo::Ignore => {}
                 }
@@ -524,23 +611,41 @@ async fn push(
         Some(CommandResult::Activated(jobs)) => jobs,
         _ => Vec::new(),
     };
-    let activated = jobs.len();
+    let mut report = PushReport::empty(Arc::clone(&stream));
+    report.activated = jobs.len();
+    if jobs.is_empty() {
+        let _ = leader.cast(LeaderMsg::PushDone(report));
+        return;
+    }
     crate::trace_context::activation_spans(partition, &jobs);
-    let attempts: HashMap<JobKey, u32> = jobs.iter().map(|j| (j.key, j.attempt)).collect();
+    let activations: Vec<(JobKey, u32, Millis)> = jobs.iter().map(|j| (j.key, j.attempt, j.deadline)).collect();
+    let _ = leader.cast(LeaderMsg::Handing { gateway: stream.gateway, activations: activations.clone() });
     if let Some(hold) = crate::failpoints::fire("leader_push_hold") {
         tokio::time::sleep(hold).await;
     }
-    let rejected = if jobs.is_empty() {
-        Vec::new()
-    } else {
-        match link.push(&stream, partition, jobs).await {
-            Ok(keys) => keys,
-            Err(error) => {
-                tracing::debug!(partition, gateway = stream.gateway, "push failed: {error}");
-                attempts.keys().copied().collect()
-            }
+    let rejected: HashSet<JobKey> = match link.push(&stream, partition, jobs).await {
+        PushOutcome::Answered { rejected } => rejected.into_iter().collect(),
+        PushOutcome::NotDelivered { reason, unknown_stream } => {
+            tracing::debug!(partition, gateway = stream.gateway, "push not delivered: {reason}");
+            report.unknown_stream = unknown_stream;
+            activations.iter().map(|(key, _, _)| *key).collect()
+        }
+        PushOutcome::Unknown { reason } => {
+            tracing::info!(
+                partition,
+                gateway = stream.gateway,
+                "push outcome unknown, left to the activation timeout: {reason}"
+            );
+            report.outcome_unknown = true;
+            HashSet::new()
         }
     };
-    let rejected = rejected.into_iter().filter_map(|k| attempts.get(&k).map(|a| (k, *a))).collect();
-    let _ = leader.cast(LeaderMsg::PushDone { stream, requested: PUSH_BATCH, activated, rejected });
+    for (key, attempt, _) in activations {
+        if rejected.contains(&key) {
+            report.rejected.push((key, attempt));
+        } else {
+            report.handed += 1;
+        }
+    }
+    let _ = leader.cast(LeaderMsg::PushDone(report));
 }

@@ -4,7 +4,11 @@
 //! path into Raft: it batches every waiting command into one entry, runs the
 //! partition's timers (activation deadlines, back-offs, delayed jobs) by
 //! appending ticks stamped with its clock, and pushes activatable jobs to
-//! registered streams, yielding them when a gateway's clients are not ready.
+//! registered streams that serve their tenants, yielding them when a gateway's
+//! clients are certainly not ready (never when a push's outcome is unknown:
+//! the activation timeout returns those). It remembers which gateway holds each
+//! pushed activation, and tells that gateway when the job is completed or
+//! failed, through whichever gateway that came.
 //! It never touches storage or the engine's state except through Raft writes and
 //! read-only looks at [`crate::raft::SharedState`].
 

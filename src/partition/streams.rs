@@ -3,15 +3,21 @@
 //! Node-level, not per leader: a partition leader elected later finds every
 //! stream already here. Gateways re-register their streams periodically; a
 //! registration not refreshed within [`STREAM_TTL`] is dropped, so a gateway that
-//! died without saying goodbye stops receiving pushes.
+//! died without saying goodbye stops receiving pushes. A gateway that answers a
+//! push with "no such stream" (it restarted) loses the registration at once.
+//!
+//! A registration is keyed by (gateway, stream id). Gateways never reuse an id
+//! across restarts, and a registration of a known key replaces the spec held
+//! here: a broker never pushes jobs for a type, tenant or timeout the stream no
+//! longer has.
 
 use std::collections::HashMap;
 use std::sync::{Arc, Mutex};
 use std::time::{Duration, Instant};
 
-use rand::seq::IndexedRandom;
 use serde::Serialize;
 
+use crate::core::{JobKey, Millis};
 use crate::raft::NodeId;
 
 /// How long a registration lives without a refresh.
@@ -41,19 +47,32 @@ pub struct BrokerStreams {
 }
 
 impl BrokerStreams {
-    /// Adds or refreshes a stream; true when it is new.
+    /// Adds a stream, or refreshes a known one and replaces its spec; true
+    /// when it is new or its spec changed (jobs may now be pushed to it).
     pub fn register(&self, stream: RemoteStream) -> bool {
         let mut by_type = self.by_type.lock().expect("stream registry lock");
-        let entries = by_type.entry(stream.job_type.clone()).or_default();
         let now = Instant::now();
-        if let Some(existing) =
-            entries.iter_mut().find(|e| e.stream.gateway == stream.gateway && e.stream.stream_id == stream.stream_id)
-        {
+        let same_key = |e: &Entry| e.stream.gateway == stream.gateway && e.stream.stream_id == stream.stream_id;
+        if let Some(existing) = by_type.get_mut(&stream.job_type).and_then(|es| es.iter_mut().find(|e| same_key(e))) {
             existing.refreshed = now;
-            return false;
+            if *existing.stream == stream {
+                return false;
+            }
+            existing.stream = Arc::new(stream);
+            return true;
         }
-        entries.push(Entry { stream: Arc::new(stream), refreshed: now });
-        metrics::gauge!("drover_broker_open_job_stream_count").increment(1.0);
+        // The key may be registered under another type: that spec is gone.
+        let mut replaced = false;
+        for entries in by_type.values_mut() {
+            let before = entries.len();
+            entries.retain(|e| !same_key(e));
+            replaced |= entries.len() < before;
+        }
+        by_type.retain(|_, entries| !entries.is_empty());
+        by_type.entry(stream.job_type.clone()).or_default().push(Entry { stream: Arc::new(stream), refreshed: now });
+        if !replaced {
+            metrics::gauge!("drover_broker_open_job_stream_count").increment(1.0);
+        }
         true
     }
 
@@ -70,10 +89,10 @@ impl BrokerStreams {
         by_type.retain(|_, entries| !entries.is_empty());
     }
 
-    /// Picks a live stream for a type at random, skipping `excluded` ones.
-    pub fn pick(&self, job_type: &str, excluded: impl Fn(&RemoteStream) -> bool) -> Option<Arc<RemoteStream>> {
+    /// The live streams of a type (registrations past their TTL are dropped).
+    pub fn live(&self, job_type: &str) -> Vec<Arc<RemoteStream>> {
         let mut by_type = self.by_type.lock().expect("stream registry lock");
-        let entries = by_type.get_mut(job_type)?;
+        let Some(entries) = by_type.get_mut(job_type) else { return Vec::new() };
         let now = Instant::now();
         let before = entries.len();
         entries.retain(|e| now.duration_since(e.refreshed) < STREAM_TTL);
@@ -81,12 +100,108 @@ impl BrokerStreams {
         if expired > 0 {
             metrics::gauge!("drover_broker_open_job_stream_count").decrement(expired as f64);
         }
-        let candidates: Vec<&Entry> = entries.iter().filter(|e| !excluded(&e.stream)).collect();
-        candidates.choose(&mut rand::rng()).map(|e| Arc::clone(&e.stream))
+        entries.iter().map(|e| Arc::clone(&e.stream)).collect()
     }
 
     pub fn all(&self) -> Vec<Arc<RemoteStream>> {
         let by_type = self.by_type.lock().expect("stream registry lock");
         by_type.values().flatten().map(|e| Arc::clone(&e.stream)).collect()
+    }
+}
+
+/// What became of a push, as far as the partition leader can tell.
+#[derive(Debug)]
+pub enum PushOutcome {
+    /// The gateway answered: it handed every job to a client except `rejected`.
+    Answered { rejected: Vec<JobKey> },
+    /// No job reached a client: the request never left this node, or the
+    /// gateway holds no such stream (`unknown_stream`: it restarted or the
+    /// stream closed).
+    NotDelivered { reason: String, unknown_stream: bool },
+    /// Some jobs may have reached a client (a timeout, a broken connection, a
+    /// gateway that could not tell). Yielding them could give one activation to
+    /// two workers; their activation timeout returns the ones that did not.
+    Unknown { reason: String },
+}
+
+/// Activations a partition leader pushed, until their worker finishes them:
+/// which gateway holds each, so that gateway can free its worker's slot when
+/// the job is completed or failed through any gateway.
+#[derive(Default)]
+pub struct PushedActivations {
+    by_key: HashMap<JobKey, (u32, NodeId, Millis)>,
+    prune_at: usize,
+}
+
+/// Entries kept before the first sweep of activations past their deadline.
+const PUSHED_SWEEP_MIN: usize = 4096;
+
+impl PushedActivations {
+    /// `gateway` holds these (key, attempt, deadline) activations. Entries past
+    /// their deadline (by the leader's clock, `now`) are swept now and then:
+    /// their gateway lets them go by itself.
+    pub fn handed(&mut self, gateway: NodeId, activations: &[(JobKey, u32, Millis)], now: Millis) {
+        for (key, attempt, deadline) in activations {
+            self.by_key.insert(*key, (*attempt, gateway, *deadline));
+        }
+        if self.by_key.len() > self.prune_at.max(PUSHED_SWEEP_MIN) {
+            self.by_key.retain(|_, (_, _, deadline)| *deadline > now);
+            self.prune_at = self.by_key.len() * 2;
+        }
+    }
+
+    /// A worker is done with (key, attempt): the gateway that holds it, if
+    /// this leader pushed that activation.
+    pub fn finished(&mut self, key: JobKey, attempt: u32) -> Option<NodeId> {
+        match self.by_key.get(&key) {
+            Some((pushed, gateway, _)) if *pushed == attempt => {
+                let gateway = *gateway;
+                self.by_key.remove(&key);
+                Some(gateway)
+            }
+            _ => None,
+        }
+    }
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+
+    fn stream(stream_id: u64, job_type: &str, tenants: &[&str]) -> RemoteStream {
+        RemoteStream {
+            gateway: 1,
+            stream_id,
+            job_type: job_type.into(),
+            worker: "w".into(),
+            timeout_ms: 1000,
+            tenants: tenants.iter().map(|t| t.to_string()).collect(),
+            fetch_variables: vec![],
+        }
+    }
+
+    #[test]
+    fn a_registration_of_a_known_stream_replaces_its_spec() {
+        let streams = BrokerStreams::default();
+        assert!(streams.register(stream(7, "a", &["t1"])));
+        assert!(!streams.register(stream(7, "a", &["t1"])), "a refresh changes nothing");
+        assert!(streams.register(stream(7, "a", &["t2"])), "new tenants are news");
+        assert_eq!(streams.live("a").iter().map(|s| s.tenants.clone()).collect::<Vec<_>>(), vec![vec!["t2"]]);
+        assert!(streams.register(stream(7, "b", &["t2"])));
+        assert!(streams.live("a").is_empty(), "the stream no longer serves type a");
+        assert_eq!(streams.live("b").len(), 1);
+        assert_eq!(streams.all().len(), 1);
+    }
+
+    #[test]
+    fn pushed_activations_name_their_gateway_once_per_attempt() {
+        let mut pushed = PushedActivations::default();
+        pushed.handed(2, &[(JobKey(1), 1, 100), (JobKey(2), 3, 100)], 0);
+        assert_eq!(pushed.finished(JobKey(1), 2), None, "another attempt");
+        assert_eq!(pushed.finished(JobKey(1), 1), Some(2));
+        assert_eq!(pushed.finished(JobKey(1), 1), None, "told once");
+        pushed.handed(0, &[(JobKey(2), 4, 100)], 0);
+        assert_eq!(pushed.finished(JobKey(2), 3), None, "superseded by the next push");
+        assert_eq!(pushed.finished(JobKey(2), 4), Some(0));
     }
 }
