@@ -37,14 +37,28 @@ impl GatewayService {
         GatewayService { ctx }
     }
 
-    fn deadline<T>(&self, request: &Request<T>) -> Instant {
-        let timeout = request
-            .metadata()
-            .get("grpc-timeout")
-            .and_then(|v| v.to_str().ok())
-            .and_then(super::parse_grpc_timeout)
-            .unwrap_or(self.ctx.request_timeout);
-        Instant::now() + timeout
+    /// The request's deadline: its `grpc-timeout`, or the node's request
+    /// timeout without one. A header that is not a valid gRPC timeout is the
+    /// client's mistake and answered INVALID_ARGUMENT, not guessed around.
+    fn deadline<T>(&self, request: &Request<T>) -> Result<Instant, ApiError> {
+        let Some(header) = request.metadata().get("grpc-timeout") else {
+            return Ok(self.default_deadline());
+        };
+        let text = header.to_str().unwrap_or_default();
+        let timeout = super::parse_grpc_timeout(text).ok_or_else(|| {
+            ApiError::InvalidArgument(format!(
+                "the grpc-timeout header {text:?} is not a gRPC timeout: it must be 1 to {} digits and a unit \
+                 (H, M, S, m, u or n), like 30S",
+                super::MAX_GRPC_TIMEOUT_DIGITS
+            ))
+        })?;
+        // Eight digits of hours fit any clock we run on; should one not, the
+        // client gets the default rather than a panic.
+        Ok(super::deadline_after(timeout).unwrap_or_else(|| self.default_deadline()))
+    }
+
+    fn default_deadline(&self) -> Instant {
+        Instant::now() + self.ctx.request_timeout
     }
 
     /// Runs one command on the partition of `key`.
@@ -221,7 +235,7 @@ impl Gateway for GatewayService {
     async fn create_job(&self, request: Request<CreateJobRequest>) -> Result<Response<CreateJobResponse>, Status> {
         let _running = self.ctx.request_started("create_job");
         let started = Instant::now();
-        let deadline = self.deadline(&request);
+        let deadline = self.deadline(&request)?;
         let traceparent = traceparent(&request);
         let span = tracing::info_span!("gateway.create_job", job_type = %request.get_ref().r#type, key = tracing::field::Empty);
         crate::trace_context::continue_trace(&span, &traceparent);
@@ -302,7 +316,7 @@ impl Gateway for GatewayService {
         let max = request.max_jobs_to_activate as u32;
         let poll_for =
             Duration::from_millis(request.request_timeout.min(self.ctx.limits.max_request_timeout_ms) as u64);
-        let poll_deadline = Instant::now() + poll_for;
+        let poll_deadline = super::deadline_after(poll_for).unwrap_or_else(|| self.default_deadline());
         // Subscribe before the first attempt, so a job created between an empty
         // attempt and parking still wakes us.
         let mut available = self.ctx.available.subscribe();
@@ -387,7 +401,7 @@ impl Gateway for GatewayService {
         request: Request<CompleteJobRequest>,
     ) -> Result<Response<CompleteJobResponse>, Status> {
         let _running = self.ctx.request_started("complete_job");
-        let deadline = self.deadline(&request);
+        let deadline = self.deadline(&request)?;
         let span = tracing::info_span!(
             "gateway.complete_job",
             key = request.get_ref().key,
@@ -422,7 +436,7 @@ impl Gateway for GatewayService {
 
     async fn fail_job(&self, request: Request<FailJobRequest>) -> Result<Response<FailJobResponse>, Status> {
         let _running = self.ctx.request_started("fail_job");
-        let deadline = self.deadline(&request);
+        let deadline = self.deadline(&request)?;
         let request = request.into_inner();
         let key = key_of(request.key)?;
         self.ctx.gateway_streams.release(key, request.attempt);
@@ -457,7 +471,7 @@ impl Gateway for GatewayService {
         request: Request<UpdateJobTimeoutRequest>,
     ) -> Result<Response<UpdateJobTimeoutResponse>, Status> {
         let _running = self.ctx.request_started("update_job_timeout");
-        let deadline = self.deadline(&request);
+        let deadline = self.deadline(&request)?;
         let request = request.into_inner();
         let key = key_of(request.key)?;
         if request.timeout <= 0 {
@@ -479,7 +493,7 @@ impl Gateway for GatewayService {
         request: Request<UpdateJobRetriesRequest>,
     ) -> Result<Response<UpdateJobRetriesResponse>, Status> {
         let _running = self.ctx.request_started("update_job_retries");
-        let deadline = self.deadline(&request);
+        let deadline = self.deadline(&request)?;
         let request = request.into_inner();
         let key = key_of(request.key)?;
         if request.retries < 0 {
@@ -493,7 +507,7 @@ impl Gateway for GatewayService {
 
     async fn cancel_job(&self, request: Request<CancelJobRequest>) -> Result<Response<CancelJobResponse>, Status> {
         let _running = self.ctx.request_started("cancel_job");
-        let deadline = self.deadline(&request);
+        let deadline = self.deadline(&request)?;
         let key = key_of(request.into_inner().key)?;
         self.one(key, Command::Cancel { key }, deadline).await?;
         Ok(Response::new(CancelJobResponse {}))
@@ -501,7 +515,7 @@ impl Gateway for GatewayService {
 
     async fn get_job(&self, request: Request<GetJobRequest>) -> Result<Response<GetJobResponse>, Status> {
         let _running = self.ctx.request_started("get_job");
-        let deadline = self.deadline(&request);
+        let deadline = self.deadline(&request)?;
         let key = key_of(request.into_inner().key)?;
         let job = router::describe(&self.ctx, key, deadline).await?;
         Ok(Response::new(GetJobResponse { job: Some(convert::job(&job)) }))
