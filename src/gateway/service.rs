@@ -452,15 +452,15 @@ impl Gateway for GatewayService {
             ))
             .into());
         }
-        if !request.variables.is_empty() {
-            convert::json_object("variables", request.variables)?;
-        }
+        let variables = convert::failure_variables(request.variables, &self.ctx.limits)?;
         let command = Command::Fail {
             key,
             attempt: request.attempt,
             retries: request.retries,
             error_message: request.error_message,
             back_off_ms: request.retry_back_off,
+            variables,
+            max_payload_bytes: self.ctx.limits.max_payload_bytes as u64,
         };
         self.one(key, command, deadline).await?;
         Ok(Response::new(FailJobResponse {}))
