@@ -6,6 +6,7 @@
 //! job's key, and sends commands to that partition's leader wherever it runs.
 
 mod aggregator;
+mod chunks;
 pub mod convert;
 pub mod error;
 mod observe;

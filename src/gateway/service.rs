@@ -10,6 +10,7 @@ use tokio::sync::broadcast::error::RecvError;
 use tonic::{Request, Response, Status, Streaming};
 use tracing::Instrument;
 
+use super::chunks::BudgetChunks;
 use super::convert::{self, WorkerSpec};
 use super::error::ApiError;
 use super::router;
@@ -25,6 +26,9 @@ type BoxStream<T> = Pin<Box<dyn Stream<Item = Result<T, Status>> + Send>>;
 
 /// Requests of a client stream read together into one batch per partition.
 const STREAM_CHUNK: usize = 1024;
+/// A chunk also closes when its requests reach this many bytes, so a stream
+/// holds at most `STREAM_CHUNKS_IN_FLIGHT` × (this + one request) in memory.
+const STREAM_CHUNK_BYTES: usize = 1 << 20;
 /// Chunks of a client stream in flight at once.
 const STREAM_CHUNKS_IN_FLIGHT: usize = 4;
 
@@ -86,18 +90,20 @@ fn key_of(key: u64) -> Result<JobKey, ApiError> {
     Ok(JobKey(key))
 }
 
-/// Answers a client stream in chunks: the requests waiting are read together,
+/// Answers a client stream in chunks: the requests waiting are read together
+/// (at most [`STREAM_CHUNK`] of them and about [`STREAM_CHUNK_BYTES`]),
 /// handled as one batch per partition by `handle`, and answered in order. A
 /// broken inbound stream ends the answers with its status.
-fn chunked<Req, Resp, F, Fut>(inbound: Streaming<Req>, handle: F) -> BoxStream<Resp>
+fn chunked<In, Req, Resp, F, Fut>(inbound: In, handle: F) -> BoxStream<Resp>
 where
-    Req: Send + 'static,
+    In: Stream<Item = Result<Req, Status>> + Unpin + Send + 'static,
+    Req: prost::Message + Send + 'static,
     Resp: Send + 'static,
     F: Fn(Vec<Req>) -> Fut + Send + 'static,
     Fut: std::future::Future<Output = Vec<Resp>> + Send + 'static,
 {
-    let responses = inbound
-        .ready_chunks(STREAM_CHUNK)
+    let size = |item: &Result<Req, Status>| item.as_ref().map_or(0, prost::Message::encoded_len);
+    let responses = BudgetChunks::new(inbound, STREAM_CHUNK, STREAM_CHUNK_BYTES, size)
         .map(move |chunk| {
             let mut failed_read = None;
             let requests: Vec<Req> = chunk
@@ -597,4 +603,40 @@ pub async fn cluster_status_json(ctx: &Arc<NodeContext>) -> serde_json::Value {
             })
             .collect(),
     )
+}
+
+#[cfg(test)]
+mod tests {
+    use std::sync::Mutex;
+
+    use prost::Message;
+
+    use super::*;
+
+    #[tokio::test]
+    async fn a_stream_of_large_requests_is_held_in_chunks_within_the_byte_budget() {
+        let big = CreateJobRequest {
+            r#type: "t".into(),
+            variables: format!(r#"{{"blob":"{}"}}"#, "x".repeat(256 << 10)),
+            ..Default::default()
+        };
+        let one = big.encoded_len();
+        let requests = futures::stream::iter((0..40).map(move |_| Ok(big.clone())));
+        let chunk_bytes = Arc::new(Mutex::new(Vec::new()));
+        let seen = Arc::clone(&chunk_bytes);
+        let answers: Vec<_> = chunked(requests, move |chunk: Vec<CreateJobRequest>| {
+            seen.lock().unwrap().push(chunk.iter().map(Message::encoded_len).sum::<usize>());
+            async move { chunk.into_iter().map(|r| r.r#type).collect::<Vec<_>>() }
+        })
+        .collect()
+        .await;
+
+        assert_eq!(answers.len(), 40, "one answer per request");
+        assert!(answers.iter().all(|a| a.as_ref().is_ok_and(|t| t == "t")));
+        let chunk_bytes = chunk_bytes.lock().unwrap();
+        assert!(chunk_bytes.len() > 1, "40 requests of {one} bytes in one chunk");
+        for bytes in chunk_bytes.iter() {
+            assert!(*bytes < STREAM_CHUNK_BYTES + one, "a chunk of {bytes} bytes; the budget is {STREAM_CHUNK_BYTES}");
+        }
+    }
 }
