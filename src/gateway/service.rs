@@ -296,7 +296,7 @@ impl Gateway for GatewayService {
         &self,
         request: Request<ActivateJobsRequest>,
     ) -> Result<Response<Self::ActivateJobsStream>, Status> {
-        let _running = self.ctx.request_started("create_jobs");
+        let _running = self.ctx.request_started("activate_jobs");
         let request = request.into_inner();
         if request.max_jobs_to_activate <= 0 || request.max_jobs_to_activate > self.ctx.limits.max_jobs_to_activate {
             return Err(ApiError::InvalidArgument(format!(
