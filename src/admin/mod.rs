@@ -16,6 +16,9 @@ use tokio::sync::watch;
 
 use crate::node::NodeContext;
 
+mod labels;
+pub use labels::{job_type_label, MAX_JOB_TYPE_LABELS, OTHER_JOB_TYPES};
+
 static RECORDER: OnceLock<PrometheusHandle> = OnceLock::new();
 
 /// The process-wide Prometheus recorder (installed on first use; several nodes
@@ -235,8 +238,13 @@ pub async fn record_gauges(ctx: Arc<NodeContext>, mut stop: watch::Receiver<bool
                 0.0
             });
             if status.role == "leader" {
+                // Types beyond the label limit share one series: sum them before setting it.
+                let mut by_label: std::collections::BTreeMap<String, usize> = Default::default();
                 for (job_type, count) in replica.state().read(|s| s.activatable_by_type()) {
-                    metrics::gauge!("drover_jobs_activatable", "partition" => p.clone(), "type" => job_type)
+                    *by_label.entry(job_type_label(job_type)).or_default() += count;
+                }
+                for (label, count) in by_label {
+                    metrics::gauge!("drover_jobs_activatable", "partition" => p.clone(), "type" => label)
                         .set(count as f64);
                 }
             }

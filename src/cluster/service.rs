@@ -43,6 +43,9 @@ impl ClusterService {
     }
 }
 
+/// The deadline a peer's gateway set (`grpc-timeout`). Peers are Drover nodes,
+/// which always send a valid header; anything else gets the default rather
+/// than an error, and never a deadline the clock cannot hold.
 fn deadline_of<T>(request: &Request<T>, default: Duration) -> Instant {
     let timeout = request
         .metadata()
@@ -50,7 +53,7 @@ fn deadline_of<T>(request: &Request<T>, default: Duration) -> Instant {
         .and_then(|v| v.to_str().ok())
         .and_then(crate::gateway::parse_grpc_timeout)
         .unwrap_or(default);
-    Instant::now() + timeout
+    crate::gateway::deadline_after(timeout).unwrap_or_else(|| Instant::now() + default)
 }
 
 #[tonic::async_trait]

@@ -4,7 +4,9 @@ use std::cmp::Reverse;
 use std::collections::{BTreeMap, BTreeSet, HashMap};
 use std::sync::Arc;
 
+use bytes::Bytes;
 use serde::{Deserialize, Serialize};
+use serde_json::value::RawValue;
 
 use super::job::*;
 
@@ -265,7 +267,7 @@ impl PartitionState {
                 out.finished.push(job);
                 Ok(CommandResult::Done)
             }
-            Command::Fail { key, attempt, retries, error_message, back_off_ms } => {
+            Command::Fail { key, attempt, retries, error_message, back_off_ms, variables, max_payload_bytes } => {
                 if *retries < 0 || *back_off_ms < 0 {
                     return Err(CommandError::invalid("retries and retry_back_off must be zero or more"));
                 }
@@ -274,8 +276,17 @@ impl PartitionState {
                     return Ok(CommandResult::Done);
                 }
                 self.activation_of(*key, *attempt, "fail")?;
+                // Decide everything that can refuse the failure before changing the job.
+                let spec = if variables.is_empty() {
+                    None
+                } else {
+                    Some(self.spec_with_variables(*key, variables, *max_payload_bytes)?)
+                };
                 let now = self.clock;
                 let job = self.jobs.get_mut(key).expect("checked by activation_of");
+                if let Some(spec) = spec {
+                    job.spec = spec;
+                }
                 self.deadlines.remove(&(job.deadline, *key));
                 job.deadline = 0;
                 job.retries = *retries;
@@ -344,6 +355,31 @@ impl PartitionState {
                 Ok(CommandResult::Done)
             }
         }
+    }
+
+    /// The job's spec with `update` merged into its variables (see
+    /// [`Command::Fail`]); refused when the result outgrows the payload limit.
+    fn spec_with_variables(
+        &self,
+        key: JobKey,
+        update: &[u8],
+        max_payload_bytes: u64,
+    ) -> Result<Arc<JobSpec>, CommandError> {
+        let spec = &self.jobs[&key].spec;
+        let merged = merge_variables(&spec.variables, update).map_err(|e| {
+            CommandError::invalid(format!("cannot fail job {key}: variables must be a JSON object ({e})"))
+        })?;
+        let headers: usize = spec.custom_headers.iter().map(|(k, v)| k.len() + v.len()).sum();
+        let payload = (merged.len() + headers) as u64;
+        // A job created under a larger limit may keep its size, never grow past this one.
+        if payload > max_payload_bytes && merged.len() > spec.variables.len() {
+            return Err(CommandError::exhausted(format!(
+                "cannot fail job {key} with these variables: merged into the job's, its variables and custom \
+                 headers would be {payload} bytes; this node accepts at most {max_payload_bytes} (setting \
+                 max_payload_bytes); send fewer or smaller variables, or none"
+            )));
+        }
+        Ok(Arc::new(JobSpec { variables: merged, ..JobSpec::clone(spec) }))
     }
 
     fn create(&mut self, new_job: &NewJob, out: &mut ApplyOutput) -> Result<CommandResult, CommandError> {
@@ -596,4 +632,14 @@ impl PartitionState {
             JobState::Incident | JobState::Completed | JobState::Cancelled => {}
         }
     }
+}
+
+/// `update`'s top-level keys written over `current`'s (both JSON objects).
+/// Values keep the bytes they were sent as; the top level is written anew,
+/// keys in order.
+fn merge_variables(current: &[u8], update: &[u8]) -> Result<Bytes, serde_json::Error> {
+    let mut merged: BTreeMap<String, &RawValue> = serde_json::from_slice(current)?;
+    let update: BTreeMap<String, &RawValue> = serde_json::from_slice(update)?;
+    merged.extend(update);
+    Ok(Bytes::from(serde_json::to_vec(&merged)?))
 }

@@ -239,12 +239,19 @@ pub enum Command {
         attempt: u32,
         variables: Bytes,
     },
+    /// A failed attempt. `variables` (a JSON object; empty for none) are
+    /// merged into the job's: their top-level keys replace the job's, so the
+    /// next attempt and `GetJob` see them. The merged variables and custom
+    /// headers must fit `max_payload_bytes`, the gateway's limit when it built
+    /// the command (so every replica judges alike).
     Fail {
         key: JobKey,
         attempt: u32,
         retries: i32,
         error_message: String,
         back_off_ms: i64,
+        variables: Bytes,
+        max_payload_bytes: u64,
     },
     UpdateTimeout {
         key: JobKey,
@@ -306,6 +313,8 @@ pub enum ErrorKind {
     InvalidArgument,
     NotFound,
     FailedPrecondition,
+    /// A limit of the node was reached (a payload grew too large).
+    ResourceExhausted,
 }
 
 #[derive(Clone, Debug, PartialEq, Eq, Serialize, Deserialize)]
@@ -323,6 +332,9 @@ impl CommandError {
     }
     pub fn invalid(message: impl Into<String>) -> Self {
         CommandError { kind: ErrorKind::InvalidArgument, message: message.into() }
+    }
+    pub fn exhausted(message: impl Into<String>) -> Self {
+        CommandError { kind: ErrorKind::ResourceExhausted, message: message.into() }
     }
 }
 

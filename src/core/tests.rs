@@ -2,6 +2,8 @@
 
 use std::sync::Arc;
 
+use bytes::Bytes;
+
 use super::*;
 
 const TYPE: &str = "email";
@@ -161,7 +163,15 @@ fn fail_with_retries_and_back_off_schedules_the_retry() {
     h.activate(1_000, 1, 10_000);
     let result = h.run(
         2_000,
-        Command::Fail { key, attempt: 1, retries: 2, error_message: "smtp down".into(), back_off_ms: 3_000 },
+        Command::Fail {
+            key,
+            attempt: 1,
+            retries: 2,
+            error_message: "smtp down".into(),
+            back_off_ms: 3_000,
+            variables: Bytes::new(),
+            max_payload_bytes: u64::MAX,
+        },
     );
     assert_eq!(result, CommandResult::Done);
     let job = h.state.job(key).unwrap();
@@ -181,7 +191,18 @@ fn fail_without_back_off_is_activatable_at_once() {
     let mut h = Harness::new();
     let key = h.create(1_000, 0);
     h.activate(1_000, 1, 10_000);
-    h.run(1_100, Command::Fail { key, attempt: 1, retries: 1, error_message: "x".into(), back_off_ms: 0 });
+    h.run(
+        1_100,
+        Command::Fail {
+            key,
+            attempt: 1,
+            retries: 1,
+            error_message: "x".into(),
+            back_off_ms: 0,
+            variables: Bytes::new(),
+            max_payload_bytes: u64::MAX,
+        },
+    );
     assert_eq!(h.state_of(key), Some(JobState::Activatable));
 }
 
@@ -190,7 +211,18 @@ fn fail_with_no_retries_raises_an_incident_that_update_retries_resolves() {
     let mut h = Harness::new();
     let key = h.create(1_000, 0);
     h.activate(1_000, 1, 10_000);
-    h.run(1_100, Command::Fail { key, attempt: 1, retries: 0, error_message: "bad".into(), back_off_ms: 0 });
+    h.run(
+        1_100,
+        Command::Fail {
+            key,
+            attempt: 1,
+            retries: 0,
+            error_message: "bad".into(),
+            back_off_ms: 0,
+            variables: Bytes::new(),
+            max_payload_bytes: u64::MAX,
+        },
+    );
     assert_eq!(h.state_of(key), Some(JobState::Incident));
     assert!(h.activate(1_200, 1, 1_000).is_empty(), "incidents are not activatable");
     assert_eq!(h.run(1_300, Command::UpdateRetries { key, retries: 2 }), CommandResult::Done);
@@ -220,9 +252,18 @@ fn stale_activation_cannot_complete_or_fail() {
     let stale = Harness::rejected(h.run(2_100, Command::Complete { key, attempt: 1, variables: Default::default() }));
     assert_eq!(stale.kind, ErrorKind::FailedPrecondition);
     assert!(stale.message.contains("superseded"), "{}", stale.message);
-    let stale_fail = Harness::rejected(
-        h.run(2_100, Command::Fail { key, attempt: 1, retries: 0, error_message: String::new(), back_off_ms: 0 }),
-    );
+    let stale_fail = Harness::rejected(h.run(
+        2_100,
+        Command::Fail {
+            key,
+            attempt: 1,
+            retries: 0,
+            error_message: String::new(),
+            back_off_ms: 0,
+            variables: Bytes::new(),
+            max_payload_bytes: u64::MAX,
+        },
+    ));
     assert_eq!(stale_fail.kind, ErrorKind::FailedPrecondition);
     assert_eq!(h.run(2_200, Command::Complete { key, attempt: 2, variables: Default::default() }), CommandResult::Done);
 }
@@ -522,11 +563,75 @@ fn a_repeated_failure_of_one_attempt_is_done_not_refused() {
     let mut h = Harness::new();
     let key = h.create(1_000, 0);
     let attempt = h.activate(1_000, 1, 30_000)[0].attempt;
-    let fail = Command::Fail { key, attempt, retries: 2, error_message: "boom".into(), back_off_ms: 0 };
+    let fail = Command::Fail {
+        key,
+        attempt,
+        retries: 2,
+        error_message: "boom".into(),
+        back_off_ms: 0,
+        variables: Bytes::new(),
+        max_payload_bytes: u64::MAX,
+    };
     assert_eq!(h.run(2_000, fail.clone()), CommandResult::Done);
     assert_eq!(h.run(2_100, fail.clone()), CommandResult::Done);
     assert_eq!(h.state.job(key).unwrap().retries, 2, "the repeat changed nothing");
     // Once the job is activated again, the old attempt's failure is refused.
     h.activate(3_000, 1, 30_000);
     assert!(matches!(h.run(3_100, fail), CommandResult::Rejected(_)));
+}
+
+fn fail_with(key: JobKey, variables: &str, max_payload_bytes: u64) -> Command {
+    Command::Fail {
+        key,
+        attempt: 1,
+        retries: 2,
+        error_message: "flaky".into(),
+        back_off_ms: 0,
+        variables: Bytes::copy_from_slice(variables.as_bytes()),
+        max_payload_bytes,
+    }
+}
+
+#[test]
+fn fail_merges_its_variables_into_the_job_for_the_next_attempt() {
+    let mut h = Harness::new();
+    let created = spec(0);
+    let new_job = NewJob {
+        spec: Arc::clone(&created),
+        retries: 3,
+        run_at: None,
+        delay_ms: 0,
+        request: None,
+        dedupe_window_ms: 0,
+    };
+    let CommandResult::Created { key, .. } = h.run(1_000, Command::Create(new_job)) else { panic!("create failed") };
+    h.activate(1_000, 1, 10_000);
+    let result = h.run(1_100, fail_with(key, r#"{"to":"b@c.d","tries":{"smtp":1}}"#, u64::MAX));
+    assert_eq!(result, CommandResult::Done);
+
+    let merged = r#"{"to":"b@c.d","tries":{"smtp":1}}"#;
+    assert_eq!(&h.state.job(key).unwrap().spec.variables[..], merged.as_bytes());
+    assert_eq!(&created.variables[..], br#"{"to":"a@b.c"}"#, "the spec shared with the create is not changed");
+    let again = h.activate(1_200, 1, 10_000);
+    assert_eq!(&again[0].spec.variables[..], merged.as_bytes(), "the next attempt sees them");
+    assert_eq!(again[0].spec.custom_headers, spec(0).custom_headers);
+}
+
+#[test]
+fn fail_variables_that_are_not_an_object_or_too_large_change_nothing() {
+    let mut h = Harness::new();
+    let key = h.create(1_000, 0);
+    h.activate(1_000, 1, 10_000);
+    let before = h.state.job(key).unwrap().clone();
+
+    let error = Harness::rejected(h.run(1_100, fail_with(key, "[1]", u64::MAX)));
+    assert_eq!(error.kind, ErrorKind::InvalidArgument);
+    let error = Harness::rejected(h.run(1_100, fail_with(key, r#"{"blob":"0123456789"}"#, 40)));
+    assert_eq!(error.kind, ErrorKind::ResourceExhausted);
+    assert!(error.message.contains("max_payload_bytes"), "{}", error.message);
+    assert_eq!(h.state.job(key), Some(&before), "a refused failure leaves the job activated as it was");
+
+    // Replacing a value with one no larger is within the limit.
+    assert_eq!(h.run(1_100, fail_with(key, r#"{"to":"x"}"#, 30)), CommandResult::Done);
+    assert_eq!(&h.state.job(key).unwrap().spec.variables[..], br#"{"to":"x"}"#);
 }

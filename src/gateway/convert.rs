@@ -59,6 +59,11 @@ impl Limits {
 }
 
 pub const MAX_TYPE_LEN: usize = 255;
+/// Longest tenant id, in bytes.
+pub const MAX_TENANT_LEN: usize = 255;
+/// Most tenants one worker may name. Every replica walks the list for each job
+/// it activates, so the list is bounded like any other per-job cost.
+pub const MAX_TENANTS_PER_WORKER: usize = 100;
 
 pub fn job_type(value: &str) -> Result<(), ApiError> {
     if value.is_empty() {
@@ -91,15 +96,55 @@ pub fn json_object(field: &str, text: String) -> Result<Bytes, ApiError> {
     Ok(Bytes::from(text))
 }
 
-fn tenants(requested: Vec<String>) -> Vec<String> {
+/// A tenant id as a client sent it: empty means the default tenant.
+pub fn tenant_id(field: &str, value: String) -> Result<String, ApiError> {
+    if value.is_empty() {
+        return Ok(DEFAULT_TENANT.to_string());
+    }
+    if value.len() > MAX_TENANT_LEN {
+        return Err(ApiError::InvalidArgument(format!(
+            "{field} is {} bytes long; at most {MAX_TENANT_LEN} are allowed",
+            value.len()
+        )));
+    }
+    if value.chars().any(char::is_control) {
+        return Err(ApiError::InvalidArgument(format!("{field} must not contain control characters")));
+    }
+    Ok(value)
+}
+
+/// A failure's variables: empty (none) or a JSON object within the payload
+/// limit. The engine merges them into the job's and checks the merged size.
+pub fn failure_variables(text: String, limits: &Limits) -> Result<Bytes, ApiError> {
+    if text.trim().is_empty() {
+        return Ok(Bytes::new());
+    }
+    if text.len() > limits.max_payload_bytes {
+        return Err(ApiError::ResourceExhausted(format!(
+            "the failure's variables are {} bytes; this node accepts at most {} (setting max_payload_bytes)",
+            text.len(),
+            limits.max_payload_bytes
+        )));
+    }
+    json_object("variables", text)
+}
+
+fn tenants(requested: Vec<String>) -> Result<Vec<String>, ApiError> {
+    if requested.len() > MAX_TENANTS_PER_WORKER {
+        return Err(ApiError::InvalidArgument(format!(
+            "tenant_ids names {} tenants; a worker may name at most {MAX_TENANTS_PER_WORKER}; \
+             run one worker per group of tenants",
+            requested.len()
+        )));
+    }
     let mut tenants: Vec<String> =
-        requested.into_iter().map(|t| if t.is_empty() { DEFAULT_TENANT.to_string() } else { t }).collect();
+        requested.into_iter().map(|t| tenant_id("each of tenant_ids", t)).collect::<Result<_, _>>()?;
     if tenants.is_empty() {
         tenants.push(DEFAULT_TENANT.to_string());
     }
     tenants.sort();
     tenants.dedup();
-    tenants
+    Ok(tenants)
 }
 
 /// Validates a create. `gateway_request` names it when it carries no
@@ -134,7 +179,7 @@ pub fn new_job(
     let variables = json_object("variables", request.variables)?;
     let mut custom_headers: Vec<(String, String)> = request.custom_headers.into_iter().collect();
     custom_headers.sort();
-    let tenant = if request.tenant_id.is_empty() { DEFAULT_TENANT.to_string() } else { request.tenant_id };
+    let tenant = tenant_id("tenant_id", request.tenant_id)?;
     let (request_id, dedupe_window_ms) = if request.idempotency_key.is_empty() {
         if request.idempotency_window != 0 {
             return Err(ApiError::InvalidArgument("idempotency_window needs an idempotency_key".into()));
@@ -255,7 +300,7 @@ pub fn worker_spec(
         worker: if worker.is_empty() { "default".into() } else { worker },
         timeout_ms,
         fetch_variables,
-        tenants: tenants(tenant_ids),
+        tenants: tenants(tenant_ids)?,
     })
 }
 
@@ -376,7 +421,17 @@ mod tests {
 
     #[test]
     fn tenants_are_a_set_with_a_default() {
-        assert_eq!(tenants(vec![]), vec![DEFAULT_TENANT.to_string()]);
-        assert_eq!(tenants(vec!["b".into(), "a".into(), "b".into()]), vec!["a".to_string(), "b".to_string()]);
+        assert_eq!(tenants(vec![]).unwrap(), vec![DEFAULT_TENANT.to_string()]);
+        assert_eq!(tenants(vec!["b".into(), "a".into(), "b".into()]).unwrap(), vec!["a".to_string(), "b".to_string()]);
+    }
+
+    #[test]
+    fn tenant_lists_and_ids_are_bounded() {
+        let many = |n: usize| (0..n).map(|i| format!("t{i}")).collect::<Vec<_>>();
+        assert_eq!(tenants(many(MAX_TENANTS_PER_WORKER)).unwrap().len(), MAX_TENANTS_PER_WORKER);
+        assert!(matches!(tenants(many(MAX_TENANTS_PER_WORKER + 1)), Err(ApiError::InvalidArgument(_))));
+        assert!(tenants(vec!["x".repeat(MAX_TENANT_LEN + 1)]).is_err());
+        assert!(tenants(vec!["a\nb".into()]).is_err());
+        assert_eq!(tenant_id("tenant_id", String::new()).unwrap(), DEFAULT_TENANT);
     }
 }

@@ -83,6 +83,7 @@ impl From<CommandError> for ApiError {
             ErrorKind::InvalidArgument => ApiError::InvalidArgument(e.message),
             ErrorKind::NotFound => ApiError::NotFound(e.message),
             ErrorKind::FailedPrecondition => ApiError::FailedPrecondition(e.message),
+            ErrorKind::ResourceExhausted => ApiError::ResourceExhausted(e.message),
         }
     }
 }

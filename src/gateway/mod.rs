@@ -6,6 +6,7 @@
 //! job's key, and sends commands to that partition's leader wherever it runs.
 
 mod aggregator;
+mod chunks;
 pub mod convert;
 pub mod error;
 mod observe;
@@ -13,27 +14,55 @@ pub mod router;
 mod service;
 pub mod streams;
 
-use std::time::Duration;
+use std::time::{Duration, Instant};
 
 pub use convert::Limits;
 pub use error::ApiError;
 pub use observe::Observe;
 pub use service::{cluster_status, cluster_status_json, GatewayService};
 
-/// Parses a `grpc-timeout` header value (`100m`, `5S`, ...).
+/// Parses a `grpc-timeout` header value (`100m`, `5S`, ...) as gRPC defines it:
+/// one to eight ASCII digits and a unit (`H`, `M`, `S`, `m`, `u`, `n`).
+/// Anything else, such as `18446744073709551615S`, is `None`: no deadline a
+/// client can send overflows a clock.
 pub fn parse_grpc_timeout(value: &str) -> Option<Duration> {
-    if value.len() < 2 {
+    let digits = value.get(..value.len().checked_sub(1)?)?;
+    if digits.is_empty() || digits.len() > MAX_GRPC_TIMEOUT_DIGITS || !digits.bytes().all(|b| b.is_ascii_digit()) {
         return None;
     }
-    let (digits, unit) = value.split_at(value.len() - 1);
     let amount: u64 = digits.parse().ok()?;
-    Some(match unit {
-        "H" => Duration::from_secs(amount.saturating_mul(3600)),
-        "M" => Duration::from_secs(amount.saturating_mul(60)),
+    Some(match &value[digits.len()..] {
+        "H" => Duration::from_secs(amount * 3600),
+        "M" => Duration::from_secs(amount * 60),
         "S" => Duration::from_secs(amount),
         "m" => Duration::from_millis(amount),
         "u" => Duration::from_micros(amount),
         "n" => Duration::from_nanos(amount),
         _ => return None,
     })
+}
+
+/// gRPC allows at most eight digits in a `grpc-timeout` value.
+pub const MAX_GRPC_TIMEOUT_DIGITS: usize = 8;
+
+/// `now + timeout`, or `None` where the platform's clock cannot represent it.
+pub fn deadline_after(timeout: Duration) -> Option<Instant> {
+    Instant::now().checked_add(timeout)
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+
+    #[test]
+    fn grpc_timeouts_have_one_to_eight_digits_and_a_unit() {
+        assert_eq!(parse_grpc_timeout("100m"), Some(Duration::from_millis(100)));
+        assert_eq!(parse_grpc_timeout("5S"), Some(Duration::from_secs(5)));
+        assert_eq!(parse_grpc_timeout("99999999H"), Some(Duration::from_secs(99_999_999 * 3600)));
+        assert_eq!(parse_grpc_timeout("7n"), Some(Duration::from_nanos(7)));
+        for invalid in ["", "S", "5", "5s", "-5S", "+5S", " 5S", "123456789m", "18446744073709551615S", "5SS", "5µ"] {
+            assert_eq!(parse_grpc_timeout(invalid), None, "{invalid:?}");
+        }
+        assert!(deadline_after(parse_grpc_timeout("99999999H").unwrap()).is_some());
+    }
 }

@@ -1,7 +1,9 @@
 //! Counts client gRPC requests by method and status code, as a wrapper around
 //! the gateway service. Errors answered before any message (every
 //! unary error) carry their code in the response headers; a response without
-//! one is counted as `Ok` (for streams: opened).
+//! one is counted as `Ok` (for streams: opened). Paths the gateway does not
+//! serve answer UNIMPLEMENTED and are counted as `method="unknown"`, so a
+//! client inventing paths adds no series.
 
 use std::future::Future;
 use std::pin::Pin;
@@ -47,8 +49,12 @@ where
                 .get("grpc-status")
                 .and_then(|v| v.to_str().ok())
                 .and_then(|v| v.parse::<i32>().ok())
-                .map(|c| format!("{:?}", tonic::Code::from_i32(c)))
-                .unwrap_or_else(|| "Ok".to_string());
+                .map(tonic::Code::from_i32)
+                .unwrap_or(tonic::Code::Ok);
+            // The path is the client's to choose; only methods the gateway has
+            // (it never answers UNIMPLEMENTED itself) get a label of their own.
+            let method = if code == tonic::Code::Unimplemented { "unknown".to_string() } else { method };
+            let code = format!("{code:?}");
             metrics::counter!("drover_grpc_requests_total", "method" => method, "code" => code).increment(1);
             Ok(response)
         })

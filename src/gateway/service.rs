@@ -10,6 +10,7 @@ use tokio::sync::broadcast::error::RecvError;
 use tonic::{Request, Response, Status, Streaming};
 use tracing::Instrument;
 
+use super::chunks::BudgetChunks;
 use super::convert::{self, WorkerSpec};
 use super::error::ApiError;
 use super::router;
@@ -28,6 +29,9 @@ type BoxStream<T> = Pin<Box<dyn Stream<Item = Result<T, Status>> + Send>>;
 
 /// Requests of a client stream read together into one batch per partition.
 const STREAM_CHUNK: usize = 1024;
+/// A chunk also closes when its requests reach this many bytes, so a stream
+/// holds at most `STREAM_CHUNKS_IN_FLIGHT` × (this + one request) in memory.
+const STREAM_CHUNK_BYTES: usize = 1 << 20;
 /// Chunks of a client stream in flight at once.
 const STREAM_CHUNKS_IN_FLIGHT: usize = 4;
 
@@ -40,14 +44,28 @@ impl GatewayService {
         GatewayService { ctx }
     }
 
-    fn deadline<T>(&self, request: &Request<T>) -> Instant {
-        let timeout = request
-            .metadata()
-            .get("grpc-timeout")
-            .and_then(|v| v.to_str().ok())
-            .and_then(super::parse_grpc_timeout)
-            .unwrap_or(self.ctx.request_timeout);
-        Instant::now() + timeout
+    /// The request's deadline: its `grpc-timeout`, or the node's request
+    /// timeout without one. A header that is not a valid gRPC timeout is the
+    /// client's mistake and answered INVALID_ARGUMENT, not guessed around.
+    fn deadline<T>(&self, request: &Request<T>) -> Result<Instant, ApiError> {
+        let Some(header) = request.metadata().get("grpc-timeout") else {
+            return Ok(self.default_deadline());
+        };
+        let text = header.to_str().unwrap_or_default();
+        let timeout = super::parse_grpc_timeout(text).ok_or_else(|| {
+            ApiError::InvalidArgument(format!(
+                "the grpc-timeout header {text:?} is not a gRPC timeout: it must be 1 to {} digits and a unit \
+                 (H, M, S, m, u or n), like 30S",
+                super::MAX_GRPC_TIMEOUT_DIGITS
+            ))
+        })?;
+        // Eight digits of hours fit any clock we run on; should one not, the
+        // client gets the default rather than a panic.
+        Ok(super::deadline_after(timeout).unwrap_or_else(|| self.default_deadline()))
+    }
+
+    fn default_deadline(&self) -> Instant {
+        Instant::now() + self.ctx.request_timeout
     }
 
     /// Runs one command on the partition of `key`.
@@ -118,18 +136,20 @@ fn key_of(key: u64) -> Result<JobKey, ApiError> {
     Ok(JobKey(key))
 }
 
-/// Answers a client stream in chunks: the requests waiting are read together,
+/// Answers a client stream in chunks: the requests waiting are read together
+/// (at most [`STREAM_CHUNK`] of them and about [`STREAM_CHUNK_BYTES`]),
 /// handled as one batch per partition by `handle`, and answered in order. A
 /// broken inbound stream ends the answers with its status.
-fn chunked<Req, Resp, F, Fut>(inbound: Streaming<Req>, handle: F) -> BoxStream<Resp>
+fn chunked<In, Req, Resp, F, Fut>(inbound: In, handle: F) -> BoxStream<Resp>
 where
-    Req: Send + 'static,
+    In: Stream<Item = Result<Req, Status>> + Unpin + Send + 'static,
+    Req: prost::Message + Send + 'static,
     Resp: Send + 'static,
     F: Fn(Vec<Req>) -> Fut + Send + 'static,
     Fut: std::future::Future<Output = Vec<Resp>> + Send + 'static,
 {
-    let responses = inbound
-        .ready_chunks(STREAM_CHUNK)
+    let size = |item: &Result<Req, Status>| item.as_ref().map_or(0, prost::Message::encoded_len);
+    let responses = BudgetChunks::new(inbound, STREAM_CHUNK, STREAM_CHUNK_BYTES, size)
         .map(move |chunk| {
             let mut failed_read = None;
             let requests: Vec<Req> = chunk
@@ -311,7 +331,7 @@ impl Gateway for GatewayService {
     async fn create_job(&self, request: Request<CreateJobRequest>) -> Result<Response<CreateJobResponse>, Status> {
         let _running = self.ctx.request_started("create_job");
         let started = Instant::now();
-        let deadline = self.deadline(&request);
+        let deadline = self.deadline(&request)?;
         let traceparent = traceparent(&request);
         let span = tracing::info_span!("gateway.create_job", job_type = %request.get_ref().r#type, key = tracing::field::Empty);
         crate::trace_context::continue_trace(&span, &traceparent);
@@ -369,7 +389,7 @@ impl Gateway for GatewayService {
         &self,
         request: Request<ActivateJobsRequest>,
     ) -> Result<Response<Self::ActivateJobsStream>, Status> {
-        let _running = self.ctx.request_started("create_jobs");
+        let _running = self.ctx.request_started("activate_jobs");
         let request = request.into_inner();
         if request.max_jobs_to_activate <= 0 || request.max_jobs_to_activate > self.ctx.limits.max_jobs_to_activate {
             return Err(ApiError::InvalidArgument(format!(
@@ -395,7 +415,7 @@ impl Gateway for GatewayService {
         let max = request.max_jobs_to_activate as u32;
         let poll_for =
             Duration::from_millis(request.request_timeout.min(self.ctx.limits.max_request_timeout_ms) as u64);
-        let poll_deadline = Instant::now() + poll_for;
+        let poll_deadline = super::deadline_after(poll_for).unwrap_or_else(|| self.default_deadline());
         // Subscribe before the first attempt, so a job created between an empty
         // attempt and parking still wakes us.
         let mut available = self.ctx.available.subscribe();
@@ -480,7 +500,7 @@ impl Gateway for GatewayService {
         request: Request<CompleteJobRequest>,
     ) -> Result<Response<CompleteJobResponse>, Status> {
         let _running = self.ctx.request_started("complete_job");
-        let deadline = self.deadline(&request);
+        let deadline = self.deadline(&request)?;
         let span = tracing::info_span!(
             "gateway.complete_job",
             key = request.get_ref().key,
@@ -522,7 +542,7 @@ impl Gateway for GatewayService {
 
     async fn fail_job(&self, request: Request<FailJobRequest>) -> Result<Response<FailJobResponse>, Status> {
         let _running = self.ctx.request_started("fail_job");
-        let deadline = self.deadline(&request);
+        let deadline = self.deadline(&request)?;
         let request = request.into_inner();
         let key = key_of(request.key)?;
         self.ctx.gateway_streams.release(key, request.attempt);
@@ -538,15 +558,15 @@ impl Gateway for GatewayService {
             ))
             .into());
         }
-        if !request.variables.is_empty() {
-            convert::json_object("variables", request.variables)?;
-        }
+        let variables = convert::failure_variables(request.variables, &self.ctx.limits)?;
         let command = Command::Fail {
             key,
             attempt: request.attempt,
             retries: request.retries,
             error_message: request.error_message,
             back_off_ms: request.retry_back_off,
+            variables,
+            max_payload_bytes: self.ctx.limits.max_payload_bytes as u64,
         };
         self.one(key, command, deadline).await?;
         Ok(Response::new(FailJobResponse {}))
@@ -557,7 +577,7 @@ impl Gateway for GatewayService {
         request: Request<UpdateJobTimeoutRequest>,
     ) -> Result<Response<UpdateJobTimeoutResponse>, Status> {
         let _running = self.ctx.request_started("update_job_timeout");
-        let deadline = self.deadline(&request);
+        let deadline = self.deadline(&request)?;
         let request = request.into_inner();
         let key = key_of(request.key)?;
         if request.timeout <= 0 {
@@ -579,7 +599,7 @@ impl Gateway for GatewayService {
         request: Request<UpdateJobRetriesRequest>,
     ) -> Result<Response<UpdateJobRetriesResponse>, Status> {
         let _running = self.ctx.request_started("update_job_retries");
-        let deadline = self.deadline(&request);
+        let deadline = self.deadline(&request)?;
         let request = request.into_inner();
         let key = key_of(request.key)?;
         if request.retries < 0 {
@@ -593,7 +613,7 @@ impl Gateway for GatewayService {
 
     async fn cancel_job(&self, request: Request<CancelJobRequest>) -> Result<Response<CancelJobResponse>, Status> {
         let _running = self.ctx.request_started("cancel_job");
-        let deadline = self.deadline(&request);
+        let deadline = self.deadline(&request)?;
         let key = key_of(request.into_inner().key)?;
         self.one(key, Command::Cancel { key }, deadline).await?;
         Ok(Response::new(CancelJobResponse {}))
@@ -601,7 +621,7 @@ impl Gateway for GatewayService {
 
     async fn get_job(&self, request: Request<GetJobRequest>) -> Result<Response<GetJobResponse>, Status> {
         let _running = self.ctx.request_started("get_job");
-        let deadline = self.deadline(&request);
+        let deadline = self.deadline(&request)?;
         let key = key_of(request.into_inner().key)?;
         let job = router::describe(&self.ctx, key, deadline).await?;
         Ok(Response::new(GetJobResponse { job: Some(convert::job(&job)) }))
@@ -683,4 +703,40 @@ pub async fn cluster_status_json(ctx: &Arc<NodeContext>) -> serde_json::Value {
             })
             .collect(),
     )
+}
+
+#[cfg(test)]
+mod tests {
+    use std::sync::Mutex;
+
+    use prost::Message;
+
+    use super::*;
+
+    #[tokio::test]
+    async fn a_stream_of_large_requests_is_held_in_chunks_within_the_byte_budget() {
+        let big = CreateJobRequest {
+            r#type: "t".into(),
+            variables: format!(r#"{{"blob":"{}"}}"#, "x".repeat(256 << 10)),
+            ..Default::default()
+        };
+        let one = big.encoded_len();
+        let requests = futures::stream::iter((0..40).map(move |_| Ok(big.clone())));
+        let chunk_bytes = Arc::new(Mutex::new(Vec::new()));
+        let seen = Arc::clone(&chunk_bytes);
+        let answers: Vec<_> = chunked(requests, move |chunk: Vec<CreateJobRequest>| {
+            seen.lock().unwrap().push(chunk.iter().map(Message::encoded_len).sum::<usize>());
+            async move { chunk.into_iter().map(|r| r.r#type).collect::<Vec<_>>() }
+        })
+        .collect()
+        .await;
+
+        assert_eq!(answers.len(), 40, "one answer per request");
+        assert!(answers.iter().all(|a| a.as_ref().is_ok_and(|t| t == "t")));
+        let chunk_bytes = chunk_bytes.lock().unwrap();
+        assert!(chunk_bytes.len() > 1, "40 requests of {one} bytes in one chunk");
+        for bytes in chunk_bytes.iter() {
+            assert!(*bytes < STREAM_CHUNK_BYTES + one, "a chunk of {bytes} bytes; the budget is {STREAM_CHUNK_BYTES}");
+        }
+    }
 }

@@ -566,6 +566,7 @@ async fn write(
             }
             let p = partition.to_string();
             for (job_type, outcome, count) in response.outcomes {
+                let job_type = crate::admin::job_type_label(job_type);
                 metrics::counter!("drover_jobs_total", "partition" => p.clone(), "type" => job_type, "outcome" => outcome.as_str())
                     .increment(count);
             }
