@@ -178,10 +178,6 @@ fn sm_read_err(e: impl std::error::Error + 'static) -> StorageError<NodeId> {
     StorageIOError::read_state_machine(&e).into()
 }
 
-fn sm_write_err(e: impl std::error::Error + 'static) -> StorageError<NodeId> {
-    StorageIOError::write_state_machine(&e).into()
-}
-
 impl StateMachine {
     /// Loads the partition's applied state and live jobs from storage.
     pub fn open(partition: PartitionId, store: Arc<Store>) -> anyhow::Result<(StateMachine, Arc<SharedState>)> {
@@ -314,7 +310,7 @@ impl RaftStateMachine<TypeConfig> for StateMachine {
         self.persist_meta(&mut batch, &inner);
         // Written under the lock: a snapshot or a lookup never sees a job gone
         // from memory whose final record is not yet stored.
-        self.store.write(batch).map_err(sm_write_err)?;
+        self.store.write(batch);
         drop(inner);
         Ok(responses)
     }
@@ -358,7 +354,7 @@ impl RaftStateMachine<TypeConfig> for StateMachine {
         inner.membership = meta.last_membership.clone();
         inner.finished = finished;
         self.persist_meta(&mut batch, &inner);
-        self.store.write_synced(batch).map_err(sm_write_err)?;
+        self.store.write_synced(batch);
         drop(inner);
         metrics::counter!("drover_raft_snapshots_installed_total", "partition" => self.partition.to_string())
             .increment(1);
