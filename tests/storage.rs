@@ -1,13 +1,17 @@
 //! Storage that is damaged or fails is never worked around: a corrupt WAL
-//! record refuses the open, and a failed WAL sync stops the node.
+//! record refuses the open, a failed WAL sync stops the node, and a node forms
+//! its groups once; one that lost its data rejoins from its peers instead.
 
 mod common;
 
+use std::io::Read;
 use std::path::{Path, PathBuf};
+use std::process::{Command, Stdio};
 use std::sync::mpsc;
-use std::time::Duration;
+use std::time::{Duration, Instant};
 
-use common::NodeProcess;
+use common::{drover_bin, eventually, NodeProcess, ProcessCluster};
+use drover::client::Client;
 use drover::storage::{self, StorageError, Store, Table};
 
 /// Log records appended, 1000 bytes each: a WAL of several 32 KiB blocks.
@@ -135,4 +139,92 @@ async fn a_failed_wal_sync_stops_the_node_and_nothing_after_it_is_acknowledged()
     for key in &acknowledged {
         client.get_job(*key).await.unwrap_or_else(|e| panic!("acknowledged job {key} lost: {e}"));
     }
+}
+
+#[tokio::test]
+async fn a_node_whose_database_lost_its_raft_state_refuses_to_start_instead_of_forming_again() {
+    let dir = tempfile::tempdir().unwrap();
+    let data = dir.path().join("data");
+    let mut node = NodeProcess::start(&data, &[]);
+    node.wait_ready().await;
+    node.client().await.create_job("formed", "{}").await.unwrap();
+    node.signal(libc::SIGTERM);
+    assert!(node.child.wait().unwrap().success());
+    drop(node);
+
+    // The database goes; the data directory's record that the node formed stays.
+    std::fs::remove_dir_all(data.join("db")).unwrap();
+    let mut node = Command::new(drover_bin())
+        .arg("serve")
+        .arg("--data-dir")
+        .arg(&data)
+        .args(["--grpc-addr", "127.0.0.1:0", "--cluster-addr", "127.0.0.1:0", "--admin-addr", "127.0.0.1:0"])
+        .stdout(Stdio::null())
+        .stderr(Stdio::piped())
+        .spawn()
+        .unwrap();
+    let started = Instant::now();
+    let status = loop {
+        if let Some(status) = node.try_wait().unwrap() {
+            break status;
+        }
+        if started.elapsed() > Duration::from_secs(30) {
+            node.kill().unwrap();
+            panic!("the node formed its partition again and is serving");
+        }
+        tokio::time::sleep(Duration::from_millis(20)).await;
+    };
+    let mut stderr = String::new();
+    node.stderr.take().unwrap().read_to_string(&mut stderr).unwrap();
+    assert!(!status.success(), "{stderr}");
+    assert!(stderr.contains("partition 0 before") && stderr.contains("Re-seed this node"), "{stderr}");
+}
+
+/// The formation a node's data directory records (`cluster.json`).
+fn formation(data_dir: &Path) -> Option<String> {
+    let text = std::fs::read_to_string(data_dir.join("cluster.json")).ok()?;
+    let record: serde_json::Value = serde_json::from_str(&text).ok()?;
+    record["formation"].as_str().map(str::to_string)
+}
+
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn a_wiped_node_rejoins_with_join_existing_and_catches_up_from_its_peers() {
+    let fast = ["--heartbeat-ms", "50", "--election-timeout-ms", "300"];
+    // Snapshots every 50 entries and the log purged behind them: the wiped
+    // node can only be sent a snapshot.
+    let snapshots = ["--snapshot-every", "50", "--log-keep-after-snapshot", "5"];
+    let mut cluster = ProcessCluster::start(3, 2, 3, &[&fast[..], &snapshots[..]].concat());
+    cluster.wait_ready().await;
+    assert_eq!(formation(&cluster.data_dir(2)).as_deref(), Some("formed"));
+    let client = Client::connect(&cluster.gateway(0)).await.unwrap();
+    let mut keys = Vec::new();
+    for n in 0..150 {
+        keys.push(client.create_job("rejoin", &format!(r#"{{"n":{n}}}"#)).await.unwrap());
+    }
+
+    cluster.kill(2);
+    std::fs::remove_dir_all(cluster.data_dir(2)).unwrap();
+    cluster.start_node_with(2, &["--join-existing"]);
+    let data_dir = cluster.data_dir(2);
+    eventually(Duration::from_secs(30), "node 2 to catch up with both leaders and record that it joined", || {
+        let formed = formation(&data_dir).as_deref() == Some("formed");
+        async move { formed }
+    })
+    .await;
+
+    // Node 2 is a full replica again: with node 0 gone, nodes 1 and 2 elect
+    // leaders (node 2 votes now) and serve every job.
+    cluster.kill(0);
+    let client = Client::connect(&cluster.gateway(1)).await.unwrap();
+    for key in &keys {
+        let job = client.get_job(*key).await.unwrap_or_else(|e| panic!("job {key} after the rejoin: {e}"));
+        assert_eq!(job.state, "activatable");
+    }
+    client.create_job("rejoin", "{}").await.expect("nodes 1 and 2 commit a new create");
+    let cluster = &cluster;
+    eventually(Duration::from_secs(10), "node 2 to have applied as far as node 1 on both partitions", || async move {
+        let (Some(one), Some(two)) = (cluster.status(1).await, cluster.status(2).await) else { return false };
+        one.iter().all(|p| two.iter().any(|q| q.partition == p.partition && q.applied_index == p.applied_index))
+    })
+    .await;
 }

@@ -285,8 +285,8 @@ impl Store {
         self.writer.stats()
     }
 
-    /// Syncs the WAL; used on graceful shutdown. A failed sync ends the
-    /// process.
+    /// Syncs the WAL (on graceful shutdown, and before the node records that
+    /// it formed). A failed sync ends the process.
     pub fn flush(&self) {
         if let Err(e) = self.db.flush_wal(true) {
             writer::fail_stop("WAL sync", &e);
