@@ -38,6 +38,9 @@ pub struct Node {
 
 impl Node {
     pub async fn start(config: NodeConfig) -> anyhow::Result<Node> {
+        // Before anything records: a counter bumped before the recorder is
+        // installed (a leader elected during start-up, say) is lost.
+        crate::admin::register_metrics();
         let cluster_listener = TcpListener::bind(config.cluster_addr)
             .await
             .with_context(|| format!("binding the cluster address {}", config.cluster_addr))?;
