@@ -22,11 +22,20 @@ if [ ${#need[@]} -gt 0 ]; then
   echo "installing: ${need[*]}"
   SUDO=""
   if [ "$(id -u)" != 0 ]; then SUDO="sudo"; fi
+  # The prometheus package would start a server at install time; the tests
+  # start their own on loopback ports. Rather than stop anything afterwards
+  # (it could be the user's), keep services from starting during the install:
+  # a policy-rc.d that says "no" (exit 101) to every start, created only if
+  # none exists and removed when this script ends.
+  policy=/usr/sbin/policy-rc.d
+  if [ ! -e "$policy" ]; then
+    trap '$SUDO rm -f "$policy"' EXIT
+    printf '#!/bin/sh\n# Written by drover scripts/setup.sh for one install; removed after it.\nexit 101\n' \
+      | $SUDO tee "$policy" >/dev/null
+    $SUDO chmod 755 "$policy"
+  fi
   $SUDO apt-get update -qq
   DEBIAN_FRONTEND=noninteractive $SUDO apt-get install -y -qq --no-install-recommends "${need[@]}" >/dev/null
-  # The package starts a Prometheus server; tests start their own.
-  if command -v systemctl >/dev/null 2>&1; then $SUDO systemctl stop prometheus >/dev/null 2>&1 || true; fi
-  $SUDO pkill -x prometheus >/dev/null 2>&1 || true
 fi
 
 tools="${DROVER_TOOLS:-$HOME/.cache/drover-tools/bin}"

@@ -49,6 +49,12 @@ pub struct ServeArgs {
     /// same list on every node. [default: this node alone]
     #[arg(long, env = "DROVER_MEMBERS", value_delimiter = ',')]
     pub members: Option<Vec<String>>,
+    /// On an empty data directory, join the existing cluster instead of
+    /// forming it: each partition's leader copies it here. For re-seeding a
+    /// node that lost its data (docs/operations.md); ignored once the node
+    /// has formed or joined. [default: false]
+    #[arg(long, env = "DROVER_JOIN_EXISTING", num_args = 0..=1, default_missing_value = "true")]
+    pub join_existing: Option<bool>,
     /// Partitions in the cluster; fixed when the cluster first forms. [default: 1]
     #[arg(long, env = "DROVER_PARTITIONS")]
     pub partitions: Option<u32>,
@@ -129,6 +135,9 @@ pub struct NodeConfig {
     /// Node id -> node-to-node address. Empty: this node alone, at its bound
     /// cluster address.
     pub members: BTreeMap<NodeId, String>,
+    /// Join the existing cluster instead of forming it, if the data directory
+    /// has formed nothing yet (see [`crate::raft::Formation`]).
+    pub join_existing: bool,
     pub partitions: u32,
     pub replication_factor: u32,
     pub limits: Limits,
@@ -151,6 +160,7 @@ impl NodeConfig {
             cluster_addr: "127.0.0.1:0".parse().expect("literal"),
             admin_addr: "127.0.0.1:0".parse().expect("literal"),
             members: BTreeMap::new(),
+            join_existing: false,
             partitions: 1,
             replication_factor: 1,
             limits: Limits::default(),
@@ -292,6 +302,7 @@ impl ServeArgs {
             )?,
             admin_addr: parse_addr("admin address", &pick!(admin_addr).unwrap_or_else(|| "0.0.0.0:9600".into()))?,
             members,
+            join_existing: pick!(join_existing).unwrap_or(false),
             partitions,
             replication_factor,
             limits,

@@ -3,15 +3,14 @@
 //! shutdown. [`NodeContext`] is what every request handler shares.
 
 mod context;
+mod data_dir;
 mod supervisor;
 
 use std::net::SocketAddr;
-use std::path::Path;
 use std::sync::{Arc, OnceLock};
 use std::time::{Duration, Instant};
 
-use anyhow::{bail, Context as _};
-use serde::{Deserialize, Serialize};
+use anyhow::Context as _;
 use tokio::net::TcpListener;
 use tokio::sync::watch;
 use tokio::task::JoinHandle;
@@ -23,53 +22,8 @@ pub use context::NodeContext;
 use crate::config::NodeConfig;
 use crate::proto::cluster::cluster_server::ClusterServer;
 use crate::proto::gateway::gateway_server::GatewayServer;
-use crate::raft::{PeerChannels, Replica};
+use crate::raft::{Formation, PeerChannels, Replica};
 use crate::storage::Store;
-
-/// What a data directory was formed with; a node refuses to start on a data
-/// directory formed with other settings.
-#[derive(Debug, PartialEq, Serialize, Deserialize)]
-struct Identity {
-    node_id: u64,
-    partitions: u32,
-    replication_factor: u32,
-    cluster_size: u32,
-}
-
-fn check_identity(dir: &Path, identity: &Identity) -> anyhow::Result<()> {
-    std::fs::create_dir_all(dir).with_context(|| format!("creating data directory {}", dir.display()))?;
-    let path = dir.join("cluster.json");
-    match std::fs::read_to_string(&path) {
-        Ok(text) => {
-            let stored: Identity =
-                serde_json::from_str(&text).with_context(|| format!("reading {}", path.display()))?;
-            if &stored != identity {
-                bail!(
-                    "data directory {} was formed as node {} of a {}-node cluster with {} partitions and replication \
-                     factor {}, but this node is configured as node {} of {} nodes with {} partitions and replication \
-                     factor {}. These are fixed when a cluster forms: start with the original settings, or use an \
-                     empty data directory.",
-                    dir.display(),
-                    stored.node_id,
-                    stored.cluster_size,
-                    stored.partitions,
-                    stored.replication_factor,
-                    identity.node_id,
-                    identity.cluster_size,
-                    identity.partitions,
-                    identity.replication_factor
-                );
-            }
-            Ok(())
-        }
-        Err(e) if e.kind() == std::io::ErrorKind::NotFound => {
-            std::fs::write(&path, serde_json::to_string_pretty(identity)?)
-                .with_context(|| format!("writing {}", path.display()))?;
-            Ok(())
-        }
-        Err(e) => Err(e).with_context(|| format!("reading {}", path.display())),
-    }
-}
 
 /// A started node. Drop does not stop it; call [`Node::shutdown`].
 pub struct Node {
@@ -84,6 +38,9 @@ pub struct Node {
 
 impl Node {
     pub async fn start(config: NodeConfig) -> anyhow::Result<Node> {
+        // Before anything records: a counter bumped before the recorder is
+        // installed (a leader elected during start-up, say) is lost.
+        crate::admin::register_metrics();
         let cluster_listener = TcpListener::bind(config.cluster_addr)
             .await
             .with_context(|| format!("binding the cluster address {}", config.cluster_addr))?;
@@ -101,15 +58,13 @@ impl Node {
         if members.is_empty() {
             members.insert(config.node_id, cluster_addr.to_string());
         }
-        check_identity(
-            &config.data_dir,
-            &Identity {
-                node_id: config.node_id,
-                partitions: config.partitions,
-                replication_factor: config.replication_factor,
-                cluster_size: members.len() as u32,
-            },
-        )?;
+        let identity = data_dir::Identity {
+            node_id: config.node_id,
+            partitions: config.partitions,
+            replication_factor: config.replication_factor,
+            cluster_size: members.len() as u32,
+        };
+        let formation = data_dir::open(&config.data_dir, identity, config.join_existing)?;
         let store = Store::open(&config.data_dir.join("db"))
             .with_context(|| format!("opening storage in {}", config.data_dir.display()))?;
         // One limit on node-to-node messages, for every client and server.
@@ -147,11 +102,39 @@ impl Node {
                 continue;
             }
             let group = hosts.iter().map(|id| (*id, members[id].clone())).collect();
-            let replica =
-                Replica::start(partition, config.node_id, &group, Arc::clone(&store), peers.clone(), &raft_settings)
-                    .await
-                    .with_context(|| format!("starting partition {partition}"))?;
+            let replica = Replica::start(
+                partition,
+                config.node_id,
+                &group,
+                Arc::clone(&store),
+                peers.clone(),
+                &raft_settings,
+                formation,
+            )
+            .await
+            .with_context(|| format!("starting partition {partition}"))?;
             replicas.insert(partition, replica);
+        }
+        let mut background = Vec::new();
+        match formation {
+            Formation::Formed => {}
+            // Every group it hosts was formed now or had Raft state already.
+            Formation::New => {
+                store.flush();
+                data_dir::record_formed(&config.data_dir, identity)?;
+            }
+            Formation::Joining => {
+                tracing::warn!(
+                    "joining the cluster with an empty data directory: each partition's leader copies it here; \
+                     a partition votes once it has caught up"
+                );
+                background.push(tokio::spawn(record_formed_once_caught_up(
+                    config.data_dir.clone(),
+                    identity,
+                    Arc::clone(&store),
+                    replicas.values().cloned().collect(),
+                )));
+            }
         }
 
         let ctx = Arc::new(NodeContext::new(
@@ -165,7 +148,6 @@ impl Node {
         ));
         let _ = late_ctx.set(Arc::clone(&ctx));
 
-        let mut background = Vec::new();
         for replica in ctx.replicas.values() {
             background.push(tokio::spawn(supervisor::lead_while_leader(
                 Arc::clone(&ctx),
@@ -223,9 +205,27 @@ impl Node {
         for replica in self.ctx.replicas.values() {
             replica.shutdown().await;
         }
-        if let Err(e) = self.ctx.store.flush() {
-            tracing::error!("final storage sync failed: {e}");
+        self.ctx.store.flush();
+    }
+}
+
+/// Records a joining node as formed once every replica on it has caught up
+/// with its group's leader.
+async fn record_formed_once_caught_up(
+    dir: std::path::PathBuf,
+    identity: data_dir::Identity,
+    store: Arc<Store>,
+    replicas: Vec<Arc<Replica>>,
+) {
+    for replica in &replicas {
+        if !replica.caught_up().await {
+            return; // stopped before it caught up; the next start goes on joining
         }
+    }
+    store.flush();
+    match data_dir::record_formed(&dir, identity) {
+        Ok(()) => tracing::info!("every partition on this node has caught up with its leader: joined"),
+        Err(e) => tracing::error!("recording that this node joined: {e:#}; it will try again at its next start"),
     }
 }
 

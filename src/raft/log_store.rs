@@ -2,7 +2,9 @@
 //!
 //! Appends are durable before openraft hears of them: the write goes to the
 //! storage group-commit writer and `LogFlushed` fires only after the WAL sync
-//! that covers it. Votes are written synced before `save_vote` returns.
+//! that covers it. Votes are written synced before `save_vote` returns. A
+//! write or sync that fails ends the process (see [`crate::storage`]), so
+//! none of these report a write error to openraft.
 //!
 //! Replication reads at most [`MAX_APPEND_BYTES`] of entries for one append
 //! (at least one entry), so an append ships and syncs within a heartbeat and
@@ -49,10 +51,6 @@ impl LogStore {
 
 fn read_err(e: impl std::error::Error + 'static) -> StorageError<NodeId> {
     StorageIOError::read_logs(&e).into()
-}
-
-fn write_err(e: impl std::error::Error + 'static) -> StorageError<NodeId> {
-    StorageIOError::write_logs(&e).into()
 }
 
 impl RaftLogReader<TypeConfig> for LogStore {
@@ -119,7 +117,8 @@ impl RaftLogStorage<TypeConfig> for LogStore {
         let mut batch = self.store.batch();
         batch.put(Table::Meta, meta_key(self.partition, VOTE), storage::encode(vote));
         // A vote must never be forgotten: synced before we answer.
-        self.store.write_synced(batch).map_err(|e| StorageIOError::write_vote(&e).into())
+        self.store.write_synced(batch);
+        Ok(())
     }
 
     async fn read_vote(&mut self) -> Result<Option<Vote<NodeId>>, StorageError<NodeId>> {
@@ -129,7 +128,8 @@ impl RaftLogStorage<TypeConfig> for LogStore {
     async fn save_committed(&mut self, committed: Option<LogId<NodeId>>) -> Result<(), StorageError<NodeId>> {
         let mut batch = self.store.batch();
         batch.put(Table::Meta, meta_key(self.partition, COMMITTED), storage::encode(&committed));
-        self.store.write(batch).map_err(write_err)
+        self.store.write(batch);
+        Ok(())
     }
 
     async fn read_committed(&mut self) -> Result<Option<LogId<NodeId>>, StorageError<NodeId>> {
@@ -150,28 +150,31 @@ impl RaftLogStorage<TypeConfig> for LogStore {
         metrics::counter!("drover_raft_entries_appended_total").increment(count);
         // The entries are written (readable) when this returns; openraft learns
         // they are durable from the callback, after the group sync that covers
-        // them. Returning before the sync lets the leader replicate in parallel
-        // with its own sync; nothing counts as committed before the callback.
-        self.store
-            .write_durable(
-                batch,
-                Box::new(move |result: Result<(), String>| {
-                    callback.log_io_completed(result.map_err(io::Error::other));
-                }),
-            )
-            .map_err(write_err)
+        // them. openraft 0.9 awaits that callback (`append_to_log`) before it
+        // does anything else for the group: a leader replicates the entries,
+        // and a follower answers the leader, only after this node's sync.
+        // Returning early only lets the sync be shared with other partitions.
+        self.store.write_durable(
+            batch,
+            Box::new(move |result: Result<(), String>| {
+                callback.log_io_completed(result.map_err(io::Error::other));
+            }),
+        );
+        Ok(())
     }
 
     async fn truncate(&mut self, log_id: LogId<NodeId>) -> Result<(), StorageError<NodeId>> {
         let mut batch = self.store.batch();
         batch.delete_ids(Table::Log, self.partition, log_id.index..u64::MAX);
-        self.store.write_synced(batch).map_err(write_err)
+        self.store.write_synced(batch);
+        Ok(())
     }
 
     async fn purge(&mut self, log_id: LogId<NodeId>) -> Result<(), StorageError<NodeId>> {
         let mut batch = self.store.batch();
         batch.put(Table::Meta, meta_key(self.partition, PURGED), storage::encode(&log_id));
         batch.delete_ids(Table::Log, self.partition, 0..log_id.index + 1);
-        self.store.write(batch).map_err(write_err)
+        self.store.write(batch);
+        Ok(())
     }
 }

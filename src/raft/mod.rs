@@ -5,11 +5,16 @@
 //! Raft RPCs over the cluster gRPC service, and [`Replica`]: one partition's Raft
 //! handle plus the state the rest of the node may read. Everything outside sees
 //! Drover's own types: [`Replica::write`], [`ReplicaStatus`], [`WriteError`].
+//!
+//! A group is formed (`initialize`) only on the cluster's first start, and a
+//! node whose data directory was wiped joins its groups without forming them:
+//! see [`formation`] for the rules and why.
 
 // openraft's storage traits dictate `StorageError` as the error type; its size
 // is not ours to change.
 #![allow(clippy::result_large_err)]
 
+mod formation;
 mod log_store;
 mod network;
 mod state_machine;
@@ -18,11 +23,15 @@ use std::collections::BTreeMap;
 use std::sync::Arc;
 use std::time::Duration;
 
-use openraft::error::{ClientWriteError, InitializeError, RaftError};
-use openraft::{BasicNode, Config, Raft, ServerState, SnapshotPolicy};
+use anyhow::bail;
+use openraft::error::{ClientWriteError, RaftError};
+use openraft::raft::AppendEntriesRequest;
+use openraft::{BasicNode, Config, LogId, Raft, RaftMetrics, ServerState, SnapshotPolicy};
 use serde::{Deserialize, Serialize};
 use tokio::sync::watch;
 
+use formation::CatchUp;
+pub use formation::Formation;
 pub use network::{ClusterNetwork, PeerChannels};
 pub use state_machine::SharedState;
 
@@ -124,12 +133,14 @@ pub struct Replica {
     node_id: NodeId,
     raft: Raft<TypeConfig>,
     shared: Arc<SharedState>,
+    /// Set while this replica is joining: it grants no votes until caught up.
+    catch_up: Option<CatchUp>,
 }
 
 impl Replica {
     /// Opens the partition's log and state from storage and starts its group.
-    /// On first start, the group is initialised with `members`; later starts
-    /// find their membership in the log.
+    /// A group with no Raft state here is formed from `members` only when
+    /// `formation` is [`Formation::New`]; see [`formation`].
     pub async fn start(
         partition: PartitionId,
         node_id: NodeId,
@@ -137,6 +148,7 @@ impl Replica {
         store: Arc<Store>,
         peers: PeerChannels,
         settings: &RaftSettings,
+        formation: Formation,
     ) -> anyhow::Result<Arc<Replica>> {
         let config = Config {
             cluster_name: format!("drover-partition-{partition}"),
@@ -159,14 +171,67 @@ impl Replica {
             state_machine::StateMachine::open(partition, store, settings.snapshot_dir.clone())?;
         let network = ClusterNetwork::new(partition, peers);
         let raft = Raft::new(node_id, config, network, log, state_machine).await?;
-        let nodes: BTreeMap<NodeId, BasicNode> =
-            members.iter().map(|(id, addr)| (*id, BasicNode { addr: addr.clone() })).collect();
-        match raft.initialize(nodes).await {
-            Ok(()) => {}
-            Err(RaftError::APIError(InitializeError::NotAllowed(_))) => {} // formed before
-            Err(e) => return Err(anyhow::anyhow!("initialise partition {partition}: {e}")),
+        // A vote or any log entry (or a purge point) is Raft state.
+        let has_raft_state = raft.is_initialized().await?;
+        if !has_raft_state {
+            match formation {
+                Formation::New => {
+                    let nodes: BTreeMap<NodeId, BasicNode> =
+                        members.iter().map(|(id, addr)| (*id, BasicNode { addr: addr.clone() })).collect();
+                    if let Err(e) = raft.initialize(nodes).await {
+                        bail!("forming partition {partition}: {e}");
+                    }
+                }
+                // Its leader copies the group here.
+                Formation::Joining if members.len() > 1 => {}
+                Formation::Joining => {
+                    raft.shutdown().await.ok();
+                    bail!(
+                        "partition {partition} has no replica but this node's, so --join-existing has nothing to \
+                         copy it from"
+                    );
+                }
+                Formation::Formed => {
+                    raft.shutdown().await.ok();
+                    bail!(
+                        "this node formed or joined partition {partition} before, but its Raft state (vote and \
+                         log) is not in the database: storage lost data. The group is not formed again, which \
+                         would forget what this node promised its peers. Re-seed this node from its peers \
+                         (docs/operations.md, \"Re-seeding a node\")."
+                    );
+                }
+            }
         }
-        Ok(Arc::new(Replica { partition, node_id, raft, shared }))
+        // With no other replica there is no leader to catch up with.
+        let catch_up = (formation == Formation::Joining && members.len() > 1).then(CatchUp::new);
+        Ok(Arc::new(Replica { partition, node_id, raft, shared, catch_up }))
+    }
+
+    /// Waits until this replica may vote: at once unless it is joining, else
+    /// until it has applied what the first leader it heard from had committed
+    /// (see [`formation`]). False if the group stopped first.
+    pub async fn caught_up(&self) -> bool {
+        let Some(catch_up) = &self.catch_up else { return true };
+        let mut target = catch_up.subscribe();
+        let mut metrics = self.raft.metrics();
+        loop {
+            target.borrow_and_update();
+            if catch_up.caught_up(applied_count(&metrics.borrow_and_update())) {
+                return true;
+            }
+            let changed = tokio::select! {
+                changed = target.changed() => changed,
+                changed = metrics.changed() => changed,
+            };
+            if changed.is_err() {
+                return false;
+            }
+        }
+    }
+
+    /// Whether this replica may grant a vote now.
+    fn may_vote(&self) -> bool {
+        self.catch_up.as_ref().is_none_or(|c| c.caught_up(applied_count(&self.raft.metrics().borrow())))
     }
 
     /// Replicates one batch and returns what applying it produced. Resolves only
@@ -242,7 +307,19 @@ impl Replica {
         }
         let started = std::time::Instant::now();
         let encoded = match kind {
-            RpcKind::AppendEntries => bincode::serialize(&self.raft.append_entries(decode(payload)?).await),
+            RpcKind::AppendEntries => {
+                let request: AppendEntriesRequest<TypeConfig> = decode(payload)?;
+                if let Some(catch_up) = &self.catch_up {
+                    catch_up.heard_from_leader(count(request.leader_commit));
+                }
+                bincode::serialize(&self.raft.append_entries(request).await)
+            }
+            RpcKind::Vote if !self.may_vote() => {
+                return Err(format!(
+                    "node {} is re-seeding partition {} and votes once it has caught up with a leader",
+                    self.node_id, self.partition
+                ));
+            }
             RpcKind::Vote => bincode::serialize(&self.raft.vote(decode(payload)?).await),
             RpcKind::InstallSnapshot => bincode::serialize(&self.raft.install_snapshot(decode(payload)?).await),
         };
@@ -250,6 +327,15 @@ impl Replica {
             .record(started.elapsed().as_secs_f64());
         encoded.map_err(|e| format!("encode raft reply: {e}"))
     }
+}
+
+/// Entries up to and including `log_id`: its index + 1, or 0 for none.
+fn count(log_id: Option<LogId<NodeId>>) -> u64 {
+    log_id.map_or(0, |l| l.index + 1)
+}
+
+fn applied_count(metrics: &RaftMetrics<NodeId, BasicNode>) -> u64 {
+    count(metrics.last_applied)
 }
 
 /// The three Raft RPCs carried by the cluster service.

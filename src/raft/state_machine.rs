@@ -225,6 +225,7 @@ fn sm_read_err(e: impl std::error::Error + 'static) -> StorageError<NodeId> {
     StorageIOError::read_state_machine(&e).into()
 }
 
+/// Snapshot files are the state machine's own writes besides RocksDB.
 fn sm_write_err(e: impl std::error::Error + 'static) -> StorageError<NodeId> {
     StorageIOError::write_state_machine(&e).into()
 }
@@ -387,7 +388,7 @@ impl RaftStateMachine<TypeConfig> for StateMachine {
         self.persist_meta(&mut batch, &inner);
         // Written under the lock: a snapshot or a lookup never sees a job gone
         // from memory whose final record is not yet stored.
-        self.store.write(batch).map_err(sm_write_err)?;
+        self.store.write(batch);
         drop(inner);
         Ok(responses)
     }
@@ -436,7 +437,7 @@ impl RaftStateMachine<TypeConfig> for StateMachine {
         inner.membership = meta.last_membership.clone();
         inner.finished = finished;
         self.persist_meta(&mut batch, &inner);
-        self.store.write_synced(batch).map_err(sm_write_err)?;
+        self.store.write_synced(batch);
         drop(inner);
         metrics::counter!("drover_raft_snapshots_installed_total", "partition" => self.partition.to_string())
             .increment(1);

@@ -10,14 +10,25 @@
 //! State-machine writes are not synced: they carry their applied log id in the
 //! same batch, so recovery always finds a consistent prefix and Raft re-applies
 //! the rest from the synced log.
+//!
+//! Failures are never worked around. A database damaged anywhere but in the
+//! torn last record of a WAL (a write that never finished, so was never
+//! acknowledged) is refused at open with [`StorageError::Corrupt`]: recovering
+//! around the damage would bring the node back with an older vote and a
+//! shorter log than it promised its peers. A write or a WAL sync that fails
+//! ends the process ([`writer::fail_stop`]): openraft cannot carry on a group
+//! whose storage refused a write, and a node that keeps answering without its
+//! groups is worse than one its supervisor restarts.
 
 mod writer;
 
 use std::ops::Range;
-use std::path::Path;
+use std::path::{Path, PathBuf};
 use std::sync::Arc;
 
-use rocksdb::{ColumnFamilyDescriptor, Direction, IteratorMode, Options, WriteBatch, WriteOptions, DB};
+use rocksdb::{
+    ColumnFamilyDescriptor, DBRecoveryMode, Direction, ErrorKind, IteratorMode, Options, WriteBatch, WriteOptions, DB,
+};
 
 pub use writer::SyncWriter;
 
@@ -36,6 +47,13 @@ const CF_REQUESTS: &str = "requests";
 pub enum StorageError {
     #[error("rocksdb: {0}")]
     RocksDb(#[from] rocksdb::Error),
+    #[error(
+        "the database in {} is damaged ({source}). Drover does not open a damaged database: recovering around \
+         the damage could forget votes and log entries this node acknowledged. Re-seed this node from its peers \
+         (docs/operations.md, \"Re-seeding a node\").",
+        dir.display()
+    )]
+    Corrupt { dir: PathBuf, source: rocksdb::Error },
     #[error("corrupt record in {what}: {source}")]
     Decode { what: &'static str, source: bincode::Error },
     #[error("{0}")]
@@ -125,7 +143,7 @@ impl Store {
     /// Opens (creating if needed) the node's database under `dir`.
     pub fn open(dir: &Path) -> Result<Arc<Store>, StorageError> {
         std::fs::create_dir_all(dir)?;
-        let mut opts = Options::default();
+        let mut opts = recovery_options()?;
         opts.create_if_missing(true);
         opts.create_missing_column_families(true);
         opts.set_max_background_jobs(2);
@@ -150,7 +168,11 @@ impl Store {
             ColumnFamilyDescriptor::new(name, cf_opts)
         };
         let cfs = [CF_LOG, CF_META, CF_JOBS, CF_DONE, CF_EXPIRY, CF_REQUESTS].map(cf);
-        let db = Arc::new(DB::open_cf_descriptors(&opts, dir, cfs)?);
+        let db = DB::open_cf_descriptors(&opts, dir, cfs).map_err(|source| match source.kind() {
+            ErrorKind::Corruption => StorageError::Corrupt { dir: dir.to_path_buf(), source },
+            _ => StorageError::RocksDb(source),
+        })?;
+        let db = Arc::new(db);
         let writer = SyncWriter::start(Arc::clone(&db));
         Ok(Arc::new(Store { db, writer }))
     }
@@ -164,31 +186,32 @@ impl Store {
         Batch { store: self, inner: WriteBatch::default() }
     }
 
-    /// Writes without syncing the WAL (state-machine writes; see the module doc).
-    pub fn write(&self, batch: Batch<'_>) -> Result<(), StorageError> {
-        let mut opts = WriteOptions::default();
-        opts.set_sync(false);
-        self.db.write_opt(batch.inner, &opts)?;
-        Ok(())
+    /// Writes without syncing the WAL (state-machine writes; see the module
+    /// doc). A failed write ends the process.
+    pub fn write(&self, batch: Batch<'_>) {
+        self.write_with(batch, false, "write");
     }
 
-    /// Writes and syncs before returning (votes, snapshot installs). Blocking.
-    pub fn write_synced(&self, batch: Batch<'_>) -> Result<(), StorageError> {
-        let mut opts = WriteOptions::default();
-        opts.set_sync(true);
-        self.db.write_opt(batch.inner, &opts)?;
-        Ok(())
+    /// Writes and syncs before returning (votes, truncations, snapshot
+    /// installs). Blocking. A failed write or sync ends the process.
+    pub fn write_synced(&self, batch: Batch<'_>) {
+        self.write_with(batch, true, "synced write");
     }
 
     /// Writes the batch now (readable when this returns) and hands it to the
-    /// group-commit writer; `done` runs once a WAL sync covers it. A write
-    /// refused outright returns the error and never runs `done`.
-    pub fn write_durable(&self, batch: Batch<'_>, done: writer::Completion) -> Result<(), StorageError> {
-        let mut opts = WriteOptions::default();
-        opts.set_sync(false);
-        self.db.write_opt(batch.inner, &opts)?;
+    /// group-commit writer; `done` runs once a WAL sync covers it. A failed
+    /// write or sync ends the process, so `done` never hears of one.
+    pub fn write_durable(&self, batch: Batch<'_>, done: writer::Completion) {
+        self.write_with(batch, false, "write");
         self.writer.sync(done);
-        Ok(())
+    }
+
+    fn write_with(&self, batch: Batch<'_>, sync: bool, what: &str) {
+        let mut opts = WriteOptions::default();
+        opts.set_sync(sync);
+        if let Err(e) = self.db.write_opt(batch.inner, &opts) {
+            writer::fail_stop(what, &e);
+        }
     }
 
     pub fn get(&self, table: Table, key: impl AsRef<[u8]>) -> Result<Option<Vec<u8>>, StorageError> {
@@ -267,11 +290,33 @@ impl Store {
         self.writer.stats()
     }
 
-    /// Syncs the WAL and stops the writer; used on graceful shutdown.
-    pub fn flush(&self) -> Result<(), StorageError> {
-        self.db.flush_wal(true)?;
-        Ok(())
+    /// Syncs the WAL (on graceful shutdown, and before the node records that
+    /// it formed). A failed sync ends the process.
+    pub fn flush(&self) {
+        if let Err(e) = self.db.flush_wal(true) {
+            writer::fail_stop("WAL sync", &e);
+        }
     }
+}
+
+/// The options that decide what a restart recovers. After a crash only a torn
+/// last record of a WAL is dropped (a write that never completed, so was never
+/// synced or acknowledged); any other damage fails the open:
+/// - `TolerateCorruptedTailRecords`, not RocksDB's default `PointInTime`, which
+///   stops replaying at the first bad record and opens without everything
+///   after it: synced votes and acknowledged entries included.
+/// - `track_and_verify_wals` (the rust crate has no setter for it, so it is
+///   set by name): every new WAL records its predecessor's size and last
+///   sequence number, so a missing or cut-short WAL fails the open instead of
+///   leaving a hole.
+/// - `paranoid_checks`, the default, set because fail-stop relies on it: a
+///   failed WAL write or sync becomes a background error that fails every
+///   later write and sync, so nothing written after it is acknowledged.
+fn recovery_options() -> Result<Options, StorageError> {
+    let mut opts = Options::default().get_options_from_string("track_and_verify_wals=true")?;
+    opts.set_wal_recovery_mode(DBRecoveryMode::TolerateCorruptedTailRecords);
+    opts.set_paranoid_checks(true);
+    Ok(opts)
 }
 
 /// See [`Store::point_in_time`].
@@ -325,4 +370,27 @@ pub fn decode<T: serde::de::DeserializeOwned>(what: &'static str, bytes: &[u8]) 
 /// Decodes a value from the front of `bytes` and advances past it.
 pub fn decode_from<T: serde::de::DeserializeOwned>(what: &'static str, bytes: &mut &[u8]) -> Result<T, StorageError> {
     bincode::deserialize_from(bytes).map_err(|source| StorageError::Decode { what, source })
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+
+    #[test]
+    fn the_recovery_options_reach_rocksdb() {
+        let dir = tempfile::tempdir().unwrap();
+        drop(Store::open(dir.path()).unwrap());
+        // RocksDB writes the options it opened with to OPTIONS-<number>.
+        let options: String = std::fs::read_dir(dir.path())
+            .unwrap()
+            .map(|entry| entry.unwrap().path())
+            .filter(|path| path.file_name().unwrap().to_string_lossy().starts_with("OPTIONS-"))
+            .map(|path| std::fs::read_to_string(path).unwrap())
+            .collect();
+        for option in
+            ["wal_recovery_mode=kTolerateCorruptedTailRecords", "track_and_verify_wals=true", "paranoid_checks=true"]
+        {
+            assert!(options.contains(option), "{option} is not in\n{options}");
+        }
+    }
 }

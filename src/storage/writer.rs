@@ -2,9 +2,13 @@
 //!
 //! Callers write their batch to RocksDB themselves, unsynced (it is readable at
 //! once), then ask this thread to make it durable. The thread takes every
-//! request waiting, syncs the WAL once, and tells each caller. A Raft leader
-//! therefore sends entries to its followers while its own sync is under way,
-//! instead of after it.
+//! request waiting, syncs the WAL once, and tells each caller. openraft waits
+//! for that answer before it goes on with the group, so a leader sends entries
+//! to its followers only after its own sync; what group commit saves is syncs:
+//! the appends of every partition that arrive during one sync share the next.
+//!
+//! A sync that fails ends the process ([`fail_stop`]) before any caller
+//! waiting on it is answered.
 
 use std::sync::atomic::{AtomicU64, Ordering};
 use std::sync::mpsc::{self, Receiver, Sender};
@@ -13,11 +17,40 @@ use std::time::Instant;
 
 use rocksdb::DB;
 
-/// Runs once the batch is durable (or failed to be).
+/// Runs once the batch is durable. It gets an error only if the writer
+/// thread is gone; a failed sync ends the process instead.
 pub type Completion = Box<dyn FnOnce(Result<(), String>) + Send>;
 
 /// Requests answered per sync, capped so one huge drain cannot starve callers.
 const MAX_BATCHES_PER_SYNC: usize = 1024;
+
+/// The exit code of a node whose storage failed a write or a sync (EX_IOERR).
+pub const EXIT_STORAGE_FAILED: i32 = 74;
+
+/// Test only: `DROVER_FAILPOINT_WAL_SYNC_FAIL_AFTER=N` makes the N-th group
+/// commit sync of the process report an error, as a failing disk would
+/// (RocksDB's rust bindings offer no fault-injecting `Env`). Read once, when
+/// the writer starts; never set it on a node that holds data you need.
+const FAILPOINT_SYNC_FAIL_AFTER: &str = "DROVER_FAILPOINT_WAL_SYNC_FAIL_AFTER";
+
+/// Ends the process after a failed write or sync, with one line at error
+/// level and [`EXIT_STORAGE_FAILED`].
+///
+/// Why not return the error: openraft turns a storage error into a fatal
+/// error of that partition's group, and the node would go on answering with
+/// no groups (a zombie its supervisor never restarts). Nothing is lost by
+/// stopping: whatever was waiting on the failed sync is never acknowledged,
+/// and a restart recovers what was synced before it or refuses to open.
+/// `_exit`, not `exit`: RocksDB's and Tokio's threads are still running, and
+/// `exit` would run C++ static destructors under them.
+pub fn fail_stop(what: &str, error: &dyn std::fmt::Display) -> ! {
+    tracing::error!(
+        "storage {what} failed: {error}; stopping the node (exit code {EXIT_STORAGE_FAILED}) so that nothing \
+         more is acknowledged from storage that may have lost writes"
+    );
+    // SAFETY: `_exit` ends the process at once; it touches no Rust state.
+    unsafe { libc::_exit(EXIT_STORAGE_FAILED) }
+}
 
 #[derive(Default)]
 struct Counters {
@@ -60,7 +93,7 @@ impl SyncWriter {
         let thread_counters = Arc::clone(&counters);
         let thread = std::thread::Builder::new()
             .name("drover-wal-sync".into())
-            .spawn(move || run(db, rx, thread_counters))
+            .spawn(move || run(db, rx, thread_counters, sync_failpoint()))
             .expect("spawn the WAL writer thread");
         SyncWriter { tx: Some(tx), thread: Some(thread), counters }
     }
@@ -85,8 +118,21 @@ impl SyncWriter {
     }
 }
 
-fn run(db: Arc<DB>, rx: Receiver<Completion>, counters: Arc<Counters>) {
+/// The sync, counted from 1, that [`FAILPOINT_SYNC_FAIL_AFTER`] makes fail.
+fn sync_failpoint() -> Option<u64> {
+    let value = std::env::var(FAILPOINT_SYNC_FAIL_AFTER).ok()?;
+    match value.parse() {
+        Ok(n) => {
+            tracing::warn!("test failpoint {FAILPOINT_SYNC_FAIL_AFTER}={n}: WAL sync {n} will fail");
+            Some(n)
+        }
+        Err(_) => fail_stop("failpoint setup", &format!("{FAILPOINT_SYNC_FAIL_AFTER}={value:?} is not a number")),
+    }
+}
+
+fn run(db: Arc<DB>, rx: Receiver<Completion>, counters: Arc<Counters>, fail_sync: Option<u64>) {
     let mut waiting: Vec<Completion> = Vec::with_capacity(MAX_BATCHES_PER_SYNC);
+    let mut attempt = 0u64;
     while let Ok(first) = rx.recv() {
         let started = Instant::now();
         waiting.push(first);
@@ -96,7 +142,15 @@ fn run(db: Arc<DB>, rx: Receiver<Completion>, counters: Arc<Counters>) {
         }
         // Every request was written before it was sent, so this one sync
         // covers all of them.
-        let result = db.flush_wal(true).map_err(|e| e.to_string());
+        attempt += 1;
+        let result = if fail_sync == Some(attempt) {
+            Err(format!("injected by {FAILPOINT_SYNC_FAIL_AFTER}={attempt}"))
+        } else {
+            db.flush_wal(true).map_err(|e| e.to_string())
+        };
+        if let Err(e) = result {
+            fail_stop("WAL sync", &e);
+        }
         let elapsed = started.elapsed();
         counters.syncs.fetch_add(1, Ordering::Relaxed);
         metrics::counter!("drover_storage_wal_syncs_total").increment(1);
@@ -105,7 +159,7 @@ fn run(db: Arc<DB>, rx: Receiver<Completion>, counters: Arc<Counters>) {
         metrics::histogram!("drover_storage_write_sync_seconds").record(elapsed.as_secs_f64());
         metrics::histogram!("drover_storage_appends_per_sync").record(waiting.len() as f64);
         for done in waiting.drain(..) {
-            done(result.clone());
+            done(Ok(()));
         }
     }
 }

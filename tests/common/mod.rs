@@ -84,13 +84,7 @@ impl NodeProcess {
     /// Starts a single node on ephemeral loopback ports and waits until it
     /// prints its addresses.
     pub fn start(data_dir: &Path, extra: &[&str]) -> NodeProcess {
-        let mut args: Vec<String> = ["--grpc-addr", "127.0.0.1:0", "--cluster-addr", "127.0.0.1:0"]
-            .iter()
-            .chain(["--admin-addr", "127.0.0.1:0"].iter())
-            .map(|s| s.to_string())
-            .collect();
-        args.extend(extra.iter().map(|s| s.to_string()));
-        Self::spawn(data_dir, &args)
+        Self::spawn(data_dir, &loopback_args(extra))
     }
 
     /// Starts `drover serve --data-dir DIR ARGS...` and waits for its addresses.
@@ -101,16 +95,33 @@ impl NodeProcess {
     /// Like [`NodeProcess::spawn`], but a node that exits before printing its
     /// addresses (a port taken by a parallel test) is an error, not a panic.
     pub fn try_spawn(data_dir: &Path, args: &[String]) -> Result<NodeProcess, String> {
-        let mut child = Command::new(drover_bin())
-            .arg("serve")
-            .arg("--data-dir")
-            .arg(data_dir)
-            .args(args)
-            .env("RUST_LOG", "warn")
-            .stdout(Stdio::piped())
-            .stderr(Stdio::inherit())
-            .spawn()
-            .expect("spawn drover serve");
+        let child = serve_command(data_dir, args).stderr(Stdio::inherit()).spawn().expect("spawn drover serve");
+        Self::await_addresses(child, data_dir, args)
+    }
+
+    /// Like [`NodeProcess::start`] with extra environment variables, and the
+    /// node's stderr captured instead of passed on: the returned thread ends
+    /// with all of it once the node has exited.
+    pub fn start_capturing_stderr(
+        data_dir: &Path,
+        extra: &[&str],
+        env: &[(&str, &str)],
+    ) -> (NodeProcess, std::thread::JoinHandle<String>) {
+        let args = loopback_args(extra);
+        let mut command = serve_command(data_dir, &args);
+        command.envs(env.iter().copied()).stderr(Stdio::piped());
+        let mut child = command.spawn().expect("spawn drover serve");
+        let mut stderr = child.stderr.take().expect("stderr piped");
+        let captured = std::thread::spawn(move || {
+            let mut text = String::new();
+            let _ = std::io::Read::read_to_string(&mut stderr, &mut text);
+            text
+        });
+        let node = Self::await_addresses(child, data_dir, &args).expect("drover serve printed its addresses");
+        (node, captured)
+    }
+
+    fn await_addresses(mut child: Child, data_dir: &Path, args: &[String]) -> Result<NodeProcess, String> {
         let stdout = child.stdout.take().expect("stdout piped");
         let (tx, rx) = mpsc::channel();
         std::thread::spawn(move || {
@@ -142,6 +153,18 @@ impl NodeProcess {
         Client::connect(&self.grpc).await.expect("client connects")
     }
 
+    /// Waits for the node to exit by itself and returns how it did.
+    pub async fn exited(&mut self, limit: Duration) -> std::process::ExitStatus {
+        let started = Instant::now();
+        loop {
+            if let Some(status) = self.child.try_wait().expect("poll the node") {
+                return status;
+            }
+            assert!(started.elapsed() < limit, "the node still runs after {limit:?}");
+            tokio::time::sleep(Duration::from_millis(20)).await;
+        }
+    }
+
     /// Waits until the node answers a write (its partitions have leaders).
     pub async fn wait_ready(&self) {
         let admin = self.admin.clone();
@@ -168,6 +191,22 @@ impl Drop for NodeProcess {
         let _ = self.child.kill();
         let _ = self.child.wait();
     }
+}
+
+/// Ephemeral loopback ports for every listener, then `extra`.
+fn loopback_args(extra: &[&str]) -> Vec<String> {
+    ["--grpc-addr", "127.0.0.1:0", "--cluster-addr", "127.0.0.1:0", "--admin-addr", "127.0.0.1:0"]
+        .iter()
+        .chain(extra)
+        .map(|s| s.to_string())
+        .collect()
+}
+
+/// `drover serve --data-dir DIR ARGS...`, its stdout piped, logging warnings.
+fn serve_command(data_dir: &Path, args: &[String]) -> Command {
+    let mut command = Command::new(drover_bin());
+    command.arg("serve").arg("--data-dir").arg(data_dir).args(args).env("RUST_LOG", "warn").stdout(Stdio::piped());
+    command
 }
 
 /// A minimal HTTP/1.1 GET; returns the status code and body.
@@ -298,8 +337,18 @@ impl ProcessCluster {
     }
 
     pub fn start_node(&mut self, id: usize) {
-        let (data, args) = self.node_args(id);
+        self.start_node_with(id, &[]);
+    }
+
+    /// Starts node `id` with its usual arguments and `extra`.
+    pub fn start_node_with(&mut self, id: usize, extra: &[&str]) {
+        let (data, mut args) = self.node_args(id);
+        args.extend(extra.iter().map(|s| s.to_string()));
         self.nodes[id] = Some(NodeProcess::spawn(&data, &args));
+    }
+
+    pub fn data_dir(&self, id: usize) -> PathBuf {
+        self.node_args(id).0
     }
 
     pub fn kill(&mut self, id: usize) {
