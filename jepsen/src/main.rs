@@ -113,11 +113,8 @@ fn main() -> anyhow::Result<()> {
         }
         Command::Suite(args) => {
             let (mut passed, mut failed) = (0, 0);
-            let mut combos: Vec<Vec<Nemesis>> = [Nemesis::Partition, Nemesis::Kill, Nemesis::Pause, Nemesis::Badlinks]
-                .iter()
-                .map(|n| vec![*n])
-                .collect();
-            combos.push(vec![Nemesis::Partition, Nemesis::Kill, Nemesis::Pause, Nemesis::Badlinks]);
+            let mut combos: Vec<Vec<Nemesis>> = Nemesis::ALL.iter().map(|n| vec![*n]).collect();
+            combos.push(Nemesis::ALL.to_vec());
             for nemesis in combos {
                 let args = RunArgs { nemesis, ..args.clone() };
                 match run(args) {
@@ -187,7 +184,11 @@ fn run(args: RunArgs) -> anyhow::Result<bool> {
         .status()?;
     drop(net);
     let report = std::fs::read_to_string(dir.join("report.txt")).unwrap_or_else(|_| "no report: the run failed".into());
-    println!("jepsen: {} | seed {seed} | {}", names.join("+"), report.trim());
+    let mut lines = report.trim().lines();
+    println!("jepsen: {} | seed {seed} | {}", names.join("+"), lines.next().unwrap_or_default());
+    for line in lines {
+        println!("jepsen:   {line}");
+    }
     if status.code() == Some(1) || status.code() == Some(0) {
         Ok(status.success())
     } else {
@@ -238,7 +239,21 @@ async fn inner(dir: &Path) -> anyhow::Result<bool> {
         tasks.push(tokio::spawn(workload::poller(Arc::clone(&shared), p, config.seed ^ (p + 1))));
     }
     for p in 5..7u64 {
-        tasks.push(tokio::spawn(workload::streamer(Arc::clone(&shared), p, config.seed ^ (p + 1))));
+        let any = workload::Gateways::Any;
+        tasks.push(tokio::spawn(workload::streamer(
+            Arc::clone(&shared),
+            p,
+            config.seed ^ (p + 1),
+            workload::JOB_TYPE,
+            any,
+        )));
+    }
+    // One stream-only worker per gateway, always on that gateway.
+    for node in 0..args.nodes {
+        let p = 7 + node as u64;
+        let home = workload::Gateways::Home(node);
+        let worker = workload::streamer(Arc::clone(&shared), p, config.seed ^ (p + 1), workload::PUSHED_TYPE, home);
+        tasks.push(tokio::spawn(worker));
     }
 
     // The fault schedule.
@@ -281,6 +296,7 @@ async fn inner(dir: &Path) -> anyhow::Result<bool> {
         let partition = (key >> 48) as usize;
         (0..args.nodes.min(3)).map(|i| (partition + i) % args.nodes).collect()
     };
+    let drain_start = Instant::now();
     let mut finals;
     loop {
         tokio::time::sleep(Duration::from_secs(2)).await;
@@ -289,6 +305,11 @@ async fn inner(dir: &Path) -> anyhow::Result<bool> {
         let report = checker::check(&history, &finals, replicas);
         let settled = report.lost.is_empty() && report.divergent.is_empty();
         if settled || Instant::now() > drain_end {
+            let event = serde_json::json!({
+                "time_ms": shared.recorder.now_ms(), "event": "drained", "settled": settled,
+                "drain_ms": drain_start.elapsed().as_millis() as u64,
+            });
+            append_line(&timeline, &event);
             break;
         }
     }
@@ -303,7 +324,7 @@ async fn inner(dir: &Path) -> anyhow::Result<bool> {
     }
     std::fs::write(dir.join("finals.json"), serde_json::to_string(&finals)?)?;
     std::fs::write(dir.join("report.json"), serde_json::to_string_pretty(&report)?)?;
-    std::fs::write(dir.join("report.txt"), report.summary())?;
+    std::fs::write(dir.join("report.txt"), format!("{}\n{}\n", report.summary(), report.details()))?;
     nodes.stop_all();
     drop(proxies);
     Ok(report.valid)
@@ -539,7 +560,8 @@ async fn final_reads(nodes: &cluster::Nodes) -> FinalReads {
             if let (Some(id), Some(key), Some(state)) =
                 (variables["id"].as_u64(), job["key"].as_u64(), job["state"].as_str())
             {
-                jobs.insert(key, FinalJob { id, state: state.to_string() });
+                let job_type = job["type"].as_str().unwrap_or_default().to_string();
+                jobs.insert(key, FinalJob { id, state: state.to_string(), job_type });
             }
         }
         finals.insert(i, jobs);
