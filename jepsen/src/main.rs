@@ -43,6 +43,11 @@ enum Nemesis {
     Kill,
     Pause,
     Badlinks,
+    Restart,
+}
+
+impl Nemesis {
+    const ALL: [Nemesis; 5] = [Nemesis::Partition, Nemesis::Kill, Nemesis::Pause, Nemesis::Badlinks, Nemesis::Restart];
 }
 
 #[derive(clap::Args, Clone, Debug, Serialize, Deserialize)]
@@ -370,12 +375,37 @@ enum KillKind {
     All,
 }
 
-/// Which nemesis, partition, kill and link fault come next.
+/// How the `restart` nemesis stops a node before starting it again.
+#[derive(Clone, Copy, Debug, PartialEq, Eq, Serialize)]
+#[serde(rename_all = "kebab-case")]
+enum RestartKind {
+    /// SIGTERM: Drover's graceful shutdown (streams closed, requests finished).
+    Sigterm,
+    /// SIGKILL: a crash.
+    Sigkill,
+}
+
+impl RestartKind {
+    fn signal(self) -> i32 {
+        match self {
+            RestartKind::Sigterm => libc::SIGTERM,
+            RestartKind::Sigkill => libc::SIGKILL,
+        }
+    }
+}
+
+/// How long a node may take to stop after SIGTERM before it is killed: its
+/// shutdown waits for requests in flight, up to the request timeout (10 s by
+/// default).
+const GRACEFUL_STOP: Duration = Duration::from_secs(20);
+
+/// Which nemesis, partition, kill, link fault and restart come next.
 struct Schedule {
     nemeses: Bag<Nemesis>,
     partitions: Bag<partition::Kind>,
     kills: Bag<KillKind>,
     links: Bag<LinkKind>,
+    restarts: Bag<RestartKind>,
 }
 
 impl Schedule {
@@ -392,6 +422,7 @@ impl Schedule {
             // Single kills twice as often as the others.
             kills: Bag::new(&[KillKind::One, KillKind::Majority, KillKind::One, KillKind::All]),
             links: Bag::new(&[LinkKind::Loss, LinkKind::Delay, LinkKind::Bandwidth]),
+            restarts: Bag::new(&[RestartKind::Sigterm, RestartKind::Sigkill]),
         }
     }
 }
@@ -419,7 +450,8 @@ struct Faults<'a> {
 
 impl Faults<'_> {
     /// Ends every fault: rules and limits removed, delays cleared, paused
-    /// nodes resumed, killed nodes restarted.
+    /// nodes resumed, killed nodes restarted. (A restarted node is already
+    /// running again: nothing to do for it.)
     fn heal(&mut self) -> anyhow::Result<()> {
         self.network.heal();
         self.proxies.clear();
@@ -507,6 +539,27 @@ impl Faults<'_> {
                 };
                 self.nodes.signal(victim, libc::SIGSTOP);
                 Fault::new(kind, format!("SIGSTOP node {victim}"), serde_json::json!({ "node": victim }))
+            }
+            Nemesis::Restart => {
+                let kind = schedule.restarts.next(rng);
+                let victim = order[0];
+                // The worker streams it serves at that moment (its own view).
+                let streams = self.nodes.stream_clients(victim).await;
+                let stopped = self.nodes.stop(victim, kind.signal(), GRACEFUL_STOP).await?;
+                self.nodes.start(victim)?;
+                let signal = if kind == RestartKind::Sigterm { "SIGTERM" } else { "SIGKILL" };
+                let escalated = if stopped.escalated { ", then SIGKILL" } else { "" };
+                let description = format!(
+                    "{signal}{escalated} node {victim} ({} worker streams), exited after {} ms ({}), started again",
+                    streams.map_or_else(|| "unknown".to_string(), |n| n.to_string()),
+                    stopped.after.as_millis(),
+                    stopped.status
+                );
+                let detail = serde_json::json!({
+                    "node": victim, "streams": streams, "stopped_ms": stopped.after.as_millis() as u64,
+                    "escalated": stopped.escalated, "status": stopped.status,
+                });
+                Fault::new(kind, description, detail)
             }
             Nemesis::Badlinks => {
                 let kind = schedule.links.next(rng);
