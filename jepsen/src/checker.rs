@@ -2,25 +2,68 @@
 //! `total-queue` with the stricter rules Drover needs:
 //!
 //! - **lost**: an acknowledged create whose job never completed and is not
-//!   an incident after the final drain (missing, or left unfinished);
+//!   an incident after the final drain (missing, or left unfinished); each
+//!   lost job is reported with its state on every replica, so "never pushed"
+//!   (activatable) reads differently from "gone" (missing);
 //! - **unexpected**: a completion of a job that was never created;
 //! - **duplicated**: two accepted completions of one job (one key);
 //! - **stale**: a completion accepted for an attempt that had already been
 //!   superseded: a newer activation of the job had been returned to a client
 //!   before the completion was invoked;
+//! - **duplicate create**: one create (one marker in the variables) produced
+//!   more than one job, acknowledged or not. A create is a request for one
+//!   job; a gateway that re-submits it after losing the answer makes two;
+//! - **misdelivered**: a job handed to a worker that did not ask for it: a job
+//!   of another type, or an activation made out to another worker name (a
+//!   stream registration that outlived the stream it named);
 //! - **recovered** (reported, not a violation): a create with an unknown or
 //!   failed outcome whose job exists after all;
-//! - **created twice** (reported, not a violation): one create made two jobs,
-//!   because a gateway retried it after its answer was lost; creates are at
-//!   least once until idempotency keys exist (see `docs/workers.md`);
 //! - **divergent**: after healing, a node's replica misses an acknowledged job
 //!   or holds it in another final state than the other replicas.
 
 use std::collections::{BTreeMap, BTreeSet};
+use std::fmt::Write;
 
 use serde::Serialize;
 
 use crate::history::{FinalReads, Kind, Op, Phase};
+
+/// An acknowledged job that did not finish, with what each replica holds.
+#[derive(Debug, Serialize, PartialEq)]
+pub struct LostJob {
+    pub id: u64,
+    pub key: u64,
+    pub job_type: Option<String>,
+    /// Replica node -> the job's state there, `missing` when the node answered
+    /// without it, `unread` when the node did not answer the final read.
+    pub replicas: BTreeMap<usize, String>,
+}
+
+/// One create that produced several jobs.
+#[derive(Debug, Serialize, PartialEq)]
+pub struct DuplicateCreate {
+    pub id: u64,
+    pub keys: Vec<u64>,
+    /// The key the create was acknowledged with, if it was.
+    pub acknowledged: Option<u64>,
+}
+
+/// An activation handed to a worker that did not ask for it.
+#[derive(Debug, Serialize, PartialEq)]
+pub struct Misdelivery {
+    pub id: u64,
+    pub key: Option<u64>,
+    pub attempt: u32,
+    pub process: u64,
+    pub node: usize,
+    /// The type the job was created with.
+    pub job_type: Option<String>,
+    /// The type the worker asked for.
+    pub wanted_type: Option<String>,
+    /// The worker name the worker asked for, and the one on the activation.
+    pub worker: Option<String>,
+    pub assigned_worker: Option<String>,
+}
 
 #[derive(Debug, Default, Serialize, PartialEq)]
 pub struct Report {
@@ -28,21 +71,25 @@ pub struct Report {
     pub acknowledged: usize,
     pub completed: usize,
     pub incidents: usize,
-    pub lost: Vec<u64>,
+    pub lost: Vec<LostJob>,
     pub unexpected: Vec<u64>,
     pub duplicated: Vec<u64>,
     pub stale: Vec<u64>,
-    pub recovered: Vec<u64>,
-    pub created_twice: Vec<u64>,
+    pub duplicate_creates: Vec<DuplicateCreate>,
+    pub misdelivered: Vec<Misdelivery>,
     pub divergent: Vec<u64>,
+    pub recovered: Vec<u64>,
     pub valid: bool,
 }
+
+/// At most this many lines per anomaly in the text report (all are in the JSON).
+const DETAIL_LINES: usize = 20;
 
 impl Report {
     pub fn summary(&self) -> String {
         format!(
             "{}: {} attempted, {} acknowledged, {} completed, {} incidents; lost {}, unexpected {}, duplicated {}, \
-             stale {}, divergent {}, recovered {}, created twice {}",
+             stale {}, duplicate creates {}, misdelivered {}, divergent {}, recovered {}",
             if self.valid { "VALID" } else { "INVALID" },
             self.attempted,
             self.acknowledged,
@@ -52,10 +99,87 @@ impl Report {
             self.unexpected.len(),
             self.duplicated.len(),
             self.stale.len(),
+            self.duplicate_creates.len(),
+            self.misdelivered.len(),
             self.divergent.len(),
             self.recovered.len(),
-            self.created_twice.len()
         )
+    }
+
+    /// One line per anomaly (the first few of each), after the summary.
+    pub fn details(&self) -> String {
+        let mut lines: Vec<String> = Vec::new();
+        let mut section = |items: Vec<String>| {
+            let total = items.len();
+            lines.extend(items.into_iter().take(DETAIL_LINES));
+            if total > DETAIL_LINES {
+                lines.push(format!("  ... and {} more (report.json has them all)", total - DETAIL_LINES));
+            }
+        };
+        section(
+            self.lost
+                .iter()
+                .map(|l| {
+                    let on: Vec<String> = l.replicas.iter().map(|(n, s)| format!("node {n} {s}")).collect();
+                    let job_type = l.job_type.as_deref().unwrap_or("?");
+                    format!("lost: job {} ({job_type}, key {}): {}", l.id, l.key, on.join(", "))
+                })
+                .collect(),
+        );
+        section(
+            self.duplicate_creates
+                .iter()
+                .map(|d| {
+                    let ack = match d.acknowledged {
+                        Some(k) => format!("acknowledged as key {k}"),
+                        None => "not acknowledged".to_string(),
+                    };
+                    format!(
+                        "duplicate create: create {} produced {} jobs (keys {:?}; {ack})",
+                        d.id,
+                        d.keys.len(),
+                        d.keys
+                    )
+                })
+                .collect(),
+        );
+        section(
+            self.misdelivered
+                .iter()
+                .map(|m| {
+                    let mut line = format!(
+                        "misdelivered: job {} (key {}, attempt {}) handed to process {} on node {}",
+                        m.id,
+                        m.key.map(|k| k.to_string()).unwrap_or_else(|| "?".into()),
+                        m.attempt,
+                        m.process,
+                        m.node
+                    );
+                    if m.job_type != m.wanted_type {
+                        let _ = write!(
+                            line,
+                            ": a {} job to a worker of type {}",
+                            m.job_type.as_deref().unwrap_or("?"),
+                            m.wanted_type.as_deref().unwrap_or("?")
+                        );
+                    }
+                    if m.worker != m.assigned_worker {
+                        let _ = write!(
+                            line,
+                            ": made out to worker {} for worker {}",
+                            m.assigned_worker.as_deref().unwrap_or("?"),
+                            m.worker.as_deref().unwrap_or("?")
+                        );
+                    }
+                    line
+                })
+                .collect(),
+        );
+        section(self.duplicated.iter().map(|k| format!("duplicated: job key {k} completed twice")).collect());
+        section(self.stale.iter().map(|k| format!("stale: job key {k} completed by a superseded attempt")).collect());
+        section(self.unexpected.iter().map(|id| format!("unexpected: job {id} completed but never created")).collect());
+        section(self.divergent.iter().map(|id| format!("divergent: job {id} differs between replicas")).collect());
+        lines.join("\n")
     }
 }
 
@@ -64,6 +188,11 @@ pub fn check(history: &[Op], finals: &FinalReads, replicas: impl Fn(u64) -> Vec<
     let mut report = Report::default();
     let attempted: BTreeSet<u64> =
         history.iter().filter(|o| o.kind == Kind::Create && o.phase == Phase::Invoke).map(|o| o.id).collect();
+    let created_type: BTreeMap<u64, &str> = history
+        .iter()
+        .filter(|o| o.kind == Kind::Create && o.phase == Phase::Invoke)
+        .filter_map(|o| o.job_type.as_deref().map(|t| (o.id, t)))
+        .collect();
     let acknowledged: BTreeMap<u64, u64> = history
         .iter()
         .filter(|o| o.kind == Kind::Create && o.phase == Phase::Ok)
@@ -72,7 +201,9 @@ pub fn check(history: &[Op], finals: &FinalReads, replicas: impl Fn(u64) -> Vec<
     report.attempted = attempted.len();
     report.acknowledged = acknowledged.len();
 
-    // The final state of each job (by key), and the jobs each id became.
+    // The final state of each job (by key), and the jobs each id (the marker
+    // in the variables) became: every key a node holds for it, and every key
+    // a client was told about or handed for it.
     let mut final_state: BTreeMap<u64, String> = BTreeMap::new();
     let mut keys_of_id: BTreeMap<u64, BTreeSet<u64>> = BTreeMap::new();
     for jobs in finals.values() {
@@ -84,6 +215,11 @@ pub fn check(history: &[Op], finals: &FinalReads, replicas: impl Fn(u64) -> Vec<
             }
         }
     }
+    for op in history {
+        if let Some(key) = op.key {
+            keys_of_id.entry(op.id).or_default().insert(key);
+        }
+    }
     let id_of_key: BTreeMap<u64, u64> =
         keys_of_id.iter().flat_map(|(id, keys)| keys.iter().map(move |k| (*k, *id))).collect();
 
@@ -92,7 +228,6 @@ pub fn check(history: &[Op], finals: &FinalReads, replicas: impl Fn(u64) -> Vec<
     for op in history.iter().filter(|o| o.kind == Kind::Complete && o.phase == Phase::Ok) {
         if let Some(key) = op.key {
             completions.entry(key).or_default().push(op);
-            keys_of_id.entry(op.id).or_default().insert(key);
         }
     }
     for (key, ops) in &completions {
@@ -110,7 +245,36 @@ pub fn check(history: &[Op], finals: &FinalReads, replicas: impl Fn(u64) -> Vec<
             report.unexpected.push(id);
         }
     }
-    report.created_twice = keys_of_id.iter().filter(|(_, keys)| keys.len() > 1).map(|(id, _)| *id).collect();
+    report.duplicate_creates = keys_of_id
+        .iter()
+        .filter(|(_, keys)| keys.len() > 1)
+        .map(|(id, keys)| DuplicateCreate {
+            id: *id,
+            keys: keys.iter().copied().collect(),
+            acknowledged: acknowledged.get(id).copied(),
+        })
+        .collect();
+
+    // Misdelivered: an activation of another type than the worker asked
+    // for, or made out to another worker.
+    for op in history.iter().filter(|o| o.kind == Kind::Activate && o.phase == Phase::Ok) {
+        let job_type = created_type.get(&op.id).copied();
+        let wrong_type = matches!((job_type, op.job_type.as_deref()), (Some(a), Some(b)) if a != b);
+        let wrong_worker = matches!((&op.worker, &op.assigned_worker), (Some(a), Some(b)) if a != b);
+        if wrong_type || wrong_worker {
+            report.misdelivered.push(Misdelivery {
+                id: op.id,
+                key: op.key,
+                attempt: op.attempt,
+                process: op.process,
+                node: op.node,
+                job_type: job_type.map(str::to_string),
+                wanted_type: op.job_type.clone(),
+                worker: op.worker.clone(),
+                assigned_worker: op.assigned_worker.clone(),
+            });
+        }
+    }
 
     // Stale: an accepted completion whose attempt was superseded by an
     // activation returned before the completion was invoked.
@@ -137,21 +301,26 @@ pub fn check(history: &[Op], finals: &FinalReads, replicas: impl Fn(u64) -> Vec<
     for (id, key) in &acknowledged {
         let completed = completions.contains_key(key) || final_state.get(key).is_some_and(|s| s == "completed");
         let incident = final_state.get(key).is_some_and(|s| s == "incident");
+        let on_replicas: BTreeMap<usize, Option<&str>> = replicas(*key)
+            .into_iter()
+            .map(|node| (node, finals.get(&node).map(|jobs| jobs.get(key).map_or("missing", |j| j.state.as_str()))))
+            .collect();
         if completed {
             report.completed += 1;
         } else if incident {
             report.incidents += 1;
         } else {
-            report.lost.push(*id);
+            report.lost.push(LostJob {
+                id: *id,
+                key: *key,
+                job_type: created_type.get(id).map(|t| t.to_string()),
+                replicas: on_replicas.iter().map(|(n, s)| (*n, s.unwrap_or("unread").to_string())).collect(),
+            });
         }
-        // Divergence: every replica of the partition must hold the job, and in
-        // the same final state.
-        let states: Vec<Option<&str>> = replicas(*key)
-            .into_iter()
-            .filter_map(|node| finals.get(&node).map(|jobs| jobs.get(key).map(|j| j.state.as_str())))
-            .collect();
-        let first = states.first().copied().flatten();
-        if states.iter().any(|s| s.is_none() || *s != first) {
+        // Divergence: every replica of the partition that answered must hold
+        // the job, and in the same final state.
+        let states: Vec<&str> = on_replicas.values().flatten().copied().collect();
+        if states.iter().any(|s| *s == "missing" || *s != states[0]) {
             report.divergent.push(*id);
         }
     }
@@ -164,6 +333,8 @@ pub fn check(history: &[Op], finals: &FinalReads, replicas: impl Fn(u64) -> Vec<
         && report.unexpected.is_empty()
         && report.duplicated.is_empty()
         && report.stale.is_empty()
+        && report.duplicate_creates.is_empty()
+        && report.misdelivered.is_empty()
         && report.divergent.is_empty();
     report
 }
@@ -174,7 +345,26 @@ mod tests {
     use crate::history::FinalJob;
 
     fn op(time_ms: u64, process: u64, kind: Kind, phase: Phase, id: u64, key: Option<u64>, attempt: u32) -> Op {
-        Op { time_ms, process, node: 0, kind, phase, id, key, attempt }
+        Op { time_ms, process, node: 0, kind, phase, id, key, attempt, ..Op::default() }
+    }
+
+    /// What a worker that asked for `wanted_type` as `worker` records when
+    /// handed an activation made out to `assigned`.
+    fn activated(id: u64, key: u64, attempt: u32, t: u64, wanted_type: &str, worker: &str, assigned: &str) -> Op {
+        Op {
+            job_type: Some(wanted_type.into()),
+            worker: Some(worker.into()),
+            assigned_worker: Some(assigned.into()),
+            ..op(t, 2, Kind::Activate, Phase::Ok, id, Some(key), attempt)
+        }
+    }
+
+    fn typed_create(id: u64, job_type: &str, t: u64) -> Op {
+        Op { job_type: Some(job_type.into()), ..op(t, 1, Kind::Create, Phase::Invoke, id, None, 0) }
+    }
+
+    fn lost_ids(r: &Report) -> Vec<u64> {
+        r.lost.iter().map(|l| l.id).collect()
     }
 
     fn created(id: u64, key: u64, t: u64) -> Vec<Op> {
@@ -194,7 +384,16 @@ mod tests {
     fn finals(nodes: &[usize], jobs: &[(u64, u64, &str)]) -> FinalReads {
         nodes
             .iter()
-            .map(|n| (*n, jobs.iter().map(|(id, key, s)| (*key, FinalJob { id: *id, state: s.to_string() })).collect()))
+            .map(|n| {
+                (
+                    *n,
+                    jobs.iter()
+                        .map(|(id, key, s)| {
+                            (*key, FinalJob { id: *id, state: s.to_string(), job_type: "jepsen".into() })
+                        })
+                        .collect(),
+                )
+            })
             .collect()
     }
 
@@ -218,14 +417,39 @@ mod tests {
         h.extend(completed(1, 101, 1, 10, 2));
         let r = check(&h, &finals(&[0, 1, 2], &[(1, 101, "completed")]), all_nodes);
         assert!(!r.valid);
-        assert_eq!(r.lost, vec![2]);
+        assert_eq!(lost_ids(&r), vec![2]);
+        assert_eq!(r.lost[0].replicas, [(0, "missing".into()), (1, "missing".into()), (2, "missing".into())].into());
     }
 
     #[test]
     fn an_unfinished_job_after_the_drain_counts_as_lost() {
         let h = created(1, 101, 0);
         let r = check(&h, &finals(&[0, 1, 2], &[(1, 101, "activatable")]), all_nodes);
-        assert_eq!(r.lost, vec![1]);
+        assert!(!r.valid);
+        assert_eq!(lost_ids(&r), vec![1]);
+        assert!(
+            r.details().contains("lost: job 1 (?, key 101): node 0 activatable, node 1 activatable"),
+            "{}",
+            r.details()
+        );
+    }
+
+    #[test]
+    fn a_pushed_only_job_that_was_never_pushed_is_lost_with_its_state() {
+        // Created for stream-only workers, acknowledged, and never handed to
+        // anyone: after the drain it is still activatable where it was read.
+        let mut h = vec![typed_create(1, "jepsen-pushed", 0)];
+        h.push(op(1, 1, Kind::Create, Phase::Ok, 1, Some(101), 0));
+        let mut f = finals(&[0, 2], &[(1, 101, "activatable")]);
+        f.insert(2, BTreeMap::new());
+        let r = check(&h, &f, all_nodes);
+        assert!(!r.valid);
+        assert_eq!(r.lost[0].job_type.as_deref(), Some("jepsen-pushed"));
+        assert_eq!(
+            r.lost[0].replicas,
+            [(0, "activatable".into()), (1, "unread".into()), (2, "missing".into())].into(),
+            "node 1 did not answer; node 2 answered without it"
+        );
     }
 
     #[test]
@@ -257,16 +481,83 @@ mod tests {
     }
 
     #[test]
-    fn one_create_that_made_two_jobs_is_reported_but_valid() {
-        // The gateway retried a create whose answer was lost: two jobs, one id,
-        // each completed once.
+    fn an_acknowledged_create_that_made_two_jobs_is_a_duplicate() {
+        // A gateway re-submitted a create whose answer it lost: two jobs for
+        // one marker, each completed once. The client asked for one job.
         let mut h = created(1, 102, 0);
         h.extend(completed(1, 101, 1, 10, 2));
         h.extend(completed(1, 102, 1, 12, 3));
         let r = check(&h, &finals(&[0, 1, 2], &[(1, 101, "completed"), (1, 102, "completed")]), all_nodes);
+        assert!(!r.valid, "{r:?}");
+        assert!(r.duplicated.is_empty(), "each job completed once");
+        assert_eq!(r.duplicate_creates, vec![DuplicateCreate { id: 1, keys: vec![101, 102], acknowledged: Some(102) }]);
+        assert!(
+            r.details().contains("create 1 produced 2 jobs (keys [101, 102]; acknowledged as key 102)"),
+            "{}",
+            r.details()
+        );
+    }
+
+    #[test]
+    fn an_unacknowledged_create_that_made_two_jobs_is_a_duplicate() {
+        let mut h =
+            vec![op(0, 1, Kind::Create, Phase::Invoke, 7, None, 0), op(9, 1, Kind::Create, Phase::Info, 7, None, 0)];
+        h.extend(completed(7, 107, 1, 20, 2));
+        // The second job is only in the final reads, never handed to anyone.
+        let r = check(&h, &finals(&[0, 1, 2], &[(7, 107, "completed"), (7, 108, "activatable")]), all_nodes);
+        assert!(!r.valid, "{r:?}");
+        assert!(r.lost.is_empty(), "nothing acknowledged, nothing lost");
+        assert_eq!(r.duplicate_creates, vec![DuplicateCreate { id: 7, keys: vec![107, 108], acknowledged: None }]);
+        assert!(
+            r.details().contains("create 7 produced 2 jobs (keys [107, 108]; not acknowledged)"),
+            "{}",
+            r.details()
+        );
+    }
+
+    #[test]
+    fn a_second_job_seen_only_by_a_worker_is_a_duplicate() {
+        // The final reads hold one job, but a worker was handed another key
+        // carrying the same marker.
+        let mut h = created(1, 101, 0);
+        h.push(op(5, 2, Kind::Activate, Phase::Ok, 1, Some(109), 1));
+        h.extend(completed(1, 101, 1, 10, 2));
+        let r = check(&h, &finals(&[0, 1, 2], &[(1, 101, "completed")]), all_nodes);
+        assert!(!r.valid);
+        assert_eq!(r.duplicate_creates[0].keys, vec![101, 109]);
+    }
+
+    #[test]
+    fn a_job_of_another_type_pushed_to_a_stream_is_misdelivered() {
+        let mut h = vec![typed_create(1, "jepsen", 0)];
+        h.push(op(1, 1, Kind::Create, Phase::Ok, 1, Some(101), 0));
+        h.push(activated(1, 101, 1, 5, "jepsen-pushed", "pushed", "pushed"));
+        h.extend(completed(1, 101, 1, 10, 2));
+        let r = check(&h, &finals(&[0, 1, 2], &[(1, 101, "completed")]), all_nodes);
+        assert!(!r.valid);
+        assert_eq!(r.misdelivered.len(), 1);
+        assert!(r.details().contains("a jepsen job to a worker of type jepsen-pushed"), "{}", r.details());
+    }
+
+    #[test]
+    fn an_activation_made_out_to_another_worker_is_misdelivered() {
+        let mut h = vec![typed_create(1, "jepsen", 0)];
+        h.push(op(1, 1, Kind::Create, Phase::Ok, 1, Some(101), 0));
+        h.push(activated(1, 101, 1, 5, "jepsen", "streamer-b", "streamer-a"));
+        h.extend(completed(1, 101, 1, 10, 2));
+        let r = check(&h, &finals(&[0, 1, 2], &[(1, 101, "completed")]), all_nodes);
+        assert!(!r.valid);
+        assert!(r.details().contains("made out to worker streamer-a for worker streamer-b"), "{}", r.details());
+    }
+
+    #[test]
+    fn an_activation_for_the_worker_that_asked_is_not_misdelivered() {
+        let mut h = vec![typed_create(1, "jepsen", 0)];
+        h.push(op(1, 1, Kind::Create, Phase::Ok, 1, Some(101), 0));
+        h.push(activated(1, 101, 1, 5, "jepsen", "streamer-a", "streamer-a"));
+        h.extend(completed(1, 101, 1, 10, 2));
+        let r = check(&h, &finals(&[0, 1, 2], &[(1, 101, "completed")]), all_nodes);
         assert!(r.valid, "{r:?}");
-        assert!(r.duplicated.is_empty());
-        assert_eq!(r.created_twice, vec![1]);
     }
 
     #[test]
@@ -303,7 +594,7 @@ mod tests {
         assert!(!r.valid);
         assert_eq!(r.divergent, vec![1]);
         let mut f = finals(&[0, 1], &[(1, 101, "completed")]);
-        f.insert(2, [(101, FinalJob { id: 1, state: "activatable".into() })].into());
+        f.insert(2, [(101, FinalJob { id: 1, state: "activatable".into(), job_type: "jepsen".into() })].into());
         assert_eq!(check(&h, &f, all_nodes).divergent, vec![1], "another state on one node");
     }
 

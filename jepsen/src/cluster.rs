@@ -99,6 +99,39 @@ impl Nodes {
         self.paused[i] = false;
     }
 
+    /// Sends `signal` to node `i` and waits for the process to exit. A node
+    /// that outlives `grace` is sent SIGKILL. Returns how it ended.
+    pub async fn stop(&mut self, i: usize, signal: i32, grace: Duration) -> anyhow::Result<Stopped> {
+        if self.paused[i] {
+            self.signal(i, libc::SIGCONT);
+        }
+        let Some(mut child) = self.children[i].take() else {
+            anyhow::bail!("node {i} is not running");
+        };
+        let pid = child.id() as i32;
+        let started = Instant::now();
+        unsafe {
+            libc::kill(pid, signal);
+        }
+        let mut exited = tokio::task::spawn_blocking(move || child.wait());
+        let (status, escalated) = match tokio::time::timeout(grace, &mut exited).await {
+            Ok(status) => (status, false),
+            Err(_) => {
+                // Still running: the child is not reaped yet, so the pid is still ours.
+                unsafe {
+                    libc::kill(pid, libc::SIGKILL);
+                }
+                let status = tokio::time::timeout(Duration::from_secs(10), exited)
+                    .await
+                    .with_context(|| format!("node {i} (pid {pid}) did not exit 10 s after SIGKILL"))?;
+                (status, true)
+            }
+        };
+        let status = status.context("waiting for a node")?.context("waiting for a node")?;
+        self.paused[i] = false;
+        Ok(Stopped { after: started.elapsed(), escalated, status: status.to_string() })
+    }
+
     pub fn running(&self, i: usize) -> bool {
         self.children[i].is_some()
     }
@@ -146,6 +179,14 @@ impl Nodes {
         None
     }
 
+    /// How many worker streams node `i`'s gateway serves, by its own report.
+    pub async fn stream_clients(&self, i: usize) -> Option<usize> {
+        let Ok((200, body)) = http_get(&self.admin(i), "/actuator/jobstreams").await else { return None };
+        let value: serde_json::Value = serde_json::from_str(&body).ok()?;
+        let streams = value["client"].as_array()?;
+        Some(streams.iter().map(|s| s["clients"].as_array().map_or(0, Vec::len)).sum())
+    }
+
     pub fn stop_all(&mut self) {
         for i in 0..self.children.len() {
             if self.paused[i] {
@@ -154,6 +195,17 @@ impl Nodes {
             self.kill(i);
         }
     }
+}
+
+/// How a stopped node ended.
+#[derive(Debug)]
+pub struct Stopped {
+    /// From the signal to the exit.
+    pub after: Duration,
+    /// It outlived its grace period and was killed.
+    pub escalated: bool,
+    /// Its exit status, as the system describes it.
+    pub status: String,
 }
 
 impl Drop for Nodes {

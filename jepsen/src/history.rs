@@ -6,27 +6,30 @@ use std::collections::BTreeMap;
 
 use serde::{Deserialize, Serialize};
 
-#[derive(Clone, Copy, Debug, PartialEq, Eq, Serialize, Deserialize)]
+#[derive(Clone, Copy, Debug, Default, PartialEq, Eq, Serialize, Deserialize)]
 #[serde(rename_all = "lowercase")]
 pub enum Kind {
+    #[default]
     Create,
     Activate,
     Complete,
     Fail,
 }
 
-#[derive(Clone, Copy, Debug, PartialEq, Eq, Serialize, Deserialize)]
+#[derive(Clone, Copy, Debug, Default, PartialEq, Eq, Serialize, Deserialize)]
 #[serde(rename_all = "lowercase")]
 pub enum Phase {
+    #[default]
     Invoke,
     Ok,
     Fail,
     Info,
 }
 
-/// One event. `id` is the job's unique id (carried in its variables); `key`
-/// is Drover's job key once known; `attempt` the activation's fencing token.
-#[derive(Clone, Debug, PartialEq, Serialize, Deserialize)]
+/// One event. `id` is the job's unique id (carried in its variables as its
+/// marker); `key` is Drover's job key once known; `attempt` the activation's
+/// fencing token.
+#[derive(Clone, Debug, Default, PartialEq, Serialize, Deserialize)]
 pub struct Op {
     pub time_ms: u64,
     pub process: u64,
@@ -38,6 +41,16 @@ pub struct Op {
     pub key: Option<u64>,
     #[serde(default)]
     pub attempt: u32,
+    /// On a create, the job type it asked for; on an activation, the type the
+    /// worker asked to receive.
+    #[serde(default, skip_serializing_if = "Option::is_none")]
+    pub job_type: Option<String>,
+    /// On an activation, the worker name the worker asked for.
+    #[serde(default, skip_serializing_if = "Option::is_none")]
+    pub worker: Option<String>,
+    /// On an activation, the worker name Drover put on it.
+    #[serde(default, skip_serializing_if = "Option::is_none")]
+    pub assigned_worker: Option<String>,
 }
 
 /// A job as one node's replica holds it after the faults healed.
@@ -46,8 +59,10 @@ pub struct FinalJob {
     /// The unique id from the job's variables.
     pub id: u64,
     pub state: String,
+    #[serde(default)]
+    pub job_type: String,
 }
 
-/// Node -> job key -> what that node holds. Keyed by job key, not id: a create
-/// retried after a lost answer can make two jobs with one id.
+/// Node -> job key -> what that node holds. Keyed by job key, not id, so that
+/// two jobs made by one create are both seen.
 pub type FinalReads = BTreeMap<usize, BTreeMap<u64, FinalJob>>;

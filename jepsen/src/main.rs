@@ -43,6 +43,11 @@ enum Nemesis {
     Kill,
     Pause,
     Badlinks,
+    Restart,
+}
+
+impl Nemesis {
+    const ALL: [Nemesis; 5] = [Nemesis::Partition, Nemesis::Kill, Nemesis::Pause, Nemesis::Badlinks, Nemesis::Restart];
 }
 
 #[derive(clap::Args, Clone, Debug, Serialize, Deserialize)]
@@ -113,11 +118,8 @@ fn main() -> anyhow::Result<()> {
         }
         Command::Suite(args) => {
             let (mut passed, mut failed) = (0, 0);
-            let mut combos: Vec<Vec<Nemesis>> = [Nemesis::Partition, Nemesis::Kill, Nemesis::Pause, Nemesis::Badlinks]
-                .iter()
-                .map(|n| vec![*n])
-                .collect();
-            combos.push(vec![Nemesis::Partition, Nemesis::Kill, Nemesis::Pause, Nemesis::Badlinks]);
+            let mut combos: Vec<Vec<Nemesis>> = Nemesis::ALL.iter().map(|n| vec![*n]).collect();
+            combos.push(Nemesis::ALL.to_vec());
             for nemesis in combos {
                 let args = RunArgs { nemesis, ..args.clone() };
                 match run(args) {
@@ -187,7 +189,11 @@ fn run(args: RunArgs) -> anyhow::Result<bool> {
         .status()?;
     drop(net);
     let report = std::fs::read_to_string(dir.join("report.txt")).unwrap_or_else(|_| "no report: the run failed".into());
-    println!("jepsen: {} | seed {seed} | {}", names.join("+"), report.trim());
+    let mut lines = report.trim().lines();
+    println!("jepsen: {} | seed {seed} | {}", names.join("+"), lines.next().unwrap_or_default());
+    for line in lines {
+        println!("jepsen:   {line}");
+    }
     if status.code() == Some(1) || status.code() == Some(0) {
         Ok(status.success())
     } else {
@@ -238,7 +244,21 @@ async fn inner(dir: &Path) -> anyhow::Result<bool> {
         tasks.push(tokio::spawn(workload::poller(Arc::clone(&shared), p, config.seed ^ (p + 1))));
     }
     for p in 5..7u64 {
-        tasks.push(tokio::spawn(workload::streamer(Arc::clone(&shared), p, config.seed ^ (p + 1))));
+        let any = workload::Gateways::Any;
+        tasks.push(tokio::spawn(workload::streamer(
+            Arc::clone(&shared),
+            p,
+            config.seed ^ (p + 1),
+            workload::JOB_TYPE,
+            any,
+        )));
+    }
+    // One stream-only worker per gateway, always on that gateway.
+    for node in 0..args.nodes {
+        let p = 7 + node as u64;
+        let home = workload::Gateways::Home(node);
+        let worker = workload::streamer(Arc::clone(&shared), p, config.seed ^ (p + 1), workload::PUSHED_TYPE, home);
+        tasks.push(tokio::spawn(worker));
     }
 
     // The fault schedule.
@@ -281,6 +301,7 @@ async fn inner(dir: &Path) -> anyhow::Result<bool> {
         let partition = (key >> 48) as usize;
         (0..args.nodes.min(3)).map(|i| (partition + i) % args.nodes).collect()
     };
+    let drain_start = Instant::now();
     let mut finals;
     loop {
         tokio::time::sleep(Duration::from_secs(2)).await;
@@ -289,6 +310,11 @@ async fn inner(dir: &Path) -> anyhow::Result<bool> {
         let report = checker::check(&history, &finals, replicas);
         let settled = report.lost.is_empty() && report.divergent.is_empty();
         if settled || Instant::now() > drain_end {
+            let event = serde_json::json!({
+                "time_ms": shared.recorder.now_ms(), "event": "drained", "settled": settled,
+                "drain_ms": drain_start.elapsed().as_millis() as u64,
+            });
+            append_line(&timeline, &event);
             break;
         }
     }
@@ -303,7 +329,7 @@ async fn inner(dir: &Path) -> anyhow::Result<bool> {
     }
     std::fs::write(dir.join("finals.json"), serde_json::to_string(&finals)?)?;
     std::fs::write(dir.join("report.json"), serde_json::to_string_pretty(&report)?)?;
-    std::fs::write(dir.join("report.txt"), report.summary())?;
+    std::fs::write(dir.join("report.txt"), format!("{}\n{}\n", report.summary(), report.details()))?;
     nodes.stop_all();
     drop(proxies);
     Ok(report.valid)
@@ -349,12 +375,37 @@ enum KillKind {
     All,
 }
 
-/// Which nemesis, partition, kill and link fault come next.
+/// How the `restart` nemesis stops a node before starting it again.
+#[derive(Clone, Copy, Debug, PartialEq, Eq, Serialize)]
+#[serde(rename_all = "kebab-case")]
+enum RestartKind {
+    /// SIGTERM: Drover's graceful shutdown (streams closed, requests finished).
+    Sigterm,
+    /// SIGKILL: a crash.
+    Sigkill,
+}
+
+impl RestartKind {
+    fn signal(self) -> i32 {
+        match self {
+            RestartKind::Sigterm => libc::SIGTERM,
+            RestartKind::Sigkill => libc::SIGKILL,
+        }
+    }
+}
+
+/// How long a node may take to stop after SIGTERM before it is killed: its
+/// shutdown waits for requests in flight, up to the request timeout (10 s by
+/// default).
+const GRACEFUL_STOP: Duration = Duration::from_secs(20);
+
+/// Which nemesis, partition, kill, link fault and restart come next.
 struct Schedule {
     nemeses: Bag<Nemesis>,
     partitions: Bag<partition::Kind>,
     kills: Bag<KillKind>,
     links: Bag<LinkKind>,
+    restarts: Bag<RestartKind>,
 }
 
 impl Schedule {
@@ -371,6 +422,7 @@ impl Schedule {
             // Single kills twice as often as the others.
             kills: Bag::new(&[KillKind::One, KillKind::Majority, KillKind::One, KillKind::All]),
             links: Bag::new(&[LinkKind::Loss, LinkKind::Delay, LinkKind::Bandwidth]),
+            restarts: Bag::new(&[RestartKind::Sigterm, RestartKind::Sigkill]),
         }
     }
 }
@@ -398,7 +450,8 @@ struct Faults<'a> {
 
 impl Faults<'_> {
     /// Ends every fault: rules and limits removed, delays cleared, paused
-    /// nodes resumed, killed nodes restarted.
+    /// nodes resumed, killed nodes restarted. (A restarted node is already
+    /// running again: nothing to do for it.)
     fn heal(&mut self) -> anyhow::Result<()> {
         self.network.heal();
         self.proxies.clear();
@@ -487,6 +540,27 @@ impl Faults<'_> {
                 self.nodes.signal(victim, libc::SIGSTOP);
                 Fault::new(kind, format!("SIGSTOP node {victim}"), serde_json::json!({ "node": victim }))
             }
+            Nemesis::Restart => {
+                let kind = schedule.restarts.next(rng);
+                let victim = order[0];
+                // The worker streams it serves at that moment (its own view).
+                let streams = self.nodes.stream_clients(victim).await;
+                let stopped = self.nodes.stop(victim, kind.signal(), GRACEFUL_STOP).await?;
+                self.nodes.start(victim)?;
+                let signal = if kind == RestartKind::Sigterm { "SIGTERM" } else { "SIGKILL" };
+                let escalated = if stopped.escalated { ", then SIGKILL" } else { "" };
+                let description = format!(
+                    "{signal}{escalated} node {victim} ({} worker streams), exited after {} ms ({}), started again",
+                    streams.map_or_else(|| "unknown".to_string(), |n| n.to_string()),
+                    stopped.after.as_millis(),
+                    stopped.status
+                );
+                let detail = serde_json::json!({
+                    "node": victim, "streams": streams, "stopped_ms": stopped.after.as_millis() as u64,
+                    "escalated": stopped.escalated, "status": stopped.status,
+                });
+                Fault::new(kind, description, detail)
+            }
             Nemesis::Badlinks => {
                 let kind = schedule.links.next(rng);
                 let victim = order[0];
@@ -539,7 +613,8 @@ async fn final_reads(nodes: &cluster::Nodes) -> FinalReads {
             if let (Some(id), Some(key), Some(state)) =
                 (variables["id"].as_u64(), job["key"].as_u64(), job["state"].as_str())
             {
-                jobs.insert(key, FinalJob { id, state: state.to_string() });
+                let job_type = job["type"].as_str().unwrap_or_default().to_string();
+                jobs.insert(key, FinalJob { id, state: state.to_string(), job_type });
             }
         }
         finals.insert(i, jobs);

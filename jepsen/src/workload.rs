@@ -1,6 +1,12 @@
 //! Clients that create jobs with unique ids through random gateways, and
 //! workers (long polling and streaming) that complete, fail, ignore or
 //! complete-too-late what they receive. Every operation is recorded.
+//!
+//! Jobs are of two types. [`JOB_TYPE`] is polled and streamed. [`PUSHED_TYPE`]
+//! is only ever streamed: no worker polls it, so a job of that type reaches a
+//! worker only if a broker pushes it. One such worker is homed on each
+//! gateway and always reconnects to it, so a restarted gateway sees its
+//! workers come back.
 
 use std::sync::atomic::{AtomicBool, AtomicU64, Ordering};
 use std::sync::{Arc, Mutex};
@@ -14,7 +20,10 @@ use tonic::Code;
 
 use crate::history::{Kind, Op, Phase};
 
+/// Polled by the long-polling workers and streamed to the streaming ones.
 pub const JOB_TYPE: &str = "jepsen";
+/// Only streamed: it reaches a worker through a push or not at all.
+pub const PUSHED_TYPE: &str = "jepsen-pushed";
 /// Short, so timeouts and redeliveries happen often.
 pub const ACTIVATION_TIMEOUT_MS: i64 = 2_000;
 
@@ -34,7 +43,12 @@ impl Recorder {
 
     #[allow(clippy::too_many_arguments)]
     pub fn record(&self, process: u64, node: usize, kind: Kind, phase: Phase, id: u64, key: Option<u64>, attempt: u32) {
-        let op = Op { time_ms: self.now_ms(), process, node, kind, phase, id, key, attempt };
+        self.record_op(Op { process, node, kind, phase, id, key, attempt, ..Op::default() });
+    }
+
+    /// Records `op`, stamped with the time now.
+    pub fn record_op(&self, op: Op) {
+        let op = Op { time_ms: self.now_ms(), ..op };
         self.ops.lock().unwrap().push(op);
     }
 
@@ -70,10 +84,20 @@ pub async fn producer(shared: Arc<Shared>, process: u64, seed: u64) {
     let clients: Vec<Client> = shared.gateways.iter().map(|g| Client::connect_lazy(g).unwrap()).collect();
     while !shared.stop_creating.load(Ordering::Relaxed) {
         let node = rng.random_range(0..clients.len());
+        let job_type = if rng.random_bool(0.5) { JOB_TYPE } else { PUSHED_TYPE };
+        // The id is the create's marker: the final reads find its jobs by it.
         let id = shared.next_id.fetch_add(1, Ordering::Relaxed);
-        shared.recorder.record(process, node, Kind::Create, Phase::Invoke, id, None, 0);
+        shared.recorder.record_op(Op {
+            process,
+            node,
+            kind: Kind::Create,
+            phase: Phase::Invoke,
+            id,
+            job_type: Some(job_type.into()),
+            ..Op::default()
+        });
         let variables = format!(r#"{{"id":{id}}}"#);
-        let create = clients[node].create_job(JOB_TYPE, &variables);
+        let create = clients[node].create_job(job_type, &variables);
         match tokio::time::timeout(Duration::from_secs(5), create).await {
             Ok(Ok(key)) => shared.recorder.record(process, node, Kind::Create, Phase::Ok, id, Some(key), 0),
             Ok(Err(status)) if certain_failure(&status) => {
@@ -88,10 +112,35 @@ pub async fn producer(shared: Arc<Shared>, process: u64, seed: u64) {
     }
 }
 
+/// What a worker asked for: the checker compares it with what it was handed.
+struct Wanted<'a> {
+    job_type: &'a str,
+    worker: &'a str,
+}
+
 /// Handles one activated job the way a (sometimes unreliable) worker would.
-async fn handle(shared: &Shared, client: &Client, process: u64, node: usize, job: ActivatedJob, rng: &mut StdRng) {
+async fn handle(
+    shared: &Shared,
+    client: &Client,
+    (process, node): (u64, usize),
+    wanted: &Wanted<'_>,
+    job: ActivatedJob,
+    rng: &mut StdRng,
+) {
     let Some(id) = id_of(&job) else { return };
-    shared.recorder.record(process, node, Kind::Activate, Phase::Ok, id, Some(job.key), job.attempt);
+    shared.recorder.record_op(Op {
+        process,
+        node,
+        kind: Kind::Activate,
+        phase: Phase::Ok,
+        id,
+        key: Some(job.key),
+        attempt: job.attempt,
+        job_type: Some(wanted.job_type.into()),
+        worker: Some(wanted.worker.into()),
+        assigned_worker: Some(job.worker.clone()),
+        ..Op::default()
+    });
     let roll: u32 = if shared.draining.load(Ordering::Relaxed) { 0 } else { rng.random_range(0..100) };
     if roll >= 90 {
         return; // never answers: the activation times out
@@ -137,20 +186,65 @@ pub async fn poller(shared: Arc<Shared>, process: u64, seed: u64) {
                 continue;
             }
         };
+        let wanted = Wanted { job_type: JOB_TYPE, worker: &worker };
         for job in jobs {
-            handle(&shared, &clients[node], process, node, job, &mut rng).await;
+            handle(&shared, &clients[node], (process, node), &wanted, job, &mut rng).await;
         }
     }
 }
 
-pub async fn streamer(shared: Arc<Shared>, process: u64, seed: u64) {
+/// Where a streaming worker opens its streams.
+#[derive(Clone, Copy, Debug)]
+pub enum Gateways {
+    /// A random gateway on every (re)connection.
+    Any,
+    /// Always this one: after it restarts, the worker comes back to it.
+    Home(usize),
+}
+
+/// Reconnection back-off: doubles from `FIRST` up to `LONGEST` while opening
+/// fails, and starts over once a stream is open.
+struct Backoff {
+    next: Duration,
+}
+
+impl Backoff {
+    const FIRST: Duration = Duration::from_millis(100);
+    const LONGEST: Duration = Duration::from_secs(2);
+
+    fn new() -> Backoff {
+        Backoff { next: Backoff::FIRST }
+    }
+
+    fn wait(&mut self) -> Duration {
+        let wait = self.next;
+        self.next = (self.next * 2).min(Backoff::LONGEST);
+        wait
+    }
+
+    fn reset(&mut self) {
+        self.next = Backoff::FIRST;
+    }
+}
+
+/// A worker that receives jobs of `job_type` only through
+/// `StreamActivatedJobs` pushes. Every (re)connection opens a stream under
+/// one of two worker names, so a gateway aggregates several kinds of stream
+/// and numbers them in the order workers come back after a restart.
+pub async fn streamer(shared: Arc<Shared>, process: u64, seed: u64, job_type: &'static str, gateways: Gateways) {
     let mut rng = StdRng::seed_from_u64(seed);
+    let mut backoff = Backoff::new();
+    let prefix = if job_type == PUSHED_TYPE { "pushed" } else { "streamer" };
     while !shared.stop.load(Ordering::Relaxed) {
-        let node = rng.random_range(0..shared.gateways.len());
+        let node = match gateways {
+            Gateways::Any => rng.random_range(0..shared.gateways.len()),
+            Gateways::Home(node) => node,
+        };
         let client = Client::connect_lazy(&shared.gateways[node]).unwrap();
+        let worker = format!("{prefix}-{}", if rng.random_bool(0.5) { "a" } else { "b" });
         let request = StreamActivatedJobsRequest {
-            r#type: JOB_TYPE.into(),
-            worker: "streamer".into(),
+            r#type: job_type.into(),
+            worker: worker.clone(),
             timeout: ACTIVATION_TIMEOUT_MS,
             // It works one job at a time: more would wait past their timeout.
             max_jobs_in_flight: 2,
@@ -158,14 +252,22 @@ pub async fn streamer(shared: Arc<Shared>, process: u64, seed: u64) {
         };
         let opened = tokio::time::timeout(Duration::from_secs(3), client.raw().stream_activated_jobs(request)).await;
         let Ok(Ok(response)) = opened else {
-            tokio::time::sleep(Duration::from_millis(200)).await;
+            // The gateway is down, restarting or unreachable: try again later.
+            tokio::time::sleep(backoff.wait()).await;
             continue;
         };
+        backoff.reset();
+        let wanted = Wanted { job_type, worker: &worker };
         let mut stream = response.into_inner();
         while !shared.stop.load(Ordering::Relaxed) {
             match tokio::time::timeout(Duration::from_secs(3), stream.message()).await {
-                Ok(Ok(Some(job))) => handle(&shared, &client, process, node, job, &mut rng).await,
-                Ok(_) => break,
+                Ok(Ok(Some(job))) => handle(&shared, &client, (process, node), &wanted, job, &mut rng).await,
+                // The gateway ended the stream (it is stopping) or the
+                // connection broke (it died): reconnect after a pause.
+                Ok(_) => {
+                    tokio::time::sleep(backoff.wait()).await;
+                    break;
+                }
                 Err(_) => {
                     // Idle: reconnect now and then, possibly to another gateway.
                     if rng.random_bool(0.3) {
@@ -174,5 +276,19 @@ pub async fn streamer(shared: Arc<Shared>, process: u64, seed: u64) {
                 }
             }
         }
+    }
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+
+    #[test]
+    fn the_backoff_doubles_up_to_its_bound_and_starts_over() {
+        let mut backoff = Backoff::new();
+        let waits: Vec<u128> = (0..7).map(|_| backoff.wait().as_millis()).collect();
+        assert_eq!(waits, [100, 200, 400, 800, 1600, 2000, 2000]);
+        backoff.reset();
+        assert_eq!(backoff.wait(), Duration::from_millis(100));
     }
 }
