@@ -187,8 +187,9 @@ impl Replica {
                 Formation::Joining => {
                     raft.shutdown().await.ok();
                     bail!(
-                        "partition {partition} has no replica but this node's, so --join-existing has nothing to \
-                         copy it from"
+                        "partition {partition} has no replica but this node's, so a joining node (one started \
+                         with --join-existing on an empty data directory) has nothing to copy it from. To form a \
+                         new cluster instead, start on an empty data directory without --join-existing."
                     );
                 }
                 Formation::Formed => {
