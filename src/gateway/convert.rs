@@ -69,14 +69,20 @@ pub fn job_type(value: &str) -> Result<(), ApiError> {
     if value.is_empty() {
         return Err(ApiError::InvalidArgument("type must not be empty".into()));
     }
-    if value.len() > MAX_TYPE_LEN {
+    name("type", value, MAX_TYPE_LEN)
+}
+
+/// A client-chosen name (type, tenant id, idempotency key): at most `max`
+/// bytes, no control characters.
+fn name(field: &str, value: &str, max: usize) -> Result<(), ApiError> {
+    if value.len() > max {
         return Err(ApiError::InvalidArgument(format!(
-            "type is {} bytes long; at most {MAX_TYPE_LEN} are allowed",
+            "{field} is {} bytes long; at most {max} are allowed",
             value.len()
         )));
     }
     if value.chars().any(char::is_control) {
-        return Err(ApiError::InvalidArgument("type must not contain control characters".into()));
+        return Err(ApiError::InvalidArgument(format!("{field} must not contain control characters")));
     }
     Ok(())
 }
@@ -101,15 +107,7 @@ pub fn tenant_id(field: &str, value: String) -> Result<String, ApiError> {
     if value.is_empty() {
         return Ok(DEFAULT_TENANT.to_string());
     }
-    if value.len() > MAX_TENANT_LEN {
-        return Err(ApiError::InvalidArgument(format!(
-            "{field} is {} bytes long; at most {MAX_TENANT_LEN} are allowed",
-            value.len()
-        )));
-    }
-    if value.chars().any(char::is_control) {
-        return Err(ApiError::InvalidArgument(format!("{field} must not contain control characters")));
-    }
+    name(field, &value, MAX_TENANT_LEN)?;
     Ok(value)
 }
 
@@ -225,16 +223,7 @@ pub const MIN_IDEMPOTENCY_WINDOW_MS: i64 = 60_000;
 pub const MAX_IDEMPOTENCY_KEY_LEN: usize = 255;
 
 fn idempotency_key(key: &str) -> Result<(), ApiError> {
-    if key.len() > MAX_IDEMPOTENCY_KEY_LEN {
-        return Err(ApiError::InvalidArgument(format!(
-            "idempotency_key is {} bytes long; at most {MAX_IDEMPOTENCY_KEY_LEN} are allowed",
-            key.len()
-        )));
-    }
-    if key.chars().any(char::is_control) {
-        return Err(ApiError::InvalidArgument("idempotency_key must not contain control characters".into()));
-    }
-    Ok(())
+    name("idempotency_key", key, MAX_IDEMPOTENCY_KEY_LEN)
 }
 
 fn millis(duration: std::time::Duration) -> i64 {
