@@ -77,6 +77,17 @@ enum ClusterCommand {
     Status,
 }
 
+/// A job named by the idempotency key its producer gave.
+#[derive(clap::Args)]
+struct ByIdempotencyKey {
+    #[arg(long, conflicts_with = "key")]
+    idempotency_key: Option<String>,
+    #[arg(long, default_value = "")]
+    tenant: String,
+    #[arg(long, default_value = "")]
+    user: String,
+}
+
 #[derive(Subcommand)]
 enum JobCommand {
     /// Create a job and print its key.
@@ -101,12 +112,34 @@ enum JobCommand {
         #[arg(long, default_value = "")]
         tenant: String,
         /// Makes the create idempotent: within the key's window, the same key
-        /// (and tenant) answers with the first job instead of making another.
+        /// (and tenant and user) answers with the first job instead of making another.
         #[arg(long, default_value = "")]
         idempotency_key: String,
+        /// Who initiated the job; part of the idempotency key's scope.
+        #[arg(long, default_value = "")]
+        user: String,
+        /// A stage the job's worker checkpoints, in order (repeatable).
+        #[arg(long = "stage")]
+        stages: Vec<String>,
     },
-    /// Print a job as JSON.
-    Get { key: u64 },
+    /// Print a job as JSON, by key or by idempotency key.
+    Get {
+        #[arg(required_unless_present = "idempotency_key")]
+        key: Option<u64>,
+        #[command(flatten)]
+        by: ByIdempotencyKey,
+    },
+    /// Wait until a job is completed or cancelled, then print it. Exits 0 when
+    /// it completed, 3 when it was cancelled, 4 when the wait ended first.
+    Wait {
+        #[arg(required_unless_present = "idempotency_key")]
+        key: Option<u64>,
+        #[command(flatten)]
+        by: ByIdempotencyKey,
+        /// How long to wait, in ms (at most 600000).
+        #[arg(long, default_value_t = 60_000)]
+        timeout_ms: i64,
+    },
     /// Complete an activated job.
     Complete {
         key: u64,
@@ -288,6 +321,13 @@ fn job_json(job: &drover::proto::gateway::Job) -> serde_json::Value {
         "errorMessage": job.error_message,
         "result": serde_json::from_str::<serde_json::Value>(&job.result).unwrap_or(serde_json::Value::Null),
         "partitionId": job.partition_id,
+        "idempotencyKey": job.idempotency_key,
+        "user": job.user,
+        "stages": job.stages,
+        "stage": job.stage,
+        "checkpoints": job.checkpoints.iter().map(|c| serde_json::json!({
+            "stage": c.stage, "attempt": c.attempt, "at": c.at,
+        })).collect::<Vec<_>>(),
     })
 }
 
@@ -301,7 +341,18 @@ async fn job(command: JobCommand, target: &Target) -> anyhow::Result<()> {
         .with_context(|| format!("connecting to {} (is a node running? set --address)", target.address))?;
     let mut raw = client.raw();
     match command {
-        JobCommand::Create { job_type, variables, retries, priority, delay, headers, tenant, idempotency_key } => {
+        JobCommand::Create {
+            job_type,
+            variables,
+            retries,
+            priority,
+            delay,
+            headers,
+            tenant,
+            idempotency_key,
+            user,
+            stages,
+        } => {
             let request = CreateJobRequest {
                 r#type: job_type,
                 variables,
@@ -311,6 +362,8 @@ async fn job(command: JobCommand, target: &Target) -> anyhow::Result<()> {
                 delay,
                 tenant_id: tenant,
                 idempotency_key,
+                user,
+                stages,
                 ..Default::default()
             };
             let reply = raw.create_job(request).await.map_err(status_error)?.into_inner();
@@ -319,9 +372,38 @@ async fn job(command: JobCommand, target: &Target) -> anyhow::Result<()> {
             }
             println!("{}", reply.key);
         }
-        JobCommand::Get { key } => {
-            let job = client.get_job(key).await.map_err(status_error)?;
+        JobCommand::Get { key, by } => {
+            let request = GetJobRequest {
+                key: key.unwrap_or_default(),
+                idempotency_key: by.idempotency_key.unwrap_or_default(),
+                tenant_id: by.tenant,
+                user: by.user,
+            };
+            let job = raw.get_job(request).await.map_err(status_error)?.into_inner().job;
+            print_json(&job_json(&job.context("GetJob answered no job")?));
+        }
+        JobCommand::Wait { key, by, timeout_ms } => {
+            let request = AwaitJobRequest {
+                key: key.unwrap_or_default(),
+                idempotency_key: by.idempotency_key.unwrap_or_default(),
+                tenant_id: by.tenant,
+                user: by.user,
+                timeout: timeout_ms,
+            };
+            let mut call = tonic::Request::new(request);
+            call.set_timeout(Duration::from_millis(timeout_ms.max(0) as u64 + 10_000));
+            let mut answers = raw.await_job(call).await.map_err(status_error)?.into_inner();
+            let reply = answers.message().await.map_err(status_error)?.context("AwaitJob sent no answer")?;
+            let job = reply.job.context("AwaitJob answered no job")?;
             print_json(&job_json(&job));
+            match (reply.r#final, job.state.as_str()) {
+                (true, "completed") => {}
+                (true, _) => std::process::exit(3),
+                (false, _) => {
+                    eprintln!("job {} is still {} after {timeout_ms} ms", job.key, job.state);
+                    std::process::exit(4);
+                }
+            }
         }
         JobCommand::Complete { key, variables, attempt } => {
             client.complete(key, attempt, &variables).await.map_err(status_error)?;
@@ -398,6 +480,7 @@ async fn run_command(command: &str, job: &ActivatedJob, back_off_ms: i64) -> Job
         .env("DROVER_JOB_TYPE", &job.r#type)
         .env("DROVER_JOB_ATTEMPT", job.attempt.to_string())
         .env("DROVER_JOB_RETRIES", job.retries.to_string())
+        .env("DROVER_JOB_STAGE", &job.stage)
         .stdin(Stdio::piped())
         .stdout(Stdio::piped())
         .stderr(Stdio::piped())

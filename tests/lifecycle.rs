@@ -284,7 +284,7 @@ async fn bad_input_gets_a_clear_status() {
     let negative = CreateJobRequest { retries: Some(-1), ..create("t", "{}") };
     assert_eq!(raw.create_job(negative).await.unwrap_err().code(), Code::InvalidArgument);
 
-    let unknown = drover::proto::gateway::GetJobRequest { key: 12345 };
+    let unknown = drover::proto::gateway::GetJobRequest { key: 12345, ..Default::default() };
     assert_eq!(raw.get_job(unknown).await.unwrap_err().code(), Code::NotFound);
     let status = node.client.complete(999, 0, "{}").await.unwrap_err();
     assert_eq!(status.code(), Code::NotFound);

@@ -92,11 +92,15 @@ async fn an_overflowing_grpc_timeout_is_refused_and_the_node_keeps_serving() {
     let status = raw.create_job(with_grpc_timeout(create.clone(), "18446744073709551615S")).await.unwrap_err();
     assert_eq!(status.code(), Code::InvalidArgument, "{status:?}");
     assert!(status.message().contains("grpc-timeout"), "{}", status.message());
-    let status = raw.get_job(with_grpc_timeout(GetJobRequest { key }, "123456789m")).await.unwrap_err();
+    let status =
+        raw.get_job(with_grpc_timeout(GetJobRequest { key, ..Default::default() }, "123456789m")).await.unwrap_err();
     assert_eq!(status.code(), Code::InvalidArgument, "nine digits are one too many: {status:?}");
 
     // The longest valid timeout works, and so does everything after.
-    let job = raw.get_job(with_grpc_timeout(GetJobRequest { key }, "99999999H")).await.expect("8 digits are valid");
+    let job = raw
+        .get_job(with_grpc_timeout(GetJobRequest { key, ..Default::default() }, "99999999H"))
+        .await
+        .expect("8 digits are valid");
     assert_eq!(job.into_inner().job.unwrap().key, key);
     raw.create_job(create).await.expect("the node still serves");
 

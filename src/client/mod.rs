@@ -115,8 +115,29 @@ impl Client {
     }
 
     pub async fn get_job(&self, key: u64) -> Result<Job, tonic::Status> {
-        let reply = self.raw().get_job(GetJobRequest { key }).await?.into_inner();
+        let reply = self.raw().get_job(GetJobRequest { key, ..Default::default() }).await?.into_inner();
         reply.job.ok_or_else(|| tonic::Status::internal("GetJob returned no job"))
+    }
+
+    /// Waits up to `timeout` for a job to be final; returns it and whether it is.
+    pub async fn await_job(&self, key: u64, timeout: Duration) -> Result<(Job, bool), tonic::Status> {
+        let request = AwaitJobRequest { key, timeout: timeout.as_millis() as i64, ..Default::default() };
+        let mut stream = self.raw().await_job(request).await?.into_inner();
+        let reply = stream.message().await?.ok_or_else(|| tonic::Status::internal("AwaitJob sent no answer"))?;
+        let job = reply.job.ok_or_else(|| tonic::Status::internal("AwaitJob returned no job"))?;
+        Ok((job, reply.r#final))
+    }
+
+    /// Commits `stage` of an activated job with `variables` (a JSON object,
+    /// empty for none); returns the activation's new deadline.
+    pub async fn checkpoint(&self, job: &ActivatedJob, stage: &str, variables: &str) -> Result<i64, tonic::Status> {
+        let request = CheckpointJobRequest {
+            key: job.key,
+            attempt: job.attempt,
+            stage: stage.into(),
+            variables: variables.into(),
+        };
+        Ok(self.raw().checkpoint_job(request).await?.into_inner().deadline)
     }
 
     /// Activates up to `max` jobs, waiting up to `request_timeout_ms` for one.

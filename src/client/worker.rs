@@ -28,6 +28,10 @@ pub enum JobOutcome {
     Complete(String),
     /// Fail; `retries` is what remains after this failure.
     Fail { retries: i32, message: String, back_off_ms: i64 },
+    /// Report nothing: the job is no longer this worker's (a checkpoint or
+    /// another call was refused as superseded), or the handler has reported
+    /// its outcome itself.
+    Abandon,
 }
 
 #[derive(Clone, Debug)]
@@ -167,6 +171,7 @@ impl Worker {
                         JobOutcome::Fail { retries, message, back_off_ms } => {
                             client.fail(key, attempt, retries, &message, back_off_ms).await
                         }
+                        JobOutcome::Abandon => Ok(()),
                     };
                     if let Err(status) = result {
                         tracing::warn!(key, attempt, "reporting the job's outcome failed: {status}");

@@ -6,13 +6,16 @@ use std::time::{Duration, Instant};
 use tonic::{Request, Response, Status};
 
 use super::links::from_spec;
-use crate::core::{ActivatedJobData, Command, JobKey};
+use crate::core::{ActivatedJobData, Command, JobKey, JobRef};
 use crate::gateway::router;
 use crate::node::NodeContext;
 use crate::partition::streams::PushOutcome;
 use crate::proto::cluster::cluster_server::Cluster;
 use crate::proto::cluster::*;
 use crate::raft::RpcKind;
+
+/// The longest a peer's read waits for a job to become final.
+const MAX_DESCRIBE_WAIT_MS: u64 = 600_000;
 
 pub struct ClusterService {
     ctx: Arc<OnceLock<Arc<NodeContext>>>,
@@ -106,7 +109,21 @@ impl Cluster for ClusterService {
                 ..Default::default()
             }));
         };
-        let job = replica.state().lookup(JobKey(request.key)).map_err(|e| Status::internal(e.to_string()))?;
+        let job = if request.key != 0 {
+            JobRef::Key(JobKey(request.key))
+        } else {
+            let named = bincode::deserialize(&request.request)
+                .map_err(|e| Status::invalid_argument(format!("malformed request id: {e}")))?;
+            JobRef::Request(named)
+        };
+        let state = replica.state();
+        let job = match state.resolve(&job) {
+            Some(key) => state
+                .await_final(key, Duration::from_millis(request.wait_ms.min(MAX_DESCRIBE_WAIT_MS)))
+                .await
+                .map_err(|e| Status::internal(e.to_string()))?,
+            None => None,
+        };
         let encoded = bincode::serialize(&job).map_err(|e| Status::internal(e.to_string()))?;
         Ok(Response::new(DescribeReply { job: encoded.into(), ..Default::default() }))
     }

@@ -78,6 +78,8 @@ pub struct ApplyOutput {
     /// How many request entries expired in this batch (every storage id
     /// below [`request_expiry_bound`] of the batch's time is gone).
     pub requests_expired: usize,
+    /// (job type, stage) of each checkpoint committed in this batch.
+    pub checkpoints: Vec<(String, String)>,
 }
 
 impl ApplyOutput {
@@ -280,7 +282,7 @@ impl PartitionState {
                 let spec = if variables.is_empty() {
                     None
                 } else {
-                    Some(self.spec_with_variables(*key, variables, *max_payload_bytes)?)
+                    Some(self.spec_with_variables(*key, variables, *max_payload_bytes, "fail")?)
                 };
                 let now = self.clock;
                 let job = self.jobs.get_mut(key).expect("checked by activation_of");
@@ -316,6 +318,8 @@ impl PartitionState {
                 let job = self.jobs.get_mut(key).expect("checked by activation_of");
                 self.deadlines.remove(&(job.deadline, *key));
                 job.deadline = deadline;
+                // Later checkpoints extend by the timeout the worker asked for last.
+                job.timeout_ms = *timeout_ms;
                 self.deadlines.insert((deadline, *key));
                 out.touched.push(*key);
                 Ok(CommandResult::Deadline(deadline))
@@ -343,6 +347,9 @@ impl PartitionState {
                 out.finished.push(job);
                 Ok(CommandResult::Done)
             }
+            Command::Checkpoint { key, attempt, stage, variables, max_payload_bytes } => {
+                self.checkpoint(*key, *attempt, stage, variables, *max_payload_bytes, out)
+            }
             Command::Yield { key, attempt } => {
                 self.activation_of(*key, *attempt, "yield")?;
                 let job = self.jobs.get_mut(key).expect("checked by activation_of");
@@ -357,6 +364,76 @@ impl PartitionState {
         }
     }
 
+    fn checkpoint(
+        &mut self,
+        key: JobKey,
+        attempt: u32,
+        stage: &str,
+        variables: &Bytes,
+        max_payload_bytes: u64,
+        out: &mut ApplyOutput,
+    ) -> Result<CommandResult, CommandError> {
+        if attempt == 0 {
+            return Err(CommandError::invalid(format!(
+                "cannot checkpoint job {key} without the activation's attempt: a checkpoint is fenced by it"
+            )));
+        }
+        self.activation_of(key, attempt, "checkpoint")?;
+        // A retried checkpoint whose first send took effect extends the lease again.
+        let repeat = self.jobs[&key].checkpoints.last().is_some_and(|c| c.stage == stage && c.attempt == attempt);
+        if !repeat {
+            self.check_stage_order(key, stage)?;
+        }
+        let spec = if variables.is_empty() || repeat {
+            None
+        } else {
+            Some(self.spec_with_variables(key, variables, max_payload_bytes, "checkpoint")?)
+        };
+        let now = self.clock;
+        let job = self.jobs.get_mut(&key).expect("checked by activation_of");
+        if let Some(spec) = spec {
+            job.spec = spec;
+        }
+        if !repeat {
+            job.checkpoints.push(Checkpoint { stage: stage.to_string(), attempt, at: now });
+            out.checkpoints.push((job.spec.job_type.clone(), stage.to_string()));
+            out.count(&job.spec.job_type, Outcome::Checkpointed);
+        }
+        // A checkpoint is a sign of life: the lease runs a full timeout from now.
+        self.deadlines.remove(&(job.deadline, key));
+        job.deadline = now.saturating_add(job.timeout_ms.max(1));
+        self.deadlines.insert((job.deadline, key));
+        out.touched.push(key);
+        Ok(CommandResult::Deadline(job.deadline))
+    }
+
+    /// Checks that `stage` is declared by the job and after its last committed one.
+    fn check_stage_order(&self, key: JobKey, stage: &str) -> Result<(), CommandError> {
+        let job = &self.jobs[&key];
+        let declared = &job.spec.stages;
+        if declared.is_empty() {
+            return Err(CommandError::precondition(format!(
+                "cannot checkpoint job {key}: it declares no stages (give stages when creating the job)"
+            )));
+        }
+        let Some(position) = declared.iter().position(|s| s == stage) else {
+            return Err(CommandError::invalid(format!(
+                "cannot checkpoint job {key} at stage {stage:?}: its stages are {declared:?}"
+            )));
+        };
+        if let Some(last) = job.checkpoints.last() {
+            let reached = declared.iter().position(|s| *s == last.stage).unwrap_or(0);
+            if position <= reached {
+                return Err(CommandError::precondition(format!(
+                    "cannot checkpoint job {key} at stage {stage:?}: stage {:?} is already committed (by attempt \
+                     {}), and stages only move forward along {declared:?}; resume after it",
+                    last.stage, last.attempt
+                )));
+            }
+        }
+        Ok(())
+    }
+
     /// The job's spec with `update` merged into its variables (see
     /// [`Command::Fail`]); refused when the result outgrows the payload limit.
     fn spec_with_variables(
@@ -364,17 +441,18 @@ impl PartitionState {
         key: JobKey,
         update: &[u8],
         max_payload_bytes: u64,
+        verb: &str,
     ) -> Result<Arc<JobSpec>, CommandError> {
         let spec = &self.jobs[&key].spec;
         let merged = merge_variables(&spec.variables, update).map_err(|e| {
-            CommandError::invalid(format!("cannot fail job {key}: variables must be a JSON object ({e})"))
+            CommandError::invalid(format!("cannot {verb} job {key}: variables must be a JSON object ({e})"))
         })?;
         let headers: usize = spec.custom_headers.iter().map(|(k, v)| k.len() + v.len()).sum();
         let payload = (merged.len() + headers) as u64;
         // A job created under a larger limit may keep its size, never grow past this one.
         if payload > max_payload_bytes && merged.len() > spec.variables.len() {
             return Err(CommandError::exhausted(format!(
-                "cannot fail job {key} with these variables: merged into the job's, its variables and custom \
+                "cannot {verb} job {key} with these variables: merged into the job's, its variables and custom \
                  headers would be {payload} bytes; this node accepts at most {max_payload_bytes} (setting \
                  max_payload_bytes); send fewer or smaller variables, or none"
             )));
@@ -392,7 +470,8 @@ impl PartitionState {
                         seen.job
                     )));
                 }
-                return Ok(CommandResult::Created { key: seen.job, created: false });
+                let state = self.jobs.get(&seen.job).map(|job| job.state);
+                return Ok(CommandResult::Created { key: seen.job, created: false, state });
             }
         }
         let now = self.clock;
@@ -417,6 +496,8 @@ impl PartitionState {
             result: Default::default(),
             activated_at: 0,
             failed_attempt: 0,
+            timeout_ms: 0,
+            checkpoints: Vec::new(),
         };
         out.count(&new_job.spec.job_type, Outcome::Created);
         self.jobs.insert(key, job);
@@ -429,7 +510,7 @@ impl PartitionState {
         if let Some(request) = &new_job.request {
             self.remember(request, key, &new_job.spec, new_job.dedupe_window_ms, out);
         }
-        Ok(CommandResult::Created { key, created: true })
+        Ok(CommandResult::Created { key, created: true, state: Some(state) })
     }
 
     fn remember(&mut self, request: &RequestId, job: JobKey, spec: &JobSpec, window: Millis, out: &mut ApplyOutput) {
@@ -451,7 +532,8 @@ impl PartitionState {
 
     fn activate(&mut self, activation: &Activation, out: &mut ApplyOutput) -> Vec<ActivatedJobData> {
         let mut activated = Vec::new();
-        let deadline = self.clock.saturating_add(activation.timeout_ms.max(1));
+        let timeout_ms = activation.timeout_ms.max(1);
+        let deadline = self.clock.saturating_add(timeout_ms);
         let mut bytes = 0u64;
         while (activated.len() as u32) < activation.max_jobs {
             let Some((tenant, key)) = self.best_ready(&activation.job_type, &activation.tenants) else { break };
@@ -471,6 +553,7 @@ impl PartitionState {
             out.created_to_activated.push(self.clock - job.created_at);
             job.worker.clone_from(&activation.worker);
             job.deadline = deadline;
+            job.timeout_ms = timeout_ms;
             self.deadlines.insert((deadline, key));
             out.touched.push(key);
             out.count(&activation.job_type, Outcome::Activated);
@@ -482,6 +565,7 @@ impl PartitionState {
                 deadline,
                 attempt: job.attempt,
                 created_at: job.created_at,
+                stage: job.stage().unwrap_or_default().to_string(),
             });
         }
         activated

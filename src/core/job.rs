@@ -83,7 +83,7 @@ impl JobState {
 
 /// What a producer asked for; immutable once the job exists, so it is shared
 /// (`Arc`) between the job record and every activation handed out.
-#[derive(Clone, Debug, PartialEq, Serialize, Deserialize)]
+#[derive(Clone, Debug, Default, PartialEq, Serialize, Deserialize)]
 pub struct JobSpec {
     pub job_type: String,
     pub tenant: String,
@@ -94,6 +94,22 @@ pub struct JobSpec {
     pub idempotency_key: String,
     /// W3C traceparent of the creating request, empty if none.
     pub traceparent: String,
+    /// Who initiated the job, as the producer named them (empty: nobody
+    /// named). Part of an idempotency key's scope.
+    pub user: String,
+    /// The job's declared stages, in order: a chain a worker checkpoints
+    /// along ([`Command::Checkpoint`]). Empty when the job declares none.
+    pub stages: Vec<String>,
+}
+
+/// A stage a worker committed: the recovery point the next attempt resumes at.
+#[derive(Clone, Debug, PartialEq, Eq, Serialize, Deserialize)]
+pub struct Checkpoint {
+    pub stage: String,
+    /// The activation that committed it.
+    pub attempt: u32,
+    /// Leader time of the commit.
+    pub at: Millis,
 }
 
 /// A job's full record.
@@ -119,6 +135,19 @@ pub struct Job {
     /// The attempt whose failure was last recorded (0: none), so a repeated
     /// `Fail` of that attempt is answered as done rather than refused.
     pub failed_attempt: u32,
+    /// The current or last activation's timeout: what a checkpoint extends
+    /// the deadline by.
+    pub timeout_ms: Millis,
+    /// Committed stages, oldest first; each declared stage at most once, in
+    /// the declared order.
+    pub checkpoints: Vec<Checkpoint>,
+}
+
+impl Job {
+    /// The last committed stage, if any.
+    pub fn stage(&self) -> Option<&str> {
+        self.checkpoints.last().map(|c| c.stage.as_str())
+    }
 }
 
 /// A create request after validation.
@@ -146,15 +175,50 @@ pub enum RequestId {
     /// Made by a gateway for a create that carried no idempotency key. The
     /// epoch is drawn at each gateway start, so ids never repeat across restarts.
     Gateway { node: u64, epoch: u64, seq: u64 },
-    /// A producer's idempotency key, unique within a tenant.
-    Key { tenant: String, key: String },
+    /// A producer's idempotency key, unique within a tenant and user.
+    Key { tenant: String, user: String, key: String },
 }
 
 impl fmt::Display for RequestId {
     fn fmt(&self, f: &mut fmt::Formatter<'_>) -> fmt::Result {
         match self {
             RequestId::Gateway { node, epoch, seq } => write!(f, "request {node}/{epoch:x}/{seq}"),
-            RequestId::Key { tenant, key } => write!(f, "idempotency key {key:?} of tenant {tenant:?}"),
+            RequestId::Key { tenant, user, key } if user.is_empty() => {
+                write!(f, "idempotency key {key:?} of tenant {tenant:?}")
+            }
+            RequestId::Key { tenant, user, key } => {
+                write!(f, "idempotency key {key:?} of tenant {tenant:?} and user {user:?}")
+            }
+        }
+    }
+}
+
+/// How a read names a job: by key, or by the request that created it (an
+/// idempotency key, within its window).
+#[derive(Clone, Debug, PartialEq, Eq, Serialize, Deserialize)]
+pub enum JobRef {
+    Key(JobKey),
+    Request(RequestId),
+}
+
+impl JobRef {
+    /// The partition that holds the job, or remembers the request.
+    pub fn partition(&self, partitions: u32) -> PartitionId {
+        match self {
+            JobRef::Key(key) => key.partition(),
+            JobRef::Request(RequestId::Key { tenant, user, key }) => {
+                idempotency_partition(tenant, user, key, partitions)
+            }
+            JobRef::Request(RequestId::Gateway { .. }) => 0,
+        }
+    }
+}
+
+impl fmt::Display for JobRef {
+    fn fmt(&self, f: &mut fmt::Formatter<'_>) -> fmt::Result {
+        match self {
+            JobRef::Key(key) => write!(f, "key {key}"),
+            JobRef::Request(request) => write!(f, "{request}"),
         }
     }
 }
@@ -198,20 +262,28 @@ impl Default for StableHash {
     }
 }
 
-/// What makes a job's content, hashed: type, variables and custom headers.
+/// What makes a job's content, hashed: type, variables, custom headers and
+/// declared stages.
 pub fn payload_fingerprint(spec: &JobSpec) -> u64 {
     let mut hash = StableHash::new().part(spec.job_type.as_bytes()).part(&spec.variables);
     for (name, value) in &spec.custom_headers {
         hash = hash.part(name.as_bytes()).part(value.as_bytes());
+    }
+    // Jobs without stages hash as they did before stages existed.
+    for stage in &spec.stages {
+        hash = hash.part(b"stage").part(stage.as_bytes());
     }
     hash.finish()
 }
 
 /// The partition of a create with an idempotency key: every repeat of the
 /// key goes to the partition that remembers it.
-pub fn idempotency_partition(tenant: &str, key: &str, partitions: u32) -> PartitionId {
-    (StableHash::new().part(tenant.as_bytes()).part(key.as_bytes()).finish() % u64::from(partitions.max(1)))
-        as PartitionId
+pub fn idempotency_partition(tenant: &str, user: &str, key: &str, partitions: u32) -> PartitionId {
+    let mut hash = StableHash::new().part(tenant.as_bytes()).part(key.as_bytes());
+    if !user.is_empty() {
+        hash = hash.part(user.as_bytes());
+    }
+    (hash.finish() % u64::from(partitions.max(1))) as PartitionId
 }
 
 /// Who an activation is for.
@@ -269,6 +341,17 @@ pub enum Command {
     Yield {
         key: JobKey,
         attempt: u32,
+    },
+    /// A worker committed `stage` of an activated job (fenced by `attempt`):
+    /// `variables` merge into the job's as with [`Command::Fail`], the stage
+    /// becomes the job's recovery point, and the deadline moves to now + the
+    /// activation's timeout. Stages only move forward along the declared chain.
+    Checkpoint {
+        key: JobKey,
+        attempt: u32,
+        stage: String,
+        variables: Bytes,
+        max_payload_bytes: u64,
     },
 }
 
@@ -348,6 +431,8 @@ pub struct ActivatedJobData {
     pub deadline: Millis,
     pub attempt: u32,
     pub created_at: Millis,
+    /// The last committed stage (empty: none): where this attempt resumes.
+    pub stage: String,
 }
 
 /// Bytes of a length-prefixed string or byte field as encoded (bincode: a u64 length).
@@ -367,6 +452,8 @@ impl JobSpec {
             + 4
             + field_len(self.idempotency_key.len())
             + field_len(self.traceparent.len())
+            + field_len(self.user.len())
+            + field_len(self.stages.iter().map(|s| field_len(s.len())).sum())
     }
 }
 
@@ -380,7 +467,10 @@ impl Command {
                 field_len(a.job_type.len()) + field_len(tenants) + field_len(a.worker.len()) + 32
             }
             Command::Complete { variables, .. } => field_len(variables.len()) + 16,
-            Command::Fail { error_message, .. } => field_len(error_message.len()) + 32,
+            Command::Fail { error_message, variables, .. } => {
+                field_len(error_message.len()) + field_len(variables.len()) + 32
+            }
+            Command::Checkpoint { stage, variables, .. } => field_len(stage.len()) + field_len(variables.len()) + 32,
             Command::UpdateTimeout { .. }
             | Command::UpdateRetries { .. }
             | Command::Cancel { .. }
@@ -394,7 +484,9 @@ impl ActivatedJobData {
     /// The bytes an activation of a job with `spec` for `worker` takes when
     /// encoded, within a few.
     pub fn encoded_len(spec: &JobSpec, worker: &str) -> usize {
-        spec.encoded_len() + field_len(worker.len()) + 40
+        // The committed stage is one of the declared ones.
+        let stage = spec.stages.iter().map(String::len).max().unwrap_or(0);
+        spec.encoded_len() + field_len(worker.len()) + field_len(stage) + 40
     }
 }
 
@@ -407,6 +499,9 @@ pub enum CommandResult {
     Created {
         key: JobKey,
         created: bool,
+        /// The job's state now; `None` for a repeat whose job is final and
+        /// out of memory (its record is in storage).
+        state: Option<JobState>,
     },
     Activated(Vec<ActivatedJobData>),
     Done,
@@ -426,6 +521,7 @@ pub enum Outcome {
     Yielded,
     Incident,
     Cancelled,
+    Checkpointed,
 }
 
 impl Outcome {
@@ -439,6 +535,7 @@ impl Outcome {
             Outcome::Yielded => "yielded",
             Outcome::Incident => "incident",
             Outcome::Cancelled => "cancelled",
+            Outcome::Checkpointed => "checkpointed",
         }
     }
 }

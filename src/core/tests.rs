@@ -15,8 +15,7 @@ fn spec(priority: i32) -> Arc<JobSpec> {
         variables: r#"{"to":"a@b.c"}"#.into(),
         custom_headers: vec![("channel".into(), "ops".into())],
         priority,
-        idempotency_key: String::new(),
-        traceparent: String::new(),
+        ..Default::default()
     })
 }
 
@@ -486,18 +485,20 @@ fn gateway_request(seq: u64) -> RequestId {
 fn a_repeated_create_answers_with_the_first_job_until_its_window_ends() {
     let mut h = Harness::new();
     let first = h.run(1_000, create_as(gateway_request(1), 30_000, spec(0)));
-    let CommandResult::Created { key, created: true } = first else { panic!("{first:?}") };
+    let CommandResult::Created { key, created: true, state: Some(JobState::Activatable) } = first else {
+        panic!("{first:?}")
+    };
     // The re-send after a lost answer, in a later entry.
     assert_eq!(
         h.run(2_000, create_as(gateway_request(1), 30_000, spec(0))),
-        CommandResult::Created { key, created: false }
+        CommandResult::Created { key, created: false, state: Some(JobState::Activatable) }
     );
     // Another request is another job.
     let other = h.run(2_000, create_as(gateway_request(2), 30_000, spec(0)));
-    assert!(matches!(other, CommandResult::Created { key: k, created: true } if k != key), "{other:?}");
+    assert!(matches!(other, CommandResult::Created { key: k, created: true, .. } if k != key), "{other:?}");
     // Past the window the partition forgets the request.
     let late = h.run(31_001, create_as(gateway_request(1), 30_000, spec(0)));
-    assert!(matches!(late, CommandResult::Created { key: k, created: true } if k != key), "{late:?}");
+    assert!(matches!(late, CommandResult::Created { key: k, created: true, .. } if k != key), "{late:?}");
 }
 
 #[test]
@@ -505,7 +506,7 @@ fn a_repeat_within_one_batch_is_one_job() {
     let mut state = PartitionState::new(0);
     let command = create_as(gateway_request(9), 30_000, spec(0));
     let out = state.apply(&Batch::at(1_000, vec![command.clone(), command]));
-    let [CommandResult::Created { key: a, created: true }, CommandResult::Created { key: b, created: false }] =
+    let [CommandResult::Created { key: a, created: true, .. }, CommandResult::Created { key: b, created: false, .. }] =
         out.results[..]
     else {
         panic!("{:?}", out.results)
@@ -517,10 +518,13 @@ fn a_repeat_within_one_batch_is_one_job() {
 #[test]
 fn an_idempotency_key_names_one_content_per_tenant() {
     let mut h = Harness::new();
-    let key_of = |tenant: &str| RequestId::Key { tenant: tenant.into(), key: "refund-42".into() };
+    let key_of = |tenant: &str| RequestId::Key { tenant: tenant.into(), user: String::new(), key: "refund-42".into() };
     let CommandResult::Created { key, .. } = h.run(1_000, create_as(key_of("t1"), 60_000, spec(0))) else { panic!() };
     // Same content: the same job (priority is not content).
-    assert_eq!(h.run(1_500, create_as(key_of("t1"), 60_000, spec(5))), CommandResult::Created { key, created: false });
+    assert_eq!(
+        h.run(1_500, create_as(key_of("t1"), 60_000, spec(5))),
+        CommandResult::Created { key, created: false, state: Some(JobState::Activatable) }
+    );
     // Other variables under the same key: a client bug, refused, naming the key.
     let mut other = (*spec(0)).clone();
     other.variables = r#"{"to":"x@y.z"}"#.into();
@@ -634,4 +638,92 @@ fn fail_variables_that_are_not_an_object_or_too_large_change_nothing() {
     // Replacing a value with one no larger is within the limit.
     assert_eq!(h.run(1_100, fail_with(key, r#"{"to":"x"}"#, 30)), CommandResult::Done);
     assert_eq!(&h.state.job(key).unwrap().spec.variables[..], br#"{"to":"x"}"#);
+}
+
+fn staged(stages: &[&str]) -> Command {
+    let spec = JobSpec { stages: stages.iter().map(|s| s.to_string()).collect(), ..(*spec(0)).clone() };
+    Command::Create(NewJob {
+        spec: Arc::new(spec),
+        retries: 3,
+        run_at: None,
+        delay_ms: 0,
+        request: None,
+        dedupe_window_ms: 0,
+    })
+}
+
+fn checkpoint(key: JobKey, attempt: u32, stage: &str, variables: &str) -> Command {
+    Command::Checkpoint {
+        key,
+        attempt,
+        stage: stage.into(),
+        variables: Bytes::copy_from_slice(variables.as_bytes()),
+        max_payload_bytes: 1 << 20,
+    }
+}
+
+#[test]
+fn checkpoints_move_forward_along_the_declared_stages_and_extend_the_lease() {
+    let mut h = Harness::new();
+    let CommandResult::Created { key, .. } = h.run(1_000, staged(&["charged", "notified", "receipt"])) else {
+        panic!("create failed")
+    };
+    let first = h.activate(1_000, 1, 5_000).remove(0);
+    assert_eq!(first.stage, "");
+    // Committed with its variables; the lease runs a full timeout from now.
+    assert_eq!(h.run(3_000, checkpoint(key, 1, "charged", r#"{"charge":"ch_1"}"#)), CommandResult::Deadline(8_000));
+    assert_eq!(h.state.next_timer(), Some(8_000));
+    // A repeat of the same commit (a retried request) extends again, commits nothing new.
+    assert_eq!(h.run(4_000, checkpoint(key, 1, "charged", r#"{"charge":"ch_1"}"#)), CommandResult::Deadline(9_000));
+    assert_eq!(h.state.job(key).unwrap().checkpoints.len(), 1);
+    // Backwards, unknown, and skipping forward.
+    // Whatever variables a repeat carries, the first commit stands.
+    assert_eq!(h.run(4_000, checkpoint(key, 1, "charged", "{}")), CommandResult::Deadline(9_000));
+    let unknown = Harness::rejected(h.run(4_000, checkpoint(key, 1, "shipped", "{}")));
+    assert_eq!(unknown.kind, ErrorKind::InvalidArgument);
+    assert_eq!(h.run(4_500, checkpoint(key, 1, "receipt", "{}")), CommandResult::Deadline(9_500));
+    let behind = Harness::rejected(h.run(4_600, checkpoint(key, 1, "notified", "{}")));
+    assert_eq!(behind.kind, ErrorKind::FailedPrecondition);
+    assert!(behind.message.contains("already committed"), "{}", behind.message);
+
+    // The lease lapses; the next attempt resumes at the last stage with its variables.
+    let second = h.activate(10_000, 1, 5_000).remove(0);
+    assert_eq!((second.attempt, second.stage.as_str()), (2, "receipt"));
+    assert!(std::str::from_utf8(&second.spec.variables).unwrap().contains("ch_1"));
+    // The first attempt is a zombie now.
+    let zombie = Harness::rejected(h.run(10_100, checkpoint(key, 1, "receipt", "{}")));
+    assert_eq!(zombie.kind, ErrorKind::FailedPrecondition);
+    let stages: Vec<(&str, u32)> =
+        h.state.job(key).unwrap().checkpoints.iter().map(|c| (c.stage.as_str(), c.attempt)).collect();
+    assert_eq!(stages, [("charged", 1), ("receipt", 1)]);
+}
+
+#[test]
+fn a_checkpoint_needs_declared_stages_an_attempt_and_room_for_its_variables() {
+    let mut h = Harness::new();
+    let plain = h.create(1_000, 0);
+    h.activate(1_000, 1, 5_000);
+    let none = Harness::rejected(h.run(1_100, checkpoint(plain, 1, "a", "{}")));
+    assert!(none.message.contains("declares no stages"), "{}", none.message);
+    let CommandResult::Created { key, .. } = h.run(1_200, staged(&["a"])) else { panic!() };
+    h.activate(1_200, 1, 5_000);
+    assert_eq!(Harness::rejected(h.run(1_300, checkpoint(key, 0, "a", "{}"))).kind, ErrorKind::InvalidArgument);
+    let mut huge = checkpoint(key, 1, "a", "");
+    if let Command::Checkpoint { variables, max_payload_bytes, .. } = &mut huge {
+        *variables = Bytes::from(format!(r#"{{"blob":"{}"}}"#, "x".repeat(2_000)));
+        *max_payload_bytes = 1_000;
+    }
+    assert_eq!(Harness::rejected(h.run(1_400, huge)).kind, ErrorKind::ResourceExhausted);
+    assert!(h.state.job(key).unwrap().checkpoints.is_empty(), "a refused checkpoint commits nothing");
+}
+
+#[test]
+fn an_idempotency_key_is_scoped_by_its_user() {
+    let mut h = Harness::new();
+    let as_user = |user: &str| RequestId::Key { tenant: DEFAULT_TENANT.into(), user: user.into(), key: "k".into() };
+    let CommandResult::Created { key: alice, .. } = h.run(1_000, create_as(as_user("alice"), 60_000, spec(0))) else {
+        panic!()
+    };
+    let bob = h.run(1_000, create_as(as_user("bob"), 60_000, spec(0)));
+    assert!(matches!(bob, CommandResult::Created { key, created: true, .. } if key != alice), "{bob:?}");
 }

@@ -111,15 +111,16 @@ pub fn tenant_id(field: &str, value: String) -> Result<String, ApiError> {
     Ok(value)
 }
 
-/// A failure's variables: empty (none) or a JSON object within the payload
-/// limit. The engine merges them into the job's and checks the merged size.
-pub fn failure_variables(text: String, limits: &Limits) -> Result<Bytes, ApiError> {
+/// Variables to merge into a job's (of a failure or a checkpoint, `what`):
+/// empty (none) or a JSON object within the payload limit. The engine merges
+/// them into the job's and checks the merged size.
+pub fn merged_variables(what: &str, text: String, limits: &Limits) -> Result<Bytes, ApiError> {
     if text.trim().is_empty() {
         return Ok(Bytes::new());
     }
     if text.len() > limits.max_payload_bytes {
         return Err(ApiError::ResourceExhausted(format!(
-            "the failure's variables are {} bytes; this node accepts at most {} (setting max_payload_bytes)",
+            "the {what}'s variables are {} bytes; this node accepts at most {} (setting max_payload_bytes)",
             text.len(),
             limits.max_payload_bytes
         )));
@@ -178,6 +179,8 @@ pub fn new_job(
     let mut custom_headers: Vec<(String, String)> = request.custom_headers.into_iter().collect();
     custom_headers.sort();
     let tenant = tenant_id("tenant_id", request.tenant_id)?;
+    name("user", &request.user, MAX_USER_LEN)?;
+    let stages = stages(request.stages)?;
     let (request_id, dedupe_window_ms) = if request.idempotency_key.is_empty() {
         if request.idempotency_window != 0 {
             return Err(ApiError::InvalidArgument("idempotency_window needs an idempotency_key".into()));
@@ -196,7 +199,9 @@ pub fn new_job(
                 )))
             }
         };
-        (RequestId::Key { tenant: tenant.clone(), key: request.idempotency_key.clone() }, window)
+        let key =
+            RequestId::Key { tenant: tenant.clone(), user: request.user.clone(), key: request.idempotency_key.clone() };
+        (key, window)
     };
     let spec = JobSpec {
         job_type: request.r#type,
@@ -206,6 +211,8 @@ pub fn new_job(
         priority: request.priority,
         idempotency_key: request.idempotency_key,
         traceparent,
+        user: request.user,
+        stages,
     };
     stored_size(&spec, limits)?;
     Ok(NewJob {
@@ -216,6 +223,42 @@ pub fn new_job(
         request: Some(request_id),
         dedupe_window_ms,
     })
+}
+
+pub const MAX_USER_LEN: usize = 255;
+pub const MAX_STAGES: usize = 32;
+pub const MAX_STAGE_LEN: usize = 255;
+
+/// A job's declared stages: a chain of distinct, non-empty names.
+fn stages(stages: Vec<String>) -> Result<Vec<String>, ApiError> {
+    if stages.len() > MAX_STAGES {
+        return Err(ApiError::InvalidArgument(format!(
+            "stages names {} stages; a job may declare at most {MAX_STAGES}",
+            stages.len()
+        )));
+    }
+    for (i, stage) in stages.iter().enumerate() {
+        stage_name(stage)?;
+        if stages[..i].contains(stage) {
+            return Err(ApiError::InvalidArgument(format!("stage {stage:?} is declared twice; stages are a chain")));
+        }
+    }
+    Ok(stages)
+}
+
+/// A stage name, as declared or checkpointed.
+pub fn stage_name(stage: &str) -> Result<(), ApiError> {
+    if stage.is_empty() {
+        return Err(ApiError::InvalidArgument("a stage name must not be empty".into()));
+    }
+    name("stage", stage, MAX_STAGE_LEN)
+}
+
+/// The request id an idempotency key names, as a producer gives it.
+pub fn idempotency_request(key: String, tenant: String, user: String) -> Result<RequestId, ApiError> {
+    idempotency_key(&key)?;
+    name("user", &user, MAX_USER_LEN)?;
+    Ok(RequestId::Key { tenant: tenant_id("tenant_id", tenant)?, user, key })
 }
 
 /// The shortest window a create may ask for its idempotency key.
@@ -332,6 +375,7 @@ pub fn activated_job(job: &ActivatedJobData, fetch_variables: &[String]) -> pb::
         priority: job.spec.priority,
         traceparent: job.spec.traceparent.clone(),
         created_at: job.created_at,
+        stage: job.stage.clone(),
     }
 }
 
@@ -354,6 +398,14 @@ pub fn job(job: &Job) -> pb::Job {
         result: String::from_utf8_lossy(&job.result).into_owned(),
         partition_id: job.key.partition(),
         idempotency_key: job.spec.idempotency_key.clone(),
+        user: job.spec.user.clone(),
+        stages: job.spec.stages.clone(),
+        checkpoints: job
+            .checkpoints
+            .iter()
+            .map(|c| pb::Checkpoint { stage: c.stage.clone(), attempt: c.attempt, at: c.at })
+            .collect(),
+        stage: job.stage().unwrap_or_default().to_string(),
     }
 }
 

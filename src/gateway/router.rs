@@ -24,7 +24,7 @@ use std::time::{Duration, Instant};
 use ractor::rpc::CallResult;
 
 use super::error::ApiError;
-use crate::core::{Command, CommandResult, Job, JobKey, PartitionId};
+use crate::core::{Command, CommandResult, Job, JobKey, JobRef, PartitionId};
 use crate::node::NodeContext;
 use crate::partition::{LeaderMsg, SubmitError};
 use crate::proto::cluster::{DescribeRequest, ForwardRequest};
@@ -211,21 +211,43 @@ fn never_connected(status: &tonic::Status) -> bool {
 
 /// Reads a job from its partition's leader.
 pub async fn describe(ctx: &NodeContext, key: JobKey, deadline: Instant) -> Result<Job, ApiError> {
-    let partition = key.partition();
+    read(ctx, &JobRef::Key(key), None, deadline).await
+}
+
+/// Reads a job from its partition's leader; with `final_by`, the leader
+/// answers once the job is final or at that time, whichever comes first.
+pub async fn read(
+    ctx: &NodeContext,
+    job: &JobRef,
+    final_by: Option<Instant>,
+    deadline: Instant,
+) -> Result<Job, ApiError> {
+    let partition = job.partition(ctx.partition_count());
     if partition >= ctx.partition_count() {
         return Err(ApiError::NotFound(format!(
-            "no job with key {key} (it names partition {partition}, which does not exist)"
+            "no job with {job} (it names partition {partition}, which does not exist)"
         )));
     }
+    let request_bytes = match job {
+        JobRef::Key(_) => Vec::new(),
+        JobRef::Request(request) => bincode::serialize(request).map_err(|e| ApiError::Internal(e.to_string()))?,
+    };
+    let key = match job {
+        JobRef::Key(key) => key.0,
+        JobRef::Request(_) => 0,
+    };
+    let wait = || final_by.map_or(Duration::ZERO, |at| at.saturating_duration_since(Instant::now()));
     let started = Instant::now();
     let mut back_off = FIRST_BACK_OFF;
     let mut rotation = 0usize;
     loop {
         if ctx.local_leader(partition).is_some() {
             if let Some(replica) = ctx.replica(partition) {
-                return match replica.state().lookup(key)? {
-                    Some(job) => Ok(job),
-                    None => Err(no_record(key)),
+                let state = replica.state();
+                let Some(key) = state.resolve(job) else { return Err(no_record(job)) };
+                return match state.await_final(key, wait()).await? {
+                    Some(found) => Ok(found),
+                    None => Err(no_record(job)),
                 };
             }
         }
@@ -233,14 +255,21 @@ pub async fn describe(ctx: &NodeContext, key: JobKey, deadline: Instant) -> Resu
         rotation += 1;
         if let Some(node) = target.filter(|n| *n != ctx.node_id) {
             if let Some(mut client) = ctx.peers.client(node) {
-                let mut request = tonic::Request::new(DescribeRequest { partition_id: partition, key: key.0 });
-                request.set_timeout(deadline.saturating_duration_since(Instant::now()).max(Duration::from_millis(1)));
+                let wait_ms = wait().as_millis() as u64;
+                let mut request = tonic::Request::new(DescribeRequest {
+                    partition_id: partition,
+                    key,
+                    request: request_bytes.clone().into(),
+                    wait_ms,
+                });
+                let timeout = deadline.saturating_duration_since(Instant::now()).max(Duration::from_millis(1));
+                request.set_timeout(timeout.max(Duration::from_millis(wait_ms)));
                 if let Ok(reply) = client.describe(request).await {
                     let reply = reply.into_inner();
                     if reply.code == 0 {
-                        let job: Option<Job> =
+                        let found: Option<Job> =
                             bincode::deserialize(&reply.job).map_err(|e| ApiError::Internal(e.to_string()))?;
-                        return job.ok_or_else(|| no_record(key));
+                        return found.ok_or_else(|| no_record(job));
                     }
                 }
             }
@@ -253,9 +282,15 @@ pub async fn describe(ctx: &NodeContext, key: JobKey, deadline: Instant) -> Resu
     }
 }
 
-/// NOT_FOUND for a key whose partition exists but holds no record of it.
-fn no_record(key: JobKey) -> ApiError {
-    ApiError::NotFound(format!(
-        "no job with key {key} (records of completed and cancelled jobs are kept only for the retention period)"
-    ))
+/// NOT_FOUND for a job whose partition exists but holds no record of it.
+fn no_record(job: &JobRef) -> ApiError {
+    match job {
+        JobRef::Key(key) => ApiError::NotFound(format!(
+            "no job with key {key} (records of completed and cancelled jobs are kept only for the retention period)"
+        )),
+        JobRef::Request(request) => ApiError::NotFound(format!(
+            "no job for {request} (a key names its job only within its idempotency window, and records of \
+             completed and cancelled jobs are kept only for the retention period)"
+        )),
+    }
 }

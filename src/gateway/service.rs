@@ -15,9 +15,7 @@ use super::convert::{self, WorkerSpec};
 use super::error::ApiError;
 use super::router;
 use super::streams::ClientStream;
-use crate::core::{
-    idempotency_partition, ActivatedJobData, Command, CommandResult, JobKey, JobState, PartitionId, RequestId,
-};
+use crate::core::{ActivatedJobData, Command, CommandResult, JobKey, JobRef, JobState, PartitionId, RequestId};
 use crate::node::NodeContext;
 use crate::partition::MAX_ENTRY_BYTES;
 use crate::proto::cluster::StatusRequest;
@@ -26,6 +24,12 @@ use crate::proto::gateway::*;
 use crate::raft::ReplicaStatus;
 
 type BoxStream<T> = Pin<Box<dyn Stream<Item = Result<T, Status>> + Send>>;
+
+/// AwaitJob's wait when the request names none, and the longest it may name.
+const DEFAULT_AWAIT_MS: i64 = 60_000;
+const MAX_AWAIT_MS: i64 = 600_000;
+/// How long before the caller's own deadline AwaitJob answers "not final yet".
+const AWAIT_MARGIN: Duration = Duration::from_millis(200);
 
 /// Requests of a client stream read together into one batch per partition.
 const STREAM_CHUNK: usize = 1024;
@@ -66,6 +70,38 @@ impl GatewayService {
 
     fn default_deadline(&self) -> Instant {
         Instant::now() + self.ctx.request_timeout
+    }
+
+    /// The answer to a create: the job's key, whether this request made it,
+    /// and its state (read from its partition for a repeat whose job is final).
+    async fn created(
+        &self,
+        partition: PartitionId,
+        key: JobKey,
+        created: bool,
+        state: Option<JobState>,
+        deadline: Instant,
+    ) -> CreateJobResponse {
+        let state = match state {
+            Some(state) => state.as_str().to_string(),
+            None => match router::describe(&self.ctx, key, deadline).await {
+                Ok(job) => job.state.as_str().to_string(),
+                // The job exists (the partition remembered it); only its state
+                // could not be read in time.
+                Err(_) => String::new(),
+            },
+        };
+        CreateJobResponse { key: key.0, partition_id: partition, error: None, created, state }
+    }
+
+    /// The job a read names: `key`, or an idempotency key with its scope.
+    fn job_ref(key: u64, idempotency_key: String, tenant: String, user: String) -> Result<JobRef, ApiError> {
+        match (key, idempotency_key.is_empty()) {
+            (0, true) => Err(ApiError::InvalidArgument("give the job's key or its idempotency_key".into())),
+            (0, false) => Ok(JobRef::Request(convert::idempotency_request(idempotency_key, tenant, user)?)),
+            (key, true) => Ok(JobRef::Key(key_of(key)?)),
+            (_, false) => Err(ApiError::InvalidArgument("give the job's key or its idempotency_key, not both".into())),
+        }
     }
 
     /// Runs one command on the partition of `key`.
@@ -260,7 +296,7 @@ impl GatewayService {
         // Every repeat of an idempotency key must reach the partition that
         // remembers it; other creates spread round-robin.
         let partition = match &job.request {
-            Some(RequestId::Key { tenant, key }) => idempotency_partition(tenant, key, ctx.partition_count()),
+            Some(request @ RequestId::Key { .. }) => JobRef::Request(request.clone()).partition(ctx.partition_count()),
             _ => ctx.next_partition(),
         };
         Ok((partition, Command::Create(job)))
@@ -327,6 +363,7 @@ impl Gateway for GatewayService {
     type ActivateJobsStream = BoxStream<ActivateJobsResponse>;
     type StreamActivatedJobsStream = ClientStream;
     type CompleteJobsStream = BoxStream<CompleteJobsResponse>;
+    type AwaitJobStream = BoxStream<AwaitJobResponse>;
 
     async fn create_job(&self, request: Request<CreateJobRequest>) -> Result<Response<CreateJobResponse>, Status> {
         let _running = self.ctx.request_started("create_job");
@@ -338,10 +375,10 @@ impl Gateway for GatewayService {
         let (partition, command) = self.create_command(request.into_inner(), traceparent)?;
         let submitted = router::submit(&self.ctx, partition, vec![command], deadline).instrument(span.clone()).await;
         match submitted?.pop() {
-            Some(CommandResult::Created { key, created }) => {
+            Some(CommandResult::Created { key, created, state }) => {
                 span.record("key", key.0);
                 metrics::histogram!("drover_create_ack_seconds").record(started.elapsed().as_secs_f64());
-                Ok(Response::new(CreateJobResponse { key: key.0, partition_id: partition, error: None, created }))
+                Ok(Response::new(self.created(partition, key, created, state, deadline).await))
             }
             Some(CommandResult::Rejected(error)) => Err(ApiError::from(error).into()),
             other => Err(ApiError::Internal(format!("unexpected create result {other:?}")).into()),
@@ -362,25 +399,23 @@ impl Gateway for GatewayService {
                     requests.into_iter().map(|r| service.create_command(r, traceparent.clone())).collect();
                 let partitions: Vec<Option<PartitionId>> =
                     commands.iter().map(|c| c.as_ref().ok().map(|(p, _)| *p)).collect();
-                let results = run_chunk(&service.ctx, commands, Instant::now() + service.ctx.request_timeout).await;
+                let deadline = Instant::now() + service.ctx.request_timeout;
+                let results = run_chunk(&service.ctx, commands, deadline).await;
                 metrics::histogram!("drover_create_ack_seconds").record(started.elapsed().as_secs_f64());
-                results
-                    .into_iter()
-                    .zip(partitions)
-                    .map(|(result, partition)| match result {
-                        Ok(CommandResult::Created { key, created }) => CreateJobResponse {
-                            key: key.0,
-                            partition_id: partition.unwrap_or_default(),
-                            error: None,
-                            created,
-                        },
+                let mut out = Vec::with_capacity(results.len());
+                for (result, partition) in results.into_iter().zip(partitions) {
+                    out.push(match result {
+                        Ok(CommandResult::Created { key, created, state }) => {
+                            service.created(partition.unwrap_or_default(), key, created, state, deadline).await
+                        }
                         Ok(other) => CreateJobResponse {
                             error: Some(ApiError::Internal(format!("unexpected {other:?}")).to_proto()),
                             ..Default::default()
                         },
                         Err(e) => CreateJobResponse { error: Some(e.to_proto()), ..Default::default() },
-                    })
-                    .collect()
+                    });
+                }
+                out
             }
         })))
     }
@@ -558,7 +593,7 @@ impl Gateway for GatewayService {
             ))
             .into());
         }
-        let variables = convert::failure_variables(request.variables, &self.ctx.limits)?;
+        let variables = convert::merged_variables("failure", request.variables, &self.ctx.limits)?;
         let command = Command::Fail {
             key,
             attempt: request.attempt,
@@ -622,9 +657,66 @@ impl Gateway for GatewayService {
     async fn get_job(&self, request: Request<GetJobRequest>) -> Result<Response<GetJobResponse>, Status> {
         let _running = self.ctx.request_started("get_job");
         let deadline = self.deadline(&request)?;
-        let key = key_of(request.into_inner().key)?;
-        let job = router::describe(&self.ctx, key, deadline).await?;
+        let request = request.into_inner();
+        let job = Self::job_ref(request.key, request.idempotency_key, request.tenant_id, request.user)?;
+        let job = router::read(&self.ctx, &job, None, deadline).await?;
         Ok(Response::new(GetJobResponse { job: Some(convert::job(&job)) }))
+    }
+
+    async fn await_job(&self, request: Request<AwaitJobRequest>) -> Result<Response<Self::AwaitJobStream>, Status> {
+        let _running = self.ctx.request_started("await_job");
+        let call_deadline = request.metadata().get("grpc-timeout").map(|_| self.deadline(&request)).transpose()?;
+        let request = request.into_inner();
+        let wait = match request.timeout {
+            0 => DEFAULT_AWAIT_MS,
+            ms if (1..=MAX_AWAIT_MS).contains(&ms) => ms,
+            ms => {
+                return Err(ApiError::InvalidArgument(format!(
+                    "timeout must be between 1 and {MAX_AWAIT_MS} ms (0 for {DEFAULT_AWAIT_MS}), got {ms}"
+                ))
+                .into())
+            }
+        };
+        let job = Self::job_ref(request.key, request.idempotency_key, request.tenant_id, request.user)?;
+        let mut final_by = Instant::now() + Duration::from_millis(wait as u64);
+        if let Some(call_deadline) = call_deadline {
+            // Answer "not final yet" in time for the caller to hear it.
+            final_by = final_by.min(call_deadline.checked_sub(AWAIT_MARGIN).unwrap_or_else(Instant::now));
+        }
+        let deadline = final_by.max(Instant::now() + self.ctx.request_timeout);
+        let deadline = call_deadline.map_or(deadline, |call| deadline.min(call));
+        let found = router::read(&self.ctx, &job, Some(final_by), deadline).await?;
+        let reply = AwaitJobResponse { r#final: found.state.is_final(), job: Some(convert::job(&found)) };
+        Ok(Response::new(Box::pin(futures::stream::iter([Ok(reply)]))))
+    }
+
+    async fn checkpoint_job(
+        &self,
+        request: Request<CheckpointJobRequest>,
+    ) -> Result<Response<CheckpointJobResponse>, Status> {
+        let _running = self.ctx.request_started("checkpoint_job");
+        let deadline = self.deadline(&request)?;
+        let request = request.into_inner();
+        let key = key_of(request.key)?;
+        convert::stage_name(&request.stage)?;
+        if request.attempt == 0 {
+            return Err(ApiError::InvalidArgument(
+                "attempt is required: a checkpoint is fenced by the activation's attempt (ActivatedJob.attempt)".into(),
+            )
+            .into());
+        }
+        let variables = convert::merged_variables("checkpoint", request.variables, &self.ctx.limits)?;
+        let command = Command::Checkpoint {
+            key,
+            attempt: request.attempt,
+            stage: request.stage,
+            variables,
+            max_payload_bytes: self.ctx.limits.max_payload_bytes as u64,
+        };
+        match self.one(key, command, deadline).await? {
+            CommandResult::Deadline(deadline) => Ok(Response::new(CheckpointJobResponse { deadline })),
+            other => Err(ApiError::Internal(format!("unexpected result {other:?}")).into()),
+        }
     }
 
     async fn topology(&self, _request: Request<TopologyRequest>) -> Result<Response<TopologyResponse>, Status> {

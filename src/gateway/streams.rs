@@ -467,15 +467,14 @@ mod tests {
                 tenant: tenant.into(),
                 variables: "{}".into(),
                 custom_headers: vec![],
-                priority: 0,
-                idempotency_key: String::new(),
-                traceparent: String::new(),
+                ..Default::default()
             }),
             worker: "w".into(),
             retries: 3,
             deadline,
             attempt: 1,
             created_at: 0,
+            stage: String::new(),
         }
     }
 

@@ -14,6 +14,17 @@ use crate::raft::Formation;
 
 const RECORD: &str = "cluster.json";
 
+/// The layout of the records in the database. Raised whenever a stored record
+/// changes shape; a node refuses a data directory of another format rather
+/// than misread it.
+/// 2: jobs carry their user, stages and checkpoints.
+pub const FORMAT: u32 = 2;
+
+/// Records written before the format was recorded.
+fn first_format() -> u32 {
+    1
+}
+
 /// What a data directory was formed with; a node refuses to start on a data
 /// directory formed with other settings.
 #[derive(Clone, Copy, Debug, PartialEq, Serialize, Deserialize)]
@@ -32,6 +43,8 @@ struct Record {
     /// become `Formed` at the next start, as their groups have Raft state.
     #[serde(default)]
     formation: Formation,
+    #[serde(default = "first_format")]
+    format: u32,
 }
 
 /// Checks the data directory against this node's settings, creating its record
@@ -45,6 +58,7 @@ pub fn open(dir: &Path, identity: Identity, join_existing: bool) -> anyhow::Resu
         Ok(text) => {
             let record: Record = serde_json::from_str(&text).with_context(|| format!("reading {}", path.display()))?;
             check_identity(dir, &record.identity, &identity)?;
+            check_format(dir, record.format)?;
             Some(record.formation)
         }
         Err(e) if e.kind() == std::io::ErrorKind::NotFound => None,
@@ -56,7 +70,7 @@ pub fn open(dir: &Path, identity: Identity, join_existing: bool) -> anyhow::Resu
         stored => stored.unwrap_or(Formation::New),
     };
     if stored != Some(formation) {
-        write_record(dir, &Record { identity, formation })?;
+        write_record(dir, &Record { identity, formation, format: FORMAT })?;
     }
     Ok(formation)
 }
@@ -65,7 +79,19 @@ pub fn open(dir: &Path, identity: Identity, join_existing: bool) -> anyhow::Resu
 /// on a group without it is refused, never formed again. The caller syncs the
 /// database first.
 pub fn record_formed(dir: &Path, identity: Identity) -> anyhow::Result<()> {
-    write_record(dir, &Record { identity, formation: Formation::Formed })
+    write_record(dir, &Record { identity, formation: Formation::Formed, format: FORMAT })
+}
+
+fn check_format(dir: &Path, format: u32) -> anyhow::Result<()> {
+    if format != FORMAT {
+        bail!(
+            "data directory {} holds records of storage format {format}, and this build of Drover reads format \
+             {FORMAT} only. Run the build that wrote it, or start this node on an empty data directory (move \
+             this one away) and let it copy its partitions from the other nodes.",
+            dir.display()
+        );
+    }
+    Ok(())
 }
 
 fn check_identity(dir: &Path, stored: &Identity, identity: &Identity) -> anyhow::Result<()> {
@@ -133,11 +159,21 @@ mod tests {
     }
 
     #[test]
-    fn a_record_from_before_formation_was_recorded_reads_as_new() {
+    fn a_record_without_formation_reads_as_new() {
         let dir = tempfile::tempdir().unwrap();
-        let old = r#"{"node_id":1,"partitions":3,"replication_factor":3,"cluster_size":3}"#;
+        let old =
+            format!(r#"{{"node_id":1,"partitions":3,"replication_factor":3,"cluster_size":3,"format":{FORMAT}}}"#);
         std::fs::write(dir.path().join(RECORD), old).unwrap();
         assert_eq!(open(dir.path(), identity(), false).unwrap(), Formation::New);
+    }
+
+    #[test]
+    fn a_data_directory_of_another_storage_format_is_refused() {
+        let dir = tempfile::tempdir().unwrap();
+        let old = r#"{"node_id":1,"partitions":3,"replication_factor":3,"cluster_size":3,"formation":"formed"}"#;
+        std::fs::write(dir.path().join(RECORD), old).unwrap();
+        let error = open(dir.path(), identity(), false).unwrap_err().to_string();
+        assert!(error.contains("storage format 1") && error.contains(&format!("format {FORMAT} only")), "{error}");
     }
 
     #[test]

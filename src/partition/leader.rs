@@ -570,6 +570,11 @@ async fn write(
                 metrics::counter!("drover_jobs_total", "partition" => p.clone(), "type" => job_type, "outcome" => outcome.as_str())
                     .increment(count);
             }
+            for (job_type, stage) in response.checkpoints {
+                let job_type = crate::admin::job_type_label(job_type);
+                let stage = crate::admin::job_type_label(stage);
+                metrics::counter!("drover_job_checkpoints_total", "type" => job_type, "stage" => stage).increment(1);
+            }
             for ms in &response.created_to_activated {
                 metrics::histogram!("drover_job_create_to_activate_seconds").record(*ms as f64 / 1000.0);
             }

@@ -55,6 +55,8 @@ pub struct BatchResponse {
     pub created_to_activated: Vec<Millis>,
     /// Activation to completion (ms) of each job completed in this entry.
     pub activated_to_completed: Vec<Millis>,
+    /// (job type, stage) of each checkpoint committed in this entry.
+    pub checkpoints: Vec<(String, String)>,
 }
 
 openraft::declare_raft_types!(

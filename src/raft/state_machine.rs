@@ -18,20 +18,22 @@
 //! the same entry, so replicas at one applied index hold the same records; and
 //! memory, storage and snapshot size stay bounded however long the node runs.
 
-use std::collections::VecDeque;
+use std::collections::{HashMap, VecDeque};
 use std::io::{BufReader, BufWriter, Read, Seek, Write};
 use std::path::PathBuf;
 use std::sync::{Arc, Mutex, MutexGuard};
+use std::time::Duration;
 
 use openraft::storage::{RaftStateMachine, Snapshot, SnapshotMeta};
 use openraft::{
     BasicNode, Entry, EntryPayload, LogId, RaftSnapshotBuilder, StorageError, StorageIOError, StoredMembership,
 };
 use serde::{Deserialize, Serialize};
+use tokio::sync::oneshot;
 
 use super::{BatchResponse, NodeId, TypeConfig};
 use crate::core::{
-    request_expiry_bound, Deduped, Job, JobKey, Millis, PartitionId, PartitionState, RequestId, Retention,
+    request_expiry_bound, Deduped, Job, JobKey, JobRef, Millis, PartitionId, PartitionState, RequestId, Retention,
     StateSnapshot,
 };
 use crate::storage::{self, key, meta_key, Store, Table};
@@ -163,6 +165,8 @@ pub struct SharedState {
     /// Where snapshot files are made.
     snapshot_dir: PathBuf,
     inner: Mutex<Inner>,
+    /// Readers waiting for a job to become final ([`SharedState::await_final`]).
+    waiters: Mutex<HashMap<JobKey, Vec<oneshot::Sender<()>>>>,
 }
 
 impl SharedState {
@@ -194,6 +198,61 @@ impl SharedState {
         match self.store.get(Table::Done, key(self.partition, job.0))? {
             Some(bytes) => Ok(Some(storage::decode("job record", &bytes)?)),
             None => Ok(None),
+        }
+    }
+
+    /// The job a reference names: by key, or by the create request this
+    /// replica remembers (`None` once the request's window has passed).
+    pub fn resolve(&self, job: &JobRef) -> Option<JobKey> {
+        match job {
+            JobRef::Key(key) => Some(*key),
+            JobRef::Request(request) => self.lock().engine.request(request).map(|seen| seen.job),
+        }
+    }
+
+    /// A job's record once it is final, or as it is when `wait` has passed
+    /// (or at once, when it is final already or unknown).
+    pub async fn await_final(&self, key: JobKey, wait: Duration) -> Result<Option<Job>, storage::StorageError> {
+        if wait.is_zero() {
+            return self.lookup(key);
+        }
+        let (sender, finished) = oneshot::channel();
+        self.waiting().entry(key).or_default().push(sender);
+        // Registered first: a job that finishes after this read wakes us.
+        let job = match self.lookup(key) {
+            Ok(Some(job)) if !job.state.is_final() => {
+                let _ = tokio::time::timeout(wait, finished).await;
+                self.lookup(key)
+            }
+            other => {
+                drop(finished);
+                other
+            }
+        };
+        let mut waiters = self.waiting();
+        if let Some(senders) = waiters.get_mut(&key) {
+            senders.retain(|s| !s.is_closed());
+            if senders.is_empty() {
+                waiters.remove(&key);
+            }
+        }
+        job
+    }
+
+    fn waiting(&self) -> MutexGuard<'_, HashMap<JobKey, Vec<oneshot::Sender<()>>>> {
+        self.waiters.lock().expect("waiters lock poisoned")
+    }
+
+    /// Wakes the readers waiting for these jobs, which just became final.
+    fn wake(&self, finished: &[JobKey]) {
+        let mut waiters = self.waiting();
+        if waiters.is_empty() {
+            return;
+        }
+        for key in finished {
+            for sender in waiters.remove(key).unwrap_or_default() {
+                let _ = sender.send(());
+            }
         }
     }
 
@@ -289,8 +348,13 @@ impl StateMachine {
             },
         };
         let replayed_until = store.last(Table::Log, partition)?.map(|(index, _)| index).unwrap_or(0);
-        let shared =
-            Arc::new(SharedState { partition, store: Arc::clone(&store), snapshot_dir, inner: Mutex::new(inner) });
+        let shared = Arc::new(SharedState {
+            partition,
+            store: Arc::clone(&store),
+            snapshot_dir,
+            inner: Mutex::new(inner),
+            waiters: Mutex::default(),
+        });
         Ok((
             StateMachine { partition, replayed_until, identity_served: false, store, shared: Arc::clone(&shared) },
             shared,
@@ -327,6 +391,7 @@ impl RaftStateMachine<TypeConfig> for StateMachine {
         let mut batch = self.store.batch();
         let mut inner = self.shared.lock();
         let mut touched = Vec::new();
+        let mut finished_keys = Vec::new();
         let pruned_from = inner.finished.first;
         for entry in entries {
             inner.last_applied = Some(entry.log_id);
@@ -350,6 +415,7 @@ impl RaftStateMachine<TypeConfig> for StateMachine {
                         batch.put(Table::Requests, key(self.partition, *id), storage::encode(&(request, entry)));
                     }
                     for job in out.finished {
+                        finished_keys.push(job.key);
                         let k = key(self.partition, job.key.0);
                         batch.delete(Table::Jobs, k);
                         batch.put(Table::Done, k, storage::encode(&job));
@@ -363,6 +429,7 @@ impl RaftStateMachine<TypeConfig> for StateMachine {
                         outcomes: out.outcomes,
                         created_to_activated: out.created_to_activated,
                         activated_to_completed: out.activated_to_completed,
+                        checkpoints: out.checkpoints,
                     });
                 }
             }
@@ -390,6 +457,7 @@ impl RaftStateMachine<TypeConfig> for StateMachine {
         // from memory whose final record is not yet stored.
         self.store.write(batch);
         drop(inner);
+        self.shared.wake(&finished_keys);
         Ok(responses)
     }
 
@@ -549,9 +617,7 @@ mod tests {
                 tenant: DEFAULT_TENANT.into(),
                 variables: "{}".into(),
                 custom_headers: Vec::new(),
-                priority: 0,
-                idempotency_key: String::new(),
-                traceparent: String::new(),
+                ..Default::default()
             }),
             retries: 1,
             run_at: None,
