@@ -77,6 +77,44 @@ enum ClusterCommand {
     Status,
 }
 
+/// Which jobs a listing or bulk command covers.
+#[derive(clap::Args)]
+struct FilterArgs {
+    /// scheduled, activatable, activated, completed, incident or cancelled.
+    #[arg(long)]
+    state: Option<String>,
+    #[arg(long = "type", short = 't')]
+    job_type: Option<String>,
+    #[arg(long)]
+    tenant: Option<String>,
+    /// The last committed stage.
+    #[arg(long)]
+    stage: Option<String>,
+    /// A substring of the last failure's message.
+    #[arg(long)]
+    error: Option<String>,
+    /// Created at or after this time (Unix epoch, ms).
+    #[arg(long)]
+    created_from: Option<i64>,
+    /// Created before this time (Unix epoch, ms).
+    #[arg(long)]
+    created_to: Option<i64>,
+}
+
+impl FilterArgs {
+    fn filter(self) -> JobFilter {
+        JobFilter {
+            state: self.state.unwrap_or_default(),
+            r#type: self.job_type.unwrap_or_default(),
+            tenant_id: self.tenant.unwrap_or_default(),
+            stage: self.stage.unwrap_or_default(),
+            error_contains: self.error.unwrap_or_default(),
+            created_from: self.created_from.unwrap_or_default(),
+            created_to: self.created_to.unwrap_or_default(),
+        }
+    }
+}
+
 /// A job named by the idempotency key its producer gave.
 #[derive(clap::Args)]
 struct ByIdempotencyKey {
@@ -128,6 +166,42 @@ enum JobCommand {
         key: Option<u64>,
         #[command(flatten)]
         by: ByIdempotencyKey,
+    },
+    /// List jobs matching a filter, over every partition, in key order.
+    List {
+        #[command(flatten)]
+        filter: FilterArgs,
+        /// Jobs per page (at most 1000).
+        #[arg(long, default_value_t = 100)]
+        page_size: i32,
+        /// Continue from a previous page's token.
+        #[arg(long, default_value = "")]
+        page_token: String,
+        /// Page through every match instead of printing one page.
+        #[arg(long)]
+        all: bool,
+        /// One JSON object per job instead of a table.
+        #[arg(long)]
+        json: bool,
+    },
+    /// Make every incident matching a filter activatable again.
+    RetryAll {
+        #[command(flatten)]
+        filter: FilterArgs,
+        /// Retries each job gets.
+        #[arg(long, default_value_t = 1)]
+        retries: i32,
+        /// Only count the matching jobs.
+        #[arg(long)]
+        dry_run: bool,
+    },
+    /// Cancel every job matching a filter that is not final.
+    CancelAll {
+        #[command(flatten)]
+        filter: FilterArgs,
+        /// Only count the matching jobs.
+        #[arg(long)]
+        dry_run: bool,
     },
     /// Wait until a job is completed or cancelled, then print it. Exits 0 when
     /// it completed, 3 when it was cancelled, 4 when the wait ended first.
@@ -331,6 +405,17 @@ fn job_json(job: &drover::proto::gateway::Job) -> serde_json::Value {
     })
 }
 
+fn print_bulk(verb: &str, dry_run: bool, answer: &BulkJobsResponse) {
+    if dry_run {
+        println!("{} jobs match (dry run: nothing changed)", answer.matched);
+        return;
+    }
+    println!("{} jobs matched, {} {verb}, {} failed", answer.matched, answer.changed, answer.failed);
+    for error in &answer.errors {
+        eprintln!("  {error}");
+    }
+}
+
 fn status_error(status: tonic::Status) -> anyhow::Error {
     anyhow::anyhow!("{:?}: {}", status.code(), status.message())
 }
@@ -381,6 +466,47 @@ async fn job(command: JobCommand, target: &Target) -> anyhow::Result<()> {
             };
             let job = raw.get_job(request).await.map_err(status_error)?.into_inner().job;
             print_json(&job_json(&job.context("GetJob answered no job")?));
+        }
+        JobCommand::List { filter, page_size, mut page_token, all, json } => {
+            let filter = filter.filter();
+            if !json {
+                println!(
+                    "{:<20} {:<20} {:<12} {:>7} {:>7} {:<16} error",
+                    "key", "type", "state", "retries", "attempt", "stage"
+                );
+            }
+            loop {
+                let request = ListJobsRequest { filter: Some(filter.clone()), page_size, page_token };
+                let page = raw.list_jobs(request).await.map_err(status_error)?.into_inner();
+                for job in &page.jobs {
+                    if json {
+                        println!("{}", job_json(job));
+                    } else {
+                        println!(
+                            "{:<20} {:<20} {:<12} {:>7} {:>7} {:<16} {}",
+                            job.key, job.r#type, job.state, job.retries, job.attempt, job.stage, job.error_message
+                        );
+                    }
+                }
+                page_token = page.next_page_token;
+                if page_token.is_empty() {
+                    break;
+                }
+                if !all {
+                    eprintln!("more: --page-token {page_token}");
+                    break;
+                }
+            }
+        }
+        JobCommand::RetryAll { filter, retries, dry_run } => {
+            let request = RetryJobsRequest { filter: Some(filter.filter()), retries, dry_run };
+            let answer = raw.retry_jobs(request).await.map_err(status_error)?.into_inner();
+            print_bulk("retried", dry_run, &answer);
+        }
+        JobCommand::CancelAll { filter, dry_run } => {
+            let request = CancelJobsRequest { filter: Some(filter.filter()), dry_run };
+            let answer = raw.cancel_jobs(request).await.map_err(status_error)?.into_inner();
+            print_bulk("cancelled", dry_run, &answer);
         }
         JobCommand::Wait { key, by, timeout_ms } => {
             let request = AwaitJobRequest {

@@ -321,3 +321,104 @@ async fn the_cli_creates_with_a_key_and_waits_for_the_result() {
     assert_eq!((printed["state"].as_str(), printed["result"]["number"].as_str()), (Some("completed"), Some("F-1")));
     assert_eq!(printed["stages"], serde_json::json!(["drafted"]));
 }
+
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn ten_thousand_incidents_page_through_three_partitions_and_are_retried_in_bulk() {
+    use drover::proto::gateway::{FailJobRequest, JobFilter, ListJobsRequest, RetryJobsRequest};
+    use futures::StreamExt;
+
+    const JOBS: usize = 10_000;
+    let cluster = ProcessCluster::start(3, 3, 3, FAST_RAFT);
+    cluster.wait_ready().await;
+    let client = Client::connect(&cluster.node(0).grpc).await.unwrap();
+    let requests = (0..JOBS).map(|n| CreateJobRequest {
+        r#type: "ledger".into(),
+        variables: format!(r#"{{"n":{n}}}"#),
+        retries: Some(1),
+        ..Default::default()
+    });
+    let mut answers = client.raw().create_jobs(futures::stream::iter(requests)).await.unwrap().into_inner();
+    let mut created = std::collections::BTreeSet::new();
+    while let Some(answer) = answers.message().await.unwrap() {
+        assert!(answer.error.is_none(), "{answer:?}");
+        created.insert(answer.key);
+    }
+    assert_eq!(created.len(), JOBS);
+    let partitions: std::collections::BTreeSet<u64> = created.iter().map(|k| k >> 48).collect();
+    assert_eq!(partitions.len(), 3, "jobs spread over the three partitions");
+
+    // Every job fails its last retry: ten thousand incidents.
+    let mut held = Vec::new();
+    while held.len() < JOBS {
+        let jobs = client.activate("ledger", "w", 1000, 600_000, 1_000).await.unwrap();
+        assert!(!jobs.is_empty(), "only {} of {JOBS} jobs were activated", held.len());
+        held.extend(jobs);
+    }
+    futures::stream::iter(held)
+        .for_each_concurrent(64, |job| {
+            let mut raw = client.raw();
+            async move {
+                let request = FailJobRequest {
+                    key: job.key,
+                    attempt: job.attempt,
+                    retries: 0,
+                    error_message: "ledger locked".into(),
+                    ..Default::default()
+                };
+                raw.fail_job(request).await.expect("fail");
+            }
+        })
+        .await;
+
+    let incidents = JobFilter { state: "incident".into(), r#type: "ledger".into(), ..Default::default() };
+    let mut listed = Vec::new();
+    let mut token = String::new();
+    let mut pages = 0;
+    loop {
+        let request = ListJobsRequest { filter: Some(incidents.clone()), page_size: 700, page_token: token };
+        // Each page through another gateway: a token is not tied to one.
+        let gateway = Client::connect(&cluster.node(pages % 3).grpc).await.unwrap();
+        let page = gateway.raw().list_jobs(request).await.expect("a page").into_inner();
+        assert!(page.jobs.len() <= 700);
+        assert!(page.jobs.iter().all(|j| j.state == "incident" && j.error_message == "ledger locked"));
+        listed.extend(page.jobs.iter().map(|j| j.key));
+        pages += 1;
+        token = page.next_page_token;
+        if token.is_empty() {
+            break;
+        }
+        assert!(pages < 100, "paging does not end");
+    }
+    assert!(listed.windows(2).all(|w| w[0] < w[1]), "pages repeat or go back");
+    let listed_set: std::collections::BTreeSet<u64> = listed.iter().copied().collect();
+    assert_eq!(listed_set, created, "the pages hold exactly the incidents");
+
+    let bad = client.raw().list_jobs(ListJobsRequest { page_token: "x".into(), ..Default::default() }).await;
+    assert_eq!(bad.unwrap_err().code(), Code::InvalidArgument);
+
+    let dry = RetryJobsRequest { filter: Some(incidents.clone()), retries: 2, dry_run: true };
+    let counted = client.raw().retry_jobs(dry).await.unwrap().into_inner();
+    assert_eq!((counted.matched, counted.changed), (JOBS as u64, 0), "{counted:?}");
+    let retried =
+        client.raw().retry_jobs(RetryJobsRequest { filter: Some(incidents), retries: 2, dry_run: false }).await;
+    let retried = retried.unwrap().into_inner();
+    assert_eq!((retried.matched, retried.changed, retried.failed), (JOBS as u64, JOBS as u64, 0), "{retried:?}");
+
+    // They are activatable again, with the retries given.
+    let ready = JobFilter { state: "activatable".into(), r#type: "ledger".into(), ..Default::default() };
+    let mut again = 0;
+    let mut token = String::new();
+    loop {
+        let request = ListJobsRequest { filter: Some(ready.clone()), page_size: 1000, page_token: token };
+        let page = client.raw().list_jobs(request).await.unwrap().into_inner();
+        assert!(page.jobs.iter().all(|j| j.retries == 2));
+        again += page.jobs.len();
+        token = page.next_page_token;
+        if token.is_empty() {
+            break;
+        }
+    }
+    assert_eq!(again, JOBS);
+    let activated = client.activate("ledger", "w2", 10, 60_000, 1_000).await.unwrap();
+    assert_eq!(activated.len(), 10, "retried incidents are activated");
+}

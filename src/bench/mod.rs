@@ -65,6 +65,10 @@ pub struct BenchArgs {
     /// Seconds the latency workload runs.
     #[arg(long, default_value_t = 20)]
     pub duration: u64,
+    /// Give every create an idempotency key (unique per job), so each one
+    /// costs what a keyed create costs: the key's entry, kept for its window.
+    #[arg(long)]
+    pub idempotency_keys: bool,
     /// Print one JSON object per workload instead of a table.
     #[arg(long)]
     pub json: bool,

@@ -160,6 +160,7 @@ async fn produce(
     job_type: String,
     seqs: std::ops::Range<u64>,
     payload_bytes: usize,
+    keyed: bool,
     in_flight: usize,
     rate: Option<u64>,
     tracker: Arc<Tracker>,
@@ -185,6 +186,7 @@ async fn produce(
                 let request = CreateJobRequest {
                     r#type: job_type.clone(),
                     variables: payload(seq, payload_bytes),
+                    idempotency_key: if keyed { format!("{job_type}-{seq}") } else { String::new() },
                     ..Default::default()
                 };
                 sent_at.lock().expect("lock").push_back(Instant::now());
@@ -354,6 +356,7 @@ async fn run(
             job_type.clone(),
             range,
             args.payload_bytes,
+            args.idempotency_keys,
             args.in_flight,
             producer_rate,
             Arc::clone(&tracker),

@@ -16,6 +16,8 @@ use crate::raft::RpcKind;
 
 /// The longest a peer's read waits for a job to become final.
 const MAX_DESCRIBE_WAIT_MS: u64 = 600_000;
+/// The most jobs one listing answer carries.
+const MAX_LIST_LIMIT: usize = 1000;
 
 pub struct ClusterService {
     ctx: Arc<OnceLock<Arc<NodeContext>>>,
@@ -126,6 +128,28 @@ impl Cluster for ClusterService {
         };
         let encoded = bincode::serialize(&job).map_err(|e| Status::internal(e.to_string()))?;
         Ok(Response::new(DescribeReply { job: encoded.into(), ..Default::default() }))
+    }
+
+    async fn list_jobs(&self, request: Request<ListJobsRequest>) -> Result<Response<ListJobsReply>, Status> {
+        let ctx = self.ctx()?;
+        let request = request.into_inner();
+        let leader = ctx.local_leader(request.partition_id).is_some();
+        let (Some(replica), true) = (ctx.replica(request.partition_id), leader) else {
+            return Ok(Response::new(ListJobsReply {
+                code: tonic::Code::Unavailable as i32,
+                message: format!("node {} does not lead partition {}", ctx.node_id, request.partition_id),
+                ..Default::default()
+            }));
+        };
+        let filter = bincode::deserialize(&request.filter)
+            .map_err(|e| Status::invalid_argument(format!("malformed job filter: {e}")))?;
+        let limit = (request.limit as usize).min(MAX_LIST_LIMIT);
+        let jobs = replica
+            .state()
+            .list(&filter, JobKey(request.after), limit, ctx.limits.max_request_bytes())
+            .map_err(|e| Status::internal(e.to_string()))?;
+        let encoded = bincode::serialize(&jobs).map_err(|e| Status::internal(e.to_string()))?;
+        Ok(Response::new(ListJobsReply { jobs: encoded.into(), ..Default::default() }))
     }
 
     async fn register_stream(

@@ -79,6 +79,18 @@ impl JobState {
     pub fn is_final(self) -> bool {
         matches!(self, JobState::Completed | JobState::Cancelled)
     }
+    pub const ALL: [JobState; 6] = [
+        JobState::Scheduled,
+        JobState::Activatable,
+        JobState::Activated,
+        JobState::Completed,
+        JobState::Incident,
+        JobState::Cancelled,
+    ];
+    /// The state [`JobState::as_str`] names.
+    pub fn parse(name: &str) -> Option<JobState> {
+        JobState::ALL.into_iter().find(|s| s.as_str() == name)
+    }
 }
 
 /// What a producer asked for; immutable once the job exists, so it is shared
@@ -190,6 +202,47 @@ impl fmt::Display for RequestId {
                 write!(f, "idempotency key {key:?} of tenant {tenant:?} and user {user:?}")
             }
         }
+    }
+}
+
+/// Which jobs a listing or a bulk operation covers; every field that is set
+/// must match.
+#[derive(Clone, Debug, Default, PartialEq, Eq, Serialize, Deserialize)]
+pub struct JobFilter {
+    pub state: Option<JobState>,
+    /// Empty: any.
+    pub job_type: String,
+    /// Empty: any.
+    pub tenant: String,
+    /// The last committed stage; empty: any.
+    pub stage: String,
+    /// A substring of the last failure's message; empty: any.
+    pub error_contains: String,
+    /// Created at or after (ms); 0: no bound.
+    pub created_from: Millis,
+    /// Created before (ms); 0: no bound.
+    pub created_to: Millis,
+}
+
+impl JobFilter {
+    pub fn matches(&self, job: &Job) -> bool {
+        self.state.is_none_or(|state| job.state == state)
+            && (self.job_type.is_empty() || job.spec.job_type == self.job_type)
+            && (self.tenant.is_empty() || job.spec.tenant == self.tenant)
+            && (self.stage.is_empty() || job.stage() == Some(self.stage.as_str()))
+            && (self.error_contains.is_empty() || job.error_message.contains(&self.error_contains))
+            && (self.created_from == 0 || job.created_at >= self.created_from)
+            && (self.created_to == 0 || job.created_at < self.created_to)
+    }
+
+    /// Whether jobs in memory (not final) can match.
+    pub fn covers_live(&self) -> bool {
+        self.state.is_none_or(|state| !state.is_final())
+    }
+
+    /// Whether final records can match.
+    pub fn covers_final(&self) -> bool {
+        self.state.is_none_or(JobState::is_final)
     }
 }
 

@@ -7,7 +7,7 @@ use serde_json::value::RawValue;
 
 use super::error::ApiError;
 use crate::config::DedupeWindows;
-use crate::core::{ActivatedJobData, Activation, Job, JobSpec, NewJob, RequestId, DEFAULT_TENANT};
+use crate::core::{ActivatedJobData, Activation, Job, JobFilter, JobSpec, JobState, NewJob, RequestId, DEFAULT_TENANT};
 use crate::proto::gateway as pb;
 
 /// Room in a request for a job's fields besides its payload (type, tenant,
@@ -252,6 +252,30 @@ pub fn stage_name(stage: &str) -> Result<(), ApiError> {
         return Err(ApiError::InvalidArgument("a stage name must not be empty".into()));
     }
     name("stage", stage, MAX_STAGE_LEN)
+}
+
+/// A listing's filter as a client sent it.
+pub fn job_filter(filter: Option<pb::JobFilter>) -> Result<JobFilter, ApiError> {
+    let filter = filter.unwrap_or_default();
+    let state = match filter.state.as_str() {
+        "" => None,
+        name => Some(JobState::parse(name).ok_or_else(|| {
+            let names: Vec<&str> = JobState::ALL.iter().map(|s| s.as_str()).collect();
+            ApiError::InvalidArgument(format!("state {name:?} is not one of {}", names.join(", ")))
+        })?),
+    };
+    if filter.created_from < 0 || filter.created_to < 0 {
+        return Err(ApiError::InvalidArgument("created_from and created_to must be zero or more".into()));
+    }
+    Ok(JobFilter {
+        state,
+        job_type: filter.r#type,
+        tenant: filter.tenant_id,
+        stage: filter.stage,
+        error_contains: filter.error_contains,
+        created_from: filter.created_from,
+        created_to: filter.created_to,
+    })
 }
 
 /// The request id an idempotency key names, as a producer gives it.

@@ -9,6 +9,7 @@ mod aggregator;
 mod chunks;
 pub mod convert;
 pub mod error;
+mod listing;
 mod observe;
 pub mod router;
 mod service;

@@ -19,16 +19,20 @@
 //! their activation timeout, as they would without the repeat. When time runs
 //! out after such a failure the answer is DEADLINE_EXCEEDED, "outcome unknown".
 
+use std::future::Future;
+use std::sync::Arc;
 use std::time::{Duration, Instant};
 
 use ractor::rpc::CallResult;
+use tonic::transport::Channel;
 
 use super::error::ApiError;
-use crate::core::{Command, CommandResult, Job, JobKey, JobRef, PartitionId};
+use crate::core::{Command, CommandResult, Job, JobFilter, JobKey, JobRef, PartitionId};
 use crate::node::NodeContext;
 use crate::partition::{LeaderMsg, SubmitError};
-use crate::proto::cluster::{DescribeRequest, ForwardRequest};
-use crate::raft::NodeId;
+use crate::proto::cluster::cluster_client::ClusterClient;
+use crate::proto::cluster::{DescribeRequest, ForwardRequest, ListJobsRequest};
+use crate::raft::{NodeId, Replica};
 
 const FIRST_BACK_OFF: Duration = Duration::from_millis(10);
 const MAX_BACK_OFF: Duration = Duration::from_millis(250);
@@ -228,49 +232,105 @@ pub async fn read(
             "no job with {job} (it names partition {partition}, which does not exist)"
         )));
     }
-    let request_bytes = match job {
-        JobRef::Key(_) => Vec::new(),
-        JobRef::Request(request) => bincode::serialize(request).map_err(|e| ApiError::Internal(e.to_string()))?,
+    let request_bytes: bytes::Bytes = match job {
+        JobRef::Key(_) => Default::default(),
+        JobRef::Request(request) => bincode::serialize(request).map_err(|e| ApiError::Internal(e.to_string()))?.into(),
     };
     let key = match job {
         JobRef::Key(key) => key.0,
         JobRef::Request(_) => 0,
     };
     let wait = || final_by.map_or(Duration::ZERO, |at| at.saturating_duration_since(Instant::now()));
+    let local = |replica: Arc<Replica>| async move {
+        let state = replica.state();
+        let Some(key) = state.resolve(job) else { return Err(no_record(job)) };
+        state.await_final(key, wait()).await?.ok_or_else(|| no_record(job))
+    };
+    let remote = |mut client: ClusterClient<Channel>, timeout: Duration| {
+        let request_bytes = request_bytes.clone();
+        async move {
+            let wait_ms = wait().as_millis() as u64;
+            let mut request =
+                tonic::Request::new(DescribeRequest { partition_id: partition, key, request: request_bytes, wait_ms });
+            request.set_timeout(timeout.max(Duration::from_millis(wait_ms)));
+            let reply = client.describe(request).await.ok()?.into_inner();
+            if reply.code != 0 {
+                return None;
+            }
+            let found: Result<Option<Job>, _> = bincode::deserialize(&reply.job);
+            Some(found.map_err(|e| ApiError::Internal(e.to_string())).and_then(|f| f.ok_or_else(|| no_record(job))))
+        }
+    };
+    on_leader(ctx, partition, deadline, local, remote).await
+}
+
+/// Up to `limit` of a partition's jobs matching `filter` with keys after
+/// `after`, in key order, from its leader.
+pub async fn list(
+    ctx: &NodeContext,
+    partition: PartitionId,
+    filter: &JobFilter,
+    after: JobKey,
+    limit: usize,
+    deadline: Instant,
+) -> Result<Vec<Job>, ApiError> {
+    let encoded: bytes::Bytes = bincode::serialize(filter).map_err(|e| ApiError::Internal(e.to_string()))?.into();
+    let max_bytes = ctx.limits.max_request_bytes();
+    let local = |replica: Arc<Replica>| async move { Ok(replica.state().list(filter, after, limit, max_bytes)?) };
+    let remote = |mut client: ClusterClient<Channel>, timeout: Duration| {
+        let filter = encoded.clone();
+        async move {
+            let mut request = tonic::Request::new(ListJobsRequest {
+                partition_id: partition,
+                filter,
+                after: after.0,
+                limit: limit as u32,
+            });
+            request.set_timeout(timeout);
+            let reply = client.list_jobs(request).await.ok()?.into_inner();
+            if reply.code != 0 {
+                return None;
+            }
+            let jobs: Result<Vec<Job>, _> = bincode::deserialize(&reply.jobs);
+            Some(jobs.map_err(|e| ApiError::Internal(e.to_string())))
+        }
+    };
+    on_leader(ctx, partition, deadline, local, remote).await
+}
+
+/// Runs a read on a partition's leader: on this node's replica when this
+/// node leads the partition, else on the node the leader hints name (`remote`
+/// answers `None` when that node did not lead it), backing off until
+/// `deadline`, then UNAVAILABLE.
+async fn on_leader<T, L, LF, R, RF>(
+    ctx: &NodeContext,
+    partition: PartitionId,
+    deadline: Instant,
+    local: L,
+    remote: R,
+) -> Result<T, ApiError>
+where
+    L: Fn(Arc<Replica>) -> LF,
+    LF: Future<Output = Result<T, ApiError>>,
+    R: Fn(ClusterClient<Channel>, Duration) -> RF,
+    RF: Future<Output = Option<Result<T, ApiError>>>,
+{
     let started = Instant::now();
     let mut back_off = FIRST_BACK_OFF;
     let mut rotation = 0usize;
     loop {
         if ctx.local_leader(partition).is_some() {
             if let Some(replica) = ctx.replica(partition) {
-                let state = replica.state();
-                let Some(key) = state.resolve(job) else { return Err(no_record(job)) };
-                return match state.await_final(key, wait()).await? {
-                    Some(found) => Ok(found),
-                    None => Err(no_record(job)),
-                };
+                return local(Arc::clone(replica)).await;
             }
         }
         let target = ctx.leader_hint(partition, rotation);
         rotation += 1;
         if let Some(node) = target.filter(|n| *n != ctx.node_id) {
-            if let Some(mut client) = ctx.peers.client(node) {
-                let wait_ms = wait().as_millis() as u64;
-                let mut request = tonic::Request::new(DescribeRequest {
-                    partition_id: partition,
-                    key,
-                    request: request_bytes.clone().into(),
-                    wait_ms,
-                });
+            if let Some(client) = ctx.peers.client(node) {
                 let timeout = deadline.saturating_duration_since(Instant::now()).max(Duration::from_millis(1));
-                request.set_timeout(timeout.max(Duration::from_millis(wait_ms)));
-                if let Ok(reply) = client.describe(request).await {
-                    let reply = reply.into_inner();
-                    if reply.code == 0 {
-                        let found: Option<Job> =
-                            bincode::deserialize(&reply.job).map_err(|e| ApiError::Internal(e.to_string()))?;
-                        return found.ok_or_else(|| no_record(job));
-                    }
+                if let Some(result) = remote(client, timeout).await {
+                    return result;
                 }
             }
         }

@@ -234,7 +234,7 @@ fn split_by_bytes(indexes: Vec<usize>, commands: Vec<Command>, max_bytes: usize)
 
 /// Runs a chunk of per-key commands: per partition, batches cut by bytes and
 /// run in order; the partitions concurrently; results back in the chunk's order.
-async fn run_chunk(
+pub(super) async fn run_chunk(
     ctx: &NodeContext,
     commands: Vec<Result<(PartitionId, Command), ApiError>>,
     deadline: Instant,
@@ -717,6 +717,24 @@ impl Gateway for GatewayService {
             CommandResult::Deadline(deadline) => Ok(Response::new(CheckpointJobResponse { deadline })),
             other => Err(ApiError::Internal(format!("unexpected result {other:?}")).into()),
         }
+    }
+
+    async fn list_jobs(&self, request: Request<ListJobsRequest>) -> Result<Response<ListJobsResponse>, Status> {
+        let _running = self.ctx.request_started("list_jobs");
+        let deadline = self.deadline(&request)?;
+        Ok(Response::new(super::listing::list(&self.ctx, request.into_inner(), deadline).await?))
+    }
+
+    async fn retry_jobs(&self, request: Request<RetryJobsRequest>) -> Result<Response<BulkJobsResponse>, Status> {
+        let _running = self.ctx.request_started("retry_jobs");
+        let deadline = self.deadline(&request)?;
+        Ok(Response::new(super::listing::retry(&self.ctx, request.into_inner(), deadline).await?))
+    }
+
+    async fn cancel_jobs(&self, request: Request<CancelJobsRequest>) -> Result<Response<BulkJobsResponse>, Status> {
+        let _running = self.ctx.request_started("cancel_jobs");
+        let deadline = self.deadline(&request)?;
+        Ok(Response::new(super::listing::cancel(&self.ctx, request.into_inner(), deadline).await?))
     }
 
     async fn topology(&self, _request: Request<TopologyRequest>) -> Result<Response<TopologyResponse>, Status> {

@@ -33,8 +33,8 @@ use tokio::sync::oneshot;
 
 use super::{BatchResponse, NodeId, TypeConfig};
 use crate::core::{
-    request_expiry_bound, Deduped, Job, JobKey, JobRef, Millis, PartitionId, PartitionState, RequestId, Retention,
-    StateSnapshot,
+    request_expiry_bound, Deduped, Job, JobFilter, JobKey, JobRef, Millis, PartitionId, PartitionState, RequestId,
+    Retention, StateSnapshot,
 };
 use crate::storage::{self, key, meta_key, Store, Table};
 
@@ -254,6 +254,54 @@ impl SharedState {
                 let _ = sender.send(());
             }
         }
+    }
+
+    /// Up to `limit` jobs matching `filter` with keys after `after`, in key
+    /// order, live and final, and no more than about `max_bytes` of them (at
+    /// least one). A job that finishes during the read is listed once, as final.
+    pub fn list(
+        &self,
+        filter: &JobFilter,
+        after: JobKey,
+        limit: usize,
+        max_bytes: usize,
+    ) -> Result<Vec<Job>, storage::StorageError> {
+        let mut live: Vec<Job> = if filter.covers_live() {
+            let inner = self.lock();
+            let mut keys: Vec<JobKey> =
+                inner.engine.jobs().filter(|j| j.key > after && filter.matches(j)).map(|j| j.key).collect();
+            keys.sort_unstable();
+            keys.truncate(limit);
+            keys.iter().filter_map(|k| inner.engine.job(*k).cloned()).collect()
+        } else {
+            Vec::new()
+        };
+        let mut done = Vec::new();
+        if filter.covers_final() && limit > 0 {
+            let mut bytes_read = 0;
+            self.store.scan_while(Table::Done, self.partition, after.0.saturating_add(1), |_, bytes| {
+                let job: Job = storage::decode("job record", bytes)?;
+                if filter.matches(&job) {
+                    bytes_read += bytes.len();
+                    done.push(job);
+                }
+                Ok(done.len() < limit && bytes_read < max_bytes)
+            })?;
+        }
+        live.retain(|job| !done.iter().any(|d| d.key == job.key));
+        live.extend(done);
+        live.sort_unstable_by_key(|job| job.key);
+        live.truncate(limit);
+        let mut total = 0;
+        let within = live
+            .iter()
+            .position(|job| {
+                total += job.spec.encoded_len() + job.result.len() + job.error_message.len() + job.worker.len();
+                total > max_bytes
+            })
+            .unwrap_or(live.len());
+        live.truncate(within.max(1));
+        Ok(live)
     }
 
     /// Every job this replica holds, live and final (for fault-test

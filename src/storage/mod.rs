@@ -242,6 +242,25 @@ impl Store {
         Ok(out)
     }
 
+    /// Visits the records of a partition in a table from id `from`, in id
+    /// order, while `visit` answers true.
+    pub fn scan_while(
+        &self,
+        table: Table,
+        partition: PartitionId,
+        from: u64,
+        mut visit: impl FnMut(u64, &[u8]) -> Result<bool, StorageError>,
+    ) -> Result<(), StorageError> {
+        let start = key(partition, from);
+        for item in self.db.iterator_cf(self.cf(table), IteratorMode::From(&start, Direction::Forward)) {
+            let (k, v) = item?;
+            if k.len() != 12 || k[..4] != partition.to_be_bytes() || !visit(id_of(&k), &v)? {
+                break;
+            }
+        }
+        Ok(())
+    }
+
     /// Visits every record of a partition in a table, in id order.
     pub fn for_each(
         &self,
