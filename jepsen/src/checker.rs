@@ -16,6 +16,11 @@
 //! - **misdelivered**: a job handed to a worker that did not ask for it: a job
 //!   of another type, or an activation made out to another worker name (a
 //!   stream registration that outlived the stream it named);
+//! - **stage twice**: one stage of a job committed by two different
+//!   attempts (acknowledged checkpoints, or the checkpoints a replica holds),
+//!   or a replica holding a job's stages out of their declared order;
+//! - **lost checkpoint**: an acknowledged checkpoint missing from the
+//!   record of a replica that holds the job;
 //! - **recovered** (reported, not a violation): a create with an unknown or
 //!   failed outcome whose job exists after all;
 //! - **divergent**: after healing, a node's replica misses an acknowledged job
@@ -27,6 +32,7 @@ use std::fmt::Write;
 use serde::Serialize;
 
 use crate::history::{FinalReads, Kind, Op, Phase};
+use crate::workload::STAGES;
 
 /// An acknowledged job that did not finish, with what each replica holds.
 #[derive(Debug, Serialize, PartialEq)]
@@ -65,6 +71,26 @@ pub struct Misdelivery {
     pub assigned_worker: Option<String>,
 }
 
+/// A stage committed by more than one attempt, or out of order.
+#[derive(Debug, Serialize, PartialEq)]
+pub struct StageTwice {
+    pub id: u64,
+    pub key: u64,
+    pub stage: String,
+    /// The attempts that committed it (acknowledged, or held by a replica).
+    pub attempts: Vec<u32>,
+}
+
+/// An acknowledged checkpoint a replica's record of the job lacks.
+#[derive(Debug, Serialize, PartialEq)]
+pub struct LostCheckpoint {
+    pub id: u64,
+    pub key: u64,
+    pub stage: String,
+    pub attempt: u32,
+    pub node: usize,
+}
+
 #[derive(Debug, Default, Serialize, PartialEq)]
 pub struct Report {
     pub attempted: usize,
@@ -77,6 +103,10 @@ pub struct Report {
     pub stale: Vec<u64>,
     pub duplicate_creates: Vec<DuplicateCreate>,
     pub misdelivered: Vec<Misdelivery>,
+    pub stage_twice: Vec<StageTwice>,
+    pub lost_checkpoints: Vec<LostCheckpoint>,
+    /// Acknowledged checkpoints.
+    pub checkpoints: usize,
     pub divergent: Vec<u64>,
     pub recovered: Vec<u64>,
     pub valid: bool,
@@ -89,7 +119,8 @@ impl Report {
     pub fn summary(&self) -> String {
         format!(
             "{}: {} attempted, {} acknowledged, {} completed, {} incidents; lost {}, unexpected {}, duplicated {}, \
-             stale {}, duplicate creates {}, misdelivered {}, divergent {}, recovered {}",
+             stale {}, duplicate creates {}, misdelivered {}, stage twice {}, lost checkpoints {} (of {}), \
+             divergent {}, recovered {}",
             if self.valid { "VALID" } else { "INVALID" },
             self.attempted,
             self.acknowledged,
@@ -101,6 +132,9 @@ impl Report {
             self.stale.len(),
             self.duplicate_creates.len(),
             self.misdelivered.len(),
+            self.stage_twice.len(),
+            self.lost_checkpoints.len(),
+            self.checkpoints,
             self.divergent.len(),
             self.recovered.len(),
         )
@@ -172,6 +206,28 @@ impl Report {
                         );
                     }
                     line
+                })
+                .collect(),
+        );
+        section(
+            self.stage_twice
+                .iter()
+                .map(|s| {
+                    format!(
+                        "stage twice: job {} (key {}) stage {:?} committed by attempts {:?}",
+                        s.id, s.key, s.stage, s.attempts
+                    )
+                })
+                .collect(),
+        );
+        section(
+            self.lost_checkpoints
+                .iter()
+                .map(|l| {
+                    format!(
+                        "lost checkpoint: job {} (key {}) stage {:?} of attempt {} acknowledged, not on node {}",
+                        l.id, l.key, l.stage, l.attempt, l.node
+                    )
                 })
                 .collect(),
         );
@@ -329,7 +385,10 @@ pub fn check(history: &[Op], finals: &FinalReads, replicas: impl Fn(u64) -> Vec<
             report.recovered.push(*id);
         }
     }
+    check_stages(history, finals, &id_of_key, &mut report);
     report.valid = report.lost.is_empty()
+        && report.stage_twice.is_empty()
+        && report.lost_checkpoints.is_empty()
         && report.unexpected.is_empty()
         && report.duplicated.is_empty()
         && report.stale.is_empty()
@@ -337,6 +396,64 @@ pub fn check(history: &[Op], finals: &FinalReads, replicas: impl Fn(u64) -> Vec<
         && report.misdelivered.is_empty()
         && report.divergent.is_empty();
     report
+}
+
+/// Each stage of a job is committed once, by one attempt, in the declared
+/// order, and every acknowledged checkpoint is in every replica's record.
+fn check_stages(history: &[Op], finals: &FinalReads, id_of_key: &BTreeMap<u64, u64>, report: &mut Report) {
+    // (key, stage) -> attempts that committed it, acknowledged or held.
+    let mut committed: BTreeMap<(u64, String), BTreeSet<u32>> = BTreeMap::new();
+    let acknowledged: Vec<&Op> =
+        history.iter().filter(|o| o.kind == Kind::Checkpoint && o.phase == Phase::Ok).collect();
+    report.checkpoints = acknowledged.len();
+    for op in &acknowledged {
+        if let (Some(key), Some(stage)) = (op.key, &op.stage) {
+            committed.entry((key, stage.clone())).or_default().insert(op.attempt);
+        }
+    }
+    let mut out_of_order: BTreeSet<u64> = BTreeSet::new();
+    for jobs in finals.values() {
+        for (key, job) in jobs {
+            for (stage, attempt) in &job.checkpoints {
+                committed.entry((*key, stage.clone())).or_default().insert(*attempt);
+            }
+            let positions: Vec<Option<usize>> =
+                job.checkpoints.iter().map(|(s, _)| STAGES.iter().position(|d| d == s)).collect();
+            if positions.windows(2).any(|w| w[0] >= w[1]) {
+                out_of_order.insert(*key);
+            }
+        }
+    }
+    for ((key, stage), attempts) in &committed {
+        if attempts.len() > 1 {
+            let id = id_of_key.get(key).copied().unwrap_or_default();
+            report.stage_twice.push(StageTwice {
+                id,
+                key: *key,
+                stage: stage.clone(),
+                attempts: attempts.iter().copied().collect(),
+            });
+        }
+    }
+    for key in out_of_order {
+        let id = id_of_key.get(&key).copied().unwrap_or_default();
+        report.stage_twice.push(StageTwice { id, key, stage: "(out of order)".into(), attempts: Vec::new() });
+    }
+    for op in &acknowledged {
+        let (Some(key), Some(stage)) = (op.key, &op.stage) else { continue };
+        for (node, jobs) in finals {
+            let Some(job) = jobs.get(&key) else { continue };
+            if !job.checkpoints.iter().any(|(s, a)| s == stage && *a == op.attempt) {
+                report.lost_checkpoints.push(LostCheckpoint {
+                    id: op.id,
+                    key,
+                    stage: stage.clone(),
+                    attempt: op.attempt,
+                    node: *node,
+                });
+            }
+        }
+    }
 }
 
 #[cfg(test)]
@@ -389,7 +506,15 @@ mod tests {
                     *n,
                     jobs.iter()
                         .map(|(id, key, s)| {
-                            (*key, FinalJob { id: *id, state: s.to_string(), job_type: "jepsen".into() })
+                            (
+                                *key,
+                                FinalJob {
+                                    id: *id,
+                                    state: s.to_string(),
+                                    job_type: "jepsen".into(),
+                                    checkpoints: Vec::new(),
+                                },
+                            )
                         })
                         .collect(),
                 )
@@ -594,7 +719,14 @@ mod tests {
         assert!(!r.valid);
         assert_eq!(r.divergent, vec![1]);
         let mut f = finals(&[0, 1], &[(1, 101, "completed")]);
-        f.insert(2, [(101, FinalJob { id: 1, state: "activatable".into(), job_type: "jepsen".into() })].into());
+        f.insert(
+            2,
+            [(
+                101,
+                FinalJob { id: 1, state: "activatable".into(), job_type: "jepsen".into(), checkpoints: Vec::new() },
+            )]
+            .into(),
+        );
         assert_eq!(check(&h, &f, all_nodes).divergent, vec![1], "another state on one node");
     }
 
@@ -606,5 +738,63 @@ mod tests {
         let r = check(&h, &finals(&[0, 1, 2], &[(7, 107, "completed")]), all_nodes);
         assert!(r.valid, "{r:?}");
         assert_eq!(r.recovered, vec![7]);
+    }
+
+    fn checkpointed(id: u64, key: u64, attempt: u32, stage: &str, t: u64) -> Op {
+        Op { stage: Some(stage.into()), ..op(t, 3, Kind::Checkpoint, Phase::Ok, id, Some(key), attempt) }
+    }
+
+    fn staged_finals(checkpoints: &[(&str, u32)]) -> FinalReads {
+        let mut f = finals(&[0, 1, 2], &[(9, 109, "completed")]);
+        for jobs in f.values_mut() {
+            jobs.get_mut(&109).unwrap().checkpoints = checkpoints.iter().map(|(s, a)| (s.to_string(), *a)).collect();
+        }
+        f
+    }
+
+    #[test]
+    fn a_stage_committed_by_two_attempts_is_an_anomaly() {
+        let mut h = created(9, 109, 0);
+        h.push(checkpointed(9, 109, 1, "reserved", 5));
+        h.push(checkpointed(9, 109, 2, "charged", 8));
+        h.extend(completed(9, 109, 2, 10, 3));
+        let r = check(&h, &staged_finals(&[("reserved", 1), ("charged", 2)]), all_nodes);
+        assert!(r.valid, "resuming at the next stage is right: {r:?}");
+        assert_eq!(r.checkpoints, 2);
+
+        h.push(checkpointed(9, 109, 2, "reserved", 9));
+        let r = check(&h, &staged_finals(&[("reserved", 1), ("charged", 2)]), all_nodes);
+        assert!(!r.valid);
+        assert_eq!(r.stage_twice.len(), 1);
+        assert_eq!((r.stage_twice[0].stage.as_str(), &r.stage_twice[0].attempts[..]), ("reserved", &[1, 2][..]));
+    }
+
+    #[test]
+    fn an_acknowledged_checkpoint_missing_from_a_replica_is_lost() {
+        let mut h = created(9, 109, 0);
+        h.push(checkpointed(9, 109, 1, "reserved", 5));
+        h.push(checkpointed(9, 109, 1, "charged", 6));
+        h.extend(completed(9, 109, 1, 10, 3));
+        let r = check(&h, &staged_finals(&[("reserved", 1)]), all_nodes);
+        assert!(!r.valid);
+        assert_eq!(r.lost_checkpoints.len(), 3, "one per replica: {:?}", r.lost_checkpoints);
+        let r = check(&h, &staged_finals(&[("charged", 1), ("reserved", 1)]), all_nodes);
+        assert!(r.stage_twice.iter().any(|s| s.stage == "(out of order)"), "{r:?}");
+    }
+
+    #[test]
+    fn a_keyed_create_sent_twice_is_valid_with_one_job_and_a_duplicate_with_two() {
+        let mut h = vec![
+            op(0, 1, Kind::Create, Phase::Invoke, 4, None, 0),
+            op(5, 1, Kind::Create, Phase::Info, 4, None, 0),
+            op(6, 1, Kind::Create, Phase::Invoke, 4, None, 0),
+            op(7, 1, Kind::Create, Phase::Ok, 4, Some(104), 0),
+        ];
+        h.extend(completed(4, 104, 1, 10, 2));
+        assert!(check(&h, &finals(&[0, 1, 2], &[(4, 104, "completed")]), all_nodes).valid);
+        let two = finals(&[0, 1, 2], &[(4, 104, "completed"), (4, 105, "activatable")]);
+        let r = check(&h, &two, all_nodes);
+        assert!(!r.valid);
+        assert_eq!(r.duplicate_creates[0].keys, vec![104, 105]);
     }
 }

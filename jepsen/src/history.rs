@@ -14,6 +14,8 @@ pub enum Kind {
     Activate,
     Complete,
     Fail,
+    /// A stage committed with CheckpointJob.
+    Checkpoint,
 }
 
 #[derive(Clone, Copy, Debug, Default, PartialEq, Eq, Serialize, Deserialize)]
@@ -51,6 +53,9 @@ pub struct Op {
     /// On an activation, the worker name Drover put on it.
     #[serde(default, skip_serializing_if = "Option::is_none")]
     pub assigned_worker: Option<String>,
+    /// On a checkpoint, the stage; on an activation, the stage it resumes after.
+    #[serde(default, skip_serializing_if = "Option::is_none")]
+    pub stage: Option<String>,
 }
 
 /// A job as one node's replica holds it after the faults healed.
@@ -61,6 +66,9 @@ pub struct FinalJob {
     pub state: String,
     #[serde(default)]
     pub job_type: String,
+    /// Committed stages with the attempt that committed each, oldest first.
+    #[serde(default, skip_serializing_if = "Vec::is_empty")]
+    pub checkpoints: Vec<(String, u32)>,
 }
 
 /// Node -> job key -> what that node holds. Keyed by job key, not id, so that

@@ -253,9 +253,12 @@ async fn inner(dir: &Path) -> anyhow::Result<bool> {
             any,
         )));
     }
+    for p in 7..9u64 {
+        tasks.push(tokio::spawn(workload::staged(Arc::clone(&shared), p, config.seed ^ (p + 1))));
+    }
     // One stream-only worker per gateway, always on that gateway.
     for node in 0..args.nodes {
-        let p = 7 + node as u64;
+        let p = 9 + node as u64;
         let home = workload::Gateways::Home(node);
         let worker = workload::streamer(Arc::clone(&shared), p, config.seed ^ (p + 1), workload::PUSHED_TYPE, home);
         tasks.push(tokio::spawn(worker));
@@ -614,7 +617,13 @@ async fn final_reads(nodes: &cluster::Nodes) -> FinalReads {
                 (variables["id"].as_u64(), job["key"].as_u64(), job["state"].as_str())
             {
                 let job_type = job["type"].as_str().unwrap_or_default().to_string();
-                jobs.insert(key, FinalJob { id, state: state.to_string(), job_type });
+                let checkpoints = job["checkpoints"]
+                    .as_array()
+                    .into_iter()
+                    .flatten()
+                    .filter_map(|c| Some((c["stage"].as_str()?.to_string(), c["attempt"].as_u64()? as u32)))
+                    .collect();
+                jobs.insert(key, FinalJob { id, state: state.to_string(), job_type, checkpoints });
             }
         }
         finals.insert(i, jobs);

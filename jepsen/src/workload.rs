@@ -2,18 +2,23 @@
 //! workers (long polling and streaming) that complete, fail, ignore or
 //! complete-too-late what they receive. Every operation is recorded.
 //!
-//! Jobs are of two types. [`JOB_TYPE`] is polled and streamed. [`PUSHED_TYPE`]
+//! Jobs are of three types. [`JOB_TYPE`] is polled and streamed. [`PUSHED_TYPE`]
 //! is only ever streamed: no worker polls it, so a job of that type reaches a
 //! worker only if a broker pushes it. One such worker is homed on each
 //! gateway and always reconnects to it, so a restarted gateway sees its
-//! workers come back.
+//! workers come back. [`STAGED_TYPE`] declares [`STAGES`]; its workers
+//! checkpoint each stage and sometimes die between two.
+//!
+//! Every create carries an idempotency key made from its id, and a create
+//! whose outcome is unknown is sent again with the same key, as a careful
+//! producer would: the key must make it one job however often it is sent.
 
 use std::sync::atomic::{AtomicBool, AtomicU64, Ordering};
 use std::sync::{Arc, Mutex};
 use std::time::{Duration, Instant};
 
 use drover::client::Client;
-use drover::proto::gateway::{ActivatedJob, StreamActivatedJobsRequest};
+use drover::proto::gateway::{ActivatedJob, CheckpointJobRequest, CreateJobRequest, StreamActivatedJobsRequest};
 use rand::rngs::StdRng;
 use rand::{Rng, SeedableRng};
 use tonic::Code;
@@ -24,6 +29,11 @@ use crate::history::{Kind, Op, Phase};
 pub const JOB_TYPE: &str = "jepsen";
 /// Only streamed: it reaches a worker through a push or not at all.
 pub const PUSHED_TYPE: &str = "jepsen-pushed";
+/// Polled by the staged workers; declares [`STAGES`].
+pub const STAGED_TYPE: &str = "jepsen-staged";
+pub const STAGES: [&str; 3] = ["reserved", "charged", "notified"];
+/// How often a producer sends a create whose outcome it does not know.
+const CREATE_SENDS: usize = 3;
 /// Short, so timeouts and redeliveries happen often.
 pub const ACTIVATION_TIMEOUT_MS: i64 = 2_000;
 
@@ -83,29 +93,47 @@ pub async fn producer(shared: Arc<Shared>, process: u64, seed: u64) {
     let mut rng = StdRng::seed_from_u64(seed);
     let clients: Vec<Client> = shared.gateways.iter().map(|g| Client::connect_lazy(g).unwrap()).collect();
     while !shared.stop_creating.load(Ordering::Relaxed) {
-        let node = rng.random_range(0..clients.len());
-        let job_type = if rng.random_bool(0.5) { JOB_TYPE } else { PUSHED_TYPE };
+        let job_type = match rng.random_range(0..10) {
+            0..4 => JOB_TYPE,
+            4..8 => PUSHED_TYPE,
+            _ => STAGED_TYPE,
+        };
         // The id is the create's marker: the final reads find its jobs by it.
         let id = shared.next_id.fetch_add(1, Ordering::Relaxed);
-        shared.recorder.record_op(Op {
-            process,
-            node,
-            kind: Kind::Create,
-            phase: Phase::Invoke,
-            id,
-            job_type: Some(job_type.into()),
-            ..Op::default()
-        });
-        let variables = format!(r#"{{"id":{id}}}"#);
-        let create = clients[node].create_job(job_type, &variables);
-        match tokio::time::timeout(Duration::from_secs(5), create).await {
-            Ok(Ok(key)) => shared.recorder.record(process, node, Kind::Create, Phase::Ok, id, Some(key), 0),
-            Ok(Err(status)) if certain_failure(&status) => {
-                shared.recorder.record(process, node, Kind::Create, Phase::Fail, id, None, 0)
-            }
-            _ => {
-                shared.recorder.record(process, node, Kind::Create, Phase::Info, id, None, 0);
-                tokio::time::sleep(Duration::from_millis(50)).await;
+        let request = CreateJobRequest {
+            r#type: job_type.into(),
+            variables: format!(r#"{{"id":{id}}}"#),
+            idempotency_key: format!("jepsen-{id}"),
+            stages: if job_type == STAGED_TYPE { STAGES.map(String::from).to_vec() } else { Vec::new() },
+            ..Default::default()
+        };
+        for _ in 0..CREATE_SENDS {
+            // Each send through any gateway, as a producer behind a load balancer.
+            let node = rng.random_range(0..clients.len());
+            shared.recorder.record_op(Op {
+                process,
+                node,
+                kind: Kind::Create,
+                phase: Phase::Invoke,
+                id,
+                job_type: Some(job_type.into()),
+                ..Op::default()
+            });
+            let create = clients[node].create(request.clone());
+            match tokio::time::timeout(Duration::from_secs(5), create).await {
+                Ok(Ok(key)) => {
+                    shared.recorder.record(process, node, Kind::Create, Phase::Ok, id, Some(key), 0);
+                    break;
+                }
+                Ok(Err(status)) if certain_failure(&status) => {
+                    shared.recorder.record(process, node, Kind::Create, Phase::Fail, id, None, 0);
+                    break;
+                }
+                _ => {
+                    // Unknown: send it again with the same key.
+                    shared.recorder.record(process, node, Kind::Create, Phase::Info, id, None, 0);
+                    tokio::time::sleep(Duration::from_millis(50)).await;
+                }
             }
         }
         tokio::time::sleep(Duration::from_millis(rng.random_range(5..30))).await;
@@ -189,6 +217,94 @@ pub async fn poller(shared: Arc<Shared>, process: u64, seed: u64) {
         let wanted = Wanted { job_type: JOB_TYPE, worker: &worker };
         for job in jobs {
             handle(&shared, &clients[node], (process, node), &wanted, job, &mut rng).await;
+        }
+    }
+}
+
+/// A worker of [`STAGED_TYPE`]: commits each stage after the one the job
+/// resumes at, sometimes dies between two (its activation times out and the
+/// next attempt resumes), then completes.
+pub async fn staged(shared: Arc<Shared>, process: u64, seed: u64) {
+    let mut rng = StdRng::seed_from_u64(seed);
+    let clients: Vec<Client> = shared.gateways.iter().map(|g| Client::connect_lazy(g).unwrap()).collect();
+    while !shared.stop.load(Ordering::Relaxed) {
+        let node = rng.random_range(0..clients.len());
+        let worker = format!("staged-{process}");
+        let activate = clients[node].activate(STAGED_TYPE, &worker, 4, ACTIVATION_TIMEOUT_MS, 500);
+        let jobs = match tokio::time::timeout(Duration::from_secs(5), activate).await {
+            Ok(Ok(jobs)) => jobs,
+            _ => {
+                tokio::time::sleep(Duration::from_millis(100)).await;
+                continue;
+            }
+        };
+        for job in jobs {
+            let Some(id) = id_of(&job) else { continue };
+            shared.recorder.record_op(Op {
+                process,
+                node,
+                kind: Kind::Activate,
+                phase: Phase::Ok,
+                id,
+                key: Some(job.key),
+                attempt: job.attempt,
+                job_type: Some(STAGED_TYPE.into()),
+                worker: Some(worker.clone()),
+                assigned_worker: Some(job.worker.clone()),
+                stage: Some(job.stage.clone()),
+                ..Op::default()
+            });
+            let resume = STAGES.iter().position(|s| *s == job.stage).map_or(0, |i| i + 1);
+            let mut alive = true;
+            for stage in &STAGES[resume..] {
+                let draining = shared.draining.load(Ordering::Relaxed);
+                if !draining && rng.random_range(0..100) < 15 {
+                    // Dies before this stage: the next attempt resumes here.
+                    alive = false;
+                    break;
+                }
+                let op = Op {
+                    process,
+                    node,
+                    kind: Kind::Checkpoint,
+                    id,
+                    key: Some(job.key),
+                    attempt: job.attempt,
+                    stage: Some(stage.to_string()),
+                    ..Op::default()
+                };
+                shared.recorder.record_op(Op { phase: Phase::Invoke, ..op.clone() });
+                let request = CheckpointJobRequest {
+                    key: job.key,
+                    attempt: job.attempt,
+                    stage: stage.to_string(),
+                    variables: format!(r#"{{"{stage}":{}}}"#, job.attempt),
+                };
+                let mut raw = clients[node].raw();
+                let sent = tokio::time::timeout(Duration::from_secs(5), raw.checkpoint_job(request));
+                let phase = match sent.await {
+                    Ok(Ok(_)) => Phase::Ok,
+                    Ok(Err(status)) if certain_failure(&status) => Phase::Fail,
+                    _ => Phase::Info,
+                };
+                shared.recorder.record_op(Op { phase, ..op });
+                if phase != Phase::Ok {
+                    // Superseded, or unknown: this attempt stops here.
+                    alive = false;
+                    break;
+                }
+            }
+            if !alive {
+                continue;
+            }
+            shared.recorder.record(process, node, Kind::Complete, Phase::Invoke, id, Some(job.key), job.attempt);
+            let complete = clients[node].complete(job.key, job.attempt, "{}");
+            let phase = match tokio::time::timeout(Duration::from_secs(5), complete).await {
+                Ok(Ok(())) => Phase::Ok,
+                Ok(Err(status)) if certain_failure(&status) => Phase::Fail,
+                _ => Phase::Info,
+            };
+            shared.recorder.record(process, node, Kind::Complete, phase, id, Some(job.key), job.attempt);
         }
     }
 }

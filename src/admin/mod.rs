@@ -191,6 +191,9 @@ async fn local_jobs(State(ctx): State<Arc<NodeContext>>) -> impl IntoResponse {
                     "state": j.state.as_str(),
                     "attempt": j.attempt,
                     "variables": String::from_utf8_lossy(&j.spec.variables),
+                    "checkpoints": j.checkpoints.iter().map(|c| json!({
+                        "stage": c.stage, "attempt": c.attempt, "at": c.at,
+                    })).collect::<Vec<_>>(),
                 })
             })),
             Err(e) => return (StatusCode::INTERNAL_SERVER_ERROR, Json(json!({ "error": e.to_string() }))),
