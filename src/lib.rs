@@ -31,6 +31,8 @@ pub mod gateway;
 #[cfg(feature = "server")]
 pub mod node;
 #[cfg(feature = "server")]
+pub mod outbox;
+#[cfg(feature = "server")]
 pub mod partition;
 #[cfg(feature = "server")]
 pub mod raft;

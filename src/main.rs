@@ -47,6 +47,14 @@ enum Command {
         #[command(flatten)]
         target: Target,
     },
+    /// Relay a PostgreSQL outbox table into jobs: every committed row becomes
+    /// exactly one job (`--address` may name several gateways, comma separated).
+    Outbox {
+        #[command(flatten)]
+        args: drover::outbox::OutboxArgs,
+        #[command(flatten)]
+        target: Target,
+    },
     /// Measure throughput and latency of a cluster (or of local nodes it starts).
     Bench(drover::bench::BenchArgs),
     /// Start a local cluster of several nodes on this machine, for trying things out.
@@ -297,6 +305,11 @@ async fn run(cli: Cli) -> anyhow::Result<()> {
         Command::Serve(args) => serve(*args).await,
         Command::Job { command, target } => job(command, &target).await,
         Command::Worker(args) => worker(args).await,
+        Command::Outbox { args, target } => {
+            let _telemetry = drover::telemetry::init("text", None, "drover-outbox")?;
+            let gateways = target.address.split(',').map(str::to_string).collect();
+            drover::outbox::run(args, gateways, shutdown_signal()).await
+        }
         Command::Bench(args) => {
             if !drover::bench::run(args).await? {
                 bail!("jobs were lost or completed twice");
@@ -308,6 +321,21 @@ async fn run(cli: Cli) -> anyhow::Result<()> {
         }
         Command::Status { target } | Command::Cluster { command: ClusterCommand::Status, target } => {
             status(&target).await
+        }
+    }
+}
+
+/// Resolves at the first SIGTERM or SIGINT.
+async fn shutdown_signal() {
+    match tokio::signal::unix::signal(tokio::signal::unix::SignalKind::terminate()) {
+        Ok(mut terminate) => {
+            tokio::select! {
+                _ = tokio::signal::ctrl_c() => {}
+                _ = terminate.recv() => {}
+            }
+        }
+        Err(_) => {
+            let _ = tokio::signal::ctrl_c().await;
         }
     }
 }
