@@ -13,9 +13,10 @@
 //!   would.
 //! - `leader_push_hold`: a partition leader holds a push of activated jobs
 //!   for `hold_ms` before sending it, as a leader about to crash would.
+//! - `apply_hold`: a replica holds the next batch of committed entries for
+//!   `hold_ms` before applying it, as a slow follower would.
 //!
-//! Production never sets the variable; a check is one uncontended lock of an
-//! empty map.
+//! Production never sets the variable; a check is one read of a flag.
 
 use std::collections::HashMap;
 use std::sync::{Mutex, OnceLock};
@@ -65,6 +66,9 @@ pub fn arm(name: &str, count: u32, hold: Duration) {
 /// Whether the point fires now (using up one of its firings), and for how
 /// long it holds its caller.
 pub fn fire(name: &str) -> Option<Duration> {
+    if !enabled() {
+        return None;
+    }
     let mut points = points().lock().expect("failpoints lock");
     let point = points.get_mut(name)?;
     if point.remaining == 0 {

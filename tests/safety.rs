@@ -190,6 +190,14 @@ async fn a_leader_killed_right_after_acknowledging_leaves_nothing_stuck() {
     })
     .await;
 
+    // The followers apply what the leader commits next only after 3 s: the
+    // one that takes over starts leading before it has applied the tail of
+    // the term it follows.
+    for follower in cluster.live().into_iter().filter(|n| *n != leader) {
+        let path = "/actuator/failpoints/apply_hold?count=1&hold_ms=3000";
+        let armed = http_request("PUT", &cluster.node(follower).admin, path).await.unwrap();
+        assert_eq!(armed.0, 200, "{armed:?}");
+    }
     // The create commits with the activation for the stream in the same
     // entry; the leader acknowledges and dies before it pushes. Nothing else
     // is written to the partition.

@@ -435,6 +435,9 @@ impl RaftStateMachine<TypeConfig> for StateMachine {
         I: IntoIterator<Item = Entry<TypeConfig>> + Send,
         I::IntoIter: Send,
     {
+        if let Some(hold) = crate::failpoints::fire("apply_hold") {
+            tokio::time::sleep(hold).await;
+        }
         let mut responses = Vec::new();
         let mut batch = self.store.batch();
         let mut inner = self.shared.lock();
