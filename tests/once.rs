@@ -18,19 +18,6 @@ use tonic::Code;
 
 const FAST_RAFT: &[&str] = &["--heartbeat-ms", "50", "--election-timeout-ms", "300"];
 
-/// Jobs on `node` whose variables contain `marker`.
-async fn jobs_with(cluster: &ProcessCluster, node: usize, marker: &str) -> Vec<serde_json::Value> {
-    let Ok((200, body)) = http_get(&cluster.node(node).admin, "/actuator/jobs").await else { return Vec::new() };
-    let view: serde_json::Value = serde_json::from_str(&body).expect("jobs view is JSON");
-    view["jobs"]
-        .as_array()
-        .expect("jobs array")
-        .iter()
-        .filter(|j| j["variables"].as_str().is_some_and(|v| v.contains(marker)))
-        .cloned()
-        .collect()
-}
-
 fn keyed(key: &str, variables: &str) -> CreateJobRequest {
     CreateJobRequest {
         r#type: "refund".into(),
@@ -78,7 +65,7 @@ async fn one_key_sent_through_two_gateways_while_the_leader_dies_makes_one_job()
     let job_key = answers[0].0;
 
     let new_leader = cluster.leader_of(partition, Duration::from_secs(20)).await;
-    let jobs = jobs_with(&cluster, new_leader, "one-key").await;
+    let jobs = cluster.jobs_with(new_leader, "one-key").await;
     assert_eq!(jobs.len(), 1, "one key made {} jobs: {jobs:?}", jobs.len());
     assert_eq!(jobs[0]["key"].as_u64(), Some(job_key));
 

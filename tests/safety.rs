@@ -26,19 +26,6 @@ fn cluster_with_failpoints(failpoints: &str, partitions: u32) -> ProcessCluster 
     ProcessCluster::start(3, partitions, 3, FAST_RAFT)
 }
 
-/// Jobs on `node` whose variables contain `marker`.
-async fn jobs_with(cluster: &ProcessCluster, node: usize, marker: &str) -> Vec<serde_json::Value> {
-    let Ok((200, body)) = http_get(&cluster.node(node).admin, "/actuator/jobs").await else { return Vec::new() };
-    let view: serde_json::Value = serde_json::from_str(&body).expect("jobs view is JSON");
-    view["jobs"]
-        .as_array()
-        .expect("jobs array")
-        .iter()
-        .filter(|j| j["variables"].as_str().is_some_and(|v| v.contains(marker)))
-        .cloned()
-        .collect()
-}
-
 fn other_than(cluster: &ProcessCluster, node: usize) -> usize {
     cluster.live().into_iter().find(|id| *id != node).expect("another live node")
 }
@@ -65,7 +52,7 @@ async fn a_create_whose_answer_is_lost_while_its_leader_dies_makes_one_job() {
     // gateway hears anything.
     eventually(Duration::from_secs(10), "the create to apply on the leader", || {
         let cluster = &cluster;
-        async move { !jobs_with(cluster, leader, "lost-answer").await.is_empty() }
+        async move { !cluster.jobs_with(leader, "lost-answer").await.is_empty() }
     })
     .await;
     cluster.kill(leader);
@@ -73,7 +60,7 @@ async fn a_create_whose_answer_is_lost_while_its_leader_dies_makes_one_job() {
     let answer = create.await.unwrap().expect("the create is acknowledged once a new leader answers").into_inner();
     assert!(!answer.created, "the re-sent create found the first job instead of making one: {answer:?}");
     let new_leader = cluster.leader_of(0, Duration::from_secs(20)).await;
-    let jobs = jobs_with(&cluster, new_leader, "lost-answer").await;
+    let jobs = cluster.jobs_with(new_leader, "lost-answer").await;
     assert_eq!(jobs.len(), 1, "one create made {} jobs: {jobs:?}", jobs.len());
     assert_eq!(jobs[0]["key"].as_u64(), Some(answer.key));
 }
@@ -123,7 +110,7 @@ async fn a_create_whose_every_answer_is_lost_answers_outcome_unknown() {
     assert_eq!(error.code(), Code::DeadlineExceeded, "{error:?}");
     assert!(error.message().contains("outcome is unknown"), "{}", error.message());
     // It did happen, once, however often the gateway sent it.
-    let jobs = jobs_with(&cluster, leader, "every-answer-lost").await;
+    let jobs = cluster.jobs_with(leader, "every-answer-lost").await;
     assert_eq!(jobs.len(), 1, "{jobs:?}");
 }
 

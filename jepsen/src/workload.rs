@@ -200,20 +200,32 @@ async fn handle(
     shared.recorder.record(process, node, Kind::Complete, phase, id, Some(job.key), job.attempt);
 }
 
+/// One long poll for up to `max` jobs through a random gateway: the
+/// gateway's index and its jobs, or `None` after a pause when it failed.
+async fn poll(
+    clients: &[Client],
+    job_type: &str,
+    worker: &str,
+    max: i32,
+    rng: &mut StdRng,
+) -> Option<(usize, Vec<ActivatedJob>)> {
+    let node = rng.random_range(0..clients.len());
+    let activate = clients[node].activate(job_type, worker, max, ACTIVATION_TIMEOUT_MS, 500);
+    match tokio::time::timeout(Duration::from_secs(5), activate).await {
+        Ok(Ok(jobs)) => Some((node, jobs)),
+        _ => {
+            tokio::time::sleep(Duration::from_millis(100)).await;
+            None
+        }
+    }
+}
+
 pub async fn poller(shared: Arc<Shared>, process: u64, seed: u64) {
     let mut rng = StdRng::seed_from_u64(seed);
     let clients: Vec<Client> = shared.gateways.iter().map(|g| Client::connect_lazy(g).unwrap()).collect();
+    let worker = format!("poller-{process}");
     while !shared.stop.load(Ordering::Relaxed) {
-        let node = rng.random_range(0..clients.len());
-        let worker = format!("poller-{process}");
-        let activate = clients[node].activate(JOB_TYPE, &worker, 8, ACTIVATION_TIMEOUT_MS, 500);
-        let jobs = match tokio::time::timeout(Duration::from_secs(5), activate).await {
-            Ok(Ok(jobs)) => jobs,
-            _ => {
-                tokio::time::sleep(Duration::from_millis(100)).await;
-                continue;
-            }
-        };
+        let Some((node, jobs)) = poll(&clients, JOB_TYPE, &worker, 8, &mut rng).await else { continue };
         let wanted = Wanted { job_type: JOB_TYPE, worker: &worker };
         for job in jobs {
             handle(&shared, &clients[node], (process, node), &wanted, job, &mut rng).await;
@@ -227,17 +239,9 @@ pub async fn poller(shared: Arc<Shared>, process: u64, seed: u64) {
 pub async fn staged(shared: Arc<Shared>, process: u64, seed: u64) {
     let mut rng = StdRng::seed_from_u64(seed);
     let clients: Vec<Client> = shared.gateways.iter().map(|g| Client::connect_lazy(g).unwrap()).collect();
+    let worker = format!("staged-{process}");
     while !shared.stop.load(Ordering::Relaxed) {
-        let node = rng.random_range(0..clients.len());
-        let worker = format!("staged-{process}");
-        let activate = clients[node].activate(STAGED_TYPE, &worker, 4, ACTIVATION_TIMEOUT_MS, 500);
-        let jobs = match tokio::time::timeout(Duration::from_secs(5), activate).await {
-            Ok(Ok(jobs)) => jobs,
-            _ => {
-                tokio::time::sleep(Duration::from_millis(100)).await;
-                continue;
-            }
-        };
+        let Some((node, jobs)) = poll(&clients, STAGED_TYPE, &worker, 4, &mut rng).await else { continue };
         for job in jobs {
             let Some(id) = id_of(&job) else { continue };
             shared.recorder.record_op(Op {

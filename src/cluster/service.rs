@@ -51,6 +51,17 @@ impl ClusterService {
 /// The deadline a peer's gateway set (`grpc-timeout`). Peers are Drover nodes,
 /// which always send a valid header; anything else gets the default rather
 /// than an error, and never a deadline the clock cannot hold.
+/// This node's replica of `partition` when this node leads it; otherwise
+/// the code and message of a reply that tells the caller to look elsewhere.
+fn led_replica(ctx: &NodeContext, partition: u32) -> Result<&Arc<crate::raft::Replica>, (i32, String)> {
+    match (ctx.replica(partition), ctx.local_leader(partition).is_some()) {
+        (Some(replica), true) => Ok(replica),
+        _ => {
+            Err((tonic::Code::Unavailable as i32, format!("node {} does not lead partition {partition}", ctx.node_id)))
+        }
+    }
+}
+
 fn deadline_of<T>(request: &Request<T>, default: Duration) -> Instant {
     let timeout = request
         .metadata()
@@ -103,13 +114,9 @@ impl Cluster for ClusterService {
     async fn describe(&self, request: Request<DescribeRequest>) -> Result<Response<DescribeReply>, Status> {
         let ctx = self.ctx()?;
         let request = request.into_inner();
-        let leader = ctx.local_leader(request.partition_id).is_some();
-        let (Some(replica), true) = (ctx.replica(request.partition_id), leader) else {
-            return Ok(Response::new(DescribeReply {
-                code: tonic::Code::Unavailable as i32,
-                message: format!("node {} does not lead partition {}", ctx.node_id, request.partition_id),
-                ..Default::default()
-            }));
+        let replica = match led_replica(ctx, request.partition_id) {
+            Ok(replica) => replica,
+            Err((code, message)) => return Ok(Response::new(DescribeReply { code, message, ..Default::default() })),
         };
         let job = if request.key != 0 {
             JobRef::Key(JobKey(request.key))
@@ -133,13 +140,9 @@ impl Cluster for ClusterService {
     async fn list_jobs(&self, request: Request<ListJobsRequest>) -> Result<Response<ListJobsReply>, Status> {
         let ctx = self.ctx()?;
         let request = request.into_inner();
-        let leader = ctx.local_leader(request.partition_id).is_some();
-        let (Some(replica), true) = (ctx.replica(request.partition_id), leader) else {
-            return Ok(Response::new(ListJobsReply {
-                code: tonic::Code::Unavailable as i32,
-                message: format!("node {} does not lead partition {}", ctx.node_id, request.partition_id),
-                ..Default::default()
-            }));
+        let replica = match led_replica(ctx, request.partition_id) {
+            Ok(replica) => replica,
+            Err((code, message)) => return Ok(Response::new(ListJobsReply { code, message, ..Default::default() })),
         };
         let filter = bincode::deserialize(&request.filter)
             .map_err(|e| Status::invalid_argument(format!("malformed job filter: {e}")))?;

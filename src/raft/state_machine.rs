@@ -156,6 +156,24 @@ struct Inner {
     observed: Option<(Millis, std::time::Instant)>,
 }
 
+/// Removes a finished or abandoned wait's entry (see [`SharedState::await_final`]).
+struct ForgetWait<'a> {
+    state: &'a SharedState,
+    key: JobKey,
+}
+
+impl Drop for ForgetWait<'_> {
+    fn drop(&mut self) {
+        let mut waiters = self.state.waiting();
+        if let Some(senders) = waiters.get_mut(&self.key) {
+            senders.retain(|s| !s.is_closed());
+            if senders.is_empty() {
+                waiters.remove(&self.key);
+            }
+        }
+    }
+}
+
 /// The partition's state, shared between the Raft state machine (the only
 /// writer) and readers on this node: `GetJob`, the leader's push decisions,
 /// metrics. Lock holds are short and never span an await.
@@ -216,27 +234,19 @@ impl SharedState {
         if wait.is_zero() {
             return self.lookup(key);
         }
+        // Dropped when this read ends, however it ends (a caller that goes
+        // away included), after the receiver below: forgets the wait.
+        let _forget = ForgetWait { state: self, key };
         let (sender, finished) = oneshot::channel();
         self.waiting().entry(key).or_default().push(sender);
         // Registered first: a job that finishes after this read wakes us.
-        let job = match self.lookup(key) {
+        match self.lookup(key) {
             Ok(Some(job)) if !job.state.is_final() => {
                 let _ = tokio::time::timeout(wait, finished).await;
                 self.lookup(key)
             }
-            other => {
-                drop(finished);
-                other
-            }
-        };
-        let mut waiters = self.waiting();
-        if let Some(senders) = waiters.get_mut(&key) {
-            senders.retain(|s| !s.is_closed());
-            if senders.is_empty() {
-                waiters.remove(&key);
-            }
+            other => other,
         }
-        job
     }
 
     fn waiting(&self) -> MutexGuard<'_, HashMap<JobKey, Vec<oneshot::Sender<()>>>> {

@@ -416,6 +416,20 @@ impl ProcessCluster {
         }
     }
 
+    /// Jobs node `id` holds (its replicas, live and retained) whose variables
+    /// contain `marker`.
+    pub async fn jobs_with(&self, id: usize, marker: &str) -> Vec<serde_json::Value> {
+        let Ok((200, body)) = http_get(&self.node(id).admin, "/actuator/jobs").await else { return Vec::new() };
+        let view: serde_json::Value = serde_json::from_str(&body).expect("jobs view is JSON");
+        view["jobs"]
+            .as_array()
+            .expect("jobs array")
+            .iter()
+            .filter(|j| j["variables"].as_str().is_some_and(|v| v.contains(marker)))
+            .cloned()
+            .collect()
+    }
+
     pub async fn wait_ready(&self) {
         for id in self.live() {
             self.node(id).wait_ready().await;
