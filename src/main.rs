@@ -244,6 +244,10 @@ enum JobCommand {
         back_off: i64,
         #[arg(long, default_value_t = 0)]
         attempt: u32,
+        /// failed, malformed-payload (an incident at once), resource-unavailable,
+        /// intermittent, worker-shutdown (no retry used) or internal-error.
+        #[arg(long, default_value = "failed")]
+        reason: String,
     },
     /// Give a job retries (resolves an incident).
     Retries { key: u64, retries: i32 },
@@ -423,6 +427,7 @@ fn job_json(job: &drover::proto::gateway::Job) -> serde_json::Value {
         "errorMessage": job.error_message,
         "result": serde_json::from_str::<serde_json::Value>(&job.result).unwrap_or(serde_json::Value::Null),
         "partitionId": job.partition_id,
+        "failureReason": job.failure_reason,
         "idempotencyKey": job.idempotency_key,
         "user": job.user,
         "stages": job.stages,
@@ -563,9 +568,9 @@ async fn job(command: JobCommand, target: &Target) -> anyhow::Result<()> {
             client.complete(key, attempt, &variables).await.map_err(status_error)?;
             println!("completed {key}");
         }
-        JobCommand::Fail { key, retries, message, back_off, attempt } => {
-            client.fail(key, attempt, retries, &message, back_off).await.map_err(status_error)?;
-            println!("failed {key}; {retries} retries left");
+        JobCommand::Fail { key, retries, message, back_off, attempt, reason } => {
+            client.fail_for(&reason, key, attempt, retries, &message, back_off).await.map_err(status_error)?;
+            println!("failed {key} ({reason})");
         }
         JobCommand::Retries { key, retries } => {
             raw.update_job_retries(UpdateJobRetriesRequest { key, retries }).await.map_err(status_error)?;

@@ -102,6 +102,21 @@ impl Client {
         error_message: &str,
         retry_back_off_ms: i64,
     ) -> Result<(), tonic::Status> {
+        self.fail_for("failed", key, attempt, retries, error_message, retry_back_off_ms).await
+    }
+
+    /// Fails an attempt for a reason (`failed`, `malformed-payload`,
+    /// `resource-unavailable`, `intermittent`, `worker-shutdown`,
+    /// `internal-error`); see `FailJobRequest.reason`.
+    pub async fn fail_for(
+        &self,
+        reason: &str,
+        key: u64,
+        attempt: u32,
+        retries: i32,
+        error_message: &str,
+        retry_back_off_ms: i64,
+    ) -> Result<(), tonic::Status> {
         let request = FailJobRequest {
             key,
             attempt,
@@ -109,6 +124,7 @@ impl Client {
             error_message: error_message.into(),
             retry_back_off: retry_back_off_ms,
             variables: String::new(),
+            reason: reason.into(),
         };
         self.raw().fail_job(request).await?;
         Ok(())

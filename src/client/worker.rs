@@ -28,6 +28,10 @@ pub enum JobOutcome {
     Complete(String),
     /// Fail; `retries` is what remains after this failure.
     Fail { retries: i32, message: String, back_off_ms: i64 },
+    /// Fail for a reason other than "failed" (see `FailJobRequest.reason`):
+    /// `malformed-payload` makes an incident at once, `worker-shutdown`
+    /// hands the job back without using a retry.
+    FailFor { reason: &'static str, retries: i32, message: String, back_off_ms: i64 },
     /// Report nothing: the job is no longer this worker's (a checkpoint or
     /// another call was refused as superseded), or the handler has reported
     /// its outcome itself.
@@ -170,6 +174,9 @@ impl Worker {
                         }
                         JobOutcome::Fail { retries, message, back_off_ms } => {
                             client.fail(key, attempt, retries, &message, back_off_ms).await
+                        }
+                        JobOutcome::FailFor { reason, retries, message, back_off_ms } => {
+                            client.fail_for(reason, key, attempt, retries, &message, back_off_ms).await
                         }
                         JobOutcome::Abandon => Ok(()),
                     };

@@ -80,6 +80,8 @@ pub struct ApplyOutput {
     pub requests_expired: usize,
     /// (job type, stage) of each checkpoint committed in this batch.
     pub checkpoints: Vec<(String, String)>,
+    /// (job type, reason, worker) of each failure recorded in this batch.
+    pub failures: Vec<(String, FailReason, String)>,
 }
 
 impl ApplyOutput {
@@ -269,7 +271,16 @@ impl PartitionState {
                 out.finished.push(job);
                 Ok(CommandResult::Done)
             }
-            Command::Fail { key, attempt, retries, error_message, back_off_ms, variables, max_payload_bytes } => {
+            Command::Fail {
+                key,
+                attempt,
+                retries,
+                error_message,
+                back_off_ms,
+                variables,
+                max_payload_bytes,
+                reason,
+            } => {
                 if *retries < 0 || *back_off_ms < 0 {
                     return Err(CommandError::invalid("retries and retry_back_off must be zero or more"));
                 }
@@ -291,16 +302,23 @@ impl PartitionState {
                 }
                 self.deadlines.remove(&(job.deadline, *key));
                 job.deadline = 0;
-                job.retries = *retries;
+                let (retries, back_off_ms) = match reason {
+                    FailReason::MalformedPayload => (0, 0),
+                    FailReason::WorkerShutdown => (job.retries, 0),
+                    _ => (*retries, *back_off_ms),
+                };
+                job.retries = retries;
                 job.failed_attempt = job.attempt;
+                job.fail_reason = *reason;
                 job.error_message.clone_from(error_message);
                 out.count(&job.spec.job_type, Outcome::Failed);
-                if *retries == 0 {
+                out.failures.push((job.spec.job_type.clone(), *reason, job.worker.clone()));
+                if retries == 0 {
                     out.count(&job.spec.job_type, Outcome::Incident);
                     job.state = JobState::Incident;
-                } else if *back_off_ms > 0 {
+                } else if back_off_ms > 0 {
                     job.state = JobState::Scheduled;
-                    job.due_at = now.saturating_add(*back_off_ms);
+                    job.due_at = now.saturating_add(back_off_ms);
                     self.due.insert((job.due_at, *key));
                 } else {
                     job.state = JobState::Activatable;
@@ -497,6 +515,7 @@ impl PartitionState {
             activated_at: 0,
             failed_attempt: 0,
             timeout_ms: 0,
+            fail_reason: FailReason::Failed,
             checkpoints: Vec::new(),
         };
         out.count(&new_job.spec.job_type, Outcome::Created);

@@ -93,6 +93,55 @@ impl JobState {
     }
 }
 
+/// Why an attempt failed, as its worker says; it decides what happens next.
+#[derive(Clone, Copy, Debug, Default, PartialEq, Eq, Hash, Serialize, Deserialize)]
+pub enum FailReason {
+    /// The work failed: retried after the back-off while retries remain.
+    #[default]
+    Failed,
+    /// The job can never succeed as it is: an incident at once, whatever
+    /// retries remain.
+    MalformedPayload,
+    /// Something the job needs is missing for now: retried with back-off.
+    ResourceUnavailable,
+    /// A transient failure: retried with back-off.
+    Intermittent,
+    /// The worker stopped before it finished: activatable again at once, no
+    /// retry used.
+    WorkerShutdown,
+    /// The worker itself failed (a bug, a bad machine): retried with
+    /// back-off, and counted per worker so operators see where.
+    InternalError,
+}
+
+impl FailReason {
+    pub const ALL: [FailReason; 6] = [
+        FailReason::Failed,
+        FailReason::MalformedPayload,
+        FailReason::ResourceUnavailable,
+        FailReason::Intermittent,
+        FailReason::WorkerShutdown,
+        FailReason::InternalError,
+    ];
+    pub fn as_str(self) -> &'static str {
+        match self {
+            FailReason::Failed => "failed",
+            FailReason::MalformedPayload => "malformed-payload",
+            FailReason::ResourceUnavailable => "resource-unavailable",
+            FailReason::Intermittent => "intermittent",
+            FailReason::WorkerShutdown => "worker-shutdown",
+            FailReason::InternalError => "internal-error",
+        }
+    }
+    /// The reason [`FailReason::as_str`] names; empty is `failed`.
+    pub fn parse(name: &str) -> Option<FailReason> {
+        if name.is_empty() {
+            return Some(FailReason::Failed);
+        }
+        FailReason::ALL.into_iter().find(|r| r.as_str() == name)
+    }
+}
+
 /// What a producer asked for; immutable once the job exists, so it is shared
 /// (`Arc`) between the job record and every activation handed out.
 #[derive(Clone, Debug, Default, PartialEq, Serialize, Deserialize)]
@@ -150,6 +199,8 @@ pub struct Job {
     /// The current or last activation's timeout: what a checkpoint extends
     /// the deadline by.
     pub timeout_ms: Millis,
+    /// Why the last failed attempt failed (meaningful once one has).
+    pub fail_reason: FailReason,
     /// Committed stages, oldest first; each declared stage at most once, in
     /// the declared order.
     pub checkpoints: Vec<Checkpoint>,
@@ -377,6 +428,8 @@ pub enum Command {
         back_off_ms: i64,
         variables: Bytes,
         max_payload_bytes: u64,
+        /// Overrides `retries` and `back_off_ms` for some reasons: see [`FailReason`].
+        reason: FailReason,
     },
     UpdateTimeout {
         key: JobKey,

@@ -170,6 +170,7 @@ fn fail_with_retries_and_back_off_schedules_the_retry() {
             back_off_ms: 3_000,
             variables: Bytes::new(),
             max_payload_bytes: u64::MAX,
+            reason: FailReason::Failed,
         },
     );
     assert_eq!(result, CommandResult::Done);
@@ -200,6 +201,7 @@ fn fail_without_back_off_is_activatable_at_once() {
             back_off_ms: 0,
             variables: Bytes::new(),
             max_payload_bytes: u64::MAX,
+            reason: FailReason::Failed,
         },
     );
     assert_eq!(h.state_of(key), Some(JobState::Activatable));
@@ -220,6 +222,7 @@ fn fail_with_no_retries_raises_an_incident_that_update_retries_resolves() {
             back_off_ms: 0,
             variables: Bytes::new(),
             max_payload_bytes: u64::MAX,
+            reason: FailReason::Failed,
         },
     );
     assert_eq!(h.state_of(key), Some(JobState::Incident));
@@ -261,6 +264,7 @@ fn stale_activation_cannot_complete_or_fail() {
             back_off_ms: 0,
             variables: Bytes::new(),
             max_payload_bytes: u64::MAX,
+            reason: FailReason::Failed,
         },
     ));
     assert_eq!(stale_fail.kind, ErrorKind::FailedPrecondition);
@@ -575,6 +579,7 @@ fn a_repeated_failure_of_one_attempt_is_done_not_refused() {
         back_off_ms: 0,
         variables: Bytes::new(),
         max_payload_bytes: u64::MAX,
+        reason: FailReason::Failed,
     };
     assert_eq!(h.run(2_000, fail.clone()), CommandResult::Done);
     assert_eq!(h.run(2_100, fail.clone()), CommandResult::Done);
@@ -593,6 +598,7 @@ fn fail_with(key: JobKey, variables: &str, max_payload_bytes: u64) -> Command {
         back_off_ms: 0,
         variables: Bytes::copy_from_slice(variables.as_bytes()),
         max_payload_bytes,
+        reason: FailReason::Failed,
     }
 }
 
@@ -726,4 +732,44 @@ fn an_idempotency_key_is_scoped_by_its_user() {
     };
     let bob = h.run(1_000, create_as(as_user("bob"), 60_000, spec(0)));
     assert!(matches!(bob, CommandResult::Created { key, created: true, .. } if key != alice), "{bob:?}");
+}
+
+fn fail_because(key: JobKey, attempt: u32, reason: FailReason) -> Command {
+    Command::Fail {
+        key,
+        attempt,
+        retries: 1,
+        error_message: format!("{} happened", reason.as_str()),
+        back_off_ms: 5_000,
+        variables: Bytes::new(),
+        max_payload_bytes: u64::MAX,
+        reason,
+    }
+}
+
+#[test]
+fn a_failure_reason_decides_the_retry() {
+    // Each reason on a fresh job with 3 retries, failed by its first attempt
+    // that asks for 1 retry left and a 5 s back-off.
+    let cases = [
+        (FailReason::Failed, JobState::Scheduled, 1),
+        (FailReason::Intermittent, JobState::Scheduled, 1),
+        (FailReason::ResourceUnavailable, JobState::Scheduled, 1),
+        (FailReason::InternalError, JobState::Scheduled, 1),
+        (FailReason::MalformedPayload, JobState::Incident, 0),
+        (FailReason::WorkerShutdown, JobState::Activatable, 3),
+    ];
+    for (reason, state, retries) in cases {
+        let mut h = Harness::new();
+        let key = h.create(1_000, 0);
+        h.activate(1_000, 1, 10_000);
+        let mut out = h.state.apply(&Batch::at(1_100, vec![fail_because(key, 1, reason)]));
+        assert_eq!(out.results.pop(), Some(CommandResult::Done), "{reason:?}");
+        let job = h.state.job(key).unwrap();
+        assert_eq!((job.state, job.retries, job.fail_reason), (state, retries, reason), "{reason:?}");
+        assert_eq!(out.failures, [(TYPE.to_string(), reason, "w1".to_string())]);
+    }
+    assert_eq!(FailReason::parse(""), Some(FailReason::Failed));
+    assert_eq!(FailReason::parse("worker-shutdown"), Some(FailReason::WorkerShutdown));
+    assert_eq!(FailReason::parse("gave-up"), None);
 }

@@ -430,6 +430,7 @@ pub fn job(job: &Job) -> pb::Job {
             .map(|c| pb::Checkpoint { stage: c.stage.clone(), attempt: c.attempt, at: c.at })
             .collect(),
         stage: job.stage().unwrap_or_default().to_string(),
+        failure_reason: if job.failed_attempt == 0 { String::new() } else { job.fail_reason.as_str().to_string() },
     }
 }
 

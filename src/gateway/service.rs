@@ -15,7 +15,9 @@ use super::convert::{self, WorkerSpec};
 use super::error::ApiError;
 use super::router;
 use super::streams::ClientStream;
-use crate::core::{ActivatedJobData, Command, CommandResult, JobKey, JobRef, JobState, PartitionId, RequestId};
+use crate::core::{
+    ActivatedJobData, Command, CommandResult, FailReason, JobKey, JobRef, JobState, PartitionId, RequestId,
+};
 use crate::node::NodeContext;
 use crate::partition::MAX_ENTRY_BYTES;
 use crate::proto::cluster::StatusRequest;
@@ -594,7 +596,12 @@ impl Gateway for GatewayService {
             .into());
         }
         let variables = convert::merged_variables("failure", request.variables, &self.ctx.limits)?;
+        let reason = FailReason::parse(&request.reason).ok_or_else(|| {
+            let names: Vec<&str> = FailReason::ALL.iter().map(|r| r.as_str()).collect();
+            ApiError::InvalidArgument(format!("reason {:?} is not one of {}", request.reason, names.join(", ")))
+        })?;
         let command = Command::Fail {
+            reason,
             key,
             attempt: request.attempt,
             retries: request.retries,

@@ -570,6 +570,16 @@ async fn write(
                 metrics::counter!("drover_jobs_total", "partition" => p.clone(), "type" => job_type, "outcome" => outcome.as_str())
                     .increment(count);
             }
+            for (job_type, reason, worker) in response.failures {
+                let job_type = crate::admin::job_type_label(job_type);
+                metrics::counter!("drover_job_failures_total", "type" => job_type, "reason" => reason.as_str())
+                    .increment(1);
+                if reason == crate::core::FailReason::InternalError {
+                    // Which machine keeps failing: bounded like job types.
+                    let worker = crate::admin::job_type_label(worker);
+                    metrics::counter!("drover_worker_internal_errors_total", "worker" => worker).increment(1);
+                }
+            }
             for (job_type, stage) in response.checkpoints {
                 let job_type = crate::admin::job_type_label(job_type);
                 let stage = crate::admin::job_type_label(stage);

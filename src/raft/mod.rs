@@ -57,6 +57,8 @@ pub struct BatchResponse {
     pub activated_to_completed: Vec<Millis>,
     /// (job type, stage) of each checkpoint committed in this entry.
     pub checkpoints: Vec<(String, String)>,
+    /// (job type, reason, worker) of each failure recorded in this entry.
+    pub failures: Vec<(String, crate::core::FailReason, String)>,
 }
 
 openraft::declare_raft_types!(

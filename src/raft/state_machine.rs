@@ -491,6 +491,7 @@ impl RaftStateMachine<TypeConfig> for StateMachine {
                         created_to_activated: out.created_to_activated,
                         activated_to_completed: out.activated_to_completed,
                         checkpoints: out.checkpoints,
+                        failures: out.failures,
                     });
                 }
             }
