@@ -26,6 +26,7 @@ async fn fail_job_variables_are_merged_into_the_job_for_the_next_attempt() {
         error_message: "printer jammed".into(),
         retry_back_off: 0,
         variables: r#"{"step":"printed","tray":{"id":3}}"#.into(),
+        ..Default::default()
     };
     node.client.raw().fail_job(failure).await.expect("fail with variables");
 
@@ -62,6 +63,7 @@ async fn fail_job_variables_that_would_outgrow_the_payload_limit_are_refused() {
         error_message: "boom".into(),
         retry_back_off: 0,
         variables,
+        ..Default::default()
     };
 
     let status = node.client.raw().fail_job(failure("[1]".into())).await.unwrap_err();

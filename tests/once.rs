@@ -212,6 +212,10 @@ async fn await_job_answers_when_the_job_is_final_and_says_so_when_time_runs_out(
     let job = reply.job.unwrap();
     assert!(reply.r#final, "{job:?}");
     assert_eq!((job.key, job.state.as_str(), job.result.as_str()), (key, "completed", r#"{"refunded":true}"#));
+    eprintln!(
+        "AwaitJob answered {:?} after the completion was acknowledged",
+        answered.saturating_duration_since(completed)
+    );
     assert!(
         answered.saturating_duration_since(completed) < Duration::from_secs(5),
         "AwaitJob answered {:?} after the completion, not when the job became final",
