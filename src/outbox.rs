@@ -51,6 +51,7 @@ pub struct OutboxArgs {
 
 /// The outbox table's definition: what an application inserts into.
 pub fn schema(table: &str) -> String {
+    let index = format!("{}_pending", table.replace('.', "_"));
     format!(
         "CREATE TABLE IF NOT EXISTS {table} (
     id              bigserial PRIMARY KEY,
@@ -65,8 +66,7 @@ pub fn schema(table: &str) -> String {
     failed_at       timestamptz,
     last_error      text
 );
-CREATE INDEX IF NOT EXISTS {index} ON {table} (id) WHERE relayed_at IS NULL AND failed_at IS NULL;",
-        index = format!("{}_pending", table.replace('.', "_"))
+CREATE INDEX IF NOT EXISTS {index} ON {table} (id) WHERE relayed_at IS NULL AND failed_at IS NULL;"
     )
 }
 

@@ -8,7 +8,7 @@ mod common;
 
 use std::time::{Duration, Instant};
 
-use common::{http_get, ProcessCluster};
+use common::ProcessCluster;
 use drover::client::Client;
 use drover::core::{idempotency_partition, DEFAULT_TENANT};
 use drover::proto::gateway::{
@@ -232,11 +232,12 @@ async fn await_job_answers_when_the_job_is_final_and_says_so_when_time_runs_out(
         AwaitJobRequest { key, timeout: -1, ..Default::default() },
         AwaitJobRequest { key, timeout: 600_001, ..Default::default() },
     ] {
-        let error = producer.raw().await_job(bad).await.err().expect("refused");
+        let Err(error) = producer.raw().await_job(bad).await else { panic!("a bad AwaitJob was accepted") };
         assert_eq!(error.code(), Code::InvalidArgument, "{error:?}");
     }
     let missing = producer.raw().await_job(AwaitJobRequest { key: key + 1000, ..Default::default() }).await;
-    assert_eq!(missing.err().expect("no such job").code(), Code::NotFound);
+    let Err(missing) = missing else { panic!("AwaitJob of a job that does not exist was accepted") };
+    assert_eq!(missing.code(), Code::NotFound);
 }
 
 #[tokio::test(flavor = "multi_thread", worker_threads = 2)]

@@ -153,18 +153,26 @@ async fn connect(gateway: &str) -> anyhow::Result<Client> {
     Client::connect(gateway).await.with_context(|| format!("connecting to {gateway}"))
 }
 
+/// What each create of a producer looks like.
+#[derive(Clone, Copy)]
+struct CreateShape {
+    payload_bytes: usize,
+    /// Every create carries an idempotency key.
+    keyed: bool,
+}
+
 /// Creates `seqs` over one CreateJobs stream with at most `in_flight` waiting.
 /// With `rate`, paces sends; records acknowledgement latency.
 async fn produce(
     gateway: String,
     job_type: String,
     seqs: std::ops::Range<u64>,
-    payload_bytes: usize,
-    keyed: bool,
+    shape: CreateShape,
     in_flight: usize,
     rate: Option<u64>,
     tracker: Arc<Tracker>,
 ) -> anyhow::Result<Histogram<u64>> {
+    let CreateShape { payload_bytes, keyed } = shape;
     let client = connect(&gateway).await?;
     let (tx, rx) = mpsc::channel::<CreateJobRequest>(in_flight);
     let permits = Arc::new(Semaphore::new(in_flight));
@@ -355,8 +363,7 @@ async fn run(
             gateway,
             job_type.clone(),
             range,
-            args.payload_bytes,
-            args.idempotency_keys,
+            CreateShape { payload_bytes: args.payload_bytes, keyed: args.idempotency_keys },
             args.in_flight,
             producer_rate,
             Arc::clone(&tracker),
