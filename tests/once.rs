@@ -11,9 +11,7 @@ use std::time::{Duration, Instant};
 use common::ProcessCluster;
 use drover::client::Client;
 use drover::core::{idempotency_partition, DEFAULT_TENANT};
-use drover::proto::gateway::{
-    ActivateJobsRequest, AwaitJobRequest, CheckpointJobRequest, CreateJobRequest, GetJobRequest,
-};
+use drover::proto::gateway::{AwaitJobRequest, CheckpointJobRequest, CreateJobRequest, GetJobRequest};
 use tonic::Code;
 
 const FAST_RAFT: &[&str] = &["--heartbeat-ms", "50", "--election-timeout-ms", "300"];
@@ -257,23 +255,7 @@ async fn stages_are_checked_when_a_job_is_created() {
     }
     // A job without stages cannot be checkpointed.
     let key = client.create(with_stages(Vec::new())).await.unwrap();
-    let job = client
-        .raw()
-        .activate_jobs(ActivateJobsRequest {
-            r#type: "t".into(),
-            timeout: 60_000,
-            max_jobs_to_activate: 1,
-            ..Default::default()
-        })
-        .await
-        .unwrap()
-        .into_inner()
-        .message()
-        .await
-        .unwrap()
-        .unwrap()
-        .jobs
-        .remove(0);
+    let job = client.activate("t", "w", 1, 60_000, 0).await.unwrap().remove(0);
     assert_eq!(job.key, key);
     let error = client.raw().checkpoint_job(checkpoint(&job, job.attempt, "a", "{}")).await.unwrap_err();
     assert_eq!(error.code(), Code::FailedPrecondition, "{error:?}");

@@ -146,17 +146,9 @@ struct Wanted<'a> {
     worker: &'a str,
 }
 
-/// Handles one activated job the way a (sometimes unreliable) worker would.
-async fn handle(
-    shared: &Shared,
-    client: &Client,
-    (process, node): (u64, usize),
-    wanted: &Wanted<'_>,
-    job: ActivatedJob,
-    rng: &mut StdRng,
-) {
-    let Some(id) = id_of(&job) else { return };
-    shared.recorder.record_op(Op {
+/// The record of an activation handed to a worker that asked for `wanted`.
+fn activated(process: u64, node: usize, wanted: &Wanted<'_>, job: &ActivatedJob, id: u64) -> Op {
+    Op {
         process,
         node,
         kind: Kind::Activate,
@@ -167,8 +159,22 @@ async fn handle(
         job_type: Some(wanted.job_type.into()),
         worker: Some(wanted.worker.into()),
         assigned_worker: Some(job.worker.clone()),
+        stage: (!job.stage.is_empty()).then(|| job.stage.clone()),
         ..Op::default()
-    });
+    }
+}
+
+/// Handles one activated job the way a (sometimes unreliable) worker would.
+async fn handle(
+    shared: &Shared,
+    client: &Client,
+    (process, node): (u64, usize),
+    wanted: &Wanted<'_>,
+    job: ActivatedJob,
+    rng: &mut StdRng,
+) {
+    let Some(id) = id_of(&job) else { return };
+    shared.recorder.record_op(activated(process, node, wanted, &job, id));
     let roll: u32 = if shared.draining.load(Ordering::Relaxed) { 0 } else { rng.random_range(0..100) };
     if roll >= 90 {
         return; // never answers: the activation times out
@@ -244,20 +250,8 @@ pub async fn staged(shared: Arc<Shared>, process: u64, seed: u64) {
         let Some((node, jobs)) = poll(&clients, STAGED_TYPE, &worker, 4, &mut rng).await else { continue };
         for job in jobs {
             let Some(id) = id_of(&job) else { continue };
-            shared.recorder.record_op(Op {
-                process,
-                node,
-                kind: Kind::Activate,
-                phase: Phase::Ok,
-                id,
-                key: Some(job.key),
-                attempt: job.attempt,
-                job_type: Some(STAGED_TYPE.into()),
-                worker: Some(worker.clone()),
-                assigned_worker: Some(job.worker.clone()),
-                stage: Some(job.stage.clone()),
-                ..Op::default()
-            });
+            let wanted = Wanted { job_type: STAGED_TYPE, worker: &worker };
+            shared.recorder.record_op(activated(process, node, &wanted, &job, id));
             let resume = STAGES.iter().position(|s| *s == job.stage).map_or(0, |i| i + 1);
             let mut alive = true;
             for stage in &STAGES[resume..] {
