@@ -9,6 +9,7 @@ use serde::{Deserialize, Serialize};
 use serde_json::value::RawValue;
 
 use super::job::*;
+use super::session::*;
 
 /// Jobs waiting for a worker, ordered by priority (higher first), then key
 /// (older first): FIFO within a priority.
@@ -37,6 +38,14 @@ pub struct PartitionState {
     request_expiry: BTreeMap<u64, RequestId>,
     /// Mixed into storage ids, so entries that expire in the same ms differ.
     next_request_seq: u64,
+    /// Worker sessions (see [`super::session`]).
+    sessions: BTreeMap<SessionId, Session>,
+    /// The same sessions by when their lease runs out.
+    session_expiry: BTreeSet<(Millis, SessionId)>,
+    /// Activated jobs by the session that holds them.
+    held: BTreeSet<(SessionId, JobKey)>,
+    /// JSON Schemas creates must satisfy, by job type.
+    schemas: BTreeMap<String, Schema>,
 }
 
 /// Bits of a request entry's storage id below its expiry time.
@@ -82,6 +91,10 @@ pub struct ApplyOutput {
     pub checkpoints: Vec<(String, String)>,
     /// (job type, reason, worker) of each failure recorded in this batch.
     pub failures: Vec<(String, FailReason, String)>,
+    /// Whether sessions or schemas changed: [`PartitionState::registry`] is to be stored.
+    pub registry_changed: bool,
+    /// Sessions this partition declared dead in this batch.
+    pub sessions_died: Vec<Arc<SessionInfo>>,
 }
 
 impl ApplyOutput {
@@ -113,6 +126,7 @@ impl PartitionState {
         meta: StateSnapshot,
         jobs: impl IntoIterator<Item = Job>,
         requests: impl IntoIterator<Item = (u64, RequestId, Deduped)>,
+        registry: Registry,
     ) -> Self {
         let mut state = PartitionState {
             partition: meta.partition,
@@ -132,7 +146,42 @@ impl PartitionState {
             state.request_expiry.insert(id, request.clone());
             state.requests.insert(request, entry);
         }
+        for session in registry.sessions {
+            state.session_expiry.insert((session.expires_at(), session.info.id));
+            state.sessions.insert(session.info.id, session);
+        }
+        for (job_type, source) in registry.schemas {
+            match Schema::compile(source) {
+                Ok(schema) => {
+                    state.schemas.insert(job_type, schema);
+                }
+                // It compiled when it was set; the same build compiles it again.
+                Err(error) => tracing::error!(job_type, "a stored schema does not compile: {error}"),
+            }
+        }
         state
+    }
+
+    /// The sessions and schemas, as stored and snapshotted.
+    pub fn registry(&self) -> Registry {
+        Registry {
+            sessions: self.sessions.values().cloned().collect(),
+            schemas: self.schemas.iter().map(|(t, s)| (t.clone(), s.source.clone())).collect(),
+        }
+    }
+
+    pub fn session(&self, id: SessionId) -> Option<&Session> {
+        self.sessions.get(&id)
+    }
+
+    /// How many jobs of this partition a session holds.
+    pub fn held_by(&self, id: SessionId) -> usize {
+        self.held.range((id, JobKey(0))..=(id, JobKey(u64::MAX))).count()
+    }
+
+    /// Whether a stream of `session` (0: none) may be offered jobs.
+    pub fn session_takes_jobs(&self, session: SessionId) -> bool {
+        session == 0 || self.sessions.get(&session).is_some_and(Session::takes_jobs)
     }
 
     pub fn meta(&self) -> StateSnapshot {
@@ -176,14 +225,13 @@ impl PartitionState {
         key.partition() == self.partition && key.counter() >= 1 && key.counter() < self.next_counter
     }
 
-    /// When the next timer (a due job or an activation deadline) fires.
+    /// When the next timer (a due job, an activation deadline or a session's
+    /// lease) fires.
     pub fn next_timer(&self) -> Option<Millis> {
         let due = self.due.first().map(|(at, _)| *at);
         let deadline = self.deadlines.first().map(|(at, _)| *at);
-        match (due, deadline) {
-            (Some(a), Some(b)) => Some(a.min(b)),
-            (a, b) => a.or(b),
-        }
+        let session = self.session_expiry.first().map(|(at, _)| *at);
+        [due, deadline, session].into_iter().flatten().min()
     }
 
     /// Activatable jobs of a type, over the given tenants (all tenants if empty).
@@ -251,16 +299,111 @@ impl PartitionState {
                 // A timeout hands the job back without consuming a retry.
                 job.state = JobState::Activatable;
                 job.deadline = 0;
+                self.held.remove(&(job.session, key));
                 out.count(&job.spec.job_type, Outcome::TimedOut);
                 self.make_ready(key, out);
             }
         }
+        while let Some(&(at, id)) = self.session_expiry.first() {
+            if at > now {
+                break;
+            }
+            self.session_expiry.pop_first();
+            let Some(session) = self.sessions.remove(&id) else { continue };
+            out.registry_changed = true;
+            let why = format!(
+                "worker {:?} (session {id:x} on {:?}, pid {}) died: no heartbeat for {} ms",
+                session.info.worker, session.info.hostname, session.info.pid, session.info.dead_after_ms
+            );
+            for key in self.take_held(id) {
+                self.worker_died(key, &why, out);
+            }
+            out.sessions_died.push(session.info);
+        }
+    }
+
+    /// Removes and returns the jobs a session holds here.
+    fn take_held(&mut self, id: SessionId) -> Vec<JobKey> {
+        let keys: Vec<JobKey> =
+            self.held.range((id, JobKey(0))..=(id, JobKey(u64::MAX))).map(|(_, key)| *key).collect();
+        for key in &keys {
+            self.held.remove(&(id, *key));
+        }
+        keys
+    }
+
+    /// Ends the activation of a job whose worker died: a failed attempt, one
+    /// retry fewer, due again after the job's retry back-off; an incident at
+    /// no retries left.
+    fn worker_died(&mut self, key: JobKey, why: &str, out: &mut ApplyOutput) {
+        let now = self.clock;
+        let Some(job) = self.jobs.get_mut(&key) else { return };
+        if job.state != JobState::Activated {
+            return;
+        }
+        self.deadlines.remove(&(job.deadline, key));
+        job.deadline = 0;
+        job.retries = (job.retries - 1).max(0);
+        job.failed_attempt = job.attempt;
+        job.fail_reason = FailReason::WorkerDied;
+        job.error_message = why.to_string();
+        out.count(&job.spec.job_type, Outcome::Failed);
+        out.failures.push((job.spec.job_type.clone(), FailReason::WorkerDied, job.worker.clone()));
+        if job.retries == 0 {
+            out.count(&job.spec.job_type, Outcome::Incident);
+            job.state = JobState::Incident;
+        } else if job.spec.retry_back_off_ms > 0 {
+            job.state = JobState::Scheduled;
+            job.due_at = now.saturating_add(job.spec.retry_back_off_ms);
+            self.due.insert((job.due_at, key));
+        } else {
+            job.state = JobState::Activatable;
+            self.make_ready(key, out);
+        }
+        out.touched.push(key);
     }
 
     fn execute(&mut self, command: &Command, out: &mut ApplyOutput) -> Result<CommandResult, CommandError> {
         match command {
             Command::Create(new_job) => self.create(new_job, out),
-            Command::Activate(activation) => Ok(CommandResult::Activated(self.activate(activation, out))),
+            Command::Activate(activation) => {
+                if activation.session != 0 {
+                    match self.sessions.get(&activation.session) {
+                        None => return Err(unknown_session(activation.session)),
+                        Some(session) if !session.takes_jobs() => return Ok(CommandResult::Activated(Vec::new())),
+                        Some(_) => {}
+                    }
+                }
+                Ok(CommandResult::Activated(self.activate(activation, out)))
+            }
+            Command::Register(info) => {
+                self.register(info, out);
+                Ok(CommandResult::Done)
+            }
+            Command::Beat { session, state, held } => self.beat(*session, *state, held, out),
+            Command::Direct { target, state } => Ok(CommandResult::Sessions(self.direct(target, *state, out))),
+            Command::EndSession { session } => {
+                self.end_session(*session, out);
+                Ok(CommandResult::Done)
+            }
+            Command::ListSessions => {
+                let sessions = self.sessions.values().map(|s| (s.clone(), self.held_by(s.info.id) as u32)).collect();
+                Ok(CommandResult::Sessions(sessions))
+            }
+            Command::SetSchema { job_type, schema } => {
+                if schema.is_empty() {
+                    self.schemas.remove(job_type);
+                } else {
+                    let compiled = Schema::compile(schema.clone())
+                        .map_err(|e| CommandError::invalid(format!("schema for job type {job_type:?}: {e}")))?;
+                    self.schemas.insert(job_type.clone(), compiled);
+                }
+                out.registry_changed = true;
+                Ok(CommandResult::Done)
+            }
+            Command::GetSchema { job_type } => {
+                Ok(CommandResult::Schema(self.schemas.get(job_type).map(|s| s.source.clone()).unwrap_or_default()))
+            }
             Command::Complete { key, attempt, variables } => {
                 self.activation_of(*key, *attempt, "complete")?;
                 let mut job = self.remove(*key);
@@ -301,6 +444,7 @@ impl PartitionState {
                     job.spec = spec;
                 }
                 self.deadlines.remove(&(job.deadline, *key));
+                self.held.remove(&(job.session, *key));
                 job.deadline = 0;
                 let (retries, back_off_ms) = match reason {
                     FailReason::MalformedPayload => (0, 0),
@@ -372,6 +516,7 @@ impl PartitionState {
                 self.activation_of(*key, *attempt, "yield")?;
                 let job = self.jobs.get_mut(key).expect("checked by activation_of");
                 self.deadlines.remove(&(job.deadline, *key));
+                self.held.remove(&(job.session, *key));
                 job.deadline = 0;
                 job.state = JobState::Activatable;
                 out.count(&job.spec.job_type, Outcome::Yielded);
@@ -423,6 +568,126 @@ impl PartitionState {
         self.deadlines.insert((job.deadline, key));
         out.touched.push(key);
         Ok(CommandResult::Deadline(job.deadline))
+    }
+
+    fn register(&mut self, info: &Arc<SessionInfo>, out: &mut ApplyOutput) {
+        let now = self.clock;
+        out.registry_changed = true;
+        if let Some(session) = self.sessions.get_mut(&info.id) {
+            // A repeated registration (its first answer was lost): renew the lease.
+            self.session_expiry.remove(&(session.expires_at(), info.id));
+            session.last_beat = now;
+            self.session_expiry.insert((session.expires_at(), info.id));
+            return;
+        }
+        let session = Session::new(Arc::clone(info), now);
+        self.session_expiry.insert((session.expires_at(), info.id));
+        self.sessions.insert(info.id, session);
+        self.offer(info, out);
+    }
+
+    /// Marks the types a session serves as available, so leaders offer their
+    /// waiting jobs to its streams.
+    fn offer(&self, info: &SessionInfo, out: &mut ApplyOutput) {
+        for job_type in &info.job_types {
+            if !out.available.contains(job_type) {
+                out.available.push(job_type.clone());
+            }
+        }
+    }
+
+    fn beat(
+        &mut self,
+        id: SessionId,
+        state: WorkerState,
+        held: &[(JobKey, u32)],
+        out: &mut ApplyOutput,
+    ) -> Result<CommandResult, CommandError> {
+        let now = self.clock;
+        let Some(session) = self.sessions.get_mut(&id) else {
+            return Err(unknown_session(id));
+        };
+        self.session_expiry.remove(&(session.expires_at(), id));
+        let was_taking = session.takes_jobs();
+        session.last_beat = now;
+        session.reported = state;
+        self.session_expiry.insert((session.expires_at(), id));
+        let directed = session.directed;
+        if !was_taking && session.takes_jobs() {
+            let info = Arc::clone(&session.info);
+            self.offer(&info, out);
+        }
+        out.registry_changed = true;
+        let mut revoked = Vec::new();
+        for &(key, attempt) in held {
+            let Some(job) = self.jobs.get_mut(&key) else {
+                revoked.push(key);
+                continue;
+            };
+            if job.state != JobState::Activated || job.attempt != attempt {
+                revoked.push(key);
+                continue;
+            }
+            if job.session != id {
+                // Held through another activation path; not this session's to renew.
+                continue;
+            }
+            // The visibility timeout: a beat keeps the job a full timeout from now.
+            let deadline = now.saturating_add(job.timeout_ms.max(1));
+            if deadline > job.deadline {
+                self.deadlines.remove(&(job.deadline, key));
+                job.deadline = deadline;
+                self.deadlines.insert((deadline, key));
+                out.touched.push(key);
+            }
+        }
+        Ok(CommandResult::Beat { directed, revoked })
+    }
+
+    fn direct(&mut self, target: &SessionTarget, state: WorkerState, out: &mut ApplyOutput) -> Vec<(Session, u32)> {
+        let mut covered = Vec::new();
+        let mut resumed = Vec::new();
+        for session in self.sessions.values_mut().filter(|s| target.matches(&s.info)) {
+            let was_taking = session.takes_jobs();
+            session.directed = state;
+            if !was_taking && session.takes_jobs() {
+                resumed.push(Arc::clone(&session.info));
+            }
+            covered.push(session.clone());
+        }
+        for info in resumed {
+            self.offer(&info, out);
+        }
+        out.registry_changed |= !covered.is_empty();
+        covered
+            .into_iter()
+            .map(|s| {
+                let held = self.held_by(s.info.id) as u32;
+                (s, held)
+            })
+            .collect()
+    }
+
+    /// Ends a session: what it still holds is handed back at once, no retry used.
+    fn end_session(&mut self, id: SessionId, out: &mut ApplyOutput) {
+        let Some(session) = self.sessions.remove(&id) else { return };
+        self.session_expiry.remove(&(session.expires_at(), id));
+        out.registry_changed = true;
+        for key in self.take_held(id) {
+            let Some(job) = self.jobs.get_mut(&key) else { continue };
+            if job.state != JobState::Activated {
+                continue;
+            }
+            self.deadlines.remove(&(job.deadline, key));
+            job.deadline = 0;
+            job.failed_attempt = job.attempt;
+            job.fail_reason = FailReason::WorkerShutdown;
+            job.error_message = format!("worker {:?} ended its session while holding the job", session.info.worker);
+            job.state = JobState::Activatable;
+            out.count(&job.spec.job_type, Outcome::Failed);
+            out.failures.push((job.spec.job_type.clone(), FailReason::WorkerShutdown, job.worker.clone()));
+            self.make_ready(key, out);
+        }
     }
 
     /// Checks that `stage` is declared by the job and after its last committed one.
@@ -492,6 +757,14 @@ impl PartitionState {
                 return Ok(CommandResult::Created { key: seen.job, created: false, state });
             }
         }
+        if let Some(schema) = self.schemas.get(&new_job.spec.job_type) {
+            schema.check(&new_job.spec.variables).map_err(|e| {
+                CommandError::invalid(format!(
+                    "the variables do not match the schema of job type {:?} {e}",
+                    new_job.spec.job_type
+                ))
+            })?;
+        }
         let now = self.clock;
         let key = JobKey::new(self.partition, self.next_counter);
         self.next_counter += 1;
@@ -517,6 +790,7 @@ impl PartitionState {
             timeout_ms: 0,
             fail_reason: FailReason::Failed,
             checkpoints: Vec::new(),
+            session: 0,
         };
         out.count(&new_job.spec.job_type, Outcome::Created);
         self.jobs.insert(key, job);
@@ -573,6 +847,10 @@ impl PartitionState {
             job.worker.clone_from(&activation.worker);
             job.deadline = deadline;
             job.timeout_ms = timeout_ms;
+            job.session = activation.session;
+            if activation.session != 0 {
+                self.held.insert((activation.session, key));
+            }
             self.deadlines.insert((deadline, key));
             out.touched.push(key);
             out.count(&activation.job_type, Outcome::Activated);
@@ -703,6 +981,9 @@ impl PartitionState {
             }
             JobState::Activated => {
                 self.deadlines.insert((job.deadline, job.key));
+                if job.session != 0 {
+                    self.held.insert((job.session, job.key));
+                }
             }
             JobState::Scheduled => {
                 self.due.insert((job.due_at, job.key));
@@ -728,12 +1009,22 @@ impl PartitionState {
             }
             JobState::Activated => {
                 self.deadlines.remove(&(job.deadline, job.key));
+                self.held.remove(&(job.session, job.key));
             }
             JobState::Scheduled => {
                 self.due.remove(&(job.due_at, job.key));
             }
             JobState::Incident | JobState::Completed | JobState::Cancelled => {}
         }
+    }
+}
+
+fn unknown_session(id: SessionId) -> CommandError {
+    CommandError {
+        kind: ErrorKind::NotFound,
+        message: format!(
+            "no worker session {id:x}: it ended, or missed its heartbeats for its dead-after time; register again"
+        ),
     }
 }
 

@@ -6,6 +6,8 @@ use std::sync::Arc;
 use bytes::Bytes;
 use serde::{Deserialize, Serialize};
 
+use super::session::{Session, SessionId, SessionInfo, SessionTarget, WorkerState};
+
 /// A partition id, `0..partition_count`.
 pub type PartitionId = u32;
 
@@ -112,16 +114,21 @@ pub enum FailReason {
     /// The worker itself failed (a bug, a bad machine): retried with
     /// back-off, and counted per worker so operators see where.
     InternalError,
+    /// Set by the broker, never sent by a worker: the worker's session missed
+    /// its heartbeats for its dead-after time. A failed attempt: one retry
+    /// fewer, after the job's retry back-off.
+    WorkerDied,
 }
 
 impl FailReason {
-    pub const ALL: [FailReason; 6] = [
+    pub const ALL: [FailReason; 7] = [
         FailReason::Failed,
         FailReason::MalformedPayload,
         FailReason::ResourceUnavailable,
         FailReason::Intermittent,
         FailReason::WorkerShutdown,
         FailReason::InternalError,
+        FailReason::WorkerDied,
     ];
     pub fn as_str(self) -> &'static str {
         match self {
@@ -131,14 +138,16 @@ impl FailReason {
             FailReason::Intermittent => "intermittent",
             FailReason::WorkerShutdown => "worker-shutdown",
             FailReason::InternalError => "internal-error",
+            FailReason::WorkerDied => "worker-died",
         }
     }
-    /// The reason [`FailReason::as_str`] names; empty is `failed`.
+    /// The reason [`FailReason::as_str`] names, among those a worker may
+    /// give (not `worker-died`); empty is `failed`.
     pub fn parse(name: &str) -> Option<FailReason> {
         if name.is_empty() {
             return Some(FailReason::Failed);
         }
-        FailReason::ALL.into_iter().find(|r| r.as_str() == name)
+        FailReason::ALL.into_iter().filter(|r| *r != FailReason::WorkerDied).find(|r| r.as_str() == name)
     }
 }
 
@@ -161,6 +170,8 @@ pub struct JobSpec {
     /// The job's declared stages, in order: a chain a worker checkpoints
     /// along ([`Command::Checkpoint`]). Empty when the job declares none.
     pub stages: Vec<String>,
+    /// How long after an attempt whose worker died the job is due again.
+    pub retry_back_off_ms: Millis,
 }
 
 /// A stage a worker committed: the recovery point the next attempt resumes at.
@@ -204,6 +215,8 @@ pub struct Job {
     /// Committed stages, oldest first; each declared stage at most once, in
     /// the declared order.
     pub checkpoints: Vec<Checkpoint>,
+    /// The worker session of the current or last activation (0: none).
+    pub session: SessionId,
 }
 
 impl Job {
@@ -403,6 +416,9 @@ pub struct Activation {
     /// within this, so they fit one message; the first job is taken whatever
     /// its size (the payload limit makes one job always fit).
     pub max_bytes: u64,
+    /// The worker's session (0: none). A session that is quiet or told to
+    /// terminate gets no jobs; one the partition does not know is refused.
+    pub session: SessionId,
 }
 
 /// One change requested of a partition. Commands are replicated in batches.
@@ -458,6 +474,39 @@ pub enum Command {
         stage: String,
         variables: Bytes,
         max_payload_bytes: u64,
+    },
+    /// A worker session starts (a repeat of a known id only renews its lease).
+    Register(Arc<SessionInfo>),
+    /// A session's heartbeat: renews its lease, records the state it reports,
+    /// and extends the deadline of each listed job it still holds by the
+    /// job's activation timeout. Answers [`CommandResult::Beat`].
+    Beat {
+        session: SessionId,
+        state: WorkerState,
+        /// (job, attempt) the worker holds on this partition.
+        held: Vec<(JobKey, u32)>,
+    },
+    /// An operator directs sessions to a state. Answers the sessions it covered.
+    Direct {
+        target: SessionTarget,
+        state: WorkerState,
+    },
+    /// A session ends: jobs it still holds are activatable again at once,
+    /// no retry used. Ending an unknown session does nothing.
+    EndSession {
+        session: SessionId,
+    },
+    /// Reads every session (answers [`CommandResult::Sessions`]).
+    ListSessions,
+    /// Registers (or, with an empty schema, removes) the JSON Schema that
+    /// creates of a job type must satisfy.
+    SetSchema {
+        job_type: String,
+        schema: Bytes,
+    },
+    /// Reads a job type's schema (answers [`CommandResult::Schema`]).
+    GetSchema {
+        job_type: String,
     },
 }
 
@@ -560,6 +609,7 @@ impl JobSpec {
             + field_len(self.traceparent.len())
             + field_len(self.user.len())
             + field_len(self.stages.iter().map(|s| field_len(s.len())).sum())
+            + 8
     }
 }
 
@@ -577,10 +627,25 @@ impl Command {
                 field_len(error_message.len()) + field_len(variables.len()) + 32
             }
             Command::Checkpoint { stage, variables, .. } => field_len(stage.len()) + field_len(variables.len()) + 32,
+            Command::Register(info) => {
+                let strings = [&info.worker, &info.hostname].iter().map(|s| field_len(s.len())).sum::<usize>();
+                let lists: usize = [&info.job_types, &info.labels, &info.tenants]
+                    .iter()
+                    .map(|list| field_len(list.iter().map(|s| field_len(s.len())).sum()))
+                    .sum();
+                strings + lists + 48
+            }
+            Command::Beat { held, .. } => field_len(held.len() * 12) + 16,
+            Command::Direct { target: SessionTarget::Label(label), .. } => field_len(label.len()) + 16,
+            Command::SetSchema { job_type, schema } => field_len(job_type.len()) + field_len(schema.len()),
+            Command::GetSchema { job_type } => field_len(job_type.len()),
             Command::UpdateTimeout { .. }
             | Command::UpdateRetries { .. }
             | Command::Cancel { .. }
-            | Command::Yield { .. } => 32,
+            | Command::Yield { .. }
+            | Command::Direct { .. }
+            | Command::EndSession { .. }
+            | Command::ListSessions => 32,
         };
         4 + body
     }
@@ -613,6 +678,17 @@ pub enum CommandResult {
     Done,
     /// The new deadline after `UpdateTimeout`.
     Deadline(Millis),
+    /// A heartbeat's answer: the state the server wants the worker in, and
+    /// the listed jobs the worker no longer holds (cancelled, timed out,
+    /// reassigned, or finished through another activation): it stops them.
+    Beat {
+        directed: WorkerState,
+        revoked: Vec<JobKey>,
+    },
+    /// Sessions, each with how many jobs of this partition it holds.
+    Sessions(Vec<(Session, u32)>),
+    /// A job type's schema; empty when it has none.
+    Schema(Bytes),
     Rejected(CommandError),
 }
 

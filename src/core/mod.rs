@@ -9,9 +9,11 @@
 
 mod engine;
 mod job;
+mod session;
 
 pub use engine::{request_expiry_bound, request_storage_id, ApplyOutput, PartitionState, StateSnapshot};
 pub use job::*;
+pub use session::*;
 
 #[cfg(test)]
 mod tests;

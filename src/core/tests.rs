@@ -38,6 +38,7 @@ fn activation(max_jobs: u32, timeout_ms: i64) -> Command {
         timeout_ms,
         max_jobs,
         max_bytes: u64::MAX,
+        session: 0,
     })
 }
 
@@ -393,6 +394,7 @@ fn activation_stays_within_its_byte_budget_but_always_takes_one_job() {
             timeout_ms: 100,
             max_jobs: 10,
             max_bytes,
+            session: 0,
         })
     };
     let taken = |result| match result {
@@ -435,6 +437,7 @@ fn tenants_filter_activation() {
         timeout_ms: 100,
         max_jobs: 5,
         max_bytes: u64::MAX,
+        session: 0,
     });
     assert!(matches!(h.run(1_000, acme), CommandResult::Activated(jobs) if jobs.len() == 1));
 }
@@ -456,7 +459,7 @@ fn restore_rebuilds_indexes_from_records() {
     h.create(1_000, 0);
     assert_eq!(h.activate(1_000, 1, 500)[0].key, held);
     let records: Vec<Job> = h.state.jobs().cloned().collect();
-    let mut restored = PartitionState::restore(h.state.meta(), records, Vec::new());
+    let mut restored = PartitionState::restore(h.state.meta(), records, Vec::new(), Registry::default());
     assert_eq!(restored.next_timer(), Some(1_500));
     assert_eq!(restored.activatable_count(TYPE, &[]), 1);
     let out = restored.apply(&Batch::at(1_000, vec![new_job(0)]));
@@ -557,7 +560,7 @@ fn request_entries_survive_restore_and_expire_by_storage_id() {
     assert_eq!(added.len(), 2);
     // Restored from what storage holds, the state answers repeats alike.
     let jobs: Vec<Job> = state.jobs().cloned().collect();
-    let mut restored = PartitionState::restore(state.meta(), jobs, added.clone());
+    let mut restored = PartitionState::restore(state.meta(), jobs, added.clone(), Registry::default());
     let out = restored.apply(&Batch::at(20_000, vec![create_as(gateway_request(2), 50_000, spec(0))]));
     assert!(matches!(out.results[0], CommandResult::Created { created: false, .. }));
     // Request 1 expired at 11_000: its storage id is below the batch's bound, 2's is not.
@@ -772,4 +775,186 @@ fn a_failure_reason_decides_the_retry() {
     assert_eq!(FailReason::parse(""), Some(FailReason::Failed));
     assert_eq!(FailReason::parse("worker-shutdown"), Some(FailReason::WorkerShutdown));
     assert_eq!(FailReason::parse("gave-up"), None);
+}
+
+fn session_info(id: SessionId, labels: &[&str]) -> Arc<SessionInfo> {
+    Arc::new(SessionInfo {
+        id,
+        worker: format!("w{id}"),
+        hostname: "host".into(),
+        job_types: vec![TYPE.into()],
+        labels: labels.iter().map(|l| l.to_string()).collect(),
+        heartbeat_ms: 1_000,
+        dead_after_ms: 5_000,
+        ..Default::default()
+    })
+}
+
+fn session_activation(session: SessionId, timeout_ms: i64) -> Command {
+    match activation(10, timeout_ms) {
+        Command::Activate(a) => Command::Activate(Activation { session, ..a }),
+        _ => unreachable!(),
+    }
+}
+
+fn beat(h: &mut Harness, now: Millis, session: SessionId, held: Vec<(JobKey, u32)>) -> (WorkerState, Vec<JobKey>) {
+    match h.run(now, Command::Beat { session, state: WorkerState::Running, held }) {
+        CommandResult::Beat { directed, revoked } => (directed, revoked),
+        other => panic!("beat failed: {other:?}"),
+    }
+}
+
+#[test]
+fn a_dead_session_hands_its_jobs_back_at_once_as_failed_attempts() {
+    let mut h = Harness::new();
+    let a = h.create(0, 0);
+    let b = h.create(0, 0);
+    h.run(0, Command::Register(session_info(7, &[])));
+    let jobs = match h.run(1_000, session_activation(7, 600_000)) {
+        CommandResult::Activated(jobs) => jobs,
+        other => panic!("{other:?}"),
+    };
+    assert_eq!(jobs.len(), 2);
+    assert_eq!(h.state.held_by(7), 2);
+    // The lease (5 s from registration) fires long before the 10-minute timeout.
+    assert_eq!(h.state.next_timer(), Some(5_000));
+    h.state.apply(&Batch::at(5_000, vec![]));
+    for key in [a, b] {
+        let job = h.state.job(key).unwrap();
+        assert_eq!(job.state, JobState::Activatable);
+        assert_eq!(job.retries, 2, "a dead worker's attempt counts as failed");
+        assert_eq!(job.fail_reason, FailReason::WorkerDied);
+        assert!(job.error_message.contains("no heartbeat for 5000 ms"), "{}", job.error_message);
+    }
+    assert!(h.state.session(7).is_none());
+    assert_eq!(h.state.held_by(7), 0);
+    // Its heartbeat and activations are refused from then on.
+    let error =
+        Harness::rejected(h.run(6_000, Command::Beat { session: 7, state: WorkerState::Running, held: vec![] }));
+    assert_eq!(error.kind, ErrorKind::NotFound);
+    assert_eq!(Harness::rejected(h.run(6_000, session_activation(7, 1_000))).kind, ErrorKind::NotFound);
+}
+
+#[test]
+fn a_dead_session_at_its_last_retry_makes_an_incident_and_honours_back_off() {
+    let mut h = Harness::new();
+    let spec = Arc::new(JobSpec { retry_back_off_ms: 2_000, ..JobSpec::clone(&spec(0)) });
+    let create = |retries| {
+        Command::Create(NewJob {
+            spec: Arc::clone(&spec),
+            retries,
+            run_at: None,
+            delay_ms: 0,
+            request: None,
+            dedupe_window_ms: 0,
+        })
+    };
+    let CommandResult::Created { key: last, .. } = h.run(0, create(1)) else { panic!() };
+    let CommandResult::Created { key: more, .. } = h.run(0, create(3)) else { panic!() };
+    h.run(0, Command::Register(session_info(7, &[])));
+    h.run(0, session_activation(7, 600_000));
+    h.state.apply(&Batch::at(5_000, vec![]));
+    assert_eq!(h.state_of(last), Some(JobState::Incident));
+    assert_eq!(h.state_of(more), Some(JobState::Scheduled));
+    assert_eq!(h.state.job(more).unwrap().due_at, 7_000);
+}
+
+#[test]
+fn heartbeats_extend_listed_jobs_and_report_those_no_longer_held() {
+    let mut h = Harness::new();
+    let kept = h.create(0, 0);
+    let left_out = h.create(0, 0);
+    let cancelled = h.create(0, 0);
+    h.run(0, Command::Register(session_info(7, &[])));
+    h.run(0, session_activation(7, 3_000));
+    h.run(1_000, Command::Cancel { key: cancelled });
+    let (directed, revoked) = beat(&mut h, 2_000, 7, vec![(kept, 1), (cancelled, 1)]);
+    assert_eq!(directed, WorkerState::Running);
+    assert_eq!(revoked, vec![cancelled]);
+    assert_eq!(h.state.job(kept).unwrap().deadline, 5_000, "a full timeout from the beat");
+    assert_eq!(h.state.job(left_out).unwrap().deadline, 3_000, "a job left out keeps its deadline");
+    // Beats keep the job past its own timeout; the one left out times out.
+    beat(&mut h, 4_000, 7, vec![(kept, 1)]);
+    h.state.apply(&Batch::at(6_000, vec![]));
+    assert_eq!(h.state_of(kept), Some(JobState::Activated));
+    assert_eq!(h.state_of(left_out), Some(JobState::Activatable));
+    // A stale attempt is reported too.
+    let (_, revoked) = beat(&mut h, 6_500, 7, vec![(left_out, 1)]);
+    assert_eq!(revoked, vec![left_out]);
+}
+
+#[test]
+fn quiet_and_terminated_sessions_get_no_jobs_until_resumed() {
+    let mut h = Harness::new();
+    h.create(0, 0);
+    h.run(0, Command::Register(session_info(7, &["pool:critical"])));
+    h.run(0, Command::Register(session_info(8, &[])));
+    let covered = match h
+        .run(0, Command::Direct { target: SessionTarget::Label("pool:critical".into()), state: WorkerState::Quiet })
+    {
+        CommandResult::Sessions(sessions) => sessions,
+        other => panic!("{other:?}"),
+    };
+    assert_eq!(covered.len(), 1);
+    assert_eq!(covered[0].0.info.id, 7);
+    assert!(!h.state.session_takes_jobs(7));
+    assert!(h.state.session_takes_jobs(8));
+    assert_eq!(h.run(0, session_activation(7, 1_000)), CommandResult::Activated(vec![]));
+    let (directed, _) = beat(&mut h, 500, 7, vec![]);
+    assert_eq!(directed, WorkerState::Quiet);
+    // A worker that reports quiet itself (SIGTSTP) gets nothing either.
+    h.run(600, Command::Beat { session: 8, state: WorkerState::Quiet, held: vec![] });
+    assert_eq!(h.run(600, session_activation(8, 1_000)), CommandResult::Activated(vec![]));
+    let mut out = h
+        .state
+        .apply(&Batch::at(700, vec![Command::Direct { target: SessionTarget::One(7), state: WorkerState::Running }]));
+    assert!(out.available.contains(&TYPE.to_string()), "a resumed session is offered waiting jobs");
+    assert!(matches!(out.results.pop(), Some(CommandResult::Sessions(s)) if s.len() == 1));
+    match h.run(800, session_activation(7, 1_000)) {
+        CommandResult::Activated(jobs) => assert_eq!(jobs.len(), 1),
+        other => panic!("{other:?}"),
+    }
+}
+
+#[test]
+fn ending_a_session_hands_back_its_jobs_without_using_a_retry() {
+    let mut h = Harness::new();
+    let key = h.create(0, 0);
+    h.run(0, Command::Register(session_info(7, &[])));
+    h.run(0, session_activation(7, 600_000));
+    h.run(1_000, Command::EndSession { session: 7 });
+    let job = h.state.job(key).unwrap();
+    assert_eq!(job.state, JobState::Activatable);
+    assert_eq!(job.retries, 3);
+    assert_eq!(job.fail_reason, FailReason::WorkerShutdown);
+    assert_eq!(h.state.next_timer(), None, "no lease left to fire");
+}
+
+#[test]
+fn sessions_and_schemas_survive_a_restore() {
+    let mut h = Harness::new();
+    h.run(0, Command::Register(session_info(7, &[])));
+    let schema = r#"{"type":"object","required":["to"],"properties":{"to":{"type":"string"}}}"#;
+    h.run(0, Command::SetSchema { job_type: TYPE.into(), schema: Bytes::from_static(schema.as_bytes()) });
+    h.run(0, session_activation(7, 600_000));
+    let key = h.create(0, 0);
+    h.run(0, session_activation(7, 600_000));
+    let records: Vec<Job> = h.state.jobs().cloned().collect();
+    let mut restored = PartitionState::restore(h.state.meta(), records, Vec::new(), h.state.registry());
+    assert_eq!(restored.held_by(7), 1);
+    assert_eq!(restored.next_timer(), Some(5_000));
+    let bad = Command::Create(NewJob {
+        spec: Arc::new(JobSpec { variables: r#"{"to":42}"#.into(), ..JobSpec::clone(&spec(0)) }),
+        retries: 1,
+        run_at: None,
+        delay_ms: 0,
+        request: None,
+        dedupe_window_ms: 0,
+    });
+    let mut out = restored.apply(&Batch::at(1_000, vec![bad]));
+    let Some(CommandResult::Rejected(error)) = out.results.pop() else { panic!("the schema still applies") };
+    assert_eq!(error.kind, ErrorKind::InvalidArgument);
+    assert!(error.message.contains("at /to"), "{}", error.message);
+    restored.apply(&Batch::at(5_000, vec![]));
+    assert_eq!(restored.job(key).unwrap().fail_reason, FailReason::WorkerDied);
 }

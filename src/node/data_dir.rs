@@ -18,7 +18,9 @@ const RECORD: &str = "cluster.json";
 /// changes shape; a node refuses a data directory of another format rather
 /// than misread it.
 /// 2: jobs carry their user, stages and checkpoints.
-pub const FORMAT: u32 = 2;
+/// 3: jobs carry their session and retry back-off; partitions store worker
+/// sessions and job schemas.
+pub const FORMAT: u32 = 3;
 
 /// Records written before the format was recorded.
 fn first_format() -> u32 {

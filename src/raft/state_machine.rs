@@ -33,12 +33,15 @@ use tokio::sync::oneshot;
 
 use super::{BatchResponse, NodeId, TypeConfig};
 use crate::core::{
-    request_expiry_bound, Deduped, Job, JobFilter, JobKey, JobRef, Millis, PartitionId, PartitionState, RequestId,
-    Retention, StateSnapshot,
+    request_expiry_bound, Deduped, Job, JobFilter, JobKey, JobRef, Millis, PartitionId, PartitionState, Registry,
+    RequestId, Retention, StateSnapshot,
 };
 use crate::storage::{self, key, meta_key, Store, Table};
 
 const APPLIED: &str = "applied";
+/// The partition's worker sessions and job schemas ([`Registry`]), rewritten
+/// whenever an entry changes them.
+const REGISTRY: &str = "registry";
 
 /// What is persisted beside the records after every apply.
 #[derive(Serialize, Deserialize)]
@@ -60,6 +63,7 @@ struct SnapshotHeader {
     jobs: Vec<Job>,
     /// Remembered creates with their storage ids.
     requests: Vec<(u64, RequestId, Deduped)>,
+    registry: Registry,
     /// The pruning order of the final records: the first one's sequence
     /// number, then (finished at, job key) oldest first.
     finished_first: u64,
@@ -369,6 +373,11 @@ impl StateMachine {
             requests.push((id, request, entry));
             Ok(())
         })?;
+        let registry: Registry = store
+            .get(Table::Meta, meta_key(partition, REGISTRY))?
+            .map(|b| storage::decode("worker sessions and schemas", &b))
+            .transpose()?
+            .unwrap_or_default();
         let mut finished = Finished::default();
         let mut first = None;
         store.for_each(Table::Expiry, partition, |seq, bytes| {
@@ -390,7 +399,7 @@ impl StateMachine {
                     );
                 }
                 Inner {
-                    engine: PartitionState::restore(meta.engine, jobs, requests),
+                    engine: PartitionState::restore(meta.engine, jobs, requests, registry),
                     last_applied: meta.last_applied,
                     membership: meta.membership,
                     finished,
@@ -454,6 +463,7 @@ impl RaftStateMachine<TypeConfig> for StateMachine {
         let mut touched = Vec::new();
         let mut finished_keys = Vec::new();
         let pruned_from = inner.finished.first;
+        let mut registry_changed = false;
         for entry in entries {
             inner.last_applied = Some(entry.log_id);
             match entry.payload {
@@ -469,6 +479,18 @@ impl RaftStateMachine<TypeConfig> for StateMachine {
                         inner.observed = Some((now, std::time::Instant::now()));
                     }
                     touched.extend(out.touched);
+                    registry_changed |= out.registry_changed;
+                    for died in &out.sessions_died {
+                        tracing::warn!(
+                            partition = self.partition,
+                            session = %format!("{:x}", died.id),
+                            worker = %died.worker,
+                            "worker session died: no heartbeat for {} ms; its jobs here are activatable again",
+                            died.dead_after_ms
+                        );
+                        metrics::counter!("drover_worker_sessions_died_total", "partition" => self.partition.to_string())
+                            .increment(1);
+                    }
                     if out.requests_expired > 0 {
                         batch.delete_ids(Table::Requests, self.partition, 0..request_expiry_bound(now));
                     }
@@ -513,6 +535,9 @@ impl RaftStateMachine<TypeConfig> for StateMachine {
         let next_timer = inner.engine.next_timer();
         for response in &mut responses {
             response.next_timer = next_timer;
+        }
+        if registry_changed {
+            batch.put(Table::Meta, meta_key(self.partition, REGISTRY), storage::encode(&inner.engine.registry()));
         }
         self.persist_meta(&mut batch, &inner);
         // Written under the lock: a snapshot or a lookup never sees a job gone
@@ -562,7 +587,8 @@ impl RaftStateMachine<TypeConfig> for StateMachine {
             batch.put(Table::Done, key(self.partition, job_key), &record);
         }
         let mut inner = self.shared.lock();
-        inner.engine = PartitionState::restore(body.engine, body.jobs, body.requests);
+        batch.put(Table::Meta, meta_key(self.partition, REGISTRY), storage::encode(&body.registry));
+        inner.engine = PartitionState::restore(body.engine, body.jobs, body.requests, body.registry);
         inner.last_applied = meta.last_log_id;
         inner.membership = meta.last_membership.clone();
         inner.finished = finished;
@@ -619,6 +645,7 @@ impl SharedState {
                 engine: inner.engine.meta(),
                 jobs: inner.engine.jobs().cloned().collect(),
                 requests: inner.engine.requests().map(|(id, r, e)| (id, r.clone(), *e)).collect(),
+                registry: inner.engine.registry(),
                 finished_first: inner.finished.first,
                 finished: inner.finished.order.iter().map(|(at, job)| (*at, job.0)).collect(),
             };
