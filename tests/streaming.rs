@@ -27,7 +27,7 @@ fn request(job_type: &str, timeout: i64, fetch: &[&str]) -> StreamActivatedJobsR
         timeout,
         fetch_variable: fetch.iter().map(|s| s.to_string()).collect(),
         tenant_ids: vec![],
-        max_jobs_in_flight: 0,
+        ..Default::default()
     }
 }
 

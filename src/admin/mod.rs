@@ -128,6 +128,8 @@ pub async fn serve(ctx: Arc<NodeContext>, listener: TcpListener, mut stop: watch
         .route("/actuator/partitions", get(partitions))
         .route("/actuator/jobstreams", get(jobstreams))
         .route("/actuator/jobs", get(local_jobs))
+        .route("/actuator/workers", get(workers))
+        .route("/actuator/workers/{state}", axum::routing::post(direct_workers))
         .route("/actuator/failpoints/{name}", axum::routing::put(arm_failpoint))
         .with_state(ctx);
     let shutdown = async move {
@@ -202,6 +204,93 @@ async fn local_jobs(State(ctx): State<Arc<NodeContext>>) -> impl IntoResponse {
     (StatusCode::OK, Json(json!({ "nodeId": ctx.node_id, "jobs": jobs })))
 }
 
+#[derive(serde::Deserialize, Default)]
+struct WorkersQuery {
+    /// A session id in hex (as `drover worker list` shows it).
+    #[serde(default)]
+    session: String,
+    #[serde(default)]
+    label: String,
+    #[serde(default)]
+    all: bool,
+}
+
+fn worker_json(w: &crate::proto::gateway::WorkerSession) -> serde_json::Value {
+    json!({
+        "sessionId": format!("{:x}", w.session_id),
+        "workerId": w.worker_id,
+        "hostname": w.hostname,
+        "pid": w.pid,
+        "jobTypes": w.job_types,
+        "concurrency": w.concurrency,
+        "labels": w.labels,
+        "tenantIds": w.tenant_ids,
+        "heartbeatInterval": w.heartbeat_interval,
+        "deadAfter": w.dead_after,
+        "registeredAt": w.registered_at,
+        "lastHeartbeat": w.last_heartbeat,
+        "reportedState": w.reported_state,
+        "directedState": w.directed_state,
+        "heldJobs": w.held_jobs,
+        "missingOn": w.missing_on,
+    })
+}
+
+fn api_error(error: crate::gateway::ApiError) -> (StatusCode, Json<serde_json::Value>) {
+    use crate::gateway::ApiError;
+    let status = match &error {
+        ApiError::InvalidArgument(_) => StatusCode::BAD_REQUEST,
+        ApiError::NotFound(_) => StatusCode::NOT_FOUND,
+        ApiError::FailedPrecondition(_) => StatusCode::CONFLICT,
+        ApiError::ResourceExhausted(_) => StatusCode::TOO_MANY_REQUESTS,
+        ApiError::Unavailable(_) | ApiError::OutcomeUnknown(_) => StatusCode::SERVICE_UNAVAILABLE,
+        ApiError::Internal(_) => StatusCode::INTERNAL_SERVER_ERROR,
+    };
+    (status, Json(json!({ "error": error.to_string() })))
+}
+
+/// Every live worker session (`?label=name:value` for some).
+async fn workers(
+    State(ctx): State<Arc<NodeContext>>,
+    axum::extract::Query(query): axum::extract::Query<WorkersQuery>,
+) -> impl IntoResponse {
+    let deadline = std::time::Instant::now() + ctx.request_timeout;
+    match crate::gateway::sessions::list(&ctx, &query.label, deadline).await {
+        Ok(workers) => {
+            (StatusCode::OK, Json(json!({ "workers": workers.iter().map(worker_json).collect::<Vec<_>>() })))
+        }
+        Err(error) => api_error(error),
+    }
+}
+
+/// `POST /actuator/workers/{running|quiet|terminate}?session=ID|label=L|all=true`.
+async fn direct_workers(
+    State(ctx): State<Arc<NodeContext>>,
+    axum::extract::Path(state): axum::extract::Path<String>,
+    axum::extract::Query(query): axum::extract::Query<WorkersQuery>,
+) -> impl IntoResponse {
+    let session_id = if query.session.is_empty() {
+        0
+    } else {
+        match u64::from_str_radix(&query.session, 16) {
+            Ok(id) => id,
+            Err(_) => {
+                let message = format!("session {:?} is not a session id (hex, as listed)", query.session);
+                return api_error(crate::gateway::ApiError::InvalidArgument(message));
+            }
+        }
+    };
+    let request =
+        crate::proto::gateway::SetWorkerStateRequest { session_id, label: query.label, all: query.all, state };
+    let deadline = std::time::Instant::now() + ctx.request_timeout;
+    match crate::gateway::sessions::direct(&ctx, request, deadline).await {
+        Ok(workers) => {
+            (StatusCode::OK, Json(json!({ "workers": workers.iter().map(worker_json).collect::<Vec<_>>() })))
+        }
+        Err(error) => api_error(error),
+    }
+}
+
 async fn jobstreams(State(ctx): State<Arc<NodeContext>>) -> impl IntoResponse {
     let remote: Vec<_> = ctx
         .broker_streams
@@ -216,6 +305,7 @@ async fn jobstreams(State(ctx): State<Arc<NodeContext>>) -> impl IntoResponse {
                 "timeout": s.timeout_ms,
                 "tenantIds": s.tenants,
                 "fetchVariables": s.fetch_variables,
+                "sessionId": format!("{:x}", s.session),
             })
         })
         .collect();

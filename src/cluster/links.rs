@@ -140,6 +140,7 @@ pub fn to_spec(stream: &RemoteStream) -> StreamSpec {
         timeout: stream.timeout_ms,
         fetch_variable: stream.fetch_variables.clone(),
         tenant_ids: stream.tenants.clone(),
+        session_id: stream.session,
     }
 }
 
@@ -152,6 +153,7 @@ pub fn from_spec(spec: StreamSpec) -> RemoteStream {
         timeout_ms: spec.timeout,
         tenants: spec.tenant_ids,
         fetch_variables: spec.fetch_variable,
+        session: spec.session_id,
     }
 }
 

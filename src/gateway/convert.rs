@@ -7,7 +7,9 @@ use serde_json::value::RawValue;
 
 use super::error::ApiError;
 use crate::config::DedupeWindows;
-use crate::core::{ActivatedJobData, Activation, Job, JobFilter, JobSpec, JobState, NewJob, RequestId, DEFAULT_TENANT};
+use crate::core::{
+    ActivatedJobData, Activation, Job, JobFilter, JobSpec, JobState, NewJob, RequestId, SessionId, DEFAULT_TENANT,
+};
 use crate::proto::gateway as pb;
 
 /// Room in a request for a job's fields besides its payload (type, tenant,
@@ -74,7 +76,7 @@ pub fn job_type(value: &str) -> Result<(), ApiError> {
 
 /// A client-chosen name (type, tenant id, idempotency key): at most `max`
 /// bytes, no control characters.
-fn name(field: &str, value: &str, max: usize) -> Result<(), ApiError> {
+pub fn name(field: &str, value: &str, max: usize) -> Result<(), ApiError> {
     if value.len() > max {
         return Err(ApiError::InvalidArgument(format!(
             "{field} is {} bytes long; at most {max} are allowed",
@@ -128,7 +130,7 @@ pub fn merged_variables(what: &str, text: String, limits: &Limits) -> Result<Byt
     json_object("variables", text)
 }
 
-fn tenants(requested: Vec<String>) -> Result<Vec<String>, ApiError> {
+pub fn tenants(requested: Vec<String>) -> Result<Vec<String>, ApiError> {
     if requested.len() > MAX_TENANTS_PER_WORKER {
         return Err(ApiError::InvalidArgument(format!(
             "tenant_ids names {} tenants; a worker may name at most {MAX_TENANTS_PER_WORKER}; \
@@ -163,6 +165,12 @@ pub fn new_job(
             "the job's variables and custom headers are {payload} bytes; this node accepts at most {} \
              (setting max_payload_bytes); store large data elsewhere and pass a reference",
             limits.max_payload_bytes
+        )));
+    }
+    if request.retry_back_off < 0 {
+        return Err(ApiError::InvalidArgument(format!(
+            "retry_back_off must be zero or more (ms), got {}",
+            request.retry_back_off
         )));
     }
     let retries = request.retries.unwrap_or(3);
@@ -213,6 +221,7 @@ pub fn new_job(
         traceparent,
         user: request.user,
         stages,
+        retry_back_off_ms: request.retry_back_off,
     };
     stored_size(&spec, limits)?;
     Ok(NewJob {
@@ -321,6 +330,8 @@ pub struct WorkerSpec {
     pub timeout_ms: i64,
     pub fetch_variables: Vec<String>,
     pub tenants: Vec<String>,
+    /// The worker's session (0: none).
+    pub session: SessionId,
 }
 
 /// A stream's `max_jobs_in_flight`: 0 means the default.
@@ -342,6 +353,7 @@ pub fn worker_spec(
     timeout_ms: i64,
     mut fetch_variables: Vec<String>,
     tenant_ids: Vec<String>,
+    session: SessionId,
 ) -> Result<WorkerSpec, ApiError> {
     job_type(&job_type_value)?;
     if timeout_ms <= 0 {
@@ -357,6 +369,7 @@ pub fn worker_spec(
         timeout_ms,
         fetch_variables,
         tenants: tenants(tenant_ids)?,
+        session,
     })
 }
 
@@ -368,6 +381,7 @@ pub fn activation(spec: &WorkerSpec, max_jobs: u32, max_bytes: u64) -> Activatio
         timeout_ms: spec.timeout_ms,
         max_jobs,
         max_bytes,
+        session: spec.session,
     }
 }
 
@@ -431,6 +445,9 @@ pub fn job(job: &Job) -> pb::Job {
             .collect(),
         stage: job.stage().unwrap_or_default().to_string(),
         failure_reason: if job.failed_attempt == 0 { String::new() } else { job.fail_reason.as_str().to_string() },
+        attempts: job.attempt,
+        session_id: job.session,
+        retry_back_off: job.spec.retry_back_off_ms,
     }
 }
 

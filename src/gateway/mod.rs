@@ -13,6 +13,7 @@ mod listing;
 mod observe;
 pub mod router;
 mod service;
+pub mod sessions;
 pub mod streams;
 
 use std::time::{Duration, Instant};

@@ -14,6 +14,7 @@ use super::chunks::BudgetChunks;
 use super::convert::{self, WorkerSpec};
 use super::error::ApiError;
 use super::router;
+use super::sessions;
 use super::streams::ClientStream;
 use crate::core::{
     ActivatedJobData, Command, CommandResult, FailReason, JobKey, JobRef, JobState, PartitionId, RequestId,
@@ -339,7 +340,12 @@ impl GatewayService {
             let command = Command::Activate(convert::activation(spec, remaining, bytes_left));
             match router::submit(&self.ctx, partition, vec![command], deadline).await {
                 Ok(mut results) => {
-                    if let Some(CommandResult::Activated(activated)) = results.pop() {
+                    let result = results.pop();
+                    if let Some(CommandResult::Rejected(error)) = result {
+                        // The worker's session is over: no partition will serve it.
+                        return Err(error.into());
+                    }
+                    if let Some(CommandResult::Activated(activated)) = result {
                         metrics::counter!("drover_gateway_jobs_polled_total").increment(activated.len() as u64);
                         let bytes: usize =
                             activated.iter().map(|j| ActivatedJobData::encoded_len(&j.spec, &j.worker)).sum();
@@ -448,6 +454,7 @@ impl Gateway for GatewayService {
             request.timeout,
             request.fetch_variable,
             request.tenant_ids,
+            request.session_id,
         )?;
         let max = request.max_jobs_to_activate as u32;
         let poll_for =
@@ -499,7 +506,12 @@ impl Gateway for GatewayService {
             request.timeout,
             request.fetch_variable,
             request.tenant_ids,
+            request.session_id,
         )?;
+        if spec.session != 0 {
+            // An ended session's stream would never be offered a job: say so now.
+            sessions::known(&self.ctx, spec.session, self.default_deadline()).await?;
+        }
         let opened = self.ctx.gateway_streams.open(&spec, max_in_flight).await?;
         if let Some(stream) = &opened.new_stream {
             crate::cluster::register_everywhere(&self.ctx, stream);
@@ -597,7 +609,8 @@ impl Gateway for GatewayService {
         }
         let variables = convert::merged_variables("failure", request.variables, &self.ctx.limits)?;
         let reason = FailReason::parse(&request.reason).ok_or_else(|| {
-            let names: Vec<&str> = FailReason::ALL.iter().map(|r| r.as_str()).collect();
+            let names: Vec<&str> =
+                FailReason::ALL.iter().filter(|r| **r != FailReason::WorkerDied).map(|r| r.as_str()).collect();
             ApiError::InvalidArgument(format!("reason {:?} is not one of {}", request.reason, names.join(", ")))
         })?;
         let command = Command::Fail {
@@ -742,6 +755,58 @@ impl Gateway for GatewayService {
         let _running = self.ctx.request_started("cancel_jobs");
         let deadline = self.deadline(&request)?;
         Ok(Response::new(super::listing::cancel(&self.ctx, request.into_inner(), deadline).await?))
+    }
+
+    async fn register_worker(
+        &self,
+        request: Request<RegisterWorkerRequest>,
+    ) -> Result<Response<RegisterWorkerResponse>, Status> {
+        let deadline = self.deadline(&request)?;
+        Ok(Response::new(sessions::register(&self.ctx, request.into_inner(), deadline).await?))
+    }
+
+    async fn heartbeat(&self, request: Request<HeartbeatRequest>) -> Result<Response<HeartbeatResponse>, Status> {
+        let deadline = self.deadline(&request)?;
+        Ok(Response::new(sessions::heartbeat(&self.ctx, request.into_inner(), deadline).await?))
+    }
+
+    async fn deregister_worker(
+        &self,
+        request: Request<DeregisterWorkerRequest>,
+    ) -> Result<Response<DeregisterWorkerResponse>, Status> {
+        let deadline = self.deadline(&request)?;
+        sessions::deregister(&self.ctx, request.into_inner().session_id, deadline).await?;
+        Ok(Response::new(DeregisterWorkerResponse {}))
+    }
+
+    async fn list_workers(
+        &self,
+        request: Request<ListWorkersRequest>,
+    ) -> Result<Response<ListWorkersResponse>, Status> {
+        let deadline = self.deadline(&request)?;
+        let workers = sessions::list(&self.ctx, &request.into_inner().label, deadline).await?;
+        Ok(Response::new(ListWorkersResponse { workers }))
+    }
+
+    async fn set_worker_state(
+        &self,
+        request: Request<SetWorkerStateRequest>,
+    ) -> Result<Response<SetWorkerStateResponse>, Status> {
+        let deadline = self.deadline(&request)?;
+        let workers = sessions::direct(&self.ctx, request.into_inner(), deadline).await?;
+        Ok(Response::new(SetWorkerStateResponse { workers }))
+    }
+
+    async fn set_schema(&self, request: Request<SetSchemaRequest>) -> Result<Response<SetSchemaResponse>, Status> {
+        let deadline = self.deadline(&request)?;
+        sessions::set_schema(&self.ctx, request.into_inner(), deadline).await?;
+        Ok(Response::new(SetSchemaResponse {}))
+    }
+
+    async fn get_schema(&self, request: Request<GetSchemaRequest>) -> Result<Response<GetSchemaResponse>, Status> {
+        let deadline = self.deadline(&request)?;
+        let schema = sessions::get_schema(&self.ctx, request.into_inner().r#type, deadline).await?;
+        Ok(Response::new(GetSchemaResponse { schema }))
     }
 
     async fn topology(&self, _request: Request<TopologyRequest>) -> Result<Response<TopologyResponse>, Status> {

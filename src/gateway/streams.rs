@@ -42,7 +42,7 @@ use tonic::Status;
 
 use super::aggregator::{AggregatorMsg, StreamAggregator};
 use super::convert::WorkerSpec;
-use crate::core::{ActivatedJobData, JobKey};
+use crate::core::{ActivatedJobData, JobKey, SessionId};
 use crate::partition::streams::{PushOutcome, RemoteStream};
 use crate::proto::gateway as pb;
 use crate::raft::NodeId;
@@ -154,6 +154,9 @@ pub struct StreamKey {
     pub timeout_ms: i64,
     pub fetch_variables: Vec<String>,
     pub tenants: Vec<String>,
+    /// Streams of different sessions are never one stream: a quiet session's
+    /// stream must not be offered jobs while another's is.
+    pub session: SessionId,
 }
 
 impl From<&WorkerSpec> for StreamKey {
@@ -165,6 +168,7 @@ impl From<&WorkerSpec> for StreamKey {
             timeout_ms: spec.timeout_ms,
             fetch_variables: spec.fetch_variables.clone(),
             tenants: spec.tenants.clone(),
+            session: spec.session,
         }
     }
 }
@@ -250,6 +254,7 @@ impl GatewayStreams {
             timeout_ms: key.timeout_ms,
             tenants: key.tenants.clone(),
             fetch_variables: key.fetch_variables.clone(),
+            session: key.session,
         }
     }
 
@@ -440,8 +445,15 @@ mod tests {
     use crate::gateway::convert;
 
     fn spec(timeout_ms: i64, fetch: &[&str]) -> WorkerSpec {
-        convert::worker_spec("t".into(), "w".into(), timeout_ms, fetch.iter().map(|s| s.to_string()).collect(), vec![])
-            .unwrap()
+        convert::worker_spec(
+            "t".into(),
+            "w".into(),
+            timeout_ms,
+            fetch.iter().map(|s| s.to_string()).collect(),
+            vec![],
+            0,
+        )
+        .unwrap()
     }
 
     #[tokio::test]
@@ -528,7 +540,7 @@ mod tests {
     async fn a_stream_takes_only_jobs_of_its_type_and_tenants() {
         let streams = GatewayStreams::new(0);
         let tenants = vec!["t1".to_string()];
-        let spec = convert::worker_spec("a".into(), "w".into(), 60_000, vec![], tenants).unwrap();
+        let spec = convert::worker_spec("a".into(), "w".into(), 60_000, vec![], tenants, 0).unwrap();
         let mut opened = streams.open(&spec, 8).await.unwrap();
         let jobs = vec![job(1, "a", "t1", 0), job(2, "a", "t2", 0), job(3, "b", "t1", 0)];
         let outcome = streams.push(opened.stream_id, jobs).await;

@@ -467,8 +467,11 @@ impl LeaderState {
         let serving: Vec<Arc<RemoteStream>> = self.replica.state().read(|s| {
             live.into_iter()
                 .filter(|stream| {
-                    stream.tenants.iter().any(|t| created_tenants.contains(t))
-                        || s.activatable_count(job_type, &stream.tenants) > 0
+                    // A quiet or terminated session's stream is not offered
+                    // (no yields spent on it).
+                    s.session_takes_jobs(stream.session)
+                        && (stream.tenants.iter().any(|t| created_tenants.contains(t))
+                            || s.activatable_count(job_type, &stream.tenants) > 0)
                 })
                 .collect()
         });
@@ -495,6 +498,7 @@ impl LeaderState {
             timeout_ms: stream.timeout_ms,
             max_jobs: PUSH_BATCH,
             max_bytes: PUSH_BATCH_BYTES,
+            session: stream.session,
         });
         Some((activation, stream))
     }

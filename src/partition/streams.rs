@@ -17,7 +17,7 @@ use std::time::{Duration, Instant};
 
 use serde::Serialize;
 
-use crate::core::{JobKey, Millis};
+use crate::core::{JobKey, Millis, SessionId};
 use crate::raft::NodeId;
 
 /// How long a registration lives without a refresh.
@@ -34,6 +34,8 @@ pub struct RemoteStream {
     /// Never empty: the default tenant when the worker named none.
     pub tenants: Vec<String>,
     pub fetch_variables: Vec<String>,
+    /// The worker session the stream belongs to (0: none).
+    pub session: SessionId,
 }
 
 struct Entry {
@@ -177,6 +179,7 @@ mod tests {
             timeout_ms: 1000,
             tenants: tenants.iter().map(|t| t.to_string()).collect(),
             fetch_variables: vec![],
+            session: 0,
         }
     }
 

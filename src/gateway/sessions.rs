@@ -1,0 +1,365 @@
+//! Worker sessions and job schemas at the gateway.
+//!
+//! Every partition keeps its own lease of every session (see
+//! [`crate::core::Session`] for why), so registrations, heartbeats,
+//! directions and ends go to every partition at once and the answers are
+//! merged here: a heartbeat's directed state is the strongest any partition
+//! holds, its revoked jobs are all of theirs, and a session that one
+//! partition no longer knows is over everywhere. Schemas go to every
+//! partition too, so each one's leader checks its own creates.
+
+use std::collections::BTreeMap;
+use std::sync::Arc;
+use std::time::Instant;
+
+use bytes::Bytes;
+use futures::future::join_all;
+
+use super::convert;
+use super::error::ApiError;
+use super::router;
+use crate::core::{
+    Command, CommandResult, JobKey, PartitionId, Schema, Session, SessionId, SessionInfo, SessionTarget, WorkerState,
+};
+use crate::node::NodeContext;
+use crate::proto::gateway as pb;
+
+/// How often a worker beats unless it asks otherwise.
+pub const DEFAULT_HEARTBEAT_MS: i64 = 5_000;
+/// How long without a beat before a worker is dead, unless it asks otherwise.
+pub const DEFAULT_DEAD_AFTER_MS: i64 = 30_000;
+const MIN_HEARTBEAT_MS: i64 = 100;
+const MAX_DEAD_AFTER_MS: i64 = 3_600_000;
+const MAX_JOB_TYPES: usize = 100;
+const MAX_LABELS: usize = 32;
+const MAX_NAME_LEN: usize = 255;
+
+/// Runs one command on every partition at once; answers in partition order.
+async fn everywhere(
+    ctx: &NodeContext,
+    mut command: impl FnMut(PartitionId) -> Command,
+    deadline: Instant,
+) -> Vec<Result<CommandResult, ApiError>> {
+    let runs = (0..ctx.partition_count()).map(|partition| {
+        let command = command(partition);
+        async move {
+            match router::submit(ctx, partition, vec![command], deadline).await?.pop() {
+                Some(CommandResult::Rejected(error)) => Err(error.into()),
+                Some(result) => Ok(result),
+                None => Err(ApiError::Internal(format!("partition {partition} returned no result"))),
+            }
+        }
+    });
+    join_all(runs).await
+}
+
+/// Ends a session everywhere without waiting: after a failed registration
+/// or a heartbeat that found the session over on some partition.
+fn end_in_background(ctx: &Arc<NodeContext>, session: SessionId) {
+    let ctx = Arc::clone(ctx);
+    tokio::spawn(async move {
+        let deadline = Instant::now() + ctx.request_timeout;
+        for result in everywhere(&ctx, |_| Command::EndSession { session }, deadline).await {
+            if let Err(error) = result {
+                tracing::debug!(session = %format!("{session:x}"), "ending the session failed: {error}");
+            }
+        }
+    });
+}
+
+fn labels(labels: Vec<String>) -> Result<Vec<String>, ApiError> {
+    if labels.len() > MAX_LABELS {
+        return Err(ApiError::InvalidArgument(format!(
+            "labels names {} labels; a worker may have at most {MAX_LABELS}",
+            labels.len()
+        )));
+    }
+    for label in &labels {
+        label_value(label)?;
+    }
+    Ok(labels)
+}
+
+/// A `name:value` label.
+fn label_value(label: &str) -> Result<(), ApiError> {
+    convert::name("a label", label, MAX_NAME_LEN)?;
+    match label.split_once(':') {
+        Some((name, value)) if !name.is_empty() && !value.is_empty() => Ok(()),
+        _ => Err(ApiError::InvalidArgument(format!(
+            "label {label:?} is not name:value (for example region:eu-west-1 or pool:critical)"
+        ))),
+    }
+}
+
+pub async fn register(
+    ctx: &Arc<NodeContext>,
+    request: pb::RegisterWorkerRequest,
+    deadline: Instant,
+) -> Result<pb::RegisterWorkerResponse, ApiError> {
+    if request.worker_id.is_empty() {
+        return Err(ApiError::InvalidArgument("worker_id is required: the worker's name".into()));
+    }
+    convert::name("worker_id", &request.worker_id, MAX_NAME_LEN)?;
+    convert::name("hostname", &request.hostname, MAX_NAME_LEN)?;
+    if request.job_types.len() > MAX_JOB_TYPES {
+        return Err(ApiError::InvalidArgument(format!(
+            "job_types names {} types; a worker may serve at most {MAX_JOB_TYPES}",
+            request.job_types.len()
+        )));
+    }
+    for job_type in &request.job_types {
+        convert::job_type(job_type)?;
+    }
+    let heartbeat_ms = match request.heartbeat_interval {
+        0 => DEFAULT_HEARTBEAT_MS,
+        ms if (MIN_HEARTBEAT_MS..=MAX_DEAD_AFTER_MS / 2).contains(&ms) => ms,
+        ms => {
+            return Err(ApiError::InvalidArgument(format!(
+                "heartbeat_interval must be between {MIN_HEARTBEAT_MS} and {} ms (0 for {DEFAULT_HEARTBEAT_MS}), \
+                 got {ms}",
+                MAX_DEAD_AFTER_MS / 2
+            )))
+        }
+    };
+    let dead_after_ms = match request.dead_after {
+        0 => DEFAULT_DEAD_AFTER_MS.max(2 * heartbeat_ms),
+        ms if (2 * heartbeat_ms..=MAX_DEAD_AFTER_MS).contains(&ms) => ms,
+        ms => {
+            return Err(ApiError::InvalidArgument(format!(
+                "dead_after must be at least twice the heartbeat interval ({} ms) and at most {MAX_DEAD_AFTER_MS} \
+                 ms (0 for {DEFAULT_DEAD_AFTER_MS}), got {ms}: one late beat must not kill a worker",
+                2 * heartbeat_ms
+            )))
+        }
+    };
+    let id = loop {
+        let id: u64 = rand::random();
+        if id != 0 {
+            break id;
+        }
+    };
+    let info = Arc::new(SessionInfo {
+        id,
+        worker: request.worker_id,
+        hostname: request.hostname,
+        pid: request.pid,
+        job_types: request.job_types,
+        concurrency: request.concurrency,
+        labels: labels(request.labels)?,
+        tenants: convert::tenants(request.tenant_ids)?,
+        heartbeat_ms,
+        dead_after_ms,
+    });
+    let results = everywhere(ctx, |_| Command::Register(Arc::clone(&info)), deadline).await;
+    if let Some(error) = results.into_iter().find_map(Result::err) {
+        end_in_background(ctx, id);
+        return Err(error);
+    }
+    metrics::counter!("drover_worker_sessions_registered_total").increment(1);
+    tracing::info!(session = %format!("{id:x}"), worker = %info.worker, host = %info.hostname, "worker registered");
+    Ok(pb::RegisterWorkerResponse { session_id: id, heartbeat_interval: heartbeat_ms, dead_after: dead_after_ms })
+}
+
+fn session_id(id: u64) -> Result<SessionId, ApiError> {
+    if id == 0 {
+        return Err(ApiError::InvalidArgument("session_id is required (RegisterWorker answers it)".into()));
+    }
+    Ok(id)
+}
+
+pub async fn heartbeat(
+    ctx: &Arc<NodeContext>,
+    request: pb::HeartbeatRequest,
+    deadline: Instant,
+) -> Result<pb::HeartbeatResponse, ApiError> {
+    let session = session_id(request.session_id)?;
+    let state = match request.state.as_str() {
+        "" => WorkerState::Running,
+        name => WorkerState::parse(name).ok_or_else(|| {
+            ApiError::InvalidArgument(format!("state must be running, quiet or terminate, got {name:?}"))
+        })?,
+    };
+    let partitions = ctx.partition_count();
+    let mut held: Vec<Vec<(JobKey, u32)>> = vec![Vec::new(); partitions as usize];
+    let mut revoked = Vec::new();
+    for job in request.jobs {
+        let key = JobKey(job.key);
+        match held.get_mut(key.partition() as usize) {
+            Some(list) if key.counter() != 0 => list.push((key, job.attempt)),
+            // No such job can exist: the worker must not hold it.
+            _ => revoked.push(job.key),
+        }
+    }
+    let results =
+        everywhere(ctx, |p| Command::Beat { session, state, held: std::mem::take(&mut held[p as usize]) }, deadline)
+            .await;
+    let mut directed = WorkerState::Running;
+    let mut first_error = None;
+    for result in results {
+        match result {
+            Ok(CommandResult::Beat { directed: d, revoked: r }) => {
+                directed = directed.max(d);
+                revoked.extend(r.into_iter().map(|k| k.0));
+            }
+            Ok(other) => return Err(ApiError::Internal(format!("unexpected heartbeat result {other:?}"))),
+            Err(ApiError::NotFound(message)) => {
+                // Over on one partition is over: its jobs there are already
+                // handed back, and the worker must stop them all and register again.
+                end_in_background(ctx, session);
+                return Err(ApiError::NotFound(message));
+            }
+            Err(error) => {
+                first_error.get_or_insert(error);
+            }
+        }
+    }
+    if let Some(error) = first_error {
+        return Err(error);
+    }
+    metrics::counter!("drover_worker_heartbeats_total").increment(1);
+    Ok(pb::HeartbeatResponse { state: directed.as_str().into(), revoked })
+}
+
+pub async fn deregister(ctx: &NodeContext, session: u64, deadline: Instant) -> Result<(), ApiError> {
+    let session = session_id(session)?;
+    let results = everywhere(ctx, |_| Command::EndSession { session }, deadline).await;
+    if let Some(error) = results.into_iter().find_map(Result::err) {
+        return Err(error);
+    }
+    tracing::info!(session = %format!("{session:x}"), "worker deregistered");
+    Ok(())
+}
+
+/// Fails with NOT_FOUND unless the session is live (on partition 0).
+pub async fn known(ctx: &NodeContext, session: SessionId, deadline: Instant) -> Result<(), ApiError> {
+    let mut results = router::submit(ctx, 0, vec![Command::ListSessions], deadline).await?;
+    match results.pop() {
+        Some(CommandResult::Sessions(sessions)) if sessions.iter().any(|(s, _)| s.info.id == session) => Ok(()),
+        Some(CommandResult::Sessions(_)) => Err(ApiError::NotFound(format!(
+            "no worker session {session:x}: it ended, or missed its heartbeats for its dead-after time; register again"
+        ))),
+        other => Err(ApiError::Internal(format!("unexpected result {other:?}"))),
+    }
+}
+
+/// Merges each partition's view of the sessions into one per session.
+fn merge(results: Vec<Result<CommandResult, ApiError>>) -> Result<Vec<pb::WorkerSession>, ApiError> {
+    let partitions = results.len() as u32;
+    let mut merged: BTreeMap<SessionId, (pb::WorkerSession, Vec<u32>)> = BTreeMap::new();
+    for (partition, result) in results.into_iter().enumerate() {
+        let CommandResult::Sessions(sessions) = result? else {
+            return Err(ApiError::Internal("unexpected answer to a session listing".into()));
+        };
+        for (session, held) in sessions {
+            let (view, seen) = merged.entry(session.info.id).or_insert_with(|| (worker_session(&session), Vec::new()));
+            seen.push(partition as u32);
+            view.held_jobs += held;
+            view.registered_at = view.registered_at.min(session.registered_at);
+            if session.last_beat > view.last_heartbeat {
+                view.last_heartbeat = session.last_beat;
+                view.reported_state = session.reported.as_str().into();
+            }
+            let directed = WorkerState::parse(&view.directed_state).unwrap_or_default().max(session.directed);
+            view.directed_state = directed.as_str().into();
+        }
+    }
+    Ok(merged
+        .into_values()
+        .map(|(mut view, seen)| {
+            view.missing_on = (0..partitions).filter(|p| !seen.contains(p)).collect();
+            view
+        })
+        .collect())
+}
+
+fn worker_session(session: &Session) -> pb::WorkerSession {
+    let info = &session.info;
+    pb::WorkerSession {
+        session_id: info.id,
+        worker_id: info.worker.clone(),
+        hostname: info.hostname.clone(),
+        pid: info.pid,
+        job_types: info.job_types.clone(),
+        concurrency: info.concurrency,
+        labels: info.labels.clone(),
+        tenant_ids: info.tenants.clone(),
+        heartbeat_interval: info.heartbeat_ms,
+        dead_after: info.dead_after_ms,
+        registered_at: session.registered_at,
+        last_heartbeat: session.last_beat,
+        reported_state: session.reported.as_str().into(),
+        directed_state: session.directed.as_str().into(),
+        held_jobs: 0,
+        missing_on: Vec::new(),
+    }
+}
+
+pub async fn list(ctx: &NodeContext, label: &str, deadline: Instant) -> Result<Vec<pb::WorkerSession>, ApiError> {
+    if !label.is_empty() {
+        label_value(label)?;
+    }
+    let mut sessions = merge(everywhere(ctx, |_| Command::ListSessions, deadline).await)?;
+    sessions.retain(|s| label.is_empty() || s.labels.iter().any(|l| l == label));
+    Ok(sessions)
+}
+
+pub async fn direct(
+    ctx: &NodeContext,
+    request: pb::SetWorkerStateRequest,
+    deadline: Instant,
+) -> Result<Vec<pb::WorkerSession>, ApiError> {
+    let state = WorkerState::parse(&request.state).ok_or_else(|| {
+        ApiError::InvalidArgument(format!("state must be running, quiet or terminate, got {:?}", request.state))
+    })?;
+    let target = match (request.session_id, request.label.is_empty(), request.all) {
+        (0, true, true) => SessionTarget::All,
+        (0, false, false) => {
+            label_value(&request.label)?;
+            SessionTarget::Label(request.label)
+        }
+        (id, true, false) if id != 0 => SessionTarget::One(id),
+        _ => {
+            return Err(ApiError::InvalidArgument(
+                "name exactly one of session_id, label and all: which workers to direct".into(),
+            ))
+        }
+    };
+    let sessions = merge(everywhere(ctx, |_| Command::Direct { target: target.clone(), state }, deadline).await)?;
+    if sessions.is_empty() && matches!(target, SessionTarget::One(_)) {
+        return Err(ApiError::NotFound(format!("no live worker session matches {target}")));
+    }
+    tracing::info!(%target, state = state.as_str(), covered = sessions.len(), "workers directed");
+    Ok(sessions)
+}
+
+pub async fn set_schema(ctx: &NodeContext, request: pb::SetSchemaRequest, deadline: Instant) -> Result<(), ApiError> {
+    convert::job_type(&request.r#type)?;
+    let schema = Bytes::from(request.schema);
+    if !schema.is_empty() {
+        if schema.len() > ctx.limits.max_payload_bytes {
+            return Err(ApiError::ResourceExhausted(format!(
+                "the schema is {} bytes; at most {} (max_payload_bytes) are accepted",
+                schema.len(),
+                ctx.limits.max_payload_bytes
+            )));
+        }
+        Schema::compile(schema.clone()).map_err(ApiError::InvalidArgument)?;
+    }
+    let job_type = request.r#type;
+    let results =
+        everywhere(ctx, |_| Command::SetSchema { job_type: job_type.clone(), schema: schema.clone() }, deadline).await;
+    if let Some(error) = results.into_iter().find_map(Result::err) {
+        return Err(error);
+    }
+    tracing::info!(job_type, removed = schema.is_empty(), "job schema set");
+    Ok(())
+}
+
+pub async fn get_schema(ctx: &NodeContext, job_type: String, deadline: Instant) -> Result<String, ApiError> {
+    convert::job_type(&job_type)?;
+    let mut results = router::submit(ctx, 0, vec![Command::GetSchema { job_type }], deadline).await?;
+    match results.pop() {
+        Some(CommandResult::Schema(schema)) => Ok(String::from_utf8_lossy(&schema).into_owned()),
+        other => Err(ApiError::Internal(format!("unexpected result {other:?}"))),
+    }
+}
