@@ -7,7 +7,7 @@ use std::time::Duration;
 
 use anyhow::{bail, Context};
 use clap::{Parser, Subcommand};
-use drover::client::{Client, JobOutcome, Worker, WorkerOptions};
+use drover::client::{Client, Control, JobOutcome, Worker, WorkerOptions};
 use drover::config::ServeArgs;
 use drover::node::Node;
 use drover::proto::gateway::*;
@@ -40,8 +40,16 @@ enum Command {
     },
     /// Run a shell command for every job of a type: the job's variables on
     /// stdin, a JSON object on stdout completes it, a non-zero exit fails it
-    /// with stderr as the error message.
-    Worker(WorkerArgs),
+    /// with stderr as the error message. Or, with a subcommand, list and
+    /// direct the cluster's workers.
+    Worker(Box<WorkerCommand>),
+    /// Register, show or remove the JSON Schema of a job type's variables.
+    Schema {
+        #[command(subcommand)]
+        command: SchemaCommand,
+        #[command(flatten)]
+        target: Target,
+    },
     /// Show the node and cluster as the gateway sees them.
     Status {
         #[command(flatten)]
@@ -271,13 +279,88 @@ enum JobCommand {
 }
 
 #[derive(clap::Args)]
+#[command(args_conflicts_with_subcommands = true, subcommand_negates_reqs = true)]
+struct WorkerCommand {
+    #[command(subcommand)]
+    manage: Option<WorkersCommand>,
+    #[command(flatten)]
+    run: WorkerArgs,
+}
+
+/// Which workers a direction covers: one session, a label, or all.
+#[derive(clap::Args)]
+struct WorkerTarget {
+    /// The session id, as `drover worker list` shows it.
+    session: Option<String>,
+    /// Every worker with this name:value label.
+    #[arg(long, conflicts_with = "session")]
+    label: Option<String>,
+    /// Every worker.
+    #[arg(long, conflicts_with_all = ["session", "label"])]
+    all: bool,
+}
+
+#[derive(Subcommand)]
+enum WorkersCommand {
+    /// List live worker sessions.
+    List {
+        /// Only workers with this name:value label.
+        #[arg(long)]
+        label: Option<String>,
+        #[command(flatten)]
+        target: Target,
+    },
+    /// Take no new jobs; finish those held.
+    Quiet {
+        #[command(flatten)]
+        which: WorkerTarget,
+        #[command(flatten)]
+        target: Target,
+    },
+    /// Take new jobs again.
+    Resume {
+        #[command(flatten)]
+        which: WorkerTarget,
+        #[command(flatten)]
+        target: Target,
+    },
+    /// Stop: finish or fail held jobs within the grace period, deregister, exit.
+    Terminate {
+        #[command(flatten)]
+        which: WorkerTarget,
+        #[command(flatten)]
+        target: Target,
+    },
+}
+
+#[derive(Subcommand)]
+enum SchemaCommand {
+    /// Register FILE (a JSON Schema) for TYPE: later creates must satisfy it.
+    Set {
+        #[arg(value_name = "TYPE")]
+        job_type: String,
+        file: std::path::PathBuf,
+    },
+    /// Print TYPE's schema.
+    Get {
+        #[arg(value_name = "TYPE")]
+        job_type: String,
+    },
+    /// Remove TYPE's schema.
+    Remove {
+        #[arg(value_name = "TYPE")]
+        job_type: String,
+    },
+}
+
+#[derive(clap::Args)]
 struct WorkerArgs {
     /// The job type to work on.
-    #[arg(long = "type", short = 't')]
-    job_type: String,
+    #[arg(long = "type", short = 't', required = true)]
+    job_type: Option<String>,
     /// The shell command run per job (via `sh -c`).
-    #[arg(long)]
-    exec: String,
+    #[arg(long, required = true)]
+    exec: Option<String>,
     /// The worker's name.
     #[arg(long, default_value = "drover-cli")]
     name: String,
@@ -290,6 +373,24 @@ struct WorkerArgs {
     /// Back-off in ms before a failed job is retried.
     #[arg(long, default_value_t = 1_000)]
     retry_back_off: i64,
+    /// name:value labels of the worker's session (repeatable), such as pool:critical.
+    #[arg(long = "label")]
+    labels: Vec<String>,
+    /// How often the worker beats, ms (0: the server's default, 5000).
+    #[arg(long, default_value_t = 0)]
+    heartbeat_interval: i64,
+    /// How long without a beat before the server declares the worker dead
+    /// and hands its jobs to others, ms (0: the server's default, 30000).
+    #[arg(long, default_value_t = 0)]
+    dead_after: i64,
+    /// On SIGTERM, SIGINT or a terminate from the server: how long to wait
+    /// for running jobs before failing them as worker-shutdown, ms.
+    #[arg(long, default_value_t = 25_000)]
+    grace_period: u64,
+    /// Run without a worker session (no heartbeats: a dead worker's jobs
+    /// come back only at their activation timeout).
+    #[arg(long)]
+    no_session: bool,
     #[command(flatten)]
     target: Target,
 }
@@ -308,7 +409,11 @@ async fn run(cli: Cli) -> anyhow::Result<()> {
     match cli.command {
         Command::Serve(args) => serve(*args).await,
         Command::Job { command, target } => job(command, &target).await,
-        Command::Worker(args) => worker(args).await,
+        Command::Worker(command) => match command.manage {
+            Some(manage) => workers(manage).await,
+            None => worker(command.run).await,
+        },
+        Command::Schema { command, target } => schema(command, &target).await,
         Command::Outbox { args, target } => {
             let _telemetry = drover::telemetry::init("text", None, "drover-outbox")?;
             let gateways = target.address.split(',').map(str::to_string).collect();
@@ -610,21 +715,125 @@ async fn job(command: JobCommand, target: &Target) -> anyhow::Result<()> {
 async fn worker(args: WorkerArgs) -> anyhow::Result<()> {
     let _telemetry = drover::telemetry::init("text", None, "drover-worker")?;
     let client = Client::connect_lazy(&args.target.address)?;
-    let mut options = WorkerOptions::new(&args.job_type);
+    let job_type = args.job_type.context("--type is required")?;
+    let command = args.exec.context("--exec is required")?;
+    let mut options = WorkerOptions::new(&job_type);
     options.worker = args.name.clone();
     options.timeout_ms = args.timeout;
     options.concurrency = args.concurrency;
-    let command = args.exec.clone();
+    options.labels = args.labels;
+    options.heartbeat_ms = args.heartbeat_interval;
+    options.dead_after_ms = args.dead_after;
+    options.grace_period = Duration::from_millis(args.grace_period);
+    options.session = !args.no_session;
     let back_off = args.retry_back_off;
-    eprintln!("working on jobs of type {:?} from {} with `{}`", args.job_type, args.target.address, command);
+    eprintln!("working on jobs of type {job_type:?} from {} with `{command}`", args.target.address);
     let handler = move |job: ActivatedJob| {
         let command = command.clone();
         async move { run_command(&command, &job, back_off).await }
     };
-    let stop = async {
-        let _ = tokio::signal::ctrl_c().await;
+    let worker = Worker::new(client, options);
+    let signals = tokio::spawn(obey_signals(worker.controller()));
+    worker.run(handler, std::future::pending()).await;
+    signals.abort();
+    eprintln!("worker stopped");
+    Ok(())
+}
+
+/// The worker protocol's signals: SIGTERM and SIGINT shut down gracefully,
+/// SIGTSTP quiets, SIGCONT resumes.
+async fn obey_signals(control: tokio::sync::watch::Sender<Control>) -> anyhow::Result<()> {
+    use tokio::signal::unix::{signal, SignalKind};
+    let mut term = signal(SignalKind::terminate())?;
+    let mut int = signal(SignalKind::interrupt())?;
+    let mut tstp = signal(SignalKind::from_raw(libc::SIGTSTP))?;
+    let mut cont = signal(SignalKind::from_raw(libc::SIGCONT))?;
+    loop {
+        let wanted = tokio::select! {
+            _ = term.recv() => Control::Shutdown,
+            _ = int.recv() => Control::Shutdown,
+            _ = tstp.recv() => Control::Quiet,
+            _ = cont.recv() => Control::Run,
+        };
+        control.send_if_modified(|current| {
+            // A shutdown is never undone by a later SIGTSTP or SIGCONT.
+            if *current == Control::Shutdown || *current == wanted {
+                return false;
+            }
+            eprintln!("signal: worker goes {wanted:?}");
+            *current = wanted;
+            true
+        });
+    }
+}
+
+async fn workers(command: WorkersCommand) -> anyhow::Result<()> {
+    let (state, which, target) = match command {
+        WorkersCommand::List { label, target } => {
+            let client = Client::connect_lazy(&target.address)?;
+            let request = ListWorkersRequest { label: label.unwrap_or_default() };
+            let workers = client.raw().list_workers(request).await.map_err(status_error)?.into_inner().workers;
+            print_workers(&workers);
+            return Ok(());
+        }
+        WorkersCommand::Quiet { which, target } => ("quiet", which, target),
+        WorkersCommand::Resume { which, target } => ("running", which, target),
+        WorkersCommand::Terminate { which, target } => ("terminate", which, target),
     };
-    Worker::new(client, options).run(handler, stop).await;
+    let session_id = match &which.session {
+        Some(id) => u64::from_str_radix(id, 16).with_context(|| format!("{id:?} is not a session id (hex)"))?,
+        None => 0,
+    };
+    if session_id == 0 && which.label.is_none() && !which.all {
+        bail!("name a session id, --label name:value or --all");
+    }
+    let client = Client::connect_lazy(&target.address)?;
+    let request = SetWorkerStateRequest {
+        session_id,
+        label: which.label.unwrap_or_default(),
+        all: which.all,
+        state: state.into(),
+    };
+    let workers = client.raw().set_worker_state(request).await.map_err(status_error)?.into_inner().workers;
+    print_workers(&workers);
+    Ok(())
+}
+
+fn print_workers(workers: &[WorkerSession]) {
+    for w in workers {
+        println!(
+            "{}",
+            serde_json::json!({
+                "session": format!("{:x}", w.session_id), "worker": w.worker_id, "hostname": w.hostname,
+                "pid": w.pid, "types": w.job_types, "labels": w.labels, "state": w.reported_state,
+                "directed": w.directed_state, "held": w.held_jobs, "last_heartbeat": w.last_heartbeat,
+                "missing_on": w.missing_on,
+            })
+        );
+    }
+}
+
+async fn schema(command: SchemaCommand, target: &Target) -> anyhow::Result<()> {
+    let client = Client::connect_lazy(&target.address)?;
+    match command {
+        SchemaCommand::Set { job_type, file } => {
+            let schema =
+                std::fs::read_to_string(&file).with_context(|| format!("reading the schema {}", file.display()))?;
+            client.raw().set_schema(SetSchemaRequest { r#type: job_type, schema }).await.map_err(status_error)?;
+        }
+        SchemaCommand::Get { job_type } => {
+            let schema = client.raw().get_schema(GetSchemaRequest { r#type: job_type.clone() }).await;
+            let schema = schema.map_err(status_error)?.into_inner().schema;
+            if schema.is_empty() {
+                bail!("job type {job_type:?} has no schema");
+            }
+            println!("{schema}");
+        }
+        SchemaCommand::Remove { job_type } => {
+            let request = SetSchemaRequest { r#type: job_type, schema: String::new() };
+            client.raw().set_schema(request).await.map_err(status_error)?;
+        }
+    }
     Ok(())
 }
 
@@ -632,7 +841,17 @@ async fn worker(args: WorkerArgs) -> anyhow::Result<()> {
 async fn run_command(command: &str, job: &ActivatedJob, back_off_ms: i64) -> JobOutcome {
     let retries_left = (job.retries - 1).max(0);
     let fail = |message: String| JobOutcome::Fail { retries: retries_left, message, back_off_ms };
-    let spawned = tokio::process::Command::new("sh")
+    let mut sh = tokio::process::Command::new("sh");
+    // The command dies with the worker: a killed worker's jobs go to others,
+    // and must not also run on here.
+    // SAFETY: prctl is async-signal-safe and touches no memory of the parent.
+    unsafe {
+        sh.pre_exec(|| {
+            libc::prctl(libc::PR_SET_PDEATHSIG, libc::SIGKILL);
+            Ok(())
+        });
+    }
+    let spawned = sh
         .arg("-c")
         .arg(command)
         .env("DROVER_JOB_KEY", job.key.to_string())

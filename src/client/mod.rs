@@ -7,7 +7,7 @@ use std::time::Duration;
 
 use tonic::transport::{Channel, Endpoint};
 
-pub use worker::{JobOutcome, Worker, WorkerOptions};
+pub use worker::{Control, JobOutcome, Worker, WorkerOptions};
 
 use crate::proto::gateway::gateway_client::GatewayClient;
 use crate::proto::gateway::*;
