@@ -155,14 +155,7 @@ impl NodeProcess {
 
     /// Waits for the node to exit by itself and returns how it did.
     pub async fn exited(&mut self, limit: Duration) -> std::process::ExitStatus {
-        let started = Instant::now();
-        loop {
-            if let Some(status) = self.child.try_wait().expect("poll the node") {
-                return status;
-            }
-            assert!(started.elapsed() < limit, "the node still runs after {limit:?}");
-            tokio::time::sleep(Duration::from_millis(20)).await;
-        }
+        exited(&mut self.child, limit).await
     }
 
     /// Waits until the node answers a write (its partitions have leaders).
@@ -190,6 +183,18 @@ impl Drop for NodeProcess {
     fn drop(&mut self) {
         let _ = self.child.kill();
         let _ = self.child.wait();
+    }
+}
+
+/// Waits for a child process to exit by itself and returns how it did.
+pub async fn exited(child: &mut Child, limit: Duration) -> std::process::ExitStatus {
+    let started = Instant::now();
+    loop {
+        if let Some(status) = child.try_wait().expect("poll the process") {
+            return status;
+        }
+        assert!(started.elapsed() < limit, "the process still runs after {limit:?}");
+        tokio::time::sleep(Duration::from_millis(20)).await;
     }
 }
 
