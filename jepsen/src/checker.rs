@@ -109,6 +109,11 @@ pub struct Report {
     pub checkpoints: usize,
     pub divergent: Vec<u64>,
     pub recovered: Vec<u64>,
+    /// Jobs of killed session workers that were not activated again in time
+    /// (see `sessions`).
+    pub slow_recoveries: Vec<crate::sessions::SlowRecovery>,
+    /// Session worker processes killed.
+    pub worker_kills: usize,
     pub valid: bool,
 }
 
@@ -120,7 +125,7 @@ impl Report {
         format!(
             "{}: {} attempted, {} acknowledged, {} completed, {} incidents; lost {}, unexpected {}, duplicated {}, \
              stale {}, duplicate creates {}, misdelivered {}, stage twice {}, lost checkpoints {} (of {}), \
-             divergent {}, recovered {}",
+             divergent {}, recovered {}, worker kills {}, slow recoveries {}",
             if self.valid { "VALID" } else { "INVALID" },
             self.attempted,
             self.acknowledged,
@@ -137,6 +142,8 @@ impl Report {
             self.checkpoints,
             self.divergent.len(),
             self.recovered.len(),
+            self.worker_kills,
+            self.slow_recoveries.len(),
         )
     }
 
@@ -157,6 +164,19 @@ impl Report {
                     let on: Vec<String> = l.replicas.iter().map(|(n, s)| format!("node {n} {s}")).collect();
                     let job_type = l.job_type.as_deref().unwrap_or("?");
                     format!("lost: job {} ({job_type}, key {}): {}", l.id, l.key, on.join(", "))
+                })
+                .collect(),
+        );
+        section(
+            self.slow_recoveries
+                .iter()
+                .map(|r| {
+                    let again =
+                        r.again_at_ms.map_or("never".to_string(), |at| format!("{} ms later", at - r.killed_at_ms));
+                    format!(
+                        "slow recovery: key {} held by {} killed at {} ms, activated again {again}",
+                        r.key, r.worker, r.killed_at_ms
+                    )
                 })
                 .collect(),
         );
@@ -513,6 +533,7 @@ mod tests {
                                     state: s.to_string(),
                                     job_type: "jepsen".into(),
                                     checkpoints: Vec::new(),
+                                    attempt: 0,
                                 },
                             )
                         })
@@ -723,7 +744,13 @@ mod tests {
             2,
             [(
                 101,
-                FinalJob { id: 1, state: "activatable".into(), job_type: "jepsen".into(), checkpoints: Vec::new() },
+                FinalJob {
+                    id: 1,
+                    state: "activatable".into(),
+                    job_type: "jepsen".into(),
+                    checkpoints: Vec::new(),
+                    attempt: 0,
+                },
             )]
             .into(),
         );

@@ -69,6 +69,9 @@ pub struct FinalJob {
     /// Committed stages with the attempt that committed each, oldest first.
     #[serde(default, skip_serializing_if = "Vec::is_empty")]
     pub checkpoints: Vec<(String, u32)>,
+    /// Activations so far: for a completed job, the attempt that completed it.
+    #[serde(default)]
+    pub attempt: u32,
 }
 
 /// Node -> job key -> what that node holds. Keyed by job key, not id, so that

@@ -11,6 +11,7 @@ mod history;
 mod net;
 mod partition;
 mod proxy;
+mod sessions;
 mod workload;
 
 use std::collections::BTreeMap;
@@ -44,10 +45,13 @@ enum Nemesis {
     Pause,
     Badlinks,
     Restart,
+    /// SIGKILLs a session worker process (not a node) and starts another.
+    Workers,
 }
 
 impl Nemesis {
-    const ALL: [Nemesis; 5] = [Nemesis::Partition, Nemesis::Kill, Nemesis::Pause, Nemesis::Badlinks, Nemesis::Restart];
+    const ALL: [Nemesis; 6] =
+        [Nemesis::Partition, Nemesis::Kill, Nemesis::Pause, Nemesis::Badlinks, Nemesis::Restart, Nemesis::Workers];
 }
 
 #[derive(clap::Args, Clone, Debug, Serialize, Deserialize)]
@@ -264,17 +268,27 @@ async fn inner(dir: &Path) -> anyhow::Result<bool> {
         tasks.push(tokio::spawn(worker));
     }
 
+    // Session workers: real processes, killed by the `workers` nemesis.
+    let mut session_workers = sessions::Workers::new(&config.drover, dir, &config.gateways);
+    for _ in 0..sessions::WORKERS {
+        session_workers.start()?;
+    }
+    let mut worker_kills: Vec<(u64, String)> = Vec::new();
+
     // The fault schedule.
     let timeline = dir.join("nemesis.jsonl");
     let started = Instant::now();
     let end = started + Duration::from_secs(args.time);
     let mut schedule = Schedule::new(&args.nemesis);
-    let mut faults = Faults { network: &network, proxies: &proxies, nodes: &mut nodes };
+    let mut faults = Faults { network: &network, proxies: &proxies, nodes: &mut nodes, workers: &mut session_workers };
     while Instant::now() + Duration::from_secs(4) < end {
         tokio::time::sleep(Duration::from_millis(rng.random_range(1_500..3_000))).await;
         let nemesis = schedule.nemeses.next(&mut rng);
         let fault = faults.inject(nemesis, &mut schedule, &mut rng).await?;
         let t = shared.recorder.now_ms();
+        if let Some(killed) = fault.detail["worker"].as_str().filter(|_| nemesis == Nemesis::Workers) {
+            worker_kills.push((t, killed.to_string()));
+        }
         append_line(
             &timeline,
             &serde_json::json!({
@@ -322,11 +336,30 @@ async fn inner(dir: &Path) -> anyhow::Result<bool> {
         }
     }
     shared.stop.store(true, Ordering::Relaxed);
+    session_workers.stop_all();
     for task in tasks {
         let _ = tokio::time::timeout(Duration::from_secs(10), task).await;
     }
     let history = shared.recorder.take();
-    let report = checker::check(&history, &finals, replicas);
+    let mut report = checker::check(&history, &finals, replicas);
+    // A killed worker's jobs come back within the bound. Other faults may
+    // hold the cluster up for longer, so the bound holds only when killing
+    // workers is the only fault; loss is checked in every run.
+    let starts = sessions::parse_log(
+        &std::fs::read_to_string(session_workers.log()).unwrap_or_default(),
+        shared.recorder.epoch_ms(),
+    );
+    let completed: BTreeMap<u64, u32> = finals
+        .values()
+        .flat_map(|jobs| jobs.iter())
+        .filter(|(_, job)| job.state == "completed")
+        .map(|(key, job)| (*key, job.attempt))
+        .collect();
+    if args.nemesis.iter().all(|n| *n == Nemesis::Workers) {
+        report.slow_recoveries = sessions::check(&starts, &worker_kills, &completed);
+        report.valid &= report.slow_recoveries.is_empty();
+    }
+    report.worker_kills = worker_kills.len();
     for op in &history {
         append_line(&dir.join("history.jsonl"), op);
     }
@@ -449,6 +482,7 @@ struct Faults<'a> {
     network: &'a net::Network,
     proxies: &'a proxy::Proxies,
     nodes: &'a mut cluster::Nodes,
+    workers: &'a mut sessions::Workers,
 }
 
 impl Faults<'_> {
@@ -467,6 +501,12 @@ impl Faults<'_> {
         let mut order = all.clone();
         order.shuffle(rng);
         Ok(match nemesis {
+            Nemesis::Workers => {
+                // Killed and replaced at once: nothing to heal.
+                let killed = self.workers.kill_one(rng.random_range(0..sessions::WORKERS))?;
+                let description = format!("SIGKILL worker process {killed} (a new one starts)");
+                Fault::new("worker-kill", description, serde_json::json!({ "worker": killed }))
+            }
             Nemesis::Partition => {
                 let kind = schedule.partitions.next(rng);
                 let others = |x: usize| all.iter().copied().filter(|i| *i != x).collect::<Vec<_>>();
@@ -623,7 +663,8 @@ async fn final_reads(nodes: &cluster::Nodes) -> FinalReads {
                     .flatten()
                     .filter_map(|c| Some((c["stage"].as_str()?.to_string(), c["attempt"].as_u64()? as u32)))
                     .collect();
-                jobs.insert(key, FinalJob { id, state: state.to_string(), job_type, checkpoints });
+                let attempt = job["attempt"].as_u64().unwrap_or(0) as u32;
+                jobs.insert(key, FinalJob { id, state: state.to_string(), job_type, checkpoints, attempt });
             }
         }
         finals.insert(i, jobs);

@@ -39,12 +39,23 @@ pub const ACTIVATION_TIMEOUT_MS: i64 = 2_000;
 
 pub struct Recorder {
     started: Instant,
+    /// The wall clock at `started` (ms since the epoch), to place logs of
+    /// other processes on the history's time line.
+    epoch_ms: u64,
     ops: Mutex<Vec<Op>>,
 }
 
 impl Recorder {
     pub fn new() -> Self {
-        Recorder { started: Instant::now(), ops: Mutex::new(Vec::new()) }
+        let epoch_ms = std::time::SystemTime::now()
+            .duration_since(std::time::UNIX_EPOCH)
+            .map(|d| d.as_millis() as u64)
+            .unwrap_or(0);
+        Recorder { started: Instant::now(), epoch_ms, ops: Mutex::new(Vec::new()) }
+    }
+
+    pub fn epoch_ms(&self) -> u64 {
+        self.epoch_ms
     }
 
     pub fn now_ms(&self) -> u64 {
@@ -93,10 +104,11 @@ pub async fn producer(shared: Arc<Shared>, process: u64, seed: u64) {
     let mut rng = StdRng::seed_from_u64(seed);
     let clients: Vec<Client> = shared.gateways.iter().map(|g| Client::connect_lazy(g).unwrap()).collect();
     while !shared.stop_creating.load(Ordering::Relaxed) {
-        let job_type = match rng.random_range(0..10) {
-            0..4 => JOB_TYPE,
-            4..8 => PUSHED_TYPE,
-            _ => STAGED_TYPE,
+        let job_type = match rng.random_range(0..20) {
+            0..8 => JOB_TYPE,
+            8..15 => PUSHED_TYPE,
+            15..18 => STAGED_TYPE,
+            _ => crate::sessions::SESSION_TYPE,
         };
         // The id is the create's marker: the final reads find its jobs by it.
         let id = shared.next_id.fetch_add(1, Ordering::Relaxed);
