@@ -183,6 +183,16 @@ enum JobCommand {
         #[command(flatten)]
         by: ByIdempotencyKey,
     },
+    /// Show what happened to a job, oldest first, with times relative to its creation.
+    History {
+        #[arg(required_unless_present = "idempotency_key")]
+        key: Option<u64>,
+        #[command(flatten)]
+        by: ByIdempotencyKey,
+        /// Print the events as JSON lines.
+        #[arg(long)]
+        json: bool,
+    },
     /// List jobs matching a filter, over every partition, in key order.
     List {
         #[command(flatten)]
@@ -510,6 +520,62 @@ async fn dev_cluster(
     Ok(())
 }
 
+/// A job's history as a timeline: seconds since the first event, then what happened.
+fn print_history(history: &GetJobHistoryResponse, json: bool) {
+    let start = history.events.first().map_or(0, |e| e.at);
+    for (i, e) in history.events.iter().enumerate() {
+        if json {
+            println!("{}", serde_json::to_string(&event_json(e)).unwrap_or_default());
+            continue;
+        }
+        let what = match e.kind.as_str() {
+            "created" => {
+                let by = if e.user.is_empty() { String::new() } else { format!(" by {}", e.user) };
+                let through =
+                    if e.gateway_node_id == 0 { String::new() } else { format!(" through node {}", e.gateway_node_id) };
+                let key = if e.idempotency_key.is_empty() {
+                    String::new()
+                } else {
+                    format!(" (idempotency key {:?})", e.idempotency_key)
+                };
+                format!("created{by}{through}{key}")
+            }
+            "activated" => {
+                let session = if e.session_id == 0 { String::new() } else { format!(" session {:x}", e.session_id) };
+                let via = match e.via.as_str() {
+                    "push" => format!(", pushed to stream {:x} on node {}", e.stream_id, e.gateway_node_id),
+                    "poll" => format!(", polled through node {}", e.gateway_node_id),
+                    _ => String::new(),
+                };
+                format!("activated (attempt {}) by {}{session}{via}", e.attempt, e.worker)
+            }
+            "extended" => format!("deadline extended {}x (attempt {}), to {}", e.count, e.attempt, e.deadline - start),
+            "failed" => format!(
+                "failed (attempt {}, {}): {}; {} retries left, back-off {} ms",
+                e.attempt, e.reason, e.message, e.retries, e.back_off
+            ),
+            "retries_updated" => format!("retries set to {}", e.retries),
+            "checkpointed" => format!("stage {} committed (attempt {})", e.stage, e.attempt),
+            "yielded" | "timed_out" | "completed" => format!("{} (attempt {})", e.kind.replace('_', " "), e.attempt),
+            other => other.replace('_', " "),
+        };
+        println!("{:>+10.3}s  {what}", (e.at - start) as f64 / 1000.0);
+        if i + 1 == 8 && history.dropped > 0 {
+            println!("{:>11}  ... {} events not kept ...", "", history.dropped);
+        }
+    }
+}
+
+fn event_json(e: &JobEvent) -> serde_json::Value {
+    serde_json::json!({
+        "at": e.at, "kind": e.kind, "attempt": e.attempt, "worker": e.worker,
+        "session": format!("{:x}", e.session_id), "via": e.via, "gateway": e.gateway_node_id,
+        "stream": e.stream_id, "reason": e.reason, "message": e.message, "retries": e.retries,
+        "back_off": e.back_off, "stage": e.stage, "deadline": e.deadline, "count": e.count,
+        "user": e.user, "idempotency_key": e.idempotency_key,
+    })
+}
+
 fn print_json(value: &serde_json::Value) {
     println!("{}", serde_json::to_string_pretty(value).expect("json"));
 }
@@ -601,9 +667,21 @@ async fn job(command: JobCommand, target: &Target) -> anyhow::Result<()> {
                 idempotency_key: by.idempotency_key.unwrap_or_default(),
                 tenant_id: by.tenant,
                 user: by.user,
+                include_history: false,
             };
             let job = raw.get_job(request).await.map_err(status_error)?.into_inner().job;
             print_json(&job_json(&job.context("GetJob answered no job")?));
+        }
+        JobCommand::History { key, by, json } => {
+            let request = GetJobRequest {
+                key: key.unwrap_or_default(),
+                idempotency_key: by.idempotency_key.unwrap_or_default(),
+                tenant_id: by.tenant,
+                user: by.user,
+                include_history: false,
+            };
+            let history = raw.get_job_history(request).await.map_err(status_error)?.into_inner();
+            print_history(&history, json);
         }
         JobCommand::List { filter, page_size, mut page_token, all, json } => {
             let filter = filter.filter();

@@ -8,6 +8,7 @@ use bytes::Bytes;
 use serde::{Deserialize, Serialize};
 use serde_json::value::RawValue;
 
+use super::history::*;
 use super::job::*;
 use super::session::*;
 
@@ -287,6 +288,7 @@ impl PartitionState {
             self.due.pop_first();
             if let Some(job) = self.jobs.get_mut(&key) {
                 job.state = JobState::Activatable;
+                job.history.record(now, EventKind::Due);
                 self.make_ready(key, out);
             }
         }
@@ -300,6 +302,7 @@ impl PartitionState {
                 job.state = JobState::Activatable;
                 job.deadline = 0;
                 self.held.remove(&(job.session, key));
+                job.history.record(now, EventKind::TimedOut { attempt: job.attempt });
                 out.count(&job.spec.job_type, Outcome::TimedOut);
                 self.make_ready(key, out);
             }
@@ -347,10 +350,22 @@ impl PartitionState {
         job.failed_attempt = job.attempt;
         job.fail_reason = FailReason::WorkerDied;
         job.error_message = why.to_string();
+        let back_off_ms = if job.retries == 0 { 0 } else { job.spec.retry_back_off_ms };
+        job.history.record(
+            now,
+            EventKind::Failed {
+                attempt: job.attempt,
+                reason: FailReason::WorkerDied,
+                message: why.to_string(),
+                retries: job.retries,
+                back_off_ms,
+            },
+        );
         out.count(&job.spec.job_type, Outcome::Failed);
         out.failures.push((job.spec.job_type.clone(), FailReason::WorkerDied, job.worker.clone()));
         if job.retries == 0 {
             out.count(&job.spec.job_type, Outcome::Incident);
+            job.history.record(now, EventKind::Incident);
             job.state = JobState::Incident;
         } else if job.spec.retry_back_off_ms > 0 {
             job.state = JobState::Scheduled;
@@ -408,6 +423,7 @@ impl PartitionState {
                 self.activation_of(*key, *attempt, "complete")?;
                 let mut job = self.remove(*key);
                 job.state = JobState::Completed;
+                job.history.record(self.clock, EventKind::Completed { attempt: job.attempt });
                 job.result = variables.clone();
                 out.activated_to_completed.push(self.clock - job.activated_at);
                 out.count(&job.spec.job_type, Outcome::Completed);
@@ -455,10 +471,21 @@ impl PartitionState {
                 job.failed_attempt = job.attempt;
                 job.fail_reason = *reason;
                 job.error_message.clone_from(error_message);
+                job.history.record(
+                    now,
+                    EventKind::Failed {
+                        attempt: job.attempt,
+                        reason: *reason,
+                        message: error_message.clone(),
+                        retries,
+                        back_off_ms: if retries == 0 { 0 } else { back_off_ms },
+                    },
+                );
                 out.count(&job.spec.job_type, Outcome::Failed);
                 out.failures.push((job.spec.job_type.clone(), *reason, job.worker.clone()));
                 if retries == 0 {
                     out.count(&job.spec.job_type, Outcome::Incident);
+                    job.history.record(now, EventKind::Incident);
                     job.state = JobState::Incident;
                 } else if back_off_ms > 0 {
                     job.state = JobState::Scheduled;
@@ -482,6 +509,7 @@ impl PartitionState {
                 job.deadline = deadline;
                 // Later checkpoints extend by the timeout the worker asked for last.
                 job.timeout_ms = *timeout_ms;
+                job.history.record(self.clock, EventKind::Extended { attempt: job.attempt, deadline, count: 1 });
                 self.deadlines.insert((deadline, *key));
                 out.touched.push(*key);
                 Ok(CommandResult::Deadline(deadline))
@@ -490,8 +518,10 @@ impl PartitionState {
                 if *retries < 0 {
                     return Err(CommandError::invalid("retries must be zero or more"));
                 }
+                let now = self.clock;
                 let job = self.live_job(*key)?;
                 job.retries = *retries;
+                job.history.record(now, EventKind::RetriesUpdated { retries: *retries });
                 let revive = job.state == JobState::Incident && *retries > 0;
                 if revive {
                     job.state = JobState::Activatable;
@@ -505,6 +535,7 @@ impl PartitionState {
                 self.live_job(*key)?;
                 let mut job = self.remove(*key);
                 job.state = JobState::Cancelled;
+                job.history.record(self.clock, EventKind::Cancelled);
                 out.count(&job.spec.job_type, Outcome::Cancelled);
                 out.finished.push(job);
                 Ok(CommandResult::Done)
@@ -519,6 +550,7 @@ impl PartitionState {
                 self.held.remove(&(job.session, *key));
                 job.deadline = 0;
                 job.state = JobState::Activatable;
+                job.history.record(self.clock, EventKind::Yielded { attempt: job.attempt });
                 out.count(&job.spec.job_type, Outcome::Yielded);
                 self.make_ready(*key, out);
                 out.touched.push(*key);
@@ -559,6 +591,7 @@ impl PartitionState {
         }
         if !repeat {
             job.checkpoints.push(Checkpoint { stage: stage.to_string(), attempt, at: now });
+            job.history.record(now, EventKind::Checkpointed { attempt, stage: stage.to_string() });
             out.checkpoints.push((job.spec.job_type.clone(), stage.to_string()));
             out.count(&job.spec.job_type, Outcome::Checkpointed);
         }
@@ -638,6 +671,7 @@ impl PartitionState {
                 self.deadlines.remove(&(job.deadline, key));
                 job.deadline = deadline;
                 self.deadlines.insert((deadline, key));
+                job.history.record(now, EventKind::Extended { attempt, deadline, count: 1 });
                 out.touched.push(key);
             }
         }
@@ -683,6 +717,16 @@ impl PartitionState {
             job.failed_attempt = job.attempt;
             job.fail_reason = FailReason::WorkerShutdown;
             job.error_message = format!("worker {:?} ended its session while holding the job", session.info.worker);
+            job.history.record(
+                self.clock,
+                EventKind::Failed {
+                    attempt: job.attempt,
+                    reason: FailReason::WorkerShutdown,
+                    message: job.error_message.clone(),
+                    retries: job.retries,
+                    back_off_ms: 0,
+                },
+            );
             job.state = JobState::Activatable;
             out.count(&job.spec.job_type, Outcome::Failed);
             out.failures.push((job.spec.job_type.clone(), FailReason::WorkerShutdown, job.worker.clone()));
@@ -773,7 +817,7 @@ impl PartitionState {
             None => now.saturating_add(new_job.delay_ms.max(0)),
         };
         let state = if due_at > now { JobState::Scheduled } else { JobState::Activatable };
-        let job = Job {
+        let mut job = Job {
             key,
             spec: Arc::clone(&new_job.spec),
             state,
@@ -791,7 +835,20 @@ impl PartitionState {
             fail_reason: FailReason::Failed,
             checkpoints: Vec::new(),
             session: 0,
+            history: History::default(),
         };
+        let gateway = match &new_job.request {
+            Some(RequestId::Gateway { node, .. }) => *node,
+            _ => 0,
+        };
+        job.history.record(
+            now,
+            EventKind::Created {
+                user: new_job.spec.user.clone(),
+                gateway,
+                idempotency_key: new_job.spec.idempotency_key.clone(),
+            },
+        );
         out.count(&new_job.spec.job_type, Outcome::Created);
         self.jobs.insert(key, job);
         if state == JobState::Scheduled {
@@ -848,6 +905,15 @@ impl PartitionState {
             job.deadline = deadline;
             job.timeout_ms = timeout_ms;
             job.session = activation.session;
+            job.history.record(
+                self.clock,
+                EventKind::Activated {
+                    attempt: job.attempt,
+                    worker: activation.worker.clone(),
+                    session: activation.session,
+                    via: activation.via,
+                },
+            );
             if activation.session != 0 {
                 self.held.insert((activation.session, key));
             }

@@ -6,6 +6,7 @@ use std::sync::Arc;
 use bytes::Bytes;
 use serde::{Deserialize, Serialize};
 
+use super::history::{History, Via};
 use super::session::{Session, SessionId, SessionInfo, SessionTarget, WorkerState};
 
 /// A partition id, `0..partition_count`.
@@ -217,6 +218,8 @@ pub struct Job {
     pub checkpoints: Vec<Checkpoint>,
     /// The worker session of the current or last activation (0: none).
     pub session: SessionId,
+    /// What happened to the job, bounded (see [`History`]).
+    pub history: History,
 }
 
 impl Job {
@@ -419,6 +422,8 @@ pub struct Activation {
     /// The worker's session (0: none). A session that is quiet or told to
     /// terminate gets no jobs; one the partition does not know is refused.
     pub session: SessionId,
+    /// How the activation reaches its worker, for the jobs' histories.
+    pub via: Via,
 }
 
 /// One change requested of a partition. Commands are replicated in batches.

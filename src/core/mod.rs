@@ -8,10 +8,12 @@
 //! It must never name RocksDB, openraft or tonic types.
 
 mod engine;
+mod history;
 mod job;
 mod session;
 
 pub use engine::{request_expiry_bound, request_storage_id, ApplyOutput, PartitionState, StateSnapshot};
+pub use history::*;
 pub use job::*;
 pub use session::*;
 

@@ -39,6 +39,7 @@ fn activation(max_jobs: u32, timeout_ms: i64) -> Command {
         max_jobs,
         max_bytes: u64::MAX,
         session: 0,
+        via: Via::Unknown,
     })
 }
 
@@ -395,6 +396,7 @@ fn activation_stays_within_its_byte_budget_but_always_takes_one_job() {
             max_jobs: 10,
             max_bytes,
             session: 0,
+            via: Via::Unknown,
         })
     };
     let taken = |result| match result {
@@ -438,6 +440,7 @@ fn tenants_filter_activation() {
         max_jobs: 5,
         max_bytes: u64::MAX,
         session: 0,
+        via: Via::Unknown,
     });
     assert!(matches!(h.run(1_000, acme), CommandResult::Activated(jobs) if jobs.len() == 1));
 }

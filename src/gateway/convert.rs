@@ -8,7 +8,8 @@ use serde_json::value::RawValue;
 use super::error::ApiError;
 use crate::config::DedupeWindows;
 use crate::core::{
-    ActivatedJobData, Activation, Job, JobFilter, JobSpec, JobState, NewJob, RequestId, SessionId, DEFAULT_TENANT,
+    ActivatedJobData, Activation, EventKind, Job, JobEvent, JobFilter, JobSpec, JobState, NewJob, RequestId, SessionId,
+    Via, DEFAULT_TENANT,
 };
 use crate::proto::gateway as pb;
 
@@ -373,7 +374,8 @@ pub fn worker_spec(
     })
 }
 
-pub fn activation(spec: &WorkerSpec, max_jobs: u32, max_bytes: u64) -> Activation {
+/// A poll's activation through gateway node `gateway`.
+pub fn activation(spec: &WorkerSpec, max_jobs: u32, max_bytes: u64, gateway: u64) -> Activation {
     Activation {
         job_type: spec.job_type.clone(),
         tenants: spec.tenants.clone(),
@@ -382,6 +384,7 @@ pub fn activation(spec: &WorkerSpec, max_jobs: u32, max_bytes: u64) -> Activatio
         max_jobs,
         max_bytes,
         session: spec.session,
+        via: Via::Poll { gateway },
     }
 }
 
@@ -448,7 +451,64 @@ pub fn job(job: &Job) -> pb::Job {
         attempts: job.attempt,
         session_id: job.session,
         retry_back_off: job.spec.retry_back_off_ms,
+        history: Vec::new(),
+        history_dropped: 0,
     }
+}
+
+/// A job's history as the API shows it.
+pub fn history(job: &Job) -> Vec<pb::JobEvent> {
+    job.history.events().map(job_event).collect()
+}
+
+fn job_event(event: &JobEvent) -> pb::JobEvent {
+    let mut out = pb::JobEvent { at: event.at, kind: event.kind.name().into(), ..Default::default() };
+    match &event.kind {
+        EventKind::Created { user, gateway, idempotency_key } => {
+            out.user.clone_from(user);
+            out.gateway_node_id = *gateway;
+            out.idempotency_key.clone_from(idempotency_key);
+        }
+        EventKind::Activated { attempt, worker, session, via } => {
+            out.attempt = *attempt;
+            out.worker.clone_from(worker);
+            out.session_id = *session;
+            match via {
+                Via::Unknown => {}
+                Via::Poll { gateway } => {
+                    out.via = "poll".into();
+                    out.gateway_node_id = *gateway;
+                }
+                Via::Push { gateway, stream } => {
+                    out.via = "push".into();
+                    out.gateway_node_id = *gateway;
+                    out.stream_id = *stream;
+                }
+            }
+        }
+        EventKind::Yielded { attempt } | EventKind::TimedOut { attempt } | EventKind::Completed { attempt } => {
+            out.attempt = *attempt;
+        }
+        EventKind::Extended { attempt, deadline, count } => {
+            out.attempt = *attempt;
+            out.deadline = *deadline;
+            out.count = *count;
+        }
+        EventKind::Failed { attempt, reason, message, retries, back_off_ms } => {
+            out.attempt = *attempt;
+            out.reason = reason.as_str().into();
+            out.message.clone_from(message);
+            out.retries = *retries;
+            out.back_off = *back_off_ms;
+        }
+        EventKind::RetriesUpdated { retries } => out.retries = *retries,
+        EventKind::Checkpointed { attempt, stage } => {
+            out.attempt = *attempt;
+            out.stage.clone_from(stage);
+        }
+        EventKind::Due | EventKind::Incident | EventKind::Cancelled => {}
+    }
+    out
 }
 
 #[cfg(test)]

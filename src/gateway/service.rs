@@ -337,7 +337,7 @@ impl GatewayService {
                 break;
             }
             let partition = (start + offset) % partitions;
-            let command = Command::Activate(convert::activation(spec, remaining, bytes_left));
+            let command = Command::Activate(convert::activation(spec, remaining, bytes_left, self.ctx.node_id));
             match router::submit(&self.ctx, partition, vec![command], deadline).await {
                 Ok(mut results) => {
                     let result = results.pop();
@@ -678,9 +678,31 @@ impl Gateway for GatewayService {
         let _running = self.ctx.request_started("get_job");
         let deadline = self.deadline(&request)?;
         let request = request.into_inner();
+        let include_history = request.include_history;
         let job = Self::job_ref(request.key, request.idempotency_key, request.tenant_id, request.user)?;
         let job = router::read(&self.ctx, &job, None, deadline).await?;
-        Ok(Response::new(GetJobResponse { job: Some(convert::job(&job)) }))
+        let mut answer = convert::job(&job);
+        if include_history {
+            answer.history = convert::history(&job);
+            answer.history_dropped = job.history.dropped();
+        }
+        Ok(Response::new(GetJobResponse { job: Some(answer) }))
+    }
+
+    async fn get_job_history(
+        &self,
+        request: Request<GetJobRequest>,
+    ) -> Result<Response<GetJobHistoryResponse>, Status> {
+        let _running = self.ctx.request_started("get_job_history");
+        let deadline = self.deadline(&request)?;
+        let request = request.into_inner();
+        let job = Self::job_ref(request.key, request.idempotency_key, request.tenant_id, request.user)?;
+        let job = router::read(&self.ctx, &job, None, deadline).await?;
+        Ok(Response::new(GetJobHistoryResponse {
+            key: job.key.0,
+            events: convert::history(&job),
+            dropped: job.history.dropped(),
+        }))
     }
 
     async fn await_job(&self, request: Request<AwaitJobRequest>) -> Result<Response<Self::AwaitJobStream>, Status> {

@@ -30,7 +30,7 @@ use rand::seq::IndexedRandom;
 
 use super::streams::{BrokerStreams, PushOutcome, PushedActivations, RemoteStream};
 use crate::core::{
-    ActivatedJobData, Activation, Batch, Command, CommandResult, JobKey, Millis, PartitionId, Retention,
+    ActivatedJobData, Activation, Batch, Command, CommandResult, JobKey, Millis, PartitionId, Retention, Via,
 };
 use crate::raft::{NodeId, Replica, WriteError};
 
@@ -499,6 +499,7 @@ impl LeaderState {
             max_jobs: PUSH_BATCH,
             max_bytes: PUSH_BATCH_BYTES,
             session: stream.session,
+            via: Via::Push { gateway: stream.gateway, stream: stream.stream_id },
         });
         Some((activation, stream))
     }

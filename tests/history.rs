@@ -1,0 +1,141 @@
+//! A job's history on three real nodes: every step of its life is recorded,
+//! in order, by the partition, and read back after its leader was killed.
+
+mod common;
+
+use std::time::{Duration, Instant};
+
+use common::{drover_bin, eventually, ProcessCluster};
+use drover::client::Client;
+use drover::proto::gateway::{
+    ActivateJobsRequest, ActivatedJob, CheckpointJobRequest, CreateJobRequest, GetJobRequest, RegisterWorkerRequest,
+    UpdateJobRetriesRequest, UpdateJobTimeoutRequest,
+};
+
+/// The first job one of these long polls hands out, within 20 s.
+async fn one(client: &Client, request: ActivateJobsRequest) -> ActivatedJob {
+    let started = Instant::now();
+    loop {
+        if let Ok(reply) = client.raw().activate_jobs(request.clone()).await {
+            if let Ok(Some(mut message)) = reply.into_inner().message().await {
+                if !message.jobs.is_empty() {
+                    return message.jobs.remove(0);
+                }
+            }
+        }
+        assert!(started.elapsed() < Duration::from_secs(20), "no job to activate within 20 s");
+    }
+}
+
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn a_job_s_history_tells_its_whole_life_across_a_leader_change() {
+    let mut cluster = ProcessCluster::start(3, 1, 3, &["--heartbeat-ms", "50", "--election-timeout-ms", "300"]);
+    cluster.wait_ready().await;
+    let leader = cluster.leader_of(0, Duration::from_secs(20)).await;
+    let gateway_node = (leader + 1) % 3;
+    let gateway = cluster.node(gateway_node).grpc.clone();
+    let client = Client::connect(&gateway).await.unwrap();
+
+    let create = CreateJobRequest {
+        r#type: "hist".into(),
+        user: "alice".into(),
+        idempotency_key: "h-1".into(),
+        delay: 200,
+        retries: Some(2),
+        stages: vec!["a".into(), "b".into()],
+        ..Default::default()
+    };
+    let key = client.create(create).await.unwrap();
+    let poll = |worker: &str, timeout: i64, session_id: u64| ActivateJobsRequest {
+        r#type: "hist".into(),
+        worker: worker.into(),
+        timeout,
+        max_jobs_to_activate: 1,
+        request_timeout: 1_000,
+        session_id,
+        ..Default::default()
+    };
+
+    // Attempt 1: polled, extended twice, a stage committed, failed with back-off.
+    let job = one(&client, poll("p1", 60_000, 0)).await;
+    for timeout in [30_000, 40_000] {
+        let update = UpdateJobTimeoutRequest { key, attempt: job.attempt, timeout };
+        client.raw().update_job_timeout(update).await.unwrap();
+    }
+    let checkpoint = CheckpointJobRequest { key, attempt: job.attempt, stage: "a".into(), variables: String::new() };
+    client.raw().checkpoint_job(checkpoint).await.unwrap();
+    client.fail_for("intermittent", key, job.attempt, 1, "the printer is warming up", 100).await.unwrap();
+
+    // The leader dies; the rest happens under the next one.
+    cluster.kill(leader);
+
+    // Attempt 2: with a session, left to time out.
+    let register =
+        RegisterWorkerRequest { worker_id: "p2".into(), job_types: vec!["hist".into()], ..Default::default() };
+    let session = client.raw().register_worker(register).await.unwrap().into_inner().session_id;
+    let job = one(&client, poll("p2", 500, session)).await;
+    assert_eq!(job.attempt, 2);
+    eventually(Duration::from_secs(10), "attempt 2 to time out", || async {
+        client.get_job(key).await.map(|j| j.state == "activatable").unwrap_or(false)
+    })
+    .await;
+
+    // Attempt 3: out of retries, an incident; retries given back.
+    let job = one(&client, poll("p3", 60_000, 0)).await;
+    client.fail_for("failed", key, job.attempt, 0, "out of paper", 0).await.unwrap();
+    client.raw().update_job_retries(UpdateJobRetriesRequest { key, retries: 1 }).await.unwrap();
+
+    // Attempt 4 completes it.
+    let job = one(&client, poll("p4", 60_000, 0)).await;
+    client.complete(job.key, job.attempt, "{}").await.unwrap();
+
+    let history = client.raw().get_job_history(GetJobRequest { key, ..Default::default() }).await.unwrap().into_inner();
+    let kinds: Vec<&str> = history.events.iter().map(|e| e.kind.as_str()).collect();
+    assert_eq!(
+        kinds,
+        [
+            "created",
+            "due",
+            "activated",
+            "extended",
+            "checkpointed",
+            "failed",
+            "due",
+            "activated",
+            "timed_out",
+            "activated",
+            "failed",
+            "incident",
+            "retries_updated",
+            "activated",
+            "completed"
+        ],
+        "{history:#?}"
+    );
+    assert_eq!(history.dropped, 0);
+    let e = &history.events;
+    assert_eq!((e[0].user.as_str(), e[0].idempotency_key.as_str()), ("alice", "h-1"));
+    assert_eq!((e[2].worker.as_str(), e[2].via.as_str(), e[2].gateway_node_id), ("p1", "poll", gateway_node as u64));
+    assert_eq!((e[3].count, e[3].attempt), (2, 1), "two timeout updates of attempt 1, coalesced");
+    assert_eq!(e[4].stage, "a");
+    assert_eq!((e[5].reason.as_str(), e[5].retries, e[5].back_off), ("intermittent", 1, 100));
+    assert_eq!((e[7].attempt, e[7].session_id), (2, session));
+    assert_eq!((e[10].reason.as_str(), e[10].message.as_str()), ("failed", "out of paper"));
+    assert_eq!(e[12].retries, 1);
+    assert_eq!(e[14].attempt, 4);
+    assert!(e.windows(2).all(|w| w[0].at <= w[1].at), "events are in time order");
+
+    let with_history = GetJobRequest { key, include_history: true, ..Default::default() };
+    let job = client.raw().get_job(with_history).await.unwrap().into_inner().job.unwrap();
+    assert_eq!(job.history, history.events, "GetJob shows the same history on request");
+
+    let output = tokio::process::Command::new(drover_bin())
+        .args(["job", "history", &key.to_string(), "--address", &gateway])
+        .output()
+        .await
+        .unwrap();
+    let timeline = String::from_utf8_lossy(&output.stdout);
+    assert!(output.status.success(), "{}", String::from_utf8_lossy(&output.stderr));
+    assert!(timeline.contains("created by alice"), "{timeline}");
+    assert!(timeline.contains("failed (attempt 1, intermittent): the printer is warming up"), "{timeline}");
+}
