@@ -423,6 +423,7 @@ impl Worker {
         crate::trace_context::continue_trace(&span, &job.traceparent);
         let (key, attempt) = (job.key, job.attempt);
         let tracked = Arc::clone(in_flight);
+        let max_back_off = self.options.max_back_off;
         // Registered before the task runs, so a fast job's `done` finds it.
         let mut jobs = in_flight.lock();
         let task = tokio::spawn(async move {
@@ -432,18 +433,39 @@ impl Worker {
             #[cfg(not(feature = "otel"))]
             let traceparent = String::new();
             drop(span);
-            let result = match outcome {
-                JobOutcome::Complete(variables) => client.complete_traced(key, attempt, &variables, &traceparent).await,
-                JobOutcome::Fail { retries, message, back_off_ms } => {
-                    client.fail(key, attempt, retries, &message, back_off_ms).await
+            // A report whose fate is unknown is sent again (a repeat of one
+            // that took effect answers OK); meanwhile the job stays held, and
+            // heartbeats keep it this worker's.
+            let mut back_off = Duration::from_millis(100);
+            loop {
+                let result = match &outcome {
+                    JobOutcome::Complete(variables) => {
+                        client.complete_traced(key, attempt, variables, &traceparent).await
+                    }
+                    JobOutcome::Fail { retries, message, back_off_ms } => {
+                        client.fail(key, attempt, *retries, message, *back_off_ms).await
+                    }
+                    JobOutcome::FailFor { reason, retries, message, back_off_ms } => {
+                        client.fail_for(reason, key, attempt, *retries, message, *back_off_ms).await
+                    }
+                    JobOutcome::Abandon => Ok(()),
+                };
+                match result {
+                    Ok(()) => break,
+                    Err(status) if !worth_repeating(&status) => {
+                        tracing::warn!(key, attempt, "reporting the job's outcome was refused: {status}");
+                        break;
+                    }
+                    Err(status) => {
+                        tracing::warn!(
+                            key,
+                            attempt,
+                            "reporting the job's outcome failed: {status}; again in {back_off:?}"
+                        );
+                        tokio::time::sleep(back_off).await;
+                        back_off = (back_off * 2).min(max_back_off);
+                    }
                 }
-                JobOutcome::FailFor { reason, retries, message, back_off_ms } => {
-                    client.fail_for(reason, key, attempt, retries, &message, back_off_ms).await
-                }
-                JobOutcome::Abandon => Ok(()),
-            };
-            if let Err(status) = result {
-                tracing::warn!(key, attempt, "reporting the job's outcome failed: {status}");
             }
             tracked.done(key, attempt);
             drop(permit);
@@ -537,6 +559,21 @@ async fn heartbeats(
             Err(status) => tracing::warn!("heartbeat failed: {status}"),
         }
     }
+}
+
+/// Whether a failed call may succeed if sent again: the gateway or the
+/// partition was unreachable, busy, or lost the answer.
+fn worth_repeating(status: &tonic::Status) -> bool {
+    use tonic::Code;
+    matches!(
+        status.code(),
+        Code::Unavailable
+            | Code::DeadlineExceeded
+            | Code::Unknown
+            | Code::ResourceExhausted
+            | Code::Aborted
+            | Code::Cancelled
+    )
 }
 
 fn hostname() -> String {
