@@ -4,8 +4,8 @@
 //! Jobs of [`SESSION_TYPE`] (a tenth of the creates; each runs 2 s, so a
 //! killed worker holds several) are worked only by `drover worker --exec`
 //! processes with worker sessions (heartbeats every 500 ms, dead after 3 s)
-//! and a ten-minute activation timeout: a job held by a killed worker comes
-//! back only because its session dies. Each job's command appends
+//! and a 20 s activation timeout: a job held by a killed worker comes back
+//! within the bound only because its session dies. Each job's command appends
 //! `start WORKER KEY ATTEMPT EPOCH_MS` to a shared log before it works, and
 //! the checker reads it: after every kill, each job the killed worker held
 //! must be activated again within [`RECOVERY_BOUND_MS`].
@@ -22,6 +22,11 @@ pub const HEARTBEAT_MS: u64 = 500;
 pub const DEAD_AFTER_MS: u64 = 3_000;
 /// A killed worker's jobs are activated again within dead-after and this much.
 pub const RECOVERY_BOUND_MS: u64 = DEAD_AFTER_MS + 5_000;
+/// Far longer than [`RECOVERY_BOUND_MS`], so a recovery within the bound is
+/// the session's doing, not the timeout's; short enough that a job pushed
+/// toward a gateway that died before delivering it (never seen by a worker,
+/// so never in a heartbeat) comes back within the drain.
+pub const ACTIVATION_TIMEOUT_MS: u64 = 20_000;
 /// Session worker processes running at once.
 pub const WORKERS: usize = 2;
 
@@ -65,7 +70,7 @@ impl Workers {
         let child = Command::new(&self.drover)
             .arg("worker")
             .args(["--address", gateway, "--type", SESSION_TYPE, "--name", &name, "--exec", &script])
-            .args(["--concurrency", "8", "--timeout", "600000"])
+            .args(["--concurrency", "8", "--timeout", &ACTIVATION_TIMEOUT_MS.to_string()])
             .args(["--heartbeat-interval", &HEARTBEAT_MS.to_string(), "--dead-after", &DEAD_AFTER_MS.to_string()])
             .env("RUST_LOG", "info")
             .stdout(Stdio::null())
