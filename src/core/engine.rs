@@ -92,8 +92,10 @@ pub struct ApplyOutput {
     pub checkpoints: Vec<(String, String)>,
     /// (job type, reason, worker) of each failure recorded in this batch.
     pub failures: Vec<(String, FailReason, String)>,
-    /// Whether sessions or schemas changed: [`PartitionState::registry`] is to be stored.
-    pub registry_changed: bool,
+    /// Whether sessions changed: [`PartitionState::registry`]'s sessions are to be stored.
+    pub sessions_changed: bool,
+    /// Whether schemas changed: its schemas are to be stored.
+    pub schemas_changed: bool,
     /// Sessions this partition declared dead in this batch.
     pub sessions_died: Vec<Arc<SessionInfo>>,
 }
@@ -313,7 +315,7 @@ impl PartitionState {
             }
             self.session_expiry.pop_first();
             let Some(session) = self.sessions.remove(&id) else { continue };
-            out.registry_changed = true;
+            out.sessions_changed = true;
             let why = format!(
                 "worker {:?} (session {id:x} on {:?}, pid {}) died: no heartbeat for {} ms",
                 session.info.worker, session.info.hostname, session.info.pid, session.info.dead_after_ms
@@ -413,7 +415,7 @@ impl PartitionState {
                         .map_err(|e| CommandError::invalid(format!("schema for job type {job_type:?}: {e}")))?;
                     self.schemas.insert(job_type.clone(), compiled);
                 }
-                out.registry_changed = true;
+                out.schemas_changed = true;
                 Ok(CommandResult::Done)
             }
             Command::GetSchema { job_type } => {
@@ -605,7 +607,7 @@ impl PartitionState {
 
     fn register(&mut self, info: &Arc<SessionInfo>, out: &mut ApplyOutput) {
         let now = self.clock;
-        out.registry_changed = true;
+        out.sessions_changed = true;
         if let Some(session) = self.sessions.get_mut(&info.id) {
             // A repeated registration (its first answer was lost): renew the lease.
             self.session_expiry.remove(&(session.expires_at(), info.id));
@@ -650,7 +652,7 @@ impl PartitionState {
             let info = Arc::clone(&session.info);
             self.offer(&info, out);
         }
-        out.registry_changed = true;
+        out.sessions_changed = true;
         let mut revoked = Vec::new();
         for &(key, attempt) in held {
             let Some(job) = self.jobs.get_mut(&key) else {
@@ -692,7 +694,7 @@ impl PartitionState {
         for info in resumed {
             self.offer(&info, out);
         }
-        out.registry_changed |= !covered.is_empty();
+        out.sessions_changed |= !covered.is_empty();
         covered
             .into_iter()
             .map(|s| {
@@ -706,7 +708,7 @@ impl PartitionState {
     fn end_session(&mut self, id: SessionId, out: &mut ApplyOutput) {
         let Some(session) = self.sessions.remove(&id) else { return };
         self.session_expiry.remove(&(session.expires_at(), id));
-        out.registry_changed = true;
+        out.sessions_changed = true;
         for key in self.take_held(id) {
             let Some(job) = self.jobs.get_mut(&key) else { continue };
             if job.state != JobState::Activated {

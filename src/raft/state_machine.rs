@@ -39,9 +39,12 @@ use crate::core::{
 use crate::storage::{self, key, meta_key, Store, Table};
 
 const APPLIED: &str = "applied";
-/// The partition's worker sessions and job schemas ([`Registry`]), rewritten
-/// whenever an entry changes them.
-const REGISTRY: &str = "registry";
+/// The partition's worker sessions, rewritten whenever an entry changes them
+/// (every heartbeat does).
+const SESSIONS: &str = "sessions";
+/// The partition's job schemas, kept apart from the sessions: they are large
+/// and rarely change.
+const SCHEMAS: &str = "schemas";
 
 /// What is persisted beside the records after every apply.
 #[derive(Serialize, Deserialize)]
@@ -373,11 +376,18 @@ impl StateMachine {
             requests.push((id, request, entry));
             Ok(())
         })?;
-        let registry: Registry = store
-            .get(Table::Meta, meta_key(partition, REGISTRY))?
-            .map(|b| storage::decode("worker sessions and schemas", &b))
-            .transpose()?
-            .unwrap_or_default();
+        let registry = Registry {
+            sessions: store
+                .get(Table::Meta, meta_key(partition, SESSIONS))?
+                .map(|b| storage::decode("worker sessions", &b))
+                .transpose()?
+                .unwrap_or_default(),
+            schemas: store
+                .get(Table::Meta, meta_key(partition, SCHEMAS))?
+                .map(|b| storage::decode("job schemas", &b))
+                .transpose()?
+                .unwrap_or_default(),
+        };
         let mut finished = Finished::default();
         let mut first = None;
         store.for_each(Table::Expiry, partition, |seq, bytes| {
@@ -463,7 +473,7 @@ impl RaftStateMachine<TypeConfig> for StateMachine {
         let mut touched = Vec::new();
         let mut finished_keys = Vec::new();
         let pruned_from = inner.finished.first;
-        let mut registry_changed = false;
+        let (mut sessions_changed, mut schemas_changed) = (false, false);
         for entry in entries {
             inner.last_applied = Some(entry.log_id);
             match entry.payload {
@@ -479,7 +489,8 @@ impl RaftStateMachine<TypeConfig> for StateMachine {
                         inner.observed = Some((now, std::time::Instant::now()));
                     }
                     touched.extend(out.touched);
-                    registry_changed |= out.registry_changed;
+                    sessions_changed |= out.sessions_changed;
+                    schemas_changed |= out.schemas_changed;
                     for died in &out.sessions_died {
                         tracing::warn!(
                             partition = self.partition,
@@ -536,8 +547,14 @@ impl RaftStateMachine<TypeConfig> for StateMachine {
         for response in &mut responses {
             response.next_timer = next_timer;
         }
-        if registry_changed {
-            batch.put(Table::Meta, meta_key(self.partition, REGISTRY), storage::encode(&inner.engine.registry()));
+        if sessions_changed || schemas_changed {
+            let registry = inner.engine.registry();
+            if sessions_changed {
+                batch.put(Table::Meta, meta_key(self.partition, SESSIONS), storage::encode(&registry.sessions));
+            }
+            if schemas_changed {
+                batch.put(Table::Meta, meta_key(self.partition, SCHEMAS), storage::encode(&registry.schemas));
+            }
         }
         self.persist_meta(&mut batch, &inner);
         // Written under the lock: a snapshot or a lookup never sees a job gone
@@ -587,7 +604,8 @@ impl RaftStateMachine<TypeConfig> for StateMachine {
             batch.put(Table::Done, key(self.partition, job_key), &record);
         }
         let mut inner = self.shared.lock();
-        batch.put(Table::Meta, meta_key(self.partition, REGISTRY), storage::encode(&body.registry));
+        batch.put(Table::Meta, meta_key(self.partition, SESSIONS), storage::encode(&body.registry.sessions));
+        batch.put(Table::Meta, meta_key(self.partition, SCHEMAS), storage::encode(&body.registry.schemas));
         inner.engine = PartitionState::restore(body.engine, body.jobs, body.requests, body.registry);
         inner.last_applied = meta.last_log_id;
         inner.membership = meta.last_membership.clone();
