@@ -2,12 +2,17 @@
 //! workers (long polling and streaming) that complete, fail, ignore or
 //! complete-too-late what they receive. Every operation is recorded.
 //!
-//! Jobs are of three types. [`JOB_TYPE`] is polled and streamed. [`PUSHED_TYPE`]
+//! Jobs are of four types. [`JOB_TYPE`] is polled and streamed. [`PUSHED_TYPE`]
 //! is only ever streamed: no worker polls it, so a job of that type reaches a
 //! worker only if a broker pushes it. One such worker is homed on each
 //! gateway and always reconnects to it, so a restarted gateway sees its
 //! workers come back. [`STAGED_TYPE`] declares [`STAGES`]; its workers
-//! checkpoint each stage and sometimes die between two.
+//! checkpoint each stage and sometimes die between two. The fourth,
+//! `jepsen-session`, is worked by real worker processes (see `sessions`).
+//!
+//! Streaming workers run with worker sessions (a new one per connection,
+//! beating every 500 ms with no jobs listed, so unanswered jobs still time
+//! out); pollers run without, so both paths are under faults.
 //!
 //! Every create carries an idempotency key made from its id, and a create
 //! whose outcome is unknown is sent again with the same key, as a careful
@@ -18,7 +23,10 @@ use std::sync::{Arc, Mutex};
 use std::time::{Duration, Instant};
 
 use drover::client::Client;
-use drover::proto::gateway::{ActivatedJob, CheckpointJobRequest, CreateJobRequest, StreamActivatedJobsRequest};
+use drover::proto::gateway::{
+    ActivatedJob, CheckpointJobRequest, CreateJobRequest, DeregisterWorkerRequest, HeartbeatRequest,
+    RegisterWorkerRequest, StreamActivatedJobsRequest,
+};
 use rand::rngs::StdRng;
 use rand::{Rng, SeedableRng};
 use tonic::Code;
@@ -353,6 +361,65 @@ impl Backoff {
     }
 }
 
+/// A streaming worker's session: registered at each connection, beating
+/// every [`SESSION_BEAT_MS`] until dropped (then deregistered, best effort)
+/// or until the server no longer knows it.
+struct Session {
+    id: u64,
+    beats: tokio::task::JoinHandle<()>,
+    lost: Arc<AtomicBool>,
+    client: Client,
+}
+
+const SESSION_BEAT_MS: i64 = 500;
+
+impl Session {
+    async fn start(client: &Client, worker: &str, job_type: &str) -> Option<Session> {
+        let register = RegisterWorkerRequest {
+            worker_id: worker.into(),
+            job_types: vec![job_type.into()],
+            heartbeat_interval: SESSION_BEAT_MS,
+            dead_after: 3_000,
+            ..Default::default()
+        };
+        let mut raw = client.raw();
+        let registered = tokio::time::timeout(Duration::from_secs(3), raw.register_worker(register));
+        let id = registered.await.ok()?.ok()?.into_inner().session_id;
+        let lost = Arc::new(AtomicBool::new(false));
+        let beats = tokio::spawn({
+            let (client, lost) = (client.clone(), Arc::clone(&lost));
+            async move {
+                loop {
+                    tokio::time::sleep(Duration::from_millis(SESSION_BEAT_MS as u64)).await;
+                    let beat = HeartbeatRequest { session_id: id, ..Default::default() };
+                    let answer = tokio::time::timeout(Duration::from_secs(2), client.raw().heartbeat(beat)).await;
+                    if matches!(answer, Ok(Err(status)) if status.code() == Code::NotFound) {
+                        lost.store(true, Ordering::Relaxed);
+                        return;
+                    }
+                }
+            }
+        });
+        Some(Session { id, beats, lost, client: client.clone() })
+    }
+
+    fn lost(&self) -> bool {
+        self.lost.load(Ordering::Relaxed)
+    }
+}
+
+impl Drop for Session {
+    fn drop(&mut self) {
+        self.beats.abort();
+        let (client, id) = (self.client.clone(), self.id);
+        tokio::spawn(async move {
+            let mut raw = client.raw();
+            let end = raw.deregister_worker(DeregisterWorkerRequest { session_id: id });
+            let _ = tokio::time::timeout(Duration::from_secs(2), end).await;
+        });
+    }
+}
+
 /// A worker that receives jobs of `job_type` only through
 /// `StreamActivatedJobs` pushes. Every (re)connection opens a stream under
 /// one of two worker names, so a gateway aggregates several kinds of stream
@@ -368,12 +435,19 @@ pub async fn streamer(shared: Arc<Shared>, process: u64, seed: u64, job_type: &'
         };
         let client = Client::connect_lazy(&shared.gateways[node]).unwrap();
         let worker = format!("{prefix}-{}", if rng.random_bool(0.5) { "a" } else { "b" });
+        // Every connection is a worker session; its beats list no jobs, so
+        // a job the worker never answers still times out.
+        let Some(session) = Session::start(&client, &worker, job_type).await else {
+            tokio::time::sleep(backoff.wait()).await;
+            continue;
+        };
         let request = StreamActivatedJobsRequest {
             r#type: job_type.into(),
             worker: worker.clone(),
             timeout: ACTIVATION_TIMEOUT_MS,
             // It works one job at a time: more would wait past their timeout.
             max_jobs_in_flight: 2,
+            session_id: session.id,
             ..Default::default()
         };
         let opened = tokio::time::timeout(Duration::from_secs(3), client.raw().stream_activated_jobs(request)).await;
@@ -385,7 +459,7 @@ pub async fn streamer(shared: Arc<Shared>, process: u64, seed: u64, job_type: &'
         backoff.reset();
         let wanted = Wanted { job_type, worker: &worker };
         let mut stream = response.into_inner();
-        while !shared.stop.load(Ordering::Relaxed) {
+        while !shared.stop.load(Ordering::Relaxed) && !session.lost() {
             match tokio::time::timeout(Duration::from_secs(3), stream.message()).await {
                 Ok(Ok(Some(job))) => handle(&shared, &client, (process, node), &wanted, job, &mut rng).await,
                 // The gateway ended the stream (it is stopping) or the
