@@ -394,3 +394,43 @@ async fn a_schema_refuses_bad_payloads_and_sessions_survive_a_leader_kill() {
     let bad = CreateJobRequest { r#type: "orders".into(), variables: "{}".into(), ..Default::default() };
     assert_eq!(client.create(bad).await.unwrap_err().code(), Code::InvalidArgument, "the schema survives too");
 }
+
+async fn reported_state(client: &Client, session: u64) -> String {
+    let workers = client.raw().list_workers(ListWorkersRequest::default()).await.unwrap().into_inner().workers;
+    workers.into_iter().find(|w| w.session_id == session).map(|w| w.reported_state).unwrap_or_default()
+}
+
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn sigtstp_quiets_a_worker_and_sigcont_resumes_it() {
+    let cluster = ProcessCluster::start(3, 1, 3, CLUSTER_ARGS);
+    cluster.wait_ready().await;
+    let gateway = cluster.node(0).grpc.clone();
+    let client = Client::connect(&gateway).await.unwrap();
+    let worker = WorkerProcess::start(
+        &gateway,
+        &["--type", "tstp", "--name", "stoppable", "--exec", "echo {}", "--heartbeat-interval", "200"],
+    );
+    let session = session_of(&client, "stoppable").await;
+
+    worker.signal(libc::SIGTSTP);
+    eventually(Duration::from_secs(10), "the worker to report quiet", || async {
+        reported_state(&client, session).await == "quiet"
+    })
+    .await;
+    let quiet_time = create(&client, "tstp", 1).await;
+    let taken = activate_all(&client, "tstp", "other", 1, Duration::from_secs(10)).await;
+    assert_eq!(taken[0].key, quiet_time[0], "a quiet worker takes no job");
+    client.complete(taken[0].key, taken[0].attempt, "{}").await.unwrap();
+
+    worker.signal(libc::SIGCONT);
+    eventually(Duration::from_secs(10), "the worker to report running", || async {
+        reported_state(&client, session).await == "running"
+    })
+    .await;
+    let keys = create(&client, "tstp", 1).await;
+    eventually(Duration::from_secs(10), "the resumed worker to complete a job", || async {
+        let job = client.get_job(keys[0]).await.unwrap();
+        job.state == "completed" && job.worker == "stoppable"
+    })
+    .await;
+}
