@@ -22,7 +22,8 @@ struct Cli {
 
 #[derive(clap::Args, Clone)]
 struct Target {
-    /// A node's gateway address.
+    /// A node's gateway address; several, comma separated, for clients that
+    /// fail over (the worker, the outbox relay).
     #[arg(long, short = 'a', env = "DROVER_ADDRESS", default_value = "127.0.0.1:26500", global = true)]
     address: String,
 }

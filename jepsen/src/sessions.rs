@@ -56,10 +56,11 @@ impl Workers {
         &self.log
     }
 
-    /// Starts one more worker process, on the next gateway in turn.
+    /// Starts one more worker process.
     pub fn start(&mut self) -> anyhow::Result<String> {
         let name = format!("session-{}", self.started);
-        let gateway = &self.gateways[self.started % self.gateways.len()];
+        // Every gateway, so the worker keeps beating when one dies.
+        let gateways = self.gateways.join(",");
         self.started += 1;
         let script = format!(
             "printf 'start {name} %s %s %s\\n' \"$DROVER_JOB_KEY\" \"$DROVER_JOB_ATTEMPT\" \"$(date +%s%3N)\" >> {log}; \
@@ -69,7 +70,7 @@ impl Workers {
         let stderr = std::fs::File::create(self.dir.join(format!("{name}.log")))?;
         let child = Command::new(&self.drover)
             .arg("worker")
-            .args(["--address", gateway, "--type", SESSION_TYPE, "--name", &name, "--exec", &script])
+            .args(["--address", &gateways, "--type", SESSION_TYPE, "--name", &name, "--exec", &script])
             .args(["--concurrency", "8", "--timeout", &ACTIVATION_TIMEOUT_MS.to_string()])
             .args(["--heartbeat-interval", &HEARTBEAT_MS.to_string(), "--dead-after", &DEAD_AFTER_MS.to_string()])
             .env("RUST_LOG", "info")

@@ -29,15 +29,23 @@ pub fn endpoint_url(address: &str) -> String {
 
 impl Client {
     /// Connects lazily: the first call opens the connection, and a lost
-    /// connection is re-established by the next call.
+    /// connection is re-established by the next call. Several gateways,
+    /// comma separated, are balanced: calls go to the ones that answer, so a
+    /// worker keeps its session (and its jobs) when one gateway dies.
     pub fn connect_lazy(address: &str) -> Result<Client, tonic::transport::Error> {
-        let channel = Endpoint::from_shared(endpoint_url(address))?
-            .connect_timeout(Duration::from_secs(3))
-            .tcp_nodelay(true)
-            .http2_keep_alive_interval(Duration::from_secs(20))
-            .keep_alive_while_idle(true)
-            .connect_lazy();
-        Ok(Client::from_channel(channel))
+        let endpoint = |address: &str| -> Result<Endpoint, tonic::transport::Error> {
+            Ok(Endpoint::from_shared(endpoint_url(address.trim()))?
+                .connect_timeout(Duration::from_secs(3))
+                .tcp_nodelay(true)
+                .http2_keep_alive_interval(Duration::from_secs(20))
+                .keep_alive_while_idle(true))
+        };
+        if !address.contains(',') {
+            return Ok(Client::from_channel(endpoint(address)?.connect_lazy()));
+        }
+        let endpoints = address.split(',').filter(|a| !a.trim().is_empty()).map(endpoint);
+        let endpoints: Vec<Endpoint> = endpoints.collect::<Result<_, _>>()?;
+        Ok(Client::from_channel(Channel::balance_list(endpoints.into_iter())))
     }
 
     /// Connects now, failing if the node cannot be reached.
