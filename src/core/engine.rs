@@ -258,6 +258,9 @@ impl PartitionState {
         // Leaders' clocks differ; never let time run backwards within a partition.
         self.clock = self.clock.max(batch.now);
         self.expire_requests(&mut out);
+        if batch.renew_sessions {
+            self.renew_sessions(&mut out);
+        }
         self.fire_timers(&mut out);
         for command in &batch.commands {
             let result = match self.execute(command, &mut out) {
@@ -324,6 +327,19 @@ impl PartitionState {
                 self.worker_died(key, &why, out);
             }
             out.sessions_died.push(session.info);
+        }
+    }
+
+    /// Restarts every session's lease from now (a new leader's first entry).
+    fn renew_sessions(&mut self, out: &mut ApplyOutput) {
+        let now = self.clock;
+        for (id, session) in &mut self.sessions {
+            if session.last_beat < now {
+                self.session_expiry.remove(&(session.expires_at(), *id));
+                session.last_beat = now;
+                self.session_expiry.insert((session.expires_at(), *id));
+                out.sessions_changed = true;
+            }
         }
     }
 

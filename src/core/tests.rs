@@ -961,3 +961,21 @@ fn sessions_and_schemas_survive_a_restore() {
     restored.apply(&Batch::at(5_000, vec![]));
     assert_eq!(restored.job(key).unwrap().fail_reason, FailReason::WorkerDied);
 }
+
+#[test]
+fn a_new_leader_s_first_entry_gives_every_session_a_full_lease() {
+    let mut h = Harness::new();
+    let key = h.create(0, 0);
+    h.run(0, Command::Register(session_info(7, &[])));
+    h.run(0, session_activation(7, 600_000));
+    // No leader for 10 s: no beat could commit. The new leader's first entry
+    // renews the lease before its timers fire.
+    let mut take_over = Batch::at(10_000, vec![]);
+    take_over.renew_sessions = true;
+    h.state.apply(&take_over);
+    assert_eq!(h.state_of(key), Some(JobState::Activated), "the worker is not declared dead for the outage");
+    assert_eq!(h.state.next_timer(), Some(15_000));
+    // Without beats after that, it is declared dead a dead-after later.
+    h.state.apply(&Batch::at(15_000, vec![]));
+    assert_eq!(h.state.job(key).unwrap().fail_reason, FailReason::WorkerDied);
+}

@@ -414,7 +414,9 @@ impl LeaderState {
             }
             self.in_flight += 1;
             metrics::histogram!("drover_raft_commands_per_entry").record(commands.len() as f64);
-            let batch = Batch { now: self.clock.now(), retention: self.retention, commands };
+            // The take-over entry restarts every session's lease (see `Batch`).
+            let renew_sessions = replies.iter().any(|(_, reply)| matches!(reply, ReplyTo::TakeOver));
+            let batch = Batch { now: self.clock.now(), retention: self.retention, commands, renew_sessions };
             tokio::spawn(write(Arc::clone(&self.replica), Arc::clone(&self.link), batch, replies, myself.clone()));
         }
     }

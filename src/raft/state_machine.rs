@@ -713,7 +713,7 @@ mod tests {
     fn entry(index: u64, now: Millis, commands: Vec<Command>) -> Entry<TypeConfig> {
         Entry {
             log_id: LogId::new(CommittedLeaderId::new(1, 0), index),
-            payload: EntryPayload::Normal(Batch { now, retention: RETENTION, commands }),
+            payload: EntryPayload::Normal(Batch { now, retention: RETENTION, commands, renew_sessions: false }),
         }
     }
 
