@@ -143,6 +143,19 @@ struct ByIdempotencyKey {
     user: String,
 }
 
+impl ByIdempotencyKey {
+    /// A read of the job with `key`, or of the one this idempotency key names.
+    fn get_request(self, key: Option<u64>) -> GetJobRequest {
+        GetJobRequest {
+            key: key.unwrap_or_default(),
+            idempotency_key: self.idempotency_key.unwrap_or_default(),
+            tenant_id: self.tenant,
+            user: self.user,
+            include_history: false,
+        }
+    }
+}
+
 #[derive(Subcommand)]
 enum JobCommand {
     /// Create a job and print its key.
@@ -663,24 +676,12 @@ async fn job(command: JobCommand, target: &Target) -> anyhow::Result<()> {
             println!("{}", reply.key);
         }
         JobCommand::Get { key, by } => {
-            let request = GetJobRequest {
-                key: key.unwrap_or_default(),
-                idempotency_key: by.idempotency_key.unwrap_or_default(),
-                tenant_id: by.tenant,
-                user: by.user,
-                include_history: false,
-            };
+            let request = by.get_request(key);
             let job = raw.get_job(request).await.map_err(status_error)?.into_inner().job;
             print_json(&job_json(&job.context("GetJob answered no job")?));
         }
         JobCommand::History { key, by, json } => {
-            let request = GetJobRequest {
-                key: key.unwrap_or_default(),
-                idempotency_key: by.idempotency_key.unwrap_or_default(),
-                tenant_id: by.tenant,
-                user: by.user,
-                include_history: false,
-            };
+            let request = by.get_request(key);
             let history = raw.get_job_history(request).await.map_err(status_error)?.into_inner();
             print_history(&history, json);
         }

@@ -17,7 +17,7 @@ use super::router;
 use super::sessions;
 use super::streams::ClientStream;
 use crate::core::{
-    ActivatedJobData, Command, CommandResult, FailReason, JobKey, JobRef, JobState, PartitionId, RequestId,
+    ActivatedJobData, Command, CommandResult, FailReason, Job, JobKey, JobRef, JobState, PartitionId, RequestId,
 };
 use crate::node::NodeContext;
 use crate::partition::MAX_ENTRY_BYTES;
@@ -105,6 +105,12 @@ impl GatewayService {
             (key, true) => Ok(JobRef::Key(key_of(key)?)),
             (_, false) => Err(ApiError::InvalidArgument("give the job's key or its idempotency_key, not both".into())),
         }
+    }
+
+    /// The job a `GetJobRequest` names, read from its partition's leader.
+    async fn read_job(&self, request: GetJobRequest, deadline: Instant) -> Result<Job, ApiError> {
+        let job = Self::job_ref(request.key, request.idempotency_key, request.tenant_id, request.user)?;
+        router::read(&self.ctx, &job, None, deadline).await
     }
 
     /// Runs one command on the partition of `key`.
@@ -679,8 +685,7 @@ impl Gateway for GatewayService {
         let deadline = self.deadline(&request)?;
         let request = request.into_inner();
         let include_history = request.include_history;
-        let job = Self::job_ref(request.key, request.idempotency_key, request.tenant_id, request.user)?;
-        let job = router::read(&self.ctx, &job, None, deadline).await?;
+        let job = self.read_job(request, deadline).await?;
         let mut answer = convert::job(&job);
         if include_history {
             answer.history = convert::history(&job);
@@ -695,9 +700,7 @@ impl Gateway for GatewayService {
     ) -> Result<Response<GetJobHistoryResponse>, Status> {
         let _running = self.ctx.request_started("get_job_history");
         let deadline = self.deadline(&request)?;
-        let request = request.into_inner();
-        let job = Self::job_ref(request.key, request.idempotency_key, request.tenant_id, request.user)?;
-        let job = router::read(&self.ctx, &job, None, deadline).await?;
+        let job = self.read_job(request.into_inner(), deadline).await?;
         Ok(Response::new(GetJobHistoryResponse {
             key: job.key.0,
             events: convert::history(&job),
