@@ -165,12 +165,19 @@ impl PartitionState {
         state
     }
 
-    /// The sessions and schemas, as stored and snapshotted.
+    /// The sessions and schemas, as snapshotted.
     pub fn registry(&self) -> Registry {
-        Registry {
-            sessions: self.sessions.values().cloned().collect(),
-            schemas: self.schemas.iter().map(|(t, s)| (t.clone(), s.source.clone())).collect(),
-        }
+        Registry { sessions: self.session_records(), schemas: self.schema_records() }
+    }
+
+    /// The sessions as stored (rewritten whenever one changes).
+    pub fn session_records(&self) -> Vec<Session> {
+        self.sessions.values().cloned().collect()
+    }
+
+    /// The schemas as stored: (job type, source).
+    pub fn schema_records(&self) -> Vec<(String, Bytes)> {
+        self.schemas.iter().map(|(t, s)| (t.clone(), s.source.clone())).collect()
     }
 
     pub fn session(&self, id: SessionId) -> Option<&Session> {

@@ -547,14 +547,13 @@ impl RaftStateMachine<TypeConfig> for StateMachine {
         for response in &mut responses {
             response.next_timer = next_timer;
         }
-        if sessions_changed || schemas_changed {
-            let registry = inner.engine.registry();
-            if sessions_changed {
-                batch.put(Table::Meta, meta_key(self.partition, SESSIONS), storage::encode(&registry.sessions));
-            }
-            if schemas_changed {
-                batch.put(Table::Meta, meta_key(self.partition, SCHEMAS), storage::encode(&registry.schemas));
-            }
+        if sessions_changed {
+            let sessions = inner.engine.session_records();
+            batch.put(Table::Meta, meta_key(self.partition, SESSIONS), storage::encode(&sessions));
+        }
+        if schemas_changed {
+            let schemas = inner.engine.schema_records();
+            batch.put(Table::Meta, meta_key(self.partition, SCHEMAS), storage::encode(&schemas));
         }
         self.persist_meta(&mut batch, &inner);
         // Written under the lock: a snapshot or a lookup never sees a job gone
