@@ -121,6 +121,13 @@ pub struct Report {
 const DETAIL_LINES: usize = 20;
 
 impl Report {
+    /// Jobs of killed session workers that came back late: each one makes
+    /// the run invalid.
+    pub fn add_slow_recoveries(&mut self, slow: Vec<crate::sessions::SlowRecovery>) {
+        self.valid &= slow.is_empty();
+        self.slow_recoveries.extend(slow);
+    }
+
     pub fn summary(&self) -> String {
         format!(
             "{}: {} attempted, {} acknowledged, {} completed, {} incidents; lost {}, unexpected {}, duplicated {}, \
@@ -596,6 +603,25 @@ mod tests {
             [(0, "activatable".into()), (1, "unread".into()), (2, "missing".into())].into(),
             "node 1 did not answer; node 2 answered without it"
         );
+    }
+
+    #[test]
+    fn a_slow_recovery_makes_the_run_invalid_and_is_listed() {
+        let h = created(1, 101, 0);
+        let mut r = check(&h, &finals(&[0, 1, 2], &[(1, 101, "completed")]), all_nodes);
+        assert!(r.valid, "{r:?}");
+        r.add_slow_recoveries(Vec::new());
+        assert!(r.valid, "no slow recovery, still valid");
+        let slow = crate::sessions::SlowRecovery {
+            key: 101,
+            worker: "session-0".into(),
+            killed_at_ms: 1_000,
+            again_at_ms: None,
+        };
+        r.add_slow_recoveries(vec![slow]);
+        assert!(!r.valid);
+        assert!(r.summary().contains("slow recoveries 1"), "{}", r.summary());
+        assert!(r.details().contains("slow recovery: key 101 held by session-0"), "{}", r.details());
     }
 
     #[test]

@@ -356,8 +356,7 @@ async fn inner(dir: &Path) -> anyhow::Result<bool> {
         .map(|(key, job)| (*key, job.attempt))
         .collect();
     if args.nemesis.iter().all(|n| *n == Nemesis::Workers) {
-        report.slow_recoveries = sessions::check(&starts, &worker_kills, &completed);
-        report.valid &= report.slow_recoveries.is_empty();
+        report.add_slow_recoveries(sessions::check(&starts, &worker_kills, &completed));
     }
     report.worker_kills = worker_kills.len();
     for op in &history {
