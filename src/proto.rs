@@ -9,3 +9,11 @@ pub mod gateway {
 pub mod cluster {
     tonic::include_proto!("drover.cluster.v1");
 }
+
+/// Zeebe's job-worker API, `gateway_protocol` (served beside `drover.v1` on
+/// the same port; see `gateway::zeebe`). Its comments are Zeebe's, as
+/// published, not written for rustdoc.
+#[allow(clippy::all, rustdoc::all)]
+pub mod zeebe {
+    tonic::include_proto!("gateway_protocol");
+}

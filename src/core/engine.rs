@@ -488,7 +488,7 @@ impl PartitionState {
                 self.held.remove(&(job.session, *key));
                 job.deadline = 0;
                 let (retries, back_off_ms) = match reason {
-                    FailReason::MalformedPayload => (0, 0),
+                    FailReason::MalformedPayload | FailReason::BusinessError => (0, 0),
                     FailReason::WorkerShutdown => (job.retries, 0),
                     _ => (*retries, *back_off_ms),
                 };
@@ -599,6 +599,8 @@ impl PartitionState {
             )));
         }
         self.activation_of(key, attempt, "checkpoint")?;
+        // The fence may name the activation by its tag; record the attempt itself.
+        let attempt = self.jobs[&key].attempt;
         // A retried checkpoint whose first send took effect extends the lease again.
         let repeat = self.jobs[&key].checkpoints.last().is_some_and(|c| c.stage == stage && c.attempt == attempt);
         if !repeat {
@@ -991,20 +993,25 @@ impl PartitionState {
     fn already_failed(&self, key: JobKey, attempt: u32) -> bool {
         attempt != 0
             && self.jobs.get(&key).is_some_and(|job| {
-                job.state != JobState::Activated && job.attempt == attempt && job.failed_attempt == attempt
+                job.state != JobState::Activated
+                    && fence_admits(attempt, job.attempt)
+                    && job.failed_attempt == job.attempt
             })
     }
 
-    /// Checks that `key` is activated under `attempt` (zero: any attempt).
+    /// Checks that `key` is activated under the fence `attempt` (see [`fence_admits`]).
     fn activation_of(&self, key: JobKey, attempt: u32, verb: &str) -> Result<(), CommandError> {
         let Some(job) = self.jobs.get(&key) else {
             return Err(self.absent(key));
         };
         if job.state != JobState::Activated {
-            if attempt != 0 && job.attempt >= attempt {
+            let over =
+                if attempt & TAGGED_ATTEMPT != 0 { job.attempt > 0 } else { attempt != 0 && job.attempt >= attempt };
+            if over {
                 return Err(CommandError::precondition(format!(
-                    "cannot {verb} job {key}: activation attempt {attempt} is over (it timed out or was \
-                     handed back; the job is {}); the job is no longer yours",
+                    "cannot {verb} job {key}: {} is over (it timed out or was handed back; the job is {}); \
+                     the job is no longer yours",
+                    describe_fence(attempt),
                     job.state.as_str()
                 )));
             }
@@ -1013,10 +1020,11 @@ impl PartitionState {
                 job.state.as_str()
             )));
         }
-        if attempt != 0 && attempt != job.attempt {
+        if !fence_admits(attempt, job.attempt) {
             return Err(CommandError::precondition(format!(
-                "cannot {verb} job {key}: activation attempt {attempt} was superseded by attempt {} \
-                 (it timed out and was activated again); the job is no longer yours",
+                "cannot {verb} job {key}: {} was superseded by attempt {} (it timed out and was activated \
+                 again); the job is no longer yours",
+                describe_fence(attempt),
                 job.attempt
             )));
         }

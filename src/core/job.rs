@@ -15,6 +15,11 @@ pub type PartitionId = u32;
 /// Milliseconds since the Unix epoch, as stamped by a partition leader.
 pub type Millis = i64;
 
+/// The most partitions a cluster may have. Their ids fit 12 bits, so the top
+/// four bits of every [`JobKey`] are zero (the Zeebe gateway carries an
+/// attempt tag there).
+pub const MAX_PARTITIONS: u32 = 4096;
+
 /// How many low bits of a [`JobKey`] hold the per-partition counter.
 const COUNTER_BITS: u32 = 48;
 const COUNTER_MASK: u64 = (1 << COUNTER_BITS) - 1;
@@ -45,6 +50,47 @@ impl fmt::Debug for JobKey {
 impl fmt::Display for JobKey {
     fn fmt(&self, f: &mut fmt::Formatter<'_>) -> fmt::Result {
         write!(f, "{}", self.0)
+    }
+}
+
+/// Set in the attempt a job command carries when it names the activation by
+/// its tag ([`attempt_tag`]) rather than exactly: the Zeebe gateway's job keys
+/// have room for the tag, and Zeebe's requests have no field for an attempt.
+pub const TAGGED_ATTEMPT: u32 = 1 << 31;
+
+/// How many tags there are: attempts `n` and `n + ATTEMPT_TAGS` share one.
+pub const ATTEMPT_TAGS: u32 = 7;
+
+/// The tag of an attempt, `1..=ATTEMPT_TAGS`; 0 for attempt 0.
+pub fn attempt_tag(attempt: u32) -> u32 {
+    if attempt == 0 {
+        0
+    } else {
+        (attempt - 1) % ATTEMPT_TAGS + 1
+    }
+}
+
+/// Whether a command that names activation `fence` may act on the job's
+/// activation `attempt`. `fence` is the attempt the command carries:
+/// - 0: any activation (an operator's override);
+/// - [`TAGGED_ATTEMPT`] | t: any attempt whose tag is t;
+/// - anything else: exactly that attempt.
+pub fn fence_admits(fence: u32, attempt: u32) -> bool {
+    if fence == 0 {
+        true
+    } else if fence & TAGGED_ATTEMPT != 0 {
+        attempt_tag(attempt) == fence & !TAGGED_ATTEMPT
+    } else {
+        fence == attempt
+    }
+}
+
+/// A fence as a person reads it, for error messages.
+pub fn describe_fence(fence: u32) -> String {
+    if fence & TAGGED_ATTEMPT != 0 {
+        format!("the activation tagged {}", fence & !TAGGED_ATTEMPT)
+    } else {
+        format!("activation attempt {fence}")
     }
 }
 
@@ -119,10 +165,14 @@ pub enum FailReason {
     /// its heartbeats for its dead-after time. A failed attempt: one retry
     /// fewer, after the job's retry back-off.
     WorkerDied,
+    /// The worker reports a business error (Zeebe's `ThrowError`): nothing
+    /// catches it without a process engine, so it is an incident at once,
+    /// its message starting with the error code.
+    BusinessError,
 }
 
 impl FailReason {
-    pub const ALL: [FailReason; 7] = [
+    pub const ALL: [FailReason; 8] = [
         FailReason::Failed,
         FailReason::MalformedPayload,
         FailReason::ResourceUnavailable,
@@ -130,6 +180,7 @@ impl FailReason {
         FailReason::WorkerShutdown,
         FailReason::InternalError,
         FailReason::WorkerDied,
+        FailReason::BusinessError,
     ];
     pub fn as_str(self) -> &'static str {
         match self {
@@ -140,6 +191,7 @@ impl FailReason {
             FailReason::WorkerShutdown => "worker-shutdown",
             FailReason::InternalError => "internal-error",
             FailReason::WorkerDied => "worker-died",
+            FailReason::BusinessError => "business-error",
         }
     }
     /// The reason [`FailReason::as_str`] names, among those a worker may

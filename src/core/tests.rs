@@ -274,6 +274,42 @@ fn stale_activation_cannot_complete_or_fail() {
 }
 
 #[test]
+fn a_tagged_fence_acts_on_the_attempt_with_its_tag_only() {
+    let tagged = |attempt| TAGGED_ATTEMPT | attempt_tag(attempt);
+    let fail = |key, attempt| Command::Fail {
+        key,
+        attempt,
+        retries: 2,
+        error_message: "tagged".into(),
+        back_off_ms: 0,
+        variables: Bytes::new(),
+        max_payload_bytes: u64::MAX,
+        reason: FailReason::Failed,
+    };
+    let mut h = Harness::new();
+    let key = h.create(1_000, 0);
+    h.activate(1_000, 1, 500);
+    h.activate(2_000, 1, 500); // attempt 1 timed out at 1_500, this is attempt 2
+    let stale = Harness::rejected(h.run(2_100, Command::Complete { key, attempt: tagged(1), variables: Bytes::new() }));
+    assert_eq!(stale.kind, ErrorKind::FailedPrecondition);
+    assert!(stale.message.contains("tagged 1") && stale.message.contains("superseded"), "{}", stale.message);
+    assert_eq!(h.run(2_100, fail(key, tagged(2))), CommandResult::Done);
+    assert_eq!(h.run(2_100, fail(key, tagged(2))), CommandResult::Done, "a repeated failure is done");
+    let over = Harness::rejected(h.run(2_200, Command::Complete { key, attempt: tagged(2), variables: Bytes::new() }));
+    assert!(over.message.contains("is over"), "{}", over.message);
+
+    h.activate(2_300, 1, 500); // attempt 3
+    let checkpointless = Command::UpdateTimeout { key, attempt: tagged(3), timeout_ms: 1_000 };
+    assert_eq!(h.run(2_400, checkpointless), CommandResult::Deadline(3_400));
+    assert_eq!(
+        h.run(2_500, Command::Complete { key, attempt: tagged(3), variables: Bytes::new() }),
+        CommandResult::Done
+    );
+    assert_eq!(attempt_tag(8), attempt_tag(1), "tags repeat every seven attempts");
+    assert!(fence_admits(0, 5) && fence_admits(5, 5) && !fence_admits(4, 5));
+}
+
+#[test]
 fn stale_activation_of_a_timed_out_job_is_rejected_before_reactivation() {
     let mut h = Harness::new();
     let key = h.create(1_000, 0);

@@ -36,11 +36,18 @@ pub struct Limits {
     pub max_request_timeout_ms: i64,
     /// Most jobs one ActivateJobs call may ask for.
     pub max_jobs_to_activate: i32,
+    /// The long poll of a Zeebe ActivateJobs that asks for the default.
+    pub zeebe_long_poll_ms: i64,
 }
 
 impl Default for Limits {
     fn default() -> Self {
-        Limits { max_payload_bytes: 4 << 20, max_request_timeout_ms: 600_000, max_jobs_to_activate: 1000 }
+        Limits {
+            max_payload_bytes: 4 << 20,
+            max_request_timeout_ms: 600_000,
+            max_jobs_to_activate: 1000,
+            zeebe_long_poll_ms: 10_000,
+        }
     }
 }
 

@@ -15,6 +15,7 @@ pub mod router;
 mod service;
 pub mod sessions;
 pub mod streams;
+pub mod zeebe;
 
 use std::time::{Duration, Instant};
 
@@ -22,6 +23,7 @@ pub use convert::Limits;
 pub use error::ApiError;
 pub use observe::Observe;
 pub use service::{cluster_status, cluster_status_json, GatewayService};
+pub use zeebe::ZeebeService;
 
 /// Parses a `grpc-timeout` header value (`100m`, `5S`, ...) as gRPC defines it:
 /// one to eight ASCII digits and a unit (`H`, `M`, `S`, `m`, `u`, `n`).

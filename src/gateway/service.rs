@@ -163,7 +163,7 @@ async fn settle(
 ) -> Result<CommandResult, ApiError> {
     let (Some(repeat), ApiError::FailedPrecondition(_)) = (repeat, &error) else { return Err(error) };
     match router::describe(ctx, repeat.key, deadline).await {
-        Ok(job) if job.state == repeat.state && (repeat.attempt == 0 || job.attempt == repeat.attempt) => {
+        Ok(job) if job.state == repeat.state && crate::core::fence_admits(repeat.attempt, job.attempt) => {
             Ok(CommandResult::Done)
         }
         _ => Err(error),

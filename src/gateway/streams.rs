@@ -26,7 +26,7 @@
 //! unknown outcome, so its jobs are not yielded to a second worker while the
 //! first may still receive them.
 
-use std::collections::HashMap;
+use std::collections::{BTreeMap, HashMap};
 use std::pin::Pin;
 use std::sync::atomic::{AtomicU64, AtomicUsize, Ordering};
 use std::sync::{Arc, Mutex};
@@ -42,7 +42,7 @@ use tonic::Status;
 
 use super::aggregator::{AggregatorMsg, StreamAggregator};
 use super::convert::WorkerSpec;
-use crate::core::{ActivatedJobData, JobKey, SessionId};
+use crate::core::{fence_admits, ActivatedJobData, JobKey, SessionId, TAGGED_ATTEMPT};
 use crate::partition::streams::{PushOutcome, RemoteStream};
 use crate::proto::gateway as pb;
 use crate::raft::NodeId;
@@ -74,7 +74,8 @@ impl Credits {
 }
 
 /// Activations held by clients: (key, attempt) -> (the client's credits, expiry).
-type HeldJobs = HashMap<(JobKey, u32), (Arc<Credits>, Instant)>;
+/// Ordered, so the activations of one key are found without the attempt.
+type HeldJobs = BTreeMap<(JobKey, u32), (Arc<Credits>, Instant)>;
 
 /// Jobs pushed to this gateway's clients, by (key, attempt), until the worker
 /// finishes them or their activation timeout passes.
@@ -118,8 +119,20 @@ impl Held {
     }
 
     /// The worker is done with this activation (or it never reached it).
-    pub fn release(&self, key: JobKey, attempt: u32) {
-        let released = self.jobs().remove(&(key, attempt));
+    /// `fence` names it as job commands do ([`fence_admits`]): exactly, by
+    /// its tag, or (0) whichever activation of the job is held.
+    pub fn release(&self, key: JobKey, fence: u32) {
+        let released = {
+            let mut jobs = self.jobs();
+            let held = if fence != 0 && fence & TAGGED_ATTEMPT == 0 {
+                Some((key, fence))
+            } else {
+                jobs.range((key, 0)..=(key, u32::MAX))
+                    .map(|(k, _)| *k)
+                    .find(|(_, attempt)| fence_admits(fence, *attempt))
+            };
+            held.and_then(|held| jobs.remove(&held))
+        };
         if let Some((credits, _)) = released {
             credits.give_back();
         }
@@ -517,10 +530,16 @@ mod tests {
 
         streams.release(JobKey(1), 1);
         streams.release(JobKey(2), 7); // another attempt: not one this client holds
-                                       // The jobs' deadlines (by the leader's clock) are long past; what counts
-                                       // is the activation timeout on this gateway's clock.
+        streams.release(JobKey(3), crate::core::TAGGED_ATTEMPT | 2); // a tag none of them has
+                                                                     // The jobs' deadlines (by the leader's clock) are long past; what counts
+                                                                     // is the activation timeout on this gateway's clock.
         let outcome = streams.push(opened.stream_id, vec![t(8), t(9)]).await;
         assert_eq!(rejected(outcome), vec![JobKey(9)], "one released, one taken");
+        // A Zeebe key names the activation by its tag, a key without one any activation.
+        streams.release(JobKey(2), crate::core::TAGGED_ATTEMPT | crate::core::attempt_tag(1));
+        streams.release(JobKey(3), 0);
+        let outcome = streams.push(opened.stream_id, vec![t(10), t(11), t(12)]).await;
+        assert_eq!(rejected(outcome), vec![JobKey(12)], "two released by tag and by key alone");
     }
 
     #[test]

@@ -22,8 +22,11 @@ pub use context::NodeContext;
 use crate::config::NodeConfig;
 use crate::proto::cluster::cluster_server::ClusterServer;
 use crate::proto::gateway::gateway_server::GatewayServer;
+use crate::proto::zeebe::gateway_server::GatewayServer as ZeebeServer;
 use crate::raft::{Formation, PeerChannels, Replica};
 use crate::storage::Store;
+use tonic::codec::CompressionEncoding;
+use tonic::server::NamedService;
 
 /// A started node. Drop does not stop it; call [`Node::shutdown`].
 pub struct Node {
@@ -159,9 +162,22 @@ impl Node {
         background.push(tokio::spawn(crate::admin::record_gauges(Arc::clone(&ctx), stop_rx.clone())));
 
         let gateway = crate::gateway::GatewayService::new(Arc::clone(&ctx));
+        let zeebe = crate::gateway::ZeebeService::new(Arc::clone(&ctx));
+        let (health, health_service) = tonic_health::server::health_reporter();
+        for service in [
+            "",
+            <GatewayServer<crate::gateway::GatewayService> as NamedService>::NAME,
+            <ZeebeServer<crate::gateway::ZeebeService> as NamedService>::NAME,
+        ] {
+            health.set_service_status(service, tonic_health::ServingStatus::Serving).await;
+        }
         // Requests hold at most one job; replies may hold a whole job record
         // (variables, result, error message) or an ActivateJobs batch cut to
         // the request size plus one job, so they get the cluster's limit.
+        // Zeebe's clients read at most 4 MiB per message: its service cuts
+        // its replies to that. Both take and give gzip (some Zeebe clients
+        // compress every call); replies are compressed for clients that
+        // accept it.
         servers.push(tokio::spawn(serve_grpc(
             "gateway",
             tonic::transport::Server::builder()
@@ -169,9 +185,19 @@ impl Node {
                 .http2_keepalive_interval(Some(Duration::from_secs(30)))
                 .add_service(crate::gateway::Observe::new(
                     GatewayServer::new(gateway)
+                        .accept_compressed(CompressionEncoding::Gzip)
+                        .send_compressed(CompressionEncoding::Gzip)
                         .max_decoding_message_size(config.limits.max_request_bytes())
                         .max_encoding_message_size(max_cluster_message),
-                )),
+                ))
+                .add_service(crate::gateway::Observe::new(
+                    ZeebeServer::new(zeebe)
+                        .accept_compressed(CompressionEncoding::Gzip)
+                        .send_compressed(CompressionEncoding::Gzip)
+                        .max_decoding_message_size(config.limits.max_request_bytes())
+                        .max_encoding_message_size(crate::gateway::zeebe::MAX_MESSAGE_BYTES),
+                ))
+                .add_service(health_service),
             grpc_listener,
             stop_rx.clone(),
         )));
