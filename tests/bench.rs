@@ -7,9 +7,19 @@ use std::process::Command;
 
 #[test]
 fn a_tiny_bench_completes_every_job_once() {
+    tiny_bench(&[]);
+}
+
+#[test]
+fn a_tiny_bench_through_the_zeebe_protocol_completes_every_job_once() {
+    tiny_bench(&["--zeebe"]);
+}
+
+fn tiny_bench(extra: &[&str]) {
     let output = Command::new(common::drover_bin())
         .args(["bench", "--local-nodes", "1", "--jobs", "300", "--producers", "2", "--workers", "2"])
         .args(["--workload", "throughput,latency", "--rate", "200", "--duration", "2", "--json"])
+        .args(extra)
         .output()
         .expect("run drover bench");
     let stdout = String::from_utf8_lossy(&output.stdout);

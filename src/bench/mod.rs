@@ -8,6 +8,9 @@
 //!   are counted, not assumed.
 //! - `latency`: a fixed `--rate` of creates for `--duration`; the latency is
 //!   "worker received - create sent", in an HDR histogram.
+//!
+//! With `--zeebe`, workers use Zeebe's protocol instead (StreamActivatedJobs
+//! and one CompleteJob call per job), to measure what the facade costs.
 
 mod local;
 mod workload;
@@ -69,6 +72,12 @@ pub struct BenchArgs {
     /// costs what a keyed create costs: the key's entry, kept for its window.
     #[arg(long)]
     pub idempotency_keys: bool,
+    /// Workers speak Zeebe's gateway protocol (gateway_protocol.Gateway):
+    /// they stream jobs through it and complete each with a CompleteJob
+    /// call, as Zeebe's clients do, with the per-stream limit a Zeebe stream
+    /// gets. Producers still create through drover.v1.
+    #[arg(long)]
+    pub zeebe: bool,
     /// Print one JSON object per workload instead of a table.
     #[arg(long)]
     pub json: bool,

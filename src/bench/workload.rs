@@ -280,6 +280,52 @@ async fn work(
     Ok(latency)
 }
 
+/// Like [`work`], through Zeebe's protocol as a Zeebe client works: one
+/// stream, and a CompleteJob call per job, at most as many at once as the
+/// stream may hold.
+async fn work_zeebe(
+    gateway: String,
+    job_type: String,
+    tracker: Arc<Tracker>,
+    mut stop: watch::Receiver<bool>,
+) -> anyhow::Result<Histogram<u64>> {
+    use crate::proto::zeebe::{gateway_client::GatewayClient, CompleteJobRequest, StreamActivatedJobsRequest};
+    let channel = tonic::transport::Endpoint::from_shared(format!("http://{gateway}"))?
+        .tcp_nodelay(true)
+        .connect()
+        .await
+        .with_context(|| format!("connecting to {gateway}"))?;
+    let client = GatewayClient::new(channel);
+    let request =
+        StreamActivatedJobsRequest { r#type: job_type, worker: "bench".into(), timeout: 30_000, ..Default::default() };
+    let mut jobs = client.clone().stream_activated_jobs(request).await?.into_inner();
+    let completing = Arc::new(Semaphore::new(crate::gateway::streams::DEFAULT_MAX_IN_FLIGHT));
+    let mut latency = Histogram::<u64>::new(3)?;
+    loop {
+        let job = tokio::select! {
+            job = jobs.message() => job,
+            _ = stop.wait_for(|s| *s) => break,
+        };
+        let Ok(Some(job)) = job else { break };
+        let received = now_micros();
+        let Ok(payload) = serde_json::from_str::<Payload>(&job.variables) else { continue };
+        let _ = latency.record(received.saturating_sub(payload.sent));
+        tracker.deliveries[payload.seq as usize].fetch_add(1, Ordering::Relaxed);
+        let permit = Arc::clone(&completing).acquire_owned().await.expect("open");
+        let (mut client, tracker) = (client.clone(), Arc::clone(&tracker));
+        tokio::spawn(async move {
+            let complete = CompleteJobRequest { job_key: job.key, variables: String::new() };
+            if client.complete_job(complete).await.is_ok()
+                && tracker.completions[payload.seq as usize].fetch_add(1, Ordering::Relaxed) == 0
+            {
+                tracker.completed_unique.fetch_add(1, Ordering::Relaxed);
+            }
+            drop(permit);
+        });
+    }
+    Ok(latency)
+}
+
 async fn wal_syncs(admins: &[String]) -> Vec<u64> {
     let mut out = Vec::new();
     for admin in admins {
@@ -319,7 +365,12 @@ async fn run(
     let mut workers = Vec::new();
     for i in 0..args.workers {
         let gateway = gateways[i % gateways.len()].clone();
-        workers.push(tokio::spawn(work(gateway, job_type.clone(), Arc::clone(&tracker), stop_rx.clone())));
+        let (job_type, tracker, stop) = (job_type.clone(), Arc::clone(&tracker), stop_rx.clone());
+        workers.push(if args.zeebe {
+            tokio::spawn(work_zeebe(gateway, job_type, tracker, stop))
+        } else {
+            tokio::spawn(work(gateway, job_type, tracker, stop))
+        });
     }
     // Let the streams register before the first job, as long-running workers would be.
     tokio::time::sleep(Duration::from_millis(300)).await;
