@@ -202,8 +202,9 @@ pub struct LeaderState {
     pushing: HashMap<String, usize>,
     /// Types that became available again while a push was in flight.
     push_again: HashSet<String>,
-    /// Streams that answered "not ready", until when.
-    blocked: HashMap<(NodeId, u64), Instant>,
+    /// Streams that answered "not ready": until when, and their job type.
+    /// A job pushed to the stream's gateway finishing unblocks them sooner.
+    blocked: HashMap<(NodeId, u64), (Instant, String)>,
     retry_scheduled: HashSet<String>,
     /// Pushed activations, to tell their gateway when they finish.
     pushed: PushedActivations,
@@ -272,8 +273,11 @@ impl Actor for PartitionLeader {
                     }));
                     return Ok(());
                 }
-                state.note_finished(&commands);
+                let unblocked = state.note_finished(&commands);
                 state.enqueue(commands, ReplyTo::Client(reply));
+                for job_type in unblocked {
+                    state.try_push(&myself, &job_type);
+                }
                 state.flush(&myself);
             }
             LeaderMsg::StreamAdded { job_type } => state.try_push(&myself, &job_type),
@@ -319,14 +323,14 @@ impl Actor for PartitionLeader {
                     // Not yielded: their activation timeout returns what was not delivered.
                     metrics::counter!("drover_broker_jobs_push_fail_try_count_total", "code" => "UNKNOWN")
                         .increment(handed as u64);
-                    state.blocked.insert((stream.gateway, stream.stream_id), Instant::now() + BLOCKED_FOR);
+                    state.block(&stream);
                 } else {
                     metrics::counter!("drover_broker_jobs_pushed_count_total").increment(handed as u64);
                 }
                 if !rejected.is_empty() {
                     metrics::counter!("drover_broker_jobs_push_fail_try_count_total", "code" => "BLOCKED")
                         .increment(rejected.len() as u64);
-                    state.blocked.insert((stream.gateway, stream.stream_id), Instant::now() + BLOCKED_FOR);
+                    state.block(&stream);
                     let yields = rejected.into_iter().map(|(key, attempt)| Command::Yield { key, attempt }).collect();
                     // Yielding makes the jobs available again, which pushes them
                     // to another stream (the blocked one is skipped for a while).
@@ -478,7 +482,7 @@ impl LeaderState {
                 .collect()
         });
         let now = Instant::now();
-        self.blocked.retain(|_, until| *until > now);
+        self.blocked.retain(|_, (until, _)| *until > now);
         let open: Vec<&Arc<RemoteStream>> =
             serving.iter().filter(|s| !self.blocked.contains_key(&(s.gateway, s.stream_id))).collect();
         let Some(stream) = open.choose(&mut rand::rng()).map(|s| Arc::clone(s)) else {
@@ -509,14 +513,39 @@ impl LeaderState {
     /// Notes pushed activations that a worker completes or fails in
     /// `commands`, so their gateway frees the worker's slot even when the
     /// worker reported through another gateway.
-    fn note_finished(&mut self, commands: &[Command]) {
+    /// Also unblocks the streams of those gateways: a worker there has a
+    /// free slot now (or will once the release arrives), so waiting out
+    /// [`BLOCKED_FOR`] would only idle it. Answers the job types to push again.
+    fn note_finished(&mut self, commands: &[Command]) -> Vec<String> {
+        let mut freed = Vec::new();
         for command in commands {
             if let Command::Complete { key, attempt, .. } | Command::Fail { key, attempt, .. } = command {
-                if let Some(gateway) = self.pushed.finished(*key, *attempt) {
-                    self.releases.entry(gateway).or_default().push((*key, *attempt));
+                if let Some((gateway, pushed)) = self.pushed.finished(*key, *attempt) {
+                    self.releases.entry(gateway).or_default().push((*key, pushed));
+                    if !freed.contains(&gateway) {
+                        freed.push(gateway);
+                    }
                 }
             }
         }
+        let mut unblocked = Vec::new();
+        if freed.is_empty() || self.blocked.is_empty() {
+            return unblocked;
+        }
+        self.blocked.retain(|(gateway, _), (_, job_type)| {
+            let keep = !freed.contains(gateway);
+            if !keep && !unblocked.contains(job_type) {
+                unblocked.push(job_type.clone());
+            }
+            keep
+        });
+        unblocked
+    }
+
+    /// Skips `stream` for [`BLOCKED_FOR`]: its gateway answered "not ready".
+    fn block(&mut self, stream: &RemoteStream) {
+        let until = Instant::now() + BLOCKED_FOR;
+        self.blocked.insert((stream.gateway, stream.stream_id), (until, stream.job_type.clone()));
     }
 
     fn send_releases(&mut self) {

@@ -152,14 +152,15 @@ impl PushedActivations {
         }
     }
 
-    /// A worker is done with (key, attempt): the gateway that holds it, if
-    /// this leader pushed that activation.
-    pub fn finished(&mut self, key: JobKey, attempt: u32) -> Option<NodeId> {
+    /// A worker is done with the activation `fence` names (see
+    /// [`crate::core::fence_admits`]): the gateway that holds it and its
+    /// attempt, if this leader pushed that activation.
+    pub fn finished(&mut self, key: JobKey, fence: u32) -> Option<(NodeId, u32)> {
         match self.by_key.get(&key) {
-            Some((pushed, gateway, _)) if *pushed == attempt => {
-                let gateway = *gateway;
+            Some((pushed, gateway, _)) if crate::core::fence_admits(fence, *pushed) => {
+                let found = (*gateway, *pushed);
                 self.by_key.remove(&key);
-                Some(gateway)
+                Some(found)
             }
             _ => None,
         }
@@ -201,10 +202,16 @@ mod tests {
         let mut pushed = PushedActivations::default();
         pushed.handed(2, &[(JobKey(1), 1, 100), (JobKey(2), 3, 100)], 0);
         assert_eq!(pushed.finished(JobKey(1), 2), None, "another attempt");
-        assert_eq!(pushed.finished(JobKey(1), 1), Some(2));
+        assert_eq!(pushed.finished(JobKey(1), 1), Some((2, 1)));
         assert_eq!(pushed.finished(JobKey(1), 1), None, "told once");
         pushed.handed(0, &[(JobKey(2), 4, 100)], 0);
         assert_eq!(pushed.finished(JobKey(2), 3), None, "superseded by the next push");
-        assert_eq!(pushed.finished(JobKey(2), 4), Some(0));
+        assert_eq!(pushed.finished(JobKey(2), 4), Some((0, 4)));
+        // A Zeebe key's tag names the attempt; a key alone any attempt.
+        let tagged = |attempt| crate::core::TAGGED_ATTEMPT | crate::core::attempt_tag(attempt);
+        pushed.handed(1, &[(JobKey(3), 9, 100), (JobKey(4), 2, 100)], 0);
+        assert_eq!(pushed.finished(JobKey(3), tagged(8)), None);
+        assert_eq!(pushed.finished(JobKey(3), tagged(9)), Some((1, 9)));
+        assert_eq!(pushed.finished(JobKey(4), 0), Some((1, 2)));
     }
 }
