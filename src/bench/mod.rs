@@ -10,7 +10,8 @@
 //!   "worker received - create sent", in an HDR histogram.
 //!
 //! With `--zeebe`, workers use Zeebe's protocol instead (StreamActivatedJobs
-//! and one CompleteJob call per job), to measure what the facade costs.
+//! and one CompleteJob call per job); `--one-by-one` works the same way
+//! through drover.v1. The two measure what the Zeebe facade itself costs.
 
 mod local;
 mod workload;
@@ -78,6 +79,11 @@ pub struct BenchArgs {
     /// gets. Producers still create through drover.v1.
     #[arg(long)]
     pub zeebe: bool,
+    /// Workers work as Zeebe's clients do (as with --zeebe: the default
+    /// per-stream limit, a CompleteJob call per job) but through drover.v1,
+    /// so that the two runs differ only in the service.
+    #[arg(long)]
+    pub one_by_one: bool,
     /// Print one JSON object per workload instead of a table.
     #[arg(long)]
     pub json: bool,

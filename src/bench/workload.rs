@@ -6,6 +6,7 @@ use std::sync::{Arc, Mutex};
 use std::time::{Duration, Instant, SystemTime, UNIX_EPOCH};
 
 use anyhow::Context;
+use futures::StreamExt;
 use hdrhistogram::Histogram;
 use serde::{Deserialize, Serialize};
 use tokio::sync::{mpsc, watch, Semaphore};
@@ -280,44 +281,81 @@ async fn work(
     Ok(latency)
 }
 
-/// Like [`work`], through Zeebe's protocol as a Zeebe client works: one
-/// stream, and a CompleteJob call per job, at most as many at once as the
-/// stream may hold.
-async fn work_zeebe(
+/// Which service a one-call-per-completion worker speaks.
+#[derive(Clone, Copy)]
+enum Protocol {
+    Drover,
+    Zeebe,
+}
+
+/// A worker as Zeebe's clients work: one stream with the per-stream limit a
+/// stream that names none gets, and a CompleteJob call per job, at most as
+/// many at once as the stream may hold. Through `protocol`'s service, so that
+/// the two differ only in it.
+async fn work_one_by_one(
     gateway: String,
     job_type: String,
     tracker: Arc<Tracker>,
     mut stop: watch::Receiver<bool>,
+    protocol: Protocol,
 ) -> anyhow::Result<Histogram<u64>> {
-    use crate::proto::zeebe::{gateway_client::GatewayClient, CompleteJobRequest, StreamActivatedJobsRequest};
+    use crate::proto::zeebe as zb;
+    type Jobs = std::pin::Pin<Box<dyn futures::Stream<Item = Result<(u64, u32, String), tonic::Status>> + Send>>;
     let channel = tonic::transport::Endpoint::from_shared(format!("http://{gateway}"))?
         .tcp_nodelay(true)
         .connect()
         .await
         .with_context(|| format!("connecting to {gateway}"))?;
-    let client = GatewayClient::new(channel);
-    let request =
-        StreamActivatedJobsRequest { r#type: job_type, worker: "bench".into(), timeout: 30_000, ..Default::default() };
-    let mut jobs = client.clone().stream_activated_jobs(request).await?.into_inner();
+    let drover = crate::proto::gateway::gateway_client::GatewayClient::new(channel.clone());
+    let zeebe = zb::gateway_client::GatewayClient::new(channel);
+    let mut jobs: Jobs = match protocol {
+        Protocol::Drover => {
+            let request = StreamActivatedJobsRequest {
+                r#type: job_type,
+                worker: "bench".into(),
+                timeout: 30_000,
+                ..Default::default()
+            };
+            let jobs = drover.clone().stream_activated_jobs(request).await?.into_inner();
+            Box::pin(jobs.map(|job| job.map(|j| (j.key, j.attempt, j.variables))))
+        }
+        Protocol::Zeebe => {
+            let request = zb::StreamActivatedJobsRequest {
+                r#type: job_type,
+                worker: "bench".into(),
+                timeout: 30_000,
+                ..Default::default()
+            };
+            let jobs = zeebe.clone().stream_activated_jobs(request).await?.into_inner();
+            Box::pin(jobs.map(|job| job.map(|j| (j.key as u64, 0, j.variables))))
+        }
+    };
     let completing = Arc::new(Semaphore::new(crate::gateway::streams::DEFAULT_MAX_IN_FLIGHT));
     let mut latency = Histogram::<u64>::new(3)?;
     loop {
         let job = tokio::select! {
-            job = jobs.message() => job,
+            job = jobs.next() => job,
             _ = stop.wait_for(|s| *s) => break,
         };
-        let Ok(Some(job)) = job else { break };
+        let Some(Ok((key, attempt, variables))) = job else { break };
         let received = now_micros();
-        let Ok(payload) = serde_json::from_str::<Payload>(&job.variables) else { continue };
+        let Ok(payload) = serde_json::from_str::<Payload>(&variables) else { continue };
         let _ = latency.record(received.saturating_sub(payload.sent));
         tracker.deliveries[payload.seq as usize].fetch_add(1, Ordering::Relaxed);
         let permit = Arc::clone(&completing).acquire_owned().await.expect("open");
-        let (mut client, tracker) = (client.clone(), Arc::clone(&tracker));
+        let (mut drover, mut zeebe, tracker) = (drover.clone(), zeebe.clone(), Arc::clone(&tracker));
         tokio::spawn(async move {
-            let complete = CompleteJobRequest { job_key: job.key, variables: String::new() };
-            if client.complete_job(complete).await.is_ok()
-                && tracker.completions[payload.seq as usize].fetch_add(1, Ordering::Relaxed) == 0
-            {
+            let completed = match protocol {
+                Protocol::Drover => {
+                    let complete = CompleteJobRequest { key, attempt, variables: String::new() };
+                    drover.complete_job(complete).await.is_ok()
+                }
+                Protocol::Zeebe => {
+                    let complete = zb::CompleteJobRequest { job_key: key as i64, variables: String::new() };
+                    zeebe.complete_job(complete).await.is_ok()
+                }
+            };
+            if completed && tracker.completions[payload.seq as usize].fetch_add(1, Ordering::Relaxed) == 0 {
                 tracker.completed_unique.fetch_add(1, Ordering::Relaxed);
             }
             drop(permit);
@@ -366,10 +404,10 @@ async fn run(
     for i in 0..args.workers {
         let gateway = gateways[i % gateways.len()].clone();
         let (job_type, tracker, stop) = (job_type.clone(), Arc::clone(&tracker), stop_rx.clone());
-        workers.push(if args.zeebe {
-            tokio::spawn(work_zeebe(gateway, job_type, tracker, stop))
-        } else {
-            tokio::spawn(work(gateway, job_type, tracker, stop))
+        workers.push(match (args.zeebe, args.one_by_one) {
+            (true, _) => tokio::spawn(work_one_by_one(gateway, job_type, tracker, stop, Protocol::Zeebe)),
+            (false, true) => tokio::spawn(work_one_by_one(gateway, job_type, tracker, stop, Protocol::Drover)),
+            (false, false) => tokio::spawn(work(gateway, job_type, tracker, stop)),
         });
     }
     // Let the streams register before the first job, as long-running workers would be.
