@@ -144,8 +144,13 @@ fn object_or_empty(text: String) -> String {
 
 /// A native activation as Zeebe's `ActivatedJob`.
 pub fn activated_job(job: pb::ActivatedJob) -> zb::ActivatedJob {
-    let headers: serde_json::Map<String, serde_json::Value> =
-        job.custom_headers.into_iter().map(|(k, v)| (k, serde_json::Value::String(v))).collect();
+    let custom_headers = if job.custom_headers.is_empty() {
+        "{}".to_string()
+    } else {
+        let headers: serde_json::Map<String, serde_json::Value> =
+            job.custom_headers.into_iter().map(|(k, v)| (k, serde_json::Value::String(v))).collect();
+        serde_json::Value::Object(headers).to_string()
+    };
     zb::ActivatedJob {
         key: activation_key(JobKey(job.key), job.attempt),
         r#type: job.r#type,
@@ -155,7 +160,7 @@ pub fn activated_job(job: pb::ActivatedJob) -> zb::ActivatedJob {
         process_definition_key: 0,
         element_id: String::new(),
         element_instance_key: 0,
-        custom_headers: serde_json::Value::Object(headers).to_string(),
+        custom_headers,
         worker: job.worker,
         retries: job.retries,
         deadline: job.deadline,
@@ -278,6 +283,12 @@ pub fn split_replies(
     (replies, too_large)
 }
 
+/// Whether a job's fields could add up to more than a message; the other
+/// fields (type, worker, tenant, numbers) take well under 64 KiB.
+fn may_exceed_a_message(job: &zb::ActivatedJob) -> bool {
+    job.variables.len() + job.custom_headers.len() > MAX_MESSAGE_BYTES - (64 << 10)
+}
+
 /// Raises an incident on an activation too large for a Zeebe client's
 /// message, instead of sending what the client cannot read.
 fn incident_for_too_large(ctx: &Arc<NodeContext>, job: &zb::ActivatedJob) {
@@ -390,7 +401,7 @@ impl Gateway for ZeebeService {
         let ctx = Arc::clone(&self.ctx);
         let jobs = jobs.filter_map(move |item| {
             let out = match item.map(activated_job) {
-                Ok(job) if job.encoded_len() > MAX_MESSAGE_BYTES => {
+                Ok(job) if may_exceed_a_message(&job) && job.encoded_len() > MAX_MESSAGE_BYTES => {
                     incident_for_too_large(&ctx, &job);
                     None
                 }
