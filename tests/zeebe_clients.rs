@@ -155,9 +155,14 @@ async fn a_published_zeebe_client_polls_streams_completes_fails_throws_and_reads
     })
     .await;
     for (n, key) in completing.iter().enumerate() {
-        let job = client.get_job(*key).await.unwrap();
-        let result: Value = serde_json::from_str(&job.result).unwrap();
-        assert_eq!((job.state.as_str(), result), ("completed", serde_json::json!({"handledBy": "poll", "n": n})));
+        let printed = Command::new(drover_bin())
+            .args(["job", "get", "--address", &gateway, &key.to_string()])
+            .output()
+            .expect("run drover job get");
+        assert!(printed.status.success(), "drover job get {key}: {}", String::from_utf8_lossy(&printed.stderr));
+        let job: Value = serde_json::from_slice(&printed.stdout).expect("drover job get prints the job as JSON");
+        assert_eq!(job["state"], "completed", "{job}");
+        assert_eq!(job["result"], serde_json::json!({"handledBy": "poll", "n": n}), "the worker's variables: {job}");
     }
     let job = client.get_job(failing).await.unwrap();
     assert_eq!((job.state.as_str(), job.retries, job.attempt), ("incident", 0, 2), "failed through its retries");
