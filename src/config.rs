@@ -112,6 +112,54 @@ pub struct ServeArgs {
     /// OTLP/gRPC endpoint for traces; none are exported when unset.
     #[arg(long, env = "OTEL_EXPORTER_OTLP_ENDPOINT")]
     pub otlp_endpoint: Option<String>,
+    /// PEM certificate (chain) of the client gRPC port; with --tls-key, the
+    /// port serves TLS only. Reloaded when the file changes.
+    #[arg(long, env = "DROVER_TLS_CERT")]
+    pub tls_cert: Option<PathBuf>,
+    /// PEM private key of the client gRPC port.
+    #[arg(long, env = "DROVER_TLS_KEY")]
+    pub tls_key: Option<PathBuf>,
+    /// PEM certificate of the admin HTTP port. [default: --tls-cert's]
+    #[arg(long, env = "DROVER_ADMIN_TLS_CERT")]
+    pub admin_tls_cert: Option<PathBuf>,
+    /// PEM private key of the admin HTTP port. [default: --tls-key's]
+    #[arg(long, env = "DROVER_ADMIN_TLS_KEY")]
+    pub admin_tls_key: Option<PathBuf>,
+    /// PEM certificate of the cluster port, which this node also presents
+    /// to its peers; needs --cluster-tls-key and --cluster-tls-ca.
+    #[arg(long, env = "DROVER_CLUSTER_TLS_CERT")]
+    pub cluster_tls_cert: Option<PathBuf>,
+    /// PEM private key of the cluster port.
+    #[arg(long, env = "DROVER_CLUSTER_TLS_KEY")]
+    pub cluster_tls_key: Option<PathBuf>,
+    /// PEM certificate of the cluster CA: peers must present a certificate
+    /// it signed (mutual TLS), and this node trusts no other for its peers.
+    #[arg(long, env = "DROVER_CLUSTER_TLS_CA")]
+    pub cluster_tls_ca: Option<PathBuf>,
+}
+
+/// TLS on each port; `None`: plaintext.
+#[derive(Clone, Debug, Default, PartialEq, Eq)]
+pub struct TlsSettings {
+    pub grpc: Option<crate::tls::TlsFiles>,
+    pub admin: Option<crate::tls::TlsFiles>,
+    /// Always with `client_ca`: the cluster port is mutual TLS.
+    pub cluster: Option<crate::tls::TlsFiles>,
+}
+
+/// A certificate and key given together, or neither.
+fn tls_pair(
+    what: &str,
+    cert: Option<PathBuf>,
+    key: Option<PathBuf>,
+    client_ca: Option<PathBuf>,
+) -> anyhow::Result<Option<crate::tls::TlsFiles>> {
+    match (cert, key) {
+        (Some(cert), Some(key)) => Ok(Some(crate::tls::TlsFiles { cert, key, client_ca })),
+        (None, None) => Ok(None),
+        (Some(_), None) => bail!("{what}: a TLS certificate was given without its key"),
+        (None, Some(_)) => bail!("{what}: a TLS key was given without its certificate"),
+    }
 }
 
 /// Zeebe clients give up on a long poll that takes 20 s or more.
@@ -156,6 +204,7 @@ pub struct NodeConfig {
     pub dedupe: DedupeWindows,
     pub log_format: String,
     pub otlp_endpoint: Option<String>,
+    pub tls: TlsSettings,
 }
 
 impl NodeConfig {
@@ -178,6 +227,7 @@ impl NodeConfig {
             dedupe: DedupeWindows::default(),
             log_format: "text".into(),
             otlp_endpoint: None,
+            tls: TlsSettings::default(),
         }
     }
 }
@@ -306,6 +356,19 @@ impl ServeArgs {
         if log_format != "text" && log_format != "json" {
             bail!("log format must be text or json, got {log_format:?}");
         }
+        let grpc_tls = tls_pair("the client gRPC port", pick!(tls_cert), pick!(tls_key), None)?;
+        let admin_tls = match tls_pair("the admin port", pick!(admin_tls_cert), pick!(admin_tls_key), None)? {
+            Some(files) => Some(files),
+            None => grpc_tls.clone(),
+        };
+        let cluster_ca = pick!(cluster_tls_ca);
+        let cluster_tls =
+            tls_pair("the cluster port", pick!(cluster_tls_cert), pick!(cluster_tls_key), cluster_ca.clone())?;
+        match (&cluster_tls, cluster_ca) {
+            (Some(_), None) => bail!("the cluster port's TLS needs --cluster-tls-ca: peers are verified against it"),
+            (None, Some(_)) => bail!("--cluster-tls-ca was given without --cluster-tls-cert and --cluster-tls-key"),
+            _ => {}
+        }
         Ok(NodeConfig {
             node_id,
             data_dir: pick!(data_dir).unwrap_or_else(|| PathBuf::from("./data")),
@@ -326,6 +389,7 @@ impl ServeArgs {
             dedupe,
             log_format,
             otlp_endpoint: pick!(otlp_endpoint).filter(|e| !e.is_empty()),
+            tls: TlsSettings { grpc: grpc_tls, admin: admin_tls, cluster: cluster_tls },
         })
     }
 }

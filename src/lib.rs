@@ -40,3 +40,5 @@ pub mod raft;
 pub mod storage;
 #[cfg(feature = "server")]
 pub mod telemetry;
+#[cfg(feature = "server")]
+pub mod tls;

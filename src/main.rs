@@ -478,6 +478,7 @@ async fn serve(args: ServeArgs) -> anyhow::Result<()> {
     let config = args.resolve()?;
     let telemetry = drover::telemetry::init(&config.log_format, config.otlp_endpoint.as_deref(), "drover")?;
     let data_dir = config.data_dir.clone();
+    let admin_scheme = if config.tls.admin.is_some() { "https" } else { "http" };
     let (partitions, replication, members) =
         (config.partitions, config.replication_factor, config.members.len().max(1));
     let node = Node::start(config).await?;
@@ -485,7 +486,7 @@ async fn serve(args: ServeArgs) -> anyhow::Result<()> {
     println!("  gateway (gRPC): {}", node.grpc_addr);
     println!("  cluster (gRPC): {}", node.cluster_addr);
     println!(
-        "  admin (HTTP):   http://{}  (/metrics /health /ready /actuator/partitions /actuator/jobstreams)",
+        "  admin (HTTP):   {admin_scheme}://{}  (/metrics /health /ready /actuator/partitions /actuator/jobstreams)",
         node.admin_addr
     );
     println!("  data:           {}", data_dir.display());

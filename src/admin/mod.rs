@@ -119,8 +119,14 @@ pub fn register_metrics() {
     describe_histogram!("drover_storage_appends_per_sync", "Log appends covered by one WAL sync");
 }
 
-pub async fn serve(ctx: Arc<NodeContext>, listener: TcpListener, mut stop: watch::Receiver<bool>) {
+pub async fn serve(
+    ctx: Arc<NodeContext>,
+    listener: TcpListener,
+    tls: Option<Arc<crate::tls::ReloadingServer>>,
+    mut stop: watch::Receiver<bool>,
+) {
     register_metrics();
+    let local = listener.local_addr().ok();
     let app = Router::new()
         .route("/health", get(|| async { "ok" }))
         .route("/ready", get(ready))
@@ -132,6 +138,7 @@ pub async fn serve(ctx: Arc<NodeContext>, listener: TcpListener, mut stop: watch
         .route("/actuator/workers/{state}", axum::routing::post(direct_workers))
         .route("/actuator/failpoints/{name}", axum::routing::put(arm_failpoint))
         .with_state(ctx);
+    let listener = Accepted { connections: crate::tls::accept(listener, tls, stop.clone()), local };
     let shutdown = async move {
         let _ = stop.wait_for(|s| *s).await;
     };
@@ -361,5 +368,34 @@ pub async fn record_gauges(ctx: Arc<NodeContext>, mut stop: watch::Receiver<bool
             _ = tokio::time::sleep(Duration::from_secs(1)) => {}
             _ = stop.wait_for(|s| *s) => return,
         }
+    }
+}
+
+/// The admin port's connections, plaintext or TLS, for axum.
+struct Accepted {
+    connections: tokio::sync::mpsc::Receiver<std::io::Result<crate::tls::Conn>>,
+    local: Option<std::net::SocketAddr>,
+}
+
+impl axum::serve::Listener for Accepted {
+    type Io = crate::tls::Conn;
+    type Addr = Option<std::net::SocketAddr>;
+
+    async fn accept(&mut self) -> (Self::Io, Self::Addr) {
+        loop {
+            match self.connections.recv().await {
+                Some(Ok(conn)) => {
+                    let peer = conn.peer_addr();
+                    return (conn, peer);
+                }
+                Some(Err(_)) => continue,
+                // Stopping: the accept loop ended; axum's graceful shutdown ends the server.
+                None => std::future::pending::<()>().await,
+            }
+        }
+    }
+
+    fn local_addr(&self) -> std::io::Result<Self::Addr> {
+        Ok(self.local)
     }
 }

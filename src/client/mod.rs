@@ -27,6 +27,34 @@ pub fn endpoint_url(address: &str) -> String {
     }
 }
 
+/// The environment variable naming a PEM file of the CA that signs the
+/// gateways' certificates, for `https://` addresses. Without it, the public
+/// web's roots are trusted.
+pub const TLS_CA_ENV: &str = "DROVER_TLS_CA";
+
+/// An endpoint for `address`: TLS for `https://` addresses, verified against
+/// the CA in [`TLS_CA_ENV`] (or the public web's roots).
+pub fn endpoint(address: &str) -> Result<Endpoint, tonic::transport::Error> {
+    let ca = std::env::var_os(TLS_CA_ENV).and_then(|path| std::fs::read(path).ok());
+    endpoint_with_ca(address, ca.as_deref())
+}
+
+/// An endpoint for `address`: TLS for `https://` addresses, verified against
+/// the PEM CA `ca` (or, without one, the public web's roots).
+pub fn endpoint_with_ca(address: &str, ca: Option<&[u8]>) -> Result<Endpoint, tonic::transport::Error> {
+    let url = endpoint_url(address.trim());
+    let endpoint = Endpoint::from_shared(url.clone())?;
+    if !url.starts_with("https://") {
+        return Ok(endpoint);
+    }
+    let tls = tonic::transport::ClientTlsConfig::new();
+    let tls = match ca {
+        Some(pem) => tls.ca_certificate(tonic::transport::Certificate::from_pem(pem)),
+        None => tls.with_webpki_roots(),
+    };
+    endpoint.tls_config(tls)
+}
+
 impl Client {
     /// Connects lazily: the first call opens the connection, and a lost
     /// connection is re-established by the next call. Several gateways,
@@ -34,7 +62,7 @@ impl Client {
     /// worker keeps its session (and its jobs) when one gateway dies.
     pub fn connect_lazy(address: &str) -> Result<Client, tonic::transport::Error> {
         let endpoint = |address: &str| -> Result<Endpoint, tonic::transport::Error> {
-            Ok(Endpoint::from_shared(endpoint_url(address.trim()))?
+            Ok(self::endpoint(address)?
                 .connect_timeout(Duration::from_secs(3))
                 .tcp_nodelay(true)
                 .http2_keep_alive_interval(Duration::from_secs(20))
@@ -50,11 +78,17 @@ impl Client {
 
     /// Connects now, failing if the node cannot be reached.
     pub async fn connect(address: &str) -> Result<Client, tonic::transport::Error> {
-        let channel = Endpoint::from_shared(endpoint_url(address))?
-            .connect_timeout(Duration::from_secs(3))
-            .tcp_nodelay(true)
-            .connect()
-            .await?;
+        Self::connect_with_ca(address, None).await
+    }
+
+    /// Like [`Client::connect`], trusting the PEM CA `ca` for an `https://`
+    /// address (without one: [`TLS_CA_ENV`]'s, or the public web's roots).
+    pub async fn connect_with_ca(address: &str, ca: Option<&[u8]>) -> Result<Client, tonic::transport::Error> {
+        let endpoint = match ca {
+            Some(ca) => endpoint_with_ca(address, Some(ca))?,
+            None => endpoint(address)?,
+        };
+        let channel = endpoint.connect_timeout(Duration::from_secs(3)).tcp_nodelay(true).connect().await?;
         Ok(Client::from_channel(channel))
     }
 

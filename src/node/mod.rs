@@ -14,8 +14,6 @@ use anyhow::Context as _;
 use tokio::net::TcpListener;
 use tokio::sync::watch;
 use tokio::task::JoinHandle;
-use tokio_stream::wrappers::TcpListenerStream;
-use tokio_stream::StreamExt;
 
 pub use context::NodeContext;
 
@@ -57,6 +55,28 @@ impl Node {
             .with_context(|| format!("binding the admin address {}", config.admin_addr))?;
         let admin_addr = admin_listener.local_addr()?;
 
+        let tls = &config.tls;
+        let load = |port, files: &Option<crate::tls::TlsFiles>, http1| {
+            files.clone().map(|files| crate::tls::ReloadingServer::load(port, files, http1)).transpose()
+        };
+        let grpc_tls = load("gateway", &tls.grpc, false)?;
+        let cluster_tls = load("cluster", &tls.cluster, false)?;
+        let admin_tls = load("admin", &tls.admin, true)?;
+        let peer_tls = tls.cluster.clone().map(crate::tls::ReloadingClient::load).transpose()?;
+        for (port, on) in
+            [("gateway", grpc_tls.is_some()), ("cluster", cluster_tls.is_some()), ("admin", admin_tls.is_some())]
+        {
+            if on {
+                tracing::info!(port, "serving TLS");
+            } else {
+                tracing::warn!(
+                    port,
+                    "serving PLAINTEXT: anyone who reaches the port reads and sends its traffic; give it a \
+                     certificate and key (docs/security.md)"
+                );
+            }
+        }
+
         let mut members = config.members.clone();
         if members.is_empty() {
             members.insert(config.node_id, cluster_addr.to_string());
@@ -72,7 +92,7 @@ impl Node {
             .with_context(|| format!("opening storage in {}", config.data_dir.display()))?;
         // One limit on node-to-node messages, for every client and server.
         let max_cluster_message = config.limits.max_cluster_message_bytes();
-        let peers = PeerChannels::new(members.clone(), max_cluster_message);
+        let peers = PeerChannels::new(members.clone(), max_cluster_message, peer_tls);
         let (stop, stop_rx) = watch::channel(false);
 
         // The cluster service answers before the replicas exist (peers may call
@@ -92,6 +112,7 @@ impl Node {
                         .max_encoding_message_size(max_cluster_message),
                 ),
             cluster_listener,
+            cluster_tls,
             stop_rx.clone(),
         )));
 
@@ -199,9 +220,10 @@ impl Node {
                 ))
                 .add_service(health_service),
             grpc_listener,
+            grpc_tls,
             stop_rx.clone(),
         )));
-        servers.push(tokio::spawn(crate::admin::serve(Arc::clone(&ctx), admin_listener, stop_rx)));
+        servers.push(tokio::spawn(crate::admin::serve(Arc::clone(&ctx), admin_listener, admin_tls, stop_rx)));
 
         Ok(Node { ctx, grpc_addr, cluster_addr, admin_addr, stop, servers, background })
     }
@@ -259,17 +281,11 @@ async fn serve_grpc(
     name: &'static str,
     router: tonic::transport::server::Router,
     listener: TcpListener,
-    mut stop: watch::Receiver<bool>,
+    tls: Option<Arc<crate::tls::ReloadingServer>>,
+    stop: watch::Receiver<bool>,
 ) {
-    // Nagle's algorithm with delayed ACKs holds small pushed messages for up to
-    // 40 ms; tonic's own tcp_nodelay only applies to listeners it binds.
-    let incoming = TcpListenerStream::new(listener).map(|accepted| {
-        accepted.inspect(|stream| {
-            if let Err(e) = stream.set_nodelay(true) {
-                tracing::debug!("TCP_NODELAY on an accepted connection: {e}");
-            }
-        })
-    });
+    let incoming = tokio_stream::wrappers::ReceiverStream::new(crate::tls::accept(listener, tls, stop.clone()));
+    let mut stop = stop;
     let shutdown = async move {
         let _ = stop.wait_for(|s| *s).await;
     };

@@ -37,13 +37,19 @@ pub struct PeerChannels {
     addresses: Arc<BTreeMap<NodeId, String>>,
     channels: Arc<Mutex<HashMap<NodeId, Channel>>>,
     max_message_bytes: usize,
+    /// Mutual TLS to peers, when the cluster port has it.
+    tls: Option<Arc<crate::tls::ReloadingClient>>,
 }
 
 impl PeerChannels {
     /// Channels to `addresses`, whose clients encode and decode messages of
     /// up to `max_message_bytes` (the cluster server's limit too).
-    pub fn new(addresses: BTreeMap<NodeId, String>, max_message_bytes: usize) -> Self {
-        PeerChannels { addresses: Arc::new(addresses), channels: Default::default(), max_message_bytes }
+    pub fn new(
+        addresses: BTreeMap<NodeId, String>,
+        max_message_bytes: usize,
+        tls: Option<Arc<crate::tls::ReloadingClient>>,
+    ) -> Self {
+        PeerChannels { addresses: Arc::new(addresses), channels: Default::default(), max_message_bytes, tls }
     }
 
     /// The limit on node-to-node messages, both ways.
@@ -75,7 +81,10 @@ impl PeerChannels {
             .keep_alive_timeout(Duration::from_secs(5))
             .initial_connection_window_size(Some(4 << 20))
             .initial_stream_window_size(Some(1 << 20));
-        let channel = endpoint.connect_lazy();
+        let channel = match &self.tls {
+            Some(tls) => endpoint.connect_with_connector_lazy(crate::tls::cluster_connector(Arc::clone(tls))),
+            None => endpoint.connect_lazy(),
+        };
         channels.insert(node, channel.clone());
         Some(channel)
     }

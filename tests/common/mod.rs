@@ -72,6 +72,7 @@ impl LocalNode {
 pub struct NodeProcess {
     pub child: Child,
     pub grpc: String,
+    pub cluster: String,
     pub admin: String,
     pub data_dir: PathBuf,
 }
@@ -130,6 +131,7 @@ impl NodeProcess {
             }
         });
         let mut grpc = None;
+        let mut cluster = None;
         let mut admin = None;
         let deadline = Instant::now() + Duration::from_secs(30);
         while grpc.is_none() || admin.is_none() {
@@ -142,11 +144,16 @@ impl NodeProcess {
             if let Some(addr) = line.trim().strip_prefix("gateway (gRPC):") {
                 grpc = Some(addr.trim().to_string());
             }
+            if let Some(addr) = line.trim().strip_prefix("cluster (gRPC):") {
+                cluster = Some(addr.trim().to_string());
+            }
             if let Some(rest) = line.trim().strip_prefix("admin (HTTP):") {
-                admin = rest.split_whitespace().next().map(|s| s.trim_start_matches("http://").to_string());
+                let url = rest.split_whitespace().next().unwrap_or_default();
+                admin = Some(url.trim_start_matches("https://").trim_start_matches("http://").to_string());
             }
         }
-        Ok(NodeProcess { child, grpc: grpc.unwrap(), admin: admin.unwrap(), data_dir: data_dir.to_path_buf() })
+        let cluster = cluster.unwrap_or_default();
+        Ok(NodeProcess { child, grpc: grpc.unwrap(), cluster, admin: admin.unwrap(), data_dir: data_dir.to_path_buf() })
     }
 
     pub async fn client(&self) -> Client {
