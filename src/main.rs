@@ -78,6 +78,10 @@ enum Command {
         /// Where the nodes keep their data (one folder each) and logs.
         #[arg(long, default_value = "./dev-cluster")]
         data_dir: std::path::PathBuf,
+        /// TLS on every port of every node, with a throwaway CA and
+        /// certificate written to DATA_DIR/tls (mutual TLS between nodes).
+        #[arg(long)]
+        tls: bool,
     },
     /// Cluster commands.
     Cluster {
@@ -449,8 +453,8 @@ async fn run(cli: Cli) -> anyhow::Result<()> {
             }
             Ok(())
         }
-        Command::DevCluster { nodes, partitions, replication_factor, data_dir } => {
-            dev_cluster(nodes, partitions, replication_factor, &data_dir).await
+        Command::DevCluster { nodes, partitions, replication_factor, data_dir, tls } => {
+            dev_cluster(nodes, partitions, replication_factor, &data_dir, tls).await
         }
         Command::Status { target } | Command::Cluster { command: ClusterCommand::Status, target } => {
             status(&target).await
@@ -511,18 +515,25 @@ async fn dev_cluster(
     partitions: u32,
     replication_factor: u32,
     dir: &std::path::Path,
+    tls: bool,
 ) -> anyhow::Result<()> {
     std::fs::create_dir_all(dir)?;
-    let mut cluster = drover::bench::LocalCluster::start(nodes, partitions, replication_factor, Some(dir), &[])?;
+    let mut cluster =
+        drover::bench::LocalCluster::start_with(nodes, partitions, replication_factor, Some(dir), &[], tls)?;
     cluster.wait_ready(Duration::from_secs(60)).await?;
     println!(
         "{nodes} nodes, {partitions} partitions, replication factor {replication_factor}; data and logs in {}",
         dir.display()
     );
-    for node in &cluster.nodes {
-        println!("  node {}: gateway {}  admin http://{}", node.node_id, node.grpc, node.admin);
+    let admin = if tls { "https" } else { "http" };
+    for (node, gateway) in cluster.nodes.iter().zip(cluster.gateways()) {
+        println!("  node {}: gateway {gateway}  admin {admin}://{}", node.node_id, node.admin);
     }
-    let first = &cluster.nodes[0].grpc;
+    let first = &cluster.gateways()[0];
+    if let Some((_, files)) = &cluster.tls {
+        println!("TLS on every port; clients trust the throwaway CA {}:", files.ca.display());
+        println!("      export {}={}", drover::client::TLS_CA_ENV, files.ca.display());
+    }
     println!("try:  drover status --address {first}");
     println!("      drover job create --address {first} --type demo --variables '{{\"n\":1}}'");
     println!("Ctrl-C (or SIGTERM) stops the cluster (its data stays in {}).", dir.display());

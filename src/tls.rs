@@ -454,3 +454,31 @@ pub fn write_private(path: &Path, text: &str) -> anyhow::Result<()> {
     file.write_all(text.as_bytes())?;
     Ok(())
 }
+
+/// A GET over HTTPS/1.1 to `addr`, trusting the PEM CA `ca`: (status, body).
+/// For the admin port of local clusters (bench, dev-cluster) and tests.
+pub async fn https_get(addr: &str, path: &str, ca: &[u8]) -> io::Result<(u16, String)> {
+    use tokio::io::{AsyncReadExt, AsyncWriteExt};
+    let invalid = |e: String| io::Error::new(io::ErrorKind::InvalidInput, e);
+    let mut roots = RootCertStore::empty();
+    for cert in CertificateDer::pem_slice_iter(ca) {
+        roots.add(cert.map_err(|e| invalid(e.to_string()))?).map_err(|e| invalid(e.to_string()))?;
+    }
+    let mut config = ClientConfig::builder_with_provider(provider())
+        .with_safe_default_protocol_versions()
+        .map_err(|e| invalid(e.to_string()))?
+        .with_root_certificates(roots)
+        .with_no_client_auth();
+    config.alpn_protocols = vec![b"http/1.1".to_vec()];
+    let host = addr.rsplit_once(':').map_or(addr, |(host, _)| host);
+    let tcp = TcpStream::connect(addr).await?;
+    let mut stream = TlsConnector::from(Arc::new(config)).connect(server_name(host)?, tcp).await?;
+    stream.write_all(format!("GET {path} HTTP/1.1\r\nHost: {addr}\r\nConnection: close\r\n\r\n").as_bytes()).await?;
+    let mut response = Vec::new();
+    // A server may close without TLS's close_notify; what arrived counts.
+    let _ = stream.read_to_end(&mut response).await;
+    let text = String::from_utf8_lossy(&response);
+    let code = text.split_whitespace().nth(1).and_then(|c| c.parse().ok()).unwrap_or(0);
+    let body = text.split_once("\r\n\r\n").map(|(_, b)| b.to_string()).unwrap_or_default();
+    Ok((code, body))
+}

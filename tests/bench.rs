@@ -15,6 +15,11 @@ fn a_tiny_bench_through_the_zeebe_protocol_completes_every_job_once() {
     tiny_bench(&["--zeebe"]);
 }
 
+#[test]
+fn a_tiny_bench_over_tls_completes_every_job_once() {
+    tiny_bench(&["--tls"]);
+}
+
 fn tiny_bench(extra: &[&str]) {
     let output = Command::new(common::drover_bin())
         .args(["bench", "--local-nodes", "1", "--jobs", "300", "--producers", "2", "--workers", "2"])

@@ -11,7 +11,7 @@ use std::time::{Duration, Instant};
 
 use common::{eventually, NodeProcess, ProcessCluster};
 use drover::client::Client;
-use drover::tls::{write_private, DevCa};
+use drover::tls::{https_get, write_private, DevCa};
 use rustls::pki_types::pem::PemObject;
 use rustls::pki_types::{CertificateDer, PrivateKeyDer, ServerName};
 use tokio::io::{AsyncReadExt, AsyncWriteExt};
@@ -106,19 +106,6 @@ async fn tls_connect(
 async fn served_certificate(addr: &str, ca: &[u8], identity: Option<(&[u8], &[u8])>) -> Option<Vec<u8>> {
     let stream = tls_connect(addr, ca, identity, b"h2").await.ok()?;
     Some(stream.get_ref().1.peer_certificates()?.first()?.to_vec())
-}
-
-/// An HTTPS GET over HTTP/1.1: (status, body).
-async fn https_get(addr: &str, path: &str, ca: &[u8]) -> std::io::Result<(u16, String)> {
-    let mut stream = tls_connect(addr, ca, None, b"http/1.1").await?;
-    let request = format!("GET {path} HTTP/1.1\r\nHost: {addr}\r\nConnection: close\r\n\r\n");
-    stream.write_all(request.as_bytes()).await?;
-    let mut response = Vec::new();
-    let _ = stream.read_to_end(&mut response).await;
-    let text = String::from_utf8_lossy(&response);
-    let code = text.split_whitespace().nth(1).and_then(|c| c.parse().ok()).unwrap_or(0);
-    let body = text.split_once("\r\n\r\n").map(|(_, b)| b.to_string()).unwrap_or_default();
-    Ok((code, body))
 }
 
 /// Creates a job, activates and completes it over `client`, retrying the

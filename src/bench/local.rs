@@ -21,6 +21,9 @@ pub struct LocalNodeProcess {
 
 pub struct LocalCluster {
     pub nodes: Vec<LocalNodeProcess>,
+    /// With TLS on every port: the throwaway CA's certificate (PEM) that
+    /// clients trust, and the files it was written to.
+    pub tls: Option<(Vec<u8>, crate::tls::DevFiles)>,
     _temp: Option<tempfile::TempDir>,
 }
 
@@ -38,11 +41,45 @@ impl LocalCluster {
         base_dir: Option<&Path>,
         extra_args: &[String],
     ) -> anyhow::Result<LocalCluster> {
+        Self::start_with(nodes, partitions, replication_factor, base_dir, extra_args, false)
+    }
+
+    /// Like [`LocalCluster::start`]; with `tls`, a throwaway CA and a
+    /// certificate for 127.0.0.1 are written to the base directory's `tls/`
+    /// and every port of every node serves TLS (mutual on the cluster port).
+    pub fn start_with(
+        nodes: usize,
+        partitions: u32,
+        replication_factor: u32,
+        base_dir: Option<&Path>,
+        extra_args: &[String],
+        tls: bool,
+    ) -> anyhow::Result<LocalCluster> {
         let temp = match base_dir {
             Some(_) => None,
             None => Some(tempfile::Builder::new().prefix("drover-local-").tempdir()?),
         };
         let base = base_dir.map(Path::to_path_buf).unwrap_or_else(|| temp.as_ref().expect("temp").path().to_path_buf());
+        let tls = match tls {
+            true => {
+                let files = crate::tls::write_dev_certificates(&base.join("tls"), &["127.0.0.1", "localhost"])?;
+                Some((std::fs::read(&files.ca)?, files))
+            }
+            false => None,
+        };
+        let mut extra_args = extra_args.to_vec();
+        if let Some((_, files)) = &tls {
+            let (cert, key, ca) = (files.cert.display(), files.key.display(), files.ca.display());
+            for (flag, value) in [
+                ("--tls-cert", cert.to_string()),
+                ("--tls-key", key.to_string()),
+                ("--cluster-tls-cert", cert.to_string()),
+                ("--cluster-tls-key", key.to_string()),
+                ("--cluster-tls-ca", ca.to_string()),
+            ] {
+                extra_args.extend([flag.to_string(), value]);
+            }
+        }
         let mut ports = Vec::new();
         for _ in 0..nodes {
             ports.push((free_port()?, free_port()?, free_port()?));
@@ -65,7 +102,7 @@ impl LocalCluster {
                 .args(["--members", &members.join(",")])
                 .args(["--partitions", &partitions.to_string()])
                 .args(["--replication-factor", &replication_factor.to_string()])
-                .args(extra_args)
+                .args(&extra_args)
                 .stdout(Stdio::piped())
                 .stderr(log)
                 .spawn()
@@ -79,7 +116,7 @@ impl LocalCluster {
                 data_dir,
             });
         }
-        let mut cluster = LocalCluster { nodes: started, _temp: temp };
+        let mut cluster = LocalCluster { nodes: started, tls, _temp: temp };
         for node in &mut cluster.nodes {
             let stdout = node.child.stdout.take().expect("piped");
             let mut lines = BufReader::new(stdout).lines();
@@ -93,16 +130,32 @@ impl LocalCluster {
         Ok(cluster)
     }
 
+    /// Every node's gateway: `https://` addresses with TLS.
     pub fn gateways(&self) -> Vec<String> {
-        self.nodes.iter().map(|n| n.grpc.clone()).collect()
+        let scheme = if self.tls.is_some() { "https://" } else { "" };
+        self.nodes.iter().map(|n| format!("{scheme}{}", n.grpc)).collect()
+    }
+
+    /// The CA clients of this cluster trust (PEM), with TLS.
+    pub fn ca(&self) -> Option<&[u8]> {
+        self.tls.as_ref().map(|(ca, _)| ca.as_slice())
+    }
+
+    /// A GET on node `index`'s admin port, over HTTPS with TLS.
+    pub async fn admin_get(&self, index: usize, path: &str) -> std::io::Result<(u16, String)> {
+        let admin = &self.nodes[index].admin;
+        match self.ca() {
+            Some(ca) => crate::tls::https_get(admin, path, ca).await,
+            None => admin_get(admin, path).await,
+        }
     }
 
     /// Waits until every node says `/ready`.
     pub async fn wait_ready(&self, limit: Duration) -> anyhow::Result<()> {
         let started = Instant::now();
-        for node in &self.nodes {
+        for (index, node) in self.nodes.iter().enumerate() {
             loop {
-                if admin_get(&node.admin, "/ready").await.map(|(code, _)| code == 200).unwrap_or(false) {
+                if self.admin_get(index, "/ready").await.map(|(code, _)| code == 200).unwrap_or(false) {
                     break;
                 }
                 if started.elapsed() > limit {

@@ -9,6 +9,9 @@
 //! - `latency`: a fixed `--rate` of creates for `--duration`; the latency is
 //!   "worker received - create sent", in an HDR histogram.
 //!
+//! With `--tls` (and `--local-nodes`), every port of every node serves TLS,
+//! and clients connect over it.
+//!
 //! With `--zeebe`, workers use Zeebe's protocol instead (StreamActivatedJobs
 //! and one CompleteJob call per job); `--one-by-one` works the same way
 //! through drover.v1. The two measure what the Zeebe facade itself costs.
@@ -18,7 +21,7 @@ mod workload;
 
 use std::time::Duration;
 
-use anyhow::bail;
+use anyhow::{bail, Context};
 use serde::Serialize;
 
 pub use local::{admin_get, LocalCluster};
@@ -84,6 +87,14 @@ pub struct BenchArgs {
     /// so that the two runs differ only in the service.
     #[arg(long)]
     pub one_by_one: bool,
+    /// With --local-nodes: TLS on every port of every node (a throwaway CA,
+    /// mutual TLS between nodes), clients over TLS.
+    #[arg(long)]
+    pub tls: bool,
+    /// The PEM CA that signs a running cluster's gateway certificates, for
+    /// `https://` addresses. [default: $DROVER_TLS_CA, else the public web's roots]
+    #[arg(long)]
+    pub tls_ca: Option<std::path::PathBuf>,
     /// Print one JSON object per workload instead of a table.
     #[arg(long)]
     pub json: bool,
@@ -102,7 +113,7 @@ pub async fn run(args: BenchArgs) -> anyhow::Result<bool> {
     }
     let mut cluster = match args.local_nodes {
         Some(n) => {
-            let cluster = LocalCluster::start(n, args.partitions, args.replication_factor, None, &[])?;
+            let cluster = LocalCluster::start_with(n, args.partitions, args.replication_factor, None, &[], args.tls)?;
             cluster.wait_ready(Duration::from_secs(60)).await?;
             Some(cluster)
         }
@@ -112,13 +123,17 @@ pub async fn run(args: BenchArgs) -> anyhow::Result<bool> {
         Some(c) => c.gateways(),
         None => args.address.clone(),
     };
-    let admins: Vec<String> =
-        cluster.as_ref().map(|c| c.nodes.iter().map(|n| n.admin.clone()).collect()).unwrap_or_default();
+    let ca = match (&cluster, &args.tls_ca) {
+        (Some(cluster), _) => cluster.ca().map(<[u8]>::to_vec),
+        (None, Some(path)) => Some(std::fs::read(path).with_context(|| format!("reading {}", path.display()))?),
+        (None, None) => None,
+    };
+    workload::trust(ca);
     let mut clean = true;
     for workload in &args.workload {
         let figures = match workload {
-            Workload::Throughput => workload::throughput(&args, &gateways, cluster.as_ref(), &admins).await?,
-            Workload::Latency => workload::latency(&args, &gateways, cluster.as_ref(), &admins).await?,
+            Workload::Throughput => workload::throughput(&args, &gateways, cluster.as_ref()).await?,
+            Workload::Latency => workload::latency(&args, &gateways, cluster.as_ref()).await?,
         };
         clean &= figures.lost == 0 && figures.completed_twice == 0;
         if args.json {

@@ -12,7 +12,7 @@ use serde::{Deserialize, Serialize};
 use tokio::sync::{mpsc, watch, Semaphore};
 use tokio_stream::wrappers::ReceiverStream;
 
-use super::local::{admin_get, LocalCluster};
+use super::local::LocalCluster;
 use super::{BenchArgs, Workload};
 use crate::client::Client;
 use crate::proto::gateway::{CompleteJobRequest, CreateJobRequest, StreamActivatedJobsRequest};
@@ -150,8 +150,20 @@ impl Tracker {
     }
 }
 
+/// The CA the bench's clients trust for `https://` gateways (set once, before
+/// the first workload; `None`: the client library's default).
+static GATEWAY_CA: std::sync::OnceLock<Option<Vec<u8>>> = std::sync::OnceLock::new();
+
+pub fn trust(ca: Option<Vec<u8>>) {
+    let _ = GATEWAY_CA.set(ca);
+}
+
+fn gateway_ca() -> Option<&'static [u8]> {
+    GATEWAY_CA.get().and_then(|ca| ca.as_deref())
+}
+
 async fn connect(gateway: &str) -> anyhow::Result<Client> {
-    Client::connect(gateway).await.with_context(|| format!("connecting to {gateway}"))
+    Client::connect_with_ca(gateway, gateway_ca()).await.with_context(|| format!("connecting to {gateway}"))
 }
 
 /// What each create of a producer looks like.
@@ -301,11 +313,14 @@ async fn work_one_by_one(
 ) -> anyhow::Result<Histogram<u64>> {
     use crate::proto::zeebe as zb;
     type Jobs = std::pin::Pin<Box<dyn futures::Stream<Item = Result<(u64, u32, String), tonic::Status>> + Send>>;
-    let channel = tonic::transport::Endpoint::from_shared(format!("http://{gateway}"))?
-        .tcp_nodelay(true)
-        .connect()
-        .await
-        .with_context(|| format!("connecting to {gateway}"))?;
+    let channel = match gateway_ca() {
+        Some(ca) => crate::client::endpoint_with_ca(&gateway, Some(ca))?,
+        None => crate::client::endpoint(&gateway)?,
+    }
+    .tcp_nodelay(true)
+    .connect()
+    .await
+    .with_context(|| format!("connecting to {gateway}"))?;
     let drover = crate::proto::gateway::gateway_client::GatewayClient::new(channel.clone());
     let zeebe = zb::gateway_client::GatewayClient::new(channel);
     let mut jobs: Jobs = match protocol {
@@ -364,10 +379,11 @@ async fn work_one_by_one(
     Ok(latency)
 }
 
-async fn wal_syncs(admins: &[String]) -> Vec<u64> {
+async fn wal_syncs(cluster: Option<&LocalCluster>) -> Vec<u64> {
     let mut out = Vec::new();
-    for admin in admins {
-        let value = match admin_get(admin, "/metrics").await {
+    let Some(cluster) = cluster else { return out };
+    for index in 0..cluster.nodes.len() {
+        let value = match cluster.admin_get(index, "/metrics").await {
             Ok((_, body)) => body
                 .lines()
                 .find(|l| l.starts_with("drover_storage_wal_syncs_total "))
@@ -389,7 +405,6 @@ async fn run(
     args: &BenchArgs,
     gateways: &[String],
     cluster: Option<&LocalCluster>,
-    admins: &[String],
     jobs: u64,
     rate: Option<u64>,
     producers: usize,
@@ -398,7 +413,7 @@ async fn run(
     let tracker = Arc::new(Tracker::new(jobs));
     let (stop_tx, stop_rx) = watch::channel(false);
     let rss_start = cluster.map(|c| c.resident_bytes()).unwrap_or_default();
-    let syncs_before = wal_syncs(admins).await;
+    let syncs_before = wal_syncs(cluster).await;
 
     let mut workers = Vec::new();
     for i in 0..args.workers {
@@ -488,7 +503,7 @@ async fn run(
     if let Some(sampler) = sampler {
         let _ = sampler.await;
     }
-    let syncs_after = wal_syncs(admins).await;
+    let syncs_after = wal_syncs(cluster).await;
 
     let mut figures = Figures::default();
     for seq in 0..jobs as usize {
@@ -516,7 +531,7 @@ async fn run(
         figures.rss_end_mib = mib(&cluster.resident_bytes());
         figures.rss_peak_per_minute_mib = rss_minutes.lock().expect("lock").iter().map(|m| mib(m)).collect();
     }
-    if !admins.is_empty() {
+    if cluster.is_some() {
         figures.wal_syncs = syncs_after.iter().zip(&syncs_before).map(|(a, b)| a.saturating_sub(*b)).collect();
         let busiest = figures.wal_syncs.iter().copied().max().unwrap_or(0);
         if busiest > 0 {
@@ -530,17 +545,11 @@ pub async fn throughput(
     args: &BenchArgs,
     gateways: &[String],
     cluster: Option<&LocalCluster>,
-    admins: &[String],
 ) -> anyhow::Result<Figures> {
-    run(args, gateways, cluster, admins, args.jobs, None, args.producers).await
+    run(args, gateways, cluster, args.jobs, None, args.producers).await
 }
 
-pub async fn latency(
-    args: &BenchArgs,
-    gateways: &[String],
-    cluster: Option<&LocalCluster>,
-    admins: &[String],
-) -> anyhow::Result<Figures> {
+pub async fn latency(args: &BenchArgs, gateways: &[String], cluster: Option<&LocalCluster>) -> anyhow::Result<Figures> {
     let jobs = args.rate * args.duration;
-    run(args, gateways, cluster, admins, jobs, Some(args.rate), 1).await
+    run(args, gateways, cluster, jobs, Some(args.rate), 1).await
 }
