@@ -68,7 +68,8 @@ fn helm_chart_renders_a_consistent_cluster_for_1_3_and_5_nodes() {
         template
             .args(["template", "drover", "--namespace", "jobs"])
             .arg(&chart)
-            .args(["--set", &format!("clusterSize={size},replicationFactor={rf},serviceMonitor.enabled=true")]);
+            .args(["--set", &format!("clusterSize={size},replicationFactor={rf},serviceMonitor.enabled=true")])
+            .args(["--set", "tls.enabled=false"]);
         let docs = documents(&run(template));
 
         let headless: Vec<&Value> =
@@ -118,6 +119,8 @@ fn helm_chart_renders_a_consistent_cluster_for_1_3_and_5_nodes() {
             .collect();
         let admin_port = ports.iter().find(|(n, _)| *n == "admin").unwrap().1;
         assert_eq!(env_of(container, "DROVER_ADMIN_ADDR"), Some(format!("0.0.0.0:{admin_port}").as_str()));
+        assert_eq!(env_of(container, "DROVER_TLS_CERT"), None, "tls.enabled=false opts out of TLS");
+        assert_eq!(container["readinessProbe"]["httpGet"]["scheme"].as_str(), Some("HTTP"));
         assert_eq!(container["readinessProbe"]["httpGet"]["path"].as_str(), Some("/ready"));
         assert_eq!(container["readinessProbe"]["httpGet"]["port"].as_str(), Some("admin"));
         assert_eq!(container["livenessProbe"]["httpGet"]["path"].as_str(), Some("/health"));
@@ -367,5 +370,100 @@ async fn the_compose_file_starts_a_cluster_that_serves_jobs() {
     let job = client.activate("compose", "w", 1, 60_000, 10_000).await.unwrap().remove(0);
     assert_eq!(job.key, key);
     client.complete(job.key, job.attempt, "{}").await.unwrap();
+    drop(nodes);
+}
+
+/// The chart with TLS on (its default), started as processes with exactly the
+/// command, arguments and environment it renders and the Secret's files where
+/// it mounts them: only host names and paths are mapped to this machine (each
+/// pod gets its own loopback address, the mount and data directories a
+/// temporary one). The certificate names the pods as cert-manager's would.
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn the_helm_chart_with_tls_renders_nodes_that_serve_jobs_over_tls() {
+    let mut template = Command::new(tool("helm"));
+    template.args(["template", "drover", "--namespace", "jobs"]).arg(repo("helm/drover"));
+    template.args(["--set", "clusterSize=3,replicationFactor=3,partitionCount=2"]);
+    let docs = documents(&run(template));
+    let set = kind(&docs, "StatefulSet")[0];
+    let set_name = set["metadata"]["name"].as_str().unwrap().to_string();
+    let headless = set["spec"]["serviceName"].as_str().unwrap().to_string();
+    let pod = &set["spec"]["template"]["spec"];
+    let container = &pod["containers"][0];
+    assert_eq!(container["readinessProbe"]["httpGet"]["scheme"].as_str(), Some("HTTPS"), "TLS is on by default");
+    let mount = container["volumeMounts"]
+        .as_sequence()
+        .unwrap()
+        .iter()
+        .find(|m| m["name"].as_str() == Some("tls"))
+        .expect("the TLS Secret is mounted");
+    let mount_path = mount["mountPath"].as_str().unwrap().to_string();
+    let secret = pod["volumes"].as_sequence().unwrap().iter().find(|v| v["name"].as_str() == Some("tls")).unwrap();
+    assert_eq!(secret["secret"]["secretName"].as_str(), Some(format!("{set_name}-tls").as_str()));
+    assert!(mount["subPath"].is_null(), "a subPath mount would never see a renewed Secret");
+
+    // The Secret's files, as cert-manager would write them for this release.
+    let dir = tempfile::tempdir().unwrap();
+    let secret_dir = dir.path().join("tls");
+    std::fs::create_dir_all(&secret_dir).unwrap();
+    let pod_ip = |i: usize| format!("127.0.0.{}", 31 + i);
+    let authority = drover::tls::DevCa::new("cluster CA").unwrap();
+    let mut names: Vec<String> = (0..3).map(|i| format!("{set_name}-{i}.{headless}.jobs.svc")).collect();
+    names.extend((0..3).map(pod_ip));
+    let names: Vec<&str> = names.iter().map(String::as_str).collect();
+    let (cert, key) = authority.issue(&names).unwrap();
+    std::fs::write(secret_dir.join("tls.crt"), cert).unwrap();
+    drover::tls::write_private(&secret_dir.join("tls.key"), &key).unwrap();
+    std::fs::write(secret_dir.join("ca.crt"), authority.pem()).unwrap();
+
+    let args: Vec<String> =
+        container["args"].as_sequence().unwrap().iter().map(|a| a.as_str().unwrap().to_string()).collect();
+    let mut nodes = Vec::new();
+    for i in 0..3 {
+        let mut process = Command::new(common::drover_bin());
+        process.args(&args).env_clear().env("RUST_LOG", "warn").env("HOSTNAME", format!("{set_name}-{i}"));
+        for entry in container["env"].as_sequence().unwrap() {
+            let (name, value) = (entry["name"].as_str().unwrap(), entry["value"].as_str().unwrap());
+            let mut value = value.replace("0.0.0.0", &pod_ip(i)).replace(&mount_path, secret_dir.to_str().unwrap());
+            for j in 0..3 {
+                value = value.replace(&format!("{set_name}-{j}.{headless}.jobs.svc"), &pod_ip(j));
+            }
+            if name == "DROVER_DATA_DIR" {
+                value = dir.path().join(format!("node-{i}")).display().to_string();
+            }
+            process.env(name, value);
+        }
+        process.stdout(Stdio::null()).stderr(Stdio::inherit());
+        nodes.push(Killed(process.spawn().unwrap()));
+    }
+
+    let ca = authority.pem().into_bytes();
+    let admin = format!("{}:9600", pod_ip(0));
+    eventually(Duration::from_secs(60), "node 0 to be ready over HTTPS, as the probe asks", || {
+        let (admin, ca) = (admin.clone(), ca.clone());
+        async move { drover::tls::https_get(&admin, "/ready", &ca).await.is_ok_and(|(code, _)| code == 200) }
+    })
+    .await;
+    let client = Client::connect_with_ca(&format!("https://{}:26500", pod_ip(1)), Some(&ca)).await.unwrap();
+    let started = std::time::Instant::now();
+    let key = loop {
+        match client.create_job("helm-tls", r#"{"ok":true}"#).await {
+            Ok(key) => break key,
+            Err(e) => {
+                assert!(started.elapsed() < Duration::from_secs(60), "no create over TLS within 60 s: {e}");
+                tokio::time::sleep(Duration::from_millis(200)).await;
+            }
+        }
+    };
+    let job = client.activate("helm-tls", "w", 1, 60_000, 10_000).await.unwrap().remove(0);
+    assert_eq!(job.key, key);
+    client.complete(job.key, job.attempt, "{}").await.unwrap();
+    let plain = Client::connect(&format!("{}:26500", pod_ip(2))).await;
+    assert!(
+        match plain {
+            Err(_) => true,
+            Ok(plain) => plain.create_job("plain", "{}").await.is_err(),
+        },
+        "a node rendered with TLS served a plaintext client"
+    );
     drop(nodes);
 }

@@ -214,6 +214,21 @@ async fn the_cluster_port_refuses_peers_without_a_certificate_from_the_cluster_c
         "a peer with another CA's certificate was served"
     );
 
+    // The node refuses on its own task; wait until it has counted both
+    // refusals before stopping it, so that their log lines are written.
+    let admin = node.admin.clone();
+    eventually(Duration::from_secs(20), "the node to count both refusals", || {
+        let (admin, ca) = (admin.clone(), ca.clone());
+        async move {
+            let Ok((200, metrics)) = https_get(&admin, "/metrics", &ca).await else { return false };
+            metrics
+                .lines()
+                .find(|l| l.starts_with("drover_tls_handshakes_refused_total{port=\"cluster\"}"))
+                .and_then(|l| l.rsplit(' ').next()?.parse::<f64>().ok())
+                .is_some_and(|count| count >= 2.0)
+        }
+    })
+    .await;
     node.kill();
     let log = stderr.join().unwrap();
     let refusals: Vec<&str> = log.lines().filter(|l| l.contains("refused a TLS connection")).collect();

@@ -32,3 +32,8 @@ app.kubernetes.io/instance: {{ .Release.Name }}
 {{- end -}}
 {{- join "," $members -}}
 {{- end -}}
+
+{{/* The Secret with the nodes' TLS certificate, key and CA. */}}
+{{- define "drover.tlsSecret" -}}
+{{- default (printf "%s-tls" (include "drover.fullname" .)) .Values.tls.secretName -}}
+{{- end -}}
