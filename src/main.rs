@@ -51,6 +51,16 @@ enum Command {
         #[command(flatten)]
         target: Target,
     },
+    /// Write a throwaway CA and a node certificate it signed, for trying TLS
+    /// (`ca.pem`, `node.pem`, `node-key.pem`). Never for production.
+    DevCertificates {
+        /// The directory to write them to.
+        #[arg(long)]
+        out: std::path::PathBuf,
+        /// A host name or IP address the certificate names (repeatable).
+        #[arg(long = "name", required = true)]
+        names: Vec<String>,
+    },
     /// Show the node and cluster as the gateway sees them.
     Status {
         #[command(flatten)]
@@ -442,6 +452,12 @@ async fn run(cli: Cli) -> anyhow::Result<()> {
             None => worker(command.run).await,
         },
         Command::Schema { command, target } => schema(command, &target).await,
+        Command::DevCertificates { out, names } => {
+            let names: Vec<&str> = names.iter().map(String::as_str).collect();
+            let files = drover::tls::write_dev_certificates(&out, &names)?;
+            println!("CA {}\ncertificate {}\nkey {}", files.ca.display(), files.cert.display(), files.key.display());
+            Ok(())
+        }
         Command::Outbox { args, target } => {
             let _telemetry = drover::telemetry::init("text", None, "drover-outbox")?;
             let gateways = target.address.split(',').map(str::to_string).collect();

@@ -15,6 +15,9 @@ pub struct Nodes {
     pub partitions: u32,
     pub children: Vec<Option<Child>>,
     pub paused: Vec<bool>,
+    /// With TLS on every port: the directory of the run's CA and node
+    /// certificate (`drover dev-certificates`), and the CA's PEM.
+    pub tls: Option<(PathBuf, Vec<u8>)>,
 }
 
 impl Nodes {
@@ -28,11 +31,39 @@ impl Nodes {
             partitions,
             children: (0..n).map(|_| None).collect(),
             paused: vec![false; n],
+            tls: None,
         }
     }
 
     pub fn admin(&self, i: usize) -> String {
         format!("{}:9600", self.ips[i])
+    }
+
+    /// TLS on all three ports (mutual between nodes), with the run's certificates.
+    fn tls_args(&self) -> Vec<String> {
+        let Some((dir, _)) = &self.tls else { return Vec::new() };
+        let (cert, key, ca) = (dir.join("node.pem"), dir.join("node-key.pem"), dir.join("ca.pem"));
+        let (cert, key, ca) = (cert.display().to_string(), key.display().to_string(), ca.display().to_string());
+        vec![
+            "--tls-cert".into(),
+            cert.clone(),
+            "--tls-key".into(),
+            key.clone(),
+            "--cluster-tls-cert".into(),
+            cert,
+            "--cluster-tls-key".into(),
+            key,
+            "--cluster-tls-ca".into(),
+            ca,
+        ]
+    }
+
+    /// A GET on node `i`'s admin port: over HTTPS with TLS.
+    pub async fn admin_get(&self, i: usize, path: &str) -> std::io::Result<(u16, String)> {
+        match &self.tls {
+            Some((_, ca)) => https_get(&self.admin(i), path, ca).await,
+            None => http_get(&self.admin(i), path).await,
+        }
     }
 
     pub fn start(&mut self, i: usize) -> anyhow::Result<()> {
@@ -66,6 +97,7 @@ impl Nodes {
             .args(["--snapshot-every", "200"])
             // The checker reads every job back after the drain: keep them all.
             .args(["--finished-retention-secs", "86400", "--finished-retention-jobs", "100000000"])
+            .args(self.tls_args())
             .arg("--data-dir")
             .arg(self.dir.join(format!("node-{i}")))
             .env("RUST_LOG", "warn,drover=info")
@@ -152,7 +184,7 @@ impl Nodes {
     pub async fn wait_ready(&self, limit: Duration) -> anyhow::Result<()> {
         let started = Instant::now();
         for i in 0..self.ips.len() {
-            while http_get(&self.admin(i), "/ready").await.map(|(c, _)| c != 200).unwrap_or(true) {
+            while self.admin_get(i, "/ready").await.map(|(c, _)| c != 200).unwrap_or(true) {
                 if started.elapsed() > limit {
                     anyhow::bail!("node {i} not ready within {limit:?}");
                 }
@@ -168,7 +200,7 @@ impl Nodes {
             if !self.running(i) || self.paused[i] {
                 continue;
             }
-            let Ok((200, body)) = http_get(&self.admin(i), "/actuator/partitions").await else { continue };
+            let Ok((200, body)) = self.admin_get(i, "/actuator/partitions").await else { continue };
             let value: serde_json::Value = serde_json::from_str(&body).ok()?;
             for p in value["local"].as_array().into_iter().flatten() {
                 if p["partition"].as_u64() == Some(partition as u64) && p["role"] == "leader" {
@@ -181,7 +213,7 @@ impl Nodes {
 
     /// How many worker streams node `i`'s gateway serves, by its own report.
     pub async fn stream_clients(&self, i: usize) -> Option<usize> {
-        let Ok((200, body)) = http_get(&self.admin(i), "/actuator/jobstreams").await else { return None };
+        let Ok((200, body)) = self.admin_get(i, "/actuator/jobstreams").await else { return None };
         let value: serde_json::Value = serde_json::from_str(&body).ok()?;
         let streams = value["client"].as_array()?;
         Some(streams.iter().map(|s| s["clients"].as_array().map_or(0, Vec::len)).sum())
@@ -215,16 +247,56 @@ impl Drop for Nodes {
 }
 
 pub async fn http_get(addr: &str, path: &str) -> std::io::Result<(u16, String)> {
-    use tokio::io::{AsyncReadExt, AsyncWriteExt};
     let connect = tokio::net::TcpStream::connect(addr);
-    let mut stream = tokio::time::timeout(Duration::from_secs(2), connect)
+    let stream = tokio::time::timeout(Duration::from_secs(2), connect)
         .await
         .map_err(|_| std::io::Error::new(std::io::ErrorKind::TimedOut, "connect timed out"))??;
+    get_over(stream, addr, path).await
+}
+
+/// Like [`http_get`] over TLS, trusting the PEM CA `ca`.
+pub async fn https_get(addr: &str, path: &str, ca: &[u8]) -> std::io::Result<(u16, String)> {
+    use rustls::pki_types::pem::PemObject;
+    use rustls::pki_types::{CertificateDer, ServerName};
+    let invalid = |e: String| std::io::Error::new(std::io::ErrorKind::InvalidInput, e);
+    let mut roots = rustls::RootCertStore::empty();
+    for cert in CertificateDer::pem_slice_iter(ca) {
+        roots.add(cert.map_err(|e| invalid(e.to_string()))?).map_err(|e| invalid(e.to_string()))?;
+    }
+    let provider = std::sync::Arc::new(rustls::crypto::ring::default_provider());
+    let mut config = rustls::ClientConfig::builder_with_provider(provider)
+        .with_safe_default_protocol_versions()
+        .map_err(|e| invalid(e.to_string()))?
+        .with_root_certificates(roots)
+        .with_no_client_auth();
+    config.alpn_protocols = vec![b"http/1.1".to_vec()];
+    let host = addr.rsplit_once(':').map_or(addr, |(host, _)| host).to_string();
+    let name = ServerName::try_from(host).map_err(|e| invalid(e.to_string()))?;
+    let handshake = async {
+        let tcp = tokio::net::TcpStream::connect(addr).await?;
+        tokio_rustls::TlsConnector::from(std::sync::Arc::new(config)).connect(name, tcp).await
+    };
+    let stream = tokio::time::timeout(Duration::from_secs(2), handshake)
+        .await
+        .map_err(|_| std::io::Error::new(std::io::ErrorKind::TimedOut, "TLS connect timed out"))??;
+    get_over(stream, addr, path).await
+}
+
+async fn get_over(
+    mut stream: impl tokio::io::AsyncRead + tokio::io::AsyncWrite + Unpin,
+    addr: &str,
+    path: &str,
+) -> std::io::Result<(u16, String)> {
+    use tokio::io::{AsyncReadExt, AsyncWriteExt};
     stream.write_all(format!("GET {path} HTTP/1.1\r\nHost: {addr}\r\nConnection: close\r\n\r\n").as_bytes()).await?;
     let mut response = Vec::new();
-    tokio::time::timeout(Duration::from_secs(10), stream.read_to_end(&mut response))
+    let read = tokio::time::timeout(Duration::from_secs(10), stream.read_to_end(&mut response))
         .await
-        .map_err(|_| std::io::Error::new(std::io::ErrorKind::TimedOut, "read timed out"))??;
+        .map_err(|_| std::io::Error::new(std::io::ErrorKind::TimedOut, "read timed out"))?;
+    // A TLS peer may close without close_notify; what arrived still counts.
+    if let (Err(e), true) = (read, response.is_empty()) {
+        return Err(e);
+    }
     let text = String::from_utf8_lossy(&response).into_owned();
     let code = text.split_whitespace().nth(1).and_then(|c| c.parse().ok()).unwrap_or(0);
     let body = text.split_once("\r\n\r\n").map(|(_, b)| b.to_string()).unwrap_or_default();

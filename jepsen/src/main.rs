@@ -78,13 +78,19 @@ struct RunArgs {
     /// Where run directories go.
     #[arg(long, default_value = "jepsen/runs")]
     out: PathBuf,
+    /// TLS on every port of every node (a throwaway CA, mutual TLS between
+    /// nodes); clients and session workers connect over TLS.
+    #[arg(long)]
+    #[serde(default)]
+    tls: bool,
 }
 
 #[derive(Subcommand)]
 enum Command {
     /// One test run.
     Run(RunArgs),
-    /// Every nemesis alone, then all combined, each for --time seconds.
+    /// Every nemesis alone, then all combined, then all combined over TLS,
+    /// each for --time seconds.
     Suite(RunArgs),
     /// Internal: the part of a run that executes inside the client namespace.
     #[command(hide = true)]
@@ -122,10 +128,16 @@ fn main() -> anyhow::Result<()> {
         }
         Command::Suite(args) => {
             let (mut passed, mut failed) = (0, 0);
-            let mut combos: Vec<Vec<Nemesis>> = Nemesis::ALL.iter().map(|n| vec![*n]).collect();
-            combos.push(Nemesis::ALL.to_vec());
-            for nemesis in combos {
-                let args = RunArgs { nemesis, ..args.clone() };
+            // Every nemesis alone, all of them combined, and all of them
+            // combined again with TLS on every port (unless --tls asks for
+            // TLS throughout).
+            let mut combos: Vec<(Vec<Nemesis>, bool)> = Nemesis::ALL.iter().map(|n| (vec![*n], args.tls)).collect();
+            combos.push((Nemesis::ALL.to_vec(), args.tls));
+            if !args.tls {
+                combos.push((Nemesis::ALL.to_vec(), true));
+            }
+            for (nemesis, tls) in combos {
+                let args = RunArgs { nemesis, tls, ..args.clone() };
                 match run(args) {
                     Ok(true) => passed += 1,
                     Ok(false) => failed += 1,
@@ -156,7 +168,11 @@ fn run(args: RunArgs) -> anyhow::Result<bool> {
     }
     let drover = std::fs::canonicalize(&args.drover)
         .with_context(|| format!("the drover binary {} (build it first, or pass --drover)", args.drover.display()))?;
-    let names: Vec<String> = args.nemesis.iter().map(|n| format!("{n:?}").to_lowercase()).collect();
+    let mut names: Vec<String> = args.nemesis.iter().map(|n| format!("{n:?}").to_lowercase()).collect();
+    if args.tls {
+        // Not a nemesis, but part of what the run is: its directory and summary say so.
+        names.push("tls".into());
+    }
     let stamp = std::time::SystemTime::now().duration_since(std::time::UNIX_EPOCH)?.as_secs();
     let dir = args.out.join(format!("{stamp}-{}-{seed}", names.join("+")));
     std::fs::create_dir_all(&dir)?;
@@ -169,9 +185,24 @@ fn run(args: RunArgs) -> anyhow::Result<bool> {
     let runner = keep(&std::env::current_exe()?, &bin.join("drover-jepsen"))?;
     let prefix = format!("drj{:05}", seed % 100_000);
     let net = net::Network::create(&prefix, args.nodes).context("creating the test network (run as root)")?;
+    let scheme = if args.tls { "https://" } else { "" };
+    if args.tls {
+        // Peers dial each other through the proxies on 127.0.0.1, clients the nodes' addresses.
+        let mut certify = std::process::Command::new(&drover);
+        certify.arg("dev-certificates").arg("--out").arg(dir.join("tls"));
+        for name in
+            ["127.0.0.1".to_string(), "localhost".into()].into_iter().chain((0..args.nodes).map(|i| net.node_ip(i)))
+        {
+            certify.args(["--name", &name]);
+        }
+        let output = certify.output().context("running drover dev-certificates")?;
+        if !output.status.success() {
+            bail!("drover dev-certificates failed: {}", String::from_utf8_lossy(&output.stderr));
+        }
+    }
     let config = InnerConfig {
         seed,
-        gateways: (0..args.nodes).map(|i| format!("{}:26500", net.node_ip(i))).collect(),
+        gateways: (0..args.nodes).map(|i| format!("{scheme}{}:26500", net.node_ip(i))).collect(),
         namespaces: (0..args.nodes).map(|i| net.node_ns(i)).collect(),
         ips: (0..args.nodes).map(|i| net.node_ip(i)).collect(),
         drover,
@@ -185,12 +216,13 @@ fn run(args: RunArgs) -> anyhow::Result<bool> {
         args.nodes,
         dir.display()
     );
-    let status = std::process::Command::new("ip")
-        .args(["netns", "exec", &net.client_ns()])
-        .arg(&runner)
-        .arg("inner")
-        .arg(&dir)
-        .status()?;
+    let mut inner = std::process::Command::new("ip");
+    inner.args(["netns", "exec", &net.client_ns()]).arg(&runner).arg("inner").arg(&dir);
+    if args.tls {
+        // The workload's clients and the session worker processes trust the run's CA.
+        inner.env(drover::client::TLS_CA_ENV, dir.join("tls").join("ca.pem"));
+    }
+    let status = inner.status()?;
     drop(net);
     let report = std::fs::read_to_string(dir.join("report.txt")).unwrap_or_else(|_| "no report: the run failed".into());
     let mut lines = report.trim().lines();
@@ -227,6 +259,11 @@ async fn inner(dir: &Path) -> anyhow::Result<bool> {
     let network = net::Network::attach(&config.namespaces, &config.ips);
     let proxies = proxy::Proxies::start(&std::env::current_exe()?, dir, &config.namespaces, &config.ips)?;
     let mut nodes = cluster::Nodes::from_parts(&config.drover, dir, &config.namespaces, &config.ips, args.partitions);
+    if args.tls {
+        let certificates = dir.join("tls");
+        let ca = std::fs::read(certificates.join("ca.pem")).context("reading the run's CA")?;
+        nodes.tls = Some((certificates, ca));
+    }
     for i in 0..args.nodes {
         nodes.start(i)?;
     }
@@ -646,7 +683,7 @@ impl Faults<'_> {
 async fn final_reads(nodes: &cluster::Nodes) -> FinalReads {
     let mut finals: FinalReads = BTreeMap::new();
     for i in 0..nodes.ips.len() {
-        let Ok((200, body)) = cluster::http_get(&nodes.admin(i), "/actuator/jobs").await else { continue };
+        let Ok((200, body)) = nodes.admin_get(i, "/actuator/jobs").await else { continue };
         let Ok(value) = serde_json::from_str::<serde_json::Value>(&body) else { continue };
         let mut jobs = BTreeMap::new();
         for job in value["jobs"].as_array().into_iter().flatten() {
