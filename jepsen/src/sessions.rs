@@ -3,9 +3,10 @@
 //!
 //! Jobs of [`SESSION_TYPE`] (a tenth of the creates; each runs 2 s, so a
 //! killed worker holds several) are worked only by `drover worker --exec`
-//! processes with worker sessions (heartbeats every 500 ms, dead after 3 s)
-//! and a 20 s activation timeout: a job held by a killed worker comes back
-//! within the bound only because its session dies. Each job's command appends
+//! processes with worker sessions (heartbeats every 500 ms, dead after 3 s,
+//! room for [`CONCURRENCY`] jobs) and a 20 s activation timeout: a job held
+//! by a killed worker comes back within the bound only because its session
+//! dies. Each job's command appends
 //! `start WORKER KEY ATTEMPT EPOCH_MS` to a shared log before it works, and
 //! the checker reads it: after every kill, each job the killed worker held
 //! must be activated again within [`RECOVERY_BOUND_MS`].
@@ -29,6 +30,19 @@ pub const RECOVERY_BOUND_MS: u64 = DEAD_AFTER_MS + 5_000;
 pub const ACTIVATION_TIMEOUT_MS: u64 = 20_000;
 /// Session worker processes running at once.
 pub const WORKERS: usize = 2;
+/// Jobs each worker process runs at once. The bound is on the session, not
+/// on spare capacity: when kills come back to back, one survivor must still
+/// have room for everything the dead ones held (each holds at most this
+/// many) and the new jobs, or a recovered job waits in the queue past the
+/// bound for a reason that is not the broker's.
+pub const CONCURRENCY: usize = 24;
+/// Retries a session job is created with. A dead worker's attempt counts as
+/// a failed one (`worker-died`, so a job that kills every worker it reaches
+/// ends as an incident), and the nemesis may kill each holder of one job in
+/// turn: with the default 3 retries, three unlucky kills make a correct
+/// incident. Far more retries than a run has kills keeps an incident here a
+/// finding.
+pub const RETRIES: i32 = 1_000;
 
 /// The running session worker processes.
 pub struct Workers {
@@ -71,7 +85,7 @@ impl Workers {
         let child = Command::new(&self.drover)
             .arg("worker")
             .args(["--address", &gateways, "--type", SESSION_TYPE, "--name", &name, "--exec", &script])
-            .args(["--concurrency", "8", "--timeout", &ACTIVATION_TIMEOUT_MS.to_string()])
+            .args(["--concurrency", &CONCURRENCY.to_string(), "--timeout", &ACTIVATION_TIMEOUT_MS.to_string()])
             .args(["--heartbeat-interval", &HEARTBEAT_MS.to_string(), "--dead-after", &DEAD_AFTER_MS.to_string()])
             .env("RUST_LOG", "info")
             .stdout(Stdio::null())

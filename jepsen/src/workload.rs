@@ -125,6 +125,7 @@ pub async fn producer(shared: Arc<Shared>, process: u64, seed: u64) {
             variables: format!(r#"{{"id":{id}}}"#),
             idempotency_key: format!("jepsen-{id}"),
             stages: if job_type == STAGED_TYPE { STAGES.map(String::from).to_vec() } else { Vec::new() },
+            retries: (job_type == crate::sessions::SESSION_TYPE).then_some(crate::sessions::RETRIES),
             ..Default::default()
         };
         for _ in 0..CREATE_SENDS {
