@@ -136,6 +136,21 @@ pub struct ServeArgs {
     /// it signed (mutual TLS), and this node trusts no other for its peers.
     #[arg(long, env = "DROVER_CLUSTER_TLS_CA")]
     pub cluster_tls_ca: Option<PathBuf>,
+    /// TOML file of bearer tokens (`[[token]]` with name, sha256 of the
+    /// secret, scopes, tenants); reloaded when it changes. With it or
+    /// --jwks-file, every client request needs a token.
+    #[arg(long, env = "DROVER_TOKENS_FILE")]
+    pub tokens_file: Option<PathBuf>,
+    /// JWK set (RS256 or ES256 keys) that JWTs are verified with; reloaded
+    /// when it changes. Needs --jwt-issuer.
+    #[arg(long, env = "DROVER_JWKS_FILE")]
+    pub jwks_file: Option<PathBuf>,
+    /// An accepted JWT issuer (`iss`); several are comma separated.
+    #[arg(long, env = "DROVER_JWT_ISSUERS", value_delimiter = ',')]
+    pub jwt_issuer: Option<Vec<String>>,
+    /// When set, a JWT's audience (`aud`) must include it.
+    #[arg(long, env = "DROVER_JWT_AUDIENCE")]
+    pub jwt_audience: Option<String>,
 }
 
 /// TLS on each port; `None`: plaintext.
@@ -205,6 +220,7 @@ pub struct NodeConfig {
     pub log_format: String,
     pub otlp_endpoint: Option<String>,
     pub tls: TlsSettings,
+    pub auth: crate::auth::AuthSettings,
 }
 
 impl NodeConfig {
@@ -228,6 +244,7 @@ impl NodeConfig {
             log_format: "text".into(),
             otlp_endpoint: None,
             tls: TlsSettings::default(),
+            auth: crate::auth::AuthSettings::default(),
         }
     }
 }
@@ -390,6 +407,12 @@ impl ServeArgs {
             log_format,
             otlp_endpoint: pick!(otlp_endpoint).filter(|e| !e.is_empty()),
             tls: TlsSettings { grpc: grpc_tls, admin: admin_tls, cluster: cluster_tls },
+            auth: crate::auth::AuthSettings {
+                tokens_file: pick!(tokens_file),
+                jwks_file: pick!(jwks_file),
+                jwt_issuers: pick!(jwt_issuer).unwrap_or_default().into_iter().filter(|i| !i.is_empty()).collect(),
+                jwt_audience: pick!(jwt_audience).filter(|a| !a.is_empty()),
+            },
         })
     }
 }

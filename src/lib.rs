@@ -17,6 +17,8 @@ pub mod trace_context;
 #[cfg(feature = "server")]
 pub mod admin;
 #[cfg(feature = "server")]
+pub mod auth;
+#[cfg(feature = "server")]
 pub mod bench;
 #[cfg(feature = "server")]
 pub mod cluster;

@@ -109,7 +109,7 @@ async fn an_overflowing_grpc_timeout_is_refused_and_the_node_keeps_serving() {
     // Node-to-node forwarding reads the header too; it falls back to the
     // default and goes on to judge the request itself.
     let mut cluster = ClusterClient::connect(format!("http://{}", node.node().cluster_addr)).await.unwrap();
-    let forward = ForwardRequest { partition_id: 0, commands: b"not bincode".to_vec().into() };
+    let forward = ForwardRequest { partition_id: 0, commands: b"not bincode".to_vec().into(), ..Default::default() };
     let status = cluster.forward(with_grpc_timeout(forward, "18446744073709551615S")).await.unwrap_err();
     assert_eq!(status.code(), Code::InvalidArgument, "{status:?}");
     assert!(status.message().contains("malformed forwarded commands"), "{}", status.message());

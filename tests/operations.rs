@@ -373,16 +373,17 @@ async fn the_compose_file_starts_a_cluster_that_serves_jobs() {
     drop(nodes);
 }
 
-/// The chart with TLS on (its default), started as processes with exactly the
-/// command, arguments and environment it renders and the Secret's files where
-/// it mounts them: only host names and paths are mapped to this machine (each
-/// pod gets its own loopback address, the mount and data directories a
-/// temporary one). The certificate names the pods as cert-manager's would.
+/// The chart with TLS on (its default) and a tokens Secret, started as
+/// processes with exactly the command, arguments and environment it renders
+/// and the Secrets' files where it mounts them: only host names and paths are
+/// mapped to this machine (each pod gets its own loopback address, the mount
+/// and data directories a temporary one). The certificate names the pods as
+/// cert-manager's would.
 #[tokio::test(flavor = "multi_thread", worker_threads = 2)]
-async fn the_helm_chart_with_tls_renders_nodes_that_serve_jobs_over_tls() {
+async fn the_helm_chart_with_tls_and_tokens_renders_nodes_that_serve_jobs_over_tls() {
     let mut template = Command::new(tool("helm"));
     template.args(["template", "drover", "--namespace", "jobs"]).arg(repo("helm/drover"));
-    template.args(["--set", "clusterSize=3,replicationFactor=3,partitionCount=2"]);
+    template.args(["--set", "clusterSize=3,replicationFactor=3,partitionCount=2,auth.tokensSecret=drover-tokens"]);
     let docs = documents(&run(template));
     let set = kind(&docs, "StatefulSet")[0];
     let set_name = set["metadata"]["name"].as_str().unwrap().to_string();
@@ -400,6 +401,15 @@ async fn the_helm_chart_with_tls_renders_nodes_that_serve_jobs_over_tls() {
     let secret = pod["volumes"].as_sequence().unwrap().iter().find(|v| v["name"].as_str() == Some("tls")).unwrap();
     assert_eq!(secret["secret"]["secretName"].as_str(), Some(format!("{set_name}-tls").as_str()));
     assert!(mount["subPath"].is_null(), "a subPath mount would never see a renewed Secret");
+    let tokens_mount = container["volumeMounts"]
+        .as_sequence()
+        .unwrap()
+        .iter()
+        .find(|m| m["name"].as_str() == Some("tokens"))
+        .expect("the tokens Secret is mounted");
+    let tokens_path = tokens_mount["mountPath"].as_str().unwrap().to_string();
+    let tokens_volume = pod["volumes"].as_sequence().unwrap().iter().find(|v| v["name"].as_str() == Some("tokens"));
+    assert_eq!(tokens_volume.unwrap()["secret"]["secretName"].as_str(), Some("drover-tokens"));
 
     // The Secret's files, as cert-manager would write them for this release.
     let dir = tempfile::tempdir().unwrap();
@@ -414,6 +424,13 @@ async fn the_helm_chart_with_tls_renders_nodes_that_serve_jobs_over_tls() {
     std::fs::write(secret_dir.join("tls.crt"), cert).unwrap();
     drover::tls::write_private(&secret_dir.join("tls.key"), &key).unwrap();
     std::fs::write(secret_dir.join("ca.crt"), authority.pem()).unwrap();
+    // The tokens Secret: one producer-and-worker token for this test's type.
+    let tokens_dir = dir.path().join("tokens");
+    std::fs::create_dir_all(&tokens_dir).unwrap();
+    let secret = drover::auth::keys::generate_secret();
+    let scopes = ["jobs:create:helm-tls".to_string(), "jobs:work:helm-tls".to_string()];
+    let entry = drover::auth::keys::token_entry("helm-test", &secret, &scopes, &["<default>".to_string()]);
+    std::fs::write(tokens_dir.join("tokens.toml"), entry).unwrap();
 
     let args: Vec<String> =
         container["args"].as_sequence().unwrap().iter().map(|a| a.as_str().unwrap().to_string()).collect();
@@ -423,7 +440,10 @@ async fn the_helm_chart_with_tls_renders_nodes_that_serve_jobs_over_tls() {
         process.args(&args).env_clear().env("RUST_LOG", "warn").env("HOSTNAME", format!("{set_name}-{i}"));
         for entry in container["env"].as_sequence().unwrap() {
             let (name, value) = (entry["name"].as_str().unwrap(), entry["value"].as_str().unwrap());
-            let mut value = value.replace("0.0.0.0", &pod_ip(i)).replace(&mount_path, secret_dir.to_str().unwrap());
+            let mut value = value
+                .replace("0.0.0.0", &pod_ip(i))
+                .replace(&mount_path, secret_dir.to_str().unwrap())
+                .replace(&tokens_path, tokens_dir.to_str().unwrap());
             for j in 0..3 {
                 value = value.replace(&format!("{set_name}-{j}.{headless}.jobs.svc"), &pod_ip(j));
             }
@@ -443,7 +463,8 @@ async fn the_helm_chart_with_tls_renders_nodes_that_serve_jobs_over_tls() {
         async move { drover::tls::https_get(&admin, "/ready", &ca).await.is_ok_and(|(code, _)| code == 200) }
     })
     .await;
-    let client = Client::connect_with_ca(&format!("https://{}:26500", pod_ip(1)), Some(&ca)).await.unwrap();
+    let anonymous = Client::connect_with_ca(&format!("https://{}:26500", pod_ip(1)), Some(&ca)).await.unwrap();
+    let client = anonymous.with_token(&secret).unwrap();
     let started = std::time::Instant::now();
     let key = loop {
         match client.create_job("helm-tls", r#"{"ok":true}"#).await {
@@ -457,6 +478,8 @@ async fn the_helm_chart_with_tls_renders_nodes_that_serve_jobs_over_tls() {
     let job = client.activate("helm-tls", "w", 1, 60_000, 10_000).await.unwrap().remove(0);
     assert_eq!(job.key, key);
     client.complete(job.key, job.attempt, "{}").await.unwrap();
+    let refused = anonymous.create_job("helm-tls", "{}").await.unwrap_err();
+    assert_eq!(refused.code(), tonic::Code::Unauthenticated, "a node rendered with a tokens Secret took no token");
     let plain = Client::connect(&format!("{}:26500", pod_ip(2))).await;
     assert!(
         match plain {

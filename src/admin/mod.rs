@@ -137,6 +137,7 @@ pub async fn serve(
         .route("/actuator/workers", get(workers))
         .route("/actuator/workers/{state}", axum::routing::post(direct_workers))
         .route("/actuator/failpoints/{name}", axum::routing::put(arm_failpoint))
+        .layer(axum::middleware::from_fn_with_state(Arc::clone(&ctx), authorize))
         .with_state(ctx);
     let listener = Accepted { connections: crate::tls::accept(listener, tls, stop.clone()), local };
     let shutdown = async move {
@@ -145,6 +146,51 @@ pub async fn serve(
     if let Err(e) = axum::serve(listener, app).with_graceful_shutdown(shutdown).await {
         tracing::error!("admin server failed: {e}");
     }
+}
+
+/// The scope a request to the admin port needs; `None`: none (the probes).
+/// `/actuator/jobs` needs only a principal: it shows the jobs that one may read.
+fn admin_scope(method: &axum::http::Method, path: &str) -> Option<&'static str> {
+    use crate::auth::{CLUSTER_ADMIN, CLUSTER_READ, WORKERS_MANAGE};
+    match (method.as_str(), path) {
+        (_, "/health" | "/ready") => None,
+        ("GET", "/actuator/jobs") => Some(""),
+        ("POST", p) if p.starts_with("/actuator/workers/") => Some(WORKERS_MANAGE),
+        ("PUT", p) if p.starts_with("/actuator/failpoints/") => Some(CLUSTER_ADMIN),
+        _ => Some(CLUSTER_READ),
+    }
+}
+
+/// Authenticates every admin request but the probes (`Authorization:
+/// Bearer`), checks the scope its route needs, and hands the principal on.
+async fn authorize(
+    State(ctx): State<Arc<NodeContext>>,
+    mut request: axum::extract::Request,
+    next: axum::middleware::Next,
+) -> axum::response::Response {
+    let Some(scope) = admin_scope(request.method(), request.uri().path()) else {
+        return next.run(request).await;
+    };
+    let header = request.headers().get(axum::http::header::AUTHORIZATION).map(|v| v.to_str().unwrap_or("?"));
+    let principal = match ctx.auth.authenticate(header) {
+        Ok(principal) => principal,
+        Err(error) => {
+            let mut response = api_error(error).into_response();
+            response.headers_mut().insert(axum::http::header::WWW_AUTHENTICATE, "Bearer".parse().expect("literal"));
+            return response;
+        }
+    };
+    if !scope.is_empty() {
+        if let Err(error) = principal.require(scope) {
+            return api_error(error).into_response();
+        }
+    }
+    if request.method() != axum::http::Method::GET {
+        let action = format!("{} {}", request.method(), request.uri().path());
+        crate::auth::audit(&principal, &action, json!({ "query": request.uri().query().unwrap_or_default() }));
+    }
+    request.extensions_mut().insert(principal);
+    next.run(request).await
 }
 
 #[derive(serde::Deserialize)]
@@ -188,11 +234,15 @@ async fn partitions(State(ctx): State<Arc<NodeContext>>) -> impl IntoResponse {
 
 /// Every job held by this node's replicas, as this node sees them (not routed
 /// to leaders): key, partition, type, state, attempt, variables.
-async fn local_jobs(State(ctx): State<Arc<NodeContext>>) -> impl IntoResponse {
+/// Only jobs the request's principal may read: its tenants, its types.
+async fn local_jobs(
+    State(ctx): State<Arc<NodeContext>>,
+    axum::Extension(principal): axum::Extension<Arc<crate::auth::Principal>>,
+) -> impl IntoResponse {
     let mut jobs = Vec::new();
     for replica in ctx.replicas.values() {
         match replica.state().all_jobs() {
-            Ok(all) => jobs.extend(all.iter().map(|j| {
+            Ok(all) => jobs.extend(all.iter().filter(|j| principal.sees(crate::auth::Verb::Read, j)).map(|j| {
                 json!({
                     "key": j.key.0,
                     "partition": j.key.partition(),
@@ -250,6 +300,8 @@ fn api_error(error: crate::gateway::ApiError) -> (StatusCode, Json<serde_json::V
         ApiError::NotFound(_) => StatusCode::NOT_FOUND,
         ApiError::FailedPrecondition(_) => StatusCode::CONFLICT,
         ApiError::ResourceExhausted(_) => StatusCode::TOO_MANY_REQUESTS,
+        ApiError::Unauthenticated(_) => StatusCode::UNAUTHORIZED,
+        ApiError::PermissionDenied(_) => StatusCode::FORBIDDEN,
         ApiError::Unavailable(_) | ApiError::OutcomeUnknown(_) => StatusCode::SERVICE_UNAVAILABLE,
         ApiError::Internal(_) => StatusCode::INTERNAL_SERVER_ERROR,
     };

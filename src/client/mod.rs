@@ -5,6 +5,8 @@ mod worker;
 
 use std::time::Duration;
 
+use tonic::metadata::{Ascii, MetadataValue};
+use tonic::service::interceptor::InterceptedService;
 use tonic::transport::{Channel, Endpoint};
 
 pub use worker::{Control, JobOutcome, Worker, WorkerOptions};
@@ -15,7 +17,46 @@ use crate::proto::gateway::*;
 /// A connection to any Drover node's gateway.
 #[derive(Clone)]
 pub struct Client {
-    inner: GatewayClient<Channel>,
+    inner: GatewayClient<InterceptedService<Channel, Bearer>>,
+    channel: Channel,
+}
+
+/// The environment variable holding the bearer token a client sends (a
+/// tokens-file secret or a JWT); none is sent without it.
+pub const TOKEN_ENV: &str = "DROVER_TOKEN";
+
+/// Adds `authorization: Bearer <token>` to every call, when there is a token.
+#[derive(Clone, Default)]
+pub struct Bearer {
+    header: Option<MetadataValue<Ascii>>,
+}
+
+impl Bearer {
+    /// A token, or `None` for no header. A token that cannot be a header
+    /// value (a newline in it) is refused here rather than on every call.
+    pub fn new(token: Option<&str>) -> Result<Bearer, tonic::Status> {
+        let header = match token.map(str::trim).filter(|t| !t.is_empty()) {
+            Some(token) => Some(format!("Bearer {token}").parse().map_err(|_| {
+                tonic::Status::invalid_argument("the token holds characters a gRPC header cannot carry")
+            })?),
+            None => None,
+        };
+        Ok(Bearer { header })
+    }
+
+    /// [`TOKEN_ENV`]'s token, if set and usable.
+    pub fn from_env() -> Bearer {
+        Bearer::new(std::env::var(TOKEN_ENV).ok().as_deref()).unwrap_or_default()
+    }
+}
+
+impl tonic::service::Interceptor for Bearer {
+    fn call(&mut self, mut request: tonic::Request<()>) -> Result<tonic::Request<()>, tonic::Status> {
+        if let Some(header) = &self.header {
+            request.metadata_mut().insert("authorization", header.clone());
+        }
+        Ok(request)
+    }
 }
 
 /// Turns `host:port` into `http://host:port`; keeps full URLs as they are.
@@ -92,12 +133,24 @@ impl Client {
         Ok(Client::from_channel(channel))
     }
 
+    /// A client on `channel`, sending [`TOKEN_ENV`]'s token if set.
     pub fn from_channel(channel: Channel) -> Client {
-        Client { inner: GatewayClient::new(channel).max_decoding_message_size(64 << 20) }
+        Client::with_bearer(channel, Bearer::from_env())
+    }
+
+    pub fn with_bearer(channel: Channel, bearer: Bearer) -> Client {
+        let inner = GatewayClient::with_interceptor(channel.clone(), bearer).max_decoding_message_size(64 << 20);
+        Client { inner, channel }
+    }
+
+    /// The same connection, sending `token` (a tokens-file secret or a JWT).
+    pub fn with_token(&self, token: &str) -> Result<Client, tonic::Status> {
+        let bearer = Bearer::new(Some(token))?;
+        Ok(Client::with_bearer(self.channel.clone(), bearer))
     }
 
     /// The generated client, for calls this wrapper does not cover.
-    pub fn raw(&self) -> GatewayClient<Channel> {
+    pub fn raw(&self) -> GatewayClient<InterceptedService<Channel, Bearer>> {
         self.inner.clone()
     }
 

@@ -95,7 +95,15 @@ impl Cluster for ClusterService {
         let request = request.into_inner();
         let commands: Vec<Command> = bincode::deserialize(&request.commands)
             .map_err(|e| Status::invalid_argument(format!("malformed forwarded commands: {e}")))?;
-        let reply = match router::submit_here(ctx, request.partition_id, commands, deadline).await {
+        let principal: Option<Arc<crate::auth::Principal>> = if request.principal.is_empty() {
+            None
+        } else {
+            Some(Arc::new(
+                bincode::deserialize(&request.principal)
+                    .map_err(|e| Status::invalid_argument(format!("malformed forwarded principal: {e}")))?,
+            ))
+        };
+        let reply = match router::submit_here(ctx, principal.as_ref(), request.partition_id, commands, deadline).await {
             Ok(Ok(results)) => ForwardReply {
                 results: bincode::serialize(&results).map_err(|e| Status::internal(e.to_string()))?.into(),
                 ..Default::default()

@@ -615,6 +615,9 @@ pub enum ErrorKind {
     FailedPrecondition,
     /// A limit of the node was reached (a payload grew too large).
     ResourceExhausted,
+    /// The request's principal may not touch this job (never in the log:
+    /// decided before a batch is proposed).
+    PermissionDenied,
 }
 
 #[derive(Clone, Debug, PartialEq, Eq, Serialize, Deserialize)]

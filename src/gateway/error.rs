@@ -16,6 +16,12 @@ pub enum ApiError {
     FailedPrecondition(String),
     #[error("{0}")]
     ResourceExhausted(String),
+    /// No token, or one that does not verify.
+    #[error("{0}")]
+    Unauthenticated(String),
+    /// A token without the scope or tenant the request needs.
+    #[error("{0}")]
+    PermissionDenied(String),
     #[error("{0}")]
     Unavailable(String),
     /// The request may or may not have taken effect.
@@ -46,6 +52,8 @@ impl ApiError {
             ApiError::NotFound(_) => Code::NotFound,
             ApiError::FailedPrecondition(_) => Code::FailedPrecondition,
             ApiError::ResourceExhausted(_) => Code::ResourceExhausted,
+            ApiError::Unauthenticated(_) => Code::Unauthenticated,
+            ApiError::PermissionDenied(_) => Code::PermissionDenied,
             ApiError::Unavailable(_) => Code::Unavailable,
             ApiError::OutcomeUnknown(_) => Code::DeadlineExceeded,
             ApiError::Internal(_) => Code::Internal,
@@ -58,6 +66,8 @@ impl ApiError {
             Code::NotFound => ApiError::NotFound(message),
             Code::FailedPrecondition => ApiError::FailedPrecondition(message),
             Code::ResourceExhausted => ApiError::ResourceExhausted(message),
+            Code::Unauthenticated => ApiError::Unauthenticated(message),
+            Code::PermissionDenied => ApiError::PermissionDenied(message),
             Code::Unavailable => ApiError::Unavailable(message),
             Code::DeadlineExceeded => ApiError::OutcomeUnknown(message),
             _ => ApiError::Internal(message),
@@ -84,6 +94,7 @@ impl From<CommandError> for ApiError {
             ErrorKind::NotFound => ApiError::NotFound(e.message),
             ErrorKind::FailedPrecondition => ApiError::FailedPrecondition(e.message),
             ErrorKind::ResourceExhausted => ApiError::ResourceExhausted(e.message),
+            ErrorKind::PermissionDenied => ApiError::PermissionDenied(e.message),
         }
     }
 }

@@ -2,12 +2,14 @@
 //! `ListJobs` pages through partitions in key order; `RetryJobs` and
 //! `CancelJobs` walk the same listing and send one command per matching job.
 
+use std::sync::Arc;
 use std::time::Instant;
 
 use super::convert;
 use super::error::ApiError;
 use super::router;
 use super::service::run_chunk;
+use crate::auth::{Principal, Verb};
 use crate::core::{Command, CommandResult, Job, JobFilter, JobKey, JobState, PartitionId};
 use crate::node::NodeContext;
 use crate::proto::gateway as pb;
@@ -16,6 +18,8 @@ pub const DEFAULT_PAGE_SIZE: usize = 100;
 pub const MAX_PAGE_SIZE: usize = 1000;
 /// Reasons a bulk answer carries at most.
 const MAX_BULK_ERRORS: usize = 10;
+/// Keys of changed jobs an audit line names at most (it always counts all).
+const MAX_AUDITED_KEYS: usize = 1000;
 
 /// Where a listing resumes: after this key (in its partition), or at the
 /// start of partition 0.
@@ -33,6 +37,7 @@ fn resume_at(token: &str) -> Result<JobKey, ApiError> {
 pub async fn page(
     ctx: &NodeContext,
     filter: &JobFilter,
+    visible: &(dyn Fn(&Job) -> bool + Sync),
     mut from: JobKey,
     size: usize,
     deadline: Instant,
@@ -49,6 +54,7 @@ pub async fn page(
             from = JobKey::new(partition + 1, 0);
             continue;
         };
+        let got: Vec<Job> = got.into_iter().filter(|job| visible(job)).collect();
         bytes += got.iter().map(|j| j.spec.encoded_len() + j.result.len() + j.error_message.len()).sum::<usize>();
         jobs.extend(got);
         from = last;
@@ -59,12 +65,29 @@ pub async fn page(
     Ok((jobs, None))
 }
 
+/// What `principal` may `verb` among jobs matching `filter`: a filter that
+/// names a type or tenant it may not use is refused; without one, jobs it may
+/// not see are left out of the answers.
+fn screen_filter(principal: &Principal, verb: Verb, filter: &JobFilter) -> Result<(), ApiError> {
+    if filter.job_type.is_empty() {
+        principal.require_some(verb)?;
+    } else {
+        principal.require_job(verb, &filter.job_type)?;
+    }
+    if !filter.tenant.is_empty() {
+        principal.require_tenant(&filter.tenant)?;
+    }
+    Ok(())
+}
+
 pub async fn list(
     ctx: &NodeContext,
+    principal: &Principal,
     request: pb::ListJobsRequest,
     deadline: Instant,
 ) -> Result<pb::ListJobsResponse, ApiError> {
     let filter = convert::job_filter(request.filter)?;
+    screen_filter(principal, Verb::Read, &filter)?;
     let size = match request.page_size {
         0 => DEFAULT_PAGE_SIZE,
         n if n > 0 && n as usize <= MAX_PAGE_SIZE => n as usize,
@@ -74,7 +97,8 @@ pub async fn list(
             )))
         }
     };
-    let (jobs, next) = page(ctx, &filter, resume_at(&request.page_token)?, size, deadline).await?;
+    let visible = |job: &Job| principal.sees(Verb::Read, job);
+    let (jobs, next) = page(ctx, &filter, &visible, resume_at(&request.page_token)?, size, deadline).await?;
     Ok(pb::ListJobsResponse {
         jobs: jobs.iter().map(convert::job).collect(),
         next_page_token: next.map(|key| key.0.to_string()).unwrap_or_default(),
@@ -91,15 +115,19 @@ pub enum Bulk {
 /// counts them, on a dry run).
 pub async fn bulk(
     ctx: &NodeContext,
+    principal: &Arc<Principal>,
     filter: JobFilter,
     bulk: Bulk,
     dry_run: bool,
     deadline: Instant,
 ) -> Result<pb::BulkJobsResponse, ApiError> {
+    screen_filter(principal, Verb::Manage, &filter)?;
+    let visible = |job: &Job| principal.sees(Verb::Manage, job);
     let mut answer = pb::BulkJobsResponse::default();
+    let mut changed: Vec<u64> = Vec::new();
     let mut from = Some(JobKey::new(0, 0));
     while let Some(start) = from {
-        let (jobs, next) = page(ctx, &filter, start, MAX_PAGE_SIZE, deadline).await?;
+        let (jobs, next) = page(ctx, &filter, &visible, start, MAX_PAGE_SIZE, deadline).await?;
         from = next;
         let keys: Vec<JobKey> = jobs.iter().filter(|j| !j.state.is_final()).map(|j| j.key).collect();
         answer.matched += keys.len() as u64;
@@ -116,11 +144,14 @@ pub async fn bulk(
                 Ok((key.partition(), command))
             })
             .collect();
-        for result in run_chunk(ctx, commands, deadline).await {
+        for (result, key) in run_chunk(ctx, Some(principal), commands, deadline).await.into_iter().zip(&keys) {
             let error = match result {
                 Ok(CommandResult::Rejected(error)) => ApiError::from(error),
                 Ok(_) => {
                     answer.changed += 1;
+                    if changed.len() < MAX_AUDITED_KEYS {
+                        changed.push(key.0);
+                    }
                     continue;
                 }
                 Err(error) => error,
@@ -131,11 +162,26 @@ pub async fn bulk(
             }
         }
     }
+    if !dry_run {
+        let action = match bulk {
+            Bulk::Retry { .. } => "retry_jobs",
+            Bulk::Cancel => "cancel_jobs",
+        };
+        crate::auth::audit(
+            principal,
+            action,
+            serde_json::json!({
+                "filter": format!("{filter:?}"), "changed": answer.changed, "failed": answer.failed,
+                "jobs": changed, "jobs_listed_at_most": MAX_AUDITED_KEYS,
+            }),
+        );
+    }
     Ok(answer)
 }
 
 pub async fn retry(
     ctx: &NodeContext,
+    principal: &Arc<Principal>,
     request: pb::RetryJobsRequest,
     deadline: Instant,
 ) -> Result<pb::BulkJobsResponse, ApiError> {
@@ -154,11 +200,12 @@ pub async fn retry(
         n if n > 0 => n,
         n => return Err(ApiError::InvalidArgument(format!("retries must be zero (for 1) or more, got {n}"))),
     };
-    bulk(ctx, filter, Bulk::Retry { retries }, request.dry_run, deadline).await
+    bulk(ctx, principal, filter, Bulk::Retry { retries }, request.dry_run, deadline).await
 }
 
 pub async fn cancel(
     ctx: &NodeContext,
+    principal: &Arc<Principal>,
     request: pb::CancelJobsRequest,
     deadline: Instant,
 ) -> Result<pb::BulkJobsResponse, ApiError> {
@@ -169,5 +216,5 @@ pub async fn cancel(
             state.as_str()
         )));
     }
-    bulk(ctx, filter, Bulk::Cancel, request.dry_run, deadline).await
+    bulk(ctx, principal, filter, Bulk::Cancel, request.dry_run, deadline).await
 }

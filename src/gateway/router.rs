@@ -27,7 +27,8 @@ use ractor::rpc::CallResult;
 use tonic::transport::Channel;
 
 use super::error::ApiError;
-use crate::core::{Command, CommandResult, Job, JobFilter, JobKey, JobRef, PartitionId};
+use crate::auth::{Principal, Verb};
+use crate::core::{Command, CommandError, CommandResult, ErrorKind, Job, JobFilter, JobKey, JobRef, PartitionId};
 use crate::node::NodeContext;
 use crate::partition::{LeaderMsg, SubmitError};
 use crate::proto::cluster::cluster_client::ClusterClient;
@@ -56,6 +57,20 @@ pub async fn submit(
     commands: Vec<Command>,
     deadline: Instant,
 ) -> Result<Vec<CommandResult>, ApiError> {
+    submit_as(ctx, None, partition, commands, deadline).await
+}
+
+/// Like [`submit`], for a principal: the node that runs the batch first
+/// refuses each command on a job the principal may not touch (see
+/// [`screen`]); those never reach the log.
+pub async fn submit_as(
+    ctx: &NodeContext,
+    principal: Option<&Arc<Principal>>,
+    partition: PartitionId,
+    commands: Vec<Command>,
+    deadline: Instant,
+) -> Result<Vec<CommandResult>, ApiError> {
+    let principal = principal.filter(|p| !p.unrestricted());
     let started = Instant::now();
     // A create is re-sent only while the partition surely still remembers
     // its request id: within a third of the window from the first send, so
@@ -71,13 +86,13 @@ pub async fn submit(
     let mut rotation = 0usize;
     loop {
         let attempt = match ctx.local_leader(partition) {
-            Some(leader) => submit_local(ctx, &leader, partition, commands.clone(), deadline).await?,
+            Some(leader) => submit_local(ctx, &leader, principal, partition, commands.clone(), deadline).await?,
             None => {
                 let target = ctx.leader_hint(partition, rotation);
                 rotation += 1;
                 match target {
                     Some(node) if node != ctx.node_id => {
-                        forward(ctx, node, partition, commands.clone(), deadline).await?
+                        forward(ctx, node, principal, partition, commands.clone(), deadline).await?
                     }
                     _ => Attempt::Retry(None),
                 }
@@ -111,6 +126,7 @@ pub async fn submit(
 /// a forward is never forwarded again).
 pub async fn submit_here(
     ctx: &NodeContext,
+    principal: Option<&Arc<Principal>>,
     partition: PartitionId,
     commands: Vec<Command>,
     deadline: Instant,
@@ -118,7 +134,7 @@ pub async fn submit_here(
     let Some(leader) = ctx.local_leader(partition) else {
         return Ok(Err(ctx.known_leader(partition)));
     };
-    match submit_local(ctx, &leader, partition, commands, deadline).await? {
+    match submit_local(ctx, &leader, principal, partition, commands, deadline).await? {
         Attempt::Done(results) => Ok(Ok(results)),
         Attempt::Retry(hint) => Ok(Err(hint)),
         Attempt::Unknown { why, .. } => Err(ApiError::outcome_unknown(partition, &why)),
@@ -128,13 +144,30 @@ pub async fn submit_here(
 async fn submit_local(
     ctx: &NodeContext,
     leader: &ractor::ActorRef<LeaderMsg>,
+    principal: Option<&Arc<Principal>>,
     partition: PartitionId,
     commands: Vec<Command>,
     deadline: Instant,
 ) -> Result<Attempt<Vec<CommandResult>>, ApiError> {
+    let (commands, mut refused) = match (principal, ctx.replicas.get(&partition)) {
+        (Some(principal), Some(replica)) => screen(replica, principal, commands)?,
+        _ => (commands, Vec::new()),
+    };
+    if commands.is_empty() && !refused.is_empty() {
+        return Ok(Attempt::Done(refused.into_iter().map(|r| r.expect("every command was refused")).collect()));
+    }
     let wait = deadline.saturating_duration_since(Instant::now());
     match leader.call(|reply| LeaderMsg::Submit { commands, reply }, Some(wait)).await {
-        Ok(CallResult::Success(Ok(results))) => Ok(Attempt::Done(results)),
+        Ok(CallResult::Success(Ok(results))) if refused.is_empty() => Ok(Attempt::Done(results)),
+        Ok(CallResult::Success(Ok(results))) => {
+            // Put the leader's answers in the gaps the refusals left.
+            let mut results = results.into_iter();
+            for slot in refused.iter_mut().filter(|slot| slot.is_none()) {
+                *slot = results.next();
+            }
+            let merged: Option<Vec<CommandResult>> = refused.into_iter().collect();
+            merged.map(Attempt::Done).ok_or_else(|| ApiError::Internal("partition returned too few results".into()))
+        }
         Ok(CallResult::Success(Err(SubmitError::NotLeader { leader, .. }))) => Ok(Attempt::Retry(leader)),
         Ok(CallResult::Success(Err(error @ SubmitError::Overloaded { .. }))) => Err(error.into()),
         Ok(CallResult::Success(Err(SubmitError::Stopped { message, .. }))) => Ok(Attempt::Unknown {
@@ -156,13 +189,19 @@ async fn submit_local(
 async fn forward(
     ctx: &NodeContext,
     node: NodeId,
+    principal: Option<&Arc<Principal>>,
     partition: PartitionId,
     commands: Vec<Command>,
     deadline: Instant,
 ) -> Result<Attempt<Vec<CommandResult>>, ApiError> {
     let Some(mut client) = ctx.peers.client(node) else { return Ok(Attempt::Retry(None)) };
     let encoded = bincode::serialize(&commands).map_err(|e| ApiError::Internal(e.to_string()))?;
-    let mut request = tonic::Request::new(ForwardRequest { partition_id: partition, commands: encoded.into() });
+    let principal = match principal {
+        Some(principal) => bincode::serialize(&**principal).map_err(|e| ApiError::Internal(e.to_string()))?.into(),
+        None => Default::default(),
+    };
+    let mut request =
+        tonic::Request::new(ForwardRequest { partition_id: partition, commands: encoded.into(), principal });
     request.set_timeout(deadline.saturating_duration_since(Instant::now()).max(Duration::from_millis(1)));
     let reply = match client.forward(request).await {
         Ok(reply) => reply.into_inner(),
@@ -193,6 +232,69 @@ async fn forward(
     }
     let results = bincode::deserialize(&reply.results).map_err(|e| ApiError::Internal(e.to_string()))?;
     Ok(Attempt::Done(results))
+}
+
+/// The job a command acts on by key, and what acting on it takes.
+fn needs(command: &Command) -> Option<(JobKey, Verb)> {
+    match command {
+        Command::Complete { key, .. }
+        | Command::Fail { key, .. }
+        | Command::UpdateTimeout { key, .. }
+        | Command::Checkpoint { key, .. } => Some((*key, Verb::Work)),
+        Command::UpdateRetries { key, .. } | Command::Cancel { key } => Some((*key, Verb::Manage)),
+        _ => None,
+    }
+}
+
+/// Splits a batch into what `principal` may run and, in the command order,
+/// refusals for the rest (`None` where a command runs). A job of another
+/// tenant is NOT_FOUND, as if it did not exist; one of its tenants without
+/// the scope is PERMISSION_DENIED. A job's type and tenant never change, so
+/// this read needs no commit; a key not known here is left to the engine.
+fn screen(
+    replica: &Replica,
+    principal: &Principal,
+    commands: Vec<Command>,
+) -> Result<(Vec<Command>, Vec<Option<CommandResult>>), ApiError> {
+    let state = replica.state();
+    let keys: Vec<Option<(JobKey, Verb)>> = commands.iter().map(needs).collect();
+    let mut owners: Vec<Option<(String, String)>> = state.read(|s| {
+        keys.iter()
+            .map(|k| k.and_then(|(key, _)| s.job(key)).map(|j| (j.spec.tenant.clone(), j.spec.job_type.clone())))
+            .collect()
+    });
+    for (owner, needed) in owners.iter_mut().zip(&keys) {
+        if let (None, Some((key, _))) = (&owner, needed) {
+            *owner = state.lookup(*key)?.map(|j| (j.spec.tenant.clone(), j.spec.job_type.clone()));
+        }
+    }
+    let mut allowed = Vec::with_capacity(commands.len());
+    let mut results = Vec::with_capacity(commands.len());
+    let mut any_refused = false;
+    for ((command, needed), owner) in commands.into_iter().zip(keys).zip(owners) {
+        let verdict = match (needed, owner) {
+            (Some((key, verb)), Some((tenant, job_type))) => principal.check_job(verb, &tenant, &job_type, key.0),
+            _ => Ok(()),
+        };
+        match verdict {
+            Ok(()) => {
+                allowed.push(command);
+                results.push(None);
+            }
+            Err(error) => {
+                any_refused = true;
+                let kind = match error.code() {
+                    tonic::Code::NotFound => ErrorKind::NotFound,
+                    _ => ErrorKind::PermissionDenied,
+                };
+                results.push(Some(CommandResult::Rejected(CommandError { kind, message: error.to_string() })));
+            }
+        }
+    }
+    if !any_refused {
+        results.clear();
+    }
+    Ok((allowed, results))
 }
 
 /// Whether a failed call never reached its peer: the connection could not be

@@ -16,6 +16,7 @@ use super::error::ApiError;
 use super::router;
 use super::sessions;
 use super::streams::ClientStream;
+use crate::auth::{Principal, Verb, CLUSTER_READ, WORKERS_MANAGE};
 use crate::core::{
     ActivatedJobData, Command, CommandResult, FailReason, Job, JobKey, JobRef, JobState, PartitionId, RequestId,
 };
@@ -75,6 +76,11 @@ impl GatewayService {
         Instant::now() + self.ctx.request_timeout
     }
 
+    /// Who sent `request` (its bearer token), or UNAUTHENTICATED.
+    fn principal<T>(&self, request: &Request<T>) -> Result<Arc<Principal>, ApiError> {
+        principal_of(&self.ctx, request)
+    }
+
     /// The answer to a create: the job's key, whether this request made it,
     /// and its state (read from its partition for a repeat whose job is final).
     async fn created(
@@ -107,19 +113,37 @@ impl GatewayService {
         }
     }
 
-    /// The job a `GetJobRequest` names, read from its partition's leader.
-    async fn read_job(&self, request: GetJobRequest, deadline: Instant) -> Result<Job, ApiError> {
+    /// The job a `GetJobRequest` names, read from its partition's leader, if
+    /// `principal` may read it.
+    async fn read_job(
+        &self,
+        principal: &Principal,
+        request: GetJobRequest,
+        deadline: Instant,
+    ) -> Result<Job, ApiError> {
+        if !request.tenant_id.is_empty() {
+            principal.require_tenant(&request.tenant_id)?;
+        }
         let job = Self::job_ref(request.key, request.idempotency_key, request.tenant_id, request.user)?;
-        router::read(&self.ctx, &job, None, deadline).await
+        let found = router::read(&self.ctx, &job, None, deadline).await?;
+        principal.check_job(Verb::Read, &found.spec.tenant, &found.spec.job_type, found.key.0)?;
+        Ok(found)
     }
 
-    /// Runs one command on the partition of `key`.
-    async fn one(&self, key: JobKey, command: Command, deadline: Instant) -> Result<CommandResult, ApiError> {
+    /// Runs one command on the partition of `key`, for `principal`.
+    async fn one(
+        &self,
+        principal: &Arc<Principal>,
+        key: JobKey,
+        command: Command,
+        deadline: Instant,
+    ) -> Result<CommandResult, ApiError> {
         if key.partition() >= self.ctx.partition_count() || key.counter() == 0 {
             return Err(ApiError::NotFound(format!("no job with key {key}")));
         }
         let repeat = Repeat::of(&command);
-        let mut results = router::submit(&self.ctx, key.partition(), vec![command], deadline).await?;
+        let mut results =
+            router::submit_as(&self.ctx, Some(principal), key.partition(), vec![command], deadline).await?;
         match results.pop() {
             Some(CommandResult::Rejected(error)) => settle(&self.ctx, repeat, error.into(), deadline).await,
             Some(result) => Ok(result),
@@ -168,6 +192,17 @@ async fn settle(
         }
         _ => Err(error),
     }
+}
+
+/// Who sent `request`: the principal its `authorization` header names.
+/// A principal already in the request's extensions is the broker's own
+/// action (clients cannot set extensions).
+pub(super) fn principal_of<T>(ctx: &NodeContext, request: &Request<T>) -> Result<Arc<Principal>, ApiError> {
+    if let Some(principal) = request.extensions().get::<Arc<Principal>>() {
+        return Ok(Arc::clone(principal));
+    }
+    let header = request.metadata().get("authorization").map(|v| v.to_str().unwrap_or("?"));
+    ctx.auth.authenticate(header)
 }
 
 fn traceparent<T>(request: &Request<T>) -> String {
@@ -245,6 +280,7 @@ fn split_by_bytes(indexes: Vec<usize>, commands: Vec<Command>, max_bytes: usize)
 /// run in order; the partitions concurrently; results back in the chunk's order.
 pub(super) async fn run_chunk(
     ctx: &NodeContext,
+    principal: Option<&Arc<Principal>>,
     commands: Vec<Result<(PartitionId, Command), ApiError>>,
     deadline: Instant,
 ) -> Vec<Result<CommandResult, ApiError>> {
@@ -268,7 +304,7 @@ pub(super) async fn run_chunk(
     let partitions = by_partition.into_iter().map(|(partition, (indexes, commands))| async move {
         let mut done = Vec::new();
         for (indexes, commands) in split_by_bytes(indexes, commands, max_bytes) {
-            done.push((indexes, router::submit(ctx, partition, commands, deadline).await));
+            done.push((indexes, router::submit_as(ctx, principal, partition, commands, deadline).await));
         }
         done
     });
@@ -297,9 +333,12 @@ pub(super) async fn run_chunk(
 impl GatewayService {
     fn create_command(
         &self,
+        principal: &Principal,
         request: CreateJobRequest,
         traceparent: String,
     ) -> Result<(PartitionId, Command), ApiError> {
+        principal.require_job(Verb::Create, &request.r#type)?;
+        principal.require_tenant(&request.tenant_id)?;
         let ctx = &self.ctx;
         let job = convert::new_job(request, traceparent, &ctx.limits, &ctx.dedupe, || ctx.next_request_id())?;
         // Every repeat of an idempotency key must reach the partition that
@@ -384,9 +423,10 @@ impl Gateway for GatewayService {
         let started = Instant::now();
         let deadline = self.deadline(&request)?;
         let traceparent = traceparent(&request);
+        let principal = self.principal(&request)?;
         let span = tracing::info_span!("gateway.create_job", job_type = %request.get_ref().r#type, key = tracing::field::Empty);
         crate::trace_context::continue_trace(&span, &traceparent);
-        let (partition, command) = self.create_command(request.into_inner(), traceparent)?;
+        let (partition, command) = self.create_command(&principal, request.into_inner(), traceparent)?;
         let submitted = router::submit(&self.ctx, partition, vec![command], deadline).instrument(span.clone()).await;
         match submitted?.pop() {
             Some(CommandResult::Created { key, created, state }) => {
@@ -404,17 +444,18 @@ impl Gateway for GatewayService {
         request: Request<Streaming<CreateJobRequest>>,
     ) -> Result<Response<Self::CreateJobsStream>, Status> {
         let traceparent = traceparent(&request);
+        let principal = self.principal(&request)?;
         let service = Arc::new(GatewayService { ctx: Arc::clone(&self.ctx) });
         Ok(Response::new(chunked(request.into_inner(), move |requests| {
-            let (service, traceparent) = (Arc::clone(&service), traceparent.clone());
+            let (service, traceparent, principal) = (Arc::clone(&service), traceparent.clone(), Arc::clone(&principal));
             async move {
                 let started = Instant::now();
                 let commands: Vec<_> =
-                    requests.into_iter().map(|r| service.create_command(r, traceparent.clone())).collect();
+                    requests.into_iter().map(|r| service.create_command(&principal, r, traceparent.clone())).collect();
                 let partitions: Vec<Option<PartitionId>> =
                     commands.iter().map(|c| c.as_ref().ok().map(|(p, _)| *p)).collect();
                 let deadline = Instant::now() + service.ctx.request_timeout;
-                let results = run_chunk(&service.ctx, commands, deadline).await;
+                let results = run_chunk(&service.ctx, None, commands, deadline).await;
                 metrics::histogram!("drover_create_ack_seconds").record(started.elapsed().as_secs_f64());
                 let mut out = Vec::with_capacity(results.len());
                 for (result, partition) in results.into_iter().zip(partitions) {
@@ -439,7 +480,10 @@ impl Gateway for GatewayService {
         request: Request<ActivateJobsRequest>,
     ) -> Result<Response<Self::ActivateJobsStream>, Status> {
         let _running = self.ctx.request_started("activate_jobs");
+        let principal = self.principal(&request)?;
         let request = request.into_inner();
+        principal.require_job(Verb::Work, &request.r#type)?;
+        principal.require_tenants(&request.tenant_ids)?;
         if request.max_jobs_to_activate <= 0 || request.max_jobs_to_activate > self.ctx.limits.max_jobs_to_activate {
             return Err(ApiError::InvalidArgument(format!(
                 "max_jobs_to_activate must be between 1 and {}, got {}",
@@ -504,7 +548,10 @@ impl Gateway for GatewayService {
         &self,
         request: Request<StreamActivatedJobsRequest>,
     ) -> Result<Response<Self::StreamActivatedJobsStream>, Status> {
+        let principal = self.principal(&request)?;
         let request = request.into_inner();
+        principal.require_job(Verb::Work, &request.r#type)?;
+        principal.require_tenants(&request.tenant_ids)?;
         let max_in_flight = convert::max_jobs_in_flight(request.max_jobs_in_flight)?;
         let spec = convert::worker_spec(
             request.r#type,
@@ -543,7 +590,7 @@ impl Gateway for GatewayService {
                     .map(|(key, attempt)| Ok((key.partition(), Command::Yield { key, attempt })))
                     .collect();
                 let deadline = Instant::now() + ctx.request_timeout;
-                let count = run_chunk(&ctx, commands, deadline).await.len();
+                let count = run_chunk(&ctx, None, commands, deadline).await.len();
                 metrics::counter!("drover_gateway_job_stream_handed_back_total").increment(count as u64);
             });
         });
@@ -562,9 +609,10 @@ impl Gateway for GatewayService {
             attempt = request.get_ref().attempt
         );
         crate::trace_context::continue_trace(&span, &traceparent(&request));
+        let principal = self.principal(&request)?;
         let (_, command) = self.complete_command(request.into_inner())?;
         let Command::Complete { key, .. } = &command else { unreachable!("complete_command builds a Complete") };
-        self.one(*key, command, deadline).instrument(span).await?;
+        self.one(&principal, *key, command, deadline).instrument(span).await?;
         Ok(Response::new(CompleteJobResponse {}))
     }
 
@@ -572,16 +620,18 @@ impl Gateway for GatewayService {
         &self,
         request: Request<Streaming<CompleteJobRequest>>,
     ) -> Result<Response<Self::CompleteJobsStream>, Status> {
+        let principal = self.principal(&request)?;
+        principal.require_some(Verb::Work)?;
         let service = Arc::new(GatewayService { ctx: Arc::clone(&self.ctx) });
         Ok(Response::new(chunked(request.into_inner(), move |requests| {
-            let service = Arc::clone(&service);
+            let (service, principal) = (Arc::clone(&service), Arc::clone(&principal));
             async move {
                 let keys: Vec<u64> = requests.iter().map(|r| r.key).collect();
                 let commands: Vec<_> = requests.into_iter().map(|r| service.complete_command(r)).collect();
                 let repeats: Vec<Option<Repeat>> =
                     commands.iter().map(|c| c.as_ref().ok().and_then(|(_, c)| Repeat::of(c))).collect();
                 let deadline = Instant::now() + service.ctx.request_timeout;
-                let results = run_chunk(&service.ctx, commands, deadline).await;
+                let results = run_chunk(&service.ctx, Some(&principal), commands, deadline).await;
                 let mut out = Vec::with_capacity(results.len());
                 for ((result, key), repeat) in results.into_iter().zip(keys).zip(repeats) {
                     let result = match result {
@@ -598,6 +648,7 @@ impl Gateway for GatewayService {
     async fn fail_job(&self, request: Request<FailJobRequest>) -> Result<Response<FailJobResponse>, Status> {
         let _running = self.ctx.request_started("fail_job");
         let deadline = self.deadline(&request)?;
+        let principal = self.principal(&request)?;
         let request = request.into_inner();
         let key = key_of(request.key)?;
         self.ctx.gateway_streams.release(key, request.attempt);
@@ -629,7 +680,7 @@ impl Gateway for GatewayService {
             variables,
             max_payload_bytes: self.ctx.limits.max_payload_bytes as u64,
         };
-        self.one(key, command, deadline).await?;
+        self.one(&principal, key, command, deadline).await?;
         Ok(Response::new(FailJobResponse {}))
     }
 
@@ -639,6 +690,7 @@ impl Gateway for GatewayService {
     ) -> Result<Response<UpdateJobTimeoutResponse>, Status> {
         let _running = self.ctx.request_started("update_job_timeout");
         let deadline = self.deadline(&request)?;
+        let principal = self.principal(&request)?;
         let request = request.into_inner();
         let key = key_of(request.key)?;
         if request.timeout <= 0 {
@@ -649,7 +701,7 @@ impl Gateway for GatewayService {
             .into());
         }
         let command = Command::UpdateTimeout { key, attempt: request.attempt, timeout_ms: request.timeout };
-        match self.one(key, command, deadline).await? {
+        match self.one(&principal, key, command, deadline).await? {
             CommandResult::Deadline(deadline) => Ok(Response::new(UpdateJobTimeoutResponse { deadline })),
             other => Err(ApiError::Internal(format!("unexpected result {other:?}")).into()),
         }
@@ -661,6 +713,7 @@ impl Gateway for GatewayService {
     ) -> Result<Response<UpdateJobRetriesResponse>, Status> {
         let _running = self.ctx.request_started("update_job_retries");
         let deadline = self.deadline(&request)?;
+        let principal = self.principal(&request)?;
         let request = request.into_inner();
         let key = key_of(request.key)?;
         if request.retries < 0 {
@@ -668,24 +721,32 @@ impl Gateway for GatewayService {
                 ApiError::InvalidArgument(format!("retries must be zero or more, got {}", request.retries)).into()
             );
         }
-        self.one(key, Command::UpdateRetries { key, retries: request.retries }, deadline).await?;
+        self.one(&principal, key, Command::UpdateRetries { key, retries: request.retries }, deadline).await?;
+        crate::auth::audit(
+            &principal,
+            "update_job_retries",
+            serde_json::json!({"jobs": [key.0], "retries": request.retries}),
+        );
         Ok(Response::new(UpdateJobRetriesResponse {}))
     }
 
     async fn cancel_job(&self, request: Request<CancelJobRequest>) -> Result<Response<CancelJobResponse>, Status> {
         let _running = self.ctx.request_started("cancel_job");
         let deadline = self.deadline(&request)?;
+        let principal = self.principal(&request)?;
         let key = key_of(request.into_inner().key)?;
-        self.one(key, Command::Cancel { key }, deadline).await?;
+        self.one(&principal, key, Command::Cancel { key }, deadline).await?;
+        crate::auth::audit(&principal, "cancel_job", serde_json::json!({"jobs": [key.0]}));
         Ok(Response::new(CancelJobResponse {}))
     }
 
     async fn get_job(&self, request: Request<GetJobRequest>) -> Result<Response<GetJobResponse>, Status> {
         let _running = self.ctx.request_started("get_job");
         let deadline = self.deadline(&request)?;
+        let principal = self.principal(&request)?;
         let request = request.into_inner();
         let include_history = request.include_history;
-        let job = self.read_job(request, deadline).await?;
+        let job = self.read_job(&principal, request, deadline).await?;
         let mut answer = convert::job(&job);
         if include_history {
             answer.history = convert::history(&job);
@@ -700,7 +761,8 @@ impl Gateway for GatewayService {
     ) -> Result<Response<GetJobHistoryResponse>, Status> {
         let _running = self.ctx.request_started("get_job_history");
         let deadline = self.deadline(&request)?;
-        let job = self.read_job(request.into_inner(), deadline).await?;
+        let principal = self.principal(&request)?;
+        let job = self.read_job(&principal, request.into_inner(), deadline).await?;
         Ok(Response::new(GetJobHistoryResponse {
             key: job.key.0,
             events: convert::history(&job),
@@ -711,7 +773,11 @@ impl Gateway for GatewayService {
     async fn await_job(&self, request: Request<AwaitJobRequest>) -> Result<Response<Self::AwaitJobStream>, Status> {
         let _running = self.ctx.request_started("await_job");
         let call_deadline = request.metadata().get("grpc-timeout").map(|_| self.deadline(&request)).transpose()?;
+        let principal = self.principal(&request)?;
         let request = request.into_inner();
+        if !request.tenant_id.is_empty() {
+            principal.require_tenant(&request.tenant_id)?;
+        }
         let wait = match request.timeout {
             0 => DEFAULT_AWAIT_MS,
             ms if (1..=MAX_AWAIT_MS).contains(&ms) => ms,
@@ -731,6 +797,12 @@ impl Gateway for GatewayService {
         let deadline = final_by.max(Instant::now() + self.ctx.request_timeout);
         let deadline = call_deadline.map_or(deadline, |call| deadline.min(call));
         let found = router::read(&self.ctx, &job, Some(final_by), deadline).await?;
+        // A producer awaits the jobs it may create; a reader, those it may read.
+        if !principal.may(Verb::Create, &found.spec.job_type) {
+            principal.check_job(Verb::Read, &found.spec.tenant, &found.spec.job_type, found.key.0)?;
+        } else if !principal.in_tenant(&found.spec.tenant) {
+            return Err(ApiError::NotFound(format!("no job with key {}", found.key)).into());
+        }
         let reply = AwaitJobResponse { r#final: found.state.is_final(), job: Some(convert::job(&found)) };
         Ok(Response::new(Box::pin(futures::stream::iter([Ok(reply)]))))
     }
@@ -741,6 +813,7 @@ impl Gateway for GatewayService {
     ) -> Result<Response<CheckpointJobResponse>, Status> {
         let _running = self.ctx.request_started("checkpoint_job");
         let deadline = self.deadline(&request)?;
+        let principal = self.principal(&request)?;
         let request = request.into_inner();
         let key = key_of(request.key)?;
         convert::stage_name(&request.stage)?;
@@ -758,7 +831,7 @@ impl Gateway for GatewayService {
             variables,
             max_payload_bytes: self.ctx.limits.max_payload_bytes as u64,
         };
-        match self.one(key, command, deadline).await? {
+        match self.one(&principal, key, command, deadline).await? {
             CommandResult::Deadline(deadline) => Ok(Response::new(CheckpointJobResponse { deadline })),
             other => Err(ApiError::Internal(format!("unexpected result {other:?}")).into()),
         }
@@ -767,19 +840,22 @@ impl Gateway for GatewayService {
     async fn list_jobs(&self, request: Request<ListJobsRequest>) -> Result<Response<ListJobsResponse>, Status> {
         let _running = self.ctx.request_started("list_jobs");
         let deadline = self.deadline(&request)?;
-        Ok(Response::new(super::listing::list(&self.ctx, request.into_inner(), deadline).await?))
+        let principal = self.principal(&request)?;
+        Ok(Response::new(super::listing::list(&self.ctx, &principal, request.into_inner(), deadline).await?))
     }
 
     async fn retry_jobs(&self, request: Request<RetryJobsRequest>) -> Result<Response<BulkJobsResponse>, Status> {
         let _running = self.ctx.request_started("retry_jobs");
         let deadline = self.deadline(&request)?;
-        Ok(Response::new(super::listing::retry(&self.ctx, request.into_inner(), deadline).await?))
+        let principal = self.principal(&request)?;
+        Ok(Response::new(super::listing::retry(&self.ctx, &principal, request.into_inner(), deadline).await?))
     }
 
     async fn cancel_jobs(&self, request: Request<CancelJobsRequest>) -> Result<Response<BulkJobsResponse>, Status> {
         let _running = self.ctx.request_started("cancel_jobs");
         let deadline = self.deadline(&request)?;
-        Ok(Response::new(super::listing::cancel(&self.ctx, request.into_inner(), deadline).await?))
+        let principal = self.principal(&request)?;
+        Ok(Response::new(super::listing::cancel(&self.ctx, &principal, request.into_inner(), deadline).await?))
     }
 
     async fn register_worker(
@@ -787,11 +863,19 @@ impl Gateway for GatewayService {
         request: Request<RegisterWorkerRequest>,
     ) -> Result<Response<RegisterWorkerResponse>, Status> {
         let deadline = self.deadline(&request)?;
-        Ok(Response::new(sessions::register(&self.ctx, request.into_inner(), deadline).await?))
+        let principal = self.principal(&request)?;
+        let request = request.into_inner();
+        principal.require_some(Verb::Work)?;
+        for job_type in &request.job_types {
+            principal.require_job(Verb::Work, job_type)?;
+        }
+        principal.require_tenants(&request.tenant_ids)?;
+        Ok(Response::new(sessions::register(&self.ctx, request, deadline).await?))
     }
 
     async fn heartbeat(&self, request: Request<HeartbeatRequest>) -> Result<Response<HeartbeatResponse>, Status> {
         let deadline = self.deadline(&request)?;
+        self.principal(&request)?.require_some(Verb::Work)?;
         Ok(Response::new(sessions::heartbeat(&self.ctx, request.into_inner(), deadline).await?))
     }
 
@@ -800,6 +884,7 @@ impl Gateway for GatewayService {
         request: Request<DeregisterWorkerRequest>,
     ) -> Result<Response<DeregisterWorkerResponse>, Status> {
         let deadline = self.deadline(&request)?;
+        self.principal(&request)?.require_some(Verb::Work)?;
         sessions::deregister(&self.ctx, request.into_inner().session_id, deadline).await?;
         Ok(Response::new(DeregisterWorkerResponse {}))
     }
@@ -809,6 +894,10 @@ impl Gateway for GatewayService {
         request: Request<ListWorkersRequest>,
     ) -> Result<Response<ListWorkersResponse>, Status> {
         let deadline = self.deadline(&request)?;
+        let principal = self.principal(&request)?;
+        if !principal.has(WORKERS_MANAGE) {
+            principal.require(CLUSTER_READ)?;
+        }
         let workers = sessions::list(&self.ctx, &request.into_inner().label, deadline).await?;
         Ok(Response::new(ListWorkersResponse { workers }))
     }
@@ -818,24 +907,47 @@ impl Gateway for GatewayService {
         request: Request<SetWorkerStateRequest>,
     ) -> Result<Response<SetWorkerStateResponse>, Status> {
         let deadline = self.deadline(&request)?;
-        let workers = sessions::direct(&self.ctx, request.into_inner(), deadline).await?;
+        let principal = self.principal(&request)?;
+        principal.require(WORKERS_MANAGE)?;
+        let request = request.into_inner();
+        crate::auth::audit(
+            &principal,
+            "set_worker_state",
+            serde_json::json!({"session": request.session_id, "label": request.label, "all": request.all, "state": request.state}),
+        );
+        let workers = sessions::direct(&self.ctx, request, deadline).await?;
         Ok(Response::new(SetWorkerStateResponse { workers }))
     }
 
     async fn set_schema(&self, request: Request<SetSchemaRequest>) -> Result<Response<SetSchemaResponse>, Status> {
         let deadline = self.deadline(&request)?;
-        sessions::set_schema(&self.ctx, request.into_inner(), deadline).await?;
+        let principal = self.principal(&request)?;
+        let request = request.into_inner();
+        principal.require_job(Verb::Manage, &request.r#type)?;
+        crate::auth::audit(
+            &principal,
+            "set_schema",
+            serde_json::json!({"type": request.r#type, "bytes": request.schema.len()}),
+        );
+        sessions::set_schema(&self.ctx, request, deadline).await?;
         Ok(Response::new(SetSchemaResponse {}))
     }
 
     async fn get_schema(&self, request: Request<GetSchemaRequest>) -> Result<Response<GetSchemaResponse>, Status> {
         let deadline = self.deadline(&request)?;
-        let schema = sessions::get_schema(&self.ctx, request.into_inner().r#type, deadline).await?;
+        let principal = self.principal(&request)?;
+        let job_type = request.into_inner().r#type;
+        if !principal.may(Verb::Create, &job_type) {
+            principal.require_job(Verb::Read, &job_type)?;
+        }
+        let schema = sessions::get_schema(&self.ctx, job_type, deadline).await?;
         Ok(Response::new(GetSchemaResponse { schema }))
     }
 
-    async fn topology(&self, _request: Request<TopologyRequest>) -> Result<Response<TopologyResponse>, Status> {
+    async fn topology(&self, request: Request<TopologyRequest>) -> Result<Response<TopologyResponse>, Status> {
         let _running = self.ctx.request_started("topology");
+        // Any principal: clients read the cluster's shape to connect.
+        self.principal(&request)?;
         let brokers = cluster_status(&self.ctx).await;
         Ok(Response::new(TopologyResponse {
             brokers,

@@ -306,8 +306,11 @@ fn incident_for_too_large(ctx: &Arc<NodeContext>, job: &zb::ActivatedJob) {
         ..Default::default()
     };
     let native = GatewayService::new(Arc::clone(ctx));
+    // The broker's own action, not the client's: it needs no token.
+    let mut request = Request::new(request);
+    request.extensions_mut().insert(Arc::new(crate::auth::Principal::system()));
     tokio::spawn(async move {
-        if let Err(status) = Native::fail_job(&native, Request::new(request)).await {
+        if let Err(status) = Native::fail_job(&native, request).await {
             tracing::warn!(%key, %status, "could not raise the incident of a job too large for a Zeebe client");
         }
     });
@@ -469,8 +472,10 @@ impl Gateway for ZeebeService {
         }
     }
 
-    async fn topology(&self, _request: Request<zb::TopologyRequest>) -> Result<Response<zb::TopologyResponse>, Status> {
+    async fn topology(&self, request: Request<zb::TopologyRequest>) -> Result<Response<zb::TopologyResponse>, Status> {
         let _running = self.ctx.request_started("topology");
+        // Any principal: clients read the cluster's shape to connect.
+        super::service::principal_of(&self.ctx, &request)?;
         let brokers = cluster_status(&self.ctx).await;
         let ctx = &self.ctx;
         Ok(Response::new(topology(brokers, ctx.cluster_size(), ctx.partition_count(), ctx.replication_factor)))

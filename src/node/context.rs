@@ -56,6 +56,8 @@ pub struct NodeContext {
     in_flight: Arc<AtomicUsize>,
     /// Turns true when the node begins to stop.
     pub stopping: tokio::sync::watch::Receiver<bool>,
+    /// Who client requests are, and whether they must say.
+    pub auth: Arc<crate::auth::Authenticator>,
 }
 
 /// Counts a client request while it runs (see [`NodeContext::request_started`]).
@@ -68,6 +70,7 @@ impl Drop for InFlight {
 }
 
 impl NodeContext {
+    #[allow(clippy::too_many_arguments)] // one per part the node made at start
     pub(super) fn new(
         config: &NodeConfig,
         members: BTreeMap<NodeId, String>,
@@ -76,6 +79,7 @@ impl NodeContext {
         peers: PeerChannels,
         (grpc_addr, admin_addr): (SocketAddr, SocketAddr),
         stopping: tokio::sync::watch::Receiver<bool>,
+        auth: Arc<crate::auth::Authenticator>,
     ) -> Self {
         NodeContext {
             node_id: config.node_id,
@@ -101,6 +105,7 @@ impl NodeContext {
             next_partition: AtomicU32::new(rand::random::<u32>()),
             in_flight: Arc::new(AtomicUsize::new(0)),
             stopping,
+            auth,
         }
     }
 

@@ -63,6 +63,15 @@ impl Node {
         let cluster_tls = load("cluster", &tls.cluster, false)?;
         let admin_tls = load("admin", &tls.admin, true)?;
         let peer_tls = tls.cluster.clone().map(crate::tls::ReloadingClient::load).transpose()?;
+        let auth = crate::auth::Authenticator::load(config.auth.clone()).context("loading tokens and keys")?;
+        if auth.enabled() {
+            tracing::info!("client requests need a token (tokens file or JWT)");
+        } else {
+            tracing::warn!(
+                "authentication is OFF: anyone who reaches the client or admin port may do anything; give \
+                 --tokens-file or --jwks-file (docs/security.md)"
+            );
+        }
         for (port, on) in
             [("gateway", grpc_tls.is_some()), ("cluster", cluster_tls.is_some()), ("admin", admin_tls.is_some())]
         {
@@ -169,6 +178,7 @@ impl Node {
             peers,
             (grpc_addr, admin_addr),
             stop_rx.clone(),
+            auth,
         ));
         let _ = late_ctx.set(Arc::clone(&ctx));
 

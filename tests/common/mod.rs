@@ -228,9 +228,15 @@ pub async fn http_get(addr: &str, path: &str) -> std::io::Result<(u16, String)> 
 
 /// A minimal HTTP/1.1 request without a body; returns the status code and body.
 pub async fn http_request(method: &str, addr: &str, path: &str) -> std::io::Result<(u16, String)> {
+    http_request_with(method, addr, path, "").await
+}
+
+/// Like [`http_request`], with extra header lines (each ending in `\r\n`).
+pub async fn http_request_with(method: &str, addr: &str, path: &str, headers: &str) -> std::io::Result<(u16, String)> {
     use tokio::io::{AsyncReadExt, AsyncWriteExt};
     let mut stream = tokio::net::TcpStream::connect(addr).await?;
-    let request = format!("{method} {path} HTTP/1.1\r\nHost: {addr}\r\nContent-Length: 0\r\nConnection: close\r\n\r\n");
+    let request =
+        format!("{method} {path} HTTP/1.1\r\nHost: {addr}\r\n{headers}Content-Length: 0\r\nConnection: close\r\n\r\n");
     stream.write_all(request.as_bytes()).await?;
     let mut response = Vec::new();
     stream.read_to_end(&mut response).await?;

@@ -1,0 +1,475 @@
+//! Tokens, scopes and tenants on every RPC and admin endpoint: no token is
+//! UNAUTHENTICATED; each scope allows exactly its RPCs; another tenant's jobs
+//! are invisible and untouchable; JWTs verify against the JWKS, and expired
+//! or foreign ones are refused; a forwarded command is screened by the
+//! leader against the principal the gateway authenticated.
+
+mod common;
+
+use std::path::PathBuf;
+use std::time::Duration;
+
+use common::{http_request_with, LocalNode, ProcessCluster};
+use drover::auth::keys::{create_token, generate_secret, token_entry, write_signing_key};
+use drover::client::Client;
+use drover::proto::gateway::*;
+use tonic::Code;
+
+/// The tokens of the table test: one per scope, plus everything and nothing.
+const NAMES: [(&str, &[&str]); 9] = [
+    ("admin", &["*"]),
+    ("create", &["jobs:create:t"]),
+    ("work", &["jobs:work:t"]),
+    ("read", &["jobs:read:t"]),
+    ("manage", &["jobs:manage:t"]),
+    ("workers", &["workers:manage"]),
+    ("cluster-read", &["cluster:read"]),
+    ("cluster-admin", &["cluster:admin"]),
+    ("nothing", &[]),
+];
+
+struct Tokens {
+    _dir: tempfile::TempDir,
+    file: PathBuf,
+    secrets: Vec<(String, String)>,
+}
+
+impl Tokens {
+    /// A tokens file: the table's tokens for `<default>`, and `jobs:*`
+    /// tokens for tenants acme and globex.
+    fn new() -> Tokens {
+        let dir = tempfile::tempdir().unwrap();
+        let mut text = String::new();
+        let mut secrets = Vec::new();
+        let strings = |items: &[&str]| items.iter().map(|s| s.to_string()).collect::<Vec<_>>();
+        let mut add = |name: &str, scopes: &[&str], tenants: &[&str]| {
+            let secret = generate_secret();
+            text.push_str(&token_entry(name, &secret, &strings(scopes), &strings(tenants)));
+            secrets.push((name.to_string(), secret));
+        };
+        for (name, scopes) in NAMES {
+            add(name, scopes, if name == "admin" { &["*"] } else { &["<default>"] });
+        }
+        add("acme", &["jobs:*"], &["acme"]);
+        add("globex", &["jobs:*", "cluster:read"], &["globex"]);
+        let file = dir.path().join("tokens.toml");
+        std::fs::write(&file, text).unwrap();
+        Tokens { _dir: dir, file, secrets }
+    }
+
+    fn secret(&self, name: &str) -> &str {
+        &self.secrets.iter().find(|(n, _)| n == name).expect("a token of the table").1
+    }
+}
+
+async fn node_with(tokens: &Tokens) -> LocalNode {
+    let file = tokens.file.clone();
+    LocalNode::start_with(move |config| config.auth.tokens_file = Some(file)).await
+}
+
+fn as_token(node: &LocalNode, token: &str) -> Client {
+    node.client.with_token(token).unwrap()
+}
+
+/// Every RPC of drover.v1.Gateway, each called on job type `t`.
+#[derive(Clone, Copy, Debug)]
+enum Rpc {
+    CreateJob,
+    CreateJobs,
+    ActivateJobs,
+    StreamActivatedJobs,
+    CompleteJob,
+    CompleteJobs,
+    FailJob,
+    UpdateJobTimeout,
+    UpdateJobRetries,
+    CancelJob,
+    GetJob,
+    GetJobHistory,
+    AwaitJob,
+    CheckpointJob,
+    ListJobs,
+    RetryJobs,
+    CancelJobs,
+    Topology,
+    RegisterWorker,
+    Heartbeat,
+    DeregisterWorker,
+    ListWorkers,
+    SetWorkerState,
+    SetSchema,
+    GetSchema,
+}
+
+impl Rpc {
+    const ALL: [Rpc; 25] = [
+        Rpc::CreateJob,
+        Rpc::CreateJobs,
+        Rpc::ActivateJobs,
+        Rpc::StreamActivatedJobs,
+        Rpc::CompleteJob,
+        Rpc::CompleteJobs,
+        Rpc::FailJob,
+        Rpc::UpdateJobTimeout,
+        Rpc::UpdateJobRetries,
+        Rpc::CancelJob,
+        Rpc::GetJob,
+        Rpc::GetJobHistory,
+        Rpc::AwaitJob,
+        Rpc::CheckpointJob,
+        Rpc::ListJobs,
+        Rpc::RetryJobs,
+        Rpc::CancelJobs,
+        Rpc::Topology,
+        Rpc::RegisterWorker,
+        Rpc::Heartbeat,
+        Rpc::DeregisterWorker,
+        Rpc::ListWorkers,
+        Rpc::SetWorkerState,
+        Rpc::SetSchema,
+        Rpc::GetSchema,
+    ];
+
+    /// The tokens of the table allowed to make this call.
+    fn allowed(self) -> &'static [&'static str] {
+        match self {
+            Rpc::CreateJob | Rpc::CreateJobs => &["admin", "create"],
+            Rpc::ActivateJobs | Rpc::StreamActivatedJobs => &["admin", "work"],
+            Rpc::CompleteJob | Rpc::CompleteJobs | Rpc::FailJob | Rpc::UpdateJobTimeout | Rpc::CheckpointJob => {
+                &["admin", "work"]
+            }
+            Rpc::RegisterWorker | Rpc::Heartbeat | Rpc::DeregisterWorker => &["admin", "work"],
+            Rpc::UpdateJobRetries | Rpc::CancelJob | Rpc::RetryJobs | Rpc::CancelJobs | Rpc::SetSchema => {
+                &["admin", "manage"]
+            }
+            Rpc::GetJob | Rpc::GetJobHistory | Rpc::ListJobs => &["admin", "read"],
+            Rpc::AwaitJob | Rpc::GetSchema => &["admin", "read", "create"],
+            Rpc::Topology => {
+                &["admin", "create", "work", "read", "manage", "workers", "cluster-read", "cluster-admin", "nothing"]
+            }
+            Rpc::ListWorkers => &["admin", "workers", "cluster-read"],
+            Rpc::SetWorkerState => &["admin", "workers"],
+        }
+    }
+
+    /// Makes the call on job `key` (of type `t`, activated at attempt 1)
+    /// and answers its status; a streaming call's status is its first item's.
+    async fn call(self, client: &Client, key: u64) -> Result<(), tonic::Status> {
+        let mut raw = client.raw();
+        let short = Duration::from_millis(200);
+        let create = || CreateJobRequest { r#type: "t".into(), ..Default::default() };
+        match self {
+            Rpc::CreateJob => raw.create_job(create()).await.map(drop),
+            Rpc::CreateJobs => {
+                let mut answers = raw.create_jobs(futures::stream::iter([create()])).await?.into_inner();
+                first(&mut answers).await
+            }
+            Rpc::ActivateJobs => {
+                let request = ActivateJobsRequest { r#type: "t".into(), max_jobs_to_activate: 1, ..Default::default() };
+                raw.activate_jobs(request).await.map(drop)
+            }
+            Rpc::StreamActivatedJobs => {
+                let request = StreamActivatedJobsRequest { r#type: "t".into(), ..Default::default() };
+                raw.stream_activated_jobs(request).await.map(drop)
+            }
+            Rpc::CompleteJob => {
+                raw.complete_job(CompleteJobRequest { key, attempt: 1, ..Default::default() }).await.map(drop)
+            }
+            Rpc::CompleteJobs => {
+                let request = CompleteJobRequest { key, attempt: 1, ..Default::default() };
+                let mut answers = raw.complete_jobs(futures::stream::iter([request])).await?.into_inner();
+                match answers.message().await? {
+                    Some(CompleteJobsResponse { error: Some(error), .. }) => {
+                        Err(tonic::Status::new(Code::from_i32(error.code), error.message))
+                    }
+                    _ => Ok(()),
+                }
+            }
+            Rpc::FailJob => {
+                let request =
+                    FailJobRequest { key, attempt: 1, retries: 1, reason: "failed".into(), ..Default::default() };
+                raw.fail_job(request).await.map(drop)
+            }
+            Rpc::UpdateJobTimeout => {
+                raw.update_job_timeout(UpdateJobTimeoutRequest { key, attempt: 1, timeout: 60_000 }).await.map(drop)
+            }
+            Rpc::UpdateJobRetries => {
+                raw.update_job_retries(UpdateJobRetriesRequest { key, retries: 3 }).await.map(drop)
+            }
+            Rpc::CancelJob => raw.cancel_job(CancelJobRequest { key }).await.map(drop),
+            Rpc::GetJob => raw.get_job(GetJobRequest { key, ..Default::default() }).await.map(drop),
+            Rpc::GetJobHistory => raw.get_job_history(GetJobRequest { key, ..Default::default() }).await.map(drop),
+            Rpc::AwaitJob => {
+                let request = AwaitJobRequest { key, timeout: 1, ..Default::default() };
+                let mut answers = raw.await_job(request).await?.into_inner();
+                answers.message().await.map(drop)
+            }
+            Rpc::CheckpointJob => {
+                let request = CheckpointJobRequest { key, attempt: 1, stage: "s".into(), ..Default::default() };
+                raw.checkpoint_job(request).await.map(drop)
+            }
+            Rpc::ListJobs => {
+                let filter = JobFilter { r#type: "t".into(), ..Default::default() };
+                raw.list_jobs(ListJobsRequest { filter: Some(filter), ..Default::default() }).await.map(drop)
+            }
+            Rpc::RetryJobs => {
+                let filter = JobFilter { r#type: "t".into(), ..Default::default() };
+                raw.retry_jobs(RetryJobsRequest { filter: Some(filter), dry_run: true, ..Default::default() })
+                    .await
+                    .map(drop)
+            }
+            Rpc::CancelJobs => {
+                let filter = JobFilter { r#type: "t".into(), ..Default::default() };
+                raw.cancel_jobs(CancelJobsRequest { filter: Some(filter), dry_run: true }).await.map(drop)
+            }
+            Rpc::Topology => raw.topology(TopologyRequest {}).await.map(drop),
+            Rpc::RegisterWorker => {
+                let request = RegisterWorkerRequest {
+                    worker_id: "w".into(),
+                    job_types: vec!["t".into()],
+                    heartbeat_interval: 1_000,
+                    dead_after: 5_000,
+                    ..Default::default()
+                };
+                raw.register_worker(request).await.map(drop)
+            }
+            Rpc::Heartbeat => {
+                let mut request = tonic::Request::new(HeartbeatRequest { session_id: 1, ..Default::default() });
+                request.set_timeout(short * 10);
+                raw.heartbeat(request).await.map(drop)
+            }
+            Rpc::DeregisterWorker => raw.deregister_worker(DeregisterWorkerRequest { session_id: 1 }).await.map(drop),
+            Rpc::ListWorkers => raw.list_workers(ListWorkersRequest::default()).await.map(drop),
+            Rpc::SetWorkerState => {
+                let request =
+                    SetWorkerStateRequest { label: "pool:none".into(), state: "quiet".into(), ..Default::default() };
+                raw.set_worker_state(request).await.map(drop)
+            }
+            Rpc::SetSchema => {
+                raw.set_schema(SetSchemaRequest { r#type: "t".into(), schema: String::new() }).await.map(drop)
+            }
+            Rpc::GetSchema => raw.get_schema(GetSchemaRequest { r#type: "t".into() }).await.map(drop),
+        }
+    }
+}
+
+async fn first(answers: &mut tonic::Streaming<CreateJobResponse>) -> Result<(), tonic::Status> {
+    match answers.message().await? {
+        Some(CreateJobResponse { error: Some(error), .. }) => {
+            Err(tonic::Status::new(Code::from_i32(error.code), error.message))
+        }
+        _ => Ok(()),
+    }
+}
+
+/// A job of type `t` in `tenant`, activated once (attempt 1), by `admin`.
+async fn activated_job(admin: &Client, tenant: &str) -> u64 {
+    let request = CreateJobRequest { r#type: "t".into(), tenant_id: tenant.into(), ..Default::default() };
+    let key = admin.create(request).await.unwrap();
+    let activate = ActivateJobsRequest {
+        r#type: "t".into(),
+        max_jobs_to_activate: 100,
+        timeout: 600_000,
+        tenant_ids: if tenant.is_empty() { Vec::new() } else { vec![tenant.to_string()] },
+        ..Default::default()
+    };
+    let mut answers = admin.raw().activate_jobs(activate).await.unwrap().into_inner();
+    let jobs = answers.message().await.unwrap().unwrap().jobs;
+    assert!(jobs.iter().any(|j| j.key == key), "the new job {key} is activated");
+    key
+}
+
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn no_token_is_unauthenticated_and_each_scope_allows_exactly_its_rpcs() {
+    let tokens = Tokens::new();
+    let node = node_with(&tokens).await;
+    let admin = as_token(&node, tokens.secret("admin"));
+    let mut failures = Vec::new();
+    for rpc in Rpc::ALL {
+        let key = activated_job(&admin, "").await;
+        match rpc.call(&node.client, key).await {
+            Err(status) if status.code() == Code::Unauthenticated => {}
+            other => failures.push(format!("{rpc:?} without a token: {other:?}, not UNAUTHENTICATED")),
+        }
+        for (name, _) in NAMES {
+            // A fresh job each time: an allowed cancel or failure ends it.
+            let key = activated_job(&admin, "").await;
+            let answer = rpc.call(&as_token(&node, tokens.secret(name)), key).await;
+            let denied = matches!(&answer, Err(s) if s.code() == Code::PermissionDenied);
+            let allowed = rpc.allowed().contains(&name);
+            if allowed && (denied || matches!(&answer, Err(s) if s.code() == Code::Unauthenticated)) {
+                failures.push(format!("{rpc:?} with {name}: {answer:?}, but the scope allows it"));
+            }
+            if !allowed && !denied {
+                failures.push(format!("{rpc:?} with {name}: {answer:?}, not PERMISSION_DENIED"));
+            }
+            if let (false, Err(status)) = (allowed, &answer) {
+                if !status.message().contains("lacks the scope") {
+                    failures.push(format!("{rpc:?} with {name}: the refusal names no scope: {}", status.message()));
+                }
+            }
+        }
+    }
+    assert!(failures.is_empty(), "{} wrong answers:\n{}", failures.len(), failures.join("\n"));
+}
+
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn another_tenants_job_is_invisible_and_untouchable_through_every_rpc_and_the_admin_port() {
+    let tokens = Tokens::new();
+    let node = node_with(&tokens).await;
+    let admin = as_token(&node, tokens.secret("admin"));
+    let (acme, globex) = (as_token(&node, tokens.secret("acme")), as_token(&node, tokens.secret("globex")));
+    let key = activated_job(&admin, "acme").await;
+    // Through every RPC that names a job, globex finds none.
+    for rpc in [
+        Rpc::CompleteJob,
+        Rpc::CompleteJobs,
+        Rpc::FailJob,
+        Rpc::UpdateJobTimeout,
+        Rpc::UpdateJobRetries,
+        Rpc::CancelJob,
+        Rpc::GetJob,
+        Rpc::GetJobHistory,
+        Rpc::AwaitJob,
+        Rpc::CheckpointJob,
+    ] {
+        let answer = rpc.call(&globex, key).await;
+        assert!(matches!(&answer, Err(s) if s.code() == Code::NotFound), "{rpc:?} by globex: {answer:?}");
+    }
+    let all = || JobFilter { r#type: "t".into(), ..Default::default() };
+    let listed = globex.raw().list_jobs(ListJobsRequest { filter: Some(all()), ..Default::default() }).await.unwrap();
+    assert!(listed.into_inner().jobs.is_empty(), "globex lists none of acme's jobs");
+    let cancel = CancelJobsRequest { filter: Some(all()), dry_run: false };
+    assert_eq!(globex.raw().cancel_jobs(cancel).await.unwrap().into_inner().matched, 0);
+    // Naming acme's tenant is refused outright.
+    let create = CreateJobRequest { r#type: "t".into(), tenant_id: "acme".into(), ..Default::default() };
+    assert_eq!(globex.create(create).await.unwrap_err().code(), Code::PermissionDenied);
+    let activate = ActivateJobsRequest {
+        r#type: "t".into(),
+        max_jobs_to_activate: 1,
+        tenant_ids: vec!["acme".into()],
+        ..Default::default()
+    };
+    assert_eq!(globex.raw().activate_jobs(activate).await.unwrap_err().code(), Code::PermissionDenied);
+    let by_tenant = JobFilter { tenant_id: "acme".into(), ..Default::default() };
+    let listing = globex.raw().list_jobs(ListJobsRequest { filter: Some(by_tenant), ..Default::default() }).await;
+    assert_eq!(listing.unwrap_err().code(), Code::PermissionDenied);
+    // acme sees and completes it.
+    let found = acme.raw().get_job(GetJobRequest { key, ..Default::default() }).await.unwrap().into_inner();
+    assert_eq!(found.job.unwrap().tenant_id, "acme");
+    // The admin port: /actuator/jobs shows each principal its own tenants' jobs.
+    let admin_addr = node.node().admin_addr.to_string();
+    let jobs_as = |token: &str| {
+        let header = format!("Authorization: Bearer {token}\r\n");
+        let admin_addr = admin_addr.clone();
+        async move { http_request_with("GET", &admin_addr, "/actuator/jobs", &header).await.unwrap() }
+    };
+    let (code, body) = jobs_as(tokens.secret("globex")).await;
+    assert_eq!(code, 200, "{body}");
+    assert!(!body.contains(&format!("\"key\":{key}")), "globex's /actuator/jobs shows acme's job: {body}");
+    let (code, body) = jobs_as(tokens.secret("acme")).await;
+    assert_eq!(code, 200, "{body}");
+    assert!(body.contains(&format!("\"key\":{key}")), "acme's /actuator/jobs misses its job: {body}");
+    acme.complete(key, 1, "{}").await.unwrap();
+}
+
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn the_admin_port_needs_a_token_with_the_route_scope_but_the_probes_do_not() {
+    let tokens = Tokens::new();
+    let node = node_with(&tokens).await;
+    let addr = node.node().admin_addr.to_string();
+    let get = |path: &'static str, token: Option<&str>, method: &'static str| {
+        let header = token.map(|t| format!("Authorization: Bearer {t}\r\n")).unwrap_or_default();
+        let addr = addr.clone();
+        async move { http_request_with(method, &addr, path, &header).await.unwrap().0 }
+    };
+    assert_eq!(get("/health", None, "GET").await, 200);
+    assert_eq!(get("/ready", None, "GET").await, 200);
+    for path in ["/metrics", "/actuator/partitions", "/actuator/workers", "/actuator/jobstreams", "/actuator/jobs"] {
+        assert_eq!(get(path, None, "GET").await, 401, "{path} without a token");
+        assert_eq!(get(path, Some("drv_unknown"), "GET").await, 401, "{path} with an unknown token");
+    }
+    let reader = Some(tokens.secret("cluster-read"));
+    assert_eq!(get("/metrics", reader, "GET").await, 200);
+    assert_eq!(get("/actuator/partitions", reader, "GET").await, 200);
+    assert_eq!(get("/metrics", Some(tokens.secret("work")), "GET").await, 403);
+    assert_eq!(get("/actuator/workers/quiet?label=pool:x", reader, "POST").await, 403);
+    assert_eq!(get("/actuator/workers/quiet?label=pool:x", Some(tokens.secret("workers")), "POST").await, 200);
+    assert_eq!(get("/actuator/failpoints/x?count=1", Some(tokens.secret("workers")), "PUT").await, 403);
+}
+
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn jwts_from_the_configured_issuer_verify_and_expired_or_foreign_ones_are_refused() {
+    let dir = tempfile::tempdir().unwrap();
+    let key = write_signing_key(dir.path()).unwrap();
+    let jwks = dir.path().join("jwks.json");
+    let node = LocalNode::start_with(move |config| {
+        config.auth.jwks_file = Some(jwks);
+        config.auth.jwt_issuers = vec!["https://issuer.example".into()];
+    })
+    .await;
+    let scopes = vec!["jobs:create:t".to_string()];
+    let tenants = vec!["<default>".to_string()];
+    let sign = |issuer: &str, ttl: u64| {
+        create_token(&key.private_pem, issuer, "producer", &scopes, &tenants, Duration::from_secs(ttl)).unwrap()
+    };
+    let good = node.client.with_token(&sign("https://issuer.example", 60)).unwrap();
+    good.create_job("t", "{}").await.expect("a valid JWT creates");
+    let denied = good.create_job("u", "{}").await.unwrap_err();
+    assert_eq!(denied.code(), Code::PermissionDenied);
+    assert!(denied.message().contains("jobs:create:u"), "{}", denied.message());
+    let foreign = node.client.with_token(&sign("https://elsewhere.example", 60)).unwrap();
+    let refused = foreign.create_job("t", "{}").await.unwrap_err();
+    assert_eq!(refused.code(), Code::Unauthenticated);
+    assert!(refused.message().contains("issuer"), "{}", refused.message());
+    // Expired an hour ago: past any leeway.
+    let pem = key.private_pem.clone();
+    let now = std::time::SystemTime::now().duration_since(std::time::UNIX_EPOCH).unwrap().as_secs();
+    let claims = serde_json::json!({"iss": "https://issuer.example", "sub": "p", "exp": now - 3600, "scope": "jobs:*"});
+    let mut header = jsonwebtoken::Header::new(jsonwebtoken::Algorithm::ES256);
+    header.kid = Some(key.key_id.clone());
+    let expired =
+        jsonwebtoken::encode(&header, &claims, &jsonwebtoken::EncodingKey::from_ec_pem(pem.as_bytes()).unwrap())
+            .unwrap();
+    let refused = node.client.with_token(&expired).unwrap().create_job("t", "{}").await.unwrap_err();
+    assert_eq!(refused.code(), Code::Unauthenticated);
+    assert!(refused.message().contains("expired"), "{}", refused.message());
+}
+
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn a_forwarded_command_is_screened_by_the_leader_against_the_gateways_principal() {
+    let tokens = Tokens::new();
+    let file = tokens.file.display().to_string();
+    let cluster = ProcessCluster::start(3, 3, 3, &["--tokens-file", &file]);
+    // The admin port wants a token too: partition 1's leader, from Topology.
+    let any = Client::connect_lazy(&cluster.gateway(0)).unwrap().with_token(tokens.secret("admin")).unwrap();
+    let started = std::time::Instant::now();
+    let leader = loop {
+        if let Ok(topology) = any.raw().topology(TopologyRequest {}).await {
+            let leader = topology.into_inner().brokers.iter().find_map(|b| {
+                b.partitions.iter().any(|p| p.partition_id == 1 && p.role == "leader").then_some(b.node_id as usize)
+            });
+            if let Some(leader) = leader {
+                break Some(leader);
+            }
+        }
+        assert!(started.elapsed() < Duration::from_secs(30), "partition 1 has no leader after 30 s");
+        tokio::time::sleep(Duration::from_millis(50)).await;
+    };
+    let gateway = (leader.unwrap() + 1) % 3;
+    let client =
+        |name: &str| Client::connect_lazy(&cluster.gateway(gateway)).unwrap().with_token(tokens.secret(name)).unwrap();
+    let admin = client("admin");
+    // Jobs until one lands on partition 1 (creates go round-robin).
+    let key = loop {
+        let key = activated_job(&admin, "acme").await;
+        if drover::core::JobKey(key).partition() == 1 {
+            break key;
+        }
+    };
+    let refused = client("globex").complete(key, 1, "{}").await.unwrap_err();
+    assert_eq!(refused.code(), Code::NotFound, "another tenant's job through a forward: {refused:?}");
+    let refused = client("work").complete(key, 1, "{}").await.unwrap_err();
+    assert_eq!(refused.code(), Code::NotFound, "the default tenant's worker: {refused:?}");
+    client("acme").complete(key, 1, "{}").await.expect("acme completes its job through a forward");
+}
