@@ -458,6 +458,11 @@ pub fn write_private(path: &Path, text: &str) -> anyhow::Result<()> {
 /// A GET over HTTPS/1.1 to `addr`, trusting the PEM CA `ca`: (status, body).
 /// For the admin port of local clusters (bench, dev-cluster) and tests.
 pub async fn https_get(addr: &str, path: &str, ca: &[u8]) -> io::Result<(u16, String)> {
+    https_get_as(addr, path, ca, None).await
+}
+
+/// Like [`https_get`], sending `token` (if any) as a bearer token.
+pub async fn https_get_as(addr: &str, path: &str, ca: &[u8], token: Option<&str>) -> io::Result<(u16, String)> {
     use tokio::io::{AsyncReadExt, AsyncWriteExt};
     let invalid = |e: String| io::Error::new(io::ErrorKind::InvalidInput, e);
     let mut roots = RootCertStore::empty();
@@ -473,7 +478,9 @@ pub async fn https_get(addr: &str, path: &str, ca: &[u8]) -> io::Result<(u16, St
     let host = addr.rsplit_once(':').map_or(addr, |(host, _)| host);
     let tcp = TcpStream::connect(addr).await?;
     let mut stream = TlsConnector::from(Arc::new(config)).connect(server_name(host)?, tcp).await?;
-    stream.write_all(format!("GET {path} HTTP/1.1\r\nHost: {addr}\r\nConnection: close\r\n\r\n").as_bytes()).await?;
+    let authorization = token.map(|t| format!("Authorization: Bearer {t}\r\n")).unwrap_or_default();
+    let request = format!("GET {path} HTTP/1.1\r\nHost: {addr}\r\n{authorization}Connection: close\r\n\r\n");
+    stream.write_all(request.as_bytes()).await?;
     let mut response = Vec::new();
     // A server may close without TLS's close_notify; what arrived counts.
     let _ = stream.read_to_end(&mut response).await;

@@ -18,6 +18,9 @@ pub struct Nodes {
     /// With TLS on every port: the directory of the run's CA and node
     /// certificate (`drover dev-certificates`), and the CA's PEM.
     pub tls: Option<(PathBuf, Vec<u8>)>,
+    /// With tokens on: the token admin reads send (the tokens file is next
+    /// to it in the run directory).
+    pub token: Option<String>,
 }
 
 impl Nodes {
@@ -32,6 +35,7 @@ impl Nodes {
             children: (0..n).map(|_| None).collect(),
             paused: vec![false; n],
             tls: None,
+            token: None,
         }
     }
 
@@ -58,11 +62,20 @@ impl Nodes {
         ]
     }
 
-    /// A GET on node `i`'s admin port: over HTTPS with TLS.
+    /// A GET on node `i`'s admin port: over HTTPS with TLS, with the token
+    /// when tokens are on.
     pub async fn admin_get(&self, i: usize, path: &str) -> std::io::Result<(u16, String)> {
+        let token = self.token.as_deref();
         match &self.tls {
-            Some((_, ca)) => https_get(&self.admin(i), path, ca).await,
-            None => http_get(&self.admin(i), path).await,
+            Some((_, ca)) => https_get_as(&self.admin(i), path, ca, token).await,
+            None => http_get_as(&self.admin(i), path, token).await,
+        }
+    }
+
+    fn token_args(&self) -> Vec<String> {
+        match &self.token {
+            Some(_) => vec!["--tokens-file".into(), self.dir.join("tokens.toml").display().to_string()],
+            None => Vec::new(),
         }
     }
 
@@ -98,6 +111,7 @@ impl Nodes {
             // The checker reads every job back after the drain: keep them all.
             .args(["--finished-retention-secs", "86400", "--finished-retention-jobs", "100000000"])
             .args(self.tls_args())
+            .args(self.token_args())
             .arg("--data-dir")
             .arg(self.dir.join(format!("node-{i}")))
             .env("RUST_LOG", "warn,drover=info")
@@ -246,16 +260,17 @@ impl Drop for Nodes {
     }
 }
 
-pub async fn http_get(addr: &str, path: &str) -> std::io::Result<(u16, String)> {
+/// A GET over plain HTTP, sending `token` (if any) as a bearer token.
+pub async fn http_get_as(addr: &str, path: &str, token: Option<&str>) -> std::io::Result<(u16, String)> {
     let connect = tokio::net::TcpStream::connect(addr);
     let stream = tokio::time::timeout(Duration::from_secs(2), connect)
         .await
         .map_err(|_| std::io::Error::new(std::io::ErrorKind::TimedOut, "connect timed out"))??;
-    get_over(stream, addr, path).await
+    get_over(stream, addr, path, token).await
 }
 
-/// Like [`http_get`] over TLS, trusting the PEM CA `ca`.
-pub async fn https_get(addr: &str, path: &str, ca: &[u8]) -> std::io::Result<(u16, String)> {
+/// Like [`http_get_as`] over TLS, trusting the PEM CA `ca`.
+pub async fn https_get_as(addr: &str, path: &str, ca: &[u8], token: Option<&str>) -> std::io::Result<(u16, String)> {
     use rustls::pki_types::pem::PemObject;
     use rustls::pki_types::{CertificateDer, ServerName};
     let invalid = |e: String| std::io::Error::new(std::io::ErrorKind::InvalidInput, e);
@@ -279,16 +294,19 @@ pub async fn https_get(addr: &str, path: &str, ca: &[u8]) -> std::io::Result<(u1
     let stream = tokio::time::timeout(Duration::from_secs(2), handshake)
         .await
         .map_err(|_| std::io::Error::new(std::io::ErrorKind::TimedOut, "TLS connect timed out"))??;
-    get_over(stream, addr, path).await
+    get_over(stream, addr, path, token).await
 }
 
 async fn get_over(
     mut stream: impl tokio::io::AsyncRead + tokio::io::AsyncWrite + Unpin,
     addr: &str,
     path: &str,
+    token: Option<&str>,
 ) -> std::io::Result<(u16, String)> {
     use tokio::io::{AsyncReadExt, AsyncWriteExt};
-    stream.write_all(format!("GET {path} HTTP/1.1\r\nHost: {addr}\r\nConnection: close\r\n\r\n").as_bytes()).await?;
+    let authorization = token.map(|t| format!("Authorization: Bearer {t}\r\n")).unwrap_or_default();
+    let request = format!("GET {path} HTTP/1.1\r\nHost: {addr}\r\n{authorization}Connection: close\r\n\r\n");
+    stream.write_all(request.as_bytes()).await?;
     let mut response = Vec::new();
     let read = tokio::time::timeout(Duration::from_secs(10), stream.read_to_end(&mut response))
         .await

@@ -83,13 +83,19 @@ struct RunArgs {
     #[arg(long)]
     #[serde(default)]
     tls: bool,
+    /// Bearer tokens on: nodes take a tokens file, and every client, session
+    /// worker and admin read sends a token holding jobs:* and cluster:read
+    /// for the default tenant only.
+    #[arg(long)]
+    #[serde(default)]
+    tokens: bool,
 }
 
 #[derive(Subcommand)]
 enum Command {
     /// One test run.
     Run(RunArgs),
-    /// Every nemesis alone, then all combined, then all combined over TLS,
+    /// Every nemesis alone, then all combined, then all combined over TLS with tokens,
     /// each for --time seconds.
     Suite(RunArgs),
     /// Internal: the part of a run that executes inside the client namespace.
@@ -129,15 +135,17 @@ fn main() -> anyhow::Result<()> {
         Command::Suite(args) => {
             let (mut passed, mut failed) = (0, 0);
             // Every nemesis alone, all of them combined, and all of them
-            // combined again with TLS on every port (unless --tls asks for
-            // TLS throughout).
-            let mut combos: Vec<(Vec<Nemesis>, bool)> = Nemesis::ALL.iter().map(|n| (vec![*n], args.tls)).collect();
-            combos.push((Nemesis::ALL.to_vec(), args.tls));
-            if !args.tls {
-                combos.push((Nemesis::ALL.to_vec(), true));
+            // combined again with TLS on every port and tokens (unless
+            // --tls and --tokens ask for them throughout).
+            let secure = (args.tls, args.tokens);
+            let mut combos: Vec<(Vec<Nemesis>, (bool, bool))> =
+                Nemesis::ALL.iter().map(|n| (vec![*n], secure)).collect();
+            combos.push((Nemesis::ALL.to_vec(), secure));
+            if secure != (true, true) {
+                combos.push((Nemesis::ALL.to_vec(), (true, true)));
             }
-            for (nemesis, tls) in combos {
-                let args = RunArgs { nemesis, tls, ..args.clone() };
+            for (nemesis, (tls, tokens)) in combos {
+                let args = RunArgs { nemesis, tls, tokens, ..args.clone() };
                 match run(args) {
                     Ok(true) => passed += 1,
                     Ok(false) => failed += 1,
@@ -173,6 +181,9 @@ fn run(args: RunArgs) -> anyhow::Result<bool> {
         // Not a nemesis, but part of what the run is: its directory and summary say so.
         names.push("tls".into());
     }
+    if args.tokens {
+        names.push("tokens".into());
+    }
     let stamp = std::time::SystemTime::now().duration_since(std::time::UNIX_EPOCH)?.as_secs();
     let dir = args.out.join(format!("{stamp}-{}-{seed}", names.join("+")));
     std::fs::create_dir_all(&dir)?;
@@ -200,6 +211,18 @@ fn run(args: RunArgs) -> anyhow::Result<bool> {
             bail!("drover dev-certificates failed: {}", String::from_utf8_lossy(&output.stderr));
         }
     }
+    if args.tokens {
+        // One token for the whole workload, as a tokens-file entry.
+        let output = std::process::Command::new(&drover)
+            .args(["token", "secret", "--name", "jepsen", "--scopes", "jobs:*,cluster:read", "--tenants", "<default>"])
+            .output()
+            .context("running drover token secret")?;
+        if !output.status.success() {
+            bail!("drover token secret failed: {}", String::from_utf8_lossy(&output.stderr));
+        }
+        std::fs::write(dir.join("token"), String::from_utf8(output.stdout)?.trim())?;
+        std::fs::write(dir.join("tokens.toml"), &output.stderr)?;
+    }
     let config = InnerConfig {
         seed,
         gateways: (0..args.nodes).map(|i| format!("{scheme}{}:26500", net.node_ip(i))).collect(),
@@ -221,6 +244,10 @@ fn run(args: RunArgs) -> anyhow::Result<bool> {
     if args.tls {
         // The workload's clients and the session worker processes trust the run's CA.
         inner.env(drover::client::TLS_CA_ENV, dir.join("tls").join("ca.pem"));
+    }
+    if args.tokens {
+        // The workload's clients and the session worker processes send it.
+        inner.env(drover::client::TOKEN_ENV, std::fs::read_to_string(dir.join("token"))?);
     }
     let status = inner.status()?;
     drop(net);
@@ -263,6 +290,9 @@ async fn inner(dir: &Path) -> anyhow::Result<bool> {
         let certificates = dir.join("tls");
         let ca = std::fs::read(certificates.join("ca.pem")).context("reading the run's CA")?;
         nodes.tls = Some((certificates, ca));
+    }
+    if args.tokens {
+        nodes.token = Some(std::fs::read_to_string(dir.join("token")).context("reading the run's token")?);
     }
     for i in 0..args.nodes {
         nodes.start(i)?;

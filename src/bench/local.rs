@@ -24,6 +24,8 @@ pub struct LocalCluster {
     /// With TLS on every port: the throwaway CA's certificate (PEM) that
     /// clients trust, and the files it was written to.
     pub tls: Option<(Vec<u8>, crate::tls::DevFiles)>,
+    /// With tokens on: the token admin reads send.
+    pub token: Option<String>,
     _temp: Option<tempfile::TempDir>,
 }
 
@@ -116,7 +118,7 @@ impl LocalCluster {
                 data_dir,
             });
         }
-        let mut cluster = LocalCluster { nodes: started, tls, _temp: temp };
+        let mut cluster = LocalCluster { nodes: started, tls, token: None, _temp: temp };
         for node in &mut cluster.nodes {
             let stdout = node.child.stdout.take().expect("piped");
             let mut lines = BufReader::new(stdout).lines();
@@ -144,9 +146,10 @@ impl LocalCluster {
     /// A GET on node `index`'s admin port, over HTTPS with TLS.
     pub async fn admin_get(&self, index: usize, path: &str) -> std::io::Result<(u16, String)> {
         let admin = &self.nodes[index].admin;
+        let token = self.token.as_deref();
         match self.ca() {
-            Some(ca) => crate::tls::https_get(admin, path, ca).await,
-            None => admin_get(admin, path).await,
+            Some(ca) => crate::tls::https_get_as(admin, path, ca, token).await,
+            None => admin_get(admin, path, token).await,
         }
     }
 
@@ -216,10 +219,12 @@ pub fn resident_bytes(pid: u32) -> u64 {
 }
 
 /// A minimal HTTP GET against an admin port.
-pub async fn admin_get(addr: &str, path: &str) -> std::io::Result<(u16, String)> {
+pub async fn admin_get(addr: &str, path: &str, token: Option<&str>) -> std::io::Result<(u16, String)> {
     use tokio::io::{AsyncReadExt, AsyncWriteExt};
     let mut stream = tokio::net::TcpStream::connect(addr).await?;
-    stream.write_all(format!("GET {path} HTTP/1.1\r\nHost: {addr}\r\nConnection: close\r\n\r\n").as_bytes()).await?;
+    let authorization = token.map(|t| format!("Authorization: Bearer {t}\r\n")).unwrap_or_default();
+    let request = format!("GET {path} HTTP/1.1\r\nHost: {addr}\r\n{authorization}Connection: close\r\n\r\n");
+    stream.write_all(request.as_bytes()).await?;
     let mut response = Vec::new();
     stream.read_to_end(&mut response).await?;
     let text = String::from_utf8_lossy(&response).into_owned();

@@ -91,6 +91,12 @@ pub struct BenchArgs {
     /// mutual TLS between nodes), clients over TLS.
     #[arg(long)]
     pub tls: bool,
+    /// With --local-nodes: bearer tokens on (a tokens file), and every client
+    /// sends a token holding jobs:* and cluster:read for the default tenant,
+    /// so each keyed command is checked against its job. Against a running
+    /// cluster, clients send $DROVER_TOKEN.
+    #[arg(long)]
+    pub tokens: bool,
     /// The PEM CA that signs a running cluster's gateway certificates, for
     /// `https://` addresses. [default: $DROVER_TLS_CA, else the public web's roots]
     #[arg(long)]
@@ -111,14 +117,33 @@ pub async fn run(args: BenchArgs) -> anyhow::Result<bool> {
     if args.jobs == 0 || args.producers == 0 || args.workers == 0 || args.in_flight == 0 {
         bail!("--jobs, --producers, --workers and --in-flight must be at least 1");
     }
+    let tokens_dir = tempfile::Builder::new().prefix("drover-bench-tokens-").tempdir()?;
+    let token = match (args.tokens, args.local_nodes) {
+        (true, Some(_)) => {
+            let secret = crate::auth::keys::generate_secret();
+            let scopes = ["jobs:*".to_string(), "cluster:read".to_string()];
+            let entry = crate::auth::keys::token_entry("bench", &secret, &scopes, &["<default>".to_string()]);
+            std::fs::write(tokens_dir.path().join("tokens.toml"), entry)?;
+            Some(secret)
+        }
+        (true, None) => bail!("--tokens makes a tokens file for --local-nodes; for a running cluster set DROVER_TOKEN"),
+        (false, _) => None,
+    };
     let mut cluster = match args.local_nodes {
         Some(n) => {
-            let cluster = LocalCluster::start_with(n, args.partitions, args.replication_factor, None, &[], args.tls)?;
+            let extra: Vec<String> = match &token {
+                Some(_) => vec!["--tokens-file".into(), tokens_dir.path().join("tokens.toml").display().to_string()],
+                None => Vec::new(),
+            };
+            let mut cluster =
+                LocalCluster::start_with(n, args.partitions, args.replication_factor, None, &extra, args.tls)?;
+            cluster.token = token.clone();
             cluster.wait_ready(Duration::from_secs(60)).await?;
             Some(cluster)
         }
         None => None,
     };
+    workload::authenticate(token);
     let gateways = match &cluster {
         Some(c) => c.gateways(),
         None => args.address.clone(),

@@ -162,8 +162,27 @@ fn gateway_ca() -> Option<&'static [u8]> {
     GATEWAY_CA.get().and_then(|ca| ca.as_deref())
 }
 
+static TOKEN: std::sync::OnceLock<Option<String>> = std::sync::OnceLock::new();
+
+/// The token every client sends; without one, $DROVER_TOKEN's.
+pub fn authenticate(token: Option<String>) {
+    let _ = TOKEN.set(token);
+}
+
+fn bearer() -> crate::client::Bearer {
+    match TOKEN.get().and_then(Option::as_deref) {
+        Some(token) => crate::client::Bearer::new(Some(token)).unwrap_or_default(),
+        None => crate::client::Bearer::from_env(),
+    }
+}
+
 async fn connect(gateway: &str) -> anyhow::Result<Client> {
-    Client::connect_with_ca(gateway, gateway_ca()).await.with_context(|| format!("connecting to {gateway}"))
+    let client =
+        Client::connect_with_ca(gateway, gateway_ca()).await.with_context(|| format!("connecting to {gateway}"))?;
+    match TOKEN.get().and_then(Option::as_deref) {
+        Some(token) => Ok(client.with_token(token)?),
+        None => Ok(client),
+    }
 }
 
 /// What each create of a producer looks like.
@@ -321,8 +340,8 @@ async fn work_one_by_one(
     .connect()
     .await
     .with_context(|| format!("connecting to {gateway}"))?;
-    let drover = crate::proto::gateway::gateway_client::GatewayClient::new(channel.clone());
-    let zeebe = zb::gateway_client::GatewayClient::new(channel);
+    let drover = crate::proto::gateway::gateway_client::GatewayClient::with_interceptor(channel.clone(), bearer());
+    let zeebe = zb::gateway_client::GatewayClient::with_interceptor(channel, bearer());
     let mut jobs: Jobs = match protocol {
         Protocol::Drover => {
             let request = StreamActivatedJobsRequest {
