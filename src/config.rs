@@ -151,6 +151,19 @@ pub struct ServeArgs {
     /// When set, a JWT's audience (`aud`) must include it.
     #[arg(long, env = "DROVER_JWT_AUDIENCE")]
     pub jwt_audience: Option<String>,
+    /// With tokens on: calls one principal may start per second on a node
+    /// (a stream counts once); past it, RESOURCE_EXHAUSTED. 0: no limit. [default: 0]
+    #[arg(long, env = "DROVER_PRINCIPAL_REQUESTS_PER_SECOND")]
+    pub principal_requests_per_second: Option<u32>,
+    /// With tokens on: job streams one principal may hold open on a node;
+    /// past it, RESOURCE_EXHAUSTED. 0: no limit. [default: 1000]
+    #[arg(long, env = "DROVER_PRINCIPAL_STREAMS")]
+    pub principal_streams: Option<u32>,
+    /// With tokens on: a file holding the secret (32 characters or more,
+    /// the same on every node) that job tokens are signed with; each
+    /// activation then carries a token for that job and attempt alone.
+    #[arg(long, env = "DROVER_JOB_TOKEN_KEY")]
+    pub job_token_key: Option<PathBuf>,
 }
 
 /// TLS on each port; `None`: plaintext.
@@ -412,6 +425,9 @@ impl ServeArgs {
                 jwks_file: pick!(jwks_file),
                 jwt_issuers: pick!(jwt_issuer).unwrap_or_default().into_iter().filter(|i| !i.is_empty()).collect(),
                 jwt_audience: pick!(jwt_audience).filter(|a| !a.is_empty()),
+                requests_per_second: pick!(principal_requests_per_second).unwrap_or(0),
+                streams: pick!(principal_streams).unwrap_or(1000),
+                job_token_key: pick!(job_token_key),
             },
         })
     }

@@ -165,11 +165,16 @@ impl Rpc {
                 first(&mut answers).await
             }
             Rpc::ActivateJobs => {
-                let request = ActivateJobsRequest { r#type: "t".into(), max_jobs_to_activate: 1, ..Default::default() };
+                let request = ActivateJobsRequest {
+                    r#type: "t".into(),
+                    max_jobs_to_activate: 1,
+                    timeout: 60_000,
+                    ..Default::default()
+                };
                 raw.activate_jobs(request).await.map(drop)
             }
             Rpc::StreamActivatedJobs => {
-                let request = StreamActivatedJobsRequest { r#type: "t".into(), ..Default::default() };
+                let request = StreamActivatedJobsRequest { r#type: "t".into(), timeout: 60_000, ..Default::default() };
                 raw.stream_activated_jobs(request).await.map(drop)
             }
             Rpc::CompleteJob => {
@@ -472,4 +477,157 @@ async fn a_forwarded_command_is_screened_by_the_leader_against_the_gateways_prin
     let refused = client("work").complete(key, 1, "{}").await.unwrap_err();
     assert_eq!(refused.code(), Code::NotFound, "the default tenant's worker: {refused:?}");
     client("acme").complete(key, 1, "{}").await.expect("acme completes its job through a forward");
+}
+
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn a_principal_past_its_stream_or_call_limit_is_resource_exhausted_and_others_are_not() {
+    let tokens = Tokens::new();
+    let file = tokens.file.clone();
+    let node = LocalNode::start_with(move |config| {
+        config.auth.tokens_file = Some(file);
+        config.auth.streams = 1;
+        config.auth.requests_per_second = 5;
+    })
+    .await;
+    let (work, admin) = (as_token(&node, tokens.secret("work")), as_token(&node, tokens.secret("admin")));
+    let stream = || StreamActivatedJobsRequest { r#type: "t".into(), timeout: 60_000, ..Default::default() };
+    let first = work.raw().stream_activated_jobs(stream()).await.expect("the first stream opens");
+    let second = work.raw().stream_activated_jobs(stream()).await.unwrap_err();
+    assert_eq!(second.code(), Code::ResourceExhausted, "{second:?}");
+    assert!(second.message().contains("--principal-streams"), "{}", second.message());
+    admin.raw().stream_activated_jobs(stream()).await.expect("another principal's stream opens");
+    drop(first);
+    // The slot comes back when the server sees the stream close.
+    let started = std::time::Instant::now();
+    loop {
+        match work.raw().stream_activated_jobs(stream()).await {
+            Ok(_) => break,
+            Err(status) if status.code() == Code::ResourceExhausted => {}
+            Err(other) => panic!("reopening the stream: {other:?}"),
+        }
+        assert!(started.elapsed() < Duration::from_secs(10), "the closed stream's slot never came back");
+        tokio::time::sleep(Duration::from_millis(250)).await;
+    }
+    // Calls: a burst past 5 a second is refused for this principal only.
+    let mut refused = 0;
+    for _ in 0..20 {
+        match work.raw().topology(TopologyRequest {}).await {
+            Ok(_) => {}
+            Err(status) if status.code() == Code::ResourceExhausted => refused += 1,
+            Err(other) => panic!("{other:?}"),
+        }
+    }
+    assert!(refused >= 10, "20 calls at once past a limit of 5 a second: only {refused} refused");
+    admin.raw().topology(TopologyRequest {}).await.expect("another principal is not limited");
+}
+
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn a_job_token_works_its_own_job_and_attempt_and_nothing_else() {
+    let tokens = Tokens::new();
+    let (file, key_file) = (tokens.file.clone(), tokens.file.with_file_name("job-token.key"));
+    std::fs::write(&key_file, generate_secret()).unwrap();
+    let node = LocalNode::start_with(move |config| {
+        config.auth.tokens_file = Some(file);
+        config.auth.job_token_key = Some(key_file);
+    })
+    .await;
+    let admin = as_token(&node, tokens.secret("admin"));
+    let work = as_token(&node, tokens.secret("work"));
+    let (a, b) = (admin.create_job("t", "{}").await.unwrap(), admin.create_job("t", "{}").await.unwrap());
+    let activate =
+        ActivateJobsRequest { r#type: "t".into(), max_jobs_to_activate: 2, timeout: 60_000, ..Default::default() };
+    let jobs =
+        work.raw().activate_jobs(activate.clone()).await.unwrap().into_inner().message().await.unwrap().unwrap().jobs;
+    assert_eq!(jobs.len(), 2);
+    let job_a = jobs.iter().find(|j| j.key == a).unwrap().clone();
+    let job_b = jobs.iter().find(|j| j.key == b).unwrap().clone();
+    assert!(job_a.job_token.starts_with("drj_"), "an activation carries a job token: {:?}", job_a.job_token);
+    let as_job_a = node.client.with_token(&job_a.job_token).unwrap();
+    // Not another job, not another RPC.
+    let other = as_job_a.complete(b, job_b.attempt, "{}").await.unwrap_err();
+    assert_eq!(other.code(), Code::PermissionDenied, "{other:?}");
+    assert!(other.message().contains("its own job"), "{}", other.message());
+    let read = as_job_a.raw().get_job(GetJobRequest { key: a, ..Default::default() }).await.unwrap_err();
+    // It has no tenants: even its own job is not there to read.
+    assert_eq!(read.code(), Code::NotFound, "a job token reads nothing: {read:?}");
+    let create = as_job_a.create_job("t", "{}").await.unwrap_err();
+    assert_eq!(create.code(), Code::PermissionDenied, "a job token creates nothing: {create:?}");
+    // Renewed by UpdateJobTimeout, and still only for this attempt.
+    let renewed = as_job_a
+        .raw()
+        .update_job_timeout(UpdateJobTimeoutRequest { key: a, attempt: job_a.attempt, timeout: 120_000 })
+        .await
+        .unwrap()
+        .into_inner();
+    assert!(renewed.job_token.starts_with("drj_") && renewed.job_token != job_a.job_token);
+    // Fail it back: the next attempt is another activation, which this token is not.
+    let fail =
+        FailJobRequest { key: a, attempt: job_a.attempt, retries: 3, reason: "failed".into(), ..Default::default() };
+    as_job_a.raw().fail_job(fail).await.expect("a job token fails its own attempt");
+    let again = work.raw().activate_jobs(activate).await.unwrap().into_inner().message().await.unwrap().unwrap().jobs;
+    let next = again.iter().find(|j| j.key == a).expect("job a again");
+    assert!(next.attempt > job_a.attempt);
+    let stale = node.client.with_token(&renewed.job_token).unwrap().complete(a, next.attempt, "{}").await.unwrap_err();
+    assert_eq!(stale.code(), Code::PermissionDenied, "the last attempt's token on the next attempt: {stale:?}");
+    node.client
+        .with_token(&next.job_token)
+        .unwrap()
+        .complete(a, next.attempt, "{}")
+        .await
+        .expect("its own token completes it");
+    // A token altered to name job b does not verify at all.
+    let forged = job_a.job_token.replacen(&format!("drj_{a}_"), &format!("drj_{b}_"), 1);
+    let refused = node.client.with_token(&forged).unwrap().complete(b, job_b.attempt, "{}").await.unwrap_err();
+    assert_eq!(refused.code(), Code::Unauthenticated, "{refused:?}");
+}
+
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn the_worker_library_reports_each_outcome_with_the_jobs_own_token() {
+    let tokens = Tokens::new();
+    let (file, key_file) = (tokens.file.clone(), tokens.file.with_file_name("job-token.key"));
+    std::fs::write(&key_file, generate_secret()).unwrap();
+    let node = LocalNode::start_with(move |config| {
+        config.auth.tokens_file = Some(file);
+        config.auth.job_token_key = Some(key_file);
+    })
+    .await;
+    let admin = as_token(&node, tokens.secret("admin"));
+    let job_token_calls = || async {
+        let header = format!("Authorization: Bearer {}\r\n", tokens.secret("cluster-read"));
+        let (_, body) =
+            http_request_with("GET", &node.node().admin_addr.to_string(), "/metrics", &header).await.unwrap();
+        body.lines()
+            .find(|l| l.starts_with("drover_auth_job_token_calls_total"))
+            .and_then(|l| l.split_whitespace().last()?.parse::<f64>().ok())
+            .unwrap_or(0.0)
+    };
+    let before = job_token_calls().await;
+    let mut keys = Vec::new();
+    for _ in 0..3 {
+        keys.push(admin.create_job("t", "{}").await.unwrap());
+    }
+    let options = drover::client::WorkerOptions { session: true, ..drover::client::WorkerOptions::new("t") };
+    let worker = drover::client::Worker::new(as_token(&node, tokens.secret("work")), options);
+    let (stop_tx, stop_rx) = tokio::sync::oneshot::channel::<()>();
+    let running =
+        tokio::spawn(worker.run(|_job| async { drover::client::JobOutcome::Complete("{}".into()) }, async move {
+            let _ = stop_rx.await;
+        }));
+    common::eventually(Duration::from_secs(20), "the worker to complete its three jobs", || {
+        let admin = admin.clone();
+        let keys = keys.clone();
+        async move {
+            for key in keys {
+                if !admin.get_job(key).await.is_ok_and(|j| j.state == "completed") {
+                    return false;
+                }
+            }
+            true
+        }
+    })
+    .await;
+    let after = job_token_calls().await;
+    assert!(after - before >= 3.0, "three completions, {} of them with job tokens", after - before);
+    let _ = stop_tx.send(());
+    let _ = tokio::time::timeout(Duration::from_secs(10), running).await;
 }

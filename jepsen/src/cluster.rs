@@ -74,7 +74,12 @@ impl Nodes {
 
     fn token_args(&self) -> Vec<String> {
         match &self.token {
-            Some(_) => vec!["--tokens-file".into(), self.dir.join("tokens.toml").display().to_string()],
+            Some(_) => vec![
+                "--tokens-file".into(),
+                self.dir.join("tokens.toml").display().to_string(),
+                "--job-token-key".into(),
+                self.dir.join("job-token.key").display().to_string(),
+            ],
             None => Vec::new(),
         }
     }

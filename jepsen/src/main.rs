@@ -222,6 +222,12 @@ fn run(args: RunArgs) -> anyhow::Result<bool> {
         }
         std::fs::write(dir.join("token"), String::from_utf8(output.stdout)?.trim())?;
         std::fs::write(dir.join("tokens.toml"), &output.stderr)?;
+        // And job tokens: the session workers report each outcome with theirs.
+        let key = std::process::Command::new(&drover)
+            .args(["token", "secret", "--name", "job-tokens"])
+            .output()
+            .context("running drover token secret")?;
+        std::fs::write(dir.join("job-token.key"), String::from_utf8(key.stdout)?.trim())?;
     }
     let config = InnerConfig {
         seed,

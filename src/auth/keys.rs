@@ -123,7 +123,7 @@ mod tests {
             tokens_file: Some(dir.path().join("tokens.toml")),
             jwks_file: Some(dir.path().join("jwks.json")),
             jwt_issuers: strings(&["drover"]),
-            jwt_audience: None,
+            ..AuthSettings::default()
         })
         .unwrap();
         let pem = std::fs::read_to_string(dir.path().join("signing-key.pem")).unwrap();

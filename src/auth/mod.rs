@@ -15,14 +15,15 @@
 //! With neither file configured, authentication is off: every request is
 //! [`Principal::anonymous`], as before, and the start-up log says so.
 
+pub mod job_tokens;
 pub mod keys;
 pub mod scopes;
 
 use std::collections::HashMap;
 use std::path::{Path, PathBuf};
 use std::sync::atomic::{AtomicU64, Ordering};
-use std::sync::{Arc, RwLock};
-use std::time::{Duration, SystemTime, UNIX_EPOCH};
+use std::sync::{Arc, Mutex, RwLock};
+use std::time::{Duration, Instant, SystemTime, UNIX_EPOCH};
 
 use anyhow::{bail, Context as _};
 use jsonwebtoken::jwk::JwkSet;
@@ -48,6 +49,15 @@ pub struct AuthSettings {
     pub jwt_issuers: Vec<String>,
     /// When set, a JWT's `aud` must include it.
     pub jwt_audience: Option<String>,
+    /// Calls one principal may start per second on this node (a stream
+    /// counts once, not per message); 0: no limit. Only with tokens on.
+    pub requests_per_second: u32,
+    /// Job streams (StreamActivatedJobs, drover.v1 and Zeebe) one principal
+    /// may hold open on this node; 0: no limit. Only with tokens on.
+    pub streams: u32,
+    /// The key job tokens are signed with, the same on every node; without
+    /// it, activations carry none.
+    pub job_token_key: Option<PathBuf>,
 }
 
 impl AuthSettings {
@@ -81,6 +91,7 @@ struct TokensFile {
 #[derive(Debug, Deserialize)]
 struct Claims {
     iss: String,
+    exp: u64,
     #[serde(default)]
     sub: String,
     #[serde(default)]
@@ -99,16 +110,47 @@ struct Loaded {
     /// Keys by `kid`, and those without one.
     keys: Vec<(Option<String>, Algorithm, DecodingKey)>,
     stamps: Vec<Option<(SystemTime, u64)>>,
+    /// JWTs these keys verified, with their principal and expiry (seconds
+    /// since the epoch): a client sends the same token on every call, and a
+    /// signature check costs far more than a lookup. Gone with a reload.
+    verified: Mutex<HashMap<String, (Arc<Principal>, u64)>>,
 }
+
+/// JWTs remembered at most; past it the memory starts over.
+const MAX_VERIFIED: usize = 10_000;
 
 pub struct Authenticator {
     settings: AuthSettings,
     loaded: RwLock<Arc<Loaded>>,
     /// Milliseconds since the epoch of the last look at the files.
     checked_at: AtomicU64,
+    /// Per principal name: tokens left in its bucket, and when it was filled.
+    buckets: Mutex<HashMap<String, (f64, Instant)>>,
+    /// Per principal name: job streams open on this node.
+    streams: Arc<Mutex<HashMap<String, u32>>>,
+    job_tokens: Option<job_tokens::JobTokens>,
 }
 
-fn now_ms() -> u64 {
+/// One open job stream of a principal; dropping it gives the slot back.
+pub struct StreamPermit {
+    name: String,
+    streams: Arc<Mutex<HashMap<String, u32>>>,
+}
+
+impl Drop for StreamPermit {
+    fn drop(&mut self) {
+        let mut streams = self.streams.lock().expect("stream counts");
+        if let Some(count) = streams.get_mut(&self.name) {
+            *count -= 1;
+            if *count == 0 {
+                streams.remove(&self.name);
+            }
+        }
+    }
+}
+
+/// Milliseconds since the Unix epoch, by this machine's clock.
+pub fn now_ms() -> u64 {
     SystemTime::now().duration_since(UNIX_EPOCH).map_or(0, |d| d.as_millis() as u64)
 }
 
@@ -129,7 +171,21 @@ impl Authenticator {
             bail!("--jwks-file needs at least one --jwt-issuer: JWTs are accepted only from named issuers");
         }
         let loaded = Self::read(&settings)?;
-        Ok(Arc::new(Authenticator { settings, loaded: RwLock::new(Arc::new(loaded)), checked_at: now_ms().into() }))
+        let job_tokens = match &settings.job_token_key {
+            Some(_) if !settings.enabled() => {
+                bail!("--job-token-key needs tokens on (--tokens-file or --jwks-file): job tokens stand in for them")
+            }
+            Some(path) => Some(job_tokens::JobTokens::load(path)?),
+            None => None,
+        };
+        Ok(Arc::new(Authenticator {
+            job_tokens,
+            settings,
+            loaded: RwLock::new(Arc::new(loaded)),
+            checked_at: now_ms().into(),
+            buckets: Mutex::default(),
+            streams: Arc::default(),
+        }))
     }
 
     pub fn enabled(&self) -> bool {
@@ -152,7 +208,7 @@ impl Authenticator {
                 if hash.len() != 64 || !hash.bytes().all(|b| b.is_ascii_hexdigit()) {
                     bail!("{}: token {:?}: sha256 must be 64 hex digits", path.display(), entry.name);
                 }
-                let principal = Principal { name: entry.name, scopes: entry.scopes, tenants: entry.tenants };
+                let principal = Principal { name: entry.name, scopes: entry.scopes, tenants: entry.tenants, job: None };
                 loaded.tokens.insert(hash, Arc::new(principal));
             }
         }
@@ -201,6 +257,51 @@ impl Authenticator {
         Arc::clone(&self.loaded.read().expect("auth lock"))
     }
 
+    /// Counts one call of `principal` against its per-second limit:
+    /// RESOURCE_EXHAUSTED past it.
+    pub fn admit(&self, principal: &Principal) -> Result<(), ApiError> {
+        let rate = self.settings.requests_per_second;
+        if rate == 0 || !self.enabled() {
+            return Ok(());
+        }
+        let now = Instant::now();
+        let mut buckets = self.buckets.lock().expect("rate buckets");
+        let (tokens, filled) = buckets.entry(principal.name.clone()).or_insert((f64::from(rate), now));
+        *tokens = (*tokens + now.duration_since(*filled).as_secs_f64() * f64::from(rate)).min(f64::from(rate));
+        *filled = now;
+        if *tokens < 1.0 {
+            metrics::counter!("drover_auth_limited_total", "limit" => "requests").increment(1);
+            return Err(ApiError::ResourceExhausted(format!(
+                "{} started more than {rate} calls a second on this node; slow down and retry with back-off \
+                 (the limit is --principal-requests-per-second)",
+                principal.name
+            )));
+        }
+        *tokens -= 1.0;
+        Ok(())
+    }
+
+    /// A slot for one more job stream of `principal`, held until the permit
+    /// drops: RESOURCE_EXHAUSTED when it holds as many as allowed.
+    pub fn open_stream(&self, principal: &Principal) -> Result<Option<StreamPermit>, ApiError> {
+        let limit = self.settings.streams;
+        if limit == 0 || !self.enabled() {
+            return Ok(None);
+        }
+        let mut streams = self.streams.lock().expect("stream counts");
+        let count = streams.entry(principal.name.clone()).or_insert(0);
+        if *count >= limit {
+            metrics::counter!("drover_auth_limited_total", "limit" => "streams").increment(1);
+            return Err(ApiError::ResourceExhausted(format!(
+                "{} holds {limit} job streams on this node, as many as allowed; close one, or raise \
+                 --principal-streams",
+                principal.name
+            )));
+        }
+        *count += 1;
+        Ok(Some(StreamPermit { name: principal.name.clone(), streams: Arc::clone(&self.streams) }))
+    }
+
     /// The principal `authorization` (the header's value) names. No header
     /// with authentication on, an unknown secret, or a JWT that does not
     /// verify: UNAUTHENTICATED, saying which.
@@ -217,6 +318,9 @@ impl Authenticator {
             return Err(ApiError::Unauthenticated("the authorization header must be `Bearer <token>`".into()));
         };
         let token = token.trim();
+        if job_tokens::JobTokens::is_job_token(token) {
+            return self.job_principal(token);
+        }
         let loaded = self.current();
         // A JWT has three dot-separated parts; a secret has no dots.
         if token.split('.').count() == 3 {
@@ -229,8 +333,46 @@ impl Authenticator {
             .ok_or_else(|| ApiError::Unauthenticated("the token is not one this cluster knows".into()))
     }
 
+    fn job_principal(&self, token: &str) -> Result<Arc<Principal>, ApiError> {
+        let Some(tokens) = &self.job_tokens else {
+            return Err(ApiError::Unauthenticated("this cluster hands out no job tokens (no --job-token-key)".into()));
+        };
+        let grant = tokens.verify(token).ok_or_else(|| {
+            ApiError::Unauthenticated("the job token does not verify: it was altered or is from another cluster".into())
+        })?;
+        if now_ms() as i64 > grant.expires_ms {
+            return Err(ApiError::Unauthenticated(format!(
+                "the job token for job {} attempt {} has expired; the worker's own token still works, or renew it \
+                 with UpdateJobTimeout or a heartbeat before it runs out",
+                grant.key, grant.attempt
+            )));
+        }
+        metrics::counter!("drover_auth_job_token_calls_total").increment(1);
+        Ok(Arc::new(Principal::for_job(grant.key, grant.attempt)))
+    }
+
+    /// A job token for `key` at `attempt` whose deadline is `deadline_ms`;
+    /// empty when this node hands out none.
+    pub fn job_token(&self, key: u64, attempt: u32, deadline_ms: i64) -> String {
+        match &self.job_tokens {
+            Some(tokens) => tokens.for_deadline(key, attempt, deadline_ms),
+            None => String::new(),
+        }
+    }
+
+    /// Whether activations carry job tokens.
+    pub fn mints_job_tokens(&self) -> bool {
+        self.job_tokens.is_some()
+    }
+
     fn verify_jwt(&self, loaded: &Loaded, token: &str) -> Result<Arc<Principal>, ApiError> {
         let refused = |why: String| ApiError::Unauthenticated(format!("the JWT was refused: {why}"));
+        let now = now_ms() / 1000;
+        if let Some((principal, exp)) = loaded.verified.lock().expect("verified JWTs").get(token) {
+            if now <= exp.saturating_add(LEEWAY_SECS) {
+                return Ok(Arc::clone(principal));
+            }
+        }
         if loaded.keys.is_empty() {
             return Err(refused("this cluster accepts no JWTs (no --jwks-file)".into()));
         }
@@ -254,7 +396,13 @@ impl Authenticator {
                     let mut scopes = claims.scopes;
                     scopes.extend(claims.scope.split_whitespace().map(String::from));
                     let name = format!("{}#{}", claims.iss, claims.sub);
-                    return Ok(Arc::new(Principal { name, scopes, tenants: claims.tenants }));
+                    let principal = Arc::new(Principal { name, scopes, tenants: claims.tenants, job: None });
+                    let mut verified = loaded.verified.lock().expect("verified JWTs");
+                    if verified.len() >= MAX_VERIFIED {
+                        verified.clear();
+                    }
+                    verified.insert(token.to_string(), (Arc::clone(&principal), claims.exp));
+                    return Ok(principal);
                 }
                 Err(error) => {
                     last = match error.kind() {

@@ -52,6 +52,10 @@ pub struct Principal {
     pub scopes: Vec<String>,
     /// Tenants whose jobs it may see and touch; `*`: every tenant.
     pub tenants: Vec<String>,
+    /// A job token's principal: only this job at this attempt, and only
+    /// what working it takes. No scopes or tenants then.
+    #[serde(default)]
+    pub job: Option<(u64, u32)>,
 }
 
 /// Whether `held` covers the scope made of `parts` (concatenated).
@@ -80,7 +84,17 @@ fn covers(held: &str, parts: &[&str]) -> bool {
 impl Principal {
     /// Everything, everywhere: requests when authentication is off.
     pub fn anonymous() -> Principal {
-        Principal { name: "anonymous".into(), scopes: vec!["*".into()], tenants: vec!["*".into()] }
+        Principal { name: "anonymous".into(), scopes: vec!["*".into()], tenants: vec!["*".into()], job: None }
+    }
+
+    /// What a job token for `key` at `attempt` may do.
+    pub fn for_job(key: u64, attempt: u32) -> Principal {
+        Principal {
+            name: format!("job token for {key} attempt {attempt}"),
+            scopes: vec![],
+            tenants: vec![],
+            job: Some((key, attempt)),
+        }
     }
 
     /// The broker acting on its own (raising an incident, say).
@@ -174,6 +188,28 @@ impl Principal {
         self.in_tenant(&job.spec.tenant) && self.may(verb, &job.spec.job_type)
     }
 
+    /// A command on job `key` (of `job_tenant`, `job_type`) at `attempt`: as
+    /// [`Principal::check_job`], except that a job token may work its own
+    /// job at its own attempt and nothing else.
+    pub fn check_command(
+        &self,
+        verb: Verb,
+        job_tenant: &str,
+        job_type: &str,
+        key: u64,
+        attempt: Option<u32>,
+    ) -> Result<(), ApiError> {
+        match self.job {
+            Some((own, own_attempt)) if verb == Verb::Work && own == key && attempt == Some(own_attempt) => Ok(()),
+            Some((own, own_attempt)) => Err(ApiError::PermissionDenied(format!(
+                "a job token acts only on its own job and attempt (job {own} attempt {own_attempt}), and only to \
+                 work it; this request is for job {key}{}",
+                attempt.map(|a| format!(" attempt {a}")).unwrap_or_default()
+            ))),
+            None => self.check_job(verb, job_tenant, job_type, key),
+        }
+    }
+
     /// Reading `job`: another tenant's job is NOT_FOUND, as if it did not
     /// exist; one of its tenants without the scope is PERMISSION_DENIED.
     pub fn check_job(&self, verb: Verb, job_tenant: &str, job_type: &str, key: u64) -> Result<(), ApiError> {
@@ -193,6 +229,7 @@ mod tests {
             name: "t".into(),
             scopes: scopes.iter().map(|s| s.to_string()).collect(),
             tenants: vec!["acme".into()],
+            job: None,
         }
     }
 

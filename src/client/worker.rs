@@ -128,6 +128,10 @@ impl WorkerOptions {
 struct InFlight {
     jobs: Mutex<HashMap<u64, (u32, AbortHandle)>>,
     emptied: Notify,
+    /// Each held job's newest job token (from its activation, then from
+    /// heartbeats): its outcome is reported with it, so the worker's own
+    /// token is not what touches the job.
+    tokens: Mutex<HashMap<u64, (u32, String)>>,
 }
 
 impl InFlight {
@@ -137,8 +141,26 @@ impl InFlight {
     fn held(&self) -> Vec<HeldJob> {
         self.lock().iter().map(|(key, (attempt, _))| HeldJob { key: *key, attempt: *attempt }).collect()
     }
+    fn set_token(&self, key: u64, attempt: u32, token: String) {
+        if !token.is_empty() {
+            self.tokens.lock().expect("job tokens").insert(key, (attempt, token));
+        }
+    }
+    /// The client to report `key`'s outcome with: its job token's, if it has one.
+    fn client_for(&self, client: &Client, key: u64, attempt: u32) -> Client {
+        let tokens = self.tokens.lock().expect("job tokens");
+        match tokens.get(&key) {
+            Some((a, token)) if *a == attempt => client.with_token(token).unwrap_or_else(|_| client.clone()),
+            _ => client.clone(),
+        }
+    }
     /// Forgets a job whose outcome is reported (or that was stopped).
     fn done(&self, key: u64, attempt: u32) {
+        let mut tokens = self.tokens.lock().expect("job tokens");
+        if tokens.get(&key).is_some_and(|(a, _)| *a == attempt) {
+            tokens.remove(&key);
+        }
+        drop(tokens);
         let mut jobs = self.lock();
         if jobs.get(&key).is_some_and(|(a, _)| *a == attempt) {
             jobs.remove(&key);
@@ -149,6 +171,11 @@ impl InFlight {
     }
     /// Stops jobs and forgets them; none of their outcomes is reported.
     fn stop(&self, keys: &[u64]) -> Vec<(u64, u32)> {
+        let mut tokens = self.tokens.lock().expect("job tokens");
+        for key in keys {
+            tokens.remove(key);
+        }
+        drop(tokens);
         let mut jobs = self.lock();
         let mut stopped = Vec::new();
         for key in keys {
@@ -422,6 +449,7 @@ impl Worker {
         #[cfg(feature = "otel")]
         crate::trace_context::continue_trace(&span, &job.traceparent);
         let (key, attempt) = (job.key, job.attempt);
+        in_flight.set_token(key, attempt, job.job_token.clone());
         let tracked = Arc::clone(in_flight);
         let max_back_off = self.options.max_back_off;
         // Registered before the task runs, so a fast job's `done` finds it.
@@ -438,6 +466,7 @@ impl Worker {
             // heartbeats keep it this worker's.
             let mut back_off = Duration::from_millis(100);
             loop {
+                let client = tracked.client_for(&client, key, attempt);
                 let result = match &outcome {
                     JobOutcome::Complete(variables) => {
                         client.complete_traced(key, attempt, variables, &traceparent).await
@@ -535,6 +564,9 @@ async fn heartbeats(
         match client.raw().heartbeat(call).await {
             Ok(reply) => {
                 let reply = reply.into_inner();
+                for renewed in reply.job_tokens {
+                    in_flight.set_token(renewed.key, renewed.attempt, renewed.token);
+                }
                 if !reply.revoked.is_empty() {
                     let stopped = in_flight.stop(&reply.revoked);
                     if !stopped.is_empty() {

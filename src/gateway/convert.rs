@@ -424,6 +424,8 @@ pub fn activated_job(job: &ActivatedJobData, fetch_variables: &[String]) -> pb::
         traceparent: job.spec.traceparent.clone(),
         created_at: job.created_at,
         stage: job.stage.clone(),
+        // Minted where the job leaves for its worker, if tokens are on.
+        job_token: String::new(),
     }
 }
 

@@ -234,14 +234,16 @@ async fn forward(
     Ok(Attempt::Done(results))
 }
 
-/// The job a command acts on by key, and what acting on it takes.
-fn needs(command: &Command) -> Option<(JobKey, Verb)> {
+/// The job a command acts on by key, the attempt it is fenced by, and what
+/// acting on it takes.
+fn needs(command: &Command) -> Option<(JobKey, Option<u32>, Verb)> {
     match command {
-        Command::Complete { key, .. }
-        | Command::Fail { key, .. }
-        | Command::UpdateTimeout { key, .. }
-        | Command::Checkpoint { key, .. } => Some((*key, Verb::Work)),
-        Command::UpdateRetries { key, .. } | Command::Cancel { key } => Some((*key, Verb::Manage)),
+        Command::Complete { key, attempt, .. }
+        | Command::Fail { key, attempt, .. }
+        | Command::UpdateTimeout { key, attempt, .. }
+        | Command::Checkpoint { key, attempt, .. } => Some((*key, Some(*attempt), Verb::Work)),
+        Command::UpdateRetries { key, .. } | Command::Cancel { key } => Some((*key, None, Verb::Manage)),
+        // Only the broker yields; a client cannot send one.
         _ => None,
     }
 }
@@ -257,14 +259,14 @@ fn screen(
     commands: Vec<Command>,
 ) -> Result<(Vec<Command>, Vec<Option<CommandResult>>), ApiError> {
     let state = replica.state();
-    let keys: Vec<Option<(JobKey, Verb)>> = commands.iter().map(needs).collect();
+    let keys: Vec<Option<(JobKey, Option<u32>, Verb)>> = commands.iter().map(needs).collect();
     let mut owners: Vec<Option<(String, String)>> = state.read(|s| {
         keys.iter()
-            .map(|k| k.and_then(|(key, _)| s.job(key)).map(|j| (j.spec.tenant.clone(), j.spec.job_type.clone())))
+            .map(|k| k.and_then(|(key, _, _)| s.job(key)).map(|j| (j.spec.tenant.clone(), j.spec.job_type.clone())))
             .collect()
     });
     for (owner, needed) in owners.iter_mut().zip(&keys) {
-        if let (None, Some((key, _))) = (&owner, needed) {
+        if let (None, Some((key, _, _))) = (&owner, needed) {
             *owner = state.lookup(*key)?.map(|j| (j.spec.tenant.clone(), j.spec.job_type.clone()));
         }
     }
@@ -273,7 +275,13 @@ fn screen(
     let mut any_refused = false;
     for ((command, needed), owner) in commands.into_iter().zip(keys).zip(owners) {
         let verdict = match (needed, owner) {
-            (Some((key, verb)), Some((tenant, job_type))) => principal.check_job(verb, &tenant, &job_type, key.0),
+            (Some((key, attempt, verb)), Some((tenant, job_type))) => {
+                principal.check_command(verb, &tenant, &job_type, key.0, attempt)
+            }
+            // A job token names one job: a key not known here is not it.
+            (Some((key, attempt, verb)), None) if principal.job.is_some() => {
+                principal.check_command(verb, "", "", key.0, attempt)
+            }
             _ => Ok(()),
         };
         match verdict {

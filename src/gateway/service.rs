@@ -35,6 +35,10 @@ const MAX_AWAIT_MS: i64 = 600_000;
 /// How long before the caller's own deadline AwaitJob answers "not final yet".
 const AWAIT_MARGIN: Duration = Duration::from_millis(200);
 
+/// A job token a heartbeat renews lasts this long (plus the grace every job
+/// token has): many beats, so one lost beat does not let it lapse.
+const HEARTBEAT_JOB_TOKEN_MS: i64 = 30_000;
+
 /// Requests of a client stream read together into one batch per partition.
 const STREAM_CHUNK: usize = 1024;
 /// A chunk also closes when its requests reach this many bytes, so a stream
@@ -202,7 +206,9 @@ pub(super) fn principal_of<T>(ctx: &NodeContext, request: &Request<T>) -> Result
         return Ok(Arc::clone(principal));
     }
     let header = request.metadata().get("authorization").map(|v| v.to_str().unwrap_or("?"));
-    ctx.auth.authenticate(header)
+    let principal = ctx.auth.authenticate(header)?;
+    ctx.auth.admit(&principal)?;
+    Ok(principal)
 }
 
 fn traceparent<T>(request: &Request<T>) -> String {
@@ -396,7 +402,11 @@ impl GatewayService {
                             activated.iter().map(|j| ActivatedJobData::encoded_len(&j.spec, &j.worker)).sum();
                         bytes_left = bytes_left.saturating_sub(bytes as u64);
                         crate::trace_context::activation_spans(partition, &activated);
-                        jobs.extend(activated.iter().map(|j| convert::activated_job(j, &spec.fetch_variables)));
+                        jobs.extend(activated.iter().map(|j| {
+                            let mut job = convert::activated_job(j, &spec.fetch_variables);
+                            job.job_token = self.ctx.auth.job_token(job.key, job.attempt, job.deadline);
+                            job
+                        }));
                     }
                 }
                 // One partition without a leader must not hide jobs on others.
@@ -552,6 +562,7 @@ impl Gateway for GatewayService {
         let request = request.into_inner();
         principal.require_job(Verb::Work, &request.r#type)?;
         principal.require_tenants(&request.tenant_ids)?;
+        let permit = self.ctx.auth.open_stream(&principal)?;
         let max_in_flight = convert::max_jobs_in_flight(request.max_jobs_in_flight)?;
         let spec = convert::worker_spec(
             request.r#type,
@@ -572,6 +583,8 @@ impl Gateway for GatewayService {
         let ctx = Arc::clone(&self.ctx);
         let (stream_id, client_id) = (opened.stream_id, opened.client_id);
         let on_close = Box::new(move |buffered: Vec<(JobKey, u32)>| {
+            // The principal's stream slot is free again.
+            drop(permit);
             // Jobs that never reached the worker go back at once instead of
             // waiting for their activation timeout.
             let ctx = Arc::clone(&ctx);
@@ -594,7 +607,7 @@ impl Gateway for GatewayService {
                 metrics::counter!("drover_gateway_job_stream_handed_back_total").increment(count as u64);
             });
         });
-        Ok(Response::new(ClientStream::new(opened.receiver, on_close)))
+        Ok(Response::new(ClientStream::new(opened.receiver, on_close).with_job_tokens(&self.ctx.auth)))
     }
 
     async fn complete_job(
@@ -621,7 +634,9 @@ impl Gateway for GatewayService {
         request: Request<Streaming<CompleteJobRequest>>,
     ) -> Result<Response<Self::CompleteJobsStream>, Status> {
         let principal = self.principal(&request)?;
-        principal.require_some(Verb::Work)?;
+        if principal.job.is_none() {
+            principal.require_some(Verb::Work)?;
+        }
         let service = Arc::new(GatewayService { ctx: Arc::clone(&self.ctx) });
         Ok(Response::new(chunked(request.into_inner(), move |requests| {
             let (service, principal) = (Arc::clone(&service), Arc::clone(&principal));
@@ -702,7 +717,10 @@ impl Gateway for GatewayService {
         }
         let command = Command::UpdateTimeout { key, attempt: request.attempt, timeout_ms: request.timeout };
         match self.one(&principal, key, command, deadline).await? {
-            CommandResult::Deadline(deadline) => Ok(Response::new(UpdateJobTimeoutResponse { deadline })),
+            CommandResult::Deadline(deadline) => {
+                let job_token = self.ctx.auth.job_token(key.0, request.attempt, deadline);
+                Ok(Response::new(UpdateJobTimeoutResponse { deadline, job_token }))
+            }
             other => Err(ApiError::Internal(format!("unexpected result {other:?}")).into()),
         }
     }
@@ -831,8 +849,12 @@ impl Gateway for GatewayService {
             variables,
             max_payload_bytes: self.ctx.limits.max_payload_bytes as u64,
         };
+        let attempt = request.attempt;
         match self.one(&principal, key, command, deadline).await? {
-            CommandResult::Deadline(deadline) => Ok(Response::new(CheckpointJobResponse { deadline })),
+            CommandResult::Deadline(deadline) => {
+                let job_token = self.ctx.auth.job_token(key.0, attempt, deadline);
+                Ok(Response::new(CheckpointJobResponse { deadline, job_token }))
+            }
             other => Err(ApiError::Internal(format!("unexpected result {other:?}")).into()),
         }
     }
@@ -876,7 +898,23 @@ impl Gateway for GatewayService {
     async fn heartbeat(&self, request: Request<HeartbeatRequest>) -> Result<Response<HeartbeatResponse>, Status> {
         let deadline = self.deadline(&request)?;
         self.principal(&request)?.require_some(Verb::Work)?;
-        Ok(Response::new(sessions::heartbeat(&self.ctx, request.into_inner(), deadline).await?))
+        let request = request.into_inner();
+        let held: Vec<(u64, u32)> = request.jobs.iter().map(|j| (j.key, j.attempt)).collect();
+        let mut answer = sessions::heartbeat(&self.ctx, request, deadline).await?;
+        if self.ctx.auth.mints_job_tokens() {
+            // Held jobs get tokens that outlast the next few beats.
+            let until = (crate::auth::now_ms() as i64).saturating_add(HEARTBEAT_JOB_TOKEN_MS);
+            answer.job_tokens = held
+                .into_iter()
+                .filter(|(key, _)| !answer.revoked.contains(key))
+                .map(|(key, attempt)| HeldJobToken {
+                    key,
+                    attempt,
+                    token: self.ctx.auth.job_token(key, attempt, until),
+                })
+                .collect();
+        }
+        Ok(Response::new(answer))
     }
 
     async fn deregister_worker(

@@ -217,7 +217,7 @@ pub async fn heartbeat(
         return Err(error);
     }
     metrics::counter!("drover_worker_heartbeats_total").increment(1);
-    Ok(pb::HeartbeatResponse { state: directed.as_str().into(), revoked })
+    Ok(pb::HeartbeatResponse { state: directed.as_str().into(), revoked, job_tokens: Vec::new() })
 }
 
 pub async fn deregister(ctx: &NodeContext, session: u64, deadline: Instant) -> Result<(), ApiError> {

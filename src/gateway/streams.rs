@@ -408,11 +408,19 @@ pub struct ClientStream {
     /// into a write it cannot take back. Jobs left in the buffer can then be
     /// handed back when the client goes away.
     just_yielded: bool,
+    /// Mints each job's job token as it leaves, when job tokens are on.
+    job_tokens: Option<Arc<crate::auth::Authenticator>>,
 }
 
 impl ClientStream {
     pub fn new(receiver: mpsc::Receiver<Result<pb::ActivatedJob, Status>>, on_close: OnClose) -> Self {
-        ClientStream { receiver, on_close: Some(on_close), just_yielded: false }
+        ClientStream { receiver, on_close: Some(on_close), just_yielded: false, job_tokens: None }
+    }
+
+    /// Jobs leave with a job token from `auth`, if it mints them.
+    pub fn with_job_tokens(mut self, auth: &Arc<crate::auth::Authenticator>) -> Self {
+        self.job_tokens = auth.mints_job_tokens().then(|| Arc::clone(auth));
+        self
     }
 }
 
@@ -429,8 +437,11 @@ impl Stream for ClientStream {
             cx.waker().wake_by_ref();
             return Poll::Pending;
         }
-        let next = self.receiver.poll_recv(cx);
+        let mut next = self.receiver.poll_recv(cx);
         self.just_yielded = matches!(next, Poll::Ready(Some(_)));
+        if let (Poll::Ready(Some(Ok(job))), Some(auth)) = (&mut next, &self.job_tokens) {
+            job.job_token = auth.job_token(job.key, job.attempt, job.deadline);
+        }
         next
     }
 }

@@ -593,6 +593,7 @@ mod tests {
             traceparent: "00-0af7651916cd43dd8448eb211c80319c-b7ad6b7169203331-01".into(),
             created_at: 1_600_000_000_000,
             stage: "charged".into(),
+            job_token: String::new(),
         }
     }
 
