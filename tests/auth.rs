@@ -376,6 +376,26 @@ async fn another_tenants_job_is_invisible_and_untouchable_through_every_rpc_and_
     assert_eq!(code, 200, "{body}");
     assert!(body.contains(&format!("\"key\":{key}")), "acme's /actuator/jobs misses its job: {body}");
     acme.complete(key, 1, "{}").await.unwrap();
+    // Worker sessions, by gRPC and on the admin port: only those of one's tenants.
+    let register = RegisterWorkerRequest {
+        worker_id: "acme-worker".into(),
+        job_types: vec!["t".into()],
+        tenant_ids: vec!["acme".into()],
+        heartbeat_interval: 1_000,
+        dead_after: 60_000,
+        ..Default::default()
+    };
+    acme.raw().register_worker(register).await.unwrap();
+    let listed = |client: Client| async move {
+        let workers = client.raw().list_workers(ListWorkersRequest::default()).await.unwrap().into_inner().workers;
+        workers.iter().any(|w| w.worker_id == "acme-worker")
+    };
+    assert!(listed(admin.clone()).await, "the admin lists acme's worker");
+    assert!(!listed(globex.clone()).await, "globex lists acme's worker");
+    let header = format!("Authorization: Bearer {}\r\n", tokens.secret("globex"));
+    let (code, body) = http_request_with("GET", &admin_addr, "/actuator/workers", &header).await.unwrap();
+    assert_eq!(code, 200, "{body}");
+    assert!(!body.contains("acme-worker"), "globex's /actuator/workers shows acme's worker: {body}");
 }
 
 #[tokio::test(flavor = "multi_thread", worker_threads = 2)]
@@ -630,4 +650,147 @@ async fn the_worker_library_reports_each_outcome_with_the_jobs_own_token() {
     assert!(after - before >= 3.0, "three completions, {} of them with job tokens", after - before);
     let _ = stop_tx.send(());
     let _ = tokio::time::timeout(Duration::from_secs(10), running).await;
+}
+
+/// The Zeebe gateway's RPCs, each on job type `t`.
+#[derive(Clone, Copy, Debug)]
+enum ZeebeRpc {
+    ActivateJobs,
+    StreamActivatedJobs,
+    CompleteJob,
+    FailJob,
+    ThrowError,
+    UpdateJobRetries,
+    UpdateJobTimeout,
+    Topology,
+}
+
+impl ZeebeRpc {
+    const ALL: [ZeebeRpc; 8] = [
+        ZeebeRpc::ActivateJobs,
+        ZeebeRpc::StreamActivatedJobs,
+        ZeebeRpc::CompleteJob,
+        ZeebeRpc::FailJob,
+        ZeebeRpc::ThrowError,
+        ZeebeRpc::UpdateJobRetries,
+        ZeebeRpc::UpdateJobTimeout,
+        ZeebeRpc::Topology,
+    ];
+
+    fn allowed(self) -> &'static [&'static str] {
+        match self {
+            ZeebeRpc::UpdateJobRetries => &["admin", "manage"],
+            ZeebeRpc::Topology => {
+                &["admin", "create", "work", "read", "manage", "workers", "cluster-read", "cluster-admin", "nothing"]
+            }
+            _ => &["admin", "work"],
+        }
+    }
+
+    async fn call(self, client: &mut ZeebeClient, key: i64) -> Result<(), tonic::Status> {
+        use drover::proto::zeebe as zb;
+        match self {
+            ZeebeRpc::ActivateJobs => {
+                let request = zb::ActivateJobsRequest {
+                    r#type: "t".into(),
+                    worker: "z".into(),
+                    timeout: 60_000,
+                    max_jobs_to_activate: 1,
+                    request_timeout: -1,
+                    ..Default::default()
+                };
+                client.activate_jobs(request).await.map(drop)
+            }
+            ZeebeRpc::StreamActivatedJobs => {
+                let request =
+                    zb::StreamActivatedJobsRequest { r#type: "t".into(), timeout: 60_000, ..Default::default() };
+                client.stream_activated_jobs(request).await.map(drop)
+            }
+            ZeebeRpc::CompleteJob => {
+                client.complete_job(zb::CompleteJobRequest { job_key: key, variables: String::new() }).await.map(drop)
+            }
+            ZeebeRpc::FailJob => {
+                let request = zb::FailJobRequest { job_key: key, retries: 1, ..Default::default() };
+                client.fail_job(request).await.map(drop)
+            }
+            ZeebeRpc::ThrowError => {
+                let request = zb::ThrowErrorRequest { job_key: key, error_code: "e".into(), ..Default::default() };
+                client.throw_error(request).await.map(drop)
+            }
+            ZeebeRpc::UpdateJobRetries => {
+                let request = zb::UpdateJobRetriesRequest { job_key: key, retries: 3 };
+                client.update_job_retries(request).await.map(drop)
+            }
+            ZeebeRpc::UpdateJobTimeout => {
+                let request = zb::UpdateJobTimeoutRequest { job_key: key, timeout: 60_000 };
+                client.update_job_timeout(request).await.map(drop)
+            }
+            ZeebeRpc::Topology => client.topology(zb::TopologyRequest {}).await.map(drop),
+        }
+    }
+}
+
+type ZeebeClient = drover::proto::zeebe::gateway_client::GatewayClient<
+    tonic::service::interceptor::InterceptedService<tonic::transport::Channel, drover::client::Bearer>,
+>;
+
+async fn zeebe_as(node: &LocalNode, token: Option<&str>) -> ZeebeClient {
+    let channel = tonic::transport::Endpoint::from_shared(format!("http://{}", node.node().grpc_addr))
+        .unwrap()
+        .connect()
+        .await
+        .unwrap();
+    drover::proto::zeebe::gateway_client::GatewayClient::with_interceptor(
+        channel,
+        drover::client::Bearer::new(token).unwrap(),
+    )
+}
+
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn each_scope_allows_exactly_its_zeebe_rpcs() {
+    use drover::proto::zeebe as zb;
+    let tokens = Tokens::new();
+    let node = node_with(&tokens).await;
+    let admin = as_token(&node, tokens.secret("admin"));
+    let mut admin_zeebe = zeebe_as(&node, Some(tokens.secret("admin"))).await;
+    let mut failures = Vec::new();
+    for rpc in ZeebeRpc::ALL {
+        for name in std::iter::once(None).chain(NAMES.iter().map(|(name, _)| Some(*name))) {
+            // A job activated through the Zeebe gateway: its key is the activation's.
+            let created = admin.create_job("t", "{}").await.unwrap();
+            let request = zb::ActivateJobsRequest {
+                r#type: "t".into(),
+                worker: "admin".into(),
+                timeout: 600_000,
+                max_jobs_to_activate: 100,
+                request_timeout: -1,
+                ..Default::default()
+            };
+            let mut answers = admin_zeebe.activate_jobs(request).await.unwrap().into_inner();
+            let mut key = None;
+            while let Some(reply) = answers.message().await.unwrap() {
+                let ours =
+                    |j: &&zb::ActivatedJob| drover::gateway::zeebe::job_of(j.key).is_ok_and(|(k, _)| k.0 == created);
+                key = key.or(reply.jobs.iter().find(ours).map(|j| j.key));
+            }
+            let key = key.expect("the new job activated through Zeebe");
+            let mut client = zeebe_as(&node, name.map(|n| tokens.secret(n))).await;
+            let answer = rpc.call(&mut client, key).await;
+            let code = answer.as_ref().err().map(|s| s.code());
+            let wrong = match name {
+                None => (code != Some(Code::Unauthenticated)).then(|| "not UNAUTHENTICATED".to_string()),
+                Some(name) if rpc.allowed().contains(&name) => {
+                    matches!(code, Some(Code::PermissionDenied | Code::Unauthenticated))
+                        .then(|| format!("refused to {name}, whose scope allows it"))
+                }
+                Some(name) => {
+                    (code != Some(Code::PermissionDenied)).then(|| format!("not PERMISSION_DENIED for {name}"))
+                }
+            };
+            if let Some(wrong) = wrong {
+                failures.push(format!("{rpc:?}: {answer:?}, {wrong}"));
+            }
+        }
+    }
+    assert!(failures.is_empty(), "{} wrong answers:\n{}", failures.len(), failures.join("\n"));
 }

@@ -308,14 +308,17 @@ fn api_error(error: crate::gateway::ApiError) -> (StatusCode, Json<serde_json::V
     (status, Json(json!({ "error": error.to_string() })))
 }
 
-/// Every live worker session (`?label=name:value` for some).
+/// Every live worker session (`?label=name:value` for some) that takes jobs
+/// of one of the principal's tenants.
 async fn workers(
     State(ctx): State<Arc<NodeContext>>,
+    axum::Extension(principal): axum::Extension<Arc<crate::auth::Principal>>,
     axum::extract::Query(query): axum::extract::Query<WorkersQuery>,
 ) -> impl IntoResponse {
     let deadline = std::time::Instant::now() + ctx.request_timeout;
     match crate::gateway::sessions::list(&ctx, &query.label, deadline).await {
-        Ok(workers) => {
+        Ok(mut workers) => {
+            workers.retain(|w| principal.shares_tenant(&w.tenant_ids));
             (StatusCode::OK, Json(json!({ "workers": workers.iter().map(worker_json).collect::<Vec<_>>() })))
         }
         Err(error) => api_error(error),
@@ -350,11 +353,16 @@ async fn direct_workers(
     }
 }
 
-async fn jobstreams(State(ctx): State<Arc<NodeContext>>) -> impl IntoResponse {
+/// Only streams that serve one of the principal's tenants.
+async fn jobstreams(
+    State(ctx): State<Arc<NodeContext>>,
+    axum::Extension(principal): axum::Extension<Arc<crate::auth::Principal>>,
+) -> impl IntoResponse {
     let remote: Vec<_> = ctx
         .broker_streams
         .all()
         .iter()
+        .filter(|s| principal.shares_tenant(&s.tenants))
         .map(|s| {
             json!({
                 "gatewayNodeId": s.gateway,
@@ -368,7 +376,9 @@ async fn jobstreams(State(ctx): State<Arc<NodeContext>>) -> impl IntoResponse {
             })
         })
         .collect();
-    Json(json!({ "client": ctx.gateway_streams.view().await, "remote": remote }))
+    let mut client = ctx.gateway_streams.view().await;
+    client.retain(|view| principal.shares_tenant(&view.key.tenants));
+    Json(json!({ "client": client, "remote": remote }))
 }
 
 /// Publishes gauges that are read rather than counted: partition roles and

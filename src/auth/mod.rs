@@ -118,6 +118,8 @@ struct Loaded {
 
 /// JWTs remembered at most; past it the memory starts over.
 const MAX_VERIFIED: usize = 10_000;
+/// Principals' rate buckets kept before idle ones are dropped.
+const MAX_BUCKETS: usize = 10_000;
 
 pub struct Authenticator {
     settings: AuthSettings,
@@ -266,6 +268,10 @@ impl Authenticator {
         }
         let now = Instant::now();
         let mut buckets = self.buckets.lock().expect("rate buckets");
+        if buckets.len() >= MAX_BUCKETS {
+            // Buckets idle for a second are full again: forgetting them changes nothing.
+            buckets.retain(|_, (_, filled)| now.duration_since(*filled) < Duration::from_secs(1));
+        }
         let (tokens, filled) = buckets.entry(principal.name.clone()).or_insert((f64::from(rate), now));
         *tokens = (*tokens + now.duration_since(*filled).as_secs_f64() * f64::from(rate)).min(f64::from(rate));
         *filled = now;

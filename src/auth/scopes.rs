@@ -161,6 +161,15 @@ impl Principal {
         self.tenants.iter().any(|t| t == "*" || t == tenant)
     }
 
+    /// Shares a tenant with `tenants` (a stream's or a session's; none: the
+    /// default tenant): what listings of streams and workers show it.
+    pub fn shares_tenant(&self, tenants: &[String]) -> bool {
+        if tenants.is_empty() {
+            return self.in_tenant("");
+        }
+        tenants.iter().any(|t| self.in_tenant(t))
+    }
+
     /// A request that names `tenant` (empty: the default tenant).
     pub fn require_tenant(&self, tenant: &str) -> Result<(), ApiError> {
         if self.in_tenant(tenant) {

@@ -936,7 +936,9 @@ impl Gateway for GatewayService {
         if !principal.has(WORKERS_MANAGE) {
             principal.require(CLUSTER_READ)?;
         }
-        let workers = sessions::list(&self.ctx, &request.into_inner().label, deadline).await?;
+        let mut workers = sessions::list(&self.ctx, &request.into_inner().label, deadline).await?;
+        // Sessions that take jobs of the principal's tenants only.
+        workers.retain(|w| principal.shares_tenant(&w.tenant_ids));
         Ok(Response::new(ListWorkersResponse { workers }))
     }
 
