@@ -80,6 +80,10 @@ fn push_frame(out: &mut impl Write, job_key: u64, record: &[u8]) -> std::io::Res
 }
 
 /// The next frame of `input`; `None` at its end.
+/// No job record is near this large (records are bounded by the request
+/// limit); a frame that claims more is corrupt.
+const MAX_FRAME_BYTES: usize = 256 << 20;
+
 fn next_frame(input: &mut impl Read) -> Result<Option<(u64, Vec<u8>)>, std::io::Error> {
     let mut head = [0u8; 12];
     let mut filled = 0;
@@ -92,6 +96,9 @@ fn next_frame(input: &mut impl Read) -> Result<Option<(u64, Vec<u8>)>, std::io::
     }
     let job_key = u64::from_le_bytes(head[..8].try_into().expect("8 bytes"));
     let len = u32::from_le_bytes(head[8..].try_into().expect("4 bytes")) as usize;
+    if len > MAX_FRAME_BYTES {
+        return Err(std::io::Error::other(format!("a job record in the snapshot claims {len} bytes; it is corrupt")));
+    }
     let mut record = vec![0u8; len];
     input.read_exact(&mut record).map_err(|_| std::io::Error::other("snapshot ends inside a job record"))?;
     Ok(Some((job_key, record)))
@@ -579,8 +586,10 @@ impl RaftStateMachine<TypeConfig> for StateMachine {
     ) -> Result<(), StorageError<NodeId>> {
         let mut file = snapshot.into_std().await;
         file.rewind().map_err(sm_read_err)?;
+        let size = file.metadata().map_err(sm_read_err)?.len();
         let mut rest = BufReader::with_capacity(1 << 20, file);
-        let body: SnapshotHeader = bincode::deserialize_from(&mut rest).map_err(sm_read_err)?;
+        // Bounded by the file: a corrupt length inside is an error, not an allocation.
+        let body: SnapshotHeader = storage::decode_bounded("snapshot header", &mut rest, size).map_err(sm_read_err)?;
         let mut batch = self.store.batch();
         batch.delete_ids(Table::Jobs, self.partition, 0..u64::MAX);
         batch.delete_ids(Table::Done, self.partition, 0..u64::MAX);

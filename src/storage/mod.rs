@@ -386,6 +386,23 @@ pub fn decode<T: serde::de::DeserializeOwned>(what: &'static str, bytes: &[u8]) 
     bincode::deserialize(bytes).map_err(|source| StorageError::Decode { what, source })
 }
 
+/// Decodes a value from `reader`, reading at most `limit` bytes (what the
+/// input holds): a corrupt or hostile length prefix is an error, never an
+/// allocation of the size it claims. Same encoding as [`decode`].
+pub fn decode_bounded<T: serde::de::DeserializeOwned>(
+    what: &'static str,
+    reader: impl std::io::Read,
+    limit: u64,
+) -> Result<T, StorageError> {
+    use bincode::Options;
+    bincode::DefaultOptions::new()
+        .with_fixint_encoding()
+        .allow_trailing_bytes()
+        .with_limit(limit)
+        .deserialize_from(reader)
+        .map_err(|source| StorageError::Decode { what, source })
+}
+
 /// Decodes a value from the front of `bytes` and advances past it.
 pub fn decode_from<T: serde::de::DeserializeOwned>(what: &'static str, bytes: &mut &[u8]) -> Result<T, StorageError> {
     bincode::deserialize_from(bytes).map_err(|source| StorageError::Decode { what, source })
@@ -394,6 +411,22 @@ pub fn decode_from<T: serde::de::DeserializeOwned>(what: &'static str, bytes: &m
 #[cfg(test)]
 mod tests {
     use super::*;
+
+    #[test]
+    fn a_length_past_the_input_is_an_error_not_an_allocation() {
+        // A byte string, a text and a list each claiming 2^60 items, then 8 bytes.
+        let mut bytes = (1u64 << 60).to_le_bytes().to_vec();
+        bytes.extend([7u8; 8]);
+        let limit = bytes.len() as u64;
+        assert!(decode_bounded::<bytes::Bytes>("bytes", &bytes[..], limit).is_err());
+        assert!(decode_bounded::<String>("text", &bytes[..], limit).is_err());
+        assert!(decode_bounded::<Vec<crate::core::Job>>("jobs", &bytes[..], limit).is_err());
+        // What fits decodes as before.
+        let job = crate::core::JobSpec { job_type: "t".into(), ..Default::default() };
+        let encoded = encode(&job);
+        let back: crate::core::JobSpec = decode_bounded("spec", &encoded[..], encoded.len() as u64).unwrap();
+        assert_eq!(back, job);
+    }
 
     #[test]
     fn the_recovery_options_reach_rocksdb() {
