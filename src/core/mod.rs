@@ -18,4 +18,6 @@ pub use job::*;
 pub use session::*;
 
 #[cfg(test)]
+mod model_tests;
+#[cfg(test)]
 mod tests;
