@@ -576,37 +576,7 @@ fn print_history(history: &GetJobHistoryResponse, json: bool) {
             println!("{}", serde_json::to_string(&event_json(e)).unwrap_or_default());
             continue;
         }
-        let what = match e.kind.as_str() {
-            "created" => {
-                let by = if e.user.is_empty() { String::new() } else { format!(" by {}", e.user) };
-                let through =
-                    if e.gateway_node_id == 0 { String::new() } else { format!(" through node {}", e.gateway_node_id) };
-                let key = if e.idempotency_key.is_empty() {
-                    String::new()
-                } else {
-                    format!(" (idempotency key {:?})", e.idempotency_key)
-                };
-                format!("created{by}{through}{key}")
-            }
-            "activated" => {
-                let session = if e.session_id == 0 { String::new() } else { format!(" session {:x}", e.session_id) };
-                let via = match e.via.as_str() {
-                    "push" => format!(", pushed to stream {:x} on node {}", e.stream_id, e.gateway_node_id),
-                    "poll" => format!(", polled through node {}", e.gateway_node_id),
-                    _ => String::new(),
-                };
-                format!("activated (attempt {}) by {}{session}{via}", e.attempt, e.worker)
-            }
-            "extended" => format!("deadline extended {}x (attempt {}), to {}", e.count, e.attempt, e.deadline - start),
-            "failed" => format!(
-                "failed (attempt {}, {}): {}; {} retries left, back-off {} ms",
-                e.attempt, e.reason, e.message, e.retries, e.back_off
-            ),
-            "retries_updated" => format!("retries set to {}", e.retries),
-            "checkpointed" => format!("stage {} committed (attempt {})", e.stage, e.attempt),
-            "yielded" | "timed_out" | "completed" => format!("{} (attempt {})", e.kind.replace('_', " "), e.attempt),
-            other => other.replace('_', " "),
-        };
+        let what = drover::client::describe_event(e, start);
         println!("{:>+10.3}s  {what}", (e.at - start) as f64 / 1000.0);
         if i + 1 == 8 && history.dropped > 0 {
             println!("{:>11}  ... {} events not kept ...", "", history.dropped);

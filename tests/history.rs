@@ -8,8 +8,8 @@ use std::time::{Duration, Instant};
 use common::{drover_bin, eventually, ProcessCluster};
 use drover::client::Client;
 use drover::proto::gateway::{
-    ActivateJobsRequest, ActivatedJob, CheckpointJobRequest, CreateJobRequest, GetJobRequest, RegisterWorkerRequest,
-    UpdateJobRetriesRequest, UpdateJobTimeoutRequest,
+    ActivateJobsRequest, ActivatedJob, CancelJobRequest, CheckpointJobRequest, CreateJobRequest, GetJobRequest,
+    RegisterWorkerRequest, StreamActivatedJobsRequest, UpdateJobRetriesRequest, UpdateJobTimeoutRequest,
 };
 
 /// The first job one of these long polls hands out, within 20 s.
@@ -80,10 +80,31 @@ async fn a_job_s_history_tells_its_whole_life_across_a_leader_change() {
     })
     .await;
 
-    // Attempt 3: out of retries, an incident; retries given back.
+    // Attempt 3: out of retries, an incident.
     let job = one(&client, poll("p3", 60_000, 0)).await;
     client.fail_for("failed", key, job.attempt, 0, "out of paper", 0).await.unwrap();
+
+    // A stream that holds at most one job, and holds one already: the job,
+    // given retries back, is pushed to it, and its gateway yields it.
+    let filler = CreateJobRequest { r#type: "hist".into(), ..Default::default() };
+    let filler = client.create(filler).await.unwrap();
+    let open = StreamActivatedJobsRequest {
+        r#type: "hist".into(),
+        worker: "full".into(),
+        timeout: 60_000,
+        max_jobs_in_flight: 1,
+        ..Default::default()
+    };
+    let mut stream = client.raw().stream_activated_jobs(open).await.unwrap().into_inner();
+    let held = tokio::time::timeout(Duration::from_secs(20), stream.message()).await.expect("the filler is pushed");
+    assert_eq!(held.unwrap().unwrap().key, filler);
     client.raw().update_job_retries(UpdateJobRetriesRequest { key, retries: 1 }).await.unwrap();
+    eventually(Duration::from_secs(10), "the full stream's gateway to yield the job", || async {
+        let history = client.raw().get_job_history(GetJobRequest { key, ..Default::default() }).await;
+        history.is_ok_and(|h| h.into_inner().events.iter().any(|e| e.kind == "yielded"))
+    })
+    .await;
+    drop(stream);
 
     // Attempt 4 completes it.
     let job = one(&client, poll("p4", 60_000, 0)).await;
@@ -91,27 +112,28 @@ async fn a_job_s_history_tells_its_whole_life_across_a_leader_change() {
 
     let history = client.raw().get_job_history(GetJobRequest { key, ..Default::default() }).await.unwrap().into_inner();
     let kinds: Vec<&str> = history.events.iter().map(|e| e.kind.as_str()).collect();
-    assert_eq!(
-        kinds,
-        [
-            "created",
-            "due",
-            "activated",
-            "extended",
-            "checkpointed",
-            "failed",
-            "due",
-            "activated",
-            "timed_out",
-            "activated",
-            "failed",
-            "incident",
-            "retries_updated",
-            "activated",
-            "completed"
-        ],
-        "{history:#?}"
-    );
+    // The stream stays full until it is dropped, so the leader may push the
+    // job to it (an activation) and be refused (a yield) more than once.
+    let pushes = kinds.iter().filter(|k| **k == "yielded").count();
+    assert!(pushes >= 1, "{history:#?}");
+    let mut expected = vec![
+        "created",
+        "due",
+        "activated",
+        "extended",
+        "checkpointed",
+        "failed",
+        "due",
+        "activated",
+        "timed_out",
+        "activated",
+        "failed",
+        "incident",
+        "retries_updated",
+    ];
+    expected.extend(std::iter::repeat_n(["activated", "yielded"], pushes).flatten());
+    expected.extend(["activated", "completed"]);
+    assert_eq!(kinds, expected, "{history:#?}");
     assert_eq!(history.dropped, 0);
     let e = &history.events;
     assert_eq!((e[0].user.as_str(), e[0].idempotency_key.as_str()), ("alice", "h-1"));
@@ -121,8 +143,15 @@ async fn a_job_s_history_tells_its_whole_life_across_a_leader_change() {
     assert_eq!((e[5].reason.as_str(), e[5].retries, e[5].back_off), ("intermittent", 1, 100));
     assert_eq!((e[7].attempt, e[7].session_id), (2, session));
     assert_eq!((e[10].reason.as_str(), e[10].message.as_str()), ("failed", "out of paper"));
-    assert_eq!(e[12].retries, 1);
-    assert_eq!(e[14].attempt, 4);
+    assert_eq!((e[12].retries, e[12].user.as_str()), (1, "anonymous"), "who gave the retries back");
+    let (pushed, yielded) = (&e[13], &e[14]);
+    assert_eq!((pushed.worker.as_str(), pushed.via.as_str(), pushed.attempt), ("full", "push", 4));
+    assert_eq!(
+        (yielded.attempt, yielded.gateway_node_id, yielded.reason.as_str()),
+        (4, gateway_node as u64, "no client ready"),
+        "the yield names the stream's gateway and why"
+    );
+    assert_eq!(e[e.len() - 1].attempt, 4 + pushes as u32);
     assert!(e.windows(2).all(|w| w[0].at <= w[1].at), "events are in time order");
 
     let with_history = GetJobRequest { key, include_history: true, ..Default::default() };
@@ -138,4 +167,12 @@ async fn a_job_s_history_tells_its_whole_life_across_a_leader_change() {
     assert!(output.status.success(), "{}", String::from_utf8_lossy(&output.stderr));
     assert!(timeline.contains("created by alice"), "{timeline}");
     assert!(timeline.contains("failed (attempt 1, intermittent): the printer is warming up"), "{timeline}");
+    assert!(timeline.contains(&format!("by node {gateway_node}: no client ready")), "{timeline}");
+
+    // A job cancelled: the last event, naming who cancelled it.
+    let other = client.create(CreateJobRequest { r#type: "hist-cancel".into(), ..Default::default() }).await.unwrap();
+    client.raw().cancel_job(CancelJobRequest { key: other }).await.unwrap();
+    let history = client.raw().get_job_history(GetJobRequest { key: other, ..Default::default() }).await.unwrap();
+    let kinds: Vec<(String, String)> = history.into_inner().events.into_iter().map(|e| (e.kind, e.user)).collect();
+    assert_eq!(kinds, [("created".into(), String::new()), ("cancelled".into(), "anonymous".into())]);
 }

@@ -1,6 +1,7 @@
 //! The Rust client and worker library. Depends only on tonic and the generated
 //! contract: a worker application can use it with `default-features = false`.
 
+mod history;
 mod worker;
 
 use std::time::Duration;
@@ -9,6 +10,7 @@ use tonic::metadata::{Ascii, MetadataValue};
 use tonic::service::interceptor::InterceptedService;
 use tonic::transport::{Channel, Endpoint};
 
+pub use history::describe_event;
 pub use worker::{Control, JobOutcome, Worker, WorkerOptions};
 
 use crate::proto::gateway::gateway_client::GatewayClient;

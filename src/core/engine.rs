@@ -539,14 +539,14 @@ impl PartitionState {
                 out.touched.push(*key);
                 Ok(CommandResult::Deadline(deadline))
             }
-            Command::UpdateRetries { key, retries } => {
+            Command::UpdateRetries { key, retries, by } => {
                 if *retries < 0 {
                     return Err(CommandError::invalid("retries must be zero or more"));
                 }
                 let now = self.clock;
                 let job = self.live_job(*key)?;
                 job.retries = *retries;
-                job.history.record(now, EventKind::RetriesUpdated { retries: *retries });
+                job.history.record(now, EventKind::RetriesUpdated { retries: *retries, by: by.clone() });
                 let revive = job.state == JobState::Incident && *retries > 0;
                 if revive {
                     job.state = JobState::Activatable;
@@ -556,11 +556,11 @@ impl PartitionState {
                 out.touched.push(*key);
                 Ok(CommandResult::Done)
             }
-            Command::Cancel { key } => {
+            Command::Cancel { key, by } => {
                 self.live_job(*key)?;
                 let mut job = self.remove(*key);
                 job.state = JobState::Cancelled;
-                job.history.record(self.clock, EventKind::Cancelled);
+                job.history.record(self.clock, EventKind::Cancelled { by: by.clone() });
                 out.count(&job.spec.job_type, Outcome::Cancelled);
                 out.finished.push(job);
                 Ok(CommandResult::Done)
@@ -568,14 +568,17 @@ impl PartitionState {
             Command::Checkpoint { key, attempt, stage, variables, max_payload_bytes } => {
                 self.checkpoint(*key, *attempt, stage, variables, *max_payload_bytes, out)
             }
-            Command::Yield { key, attempt } => {
+            Command::Yield { key, attempt, gateway, reason } => {
                 self.activation_of(*key, *attempt, "yield")?;
                 let job = self.jobs.get_mut(key).expect("checked by activation_of");
                 self.deadlines.remove(&(job.deadline, *key));
                 self.held.remove(&(job.session, *key));
                 job.deadline = 0;
                 job.state = JobState::Activatable;
-                job.history.record(self.clock, EventKind::Yielded { attempt: job.attempt });
+                job.history.record(
+                    self.clock,
+                    EventKind::Yielded { attempt: job.attempt, gateway: *gateway, reason: *reason },
+                );
                 out.count(&job.spec.job_type, Outcome::Yielded);
                 self.make_ready(*key, out);
                 out.touched.push(*key);

@@ -33,6 +33,29 @@ pub enum Via {
     Push { gateway: u64, stream: u64 },
 }
 
+/// Why a pushed activation came back without reaching a worker.
+#[derive(Clone, Copy, Debug, Default, PartialEq, Eq, Serialize, Deserialize)]
+pub enum YieldReason {
+    /// Not recorded (tests, tools).
+    #[default]
+    Unknown,
+    /// The gateway had no client with room for it (all at their limit, or
+    /// their send buffers full).
+    NotReady,
+    /// It waited in a stream's buffer when the stream closed.
+    StreamClosed,
+}
+
+impl YieldReason {
+    pub fn as_str(self) -> &'static str {
+        match self {
+            YieldReason::Unknown => "",
+            YieldReason::NotReady => "no client ready",
+            YieldReason::StreamClosed => "stream closed",
+        }
+    }
+}
+
 #[derive(Clone, Debug, PartialEq, Eq, Serialize, Deserialize)]
 pub enum EventKind {
     /// By `user` (empty: not named), through a gateway (0: unknown).
@@ -49,9 +72,11 @@ pub enum EventKind {
         session: SessionId,
         via: Via,
     },
-    /// Handed back by a gateway that had no ready client for it.
+    /// Handed back without reaching a worker: by `gateway` (0: unknown), for `reason`.
     Yielded {
         attempt: u32,
+        gateway: u64,
+        reason: YieldReason,
     },
     TimedOut {
         attempt: u32,
@@ -73,12 +98,15 @@ pub enum EventKind {
     Incident,
     RetriesUpdated {
         retries: i32,
+        by: String,
     },
     Checkpointed {
         attempt: u32,
         stage: String,
     },
-    Cancelled,
+    Cancelled {
+        by: String,
+    },
     Completed {
         attempt: u32,
     },
@@ -97,7 +125,7 @@ impl EventKind {
             EventKind::Incident => "incident",
             EventKind::RetriesUpdated { .. } => "retries_updated",
             EventKind::Checkpointed { .. } => "checkpointed",
-            EventKind::Cancelled => "cancelled",
+            EventKind::Cancelled { .. } => "cancelled",
             EventKind::Completed { .. } => "completed",
         }
     }
@@ -175,7 +203,7 @@ mod tests {
     fn a_history_keeps_its_first_and_last_events_and_counts_the_rest() {
         let mut history = History::default();
         for retries in 0..100 {
-            history.record(i64::from(retries), EventKind::RetriesUpdated { retries });
+            history.record(i64::from(retries), EventKind::RetriesUpdated { retries, by: String::new() });
         }
         let kept: Vec<i64> = history.events().map(|e| e.at).collect();
         assert_eq!(kept.len(), HISTORY_HEAD + HISTORY_TAIL);

@@ -6,7 +6,7 @@ use std::sync::Arc;
 use bytes::Bytes;
 use serde::{Deserialize, Serialize};
 
-use super::history::{History, Via};
+use super::history::{History, Via, YieldReason};
 use super::session::{Session, SessionId, SessionInfo, SessionTarget, WorkerState};
 
 /// A partition id, `0..partition_count`.
@@ -512,14 +512,21 @@ pub enum Command {
     UpdateRetries {
         key: JobKey,
         retries: i32,
+        /// Who asked (the principal's name), for the job's history.
+        by: String,
     },
     Cancel {
         key: JobKey,
+        /// Who asked (the principal's name), for the job's history.
+        by: String,
     },
     /// A pushed activation no client could take: activatable again, no retry used.
     Yield {
         key: JobKey,
         attempt: u32,
+        /// The gateway that handed it back, and why: for the job's history.
+        gateway: u64,
+        reason: YieldReason,
     },
     /// A worker committed `stage` of an activated job (fenced by `attempt`):
     /// `variables` merge into the job's as with [`Command::Fail`], the stage

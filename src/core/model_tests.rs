@@ -138,12 +138,12 @@ impl World {
             }
             73..77 => {
                 let key = self.key();
-                Command::UpdateRetries { key, retries: self.rng.random_range(0..4) }
+                Command::UpdateRetries { key, retries: self.rng.random_range(0..4), by: String::new() }
             }
-            77..80 => Command::Cancel { key: self.key() },
+            77..80 => Command::Cancel { key: self.key(), by: String::new() },
             80..84 => {
                 let key = self.key();
-                Command::Yield { key, attempt: self.attempt(state, key) }
+                Command::Yield { key, attempt: self.attempt(state, key), gateway: 1, reason: YieldReason::NotReady }
             }
             84..89 => {
                 let key = self.key();
@@ -201,7 +201,7 @@ fn targets(command: &Command) -> Option<JobKey> {
         | Command::Fail { key, .. }
         | Command::UpdateTimeout { key, .. }
         | Command::UpdateRetries { key, .. }
-        | Command::Cancel { key }
+        | Command::Cancel { key, .. }
         | Command::Yield { key, .. }
         | Command::Checkpoint { key, .. } => Some(*key),
         _ => None,

@@ -229,7 +229,7 @@ fn fail_with_no_retries_raises_an_incident_that_update_retries_resolves() {
     );
     assert_eq!(h.state_of(key), Some(JobState::Incident));
     assert!(h.activate(1_200, 1, 1_000).is_empty(), "incidents are not activatable");
-    assert_eq!(h.run(1_300, Command::UpdateRetries { key, retries: 2 }), CommandResult::Done);
+    assert_eq!(h.run(1_300, Command::UpdateRetries { key, retries: 2, by: "ops".into() }), CommandResult::Done);
     assert_eq!(h.state_of(key), Some(JobState::Activatable));
     assert_eq!(h.activate(1_400, 1, 1_000)[0].retries, 2);
 }
@@ -388,7 +388,10 @@ fn yield_returns_the_job_without_using_a_retry() {
     let mut h = Harness::new();
     let key = h.create(1_000, 0);
     h.activate(1_000, 1, 60_000);
-    assert_eq!(h.run(1_001, Command::Yield { key, attempt: 1 }), CommandResult::Done);
+    let command = Command::Yield { key, attempt: 1, gateway: 2, reason: YieldReason::NotReady };
+    assert_eq!(h.run(1_001, command), CommandResult::Done);
+    let last = h.state.job(key).unwrap().history.events().last().unwrap().kind.clone();
+    assert_eq!(last, EventKind::Yielded { attempt: 1, gateway: 2, reason: YieldReason::NotReady });
     let again = h.activate(1_002, 1, 60_000);
     assert_eq!(again[0].retries, 3);
     assert_eq!(again[0].attempt, 2);
@@ -398,10 +401,13 @@ fn yield_returns_the_job_without_using_a_retry() {
 fn cancel_removes_any_live_job() {
     let mut h = Harness::new();
     let key = h.create(1_000, 0);
-    assert_eq!(h.run(1_000, Command::Cancel { key }), CommandResult::Done);
+    assert_eq!(h.run(1_000, Command::Cancel { key, by: "ops".into() }), CommandResult::Done);
     assert_eq!(h.state_of(key), None);
     assert!(h.activate(1_000, 1, 100).is_empty());
-    assert_eq!(Harness::rejected(h.run(1_000, Command::Cancel { key })).kind, ErrorKind::FailedPrecondition);
+    assert_eq!(
+        Harness::rejected(h.run(1_000, Command::Cancel { key, by: "ops".into() })).kind,
+        ErrorKind::FailedPrecondition
+    );
 }
 
 #[test]
@@ -906,7 +912,7 @@ fn heartbeats_extend_listed_jobs_and_report_those_no_longer_held() {
     let cancelled = h.create(0, 0);
     h.run(0, Command::Register(session_info(7, &[])));
     h.run(0, session_activation(7, 3_000));
-    h.run(1_000, Command::Cancel { key: cancelled });
+    h.run(1_000, Command::Cancel { key: cancelled, by: String::new() });
     let (directed, revoked) = beat(&mut h, 2_000, 7, vec![(kept, 1), (cancelled, 1)]);
     assert_eq!(directed, WorkerState::Running);
     assert_eq!(revoked, vec![cancelled]);

@@ -495,7 +495,12 @@ fn job_event(event: &JobEvent) -> pb::JobEvent {
                 }
             }
         }
-        EventKind::Yielded { attempt } | EventKind::TimedOut { attempt } | EventKind::Completed { attempt } => {
+        EventKind::Yielded { attempt, gateway, reason } => {
+            out.attempt = *attempt;
+            out.gateway_node_id = *gateway;
+            out.reason = reason.as_str().to_string();
+        }
+        EventKind::TimedOut { attempt } | EventKind::Completed { attempt } => {
             out.attempt = *attempt;
         }
         EventKind::Extended { attempt, deadline, count } => {
@@ -510,12 +515,16 @@ fn job_event(event: &JobEvent) -> pb::JobEvent {
             out.retries = *retries;
             out.back_off = *back_off_ms;
         }
-        EventKind::RetriesUpdated { retries } => out.retries = *retries,
+        EventKind::RetriesUpdated { retries, by } => {
+            out.retries = *retries;
+            out.user.clone_from(by);
+        }
+        EventKind::Cancelled { by } => out.user.clone_from(by),
         EventKind::Checkpointed { attempt, stage } => {
             out.attempt = *attempt;
             out.stage.clone_from(stage);
         }
-        EventKind::Due | EventKind::Incident | EventKind::Cancelled => {}
+        EventKind::Due | EventKind::Incident => {}
     }
     out
 }

@@ -138,8 +138,10 @@ pub async fn bulk(
             .iter()
             .map(|key| {
                 let command = match bulk {
-                    Bulk::Retry { retries } => Command::UpdateRetries { key: *key, retries },
-                    Bulk::Cancel => Command::Cancel { key: *key },
+                    Bulk::Retry { retries } => {
+                        Command::UpdateRetries { key: *key, retries, by: principal.name.clone() }
+                    }
+                    Bulk::Cancel => Command::Cancel { key: *key, by: principal.name.clone() },
                 };
                 Ok((key.partition(), command))
             })

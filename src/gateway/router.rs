@@ -242,7 +242,7 @@ fn needs(command: &Command) -> Option<(JobKey, Option<u32>, Verb)> {
         | Command::Fail { key, attempt, .. }
         | Command::UpdateTimeout { key, attempt, .. }
         | Command::Checkpoint { key, attempt, .. } => Some((*key, Some(*attempt), Verb::Work)),
-        Command::UpdateRetries { key, .. } | Command::Cancel { key } => Some((*key, None, Verb::Manage)),
+        Command::UpdateRetries { key, .. } | Command::Cancel { key, .. } => Some((*key, None, Verb::Manage)),
         // Only the broker yields; a client cannot send one.
         _ => None,
     }

@@ -19,6 +19,7 @@ use super::streams::ClientStream;
 use crate::auth::{Principal, Verb, CLUSTER_READ, WORKERS_MANAGE};
 use crate::core::{
     ActivatedJobData, Command, CommandResult, FailReason, Job, JobKey, JobRef, JobState, PartitionId, RequestId,
+    YieldReason,
 };
 use crate::node::NodeContext;
 use crate::partition::MAX_ENTRY_BYTES;
@@ -173,7 +174,7 @@ impl Repeat {
             Command::Complete { key, attempt, .. } if *attempt != 0 => {
                 Some(Repeat { key: *key, state: JobState::Completed, attempt: *attempt })
             }
-            Command::Cancel { key } => Some(Repeat { key: *key, state: JobState::Cancelled, attempt: 0 }),
+            Command::Cancel { key, .. } => Some(Repeat { key: *key, state: JobState::Cancelled, attempt: 0 }),
             _ => None,
         }
     }
@@ -598,9 +599,10 @@ impl Gateway for GatewayService {
                 if buffered.is_empty() {
                     return;
                 }
+                let (gateway, reason) = (ctx.node_id, YieldReason::StreamClosed);
                 let commands = buffered
                     .into_iter()
-                    .map(|(key, attempt)| Ok((key.partition(), Command::Yield { key, attempt })))
+                    .map(|(key, attempt)| Ok((key.partition(), Command::Yield { key, attempt, gateway, reason })))
                     .collect();
                 let deadline = Instant::now() + ctx.request_timeout;
                 let count = run_chunk(&ctx, None, commands, deadline).await.len();
@@ -739,7 +741,13 @@ impl Gateway for GatewayService {
                 ApiError::InvalidArgument(format!("retries must be zero or more, got {}", request.retries)).into()
             );
         }
-        self.one(&principal, key, Command::UpdateRetries { key, retries: request.retries }, deadline).await?;
+        self.one(
+            &principal,
+            key,
+            Command::UpdateRetries { key, retries: request.retries, by: principal.name.clone() },
+            deadline,
+        )
+        .await?;
         crate::auth::audit(
             &principal,
             "update_job_retries",
@@ -753,7 +761,7 @@ impl Gateway for GatewayService {
         let deadline = self.deadline(&request)?;
         let principal = self.principal(&request)?;
         let key = key_of(request.into_inner().key)?;
-        self.one(&principal, key, Command::Cancel { key }, deadline).await?;
+        self.one(&principal, key, Command::Cancel { key, by: principal.name.clone() }, deadline).await?;
         crate::auth::audit(&principal, "cancel_job", serde_json::json!({"jobs": [key.0]}));
         Ok(Response::new(CancelJobResponse {}))
     }

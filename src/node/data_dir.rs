@@ -20,7 +20,9 @@ const RECORD: &str = "cluster.json";
 /// 2: jobs carry their user, stages and checkpoints.
 /// 3: jobs carry their session and retry back-off; partitions store worker
 /// sessions and job schemas.
-pub const FORMAT: u32 = 3;
+/// 4: history events name who set retries or cancelled, and which gateway
+/// yielded an activation and why.
+pub const FORMAT: u32 = 4;
 
 /// Records written before the format was recorded.
 fn first_format() -> u32 {

@@ -31,6 +31,7 @@ use rand::seq::IndexedRandom;
 use super::streams::{BrokerStreams, PushOutcome, PushedActivations, RemoteStream};
 use crate::core::{
     ActivatedJobData, Activation, Batch, Command, CommandResult, JobKey, Millis, PartitionId, Retention, Via,
+    YieldReason,
 };
 use crate::raft::{NodeId, Replica, WriteError};
 
@@ -331,7 +332,11 @@ impl Actor for PartitionLeader {
                     metrics::counter!("drover_broker_jobs_push_fail_try_count_total", "code" => "BLOCKED")
                         .increment(rejected.len() as u64);
                     state.block(&stream);
-                    let yields = rejected.into_iter().map(|(key, attempt)| Command::Yield { key, attempt }).collect();
+                    let (gateway, reason) = (stream.gateway, YieldReason::NotReady);
+                    let yields = rejected
+                        .into_iter()
+                        .map(|(key, attempt)| Command::Yield { key, attempt, gateway, reason })
+                        .collect();
                     // Yielding makes the jobs available again, which pushes them
                     // to another stream (the blocked one is skipped for a while).
                     state.enqueue(yields, ReplyTo::Ignore);
