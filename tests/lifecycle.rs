@@ -217,6 +217,22 @@ async fn a_long_poll_wakes_on_create_and_returns_empty_when_time_is_up() {
     let jobs = woken.unwrap().unwrap();
     assert_eq!(jobs.len(), 1);
     assert_eq!(jobs[0].key, key);
+
+    // A caller that waits less than its poll hears "no jobs" before it gives up.
+    let mut request = tonic::Request::new(ActivateJobsRequest {
+        r#type: "quiet".into(),
+        worker: "tester".into(),
+        timeout: 1_000,
+        max_jobs_to_activate: 1,
+        request_timeout: 60_000,
+        ..Default::default()
+    });
+    request.set_timeout(Duration::from_millis(1_500));
+    let started = Instant::now();
+    let mut answer = node.client.raw().activate_jobs(request).await.expect("an answer, not the caller's deadline");
+    let reply = answer.get_mut().message().await.expect("a message, not the caller's deadline");
+    assert!(reply.is_some_and(|r| r.jobs.is_empty()), "an empty answer");
+    assert!(started.elapsed() < Duration::from_millis(1_500), "within the caller's deadline: {:?}", started.elapsed());
 }
 
 #[tokio::test(flavor = "multi_thread", worker_threads = 2)]

@@ -33,7 +33,8 @@ type BoxStream<T> = Pin<Box<dyn Stream<Item = Result<T, Status>> + Send>>;
 /// AwaitJob's wait when the request names none, and the longest it may name.
 const DEFAULT_AWAIT_MS: i64 = 60_000;
 const MAX_AWAIT_MS: i64 = 600_000;
-/// How long before the caller's own deadline AwaitJob answers "not final yet".
+/// How long before the caller's own deadline a wait answers without what it
+/// waited for (AwaitJob "not final yet", a long poll with no jobs).
 const AWAIT_MARGIN: Duration = Duration::from_millis(200);
 
 /// A job token a heartbeat renews lasts this long (plus the grace every job
@@ -491,6 +492,7 @@ impl Gateway for GatewayService {
         request: Request<ActivateJobsRequest>,
     ) -> Result<Response<Self::ActivateJobsStream>, Status> {
         let _running = self.ctx.request_started("activate_jobs");
+        let call_deadline = request.metadata().get("grpc-timeout").map(|_| self.deadline(&request)).transpose()?;
         let principal = self.principal(&request)?;
         let request = request.into_inner();
         principal.require_job(Verb::Work, &request.r#type)?;
@@ -520,7 +522,12 @@ impl Gateway for GatewayService {
         let max = request.max_jobs_to_activate as u32;
         let poll_for =
             Duration::from_millis(request.request_timeout.min(self.ctx.limits.max_request_timeout_ms) as u64);
-        let poll_deadline = super::deadline_after(poll_for).unwrap_or_else(|| self.default_deadline());
+        let mut poll_deadline = super::deadline_after(poll_for).unwrap_or_else(|| self.default_deadline());
+        if let Some(call_deadline) = call_deadline {
+            // A poll longer than the caller waits ends empty in time for the
+            // caller to hear it, rather than with the caller's own deadline.
+            poll_deadline = poll_deadline.min(call_deadline.checked_sub(AWAIT_MARGIN).unwrap_or_else(Instant::now));
+        }
         // Subscribe before the first attempt, so a job created between an empty
         // attempt and parking still wakes us.
         let mut available = self.ctx.available.subscribe();
