@@ -33,7 +33,7 @@ use tokio::sync::watch;
 use formation::CatchUp;
 pub use formation::Formation;
 pub use network::{ClusterNetwork, PeerChannels};
-pub use state_machine::SharedState;
+pub use state_machine::{check_snapshot, snapshot_bytes, SharedState};
 
 use crate::core::{Batch, CommandResult, Millis, Outcome, PartitionId};
 use crate::storage::Store;
