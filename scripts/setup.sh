@@ -7,7 +7,10 @@
 #   extracted to $DROVER_TOOLS (default ~/.cache/drover-tools/bin);
 # - a published Zeebe client (the Zeebe gateway's tests), from npm, pinned by
 #   tests/zeebe/package-lock.json, into $DROVER_ZEEBE_CLIENT (default
-#   ~/.cache/drover-tools/zeebe-client).
+#   ~/.cache/drover-tools/zeebe-client);
+# - headless Chromium and its WebDriver (the console's browser tests), from
+#   apt, and Selenium, pinned, from PyPI into $DROVER_SELENIUM (default
+#   ~/.cache/drover-tools/selenium).
 set -euo pipefail
 
 need=()
@@ -23,6 +26,9 @@ command -v ping >/dev/null 2>&1 || need+=(iputils-ping)
 [ -x /usr/lib/postgresql/15/bin/initdb ] || need+=(postgresql-15)
 # The clock tests step nodes' wall clocks with libfaketime.
 [ -e /usr/lib/x86_64-linux-gnu/faketime/libfaketimeMT.so.1 ] || need+=(faketime)
+# The console's browser tests drive headless Chromium through chromedriver.
+command -v chromium >/dev/null 2>&1 || need+=(chromium)
+command -v chromedriver >/dev/null 2>&1 || need+=(chromium-driver)
 
 if [ ${#need[@]} -gt 0 ]; then
   echo "installing: ${need[*]}"
@@ -75,4 +81,14 @@ if ! cmp -s "$lock" "$client/package-lock.json" || [ ! -d "$client/node_modules/
   mkdir -p "$client"
   cp "$(dirname "$0")/../tests/zeebe/package.json" "$lock" "$client/"
   (cd "$client" && npm ci --ignore-scripts --no-audit --no-fund --loglevel=error)
+fi
+
+# The console's browser tests drive Chromium with Selenium, exactly as pinned.
+selenium="${DROVER_SELENIUM:-$HOME/.cache/drover-tools/selenium}"
+requirements="$(dirname "$0")/../tests/console/requirements.txt"
+if ! cmp -s "$requirements" "$selenium/requirements.txt"; then
+  echo "installing Selenium into $selenium"
+  rm -rf "$selenium"
+  python3 -m pip install --quiet --disable-pip-version-check --target "$selenium" -r "$requirements"
+  cp "$requirements" "$selenium/"
 fi

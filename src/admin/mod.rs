@@ -16,6 +16,7 @@ use tokio::sync::watch;
 
 use crate::node::NodeContext;
 
+mod console;
 mod labels;
 pub use labels::{job_type_label, MAX_JOB_TYPE_LABELS, OTHER_JOB_TYPES};
 
@@ -126,7 +127,9 @@ pub async fn serve(
     mut stop: watch::Receiver<bool>,
 ) {
     register_metrics();
+    tokio::spawn(console::sample_metrics(stop.clone()));
     let local = listener.local_addr().ok();
+    let admin_tls = console::AdminTls(tls.is_some());
     let app = Router::new()
         .route("/health", get(|| async { "ok" }))
         .route("/ready", get(ready))
@@ -137,7 +140,9 @@ pub async fn serve(
         .route("/actuator/workers", get(workers))
         .route("/actuator/workers/{state}", axum::routing::post(direct_workers))
         .route("/actuator/failpoints/{name}", axum::routing::put(arm_failpoint))
+        .merge(console::routes())
         .layer(axum::middleware::from_fn_with_state(Arc::clone(&ctx), authorize))
+        .layer(axum::Extension(admin_tls))
         .with_state(ctx);
     let listener = Accepted { connections: crate::tls::accept(listener, tls, stop.clone()), local };
     let shutdown = async move {
@@ -148,12 +153,16 @@ pub async fn serve(
     }
 }
 
-/// The scope a request to the admin port needs; `None`: none (the probes).
-/// `/actuator/jobs` needs only a principal: it shows the jobs that one may read.
+/// The scope a request to the admin port needs; `None`: none (the probes,
+/// the console's sign-in page and static files). `/actuator/jobs` and the
+/// console need only a principal: they show what that one may see, and the
+/// gateway checks each console action's scope as for any client.
 fn admin_scope(method: &axum::http::Method, path: &str) -> Option<&'static str> {
     use crate::auth::{CLUSTER_ADMIN, CLUSTER_READ, WORKERS_MANAGE};
     match (method.as_str(), path) {
         (_, "/health" | "/ready") => None,
+        (_, p) if console::is_open(p) => None,
+        (_, p) if p == "/console" || p.starts_with("/console/") => Some(""),
         ("GET", "/actuator/jobs") => Some(""),
         ("POST", p) if p.starts_with("/actuator/workers/") => Some(WORKERS_MANAGE),
         ("PUT", p) if p.starts_with("/actuator/failpoints/") => Some(CLUSTER_ADMIN),
@@ -171,9 +180,26 @@ async fn authorize(
     let Some(scope) = admin_scope(request.method(), request.uri().path()) else {
         return next.run(request).await;
     };
-    let header = request.headers().get(axum::http::header::AUTHORIZATION).map(|v| v.to_str().unwrap_or("?"));
-    let principal = match ctx.auth.authenticate(header) {
+    let path = request.uri().path();
+    let for_console = path == "/console" || path.starts_with("/console/");
+    if for_console && request.method() == axum::http::Method::POST && !console::same_origin(request.headers()) {
+        let error = crate::gateway::ApiError::PermissionDenied(
+            "a console form must be posted from this console's own pages".into(),
+        );
+        return api_error(error).into_response();
+    }
+    let header =
+        request.headers().get(axum::http::header::AUTHORIZATION).map(|v| v.to_str().unwrap_or("?").to_string());
+    // A browser on the console sends its token in the sign-in cookie.
+    let header = header.or_else(|| {
+        for_console.then(|| console::cookie_token(request.headers()).map(|t| format!("Bearer {t}"))).flatten()
+    });
+    let principal = match ctx.auth.authenticate(header.as_deref()) {
         Ok(principal) => principal,
+        Err(_) if for_console => {
+            let target = request.uri().path_and_query().map_or("/console", |p| p.as_str());
+            return console::sign_in(target);
+        }
         Err(error) => {
             let mut response = api_error(error).into_response();
             response.headers_mut().insert(axum::http::header::WWW_AUTHENTICATE, "Bearer".parse().expect("literal"));
