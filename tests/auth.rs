@@ -584,7 +584,8 @@ async fn a_job_token_works_its_own_job_and_attempt_and_nothing_else() {
     let fail =
         FailJobRequest { key: a, attempt: job_a.attempt, retries: 3, reason: "failed".into(), ..Default::default() };
     as_job_a.raw().fail_job(fail).await.expect("a job token fails its own attempt");
-    let again = work.raw().activate_jobs(activate).await.unwrap().into_inner().message().await.unwrap().unwrap().jobs;
+    let again =
+        work.raw().activate_jobs(activate.clone()).await.unwrap().into_inner().message().await.unwrap().unwrap().jobs;
     let next = again.iter().find(|j| j.key == a).expect("job a again");
     assert!(next.attempt > job_a.attempt);
     let stale = node.client.with_token(&renewed.job_token).unwrap().complete(a, next.attempt, "{}").await.unwrap_err();
@@ -599,6 +600,22 @@ async fn a_job_token_works_its_own_job_and_attempt_and_nothing_else() {
     let forged = job_a.job_token.replacen(&format!("drj_{a}_"), &format!("drj_{b}_"), 1);
     let refused = node.client.with_token(&forged).unwrap().complete(b, job_b.attempt, "{}").await.unwrap_err();
     assert_eq!(refused.code(), Code::Unauthenticated, "{refused:?}");
+
+    // A heartbeat renews the tokens of the jobs its session holds, and mints
+    // none for a job it lists but does not hold (job b, activated without it).
+    let register = RegisterWorkerRequest { worker_id: "w".into(), job_types: vec!["t".into()], ..Default::default() };
+    let session = work.raw().register_worker(register).await.unwrap().into_inner().session_id;
+    let c = admin.create_job("t", "{}").await.unwrap();
+    let with_session = ActivateJobsRequest { session_id: session, max_jobs_to_activate: 1, ..activate.clone() };
+    let held = work.raw().activate_jobs(with_session).await.unwrap().into_inner().message().await.unwrap().unwrap();
+    let job_c = held.jobs.into_iter().find(|j| j.key == c).expect("job c, for the session");
+    let jobs = vec![HeldJob { key: c, attempt: job_c.attempt }, HeldJob { key: b, attempt: job_b.attempt }];
+    let beat = HeartbeatRequest { session_id: session, state: "running".into(), jobs };
+    let answer = work.raw().heartbeat(beat).await.unwrap().into_inner();
+    let minted: Vec<u64> = answer.job_tokens.iter().map(|t| t.key).collect();
+    assert_eq!(minted, [c], "a token for the session's own job only: {answer:?}");
+    let renewed = node.client.with_token(&answer.job_tokens[0].token).unwrap();
+    renewed.complete(c, job_c.attempt, "{}").await.expect("the renewed token completes its job");
 }
 
 #[tokio::test(flavor = "multi_thread", worker_threads = 2)]

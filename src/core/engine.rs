@@ -681,7 +681,7 @@ impl PartitionState {
             self.offer(&info, out);
         }
         out.sessions_changed = true;
-        let mut revoked = Vec::new();
+        let (mut revoked, mut renewed) = (Vec::new(), Vec::new());
         for &(key, attempt) in held {
             let Some(job) = self.jobs.get_mut(&key) else {
                 revoked.push(key);
@@ -695,6 +695,7 @@ impl PartitionState {
                 // Held through another activation path; not this session's to renew.
                 continue;
             }
+            renewed.push(key);
             // The visibility timeout: a beat keeps the job a full timeout from now.
             let deadline = now.saturating_add(job.timeout_ms.max(1));
             if deadline > job.deadline {
@@ -705,7 +706,7 @@ impl PartitionState {
                 out.touched.push(key);
             }
         }
-        Ok(CommandResult::Beat { directed, revoked })
+        Ok(CommandResult::Beat { directed, revoked, renewed })
     }
 
     fn direct(&mut self, target: &SessionTarget, state: WorkerState, out: &mut ApplyOutput) -> Vec<(Session, u32)> {

@@ -750,12 +750,15 @@ pub enum CommandResult {
     Done,
     /// The new deadline after `UpdateTimeout`.
     Deadline(Millis),
-    /// A heartbeat's answer: the state the server wants the worker in, and
-    /// the listed jobs the worker no longer holds (cancelled, timed out,
-    /// reassigned, or finished through another activation): it stops them.
+    /// A heartbeat's answer: the state the server wants the worker in, the
+    /// listed jobs the worker no longer holds (cancelled, timed out,
+    /// reassigned, or finished through another activation): it stops them;
+    /// and the listed jobs this session holds under the listed attempt (the
+    /// only ones a beat renews, and the only ones it may get job tokens for).
     Beat {
         directed: WorkerState,
         revoked: Vec<JobKey>,
+        renewed: Vec<JobKey>,
     },
     /// Sessions, each with how many jobs of this partition it holds.
     Sessions(Vec<(Session, u32)>),

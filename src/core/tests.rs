@@ -843,8 +843,18 @@ fn session_activation(session: SessionId, timeout_ms: i64) -> Command {
 }
 
 fn beat(h: &mut Harness, now: Millis, session: SessionId, held: Vec<(JobKey, u32)>) -> (WorkerState, Vec<JobKey>) {
+    let (directed, revoked, _) = beat_renewing(h, now, session, held);
+    (directed, revoked)
+}
+
+fn beat_renewing(
+    h: &mut Harness,
+    now: Millis,
+    session: SessionId,
+    held: Vec<(JobKey, u32)>,
+) -> (WorkerState, Vec<JobKey>, Vec<JobKey>) {
     match h.run(now, Command::Beat { session, state: WorkerState::Running, held }) {
-        CommandResult::Beat { directed, revoked } => (directed, revoked),
+        CommandResult::Beat { directed, revoked, renewed } => (directed, revoked, renewed),
         other => panic!("beat failed: {other:?}"),
     }
 }
@@ -913,9 +923,10 @@ fn heartbeats_extend_listed_jobs_and_report_those_no_longer_held() {
     h.run(0, Command::Register(session_info(7, &[])));
     h.run(0, session_activation(7, 3_000));
     h.run(1_000, Command::Cancel { key: cancelled, by: String::new() });
-    let (directed, revoked) = beat(&mut h, 2_000, 7, vec![(kept, 1), (cancelled, 1)]);
+    let (directed, revoked, renewed) = beat_renewing(&mut h, 2_000, 7, vec![(kept, 1), (cancelled, 1)]);
     assert_eq!(directed, WorkerState::Running);
     assert_eq!(revoked, vec![cancelled]);
+    assert_eq!(renewed, vec![kept]);
     assert_eq!(h.state.job(kept).unwrap().deadline, 5_000, "a full timeout from the beat");
     assert_eq!(h.state.job(left_out).unwrap().deadline, 3_000, "a job left out keeps its deadline");
     // Beats keep the job past its own timeout; the one left out times out.

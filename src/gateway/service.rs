@@ -915,13 +915,16 @@ impl Gateway for GatewayService {
         self.principal(&request)?.require_some(Verb::Work)?;
         let request = request.into_inner();
         let held: Vec<(u64, u32)> = request.jobs.iter().map(|j| (j.key, j.attempt)).collect();
-        let mut answer = sessions::heartbeat(&self.ctx, request, deadline).await?;
+        let sessions::Beaten { response: mut answer, renewed } =
+            sessions::heartbeat(&self.ctx, request, deadline).await?;
         if self.ctx.auth.mints_job_tokens() {
-            // Held jobs get tokens that outlast the next few beats.
+            // Jobs the session holds get tokens that outlast the next few
+            // beats; a listed job it does not hold gets none, so a beat cannot
+            // mint a token for someone else's job.
             let until = (crate::auth::now_ms() as i64).saturating_add(HEARTBEAT_JOB_TOKEN_MS);
             answer.job_tokens = held
                 .into_iter()
-                .filter(|(key, _)| !answer.revoked.contains(key))
+                .filter(|(key, _)| renewed.contains(&JobKey(*key)))
                 .map(|(key, attempt)| HeldJobToken {
                     key,
                     attempt,

@@ -171,7 +171,7 @@ pub async fn heartbeat(
     ctx: &Arc<NodeContext>,
     request: pb::HeartbeatRequest,
     deadline: Instant,
-) -> Result<pb::HeartbeatResponse, ApiError> {
+) -> Result<Beaten, ApiError> {
     let session = session_id(request.session_id)?;
     let state = match request.state.as_str() {
         "" => WorkerState::Running,
@@ -194,12 +194,14 @@ pub async fn heartbeat(
         everywhere(ctx, |p| Command::Beat { session, state, held: std::mem::take(&mut held[p as usize]) }, deadline)
             .await;
     let mut directed = WorkerState::Running;
+    let mut renewed = Vec::new();
     let mut first_error = None;
     for result in results {
         match result {
-            Ok(CommandResult::Beat { directed: d, revoked: r }) => {
+            Ok(CommandResult::Beat { directed: d, revoked: r, renewed: n }) => {
                 directed = directed.max(d);
                 revoked.extend(r.into_iter().map(|k| k.0));
+                renewed.extend(n);
             }
             Ok(other) => return Err(ApiError::Internal(format!("unexpected heartbeat result {other:?}"))),
             Err(ApiError::NotFound(message)) => {
@@ -217,7 +219,15 @@ pub async fn heartbeat(
         return Err(error);
     }
     metrics::counter!("drover_worker_heartbeats_total").increment(1);
-    Ok(pb::HeartbeatResponse { state: directed.as_str().into(), revoked, job_tokens: Vec::new() })
+    let response = pb::HeartbeatResponse { state: directed.as_str().into(), revoked, job_tokens: Vec::new() };
+    Ok(Beaten { response, renewed })
+}
+
+/// A heartbeat's answer, and the listed jobs the session holds under the
+/// listed attempt: only those may be given job tokens.
+pub struct Beaten {
+    pub response: pb::HeartbeatResponse,
+    pub renewed: Vec<JobKey>,
 }
 
 pub async fn deregister(ctx: &NodeContext, session: u64, deadline: Instant) -> Result<(), ApiError> {
