@@ -190,13 +190,7 @@ impl Mutator {
                 ("AwaitJob", raw.await_job(request).await.map(drop))
             }
             11 => {
-                let request = CheckpointJobRequest {
-                    key,
-                    attempt,
-                    stage: self.text(),
-                    variables: self.json(),
-                    ..Default::default()
-                };
+                let request = CheckpointJobRequest { key, attempt, stage: self.text(), variables: self.json() };
                 ("CheckpointJob", raw.checkpoint_job(request).await.map(drop))
             }
             12 => {
@@ -315,7 +309,7 @@ impl Mutator {
                 ("zeebe StreamActivatedJobs", zeebe.stream_activated_jobs(request).await.map(drop))
             }
             2 => {
-                let request = zb::CompleteJobRequest { job_key, variables: self.json(), ..Default::default() };
+                let request = zb::CompleteJobRequest { job_key, variables: self.json() };
                 ("zeebe CompleteJob", zeebe.complete_job(request).await.map(drop))
             }
             3 => {
@@ -325,7 +319,6 @@ impl Mutator {
                     error_message: self.text(),
                     retry_back_off: self.number(),
                     variables: self.json(),
-                    ..Default::default()
                 };
                 ("zeebe FailJob", zeebe.fail_job(request).await.map(drop))
             }
@@ -335,17 +328,15 @@ impl Mutator {
                     error_code: self.text(),
                     error_message: self.text(),
                     variables: self.json(),
-                    ..Default::default()
                 };
                 ("zeebe ThrowError", zeebe.throw_error(request).await.map(drop))
             }
             5 => {
-                let request =
-                    zb::UpdateJobRetriesRequest { job_key, retries: self.number() as i32, ..Default::default() };
+                let request = zb::UpdateJobRetriesRequest { job_key, retries: self.number() as i32 };
                 ("zeebe UpdateJobRetries", zeebe.update_job_retries(request).await.map(drop))
             }
             6 => {
-                let request = zb::UpdateJobTimeoutRequest { job_key, timeout: self.number(), ..Default::default() };
+                let request = zb::UpdateJobTimeoutRequest { job_key, timeout: self.number() };
                 ("zeebe UpdateJobTimeout", zeebe.update_job_timeout(request).await.map(drop))
             }
             7 => ("zeebe Topology", zeebe.topology(zb::TopologyRequest {}).await.map(drop)),

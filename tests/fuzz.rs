@@ -612,14 +612,8 @@ async fn grpc_requests_through_the_services() {
         ("AwaitJob", pb::AwaitJobRequest { key: made, timeout: 10, ..Default::default() }.encode_to_vec()),
         (
             "CheckpointJob",
-            pb::CheckpointJobRequest {
-                key: made,
-                attempt: 1,
-                stage: "s".into(),
-                variables: "{}".into(),
-                ..Default::default()
-            }
-            .encode_to_vec(),
+            pb::CheckpointJobRequest { key: made, attempt: 1, stage: "s".into(), variables: "{}".into() }
+                .encode_to_vec(),
         ),
         (
             "ListJobs",
@@ -726,14 +720,8 @@ async fn grpc_requests_through_the_services() {
             }
             .encode_to_vec(),
         ),
-        (
-            "Zeebe.UpdateJobRetries",
-            zb::UpdateJobRetriesRequest { job_key: made as i64, retries: 2, ..Default::default() }.encode_to_vec(),
-        ),
-        (
-            "Zeebe.UpdateJobTimeout",
-            zb::UpdateJobTimeoutRequest { job_key: made as i64, timeout: 5000, ..Default::default() }.encode_to_vec(),
-        ),
+        ("Zeebe.UpdateJobRetries", zb::UpdateJobRetriesRequest { job_key: made as i64, retries: 2 }.encode_to_vec()),
+        ("Zeebe.UpdateJobTimeout", zb::UpdateJobTimeoutRequest { job_key: made as i64, timeout: 5000 }.encode_to_vec()),
         ("Zeebe.Topology", zb::TopologyRequest {}.encode_to_vec()),
     ]
     .into_iter()
