@@ -341,6 +341,18 @@ async fn another_tenants_job_is_invisible_and_untouchable_through_every_rpc_and_
         let answer = rpc.call(&globex, key).await;
         assert!(matches!(&answer, Err(s) if s.code() == Code::NotFound), "{rpc:?} by globex: {answer:?}");
     }
+    // And through Zeebe's gateway, by the job's key as Zeebe clients send it.
+    let mut globex_zeebe = zeebe_as(&node, Some(tokens.secret("globex"))).await;
+    for rpc in [
+        ZeebeRpc::CompleteJob,
+        ZeebeRpc::FailJob,
+        ZeebeRpc::ThrowError,
+        ZeebeRpc::UpdateJobRetries,
+        ZeebeRpc::UpdateJobTimeout,
+    ] {
+        let answer = rpc.call(&mut globex_zeebe, key as i64).await;
+        assert!(matches!(&answer, Err(s) if s.code() == Code::NotFound), "Zeebe {rpc:?} by globex: {answer:?}");
+    }
     let all = || JobFilter { r#type: "t".into(), ..Default::default() };
     let listed = globex.raw().list_jobs(ListJobsRequest { filter: Some(all()), ..Default::default() }).await.unwrap();
     assert!(listed.into_inner().jobs.is_empty(), "globex lists none of acme's jobs");

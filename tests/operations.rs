@@ -490,3 +490,95 @@ async fn the_helm_chart_with_tls_and_tokens_renders_nodes_that_serve_jobs_over_t
     );
     drop(nodes);
 }
+
+/// The chart's ServiceMonitor, turned into the scrape Prometheus runs: over
+/// TLS against the release's CA, with the read-only metrics token. A real
+/// Prometheus scrapes a node with TLS and tokens on that way, and is refused
+/// without the token.
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn prometheus_scrapes_over_tls_with_the_read_only_token_the_service_monitor_names() {
+    let mut template = Command::new(tool("helm"));
+    template.args(["template", "drover", "--namespace", "jobs"]).arg(repo("helm/drover"));
+    template.args([
+        "--set",
+        "serviceMonitor.enabled=true,auth.tokensSecret=drover-tokens,auth.metricsToken.secretName=drover-metrics",
+    ]);
+    let docs = documents(&run(template));
+    let monitor = kind(&docs, "ServiceMonitor");
+    assert_eq!(monitor.len(), 1, "serviceMonitor.enabled renders one ServiceMonitor");
+    let endpoint = &monitor[0]["spec"]["endpoints"][0];
+    assert_eq!(endpoint["scheme"].as_str(), Some("https"), "TLS is on by default, so the scrape is too");
+    assert_eq!(endpoint["tlsConfig"]["ca"]["secret"]["key"].as_str(), Some("ca.crt"));
+    let server_name = endpoint["tlsConfig"]["serverName"].as_str().expect("a server name to verify").to_string();
+    assert_eq!(endpoint["authorization"]["type"].as_str(), Some("Bearer"));
+    assert_eq!(endpoint["authorization"]["credentials"]["name"].as_str(), Some("drover-metrics"));
+
+    // A node with TLS on its ports and a tokens file holding the metrics
+    // token: cluster:read and nothing else.
+    let dir = tempfile::tempdir().unwrap();
+    let authority = drover::tls::DevCa::new("release CA").unwrap();
+    let (cert, key) = authority.issue(&["127.0.0.1", &server_name]).unwrap();
+    let path = |name: &str| dir.path().join(name);
+    std::fs::write(path("ca.crt"), authority.pem()).unwrap();
+    std::fs::write(path("tls.crt"), cert).unwrap();
+    drover::tls::write_private(&path("tls.key"), &key).unwrap();
+    let secret = drover::auth::keys::generate_secret();
+    let entry = drover::auth::keys::token_entry("metrics", &secret, &["cluster:read".into()], &[]);
+    std::fs::write(path("tokens.toml"), entry).unwrap();
+    std::fs::write(path("token"), &secret).unwrap();
+    let show = |p: PathBuf| p.display().to_string();
+    let (cert_arg, key_arg, tokens_arg) = (show(path("tls.crt")), show(path("tls.key")), show(path("tokens.toml")));
+    let data = path("data");
+    let node = common::NodeProcess::start(
+        &data,
+        &["--tls-cert", &cert_arg, "--tls-key", &key_arg, "--tokens-file", &tokens_arg],
+    );
+
+    // Two jobs from the endpoint as written, one without the token.
+    let scrape = |job: &str, with_token: bool| {
+        let mut config = serde_json::json!({
+            "job_name": job,
+            "scrape_interval": "1s",
+            "metrics_path": endpoint["path"].as_str().unwrap(),
+            "scheme": endpoint["scheme"].as_str().unwrap(),
+            "tls_config": {"ca_file": show(path("ca.crt")), "server_name": server_name},
+            "static_configs": [{"targets": [node.admin.clone()]}],
+        });
+        if with_token {
+            config["authorization"] = serde_json::json!({"type": "Bearer", "credentials_file": show(path("token"))});
+        }
+        config
+    };
+    let config = serde_json::json!({
+        "global": {"scrape_interval": "1s"},
+        "scrape_configs": [scrape("with-token", true), scrape("without-token", false)],
+    });
+    let config_path = path("prometheus.yml");
+    std::fs::write(&config_path, serde_yaml::to_string(&config).unwrap()).unwrap();
+    let port = std::net::TcpListener::bind("127.0.0.1:0").unwrap().local_addr().unwrap().port();
+    let addr = format!("127.0.0.1:{port}");
+    let _prometheus = Killed(
+        Command::new(tool("prometheus"))
+            .arg(format!("--config.file={}", config_path.display()))
+            .arg(format!("--storage.tsdb.path={}", path("prometheus").display()))
+            .arg(format!("--web.listen-address={addr}"))
+            .stdout(Stdio::null())
+            .stderr(Stdio::null())
+            .spawn()
+            .expect("prometheus runs (scripts/setup.sh installs it)"),
+    );
+    let value = |reply: serde_json::Value| reply["data"]["result"][0]["value"][1].as_str().map(String::from);
+    eventually(Duration::from_secs(60), "Prometheus to scrape the node over TLS with the token", || {
+        let addr = addr.clone();
+        async move { value(prometheus_query(&addr, r#"up{job="with-token"}"#).await).as_deref() == Some("1") }
+    })
+    .await;
+    let raft = value(prometheus_query(&addr, r#"count(drover_partition_has_leader{job="with-token"})"#).await);
+    assert!(raft.is_some(), "the scraped series include Drover's own");
+    eventually(Duration::from_secs(30), "the scrape without the token to be refused", || {
+        let addr = addr.clone();
+        async move { value(prometheus_query(&addr, r#"up{job="without-token"}"#).await).as_deref() == Some("0") }
+    })
+    .await;
+    drop(node);
+}

@@ -96,6 +96,16 @@ async fn a_stale_zeebe_worker_cannot_complete_a_job_activated_again() {
     assert_eq!(gone.unwrap_err().code(), Code::NotFound);
     let unknown = client.complete_job(zb::CompleteJobRequest { job_key: key as i64 + 1000, ..Default::default() });
     assert_eq!(unknown.await.unwrap_err().code(), Code::NotFound);
+
+    // So is a cancelled one, even to the worker that holds it.
+    node.client.create_job("fenced", "{}").await.unwrap();
+    let (held, _) = activate_all(&mut client, activate("fenced", 1, 60_000, -1)).await;
+    let (zeebe_key, _) = drover::gateway::zeebe::job_of(held[0].key).unwrap();
+    node.client.raw().cancel_job(pb::CancelJobRequest { key: zeebe_key.0 }).await.unwrap();
+    let cancelled = zb::CompleteJobRequest { job_key: held[0].key, ..Default::default() };
+    assert_eq!(client.complete_job(cancelled).await.unwrap_err().code(), Code::NotFound);
+    let fail = zb::FailJobRequest { job_key: held[0].key, retries: 1, ..Default::default() };
+    assert_eq!(client.fail_job(fail).await.unwrap_err().code(), Code::NotFound);
 }
 
 #[tokio::test(flavor = "multi_thread", worker_threads = 2)]
