@@ -823,3 +823,43 @@ async fn each_scope_allows_exactly_its_zeebe_rpcs() {
     }
     assert!(failures.is_empty(), "{} wrong answers:\n{}", failures.len(), failures.join("\n"));
 }
+
+/// Every administrative action leaves one JSON audit line naming who did
+/// what to which jobs; and a node without TLS says in its log that it
+/// serves plaintext.
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn administrative_actions_are_audited_and_plaintext_is_announced() {
+    let tokens = Tokens::new();
+    let dir = tempfile::tempdir().unwrap();
+    let file = tokens.file.display().to_string();
+    let (mut node, stderr) = common::NodeProcess::start_capturing_stderr(
+        dir.path(),
+        &["--tokens-file", &file, "--log-format", "json"],
+        &[("RUST_LOG", "info")],
+    );
+    let admin = Client::connect(&node.grpc).await.unwrap().with_token(tokens.secret("admin")).unwrap();
+    let (a, b) = (admin.create_job("t", "{}").await.unwrap(), admin.create_job("t", "{}").await.unwrap());
+    admin.raw().update_job_retries(UpdateJobRetriesRequest { key: a, retries: 5 }).await.unwrap();
+    admin.raw().cancel_job(CancelJobRequest { key: b }).await.unwrap();
+    let filter = JobFilter { r#type: "t".into(), ..Default::default() };
+    admin.raw().cancel_jobs(CancelJobsRequest { filter: Some(filter), dry_run: false }).await.unwrap();
+    let direct = SetWorkerStateRequest { all: true, state: "quiet".into(), ..Default::default() };
+    admin.raw().set_worker_state(direct).await.unwrap();
+    node.signal(libc::SIGTERM);
+    node.exited(Duration::from_secs(30)).await;
+    let log = stderr.join().unwrap();
+
+    let audits: Vec<serde_json::Value> = log
+        .lines()
+        .filter_map(|line| serde_json::from_str::<serde_json::Value>(line).ok())
+        .filter(|line| line["target"] == "drover::audit")
+        .map(|line| serde_json::from_str(line["fields"]["message"].as_str().unwrap_or_default()).unwrap())
+        .collect();
+    let actions: Vec<&str> = audits.iter().map(|a| a["action"].as_str().unwrap_or_default()).collect();
+    assert_eq!(actions, ["update_job_retries", "cancel_job", "cancel_jobs", "set_worker_state"], "{log}");
+    assert!(audits.iter().all(|a| a["principal"] == "admin"), "each names who: {audits:?}");
+    assert_eq!(audits[0]["details"]["jobs"], serde_json::json!([a]), "which job: {audits:?}");
+    assert_eq!(audits[1]["details"]["jobs"], serde_json::json!([b]));
+    assert_eq!(audits[2]["details"]["jobs"], serde_json::json!([a]), "the bulk cancel names what it cancelled");
+    assert!(log.contains("serving PLAINTEXT"), "a node without TLS says so: {log}");
+}
