@@ -17,6 +17,9 @@ pub struct LocalNodeProcess {
     pub cluster: String,
     pub admin: String,
     pub data_dir: PathBuf,
+    /// `drover serve`'s arguments, to start it again as it was.
+    args: Vec<String>,
+    log: PathBuf,
 }
 
 pub struct LocalCluster {
@@ -62,6 +65,7 @@ impl LocalCluster {
             None => Some(tempfile::Builder::new().prefix("drover-local-").tempdir()?),
         };
         let base = base_dir.map(Path::to_path_buf).unwrap_or_else(|| temp.as_ref().expect("temp").path().to_path_buf());
+        std::fs::create_dir_all(&base).with_context(|| format!("creating {}", base.display()))?;
         let tls = match tls {
             true => {
                 let files = crate::tls::write_dev_certificates(&base.join("tls"), &["127.0.0.1", "localhost"])?;
@@ -88,48 +92,75 @@ impl LocalCluster {
         }
         let members: Vec<String> =
             ports.iter().enumerate().map(|(id, (_, cluster, _))| format!("{id}=127.0.0.1:{cluster}")).collect();
-        let exe = std::env::current_exe().context("finding the drover binary")?;
         let mut started = Vec::new();
         for (id, (grpc, cluster, admin)) in ports.iter().enumerate() {
             let data_dir = base.join(format!("node-{id}"));
-            let log = std::fs::File::create(base.join(format!("node-{id}.log")))?;
-            let child = Command::new(&exe)
-                .arg("serve")
-                .args(["--node-id", &id.to_string()])
-                .arg("--data-dir")
-                .arg(&data_dir)
-                .args(["--grpc-addr", &format!("127.0.0.1:{grpc}")])
-                .args(["--cluster-addr", &format!("127.0.0.1:{cluster}")])
-                .args(["--admin-addr", &format!("127.0.0.1:{admin}")])
-                .args(["--members", &members.join(",")])
-                .args(["--partitions", &partitions.to_string()])
-                .args(["--replication-factor", &replication_factor.to_string()])
-                .args(&extra_args)
-                .stdout(Stdio::piped())
-                .stderr(log)
-                .spawn()
-                .context("starting drover serve")?;
+            let mut args: Vec<String> = vec!["serve".into(), "--node-id".into(), id.to_string(), "--data-dir".into()];
+            args.push(data_dir.display().to_string());
+            for (flag, value) in [
+                ("--grpc-addr", format!("127.0.0.1:{grpc}")),
+                ("--cluster-addr", format!("127.0.0.1:{cluster}")),
+                ("--admin-addr", format!("127.0.0.1:{admin}")),
+                ("--members", members.join(",")),
+                ("--partitions", partitions.to_string()),
+                ("--replication-factor", replication_factor.to_string()),
+            ] {
+                args.extend([flag.to_string(), value]);
+            }
+            args.extend(extra_args.iter().cloned());
+            let log = base.join(format!("node-{id}.log"));
             started.push(LocalNodeProcess {
                 node_id: id as u64,
-                child,
+                child: spawn(&args, &log, false)?,
                 grpc: format!("127.0.0.1:{grpc}"),
                 cluster: format!("127.0.0.1:{cluster}"),
                 admin: format!("127.0.0.1:{admin}"),
                 data_dir,
+                args,
+                log,
             });
         }
         let mut cluster = LocalCluster { nodes: started, tls, token: None, _temp: temp };
         for node in &mut cluster.nodes {
-            let stdout = node.child.stdout.take().expect("piped");
-            let mut lines = BufReader::new(stdout).lines();
-            match lines.next() {
-                Some(Ok(line)) if line.contains("started") => {}
-                other => bail!("node {} did not start: {other:?}", node.node_id),
-            }
-            // Keep draining its stdout so it never blocks on a full pipe.
-            std::thread::spawn(move || for _ in lines.map_while(Result::ok) {});
+            await_started(node)?;
         }
         Ok(cluster)
+    }
+
+    /// SIGKILLs node `index` and waits for it to be gone.
+    pub fn kill(&mut self, index: usize) {
+        let node = &mut self.nodes[index];
+        let _ = node.child.kill();
+        let _ = node.child.wait();
+    }
+
+    /// SIGTERMs node `index` (a graceful stop, as Kubernetes does) and waits
+    /// up to `limit` for it to exit; SIGKILLs it past that. Answers whether
+    /// it exited by itself.
+    pub fn terminate(&mut self, index: usize, limit: Duration) -> bool {
+        let node = &mut self.nodes[index];
+        unsafe {
+            libc::kill(node.child.id() as i32, libc::SIGTERM);
+        }
+        let deadline = Instant::now() + limit;
+        loop {
+            match node.child.try_wait() {
+                Ok(Some(_)) => return true,
+                Ok(None) if Instant::now() < deadline => std::thread::sleep(Duration::from_millis(20)),
+                _ => {
+                    let _ = node.child.kill();
+                    let _ = node.child.wait();
+                    return false;
+                }
+            }
+        }
+    }
+
+    /// Starts node `index` again, exactly as it was started (its log appended to).
+    pub fn restart(&mut self, index: usize) -> anyhow::Result<()> {
+        let node = &mut self.nodes[index];
+        node.child = spawn(&node.args, &node.log, true)?;
+        await_started(node)
     }
 
     /// Every node's gateway: `https://` addresses with TLS.
@@ -216,6 +247,26 @@ pub fn resident_bytes(pid: u32) -> u64 {
         .and_then(|kb| kb.parse::<u64>().ok())
         .map(|kb| kb * 1024)
         .unwrap_or(0)
+}
+
+/// `drover serve ARGS`, its log to `log`, its stdout piped.
+fn spawn(args: &[String], log: &Path, append: bool) -> anyhow::Result<Child> {
+    let exe = std::env::current_exe().context("finding the drover binary")?;
+    let log = std::fs::OpenOptions::new().create(true).append(append).write(true).truncate(!append).open(log)?;
+    Command::new(exe).args(args).stdout(Stdio::piped()).stderr(log).spawn().context("starting drover serve")
+}
+
+/// Waits for a node's first line (it has started), then keeps draining its
+/// stdout so it never blocks on a full pipe.
+fn await_started(node: &mut LocalNodeProcess) -> anyhow::Result<()> {
+    let stdout = node.child.stdout.take().expect("piped");
+    let mut lines = BufReader::new(stdout).lines();
+    match lines.next() {
+        Some(Ok(line)) if line.contains("started") => {}
+        other => bail!("node {} did not start: {other:?}", node.node_id),
+    }
+    std::thread::spawn(move || for _ in lines.map_while(Result::ok) {});
+    Ok(())
 }
 
 /// A minimal HTTP GET against an admin port.

@@ -9,6 +9,10 @@
 //! - `latency`: a fixed `--rate` of creates for `--duration`; the latency is
 //!   "worker received - create sent", in an HDR histogram.
 //!
+//! - `failover` and `rolling-restart` (with `--local-nodes` ≥ 3): what
+//!   clients wait while a leader is killed, and while every node is
+//!   restarted in turn; see [`faults`].
+//!
 //! With `--tls` (and `--local-nodes`), every port of every node serves TLS,
 //! and clients connect over it.
 //!
@@ -16,6 +20,7 @@
 //! and one CompleteJob call per job); `--one-by-one` works the same way
 //! through drover.v1. The two measure what the Zeebe facade itself costs.
 
+mod faults;
 mod local;
 mod workload;
 
@@ -25,13 +30,20 @@ use anyhow::{bail, Context};
 use serde::Serialize;
 
 pub use local::{admin_get, LocalCluster};
-use workload::Figures;
 
 #[derive(Clone, Copy, Debug, PartialEq, Eq, clap::ValueEnum, Serialize)]
 #[serde(rename_all = "lowercase")]
 pub enum Workload {
     Throughput,
     Latency,
+    /// Partition 0's leader SIGKILLed `--kills` times under creates: the
+    /// longest pause in acknowledgements after each kill.
+    Failover,
+    /// Every node SIGTERMed and restarted in turn under creates and
+    /// completions: the longest any of them waited.
+    #[value(name = "rolling-restart")]
+    #[serde(rename = "rolling-restart")]
+    RollingRestart,
 }
 
 #[derive(clap::Args, Clone, Debug, Serialize)]
@@ -45,6 +57,10 @@ pub struct BenchArgs {
     /// Start this many local nodes in temporary directories for the run.
     #[arg(long)]
     pub local_nodes: Option<usize>,
+    /// With --local-nodes: keep the nodes' data directories and logs
+    /// (node-N.log) here instead of a temporary directory.
+    #[arg(long)]
+    pub local_dir: Option<std::path::PathBuf>,
     /// Partitions of the local cluster.
     #[arg(long, default_value_t = 1)]
     pub partitions: u32,
@@ -72,6 +88,13 @@ pub struct BenchArgs {
     /// Seconds the latency workload runs.
     #[arg(long, default_value_t = 20)]
     pub duration: u64,
+    /// Leader kills the failover workload makes.
+    #[arg(long, default_value_t = 5)]
+    pub kills: usize,
+    /// How long the rolling restart keeps each node down before starting it
+    /// again (a pod being replaced), ms.
+    #[arg(long, default_value_t = 5_000)]
+    pub down_ms: u64,
     /// Give every create an idempotency key (unique per job), so each one
     /// costs what a keyed create costs: the key's entry, kept for its window.
     #[arg(long)]
@@ -107,10 +130,10 @@ pub struct BenchArgs {
 }
 
 #[derive(Serialize)]
-struct Report<'a> {
+struct Report<'a, F: Serialize> {
     workload: Workload,
     parameters: &'a BenchArgs,
-    figures: Figures,
+    figures: F,
 }
 
 pub async fn run(args: BenchArgs) -> anyhow::Result<bool> {
@@ -135,8 +158,14 @@ pub async fn run(args: BenchArgs) -> anyhow::Result<bool> {
                 Some(_) => vec!["--tokens-file".into(), tokens_dir.path().join("tokens.toml").display().to_string()],
                 None => Vec::new(),
             };
-            let mut cluster =
-                LocalCluster::start_with(n, args.partitions, args.replication_factor, None, &extra, args.tls)?;
+            let mut cluster = LocalCluster::start_with(
+                n,
+                args.partitions,
+                args.replication_factor,
+                args.local_dir.as_deref(),
+                &extra,
+                args.tls,
+            )?;
             cluster.token = token.clone();
             cluster.wait_ready(Duration::from_secs(60)).await?;
             Some(cluster)
@@ -156,9 +185,24 @@ pub async fn run(args: BenchArgs) -> anyhow::Result<bool> {
     workload::trust(ca);
     let mut clean = true;
     for workload in &args.workload {
+        if matches!(workload, Workload::Failover | Workload::RollingRestart) {
+            let Some(cluster) = cluster.as_mut() else {
+                bail!("the {workload:?} workload kills and restarts nodes: it needs --local-nodes");
+            };
+            let figures = match workload {
+                Workload::Failover => faults::failover(&args, cluster).await?,
+                _ => faults::rolling_restart(&args, cluster).await?,
+            };
+            if args.json {
+                println!("{}", serde_json::to_string(&Report { workload: *workload, parameters: &args, figures })?);
+            } else {
+                figures.print(&format!("{workload:?}"));
+            }
+            continue;
+        }
         let figures = match workload {
             Workload::Throughput => workload::throughput(&args, &gateways, cluster.as_ref()).await?,
-            Workload::Latency => workload::latency(&args, &gateways, cluster.as_ref()).await?,
+            _ => workload::latency(&args, &gateways, cluster.as_ref()).await?,
         };
         clean &= figures.lost == 0 && figures.completed_twice == 0;
         if args.json {
