@@ -81,7 +81,7 @@ pub struct ServeArgs {
     /// trip between nodes. [default: 250]
     #[arg(long, env = "DROVER_HEARTBEAT_MS")]
     pub heartbeat_ms: Option<u64>,
-    /// Minimum Raft election timeout in ms (the maximum is twice it). [default: 1250]
+    /// Minimum Raft election timeout in ms (the maximum is twice it). [default: 600]
     #[arg(long, env = "DROVER_ELECTION_TIMEOUT_MS")]
     pub election_timeout_ms: Option<u64>,
     /// Raft entries applied between snapshots. [default: 20000]

@@ -257,3 +257,45 @@ async fn writes_commit_over_links_slower_than_a_100_ms_round_trip() {
         assert!(created.is_ok(), "create {n} over slow links: {created:?}");
     }
 }
+
+/// SIGTERM to a node that leads partitions (as Kubernetes stops a pod): it
+/// hands each partition's leadership to a caught-up follower before it
+/// exits, so the others already follow a new leader, in the next term, when
+/// it is gone; without the hand-over they would wait out their election
+/// timeout first. The default timing is kept on purpose.
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn a_leader_stopped_with_sigterm_hands_its_partitions_over_before_it_exits() {
+    let mut cluster = ProcessCluster::start(3, 2, 3, &[]);
+    cluster.wait_ready().await;
+    let leader = cluster.leader_of(0, Duration::from_secs(30)).await;
+    let led_before: Vec<(u32, u64)> = cluster
+        .status(leader)
+        .await
+        .expect("the leader answers")
+        .into_iter()
+        .filter(|s| s.role == "leader")
+        .map(|s| (s.partition, s.term))
+        .collect();
+    assert!(!led_before.is_empty());
+    let client = Client::connect(&cluster.gateway((leader + 1) % 3)).await.unwrap();
+    client.create_job("handover", "{}").await.expect("a create before");
+
+    let node = cluster.nodes[leader].as_mut().expect("started");
+    node.signal(libc::SIGTERM);
+    let status = node.exited(Duration::from_secs(30)).await;
+    assert!(status.success(), "a SIGTERMed node exits cleanly: {status}");
+    cluster.nodes[leader] = None;
+
+    // At once: no waiting here, since that is what a hand-over saves.
+    for other in cluster.live() {
+        let statuses = cluster.status(other).await.expect("a surviving node answers");
+        for (partition, term) in &led_before {
+            let now = statuses.iter().find(|s| s.partition == *partition).expect("its replica");
+            assert!(
+                now.leader.is_some_and(|l| l != leader as u64) && now.term > *term,
+                "node {other} follows no new leader of partition {partition} when node {leader} has exited: {now:?}"
+            );
+        }
+    }
+    client.create_job("handover", "{}").await.expect("a create after, under the new leader");
+}

@@ -369,7 +369,7 @@ async fn inner(dir: &Path) -> anyhow::Result<bool> {
                 "fault": fault.description, "detail": fault.detail,
             }),
         );
-        // Pauses outlast the longest election timeout (2.5 s by default) and
+        // Pauses outlast the longest wait before an election (2.4 s by default) and
         // the workload's 2 s activation timeout.
         let shortest = if nemesis == Nemesis::Pause { 3_000 } else { 2_000 };
         let hold =

@@ -1,10 +1,12 @@
 //! Node-to-node traffic: the cluster gRPC service (Raft RPCs for every
 //! partition, forwarded commands, job-stream registration, pushes and
-//! releases, status) and [`Links`], through which a partition leader reaches
-//! gateways.
+//! releases, status, campaigns), [`Links`], through which a partition leader
+//! reaches gateways, and the hand-over of leadership by a stopping node.
 
+mod handover;
 mod links;
 mod service;
 
+pub use handover::hand_over_leadership;
 pub use links::{refresh_stream_registrations, register_everywhere, remove_all_everywhere, remove_everywhere, Links};
 pub use service::ClusterService;

@@ -233,4 +233,24 @@ impl Cluster for ClusterService {
             admin_address: ctx.admin_addr.to_string(),
         }))
     }
+
+    async fn campaign(&self, request: Request<CampaignRequest>) -> Result<Response<CampaignReply>, Status> {
+        let ctx = self.ctx()?;
+        let request = request.into_inner();
+        let error = match ctx.replica(request.partition_id) {
+            Some(replica) => match replica.campaign_for(request.leader, request.term).await {
+                Ok(()) => {
+                    tracing::info!(
+                        partition = request.partition_id,
+                        leader = request.leader,
+                        "standing for election: the leader is stopping and handed leadership here"
+                    );
+                    String::new()
+                }
+                Err(error) => error,
+            },
+            None => format!("node {} hosts no replica of partition {}", ctx.node_id, request.partition_id),
+        };
+        Ok(Response::new(CampaignReply { error }))
+    }
 }

@@ -117,7 +117,7 @@ pub async fn submit_as(
                 None => ApiError::no_leader(partition, started.elapsed().as_millis()),
             });
         }
-        tokio::time::sleep(back_off).await;
+        ctx.back_off_for_leader(partition, back_off).await;
         back_off = (back_off * 2).min(MAX_BACK_OFF);
     }
 }
@@ -447,7 +447,7 @@ where
         if Instant::now() + back_off >= deadline {
             return Err(ApiError::no_leader(partition, started.elapsed().as_millis()));
         }
-        tokio::time::sleep(back_off).await;
+        ctx.back_off_for_leader(partition, back_off).await;
         back_off = (back_off * 2).min(MAX_BACK_OFF);
     }
 }

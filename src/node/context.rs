@@ -183,6 +183,19 @@ impl NodeContext {
         self.hints.lock().expect("hints lock").get(&partition).copied()
     }
 
+    /// Waits `back_off`, or less when this node hosts a replica of the
+    /// partition and it learns of a new leader first: a gateway retrying a
+    /// leaderless partition follows the election's winner at once.
+    pub async fn back_off_for_leader(&self, partition: PartitionId, back_off: Duration) {
+        match self.replicas.get(&partition) {
+            Some(replica) => {
+                let known = replica.leadership().leader;
+                replica.new_leader(known, back_off).await;
+            }
+            None => tokio::time::sleep(back_off).await,
+        }
+    }
+
     /// Where to send a partition's commands on attempt `rotation`: the known
     /// leader, else each replica in turn.
     pub fn leader_hint(&self, partition: PartitionId, rotation: usize) -> Option<NodeId> {

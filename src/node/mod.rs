@@ -26,6 +26,9 @@ use crate::storage::Store;
 use tonic::codec::CompressionEncoding;
 use tonic::server::NamedService;
 
+/// The longest a stopping node spends handing its partitions' leadership over.
+const HAND_OVER_LIMIT: Duration = Duration::from_secs(3);
+
 /// A started node. Drop does not stop it; call [`Node::shutdown`].
 pub struct Node {
     pub ctx: Arc<NodeContext>,
@@ -35,6 +38,8 @@ pub struct Node {
     stop: watch::Sender<bool>,
     servers: Vec<JoinHandle<()>>,
     background: Vec<JoinHandle<()>>,
+    cluster_stop: watch::Sender<bool>,
+    cluster_server: JoinHandle<()>,
 }
 
 impl Node {
@@ -103,13 +108,16 @@ impl Node {
         let max_cluster_message = config.limits.max_cluster_message_bytes();
         let peers = PeerChannels::new(members.clone(), max_cluster_message, peer_tls);
         let (stop, stop_rx) = watch::channel(false);
+        // The cluster port stops last: a stopping node still hands its
+        // leadership over and answers its groups' Raft RPCs until they stop.
+        let (cluster_stop, cluster_stop_rx) = watch::channel(false);
 
         // The cluster service answers before the replicas exist (peers may call
         // early); it says UNAVAILABLE until the context is set.
         let late_ctx: Arc<OnceLock<Arc<NodeContext>>> = Arc::new(OnceLock::new());
         let cluster_service = crate::cluster::ClusterService::new(Arc::clone(&late_ctx));
         let mut servers = Vec::new();
-        servers.push(tokio::spawn(serve_grpc(
+        let cluster_server = tokio::spawn(serve_grpc(
             "cluster",
             tonic::transport::Server::builder()
                 .tcp_nodelay(true)
@@ -122,8 +130,8 @@ impl Node {
                 ),
             cluster_listener,
             cluster_tls,
-            stop_rx.clone(),
-        )));
+            cluster_stop_rx,
+        ));
 
         let cluster_size = members.len() as u32;
         let raft_settings =
@@ -235,7 +243,7 @@ impl Node {
         )));
         servers.push(tokio::spawn(crate::admin::serve(Arc::clone(&ctx), admin_listener, admin_tls, stop_rx)));
 
-        Ok(Node { ctx, grpc_addr, cluster_addr, admin_addr, stop, servers, background })
+        Ok(Node { ctx, grpc_addr, cluster_addr, admin_addr, stop, servers, background, cluster_stop, cluster_server })
     }
 
     /// Stops accepting work, lets in-flight requests finish, stops the leader
@@ -246,6 +254,10 @@ impl Node {
         // Brokers stop pushing to this gateway at once, instead of yielding
         // their pushes until the registrations expire.
         crate::cluster::remove_all_everywhere(&self.ctx, &streams).await;
+        // Partitions this node leads get a leader elsewhere now, not after an
+        // election timeout; requests waiting on them (here or forwarded from
+        // other gateways) then finish there.
+        crate::cluster::hand_over_leadership(&self.ctx, HAND_OVER_LIMIT).await;
         // Servers stop accepting at once; requests already running may finish
         // (bounded by the request timeout). Idle client connections are not
         // waited for.
@@ -263,6 +275,8 @@ impl Node {
         for replica in self.ctx.replicas.values() {
             replica.shutdown().await;
         }
+        let _ = self.cluster_stop.send(true);
+        self.cluster_server.abort();
         self.ctx.store.flush();
     }
 }

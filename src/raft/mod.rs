@@ -91,7 +91,7 @@ impl Default for RaftSettings {
             // to answer, follower sync included: below the worst round trip,
             // nothing commits at all.
             heartbeat_interval: Duration::from_millis(250),
-            election_timeout_min: Duration::from_millis(1250),
+            election_timeout_min: Duration::from_millis(600),
             snapshot_every: 20_000,
             keep_after_snapshot: 5_000,
             snapshot_dir: std::env::temp_dir(),
@@ -297,6 +297,84 @@ impl Replica {
             purged_index: m.purged.map(|l| l.index),
             members: m.membership_config.membership().voter_ids().collect(),
         }
+    }
+
+    /// A follower of this leader whose log holds everything this leader's
+    /// does, to hand leadership to; `None` when this node does not lead or
+    /// no follower has caught up.
+    pub fn handover_target(&self) -> Option<NodeId> {
+        let metrics = self.raft.metrics();
+        let m = metrics.borrow();
+        if m.state != ServerState::Leader {
+            return None;
+        }
+        let last = m.last_log_index?;
+        let replication = m.replication.as_ref()?;
+        replication
+            .iter()
+            .filter(|(node, matched)| **node != self.node_id && matched.is_some_and(|l| l.index >= last))
+            .map(|(node, _)| *node)
+            .next()
+    }
+
+    /// Starts an election here at once, when asked by the leader this
+    /// replica follows, in its term (see `Node::shutdown`). A caught-up
+    /// candidate wins it with the old leader's vote, which it grants because
+    /// its log holds nothing the candidate's does not.
+    pub async fn campaign_for(&self, leader: NodeId, term: u64) -> Result<(), String> {
+        let following = {
+            let metrics = self.raft.metrics();
+            let m = metrics.borrow();
+            m.current_leader == Some(leader) && m.current_term == term && m.state == ServerState::Follower
+        };
+        if !following {
+            return Err(format!(
+                "node {} does not follow node {leader} in term {term} for partition {}",
+                self.node_id, self.partition
+            ));
+        }
+        if !self.may_vote() {
+            return Err(format!("node {} is still catching up with partition {}", self.node_id, self.partition));
+        }
+        self.raft.trigger().elect().await.map_err(|e| e.to_string())
+    }
+
+    /// Waits up to `limit` for this replica to learn of a leader other than
+    /// `known` (a new election's winner); answers whether it did.
+    pub async fn new_leader(&self, known: Option<NodeId>, limit: Duration) -> bool {
+        let mut metrics = self.raft.metrics();
+        tokio::time::timeout(limit, async {
+            loop {
+                let leader = metrics.borrow_and_update().current_leader;
+                if leader.is_some() && leader != known {
+                    return true;
+                }
+                if metrics.changed().await.is_err() {
+                    return false;
+                }
+            }
+        })
+        .await
+        .unwrap_or(false)
+    }
+
+    /// Waits until another node leads (or this one no longer does), up to
+    /// `limit`; answers whether leadership moved.
+    pub async fn leadership_moved(&self, limit: Duration) -> bool {
+        let mut metrics = self.raft.metrics();
+        let moved = |m: &RaftMetrics<NodeId, BasicNode>| m.current_leader.is_some_and(|l| l != self.node_id);
+        tokio::time::timeout(limit, async {
+            loop {
+                if moved(&metrics.borrow_and_update()) {
+                    return true;
+                }
+                if metrics.changed().await.is_err() {
+                    return false;
+                }
+            }
+        })
+        .await
+        .unwrap_or(false)
     }
 
     pub async fn shutdown(&self) {

@@ -1,0 +1,80 @@
+//! Handing leadership away before a node stops (SIGTERM, as Kubernetes
+//! stops a pod): without it, every partition the node led is leaderless
+//! until its followers' election timeout runs out, seconds in which no
+//! create or completion on those partitions is acknowledged.
+
+use std::time::{Duration, Instant};
+
+use futures::future::join_all;
+
+use crate::node::NodeContext;
+use crate::proto::cluster::CampaignRequest;
+use crate::raft::Replica;
+
+/// For every partition this node leads: waits for its leader actor to stop
+/// (the node is stopping, so no new entry is proposed), then for a follower
+/// to hold the whole log, asks that follower to stand for election, and
+/// waits for leadership to move, all within `limit`. A partition whose
+/// hand-over fails within it is left to its election timeout, as before.
+pub async fn hand_over_leadership(ctx: &NodeContext, limit: Duration) {
+    let led: Vec<&std::sync::Arc<Replica>> = ctx.replicas.values().filter(|r| r.leadership().is_leader).collect();
+    if led.is_empty() {
+        return;
+    }
+    let started = Instant::now();
+    let deadline = started + limit;
+    let outcomes = join_all(led.iter().map(|replica| hand_over(ctx, replica, deadline))).await;
+    for (replica, outcome) in led.iter().zip(outcomes) {
+        match outcome {
+            Ok(to) => tracing::info!(
+                partition = replica.partition,
+                to,
+                ms = started.elapsed().as_millis() as u64,
+                "handed leadership over before stopping"
+            ),
+            Err(why) => tracing::warn!(
+                partition = replica.partition,
+                "could not hand leadership over before stopping ({why}); its followers elect a leader after their \
+                 election timeout"
+            ),
+        }
+    }
+}
+
+async fn hand_over(ctx: &NodeContext, replica: &Replica, deadline: Instant) -> Result<u64, String> {
+    let partition = replica.partition;
+    let term = replica.leadership().term;
+    // No new entries once the leader actor has stopped.
+    while ctx.local_leader(partition).is_some() {
+        if Instant::now() > deadline {
+            return Err("the leader actor did not stop in time".into());
+        }
+        tokio::time::sleep(Duration::from_millis(5)).await;
+    }
+    let target = loop {
+        if !replica.leadership().is_leader {
+            return Err("leadership moved on its own".into());
+        }
+        if let Some(target) = replica.handover_target() {
+            break target;
+        }
+        if Instant::now() > deadline {
+            return Err("no follower caught up with the log in time".into());
+        }
+        tokio::time::sleep(Duration::from_millis(5)).await;
+    };
+    let Some(mut client) = ctx.peers.client(target) else {
+        return Err(format!("no connection to node {target}"));
+    };
+    let mut request = tonic::Request::new(CampaignRequest { partition_id: partition, leader: ctx.node_id, term });
+    request.set_timeout(deadline.saturating_duration_since(Instant::now()).max(Duration::from_millis(1)));
+    let reply = client.campaign(request).await.map_err(|s| format!("node {target}: {}", s.message()))?.into_inner();
+    if !reply.error.is_empty() {
+        return Err(reply.error);
+    }
+    if replica.leadership_moved(deadline.saturating_duration_since(Instant::now())).await {
+        Ok(target)
+    } else {
+        Err(format!("node {target} stood for election but leadership did not move in time"))
+    }
+}
