@@ -1,0 +1,312 @@
+//! The faults a run injects: which comes next (seeded, in shuffled rounds so
+//! a short run still sees every kind), how each is injected, and how all are
+//! healed.
+
+use std::time::Duration;
+
+use rand::rngs::StdRng;
+use rand::seq::{IndexedRandom, SliceRandom};
+use rand::Rng;
+use serde::Serialize;
+
+use crate::{cluster, net, partition, proxy, sessions, Nemesis};
+
+/// Draws from a fixed set in shuffled rounds: each item once per round, so a
+/// short run still sees every kind (time allowing) in a seeded order.
+pub struct Bag<T> {
+    items: Vec<T>,
+    left: Vec<T>,
+}
+
+impl<T: Copy> Bag<T> {
+    fn new(items: &[T]) -> Self {
+        assert!(!items.is_empty(), "a bag needs items");
+        Bag { items: items.to_vec(), left: Vec::new() }
+    }
+
+    pub fn next(&mut self, rng: &mut StdRng) -> T {
+        if self.left.is_empty() {
+            self.left = self.items.clone();
+            self.left.shuffle(rng);
+        }
+        self.left.pop().expect("refilled")
+    }
+}
+
+/// The link faults of the `badlinks` nemesis.
+#[derive(Clone, Copy, Debug, PartialEq, Eq, Serialize)]
+#[serde(rename_all = "kebab-case")]
+pub enum LinkKind {
+    Loss,
+    Delay,
+    Bandwidth,
+}
+
+/// How many nodes the `kill` nemesis kills.
+#[derive(Clone, Copy, Debug, PartialEq, Eq, Serialize)]
+#[serde(rename_all = "kebab-case")]
+enum KillKind {
+    One,
+    Majority,
+    All,
+}
+
+/// How the `restart` nemesis stops a node before starting it again.
+#[derive(Clone, Copy, Debug, PartialEq, Eq, Serialize)]
+#[serde(rename_all = "kebab-case")]
+enum RestartKind {
+    /// SIGTERM: Drover's graceful shutdown (streams closed, requests finished).
+    Sigterm,
+    /// SIGKILL: a crash.
+    Sigkill,
+}
+
+impl RestartKind {
+    fn signal(self) -> i32 {
+        match self {
+            RestartKind::Sigterm => libc::SIGTERM,
+            RestartKind::Sigkill => libc::SIGKILL,
+        }
+    }
+}
+
+/// How long a node may take to stop after SIGTERM before it is killed: its
+/// shutdown waits for requests in flight, up to the request timeout (10 s by
+/// default).
+const GRACEFUL_STOP: Duration = Duration::from_secs(20);
+
+/// Which nemesis, partition, kill, link fault and restart come next.
+pub struct Schedule {
+    pub nemeses: Bag<Nemesis>,
+    partitions: Bag<partition::Kind>,
+    kills: Bag<KillKind>,
+    links: Bag<LinkKind>,
+    restarts: Bag<RestartKind>,
+}
+
+impl Schedule {
+    pub fn new(nemeses: &[Nemesis]) -> Schedule {
+        let mut unique: Vec<Nemesis> = Vec::new();
+        for nemesis in nemeses {
+            if !unique.contains(nemesis) {
+                unique.push(*nemesis);
+            }
+        }
+        Schedule {
+            nemeses: Bag::new(&unique),
+            partitions: Bag::new(&partition::Kind::ALL),
+            // Single kills twice as often as the others.
+            kills: Bag::new(&[KillKind::One, KillKind::Majority, KillKind::One, KillKind::All]),
+            links: Bag::new(&[LinkKind::Loss, LinkKind::Delay, LinkKind::Bandwidth]),
+            restarts: Bag::new(&[RestartKind::Sigterm, RestartKind::Sigkill]),
+        }
+    }
+}
+
+/// One injected fault, as the timeline records it.
+pub struct Fault {
+    pub kind: String,
+    pub description: String,
+    pub detail: serde_json::Value,
+}
+
+impl Fault {
+    fn new(kind: impl Serialize, description: String, detail: serde_json::Value) -> Fault {
+        let kind = serde_json::to_value(kind).ok().and_then(|k| k.as_str().map(str::to_string)).unwrap_or_default();
+        Fault { kind, description, detail }
+    }
+}
+
+/// What the nemeses act on.
+pub struct Faults<'a> {
+    pub network: &'a net::Network,
+    pub proxies: &'a proxy::Proxies,
+    pub nodes: &'a mut cluster::Nodes,
+    pub workers: &'a mut sessions::Workers,
+}
+
+impl Faults<'_> {
+    /// Ends every fault: rules and limits removed, delays cleared, paused
+    /// nodes resumed, killed nodes restarted. (A restarted node is already
+    /// running again: nothing to do for it.)
+    pub fn heal(&mut self) -> anyhow::Result<()> {
+        self.network.heal();
+        self.proxies.clear();
+        self.nodes.heal()
+    }
+
+    pub async fn inject(
+        &mut self,
+        nemesis: Nemesis,
+        schedule: &mut Schedule,
+        rng: &mut StdRng,
+    ) -> anyhow::Result<Fault> {
+        let n = self.nodes.ips.len();
+        let all: Vec<usize> = (0..n).collect();
+        let mut order = all.clone();
+        order.shuffle(rng);
+        Ok(match nemesis {
+            Nemesis::Workers => {
+                // Killed and replaced at once: nothing to heal.
+                let killed = self.workers.kill_one(rng.random_range(0..sessions::WORKERS))?;
+                let description = format!("SIGKILL worker process {killed} (a new one starts)");
+                Fault::new("worker-kill", description, serde_json::json!({ "worker": killed }))
+            }
+            Nemesis::Partition => {
+                let kind = schedule.partitions.next(rng);
+                let others = |x: usize| all.iter().copied().filter(|i| *i != x).collect::<Vec<_>>();
+                let (grudge, description) = match kind {
+                    partition::Kind::IsolateOne => {
+                        let rest = others(order[0]);
+                        (
+                            partition::split(&[order[0]], &rest),
+                            format!("isolate node {}: {:?} | {rest:?}", order[0], [order[0]]),
+                        )
+                    }
+                    partition::Kind::Halves => {
+                        let (a, b) = order.split_at(rng.random_range(1..n));
+                        (partition::split(a, b), format!("halves {a:?} | {b:?}"))
+                    }
+                    partition::Kind::IsolateLeader => {
+                        let leader = self.nodes.leader_of(0).await.unwrap_or(order[0]);
+                        let rest = others(leader);
+                        (
+                            partition::split(&[leader], &rest),
+                            format!("isolate the leader of partition 0: [{leader}] | {rest:?}"),
+                        )
+                    }
+                    partition::Kind::Ring => {
+                        let ring = order.iter().map(|i| i.to_string()).collect::<Vec<_>>().join("-");
+                        let shape = if n <= 3 {
+                            format!(" (on 3 nodes, a bridge through node {})", order[0])
+                        } else {
+                            String::new()
+                        };
+                        (partition::ring(&order), format!("majorities ring {ring}{shape}"))
+                    }
+                    partition::Kind::Bridge => {
+                        let (a, b) = order[1..].split_at((n - 1) / 2);
+                        (partition::bridge(&order), format!("bridge through node {}: {a:?} | {b:?}", order[0]))
+                    }
+                    partition::Kind::OneWay => {
+                        let node = if rng.random_bool(0.5) {
+                            self.nodes.leader_of(0).await.unwrap_or(order[0])
+                        } else {
+                            order[0]
+                        };
+                        let rest = others(node);
+                        let from = if rng.random_bool(0.5) { rest } else { vec![*rest.choose(rng).expect("3 nodes")] };
+                        (
+                            partition::one_way(node, &from),
+                            format!("node {node} drops packets from {from:?}; they still hear it"),
+                        )
+                    }
+                };
+                self.network.partition(&grudge)?;
+                let detail = serde_json::json!({ "drops": grudge, "hears": partition::hears(&grudge, n) });
+                Fault::new(kind, description, detail)
+            }
+            Nemesis::Kill => {
+                let kind = schedule.kills.next(rng);
+                let mut victims = match kind {
+                    KillKind::One => vec![order[0]],
+                    KillKind::Majority => order[..n / 2 + 1].to_vec(),
+                    KillKind::All => all.clone(),
+                };
+                victims.sort_unstable();
+                for victim in &victims {
+                    self.nodes.kill(*victim);
+                }
+                Fault::new(kind, format!("SIGKILL nodes {victims:?}"), serde_json::json!({ "nodes": victims }))
+            }
+            Nemesis::Pause => {
+                let (kind, victim) = if rng.random_bool(0.5) {
+                    ("leader", self.nodes.leader_of(0).await.unwrap_or(order[0]))
+                } else {
+                    ("one", order[0])
+                };
+                self.nodes.signal(victim, libc::SIGSTOP);
+                Fault::new(kind, format!("SIGSTOP node {victim}"), serde_json::json!({ "node": victim }))
+            }
+            Nemesis::Restart => {
+                let kind = schedule.restarts.next(rng);
+                let victim = order[0];
+                // The worker streams it serves at that moment (its own view).
+                let streams = self.nodes.stream_clients(victim).await;
+                let stopped = self.nodes.stop(victim, kind.signal(), GRACEFUL_STOP).await?;
+                self.nodes.start(victim)?;
+                let signal = if kind == RestartKind::Sigterm { "SIGTERM" } else { "SIGKILL" };
+                let escalated = if stopped.escalated { ", then SIGKILL" } else { "" };
+                let description = format!(
+                    "{signal}{escalated} node {victim} ({} worker streams), exited after {} ms ({}), started again",
+                    streams.map_or_else(|| "unknown".to_string(), |n| n.to_string()),
+                    stopped.after.as_millis(),
+                    stopped.status
+                );
+                let detail = serde_json::json!({
+                    "node": victim, "streams": streams, "stopped_ms": stopped.after.as_millis() as u64,
+                    "escalated": stopped.escalated, "status": stopped.status,
+                });
+                Fault::new(kind, description, detail)
+            }
+            Nemesis::Badlinks => {
+                let kind = schedule.links.next(rng);
+                let victim = order[0];
+                match kind {
+                    LinkKind::Loss => {
+                        let percent = rng.random_range(10..40);
+                        self.network.lossy(victim, percent)?;
+                        let detail = serde_json::json!({ "node": victim, "percent": percent });
+                        Fault::new(kind, format!("drop {percent}% of packets into node {victim}"), detail)
+                    }
+                    LinkKind::Delay => {
+                        let base = rng.random_range(10..=300);
+                        let jitter = rng.random_range(0..=100);
+                        let one = rng.random_bool(0.5);
+                        let delays: proxy::Delays = all
+                            .iter()
+                            .flat_map(|a| all.iter().map(move |b| (*a, *b)))
+                            .filter(|(a, b)| a != b && (!one || *a == victim))
+                            .map(|link| (link, base))
+                            .collect();
+                        self.proxies.delay(&delays, jitter)?;
+                        let whose = if one { format!("from node {victim}") } else { "between all nodes".to_string() };
+                        let detail = serde_json::json!({
+                            "from": if one { vec![victim] } else { all.clone() }, "base_ms": base, "jitter_ms": jitter,
+                        });
+                        Fault::new(kind, format!("delay {base} ms + up to {jitter} ms jitter on links {whose}"), detail)
+                    }
+                    LinkKind::Bandwidth => {
+                        let kbit = rng.random_range(256..=2048);
+                        self.network.throttle(victim, kbit)?;
+                        let detail = serde_json::json!({ "node": victim, "kbit": kbit });
+                        Fault::new(kind, format!("limit node {victim} to {kbit} kbit/s out"), detail)
+                    }
+                }
+            }
+        })
+    }
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+    use rand::SeedableRng;
+
+    #[test]
+    fn a_bag_gives_every_item_once_per_round() {
+        let mut rng = StdRng::seed_from_u64(3);
+        let mut bag = Bag::new(&[LinkKind::Loss, LinkKind::Delay, LinkKind::Bandwidth]);
+        for _ in 0..10 {
+            let mut round: Vec<String> = (0..3).map(|_| format!("{:?}", bag.next(&mut rng))).collect();
+            round.sort();
+            assert_eq!(round, ["Bandwidth", "Delay", "Loss"]);
+        }
+    }
+
+    #[test]
+    fn a_schedule_names_each_nemesis_once() {
+        let schedule = Schedule::new(&[Nemesis::Kill, Nemesis::Partition, Nemesis::Kill]);
+        assert_eq!(schedule.nemeses.items, [Nemesis::Kill, Nemesis::Partition]);
+    }
+}
