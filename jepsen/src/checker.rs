@@ -114,6 +114,8 @@ pub struct Report {
     pub slow_recoveries: Vec<crate::sessions::SlowRecovery>,
     /// Session worker processes killed.
     pub worker_kills: usize,
+    /// What clients waited (figures, not checks; see `availability`).
+    pub availability: crate::availability::Availability,
     pub valid: bool,
 }
 

@@ -5,6 +5,7 @@
 //! Run as root. `drover-jepsen run --nemesis partition --time 60` runs one
 //! test; `drover-jepsen suite` runs every nemesis and all of them combined.
 
+mod availability;
 mod checker;
 mod cluster;
 mod history;
@@ -48,11 +49,21 @@ enum Nemesis {
     Restart,
     /// SIGKILLs a session worker process (not a node) and starts another.
     Workers,
+    /// SIGTERMs the nodes in turn, each kept down until the heal, as a
+    /// rolling upgrade does.
+    Rolling,
 }
 
 impl Nemesis {
-    const ALL: [Nemesis; 6] =
-        [Nemesis::Partition, Nemesis::Kill, Nemesis::Pause, Nemesis::Badlinks, Nemesis::Restart, Nemesis::Workers];
+    const ALL: [Nemesis; 7] = [
+        Nemesis::Partition,
+        Nemesis::Kill,
+        Nemesis::Pause,
+        Nemesis::Badlinks,
+        Nemesis::Restart,
+        Nemesis::Workers,
+        Nemesis::Rolling,
+    ];
 }
 
 #[derive(clap::Args, Clone, Debug, Serialize, Deserialize)]
@@ -348,6 +359,8 @@ async fn inner(dir: &Path) -> anyhow::Result<bool> {
         session_workers.start()?;
     }
     let mut worker_kills: Vec<(u64, String)> = Vec::new();
+    // When each fault that stopped a node began, for the availability figures.
+    let mut stops: Vec<availability::Stop> = Vec::new();
 
     // The fault schedule.
     let timeline = dir.join("nemesis.jsonl");
@@ -358,8 +371,13 @@ async fn inner(dir: &Path) -> anyhow::Result<bool> {
     while Instant::now() + Duration::from_secs(4) < end {
         tokio::time::sleep(Duration::from_millis(rng.random_range(1_500..3_000))).await;
         let nemesis = schedule.nemeses.next(&mut rng);
+        let began = shared.recorder.now_ms();
         let fault = faults.inject(nemesis, &mut schedule, &mut rng).await?;
         let t = shared.recorder.now_ms();
+        if fault.stops_nodes {
+            let kind = format!("{nemesis:?}/{}", fault.kind).to_lowercase();
+            stops.push((began, kind, fault.description.clone()));
+        }
         if let Some(killed) = fault.detail["worker"].as_str().filter(|_| nemesis == Nemesis::Workers) {
             worker_kills.push((t, killed.to_string()));
         }
@@ -433,12 +451,14 @@ async fn inner(dir: &Path) -> anyhow::Result<bool> {
         report.add_slow_recoveries(sessions::check(&starts, &worker_kills, &completed));
     }
     report.worker_kills = worker_kills.len();
+    report.availability = availability::measure(&history, &stops);
     for op in &history {
         append_line(&dir.join("history.jsonl"), op);
     }
     std::fs::write(dir.join("finals.json"), serde_json::to_string(&finals)?)?;
     std::fs::write(dir.join("report.json"), serde_json::to_string_pretty(&report)?)?;
-    std::fs::write(dir.join("report.txt"), format!("{}\n{}\n", report.summary(), report.details()))?;
+    let text = format!("{}\navailability: {}\n{}\n", report.summary(), report.availability.summary(), report.details());
+    std::fs::write(dir.join("report.txt"), text)?;
     nodes.stop_all();
     drop(proxies);
     Ok(report.valid)

@@ -78,6 +78,8 @@ const GRACEFUL_STOP: Duration = Duration::from_secs(20);
 /// Which nemesis, partition, kill, link fault and restart come next.
 pub struct Schedule {
     pub nemeses: Bag<Nemesis>,
+    /// The rolling restart's next node (in order, modulo the node count).
+    rolling: usize,
     partitions: Bag<partition::Kind>,
     kills: Bag<KillKind>,
     links: Bag<LinkKind>,
@@ -99,6 +101,7 @@ impl Schedule {
             kills: Bag::new(&[KillKind::One, KillKind::Majority, KillKind::One, KillKind::All]),
             links: Bag::new(&[LinkKind::Loss, LinkKind::Delay, LinkKind::Bandwidth]),
             restarts: Bag::new(&[RestartKind::Sigterm, RestartKind::Sigkill]),
+            rolling: 0,
         }
     }
 }
@@ -108,12 +111,19 @@ pub struct Fault {
     pub kind: String,
     pub description: String,
     pub detail: serde_json::Value,
+    /// It stopped at least one node (the availability figures follow it).
+    pub stops_nodes: bool,
 }
 
 impl Fault {
     fn new(kind: impl Serialize, description: String, detail: serde_json::Value) -> Fault {
         let kind = serde_json::to_value(kind).ok().and_then(|k| k.as_str().map(str::to_string)).unwrap_or_default();
-        Fault { kind, description, detail }
+        Fault { kind, description, detail, stops_nodes: false }
+    }
+
+    fn stopping_nodes(mut self) -> Fault {
+        self.stops_nodes = true;
+        self
     }
 }
 
@@ -218,6 +228,7 @@ impl Faults<'_> {
                     self.nodes.kill(*victim);
                 }
                 Fault::new(kind, format!("SIGKILL nodes {victims:?}"), serde_json::json!({ "nodes": victims }))
+                    .stopping_nodes()
             }
             Nemesis::Pause => {
                 let (kind, victim) = if rng.random_bool(0.5) {
@@ -227,6 +238,7 @@ impl Faults<'_> {
                 };
                 self.nodes.signal(victim, libc::SIGSTOP);
                 Fault::new(kind, format!("SIGSTOP node {victim}"), serde_json::json!({ "node": victim }))
+                    .stopping_nodes()
             }
             Nemesis::Restart => {
                 let kind = schedule.restarts.next(rng);
@@ -247,7 +259,25 @@ impl Faults<'_> {
                     "node": victim, "streams": streams, "stopped_ms": stopped.after.as_millis() as u64,
                     "escalated": stopped.escalated, "status": stopped.status,
                 });
-                Fault::new(kind, description, detail)
+                Fault::new(kind, description, detail).stopping_nodes()
+            }
+            Nemesis::Rolling => {
+                // The next node in order, as an upgrade goes through a
+                // StatefulSet's pods; it starts again at the heal.
+                let victim = schedule.rolling % n;
+                schedule.rolling += 1;
+                let stopped = self.nodes.stop(victim, libc::SIGTERM, GRACEFUL_STOP).await?;
+                let escalated = if stopped.escalated { ", then SIGKILL" } else { "" };
+                let description = format!(
+                    "SIGTERM{escalated} node {victim} (rolling restart), exited after {} ms ({}); starts again at the heal",
+                    stopped.after.as_millis(),
+                    stopped.status
+                );
+                let detail = serde_json::json!({
+                    "node": victim, "stopped_ms": stopped.after.as_millis() as u64,
+                    "escalated": stopped.escalated, "status": stopped.status,
+                });
+                Fault::new("sigterm", description, detail).stopping_nodes()
             }
             Nemesis::Badlinks => {
                 let kind = schedule.links.next(rng);
