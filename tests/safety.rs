@@ -289,3 +289,47 @@ async fn wall_clock_steps_move_no_deadline() {
     })
     .await;
 }
+
+/// A leader killed and started again at once leads again before it applies
+/// any new entry (its followers' election timeout is long here), so its
+/// partition's time starts from wall clocks. Its own is an hour ahead: the
+/// partition's time must follow the majority's clocks, not its own, or every
+/// deadline would pass at once and every held job be handed out again.
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn a_restarted_leader_whose_wall_clock_is_an_hour_ahead_moves_no_deadline() {
+    assert!(std::path::Path::new(LIBFAKETIME).exists(), "{LIBFAKETIME} is missing: run scripts/setup.sh");
+    let dir = tempfile::tempdir().unwrap();
+    let (right, ahead) = (dir.path().join("right"), dir.path().join("ahead"));
+    std::fs::write(&right, "+0\n").unwrap();
+    std::fs::write(&ahead, "+1h\n").unwrap();
+    std::env::set_var("LD_PRELOAD", LIBFAKETIME);
+    std::env::set_var("FAKETIME_NO_CACHE", "1");
+    std::env::set_var("FAKETIME_DONT_FAKE_MONOTONIC", "1");
+    std::env::set_var("FAKETIME_TIMESTAMP_FILE", &right);
+    // Followers wait 10-15 s for a leader that went quiet: the killed leader
+    // is back, and leading again, well within that.
+    let mut cluster = ProcessCluster::start(3, 1, 3, &["--heartbeat-ms", "100", "--election-timeout-ms", "5000"]);
+    cluster.wait_ready().await;
+    let leader = cluster.leader_of(0, Duration::from_secs(30)).await;
+    let client = Client::connect(&cluster.gateway((leader + 1) % 3)).await.unwrap();
+    let held = client.create_job("clock", "{}").await.unwrap();
+    let held_attempt = client.activate("clock", "w", 1, 600_000, 0).await.unwrap()[0].attempt;
+
+    cluster.kill(leader);
+    std::env::set_var("FAKETIME_TIMESTAMP_FILE", &ahead);
+    cluster.start_node(leader);
+    for key in ["LD_PRELOAD", "FAKETIME_TIMESTAMP_FILE"] {
+        std::env::remove_var(key);
+    }
+    assert_eq!(cluster.leader_of(0, Duration::from_secs(8)).await, leader, "the restarted node leads again");
+
+    let after = client.create_job("clock-after", "{}").await.expect("a create under the restarted leader");
+    let now = std::time::SystemTime::now().duration_since(std::time::UNIX_EPOCH).unwrap().as_millis() as i64;
+    let created = client.get_job(after).await.unwrap().created_at;
+    assert!(
+        (created - now).abs() < 60_000,
+        "the partition's time followed the restarted leader's clock: created {created}, now {now}"
+    );
+    let job = client.get_job(held).await.unwrap();
+    assert_eq!((job.state.as_str(), job.attempt), ("activated", held_attempt), "a held job timed out");
+}

@@ -8,13 +8,13 @@ use std::time::Duration;
 
 use tokio::sync::watch;
 
-use crate::core::{ActivatedJobData, JobKey, PartitionId};
+use crate::core::{ActivatedJobData, JobKey, Millis, PartitionId};
 use crate::node::NodeContext;
 use crate::partition::streams::{PushOutcome, RemoteStream};
 use crate::partition::GatewayLink;
 use crate::proto::cluster::{
     NotifyAvailableRequest, PushRequest, RegisterStreamRequest, ReleaseJobsRequest, ReleasedActivation,
-    RemoveStreamRequest, StreamSpec,
+    RemoveStreamRequest, StatusRequest, StreamSpec,
 };
 use crate::raft::NodeId;
 
@@ -95,6 +95,19 @@ impl GatewayLink for Links {
                 let _ = client.notify_available(request).await;
             });
         }
+    }
+
+    fn wall_clocks(&self, nodes: Vec<NodeId>, limit: Duration) -> Pin<Box<dyn Future<Output = Vec<Millis>> + Send>> {
+        let Some(ctx) = self.ctx.upgrade() else { return Box::pin(async { Vec::new() }) };
+        Box::pin(async move {
+            let asks = nodes.into_iter().filter_map(|node| ctx.peers.client(node)).map(|mut client| async move {
+                let mut request = tonic::Request::new(StatusRequest {});
+                request.set_timeout(limit);
+                let answer = tokio::time::timeout(limit, client.status(request)).await;
+                answer.ok()?.ok().map(|reply| reply.into_inner().wall_ms)
+            });
+            futures::future::join_all(asks).await.into_iter().flatten().collect()
+        })
     }
 
     fn release(&self, gateway: NodeId, activations: Vec<(JobKey, u32)>) {

@@ -231,6 +231,7 @@ impl Cluster for ClusterService {
             partitions: bincode::serialize(&statuses).map_err(|e| Status::internal(e.to_string()))?.into(),
             gateway_address: ctx.grpc_addr.to_string(),
             admin_address: ctx.admin_addr.to_string(),
+            wall_ms: crate::partition::now_millis(),
         }))
     }
 

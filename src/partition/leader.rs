@@ -11,8 +11,9 @@
 //! time elapsed here since (see `SharedState::clock_estimate`), and then
 //! runs with the process's monotonic clock. Wall clocks are read only when a
 //! node that has just restarted leads before it applied any new entry; then
-//! the later of its wall clock and the replicated time is taken. So a wall
-//! clock that steps (NTP, a VM resume) or is skewed on one node moves no
+//! it takes the lower median of a majority of the replicas' wall clocks
+//! (never before the replicated time; see `quorum_time`). So a wall clock
+//! that steps (NTP, a VM resume) or is skewed on a minority of nodes moves no
 //! deadline, and time never runs backwards within a partition.
 //!
 //! **Taking over.** A new leader first commits an empty entry of its own:
@@ -99,6 +100,8 @@ pub trait GatewayLink: Send + Sync + 'static {
     /// Tells a gateway that workers finished these pushed (key, attempt)
     /// activations, wherever they reported it (best effort).
     fn release(&self, gateway: NodeId, activations: Vec<(JobKey, u32)>);
+    /// The wall clocks of those of `nodes` that answer within `limit`.
+    fn wall_clocks(&self, nodes: Vec<NodeId>, limit: Duration) -> Pin<Box<dyn Future<Output = Vec<Millis>> + Send>>;
 }
 
 pub enum LeaderMsg {
@@ -162,12 +165,22 @@ struct LeaderClock {
     started: Instant,
 }
 
+/// How long a new leader without a clock estimate waits for its peers' wall clocks.
+const PEER_CLOCKS_WAIT: Duration = Duration::from_millis(500);
+
 impl LeaderClock {
-    fn start(replica: &Replica) -> Self {
+    async fn start(replica: &Replica, link: &dyn GatewayLink) -> Self {
         let shared = replica.state();
         let base = match shared.clock_estimate() {
             Some(estimate) => estimate,
-            None => shared.read(|s| s.clock()).max(now_millis()),
+            None => {
+                let replicated = shared.read(|s| s.clock());
+                let peers: Vec<NodeId> =
+                    replica.status().members.into_iter().filter(|n| *n != replica.node_id()).collect();
+                let mut walls = link.wall_clocks(peers.clone(), PEER_CLOCKS_WAIT).await;
+                walls.push(now_millis());
+                quorum_time(replica, replicated, walls, peers.len() + 1)
+            }
         };
         LeaderClock { base, started: Instant::now() }
     }
@@ -213,6 +226,36 @@ pub struct LeaderState {
     releases: HashMap<NodeId, Vec<(JobKey, u32)>>,
 }
 
+/// The time a leader that has seen no entry apply since it started takes up
+/// from: the lower median of the wall clocks of a majority of the
+/// partition's replicas (its own among them), so one node's clock, however
+/// far it has stepped, moves no deadline; never before the replicated time.
+/// Without a majority of clocks, the replicated time plus the time this
+/// replica has run: timers then fire late by the outage, never early.
+fn quorum_time(replica: &Replica, replicated: Millis, mut walls: Vec<Millis>, replicas: usize) -> Millis {
+    let partition = replica.partition;
+    if walls.len() < replicas / 2 + 1 {
+        tracing::warn!(
+            partition,
+            answered = walls.len(),
+            replicas,
+            "leading without a majority's wall clocks: the partition's time resumes from its last entry"
+        );
+        return replicated.saturating_add(replica.running_for().as_millis() as Millis);
+    }
+    walls.sort_unstable();
+    let median = walls[(walls.len() - 1) / 2];
+    let own = now_millis();
+    if own.abs_diff(median) > 1_000 {
+        tracing::warn!(
+            partition,
+            off_ms = own - median,
+            "this node's wall clock is off the other replicas'; the partition's time follows theirs"
+        );
+    }
+    median.max(replicated)
+}
+
 pub fn now_millis() -> Millis {
     SystemTime::now().duration_since(UNIX_EPOCH).map(|d| d.as_millis() as Millis).unwrap_or(0)
 }
@@ -228,7 +271,7 @@ impl Actor for PartitionLeader {
         args: LeaderArgs,
     ) -> Result<LeaderState, ActorProcessingErr> {
         let partition = args.replica.partition;
-        let clock = LeaderClock::start(&args.replica);
+        let clock = LeaderClock::start(&args.replica, args.link.as_ref()).await;
         let mut state = LeaderState {
             partition,
             clock,

@@ -139,6 +139,7 @@ pub struct Replica {
     shared: Arc<SharedState>,
     /// Set while this replica is joining: it grants no votes until caught up.
     catch_up: Option<CatchUp>,
+    started: std::time::Instant,
 }
 
 impl Replica {
@@ -209,7 +210,7 @@ impl Replica {
         }
         // With no other replica there is no leader to catch up with.
         let catch_up = (formation == Formation::Joining && members.len() > 1).then(CatchUp::new);
-        Ok(Arc::new(Replica { partition, node_id, raft, shared, catch_up }))
+        Ok(Arc::new(Replica { partition, node_id, raft, shared, catch_up, started: std::time::Instant::now() }))
     }
 
     /// Waits until this replica may vote: at once unless it is joining, else
@@ -249,6 +250,15 @@ impl Replica {
             }
             Err(e) => Err(WriteError::Stopped { partition: self.partition, message: e.to_string() }),
         }
+    }
+
+    pub fn node_id(&self) -> NodeId {
+        self.node_id
+    }
+
+    /// How long this replica's group has run in this process.
+    pub fn running_for(&self) -> Duration {
+        self.started.elapsed()
     }
 
     /// State shared with the state machine: read-only access for leaders and reads.
