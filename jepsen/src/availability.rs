@@ -95,11 +95,11 @@ pub fn measure(history: &[Op], stops: &[Stop]) -> Availability {
         .map(|(at, kind, fault)| {
             // Partitions with no acknowledgement before the fault say nothing
             // of it; one with none after it never recovered within the run.
-            let gaps = acks.values().filter_map(|times| {
+            let mut gaps = acks.values().filter_map(|times| {
                 let before = times.iter().rev().find(|t| **t <= *at)?;
                 Some(times.iter().find(|t| **t > *at).map(|after| after - before))
             });
-            let longest = gaps.fold(Some(0), |longest, gap| Some(longest?.max(gap?)));
+            let longest = gaps.try_fold(0, |longest, gap| Some(longest.max(gap?)));
             Pause { at_ms: *at, kind: kind.clone(), fault: fault.clone(), pause_ms: longest }
         })
         .collect();
