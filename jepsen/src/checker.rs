@@ -24,7 +24,11 @@
 //! - **recovered** (reported, not a violation): a create with an unknown or
 //!   failed outcome whose job exists after all;
 //! - **divergent**: after healing, a node's replica misses an acknowledged job
-//!   or holds it in another final state than the other replicas.
+//!   or holds it in another final state than the other replicas;
+//! - **slow recovery**: a killed session worker's job not activated again
+//!   within the session's bound (see `sessions`);
+//! - **early reactivation**, **early timer**, **late timer**: timers held to
+//!   real time (see `timing`).
 
 use std::collections::{BTreeMap, BTreeSet};
 use std::fmt::Write;
@@ -114,6 +118,9 @@ pub struct Report {
     pub slow_recoveries: Vec<crate::sessions::SlowRecovery>,
     /// Session worker processes killed.
     pub worker_kills: usize,
+    /// Jobs handed to a second worker within the first one's lease, and
+    /// timers (delays, back-offs) that fired early or late (see `timing`).
+    pub timing: crate::timing::Timing,
     /// What clients waited (figures, not checks; see `availability`).
     pub availability: crate::availability::Availability,
     pub valid: bool,
@@ -130,11 +137,18 @@ impl Report {
         self.slow_recoveries.extend(slow);
     }
 
+    /// Timing anomalies: each one makes the run invalid.
+    pub fn add_timing(&mut self, timing: crate::timing::Timing) {
+        self.valid &= timing.anomalies() == 0;
+        self.timing = timing;
+    }
+
     pub fn summary(&self) -> String {
         format!(
             "{}: {} attempted, {} acknowledged, {} completed, {} incidents; lost {}, unexpected {}, duplicated {}, \
              stale {}, duplicate creates {}, misdelivered {}, stage twice {}, lost checkpoints {} (of {}), \
-             divergent {}, recovered {}, worker kills {}, slow recoveries {}",
+             divergent {}, recovered {}, worker kills {}, slow recoveries {}, early reactivations {}, early timers {}, \
+             late timers {}",
             if self.valid { "VALID" } else { "INVALID" },
             self.attempted,
             self.acknowledged,
@@ -153,6 +167,9 @@ impl Report {
             self.recovered.len(),
             self.worker_kills,
             self.slow_recoveries.len(),
+            self.timing.early_reactivations.len(),
+            self.timing.early_timers.len(),
+            self.timing.late_timers.len(),
         )
     }
 
@@ -189,6 +206,26 @@ impl Report {
                 })
                 .collect(),
         );
+        section(
+            self.timing
+                .early_reactivations
+                .iter()
+                .map(|e| {
+                    format!(
+                        "early reactivation: job {} (key {}) attempt {} polled at {} ms, attempt {} returned at {} ms",
+                        e.id, e.key, e.first_attempt, e.first_requested_ms, e.second_attempt, e.second_ms
+                    )
+                })
+                .collect(),
+        );
+        let timer = |what: &str, m: &crate::timing::TimerMiss| {
+            format!(
+                "{what} timer: job {} (key {}) {} of {} ms, bound {} ms, fired at {} ms",
+                m.id, m.key, m.timer, m.wait_ms, m.bound_ms, m.fired_ms
+            )
+        };
+        section(self.timing.early_timers.iter().map(|m| timer("early", m)).collect());
+        section(self.timing.late_timers.iter().map(|m| timer("late", m)).collect());
         section(
             self.duplicate_creates
                 .iter()
@@ -543,6 +580,7 @@ mod tests {
                                     job_type: "jepsen".into(),
                                     checkpoints: Vec::new(),
                                     attempt: 0,
+                                    timers: Vec::new(),
                                 },
                             )
                         })
@@ -778,6 +816,7 @@ mod tests {
                     job_type: "jepsen".into(),
                     checkpoints: Vec::new(),
                     attempt: 0,
+                    timers: Vec::new(),
                 },
             )]
             .into(),

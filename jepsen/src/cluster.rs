@@ -21,7 +21,16 @@ pub struct Nodes {
     /// With tokens on: the token admin reads send (the tokens file is next
     /// to it in the run directory).
     pub token: Option<String>,
+    /// With clock faults: every node runs under libfaketime, its wall clock
+    /// (not its monotonic clock) following `clock-<i>` in the run directory.
+    pub clocks: bool,
+    /// Nodes whose clock runs at a faulted rate: libfaketime cannot take
+    /// back the time a rate accumulated, so the heal restarts them.
+    pub rated: Vec<bool>,
 }
+
+/// libfaketime, from Debian's `faketime` package (scripts/setup.sh installs it).
+pub const LIBFAKETIME: &str = "/usr/lib/x86_64-linux-gnu/faketime/libfaketimeMT.so.1";
 
 impl Nodes {
     pub fn from_parts(drover: &Path, dir: &Path, namespaces: &[String], ips: &[String], partitions: u32) -> Nodes {
@@ -36,7 +45,25 @@ impl Nodes {
             paused: vec![false; n],
             tls: None,
             token: None,
+            clocks: false,
+            rated: vec![false; n],
         }
+    }
+
+    fn clock_file(&self, i: usize) -> PathBuf {
+        self.dir.join(format!("clock-{i}"))
+    }
+
+    /// Sets node `i`'s wall clock to libfaketime's `spec` (`+0`, `-3600`,
+    /// `+0 x2`, ...): written whole and renamed, read by the node within a
+    /// second.
+    pub fn set_clock(&mut self, i: usize, spec: &str) -> anyhow::Result<()> {
+        self.rated[i] = spec.contains('x');
+        let file = self.clock_file(i);
+        let next = file.with_extension("next");
+        std::fs::write(&next, format!("{spec}\n"))?;
+        std::fs::rename(&next, &file)?;
+        Ok(())
     }
 
     pub fn admin(&self, i: usize) -> String {
@@ -120,6 +147,7 @@ impl Nodes {
             .arg("--data-dir")
             .arg(self.dir.join(format!("node-{i}")))
             .env("RUST_LOG", "warn,drover=info")
+            .envs(self.clock_env(i)?)
             .stdout(log.try_clone()?)
             .stderr(log)
             .spawn()
@@ -127,6 +155,27 @@ impl Nodes {
         self.children[i] = Some(child);
         self.paused[i] = false;
         Ok(())
+    }
+
+    /// libfaketime's environment for node `i`, with clock faults on.
+    fn clock_env(&self, i: usize) -> anyhow::Result<Vec<(&'static str, String)>> {
+        if !self.clocks {
+            return Ok(Vec::new());
+        }
+        if !std::path::Path::new(LIBFAKETIME).exists() {
+            anyhow::bail!("clock faults need {LIBFAKETIME} (Debian's faketime package; scripts/setup.sh installs it)");
+        }
+        if !self.clock_file(i).exists() {
+            std::fs::write(self.clock_file(i), "+0\n")?;
+        }
+        Ok(vec![
+            ("LD_PRELOAD", LIBFAKETIME.to_string()),
+            ("FAKETIME_TIMESTAMP_FILE", self.clock_file(i).display().to_string()),
+            ("FAKETIME_DONT_FAKE_MONOTONIC", "1".to_string()),
+            ("FAKETIME_CACHE_DURATION", "1".to_string()),
+            // A rate change starts from the time it is made, not from the start.
+            ("FAKETIME_XRESET", "1".to_string()),
+        ])
     }
 
     pub fn signal(&mut self, i: usize, signal: i32) {
@@ -187,9 +236,16 @@ impl Nodes {
         self.children[i].is_some()
     }
 
-    /// Resumes paused nodes and restarts killed ones.
+    /// Resumes paused nodes, restarts killed ones, and sets every clock right.
     pub fn heal(&mut self) -> anyhow::Result<()> {
         for i in 0..self.children.len() {
+            if self.clocks {
+                if self.rated[i] && self.running(i) {
+                    // SIGKILL then start: the new process's clock starts right.
+                    self.kill(i);
+                }
+                self.set_clock(i, "+0")?;
+            }
             if self.paused[i] {
                 self.signal(i, libc::SIGCONT);
             }

@@ -56,6 +56,13 @@ pub struct Op {
     /// On a checkpoint, the stage; on an activation, the stage it resumes after.
     #[serde(default, skip_serializing_if = "Option::is_none")]
     pub stage: Option<String>,
+    /// On an activation a poll returned: when that poll was sent. The
+    /// activation's lease began after it.
+    #[serde(default, skip_serializing_if = "Option::is_none")]
+    pub requested_ms: Option<u64>,
+    /// On a create: the delay it asked for; on a failure: the back-off.
+    #[serde(default, skip_serializing_if = "Option::is_none")]
+    pub wait_ms: Option<u64>,
 }
 
 /// A job as one node's replica holds it after the faults healed.
@@ -72,6 +79,18 @@ pub struct FinalJob {
     /// Activations so far: for a completed job, the attempt that completed it.
     #[serde(default)]
     pub attempt: u32,
+    /// Its timer events in the partition's time: created, failed (with the
+    /// back-off asked for), due.
+    #[serde(default, skip_serializing_if = "Vec::is_empty")]
+    pub timers: Vec<TimerEvent>,
+}
+
+#[derive(Clone, Debug, Default, PartialEq, Eq, Serialize, Deserialize)]
+pub struct TimerEvent {
+    pub kind: String,
+    pub at: i64,
+    #[serde(default)]
+    pub back_off: i64,
 }
 
 /// Node -> job key -> what that node holds. Keyed by job key, not id, so that

@@ -14,6 +14,7 @@ mod net;
 mod partition;
 mod proxy;
 mod sessions;
+mod timing;
 mod workload;
 
 use std::collections::BTreeMap;
@@ -52,10 +53,13 @@ enum Nemesis {
     /// SIGTERMs the nodes in turn, each kept down until the heal, as a
     /// rolling upgrade does.
     Rolling,
+    /// Steps or skews one node's wall clock (libfaketime), sometimes
+    /// restarting it so that it leads with the wrong time.
+    Clock,
 }
 
 impl Nemesis {
-    const ALL: [Nemesis; 7] = [
+    const ALL: [Nemesis; 8] = [
         Nemesis::Partition,
         Nemesis::Kill,
         Nemesis::Pause,
@@ -63,6 +67,7 @@ impl Nemesis {
         Nemesis::Restart,
         Nemesis::Workers,
         Nemesis::Rolling,
+        Nemesis::Clock,
     ];
 }
 
@@ -312,6 +317,7 @@ async fn inner(dir: &Path) -> anyhow::Result<bool> {
     if args.tokens {
         nodes.token = Some(std::fs::read_to_string(dir.join("token")).context("reading the run's token")?);
     }
+    nodes.clocks = args.nemesis.contains(&Nemesis::Clock);
     for i in 0..args.nodes {
         nodes.start(i)?;
     }
@@ -452,6 +458,9 @@ async fn inner(dir: &Path) -> anyhow::Result<bool> {
     }
     report.worker_kills = worker_kills.len();
     report.availability = availability::measure(&history, &stops);
+    // Late timers say something only when nothing but clocks was faulted.
+    let clocks_only = args.nemesis.iter().all(|n| *n == Nemesis::Clock);
+    report.add_timing(timing::check(&history, &finals, workload::ACTIVATION_TIMEOUT_MS as u64, clocks_only));
     for op in &history {
         append_line(&dir.join("history.jsonl"), op);
     }
@@ -485,7 +494,8 @@ async fn final_reads(nodes: &cluster::Nodes) -> FinalReads {
                     .filter_map(|c| Some((c["stage"].as_str()?.to_string(), c["attempt"].as_u64()? as u32)))
                     .collect();
                 let attempt = job["attempt"].as_u64().unwrap_or(0) as u32;
-                jobs.insert(key, FinalJob { id, state: state.to_string(), job_type, checkpoints, attempt });
+                let timers = serde_json::from_value(job["timers"].clone()).unwrap_or_default();
+                jobs.insert(key, FinalJob { id, state: state.to_string(), job_type, checkpoints, attempt, timers });
             }
         }
         finals.insert(i, jobs);

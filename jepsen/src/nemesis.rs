@@ -51,6 +51,33 @@ enum KillKind {
     All,
 }
 
+/// How the `clock` nemesis moves a node's wall clock.
+#[derive(Clone, Copy, Debug, PartialEq, Eq, Serialize)]
+#[serde(rename_all = "kebab-case")]
+pub enum ClockKind {
+    /// Ahead by a second to an hour.
+    Forward,
+    /// Behind by a second to an hour.
+    Back,
+    /// Twice as fast.
+    Fast,
+    /// Half as fast.
+    Slow,
+}
+
+impl ClockKind {
+    /// libfaketime's setting for it.
+    fn spec(self, rng: &mut StdRng) -> String {
+        let seconds = *[1, 5, 30, 300, 3600].choose(rng).expect("offsets");
+        match self {
+            ClockKind::Forward => format!("+{seconds}"),
+            ClockKind::Back => format!("-{seconds}"),
+            ClockKind::Fast => "+0 x2".into(),
+            ClockKind::Slow => "+0 x0.5".into(),
+        }
+    }
+}
+
 /// How the `restart` nemesis stops a node before starting it again.
 #[derive(Clone, Copy, Debug, PartialEq, Eq, Serialize)]
 #[serde(rename_all = "kebab-case")]
@@ -84,6 +111,7 @@ pub struct Schedule {
     kills: Bag<KillKind>,
     links: Bag<LinkKind>,
     restarts: Bag<RestartKind>,
+    clocks: Bag<ClockKind>,
 }
 
 impl Schedule {
@@ -101,6 +129,7 @@ impl Schedule {
             kills: Bag::new(&[KillKind::One, KillKind::Majority, KillKind::One, KillKind::All]),
             links: Bag::new(&[LinkKind::Loss, LinkKind::Delay, LinkKind::Bandwidth]),
             restarts: Bag::new(&[RestartKind::Sigterm, RestartKind::Sigkill]),
+            clocks: Bag::new(&[ClockKind::Forward, ClockKind::Back, ClockKind::Fast, ClockKind::Slow]),
             rolling: 0,
         }
     }
@@ -260,6 +289,31 @@ impl Faults<'_> {
                     "escalated": stopped.escalated, "status": stopped.status,
                 });
                 Fault::new(kind, description, detail).stopping_nodes()
+            }
+            Nemesis::Clock => {
+                let kind = schedule.clocks.next(rng);
+                let victim =
+                    if rng.random_bool(0.5) { self.nodes.leader_of(0).await.unwrap_or(order[0]) } else { order[0] };
+                let spec = kind.spec(rng);
+                self.nodes.set_clock(victim, &spec)?;
+                // Half the time the node also restarts at once: a leader does
+                // so as leader, and takes its time from wall clocks.
+                let restarted = rng.random_bool(0.5);
+                if restarted {
+                    // Long enough for libfaketime to have read the new setting.
+                    tokio::time::sleep(Duration::from_millis(1_200)).await;
+                    self.nodes.kill(victim);
+                    self.nodes.start(victim)?;
+                }
+                let then = if restarted { ", then SIGKILL and start it again at once" } else { "" };
+                let description = format!("set node {victim}'s wall clock to {spec:?}{then}");
+                let detail = serde_json::json!({ "node": victim, "clock": spec, "restarted": restarted });
+                let fault = Fault::new(kind, description, detail);
+                if restarted {
+                    fault.stopping_nodes()
+                } else {
+                    fault
+                }
             }
             Nemesis::Rolling => {
                 // The next node in order, as an upgrade goes through a

@@ -44,6 +44,8 @@ pub const STAGES: [&str; 3] = ["reserved", "charged", "notified"];
 const CREATE_SENDS: usize = 3;
 /// Short, so timeouts and redeliveries happen often.
 pub const ACTIVATION_TIMEOUT_MS: i64 = 2_000;
+/// A worker's failure asks for this back-off before the next attempt.
+pub const FAIL_BACK_OFF_MS: i64 = 1_000;
 
 pub struct Recorder {
     started: Instant,
@@ -120,9 +122,12 @@ pub async fn producer(shared: Arc<Shared>, process: u64, seed: u64) {
         };
         // The id is the create's marker: the final reads find its jobs by it.
         let id = shared.next_id.fetch_add(1, Ordering::Relaxed);
+        // One in eight of the polled type waits 0.5-3 s before it is due.
+        let delay = (job_type == JOB_TYPE && rng.random_ratio(1, 8)).then(|| rng.random_range(500..3_000));
         let request = CreateJobRequest {
             r#type: job_type.into(),
             variables: format!(r#"{{"id":{id}}}"#),
+            delay: delay.unwrap_or(0),
             idempotency_key: format!("jepsen-{id}"),
             stages: if job_type == STAGED_TYPE { STAGES.map(String::from).to_vec() } else { Vec::new() },
             retries: (job_type == crate::sessions::SESSION_TYPE).then_some(crate::sessions::RETRIES),
@@ -138,6 +143,7 @@ pub async fn producer(shared: Arc<Shared>, process: u64, seed: u64) {
                 phase: Phase::Invoke,
                 id,
                 job_type: Some(job_type.into()),
+                wait_ms: delay.map(|d| d as u64),
                 ..Op::default()
             });
             let create = clients[node].create(request.clone());
@@ -165,11 +171,14 @@ pub async fn producer(shared: Arc<Shared>, process: u64, seed: u64) {
 struct Wanted<'a> {
     job_type: &'a str,
     worker: &'a str,
+    /// When the poll that returned the job was sent (not for streams).
+    requested_ms: Option<u64>,
 }
 
 /// The record of an activation handed to a worker that asked for `wanted`.
 fn activated(process: u64, node: usize, wanted: &Wanted<'_>, job: &ActivatedJob, id: u64) -> Op {
     Op {
+        requested_ms: wanted.requested_ms,
         process,
         node,
         kind: Kind::Activate,
@@ -201,9 +210,20 @@ async fn handle(
         return; // never answers: the activation times out
     }
     if (80..90).contains(&roll) {
-        shared.recorder.record(process, node, Kind::Fail, Phase::Invoke, id, Some(job.key), job.attempt);
+        let op = Op {
+            process,
+            node,
+            kind: Kind::Fail,
+            phase: Phase::Invoke,
+            id,
+            key: Some(job.key),
+            attempt: job.attempt,
+            wait_ms: Some(FAIL_BACK_OFF_MS as u64),
+            ..Op::default()
+        };
+        shared.recorder.record_op(op);
         let retries = (job.retries - 1).max(1);
-        let result = client.fail(job.key, job.attempt, retries, "jepsen says no", 100).await;
+        let result = client.fail(job.key, job.attempt, retries, "jepsen says no", FAIL_BACK_OFF_MS).await;
         let phase = match result {
             Ok(()) => Phase::Ok,
             Err(status) if certain_failure(&status) => Phase::Fail,
@@ -252,8 +272,9 @@ pub async fn poller(shared: Arc<Shared>, process: u64, seed: u64) {
     let clients: Vec<Client> = shared.gateways.iter().map(|g| Client::connect_lazy(g).unwrap()).collect();
     let worker = format!("poller-{process}");
     while !shared.stop.load(Ordering::Relaxed) {
+        let requested = shared.recorder.now_ms();
         let Some((node, jobs)) = poll(&clients, JOB_TYPE, &worker, 8, &mut rng).await else { continue };
-        let wanted = Wanted { job_type: JOB_TYPE, worker: &worker };
+        let wanted = Wanted { job_type: JOB_TYPE, worker: &worker, requested_ms: Some(requested) };
         for job in jobs {
             handle(&shared, &clients[node], (process, node), &wanted, job, &mut rng).await;
         }
@@ -268,10 +289,11 @@ pub async fn staged(shared: Arc<Shared>, process: u64, seed: u64) {
     let clients: Vec<Client> = shared.gateways.iter().map(|g| Client::connect_lazy(g).unwrap()).collect();
     let worker = format!("staged-{process}");
     while !shared.stop.load(Ordering::Relaxed) {
+        let requested = shared.recorder.now_ms();
         let Some((node, jobs)) = poll(&clients, STAGED_TYPE, &worker, 4, &mut rng).await else { continue };
         for job in jobs {
             let Some(id) = id_of(&job) else { continue };
-            let wanted = Wanted { job_type: STAGED_TYPE, worker: &worker };
+            let wanted = Wanted { job_type: STAGED_TYPE, worker: &worker, requested_ms: Some(requested) };
             shared.recorder.record_op(activated(process, node, &wanted, &job, id));
             let resume = STAGES.iter().position(|s| *s == job.stage).map_or(0, |i| i + 1);
             let mut alive = true;
@@ -458,7 +480,7 @@ pub async fn streamer(shared: Arc<Shared>, process: u64, seed: u64, job_type: &'
             continue;
         };
         backoff.reset();
-        let wanted = Wanted { job_type, worker: &worker };
+        let wanted = Wanted { job_type, worker: &worker, requested_ms: None };
         let mut stream = response.into_inner();
         while !shared.stop.load(Ordering::Relaxed) && !session.lost() {
             match tokio::time::timeout(Duration::from_secs(3), stream.message()).await {

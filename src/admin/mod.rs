@@ -279,12 +279,31 @@ async fn local_jobs(
                     "checkpoints": j.checkpoints.iter().map(|c| json!({
                         "stage": c.stage, "attempt": c.attempt, "at": c.at,
                     })).collect::<Vec<_>>(),
+                    "timers": timer_events(j),
                 })
             })),
             Err(e) => return (StatusCode::INTERNAL_SERVER_ERROR, Json(json!({ "error": e.to_string() }))),
         }
     }
     (StatusCode::OK, Json(json!({ "nodeId": ctx.node_id, "jobs": jobs })))
+}
+
+/// A job's timer events in the partition's time: when it was created, each
+/// failure with its back-off, and each time it became due. What the fault
+/// suite holds the timers to.
+fn timer_events(job: &crate::core::Job) -> Vec<serde_json::Value> {
+    use crate::core::EventKind;
+    job.history
+        .events()
+        .filter_map(|e| match &e.kind {
+            EventKind::Created { .. } => Some(json!({ "kind": "created", "at": e.at })),
+            EventKind::Due => Some(json!({ "kind": "due", "at": e.at })),
+            EventKind::Failed { back_off_ms, .. } => {
+                Some(json!({ "kind": "failed", "at": e.at, "back_off": back_off_ms }))
+            }
+            _ => None,
+        })
+        .collect()
 }
 
 #[derive(serde::Deserialize, Default)]

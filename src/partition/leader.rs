@@ -243,13 +243,14 @@ fn quorum_time(replica: &Replica, replicated: Millis, mut walls: Vec<Millis>, re
         );
         return replicated.saturating_add(replica.running_for().as_millis() as Millis);
     }
+    let own = *walls.last().expect("its own clock");
     walls.sort_unstable();
     let median = walls[(walls.len() - 1) / 2];
-    let own = now_millis();
     if own.abs_diff(median) > 1_000 {
         tracing::warn!(
             partition,
             off_ms = own - median,
+            ?walls,
             "this node's wall clock is off the other replicas'; the partition's time follows theirs"
         );
     }
