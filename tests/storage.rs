@@ -83,6 +83,47 @@ fn a_corrupt_record_in_the_middle_of_the_wal_refuses_the_open() {
     assert!(message.contains("is damaged") && message.contains("Re-seed this node"), "{message}");
 }
 
+/// The table files of a closed database.
+fn ssts(db: &Path) -> Vec<PathBuf> {
+    let mut files: Vec<PathBuf> = std::fs::read_dir(db)
+        .unwrap()
+        .map(|entry| entry.unwrap().path())
+        .filter(|path| path.extension().is_some_and(|e| e == "sst"))
+        .collect();
+    files.sort();
+    files
+}
+
+#[test]
+fn a_flipped_bit_in_a_table_file_or_a_missing_one_refuses_the_open() {
+    let dir = tempfile::tempdir().unwrap();
+    let db = dir.path().join("db");
+    let store = Store::open(&db).unwrap();
+    append_synced(&store);
+    // What a graceful stop does: the log moves from the WAL to a table file.
+    store.flush_memtables();
+    drop(store);
+    let table = ssts(&db).pop().expect("the flush wrote a table file");
+    let intact = dir.path().join("intact");
+    copy_dir(&db, &intact);
+
+    // A byte in the first data block (records start at the file's start),
+    // which an open alone never reads: only the scan at open finds it.
+    let mut bytes = std::fs::read(&table).unwrap();
+    bytes[100] ^= 0x5a;
+    std::fs::write(&table, &bytes).unwrap();
+    let error = Store::open(&db).err().expect("a table file with a flipped bit opened");
+    assert!(matches!(error, StorageError::Corrupt { .. }), "{error}");
+    assert!(error.to_string().contains("Re-seed this node"), "{error}");
+
+    let store = Store::open(&intact).expect("the undamaged copy opens");
+    assert_eq!(log_entries(&store), ENTRIES, "the undamaged copy has every entry");
+    drop(store);
+    std::fs::remove_file(ssts(&intact).pop().unwrap()).unwrap();
+    let error = Store::open(&intact).err().expect("a database without one of its table files opened");
+    assert!(matches!(error, StorageError::Corrupt { .. }), "a missing file is damage: {error}");
+}
+
 #[test]
 fn a_torn_last_record_is_dropped_and_everything_before_it_opens() {
     let dir = tempfile::tempdir().unwrap();

@@ -278,6 +278,7 @@ impl Node {
         let _ = self.cluster_stop.send(true);
         self.cluster_server.abort();
         self.ctx.store.flush();
+        self.ctx.store.flush_memtables();
     }
 }
 

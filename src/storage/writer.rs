@@ -33,6 +33,28 @@ pub const EXIT_STORAGE_FAILED: i32 = 74;
 /// the writer starts; never set it on a node that holds data you need.
 const FAILPOINT_SYNC_FAIL_AFTER: &str = "DROVER_FAILPOINT_WAL_SYNC_FAIL_AFTER";
 
+/// Test only: `DROVER_FAILPOINT_SKIP_WAL_SYNC=1` turns every WAL sync into a
+/// no-op that reports success, so appends are acknowledged while they are
+/// still only in the page cache. It exists to show that the fault suite's
+/// power-failure nemesis finds lost writes; a node run with it loses
+/// acknowledged jobs when its machine loses power.
+const FAILPOINT_SKIP_WAL_SYNC: &str = "DROVER_FAILPOINT_SKIP_WAL_SYNC";
+
+/// Whether [`FAILPOINT_SKIP_WAL_SYNC`] is set (read once).
+pub fn skip_wal_sync() -> bool {
+    static SKIP: std::sync::OnceLock<bool> = std::sync::OnceLock::new();
+    *SKIP.get_or_init(|| {
+        let skip = std::env::var_os(FAILPOINT_SKIP_WAL_SYNC).is_some_and(|v| v == "1");
+        if skip {
+            tracing::error!(
+                "test failpoint {FAILPOINT_SKIP_WAL_SYNC}=1: the WAL is never synced, and a power failure loses \
+                 acknowledged writes"
+            );
+        }
+        skip
+    })
+}
+
 /// Ends the process after a failed write or sync, with one line at error
 /// level and [`EXIT_STORAGE_FAILED`].
 ///
@@ -93,7 +115,7 @@ impl SyncWriter {
         let thread_counters = Arc::clone(&counters);
         let thread = std::thread::Builder::new()
             .name("drover-wal-sync".into())
-            .spawn(move || run(db, rx, thread_counters, sync_failpoint()))
+            .spawn(move || run(db, rx, thread_counters, sync_failpoint(), skip_wal_sync()))
             .expect("spawn the WAL writer thread");
         SyncWriter { tx: Some(tx), thread: Some(thread), counters }
     }
@@ -130,7 +152,7 @@ fn sync_failpoint() -> Option<u64> {
     }
 }
 
-fn run(db: Arc<DB>, rx: Receiver<Completion>, counters: Arc<Counters>, fail_sync: Option<u64>) {
+fn run(db: Arc<DB>, rx: Receiver<Completion>, counters: Arc<Counters>, fail_sync: Option<u64>, skip_sync: bool) {
     let mut waiting: Vec<Completion> = Vec::with_capacity(MAX_BATCHES_PER_SYNC);
     let mut attempt = 0u64;
     while let Ok(first) = rx.recv() {
@@ -146,7 +168,7 @@ fn run(db: Arc<DB>, rx: Receiver<Completion>, counters: Arc<Counters>, fail_sync
         let result = if fail_sync == Some(attempt) {
             Err(format!("injected by {FAILPOINT_SYNC_FAIL_AFTER}={attempt}"))
         } else {
-            db.flush_wal(true).map_err(|e| e.to_string())
+            db.flush_wal(!skip_sync).map_err(|e| e.to_string())
         };
         if let Err(e) = result {
             fail_stop("WAL sync", &e);
