@@ -6,7 +6,7 @@ DROVER_TOOLS ?= $(HOME)/.cache/drover-tools/bin
 export DROVER_TOOLS
 export CARGO_TARGET_DIR
 
-.PHONY: run test setup fmt lint jepsen
+.PHONY: run test setup fmt lint jepsen jepsen-long
 
 # The fault-injection suite, short form: every nemesis for 20 s, then all
 # combined. Needs root (network namespaces, nftables, tc).
@@ -22,6 +22,18 @@ jepsen: setup
 	cargo build --workspace --bins
 	$(CARGO_TARGET_DIR)/debug/drover-jepsen suite --time $(JEPSEN_TIME) --drain 90 \
 		--drover $(CARGO_TARGET_DIR)/debug/drover --out jepsen/runs
+
+# The long form, on release builds: every nemesis alone for 5 minutes on 3
+# nodes, then all combined for 30 minutes on 5 nodes. One summary line per run
+# goes to jepsen/runs/long-<time>.txt (docs/reliability.md has the figures).
+jepsen-long: setup
+	cargo build --release --workspace --bins
+	mkdir -p jepsen/runs
+	log=jepsen/runs/long-$$(date +%s).txt; \
+	$(CARGO_TARGET_DIR)/release/drover-jepsen suite --time 300 --combined-time 1800 --combined-nodes 5 \
+		--producers 8 --drain 300 --skip-secure \
+		--drover $(CARGO_TARGET_DIR)/release/drover --out jepsen/runs >$$log 2>&1; \
+	status=$$?; cat $$log; exit $$status
 
 test: setup
 	@if [ "$$(id -u)" = 0 ]; then $(MAKE) --no-print-directory jepsen; \

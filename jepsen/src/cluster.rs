@@ -27,6 +27,99 @@ pub struct Nodes {
     /// Nodes whose clock runs at a faulted rate: libfaketime cannot take
     /// back the time a rate accumulated, so the heal restarts them.
     pub rated: Vec<bool>,
+    /// Nodes re-seeded from their peers: they start with `--join-existing`
+    /// (harmless once they have joined).
+    pub joining: Vec<bool>,
+    /// Re-seeds so far, naming each damaged directory kept aside.
+    pub reseeds: usize,
+    /// Test only: nodes never sync their WAL (`DROVER_FAILPOINT_SKIP_WAL_SYNC`),
+    /// to show the power nemesis finds lost writes.
+    pub skip_wal_sync: bool,
+}
+
+/// Every node's data directory on a file system of its own that loses what
+/// was not synced when told to (`lossyfs.rs`), for the `power` nemesis.
+/// Dropping it unmounts them (the nodes must be stopped first).
+pub struct LossyDisks {
+    children: Vec<Child>,
+    controls: Vec<PathBuf>,
+}
+
+impl LossyDisks {
+    /// Mounts one file system on each of `mounts` (created if missing) and
+    /// waits until each answers on its control socket.
+    pub async fn mount(runner: &Path, dir: &Path, mounts: &[PathBuf]) -> anyhow::Result<LossyDisks> {
+        let mut disks = LossyDisks { children: Vec::new(), controls: Vec::new() };
+        for (i, mount) in mounts.iter().enumerate() {
+            std::fs::create_dir_all(mount)?;
+            let control = dir.join(format!("lossyfs-{i}.sock"));
+            let log =
+                std::fs::OpenOptions::new().create(true).append(true).open(dir.join(format!("lossyfs-{i}.log")))?;
+            let mut command = Command::new(runner);
+            // Dies with the run; its mount then fails every access, harmlessly.
+            unsafe {
+                command.pre_exec(|| {
+                    libc::prctl(libc::PR_SET_PDEATHSIG, libc::SIGKILL as libc::c_ulong, 0, 0, 0);
+                    Ok(())
+                });
+            }
+            let child = command
+                .arg("lossyfs")
+                .arg("--mount")
+                .arg(mount)
+                .arg("--control")
+                .arg(&control)
+                .stdin(std::process::Stdio::null())
+                .stdout(log.try_clone()?)
+                .stderr(log)
+                .spawn()
+                .context("starting lossyfs")?;
+            disks.children.push(child);
+            disks.controls.push(control);
+        }
+        for i in 0..mounts.len() {
+            let started = Instant::now();
+            while disks.stats(i).await.is_err() {
+                if started.elapsed() > Duration::from_secs(10) {
+                    anyhow::bail!("lossyfs for node {i} did not mount within 10 s; see lossyfs-{i}.log");
+                }
+                tokio::time::sleep(Duration::from_millis(50)).await;
+            }
+        }
+        Ok(disks)
+    }
+
+    /// Loses everything node `i` wrote and did not sync; its answer line.
+    pub async fn drop_unsynced(&self, i: usize) -> anyhow::Result<String> {
+        crate::lossyfs::command(&self.controls[i], "drop").await
+    }
+
+    pub async fn stats(&self, i: usize) -> anyhow::Result<String> {
+        crate::lossyfs::command(&self.controls[i], "stats").await
+    }
+}
+
+impl Drop for LossyDisks {
+    /// SIGTERM unmounts each file system; its contents go with it.
+    fn drop(&mut self) {
+        for child in &mut self.children {
+            unsafe {
+                libc::kill(child.id() as i32, libc::SIGTERM);
+            }
+        }
+        for child in &mut self.children {
+            let _ = child.wait();
+        }
+    }
+}
+
+/// How a node started after its data was damaged.
+#[derive(Debug)]
+pub enum Started {
+    /// It answered `/ready`.
+    Ready,
+    /// It exited: its status and the last error line of its log.
+    Refused { status: String, line: String },
 }
 
 /// libfaketime, from Debian's `faketime` package (scripts/setup.sh installs it).
@@ -47,6 +140,9 @@ impl Nodes {
             token: None,
             clocks: false,
             rated: vec![false; n],
+            joining: vec![false; n],
+            reseeds: 0,
+            skip_wal_sync: false,
         }
     }
 
@@ -144,10 +240,12 @@ impl Nodes {
             .args(["--finished-retention-secs", "86400", "--finished-retention-jobs", "100000000"])
             .args(self.tls_args())
             .args(self.token_args())
+            .args(if self.joining[i] { &["--join-existing"][..] } else { &[] })
             .arg("--data-dir")
             .arg(self.dir.join(format!("node-{i}")))
             .env("RUST_LOG", "warn,drover=info")
             .envs(self.clock_env(i)?)
+            .envs(self.skip_wal_sync.then_some(("DROVER_FAILPOINT_SKIP_WAL_SYNC", "1")))
             .stdout(log.try_clone()?)
             .stderr(log)
             .spawn()
@@ -230,6 +328,78 @@ impl Nodes {
         let status = status.context("waiting for a node")?.context("waiting for a node")?;
         self.paused[i] = false;
         Ok(Stopped { after: started.elapsed(), escalated, status: status.to_string() })
+    }
+
+    pub fn data_dir(&self, i: usize) -> PathBuf {
+        self.dir.join(format!("node-{i}"))
+    }
+
+    /// Starts node `i` and waits until it is ready or has exited.
+    pub async fn start_watching(&mut self, i: usize, limit: Duration) -> anyhow::Result<Started> {
+        let log = self.dir.join(format!("node-{i}.log"));
+        let logged = std::fs::metadata(&log).map_or(0, |m| m.len());
+        self.start(i)?;
+        let started = Instant::now();
+        loop {
+            let child = self.children[i].as_mut().expect("just started");
+            if let Some(status) = child.try_wait()? {
+                self.children[i] = None;
+                let text = std::fs::read(&log).unwrap_or_default();
+                let tail = String::from_utf8_lossy(&text[(logged as usize).min(text.len())..]).into_owned();
+                // The reason, as the operator reads it: the first cause
+                // that names the damage, or else the error itself.
+                let line = tail
+                    .lines()
+                    .find(|l| l.contains("damaged") || l.contains("refuse"))
+                    .or_else(|| tail.lines().find(|l| l.starts_with("Error:")))
+                    .unwrap_or("");
+                return Ok(Started::Refused { status: status.to_string(), line: line.trim().to_string() });
+            }
+            if matches!(self.admin_get(i, "/ready").await, Ok((200, _))) {
+                return Ok(Started::Ready);
+            }
+            if started.elapsed() > limit {
+                anyhow::bail!("node {i} neither became ready nor exited within {limit:?}");
+            }
+            tokio::time::sleep(Duration::from_millis(100)).await;
+        }
+    }
+
+    /// Re-seeds stopped node `i` as docs/operations.md says: its data
+    /// directory's contents move aside (`node-i.damaged-K`), and it starts
+    /// with `--join-existing` on the empty directory.
+    pub fn reseed(&mut self, i: usize) -> anyhow::Result<PathBuf> {
+        anyhow::ensure!(!self.running(i), "node {i} must be stopped to re-seed it");
+        self.reseeds += 1;
+        let aside = self.dir.join(format!("node-{i}.damaged-{}", self.reseeds));
+        std::fs::create_dir_all(&aside)?;
+        for entry in std::fs::read_dir(self.data_dir(i))? {
+            let entry = entry?;
+            let target = aside.join(entry.file_name());
+            if std::fs::rename(entry.path(), &target).is_err() {
+                // Another file system (the data directory is a mount): drop it.
+                let path = entry.path();
+                if path.is_dir() {
+                    std::fs::remove_dir_all(&path)?;
+                } else {
+                    std::fs::remove_file(&path)?;
+                }
+            }
+        }
+        self.joining[i] = true;
+        self.start(i)?;
+        Ok(aside)
+    }
+
+    /// Whether every node's data directory records that it formed or joined
+    /// its groups (`cluster.json`), so none is still catching up.
+    pub fn all_formed(&self) -> bool {
+        (0..self.ips.len()).all(|i| {
+            std::fs::read_to_string(self.data_dir(i).join("cluster.json"))
+                .ok()
+                .and_then(|t| serde_json::from_str::<serde_json::Value>(&t).ok())
+                .is_some_and(|v| v["formation"] == "formed")
+        })
     }
 
     pub fn running(&self, i: usize) -> bool {

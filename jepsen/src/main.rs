@@ -9,6 +9,7 @@ mod availability;
 mod checker;
 mod cluster;
 mod history;
+mod lossyfs;
 mod nemesis;
 mod net;
 mod partition;
@@ -56,10 +57,18 @@ enum Nemesis {
     /// Steps or skews one node's wall clock (libfaketime), sometimes
     /// restarting it so that it leads with the wrong time.
     Clock,
+    /// Stops a node, flips bits in, cuts short or deletes one of its
+    /// database files (WAL, SST, MANIFEST), and starts it: a node that
+    /// refuses is re-seeded from its peers.
+    Corrupt,
+    /// Every node's data directory is on a file system that keeps unsynced
+    /// writes in memory: SIGKILLs one node, a minority or all of them (a
+    /// power failure) and drops what they had not synced.
+    Power,
 }
 
 impl Nemesis {
-    const ALL: [Nemesis; 8] = [
+    const ALL: [Nemesis; 10] = [
         Nemesis::Partition,
         Nemesis::Kill,
         Nemesis::Pause,
@@ -68,6 +77,8 @@ impl Nemesis {
         Nemesis::Workers,
         Nemesis::Rolling,
         Nemesis::Clock,
+        Nemesis::Corrupt,
+        Nemesis::Power,
     ];
 }
 
@@ -106,6 +117,34 @@ struct RunArgs {
     #[arg(long)]
     #[serde(default)]
     tokens: bool,
+    /// Test only: nodes acknowledge writes without syncing their WAL. With
+    /// the `power` nemesis the checker must find lost jobs.
+    #[arg(long)]
+    #[serde(default)]
+    skip_wal_sync: bool,
+    /// Producers creating jobs, each one create at a time.
+    #[arg(long, default_value_t = 3)]
+    #[serde(default = "default_producers")]
+    producers: u64,
+}
+
+fn default_producers() -> u64 {
+    3
+}
+
+#[derive(clap::Args)]
+struct SuiteArgs {
+    #[command(flatten)]
+    run: RunArgs,
+    /// Seconds of the combined runs (default: --time).
+    #[arg(long)]
+    combined_time: Option<u64>,
+    /// Nodes of the combined runs (default: --nodes).
+    #[arg(long)]
+    combined_nodes: Option<usize>,
+    /// Leave out the combined run over TLS with tokens.
+    #[arg(long)]
+    skip_secure: bool,
 }
 
 #[derive(Subcommand)]
@@ -114,7 +153,7 @@ enum Command {
     Run(RunArgs),
     /// Every nemesis alone, then all combined, then all combined over TLS with tokens,
     /// each for --time seconds.
-    Suite(RunArgs),
+    Suite(SuiteArgs),
     /// Internal: the part of a run that executes inside the client namespace.
     #[command(hide = true)]
     Inner { dir: PathBuf },
@@ -127,6 +166,17 @@ enum Command {
         #[arg(long, value_delimiter = ',')]
         targets: Vec<String>,
         /// The settings file it polls.
+        #[arg(long)]
+        control: PathBuf,
+    },
+    /// Internal: one node's data directory as a file system that loses what
+    /// was written but not synced when told to (a power failure).
+    #[command(hide = true)]
+    Lossyfs {
+        /// Where to mount it (the node's data directory).
+        #[arg(long)]
+        mount: PathBuf,
+        /// The Unix socket it takes commands on.
         #[arg(long)]
         control: PathBuf,
     },
@@ -149,7 +199,7 @@ fn main() -> anyhow::Result<()> {
             let valid = run(args)?;
             std::process::exit(if valid { 0 } else { 1 });
         }
-        Command::Suite(args) => {
+        Command::Suite(SuiteArgs { run: args, combined_time, combined_nodes, skip_secure }) => {
             let (mut passed, mut failed) = (0, 0);
             // Every nemesis alone, all of them combined, and all of them
             // combined again with TLS on every port and tokens (unless
@@ -158,11 +208,16 @@ fn main() -> anyhow::Result<()> {
             let mut combos: Vec<(Vec<Nemesis>, (bool, bool))> =
                 Nemesis::ALL.iter().map(|n| (vec![*n], secure)).collect();
             combos.push((Nemesis::ALL.to_vec(), secure));
-            if secure != (true, true) {
+            if secure != (true, true) && !skip_secure {
                 combos.push((Nemesis::ALL.to_vec(), (true, true)));
             }
             for (nemesis, (tls, tokens)) in combos {
-                let args = RunArgs { nemesis, tls, tokens, ..args.clone() };
+                let combined = nemesis.len() > 1;
+                let mut args = RunArgs { nemesis, tls, tokens, ..args.clone() };
+                if combined {
+                    args.time = combined_time.unwrap_or(args.time);
+                    args.nodes = combined_nodes.unwrap_or(args.nodes);
+                }
                 match run(args) {
                     Ok(true) => passed += 1,
                     Ok(false) => failed += 1,
@@ -181,6 +236,7 @@ fn main() -> anyhow::Result<()> {
             std::process::exit(if valid { 0 } else { 1 });
         }
         Command::Proxy { node, targets, control } => proxy::serve(node, &targets, &control),
+        Command::Lossyfs { mount, control } => lossyfs::serve(&mount, &control),
     }
 }
 
@@ -318,6 +374,13 @@ async fn inner(dir: &Path) -> anyhow::Result<bool> {
         nodes.token = Some(std::fs::read_to_string(dir.join("token")).context("reading the run's token")?);
     }
     nodes.clocks = args.nemesis.contains(&Nemesis::Clock);
+    nodes.skip_wal_sync = args.skip_wal_sync;
+    let disks = if args.nemesis.contains(&Nemesis::Power) {
+        let mounts: Vec<PathBuf> = (0..args.nodes).map(|i| nodes.data_dir(i)).collect();
+        Some(cluster::LossyDisks::mount(&std::env::current_exe()?, dir, &mounts).await?)
+    } else {
+        None
+    };
     for i in 0..args.nodes {
         nodes.start(i)?;
     }
@@ -332,13 +395,16 @@ async fn inner(dir: &Path) -> anyhow::Result<bool> {
         stop: AtomicBool::new(false),
     });
     let mut tasks = Vec::new();
-    for p in 0..3u64 {
+    let producers = args.producers.max(1);
+    for p in 0..producers {
         tasks.push(tokio::spawn(workload::producer(Arc::clone(&shared), p, config.seed ^ (p + 1))));
     }
-    for p in 3..5u64 {
+    // Workers' process numbers follow the producers'.
+    let w = producers;
+    for p in w..w + 2 {
         tasks.push(tokio::spawn(workload::poller(Arc::clone(&shared), p, config.seed ^ (p + 1))));
     }
-    for p in 5..7u64 {
+    for p in w + 2..w + 4 {
         let any = workload::Gateways::Any;
         tasks.push(tokio::spawn(workload::streamer(
             Arc::clone(&shared),
@@ -348,12 +414,12 @@ async fn inner(dir: &Path) -> anyhow::Result<bool> {
             any,
         )));
     }
-    for p in 7..9u64 {
+    for p in w + 4..w + 6 {
         tasks.push(tokio::spawn(workload::staged(Arc::clone(&shared), p, config.seed ^ (p + 1))));
     }
     // One stream-only worker per gateway, always on that gateway.
     for node in 0..args.nodes {
-        let p = 9 + node as u64;
+        let p = w + 6 + node as u64;
         let home = workload::Gateways::Home(node);
         let worker = workload::streamer(Arc::clone(&shared), p, config.seed ^ (p + 1), workload::PUSHED_TYPE, home);
         tasks.push(tokio::spawn(worker));
@@ -373,7 +439,13 @@ async fn inner(dir: &Path) -> anyhow::Result<bool> {
     let started = Instant::now();
     let end = started + Duration::from_secs(args.time);
     let mut schedule = Schedule::new(&args.nemesis);
-    let mut faults = Faults { network: &network, proxies: &proxies, nodes: &mut nodes, workers: &mut session_workers };
+    let mut faults = Faults {
+        network: &network,
+        proxies: &proxies,
+        nodes: &mut nodes,
+        workers: &mut session_workers,
+        disks: disks.as_ref(),
+    };
     while Instant::now() + Duration::from_secs(4) < end {
         tokio::time::sleep(Duration::from_millis(rng.random_range(1_500..3_000))).await;
         let nemesis = schedule.nemeses.next(&mut rng);
@@ -469,6 +541,7 @@ async fn inner(dir: &Path) -> anyhow::Result<bool> {
     let text = format!("{}\navailability: {}\n{}\n", report.summary(), report.availability.summary(), report.details());
     std::fs::write(dir.join("report.txt"), text)?;
     nodes.stop_all();
+    drop(disks);
     drop(proxies);
     Ok(report.valid)
 }

@@ -78,6 +78,80 @@ impl ClockKind {
     }
 }
 
+/// Whose power the `power` nemesis cuts.
+#[derive(Clone, Copy, Debug, PartialEq, Eq, Serialize)]
+#[serde(rename_all = "kebab-case")]
+pub enum PowerKind {
+    /// One random node.
+    One,
+    /// A random minority (⌊(n-1)/2⌋ nodes, at least one).
+    Minority,
+    /// Every node at once: the power failure.
+    All,
+}
+
+/// What the `corrupt` nemesis does to one file of a stopped node's database.
+#[derive(Clone, Copy, Debug, PartialEq, Eq, Serialize)]
+#[serde(rename_all = "kebab-case")]
+pub enum CorruptKind {
+    /// XOR 1 to 8 bytes at random offsets with random non-zero masks.
+    FlipBits,
+    /// Cut the file to a random length shorter than it.
+    Truncate,
+    /// Delete it.
+    Delete,
+}
+
+/// Which of a database's files the `corrupt` nemesis damages.
+#[derive(Clone, Copy, Debug, PartialEq, Eq, Serialize)]
+#[serde(rename_all = "kebab-case")]
+pub enum DbFile {
+    Wal,
+    Sst,
+    Manifest,
+}
+
+impl DbFile {
+    fn matches(self, name: &str) -> bool {
+        match self {
+            DbFile::Wal => name.ends_with(".log") && name.chars().next().is_some_and(|c| c.is_ascii_digit()),
+            DbFile::Sst => name.ends_with(".sst"),
+            DbFile::Manifest => name.starts_with("MANIFEST-"),
+        }
+    }
+}
+
+/// Damages `file` as `kind` says; returns what was done, for the timeline.
+fn corrupt(file: &std::path::Path, kind: CorruptKind, rng: &mut StdRng) -> anyhow::Result<String> {
+    let len = std::fs::metadata(file)?.len();
+    Ok(match kind {
+        CorruptKind::FlipBits => {
+            let mut bytes = std::fs::read(file)?;
+            if bytes.is_empty() {
+                std::fs::remove_file(file)?;
+                return Ok("was empty: deleted it".into());
+            }
+            let mut offsets = Vec::new();
+            for _ in 0..rng.random_range(1..=8) {
+                let at = rng.random_range(0..bytes.len());
+                bytes[at] ^= rng.random_range(1..=255u8);
+                offsets.push(at);
+            }
+            std::fs::write(file, &bytes)?;
+            format!("flipped bits at offsets {offsets:?} of {len} bytes")
+        }
+        CorruptKind::Truncate => {
+            let to = rng.random_range(0..len.max(1));
+            std::fs::OpenOptions::new().write(true).open(file)?.set_len(to)?;
+            format!("cut from {len} to {to} bytes")
+        }
+        CorruptKind::Delete => {
+            std::fs::remove_file(file)?;
+            format!("deleted ({len} bytes)")
+        }
+    })
+}
+
 /// How the `restart` nemesis stops a node before starting it again.
 #[derive(Clone, Copy, Debug, PartialEq, Eq, Serialize)]
 #[serde(rename_all = "kebab-case")]
@@ -112,6 +186,9 @@ pub struct Schedule {
     links: Bag<LinkKind>,
     restarts: Bag<RestartKind>,
     clocks: Bag<ClockKind>,
+    corruptions: Bag<CorruptKind>,
+    powers: Bag<PowerKind>,
+    db_files: Bag<DbFile>,
 }
 
 impl Schedule {
@@ -130,6 +207,9 @@ impl Schedule {
             links: Bag::new(&[LinkKind::Loss, LinkKind::Delay, LinkKind::Bandwidth]),
             restarts: Bag::new(&[RestartKind::Sigterm, RestartKind::Sigkill]),
             clocks: Bag::new(&[ClockKind::Forward, ClockKind::Back, ClockKind::Fast, ClockKind::Slow]),
+            powers: Bag::new(&[PowerKind::One, PowerKind::Minority, PowerKind::All]),
+            corruptions: Bag::new(&[CorruptKind::FlipBits, CorruptKind::Truncate, CorruptKind::Delete]),
+            db_files: Bag::new(&[DbFile::Wal, DbFile::Sst, DbFile::Manifest]),
             rolling: 0,
         }
     }
@@ -162,6 +242,8 @@ pub struct Faults<'a> {
     pub proxies: &'a proxy::Proxies,
     pub nodes: &'a mut cluster::Nodes,
     pub workers: &'a mut sessions::Workers,
+    /// The nodes' lossy file systems, with the `power` nemesis.
+    pub disks: Option<&'a cluster::LossyDisks>,
 }
 
 impl Faults<'_> {
@@ -287,6 +369,77 @@ impl Faults<'_> {
                 let detail = serde_json::json!({
                     "node": victim, "streams": streams, "stopped_ms": stopped.after.as_millis() as u64,
                     "escalated": stopped.escalated, "status": stopped.status,
+                });
+                Fault::new(kind, description, detail).stopping_nodes()
+            }
+            Nemesis::Power => {
+                let disks = self.disks.ok_or_else(|| anyhow::anyhow!("the power nemesis needs lossy disks"))?;
+                let kind = schedule.powers.next(rng);
+                let count = match kind {
+                    PowerKind::One => 1,
+                    PowerKind::Minority => ((n - 1) / 2).max(1),
+                    PowerKind::All => n,
+                };
+                let victims: Vec<usize> = order[..count].to_vec();
+                // The processes die first, so nothing is synced after the
+                // cut; then each machine's page cache is gone.
+                for &v in &victims {
+                    self.nodes.kill(v);
+                }
+                let mut dropped = Vec::new();
+                for &v in &victims {
+                    dropped.push(disks.drop_unsynced(v).await?);
+                }
+                let description = format!(
+                    "power cut on node(s) {victims:?}: SIGKILL, then unsynced writes dropped ({}); restarted at the heal",
+                    dropped.join("; ")
+                );
+                let detail = serde_json::json!({ "nodes": victims, "dropped": dropped });
+                Fault::new(kind, description, detail).stopping_nodes()
+            }
+            Nemesis::Corrupt => {
+                // Re-seeding needs every other replica whole: never damage a
+                // node while another is still catching up.
+                let waited = std::time::Instant::now();
+                while !self.nodes.all_formed() {
+                    if waited.elapsed() > Duration::from_secs(60) {
+                        anyhow::bail!("a re-seeded node did not catch up within 60 s");
+                    }
+                    tokio::time::sleep(Duration::from_millis(200)).await;
+                }
+                let kind = schedule.corruptions.next(rng);
+                let victim = order[0];
+                // A graceful stop writes the memtables to table files, so
+                // there are SSTs to damage; a crash leaves the WAL to replay.
+                let graceful = rng.random_bool(0.5);
+                let signal = if graceful { libc::SIGTERM } else { libc::SIGKILL };
+                self.nodes.stop(victim, signal, GRACEFUL_STOP).await?;
+                let db = self.nodes.data_dir(victim).join("db");
+                let mut names: Vec<String> =
+                    std::fs::read_dir(&db)?.filter_map(|e| e.ok()?.file_name().into_string().ok()).collect();
+                names.sort();
+                let wanted = schedule.db_files.next(rng);
+                let class = [wanted, DbFile::Wal, DbFile::Manifest, DbFile::Sst]
+                    .into_iter()
+                    .find(|c| names.iter().any(|n| c.matches(n)))
+                    .ok_or_else(|| anyhow::anyhow!("node {victim}'s database has no WAL, SST or MANIFEST"))?;
+                let candidates: Vec<&String> = names.iter().filter(|n| class.matches(n)).collect();
+                let name = (*candidates.choose(rng).expect("one at least")).clone();
+                let done = corrupt(&db.join(&name), kind, rng)?;
+                let started = self.nodes.start_watching(victim, Duration::from_secs(60)).await?;
+                let (outcome, line, reseeded) = match started {
+                    cluster::Started::Ready => ("started and served".to_string(), String::new(), None),
+                    cluster::Started::Refused { status, line } => {
+                        let aside = self.nodes.reseed(victim)?;
+                        (format!("refused to start ({status}); re-seeded from its peers"), line, Some(aside))
+                    }
+                };
+                let how = if graceful { "SIGTERM" } else { "SIGKILL" };
+                let description = format!("{how} node {victim}, {class:?} {name} {done}: {outcome}");
+                let detail = serde_json::json!({
+                    "node": victim, "signal": how, "file": name, "class": class, "damage": done,
+                    "refused": reseeded.is_some(), "log": line,
+                    "reseeded_from_empty": reseeded.map(|p| p.display().to_string()),
                 });
                 Fault::new(kind, description, detail).stopping_nodes()
             }
