@@ -8,9 +8,10 @@ export CARGO_TARGET_DIR
 
 .PHONY: run test setup fmt lint jepsen jepsen-long
 
-# The fault-injection suite, short form: every nemesis for 20 s, then all
-# combined. Needs root (network namespaces, nftables, tc).
-JEPSEN_TIME ?= 20
+# The fault-injection suite, short form (under 10 minutes): every nemesis for
+# 15 s, then all combined over TLS with tokens. Needs root (network namespaces,
+# nftables, tc, FUSE).
+JEPSEN_TIME ?= 15
 
 setup:
 	@./scripts/setup.sh

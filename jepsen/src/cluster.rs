@@ -52,7 +52,8 @@ impl LossyDisks {
         let mut disks = LossyDisks { children: Vec::new(), controls: Vec::new() };
         for (i, mount) in mounts.iter().enumerate() {
             std::fs::create_dir_all(mount)?;
-            let control = dir.join(format!("lossyfs-{i}.sock"));
+            // Not in the run directory: a socket's path must fit in 108 bytes.
+            let control = std::env::temp_dir().join(format!("drover-lossyfs-{}-{i}.sock", std::process::id()));
             let log =
                 std::fs::OpenOptions::new().create(true).append(true).open(dir.join(format!("lossyfs-{i}.log")))?;
             let mut command = Command::new(runner);
