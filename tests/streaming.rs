@@ -169,7 +169,11 @@ async fn a_worker_that_stops_reading_has_its_jobs_rerouted() {
     while let Ok(Ok(Some(job))) = tokio::time::timeout(Duration::from_millis(500), stuck.message()).await {
         held.insert(job.key);
     }
-    assert!(blocked_total(&cluster).await > blocked_before, "pushes to the stuck worker's gateway counted as BLOCKED");
+    assert_eq!(
+        blocked_total(&cluster).await,
+        blocked_before,
+        "once the stuck worker's stream was full, no job was pushed there only to be yielded"
+    );
     assert_eq!(done.len() + held.len(), keys.len(), "every job went to exactly one worker");
     assert!(held.len() <= streams_buffer(), "the stuck worker held {} jobs", held.len());
     assert!(done.len() >= keys.len() - streams_buffer());
@@ -198,17 +202,16 @@ async fn jobs_buffered_for_a_closed_stream_are_handed_back_at_once() {
     let g0 = cluster.node(0).grpc.clone();
     let mut stuck_client = small_window_client(&g0).await;
     let stuck = stuck_client.stream_activated_jobs(request("handback", TIMEOUT_MS, &[])).await.unwrap().into_inner();
-    let blocked_before = blocked_total(&cluster).await;
     let producer = Client::connect(&cluster.node(1).grpc).await.unwrap();
     let started = Instant::now();
     let mut keys = HashSet::new();
-    // More than the stuck worker's buffer holds, so some pushes to it are BLOCKED.
+    // More than the stuck worker's buffer holds: the rest wait for another worker.
     for n in 0..streams_buffer() + 44 {
         keys.insert(producer.create_job("handback", &padded(n)).await.unwrap());
     }
     common::eventually(Duration::from_secs(10), "the stuck worker's buffer to fill", || {
         let cluster = &cluster;
-        async move { blocked_total(cluster).await > blocked_before }
+        async move { cluster.metric(0, "drover_gateway_job_stream_push_total").await >= streams_buffer() as f64 }
     })
     .await;
     drop(stuck);
@@ -286,7 +289,7 @@ async fn a_stream_holds_no_more_jobs_than_it_allows_until_it_finishes_some() {
     }
     let first = next_job(&mut stream).await;
     let _second = next_job(&mut stream).await;
-    // The leader retries the stream every 100 ms; a third job would be here by now.
+    // A push past the limit would have brought a third job by now.
     let third = tokio::time::timeout(Duration::from_millis(700), stream.message()).await;
     assert!(third.is_err(), "a third job arrived while two were held: {third:?}");
 
@@ -498,4 +501,105 @@ async fn jobs_pushed_towards_a_dead_gateway_reach_a_live_one_at_once() {
     };
     assert!(failed("BLOCKED").await > 0.0, "some pushes went towards the dead gateway and were yielded");
     assert_eq!(failed("UNKNOWN").await, 0.0, "a refused connection is not an unknown outcome");
+}
+
+/// Jobs queued for the saturation test, and how long its workers spend on each.
+const SATURATING_JOBS: usize = 200;
+const WORK: Duration = Duration::from_millis(50);
+
+/// A slow worker: reads a job, works on it for [`WORK`], completes it, until
+/// `total` jobs are done (its own and others'). Returns the (key, attempt) of
+/// every job it completed.
+fn slow_worker(
+    gateway: String,
+    mut stream: Streaming<ActivatedJob>,
+    done: std::sync::Arc<std::sync::atomic::AtomicUsize>,
+    total: usize,
+) -> tokio::task::JoinHandle<Vec<(u64, u32)>> {
+    use std::sync::atomic::Ordering;
+    tokio::spawn(async move {
+        let client = Client::connect(&gateway).await.unwrap();
+        let mut completed = Vec::new();
+        while done.load(Ordering::Acquire) < total {
+            let job = match tokio::time::timeout(Duration::from_secs(10), stream.message()).await {
+                Ok(Ok(Some(job))) => job,
+                // Another worker may have finished the last job meanwhile.
+                Err(_) if done.load(Ordering::Acquire) >= total => break,
+                other => {
+                    panic!("no job pushed within 10 s with {} of {total} done: {other:?}", done.load(Ordering::Acquire))
+                }
+            };
+            tokio::time::sleep(WORK).await;
+            client.complete(job.key, job.attempt, "{}").await.unwrap();
+            completed.push((job.key, job.attempt));
+            done.fetch_add(1, Ordering::AcqRel);
+        }
+        completed
+    })
+}
+
+/// Two workers on two gateways that each hold at most two jobs and take 50 ms
+/// over each, and 200 jobs queued on three partitions: a leader pushes a job
+/// only to a stream with room, so each job is activated about once (every
+/// activation is counted by the attempt its worker completes), not pushed
+/// and yielded again and again while the streams are full; and jobs waiting
+/// for room stay activatable for a long poll.
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn jobs_wait_for_room_in_saturated_streams_instead_of_being_pushed_and_yielded() {
+    use std::sync::atomic::{AtomicUsize, Ordering};
+    use std::sync::Arc;
+
+    let cluster = ProcessCluster::start(3, 3, 3, FAST_RAFT);
+    cluster.wait_ready().await;
+    let (g0, g1) = (cluster.node(0).grpc.clone(), cluster.node(1).grpc.clone());
+    let mut limited = request("saturated", TIMEOUT_MS, &[]);
+    limited.max_jobs_in_flight = 2;
+    let (s0, s1) = (open(&g0, limited.clone()).await, open(&g1, limited).await);
+    for node in 0..3 {
+        common::eventually(Duration::from_secs(10), "every broker to know both streams", || {
+            let cluster = &cluster;
+            async move {
+                let view = jobstreams(cluster, node).await;
+                view["remote"].as_array().unwrap().iter().filter(|s| s["jobType"] == "saturated").count() == 2
+            }
+        })
+        .await;
+    }
+    let done = Arc::new(AtomicUsize::new(0));
+    let workers = [
+        slow_worker(g0.clone(), s0, Arc::clone(&done), SATURATING_JOBS),
+        slow_worker(g1.clone(), s1, Arc::clone(&done), SATURATING_JOBS),
+    ];
+    let producer = Client::connect(&cluster.node(2).grpc).await.unwrap();
+    let mut keys = HashSet::new();
+    for n in 0..SATURATING_JOBS {
+        keys.insert(producer.create_job("saturated", &format!(r#"{{"n":{n}}}"#)).await.unwrap());
+    }
+
+    // The streams hold four jobs between them; the rest wait, activatable.
+    let polled = producer.activate("saturated", "poller", 5, TIMEOUT_MS, 5_000).await.unwrap();
+    assert!(!polled.is_empty(), "a long poll found no job while the streams were full");
+    let mut completed: Vec<(u64, u32)> = Vec::new();
+    for job in &polled {
+        producer.complete(job.key, job.attempt, "{}").await.unwrap();
+        completed.push((job.key, job.attempt));
+    }
+    done.fetch_add(polled.len(), Ordering::AcqRel);
+    for worker in workers {
+        completed.extend(worker.await.unwrap());
+    }
+
+    let mut seen = HashSet::new();
+    let twice: Vec<u64> = completed.iter().map(|(key, _)| *key).filter(|key| !seen.insert(*key)).collect();
+    assert!(twice.is_empty(), "jobs completed more than once: {twice:?}");
+    assert_eq!(seen, keys, "every job completed");
+    let activations: u64 = completed.iter().map(|(_, attempt)| u64::from(*attempt)).sum();
+    let most = completed.iter().map(|(_, attempt)| *attempt).max().unwrap_or(0);
+    let yields = activations - SATURATING_JOBS as u64;
+    eprintln!("{activations} activations of {SATURATING_JOBS} jobs ({yields} yields), at most {most} for one job");
+    assert!(
+        activations * 10 <= SATURATING_JOBS as u64 * 12,
+        "{activations} activations for {SATURATING_JOBS} jobs (the most for one job: {most}): jobs were pushed \
+         to full streams and yielded"
+    );
 }

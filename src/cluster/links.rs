@@ -1,5 +1,6 @@
-//! How partition leaders reach gateways and gateways reach brokers: directly on
-//! the same node, over the cluster service otherwise.
+//! How partition leaders reach gateways and gateways reach brokers and
+//! partition leaders: directly on the same node, over the cluster service
+//! otherwise.
 
 use std::future::Future;
 use std::pin::Pin;
@@ -8,13 +9,16 @@ use std::time::Duration;
 
 use tokio::sync::watch;
 
+use ractor::rpc::CallResult;
+
 use crate::core::{ActivatedJobData, JobKey, Millis, PartitionId};
+use crate::gateway::streams::{LeaderLink, OfferAnswer};
 use crate::node::NodeContext;
 use crate::partition::streams::{PushOutcome, RemoteStream};
-use crate::partition::GatewayLink;
+use crate::partition::{GatewayLink, LeaderMsg};
 use crate::proto::cluster::{
-    NotifyAvailableRequest, PushRequest, RegisterStreamRequest, ReleaseJobsRequest, ReleasedActivation,
-    RemoveStreamRequest, StatusRequest, StreamSpec,
+    NotifyAvailableRequest, OfferRoomRequest, PushRequest, RegisterStreamRequest, ReleaseJobsRequest,
+    ReleasedActivation, RemoveStreamRequest, StatusRequest, StreamSpec,
 };
 use crate::raft::NodeId;
 
@@ -27,6 +31,9 @@ const REFRESH_EVERY: Duration = Duration::from_secs(3);
 const PUSH_RPC_TIMEOUT: Duration = Duration::from_secs(crate::gateway::streams::PUSH_ANSWER_WITHIN.as_secs() + 2);
 /// How long a stopping gateway waits for brokers to drop its streams.
 const REMOVE_ON_SHUTDOWN_WITHIN: Duration = Duration::from_secs(1);
+/// How long a gateway waits for a partition leader's answer to an offer of
+/// room (the leader answers once its activation has committed).
+const OFFER_ANSWER_WITHIN: Duration = Duration::from_secs(2);
 
 pub struct Links {
     ctx: Weak<NodeContext>,
@@ -53,7 +60,7 @@ impl GatewayLink for Links {
         let stream_id = stream.stream_id;
         Box::pin(async move {
             if gateway == ctx.node_id {
-                return ctx.gateway_streams.push(stream_id, jobs).await;
+                return ctx.gateway_streams.push(stream_id, partition, jobs).await;
             }
             let Some(mut client) = ctx.peers.client(gateway) else {
                 return not_sent(format!("unknown gateway {gateway}"));
@@ -74,7 +81,8 @@ impl GatewayLink for Links {
                         let reason = format!("gateway {gateway} has no stream {stream_id}");
                         PushOutcome::NotDelivered { reason, unknown_stream: true }
                     } else {
-                        PushOutcome::Answered { rejected: reply.rejected.into_iter().map(JobKey).collect() }
+                        let rejected = reply.rejected.into_iter().map(JobKey).collect();
+                        PushOutcome::Answered { rejected, room: reply.room }
                     }
                 }
                 Err(status) if never_sent(&status) => not_sent(status.to_string()),
@@ -127,6 +135,69 @@ impl GatewayLink for Links {
             // Best effort: a gateway that misses it frees the slots at the activation timeout.
             let _ = client.release_jobs(request).await;
         });
+    }
+}
+
+impl LeaderLink for Links {
+    fn offer_room(
+        &self,
+        partition: PartitionId,
+        stream: &RemoteStream,
+        room: u32,
+    ) -> Pin<Box<dyn Future<Output = OfferAnswer> + Send>> {
+        let Some(ctx) = self.ctx.upgrade() else { return Box::pin(async { OfferAnswer::Unreachable }) };
+        let stream = stream.clone();
+        Box::pin(async move {
+            // The partition's leader as the router finds it: here, the last
+            // hint, or each replica in turn.
+            for rotation in 0..=ctx.replica_nodes(partition).len() {
+                let named = (stream.gateway, stream.stream_id, stream.job_type.clone());
+                if ctx.local_leader(partition).is_some() {
+                    return match offer_local_leader(&ctx, partition, named, room).await {
+                        Some(true) => OfferAnswer::Accepted,
+                        Some(false) => OfferAnswer::Declined,
+                        None => OfferAnswer::Unreachable,
+                    };
+                }
+                let target = ctx.leader_hint(partition, rotation).filter(|node| *node != ctx.node_id);
+                let Some(mut client) = target.and_then(|node| ctx.peers.client(node)) else { continue };
+                let (gateway_node_id, stream_id, r#type) = named;
+                let offer = OfferRoomRequest { partition_id: partition, gateway_node_id, stream_id, r#type, room };
+                let mut request = tonic::Request::new(offer);
+                request.set_timeout(OFFER_ANSWER_WITHIN);
+                match client.offer_room(request).await {
+                    Ok(reply) => {
+                        let reply = reply.into_inner();
+                        if !reply.not_leader {
+                            return if reply.accepted { OfferAnswer::Accepted } else { OfferAnswer::Declined };
+                        }
+                        ctx.set_leader_hint(partition, reply.leader_hint);
+                    }
+                    Err(status) if never_sent(&status) => {}
+                    // Perhaps taken after all: offering it again later costs
+                    // at worst a push that is answered "full".
+                    Err(_) => return OfferAnswer::Unreachable,
+                }
+            }
+            OfferAnswer::Unreachable
+        })
+    }
+}
+
+/// Offers room in a stream, named by (gateway, stream id, job type), to this
+/// node's leader of `partition`: whether it took it, or `None` when this node
+/// does not lead the partition (any more) or its leader did not answer in time.
+pub async fn offer_local_leader(
+    ctx: &NodeContext,
+    partition: PartitionId,
+    (gateway, stream_id, job_type): (NodeId, u64, String),
+    room: u32,
+) -> Option<bool> {
+    let leader = ctx.local_leader(partition)?;
+    let offer = |reply| LeaderMsg::RoomOffered { gateway, stream_id, job_type, room, reply };
+    match leader.call(offer, Some(OFFER_ANSWER_WITHIN)).await {
+        Ok(CallResult::Success(accepted)) => Some(accepted),
+        _ => None,
     }
 }
 

@@ -1,7 +1,8 @@
 //! Node-to-node traffic: the cluster gRPC service (Raft RPCs for every
-//! partition, forwarded commands, job-stream registration, pushes and
-//! releases, status, campaigns), [`Links`], through which a partition leader
-//! reaches gateways, and the hand-over of leadership by a stopping node.
+//! partition, forwarded commands, job-stream registration, pushes, releases
+//! and offers of room, status, campaigns), [`Links`], through which a
+//! partition leader reaches gateways and a gateway's streams reach partition
+//! leaders, and the hand-over of leadership by a stopping node.
 
 mod handover;
 mod links;

@@ -193,12 +193,12 @@ impl Cluster for ClusterService {
         let jobs: Vec<ActivatedJobData> = bincode::deserialize(&request.jobs)
             .map_err(|e| Status::invalid_argument(format!("malformed pushed jobs: {e}")))?;
         let keys: Vec<u64> = jobs.iter().map(|j| j.key.0).collect();
-        let reply = match ctx.gateway_streams.push(request.stream_id, jobs).await {
-            PushOutcome::Answered { rejected } => {
-                PushReply { rejected: rejected.into_iter().map(|k| k.0).collect(), ..Default::default() }
+        let reply = match ctx.gateway_streams.push(request.stream_id, request.partition_id, jobs).await {
+            PushOutcome::Answered { rejected, room } => {
+                PushReply { rejected: rejected.into_iter().map(|k| k.0).collect(), room, ..Default::default() }
             }
             PushOutcome::NotDelivered { unknown_stream, .. } => {
-                PushReply { rejected: keys, unknown_stream, outcome_unknown: false }
+                PushReply { rejected: keys, unknown_stream, ..Default::default() }
             }
             PushOutcome::Unknown { .. } => PushReply { outcome_unknown: true, ..Default::default() },
         };
@@ -211,6 +211,21 @@ impl Cluster for ClusterService {
             ctx.gateway_streams.release(JobKey(activation.key), activation.attempt);
         }
         Ok(Response::new(ReleaseJobsReply {}))
+    }
+
+    async fn offer_room(&self, request: Request<OfferRoomRequest>) -> Result<Response<OfferRoomReply>, Status> {
+        let ctx = self.ctx()?;
+        let request = request.into_inner();
+        let stream = (request.gateway_node_id, request.stream_id, request.r#type);
+        let reply = match super::links::offer_local_leader(ctx, request.partition_id, stream, request.room).await {
+            Some(accepted) => OfferRoomReply { accepted, ..Default::default() },
+            None => OfferRoomReply {
+                not_leader: true,
+                leader_hint: ctx.known_leader(request.partition_id).filter(|node| *node != ctx.node_id),
+                ..Default::default()
+            },
+        };
+        Ok(Response::new(reply))
     }
 
     async fn notify_available(

@@ -5,6 +5,15 @@
 //! went to the wrong stream and is refused), and nothing from a push that
 //! waited in its mailbox past the push's `deliver_by`: the gateway stopped
 //! waiting for that answer and reported the outcome as unknown.
+//!
+//! It also owns the stream's room: every push's answer says how many more
+//! jobs the clients can take, and a partition whose push found the stream
+//! full waits for it. When a client can take a job again (its worker finished
+//! one, a job's activation timeout passed, or a job left a full buffer) the
+//! aggregator offers the room to one waiting partition, picked at random, and
+//! to the next one only once that partition's push has come, or it declined:
+//! so partitions that wait for one slot do not all push into it, only for all
+//! but one to be yielded.
 
 use std::sync::atomic::{AtomicU64, Ordering};
 use std::sync::Arc;
@@ -16,9 +25,16 @@ use tokio::sync::mpsc::{self, error::TrySendError};
 use tonic::Status;
 
 use super::convert;
-use super::streams::{Credits, Held, StreamKey};
-use crate::core::{ActivatedJobData, JobKey};
+use super::streams::{Credits, Held, LeaderLink, OfferAnswer, RoomSignal, StreamKey};
+use crate::core::{ActivatedJobData, JobKey, PartitionId};
+use crate::partition::streams::RemoteStream;
 use crate::proto::gateway as pb;
+
+/// How long an accepted offer of room holds the stream's other waiting
+/// partitions back if its push does not come (it was lost).
+const OFFER_USED_WITHIN: Duration = Duration::from_secs(1);
+/// How long offers wait after a partition's leader could not be reached.
+const OFFER_AGAIN_AFTER: Duration = Duration::from_millis(250);
 
 pub type ClientSender = mpsc::Sender<Result<pb::ActivatedJob, Status>>;
 
@@ -27,39 +43,89 @@ pub enum AggregatorMsg {
     AddClient { client_id: u64, sender: ClientSender, credits: Arc<Credits>, reply: RpcReplyPort<()> },
     /// A worker stream left; the reply says whether none are left.
     RemoveClient { client_id: u64, reply: RpcReplyPort<bool> },
-    /// Jobs pushed by a partition leader; the reply lists the keys no client
-    /// took. Handled after `deliver_by`, it hands out none.
-    Push { jobs: Vec<ActivatedJobData>, deliver_by: Instant, reply: RpcReplyPort<Vec<JobKey>> },
+    /// Jobs pushed by `partition`'s leader; the reply lists the keys no
+    /// client took and the jobs the clients can take after them. Handled
+    /// after `deliver_by`, it hands out none.
+    Push {
+        partition: PartitionId,
+        jobs: Vec<ActivatedJobData>,
+        deliver_by: Instant,
+        reply: RpcReplyPort<(Vec<JobKey>, u32)>,
+    },
     /// The ids of the clients, for `/actuator/jobstreams`.
     Clients { reply: RpcReplyPort<Vec<u64>> },
+    /// A client may take another job while partitions wait for room (from
+    /// [`RoomSignal`]).
+    Freed,
+    /// What became of offer number `offer` (internal).
+    OfferAnswered { offer: u64, answer: OfferAnswer },
+    /// Offer number `offer` holds others back no longer (internal).
+    OfferLapsed { offer: u64 },
+    /// The earliest held activation's timeout has passed (internal).
+    Expire,
 }
 
 pub struct StreamAggregator;
 
+/// What an aggregator starts with.
+pub struct AggregatorArgs {
+    pub key: StreamKey,
+    /// The stream as brokers know it.
+    pub stream: RemoteStream,
+    pub held: Arc<Held>,
+    pub signal: Arc<RoomSignal>,
+    /// How offers of room reach partition leaders (none: nobody to offer to).
+    pub leaders: Option<Arc<dyn LeaderLink>>,
+    /// Test hook: ms the next push waits before it is handled.
+    pub slow_next_push: Arc<AtomicU64>,
+}
+
 pub struct AggregatorState {
     key: StreamKey,
+    stream: RemoteStream,
     held: Arc<Held>,
-    /// Test hook: ms the next push waits before it is handled.
+    signal: Arc<RoomSignal>,
+    leaders: Option<Arc<dyn LeaderLink>>,
     slow_next_push: Arc<AtomicU64>,
     clients: Vec<(u64, ClientSender, Arc<Credits>)>,
+    /// Partitions whose push found the stream full, waiting for room.
+    waiting: Vec<PartitionId>,
+    /// The offer of room in progress: its number and partition.
+    offer: Option<(u64, PartitionId)>,
+    offers_made: u64,
+    /// When the expiry timer set for a full stream fires.
+    expiry_at: Option<Instant>,
 }
 
 impl Actor for StreamAggregator {
     type Msg = AggregatorMsg;
     type State = AggregatorState;
-    type Arguments = (StreamKey, Arc<Held>, Arc<AtomicU64>);
+    type Arguments = AggregatorArgs;
 
     async fn pre_start(
         &self,
-        _myself: ActorRef<AggregatorMsg>,
-        (key, held, slow_next_push): (StreamKey, Arc<Held>, Arc<AtomicU64>),
+        myself: ActorRef<AggregatorMsg>,
+        args: AggregatorArgs,
     ) -> Result<AggregatorState, ActorProcessingErr> {
-        Ok(AggregatorState { key, held, slow_next_push, clients: Vec::new() })
+        args.signal.attach(myself);
+        Ok(AggregatorState {
+            key: args.key,
+            stream: args.stream,
+            held: args.held,
+            signal: args.signal,
+            leaders: args.leaders,
+            slow_next_push: args.slow_next_push,
+            clients: Vec::new(),
+            waiting: Vec::new(),
+            offer: None,
+            offers_made: 0,
+            expiry_at: None,
+        })
     }
 
     async fn handle(
         &self,
-        _myself: ActorRef<AggregatorMsg>,
+        myself: ActorRef<AggregatorMsg>,
         message: AggregatorMsg,
         state: &mut AggregatorState,
     ) -> Result<(), ActorProcessingErr> {
@@ -68,6 +134,7 @@ impl Actor for StreamAggregator {
                 state.clients.push((client_id, sender, credits));
                 metrics::gauge!("drover_gateway_job_stream_clients").increment(1.0);
                 let _ = reply.send(());
+                state.offer_room(&myself);
             }
             AggregatorMsg::RemoveClient { client_id, reply } => {
                 let before = state.clients.len();
@@ -77,20 +144,69 @@ impl Actor for StreamAggregator {
                 }
                 let _ = reply.send(state.clients.is_empty());
             }
-            AggregatorMsg::Push { jobs, deliver_by, reply } => {
+            AggregatorMsg::Push { partition, jobs, deliver_by, reply } => {
                 let delay = state.slow_next_push.swap(0, Ordering::AcqRel);
                 if delay > 0 {
                     tokio::time::sleep(Duration::from_millis(delay)).await;
                 }
-                if Instant::now() > deliver_by {
+                let rejected = if Instant::now() > deliver_by {
                     metrics::counter!("drover_gateway_job_stream_push_late_total").increment(jobs.len() as u64);
-                    let _ = reply.send(jobs.iter().map(|j| j.key).collect());
+                    jobs.iter().map(|j| j.key).collect()
                 } else {
-                    let _ = reply.send(state.push(jobs));
+                    state.push(jobs)
+                };
+                if state.offer.is_some_and(|(_, offered)| offered == partition) {
+                    state.offer = None;
                 }
+                let room = state.room();
+                if room == 0 && !state.waiting.contains(&partition) {
+                    state.waiting.push(partition);
+                }
+                let _ = reply.send((rejected, room));
+                state.offer_room(&myself);
             }
             AggregatorMsg::Clients { reply } => {
                 let _ = reply.send(state.clients.iter().map(|(id, _, _)| *id).collect());
+            }
+            AggregatorMsg::Freed => state.offer_room(&myself),
+            AggregatorMsg::OfferAnswered { offer, answer } => {
+                let Some((current, partition)) = state.offer else { return Ok(()) };
+                if current != offer {
+                    return Ok(());
+                }
+                let hold_for = match answer {
+                    // Until its push comes (which ends the offer).
+                    OfferAnswer::Accepted => OFFER_USED_WITHIN,
+                    OfferAnswer::Declined => {
+                        state.offer = None;
+                        state.offer_room(&myself);
+                        return Ok(());
+                    }
+                    // Its leader still waits (it may not even know): it is
+                    // offered the room again, after a pause.
+                    OfferAnswer::Unreachable => {
+                        if !state.waiting.contains(&partition) {
+                            state.waiting.push(partition);
+                        }
+                        OFFER_AGAIN_AFTER
+                    }
+                };
+                let me = myself.clone();
+                tokio::spawn(async move {
+                    tokio::time::sleep(hold_for).await;
+                    let _ = me.cast(AggregatorMsg::OfferLapsed { offer });
+                });
+            }
+            AggregatorMsg::OfferLapsed { offer } => {
+                if state.offer.is_some_and(|(current, _)| current == offer) {
+                    state.offer = None;
+                    state.offer_room(&myself);
+                }
+            }
+            AggregatorMsg::Expire => {
+                state.expiry_at = None;
+                state.held.expire(Instant::now());
+                state.offer_room(&myself);
             }
         }
         Ok(())
@@ -107,6 +223,69 @@ impl Actor for StreamAggregator {
 }
 
 impl AggregatorState {
+    /// Jobs the clients can take now: what their limits and their buffers
+    /// leave them (a client whose worker went away takes none).
+    fn room(&self) -> u32 {
+        let room: usize = self
+            .clients
+            .iter()
+            .filter(|(_, sender, _)| !sender.is_closed())
+            .map(|(_, sender, credits)| credits.free().min(sender.capacity()))
+            .sum();
+        u32::try_from(room).unwrap_or(u32::MAX)
+    }
+
+    /// Offers the room the clients have to one waiting partition, unless an
+    /// offer is in progress. A full stream waits for a client to free a slot
+    /// ([`AggregatorMsg::Freed`]) or for its earliest held activation to
+    /// time out.
+    fn offer_room(&mut self, myself: &ActorRef<AggregatorMsg>) {
+        if self.waiting.is_empty() {
+            return;
+        }
+        // Armed before the room is counted: a slot freed after the count
+        // still sends `Freed`.
+        self.signal.arm();
+        if self.offer.is_some() {
+            return;
+        }
+        let room = self.room();
+        if room == 0 {
+            self.expire_later(myself);
+            return;
+        }
+        let Some(leaders) = self.leaders.clone() else {
+            self.waiting.clear();
+            return;
+        };
+        let partition = self.waiting.swap_remove(rand::rng().random_range(0..self.waiting.len()));
+        self.offers_made += 1;
+        let offer = self.offers_made;
+        self.offer = Some((offer, partition));
+        metrics::counter!("drover_gateway_job_stream_room_offers_total").increment(1);
+        let answer = leaders.offer_room(partition, &self.stream, room);
+        let me = myself.clone();
+        tokio::spawn(async move {
+            let answer = answer.await;
+            let _ = me.cast(AggregatorMsg::OfferAnswered { offer, answer });
+        });
+    }
+
+    /// Wakes the aggregator when the earliest held activation times out,
+    /// unless a wake-up is set already.
+    fn expire_later(&mut self, myself: &ActorRef<AggregatorMsg>) {
+        if self.expiry_at.is_some() {
+            return;
+        }
+        let Some(at) = self.held.next_expiry() else { return };
+        self.expiry_at = Some(at);
+        let me = myself.clone();
+        tokio::spawn(async move {
+            tokio::time::sleep_until(at.into()).await;
+            let _ = me.cast(AggregatorMsg::Expire);
+        });
+    }
+
     /// Each job goes to a client picked at random; when the pick is not ready
     /// (it holds as many jobs as it allows, or it is gone) the others are tried.
     /// Jobs of another type or tenant are refused.

@@ -616,7 +616,7 @@ impl Gateway for GatewayService {
                 metrics::counter!("drover_gateway_job_stream_handed_back_total").increment(count as u64);
             });
         });
-        Ok(Response::new(ClientStream::new(opened.receiver, on_close).with_job_tokens(&self.ctx.auth)))
+        Ok(Response::new(ClientStream::new(opened, on_close).with_job_tokens(&self.ctx.auth)))
     }
 
     async fn complete_job(

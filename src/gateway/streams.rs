@@ -19,6 +19,13 @@
 //! Stream ids carry a per-start epoch in their high 32 bits, so a restarted
 //! gateway never answers to a registration its previous run left at a broker.
 //!
+//! Every push's answer also says how many more jobs the stream's clients can
+//! take, so partition leaders push no more than that. A partition whose push
+//! found the stream full is offered the room once a client frees a slot
+//! ([`LeaderLink::offer_room`]; see the aggregator for the order of offers):
+//! the leader keeps its jobs activatable meanwhile, rather than activating
+//! them for a stream that would answer "not ready".
+//!
 //! A pushed job is reported as rejected only when no client certainly got it:
 //! the aggregator hands out nothing from a push older than
 //! [`PUSH_DELIVER_WITHIN`], and the gateway waits for its answer up to
@@ -27,9 +34,10 @@
 //! first may still receive them.
 
 use std::collections::{BTreeMap, HashMap};
+use std::future::Future;
 use std::pin::Pin;
-use std::sync::atomic::{AtomicU64, AtomicUsize, Ordering};
-use std::sync::{Arc, Mutex};
+use std::sync::atomic::{AtomicBool, AtomicU64, AtomicUsize, Ordering};
+use std::sync::{Arc, Mutex, OnceLock};
 use std::task::{Context, Poll};
 use std::time::{Duration, Instant};
 
@@ -40,9 +48,9 @@ use tokio::sync::mpsc;
 use tokio_stream::Stream;
 use tonic::Status;
 
-use super::aggregator::{AggregatorMsg, StreamAggregator};
+use super::aggregator::{AggregatorArgs, AggregatorMsg, StreamAggregator};
 use super::convert::WorkerSpec;
-use crate::core::{fence_admits, ActivatedJobData, JobKey, SessionId, TAGGED_ATTEMPT};
+use crate::core::{fence_admits, ActivatedJobData, JobKey, PartitionId, SessionId, TAGGED_ATTEMPT};
 use crate::partition::streams::{PushOutcome, RemoteStream};
 use crate::proto::gateway as pb;
 use crate::raft::NodeId;
@@ -52,15 +60,68 @@ pub const DEFAULT_MAX_IN_FLIGHT: usize = 32;
 /// The largest `max_jobs_in_flight` a stream may ask for.
 pub const MAX_IN_FLIGHT_LIMIT: usize = 1000;
 
+/// How a gateway reaches partition leaders (its own node's or another's).
+pub trait LeaderLink: Send + Sync + 'static {
+    /// Offers `partition`'s leader `room` for jobs in `stream`, whose push it
+    /// found full.
+    fn offer_room(
+        &self,
+        partition: PartitionId,
+        stream: &RemoteStream,
+        room: u32,
+    ) -> Pin<Box<dyn Future<Output = OfferAnswer> + Send>>;
+}
+
+/// What became of an offer of room.
+#[derive(Clone, Copy, Debug, PartialEq, Eq)]
+pub enum OfferAnswer {
+    /// The leader activated jobs and pushes them into the stream.
+    Accepted,
+    /// The leader has no jobs for the stream now (it knows the room is there).
+    Declined,
+    /// No leader of the partition answered: it is offered the room again later.
+    Unreachable,
+}
+
+/// Tells a stream's aggregator that one of its clients may take another job
+/// (a slot freed, or a job left its buffer), once per arming: the aggregator
+/// arms it while partitions wait for room, so room made while nobody waits
+/// costs no message.
+#[derive(Default)]
+pub struct RoomSignal {
+    armed: AtomicBool,
+    aggregator: OnceLock<ActorRef<AggregatorMsg>>,
+}
+
+impl RoomSignal {
+    pub(super) fn attach(&self, aggregator: ActorRef<AggregatorMsg>) {
+        let _ = self.aggregator.set(aggregator);
+    }
+
+    pub(super) fn arm(&self) {
+        self.armed.store(true, Ordering::Release);
+    }
+
+    fn freed(&self) {
+        if self.armed.swap(false, Ordering::AcqRel) {
+            if let Some(aggregator) = self.aggregator.get() {
+                let _ = aggregator.cast(AggregatorMsg::Freed);
+            }
+        }
+    }
+}
+
 /// A client's jobs in hand, against its limit.
 pub struct Credits {
     held: AtomicUsize,
     max: usize,
+    /// The client's stream's signal, told when a slot frees.
+    signal: Arc<RoomSignal>,
 }
 
 impl Credits {
-    pub fn new(max: usize) -> Arc<Credits> {
-        Arc::new(Credits { held: AtomicUsize::new(0), max })
+    pub fn new(max: usize, signal: Arc<RoomSignal>) -> Arc<Credits> {
+        Arc::new(Credits { held: AtomicUsize::new(0), max, signal })
     }
 
     /// Takes one if the client is under its limit.
@@ -68,8 +129,20 @@ impl Credits {
         self.held.fetch_update(Ordering::AcqRel, Ordering::Acquire, |h| (h < self.max).then_some(h + 1)).is_ok()
     }
 
+    /// Gives back one taken for a job that did not reach the client.
     pub fn give_back(&self) {
         let _ = self.held.fetch_update(Ordering::AcqRel, Ordering::Acquire, |h| h.checked_sub(1));
+    }
+
+    /// Gives back the slot of a job the client held: its stream has room.
+    fn release(&self) {
+        self.give_back();
+        self.signal.freed();
+    }
+
+    /// Jobs the client can take before its limit.
+    pub fn free(&self) -> usize {
+        self.max.saturating_sub(self.held.load(Ordering::Acquire))
     }
 }
 
@@ -114,7 +187,7 @@ impl Held {
         let previous = jobs.insert((key, attempt), (credits, expires));
         drop(jobs);
         if let Some((previous, _)) = previous {
-            previous.give_back();
+            previous.release();
         }
     }
 
@@ -134,7 +207,7 @@ impl Held {
             held.and_then(|held| jobs.remove(&held))
         };
         if let Some((credits, _)) = released {
-            credits.give_back();
+            credits.release();
         }
     }
 
@@ -151,11 +224,19 @@ impl Held {
             if keep {
                 earliest = earliest.min(self.millis(*expires));
             } else {
-                credits.give_back();
+                credits.release();
             }
             keep
         });
         self.earliest_expiry.store(earliest, Ordering::Release);
+    }
+
+    /// When [`Held::expire`] may next let an activation go (possibly earlier
+    /// than needed); `None` while nothing is held.
+    pub fn next_expiry(&self) -> Option<Instant> {
+        let earliest = self.earliest_expiry.load(Ordering::Acquire);
+        // A millisecond on: the stored expiry is rounded down.
+        (earliest != u64::MAX).then(|| self.base + Duration::from_millis(earliest.saturating_add(1)))
     }
 }
 
@@ -189,6 +270,7 @@ impl From<&WorkerSpec> for StreamKey {
 struct Entry {
     key: StreamKey,
     actor: ActorRef<AggregatorMsg>,
+    signal: Arc<RoomSignal>,
 }
 
 #[derive(Default)]
@@ -208,6 +290,8 @@ pub struct GatewayStreams {
     inner: tokio::sync::Mutex<Inner>,
     held: Arc<Held>,
     slow_next_push: Arc<AtomicU64>,
+    /// How aggregators offer room to partition leaders (see [`GatewayStreams::connect`]).
+    leaders: OnceLock<Arc<dyn LeaderLink>>,
 }
 
 /// A client's place in an aggregated stream.
@@ -217,6 +301,8 @@ pub struct Opened {
     pub receiver: mpsc::Receiver<Result<pb::ActivatedJob, Status>>,
     /// Set when this client created the aggregated stream: register it.
     pub new_stream: Option<RemoteStream>,
+    /// The stream's signal, for the client's end to say its buffer has room.
+    pub signal: Arc<RoomSignal>,
 }
 
 /// The `client` view of `/actuator/jobstreams`.
@@ -248,7 +334,15 @@ impl GatewayStreams {
             inner: tokio::sync::Mutex::new(Inner::default()),
             held: Arc::new(Held::default()),
             slow_next_push: Arc::new(AtomicU64::new(0)),
+            leaders: OnceLock::new(),
         }
+    }
+
+    /// Sets how this gateway's streams offer room to partition leaders. Until
+    /// it is set (and in tests without one), a full stream offers none, and
+    /// leaders learn of its room from their next push's answer.
+    pub fn connect(&self, leaders: Arc<dyn LeaderLink>) {
+        let _ = self.leaders.set(leaders);
     }
 
     /// Test hook: the next push one of this gateway's aggregators handles
@@ -282,32 +376,37 @@ impl GatewayStreams {
     pub async fn open(&self, spec: &WorkerSpec, max_in_flight: usize) -> Result<Opened, Status> {
         let key = StreamKey::from(spec);
         let (sender, receiver) = mpsc::channel(max_in_flight.max(1));
-        let credits = Credits::new(max_in_flight);
         let client_id = self.next_id.fetch_add(1, Ordering::Relaxed);
         let mut inner = self.inner.lock().await;
         let (stream_id, new_stream) = match inner.by_key.get(&key) {
             Some(id) => (*id, None),
             None => {
                 let id = self.epoch | (self.next_id.fetch_add(1, Ordering::Relaxed) & u64::from(u32::MAX));
-                let (actor, _) = Actor::spawn(
-                    None,
-                    StreamAggregator,
-                    (key.clone(), Arc::clone(&self.held), Arc::clone(&self.slow_next_push)),
-                )
-                .await
-                .map_err(|e| Status::internal(format!("starting the stream aggregator: {e}")))?;
+                let signal = Arc::new(RoomSignal::default());
+                let args = AggregatorArgs {
+                    key: key.clone(),
+                    stream: self.remote(id, &key),
+                    held: Arc::clone(&self.held),
+                    signal: Arc::clone(&signal),
+                    leaders: self.leaders.get().cloned(),
+                    slow_next_push: Arc::clone(&self.slow_next_push),
+                };
+                let (actor, _) = Actor::spawn(None, StreamAggregator, args)
+                    .await
+                    .map_err(|e| Status::internal(format!("starting the stream aggregator: {e}")))?;
                 inner.by_key.insert(key.clone(), id);
-                inner.streams.insert(id, Entry { key: key.clone(), actor });
+                inner.streams.insert(id, Entry { key: key.clone(), actor, signal });
                 metrics::gauge!("drover_gateway_job_stream_streams").increment(1.0);
                 (id, Some(self.remote(id, &key)))
             }
         };
-        let actor = &inner.streams[&stream_id].actor;
+        let Entry { actor, signal, .. } = &inner.streams[&stream_id];
+        let (credits, signal) = (Credits::new(max_in_flight, Arc::clone(signal)), Arc::clone(signal));
         match actor
             .call(|reply| AggregatorMsg::AddClient { client_id, sender, credits, reply }, Some(CALL_TIMEOUT))
             .await
         {
-            Ok(CallResult::Success(())) => Ok(Opened { stream_id, client_id, receiver, new_stream }),
+            Ok(CallResult::Success(())) => Ok(Opened { stream_id, client_id, receiver, new_stream, signal }),
             _ => Err(Status::unavailable("the stream aggregator did not answer; reconnect")),
         }
     }
@@ -331,16 +430,17 @@ impl GatewayStreams {
         Some(self.remote(stream_id, &entry.key))
     }
 
-    /// Hands pushed jobs to the stream's aggregator.
-    pub async fn push(&self, stream_id: u64, jobs: Vec<ActivatedJobData>) -> PushOutcome {
+    /// Hands jobs `partition`'s leader pushed to the stream's aggregator.
+    pub async fn push(&self, stream_id: u64, partition: PartitionId, jobs: Vec<ActivatedJobData>) -> PushOutcome {
         let actor = self.inner.lock().await.streams.get(&stream_id).map(|e| e.actor.clone());
         let Some(actor) = actor else {
             let reason = format!("gateway {} has no stream {stream_id}", self.node_id);
             return PushOutcome::NotDelivered { reason, unknown_stream: true };
         };
         let deliver_by = Instant::now() + PUSH_DELIVER_WITHIN;
-        match actor.call(|reply| AggregatorMsg::Push { jobs, deliver_by, reply }, Some(PUSH_ANSWER_WITHIN)).await {
-            Ok(CallResult::Success(rejected)) => PushOutcome::Answered { rejected },
+        let push = |reply| AggregatorMsg::Push { partition, jobs, deliver_by, reply };
+        match actor.call(push, Some(PUSH_ANSWER_WITHIN)).await {
+            Ok(CallResult::Success((rejected, room))) => PushOutcome::Answered { rejected, room: Some(room) },
             Ok(CallResult::Timeout) => PushOutcome::Unknown {
                 reason: format!("the stream's aggregator did not answer within {PUSH_ANSWER_WITHIN:?}"),
             },
@@ -402,6 +502,9 @@ impl GatewayStreams {
 /// those jobs do not wait for their activation timeout.
 pub struct ClientStream {
     receiver: mpsc::Receiver<Result<pb::ActivatedJob, Status>>,
+    /// Told when a job leaves the buffer: a buffer that was full has room
+    /// (its jobs' slots may have been freed while they waited in it).
+    signal: Arc<RoomSignal>,
     on_close: Option<OnClose>,
     /// Set after handing out a job: the next poll says Pending once, so the
     /// encoder sends each job in its own chunk instead of draining the buffer
@@ -413,8 +516,14 @@ pub struct ClientStream {
 }
 
 impl ClientStream {
-    pub fn new(receiver: mpsc::Receiver<Result<pb::ActivatedJob, Status>>, on_close: OnClose) -> Self {
-        ClientStream { receiver, on_close: Some(on_close), just_yielded: false, job_tokens: None }
+    pub fn new(opened: Opened, on_close: OnClose) -> Self {
+        ClientStream {
+            receiver: opened.receiver,
+            signal: opened.signal,
+            on_close: Some(on_close),
+            just_yielded: false,
+            job_tokens: None,
+        }
     }
 
     /// Jobs leave with a job token from `auth`, if it mints them.
@@ -439,6 +548,9 @@ impl Stream for ClientStream {
         }
         let mut next = self.receiver.poll_recv(cx);
         self.just_yielded = matches!(next, Poll::Ready(Some(_)));
+        if self.just_yielded {
+            self.signal.freed();
+        }
         if let (Poll::Ready(Some(Ok(job))), Some(auth)) = (&mut next, &self.job_tokens) {
             job.job_token = auth.job_token(job.key, job.attempt, job.deadline);
         }
@@ -516,7 +628,7 @@ mod tests {
 
     fn rejected(outcome: PushOutcome) -> Vec<JobKey> {
         match outcome {
-            PushOutcome::Answered { rejected } => rejected,
+            PushOutcome::Answered { rejected, .. } => rejected,
             other => panic!("expected an answer, got {other:?}"),
         }
     }
@@ -526,7 +638,7 @@ mod tests {
         let streams = GatewayStreams::new(0);
         let mut opened = streams.open(&spec(60_000, &[]), 4).await.unwrap();
         let t = |n: u64| job(n, "t", crate::core::DEFAULT_TENANT, 0);
-        let outcome = streams.push(opened.stream_id, (1..=7).map(t).collect()).await;
+        let outcome = streams.push(opened.stream_id, 0, (1..=7).map(t).collect()).await;
         assert_eq!(
             rejected(outcome),
             vec![JobKey(5), JobKey(6), JobKey(7)],
@@ -544,19 +656,70 @@ mod tests {
         streams.release(JobKey(3), crate::core::TAGGED_ATTEMPT | 2); // a tag none of them has
                                                                      // The jobs' deadlines (by the leader's clock) are long past; what counts
                                                                      // is the activation timeout on this gateway's clock.
-        let outcome = streams.push(opened.stream_id, vec![t(8), t(9)]).await;
+        let outcome = streams.push(opened.stream_id, 0, vec![t(8), t(9)]).await;
         assert_eq!(rejected(outcome), vec![JobKey(9)], "one released, one taken");
         // A Zeebe key names the activation by its tag, a key without one any activation.
         streams.release(JobKey(2), crate::core::TAGGED_ATTEMPT | crate::core::attempt_tag(1));
         streams.release(JobKey(3), 0);
-        let outcome = streams.push(opened.stream_id, vec![t(10), t(11), t(12)]).await;
+        let outcome = streams.push(opened.stream_id, 0, vec![t(10), t(11), t(12)]).await;
         assert_eq!(rejected(outcome), vec![JobKey(12)], "two released by tag and by key alone");
+    }
+
+    /// Partition leaders that take every offer of room, noting it.
+    struct Leaders(std::sync::mpsc::Sender<(PartitionId, u32)>);
+
+    impl LeaderLink for Leaders {
+        fn offer_room(
+            &self,
+            partition: PartitionId,
+            _stream: &RemoteStream,
+            room: u32,
+        ) -> Pin<Box<dyn Future<Output = OfferAnswer> + Send>> {
+            self.0.send((partition, room)).unwrap();
+            Box::pin(async { OfferAnswer::Accepted })
+        }
+    }
+
+    #[tokio::test]
+    async fn a_full_stream_offers_freed_room_to_one_waiting_partition_at_a_time() {
+        let streams = GatewayStreams::new(0);
+        let (offered, offers) = std::sync::mpsc::channel();
+        streams.connect(Arc::new(Leaders(offered)));
+        let mut opened = streams.open(&spec(60_000, &[]), 2).await.unwrap();
+        let t = |n: u64| job(n, "t", crate::core::DEFAULT_TENANT, 0);
+        let answer = |outcome| match outcome {
+            PushOutcome::Answered { rejected, room } => (rejected, room),
+            other => panic!("expected an answer, got {other:?}"),
+        };
+        assert_eq!(answer(streams.push(opened.stream_id, 1, vec![t(1)]).await), (vec![], Some(1)));
+        assert_eq!(answer(streams.push(opened.stream_id, 2, vec![t(2), t(3)]).await), (vec![JobKey(3)], Some(0)));
+        assert_eq!(answer(streams.push(opened.stream_id, 3, vec![t(4)]).await), (vec![JobKey(4)], Some(0)));
+        // The aggregator has handled what was sent before a view: a sync point.
+        let settle = || async { streams.view().await };
+        // The worker reads its two jobs.
+        assert!(opened.receiver.try_recv().is_ok() && opened.receiver.try_recv().is_ok());
+
+        streams.release(JobKey(1), 1);
+        settle().await;
+        let (first, room) = offers.try_recv().expect("the freed slot is offered");
+        assert!(room == 1 && (first == 2 || first == 3), "offered {room} to partition {first}");
+        streams.release(JobKey(2), 1);
+        settle().await;
+        assert!(offers.try_recv().is_err(), "one offer at a time: the first may take both slots");
+
+        // The first partition's push comes and takes one slot: the other
+        // waiting partition is offered what is left.
+        assert_eq!(answer(streams.push(opened.stream_id, first, vec![t(5)]).await), (vec![], Some(1)));
+        settle().await;
+        let other = if first == 2 { 3 } else { 2 };
+        assert_eq!(offers.try_recv().ok(), Some((other, 1)));
+        assert!(offers.try_recv().is_err(), "partition 1 never found the stream full");
     }
 
     #[test]
     fn held_activations_expire_by_the_gateway_clock() {
         let held = Held::default();
-        let credits = Credits::new(1);
+        let credits = Credits::new(1, Arc::default());
         assert!(credits.try_take());
         let now = Instant::now();
         held.hold(JobKey(1), 1, Arc::clone(&credits), now + Duration::from_millis(50));
@@ -573,7 +736,7 @@ mod tests {
         let spec = convert::worker_spec("a".into(), "w".into(), 60_000, vec![], tenants, 0).unwrap();
         let mut opened = streams.open(&spec, 8).await.unwrap();
         let jobs = vec![job(1, "a", "t1", 0), job(2, "a", "t2", 0), job(3, "b", "t1", 0)];
-        let outcome = streams.push(opened.stream_id, jobs).await;
+        let outcome = streams.push(opened.stream_id, 0, jobs).await;
         assert_eq!(rejected(outcome), vec![JobKey(2), JobKey(3)]);
         assert_eq!(opened.receiver.try_recv().unwrap().unwrap().key, 1);
         assert!(opened.receiver.try_recv().is_err());
@@ -585,7 +748,7 @@ mod tests {
         let old = before.open(&spec(1000, &[]), 8).await.unwrap();
         let new = after.open(&spec(1000, &[]), 8).await.unwrap();
         assert_ne!(old.stream_id, new.stream_id, "a restarted gateway never reuses an id");
-        let outcome = after.push(old.stream_id, vec![job(1, "t", crate::core::DEFAULT_TENANT, 0)]).await;
+        let outcome = after.push(old.stream_id, 0, vec![job(1, "t", crate::core::DEFAULT_TENANT, 0)]).await;
         assert!(matches!(outcome, PushOutcome::NotDelivered { unknown_stream: true, .. }), "{outcome:?}");
     }
 
@@ -594,10 +757,10 @@ mod tests {
         let streams = GatewayStreams::new(0);
         let mut opened = streams.open(&spec(60_000, &[]), 8).await.unwrap();
         streams.slow_down_next_push(PUSH_ANSWER_WITHIN + Duration::from_millis(200));
-        let outcome = streams.push(opened.stream_id, vec![job(1, "t", crate::core::DEFAULT_TENANT, 0)]).await;
+        let outcome = streams.push(opened.stream_id, 0, vec![job(1, "t", crate::core::DEFAULT_TENANT, 0)]).await;
         assert!(matches!(outcome, PushOutcome::Unknown { .. }), "{outcome:?}");
         // The aggregator handles it late, and hands nothing out.
-        let outcome = streams.push(opened.stream_id, vec![job(2, "t", crate::core::DEFAULT_TENANT, 0)]).await;
+        let outcome = streams.push(opened.stream_id, 0, vec![job(2, "t", crate::core::DEFAULT_TENANT, 0)]).await;
         assert_eq!(rejected(outcome), vec![]);
         assert_eq!(opened.receiver.try_recv().unwrap().unwrap().key, 2, "only the push in time is delivered");
         assert!(opened.receiver.try_recv().is_err());

@@ -189,6 +189,7 @@ impl Node {
             auth,
         ));
         let _ = late_ctx.set(Arc::clone(&ctx));
+        ctx.gateway_streams.connect(Arc::new(crate::cluster::Links::new(Arc::downgrade(&ctx))));
 
         for replica in ctx.replicas.values() {
             background.push(tokio::spawn(supervisor::lead_while_leader(

@@ -19,6 +19,16 @@
 //! **Taking over.** A new leader first commits an empty entry of its own:
 //! once that applies, every entry of earlier terms has applied too, and the
 //! leader schedules their timers and offers their activatable jobs.
+//!
+//! **Pushing.** A job is activated for a stream only when the stream has room
+//! as far as the leader knows ([`StreamRooms`]): every push's answer says how
+//! many more jobs the stream's clients can take, and a push never carries more.
+//! When every stream that could take a job is full, the job stays activatable
+//! (for long polls, and for the next push) instead of being activated and
+//! yielded: the gateway of a stream it answered "full" offers the room to one
+//! waiting partition when a client frees a slot ([`LeaderMsg::RoomOffered`]).
+//! Yields remain for races: another partition took the room first, or the
+//! stream is not what its registration said.
 
 use std::collections::{HashMap, HashSet, VecDeque};
 use std::future::Future;
@@ -29,7 +39,7 @@ use std::time::{Duration, Instant, SystemTime, UNIX_EPOCH};
 use ractor::{Actor, ActorProcessingErr, ActorRef, RpcReplyPort};
 use rand::seq::IndexedRandom;
 
-use super::streams::{BrokerStreams, PushOutcome, PushedActivations, RemoteStream};
+use super::streams::{BrokerStreams, PushOutcome, PushedActivations, RemoteStream, Reservation, StreamRooms};
 use crate::core::{
     ActivatedJobData, Activation, Batch, Command, CommandResult, JobKey, Millis, PartitionId, Retention, Via,
     YieldReason,
@@ -57,7 +67,8 @@ const PUSH_BATCH_BYTES: u64 = 16 << 20;
 /// gateway). One at a time capped a partition's delivery at one batch per
 /// commit-and-push round trip while creates ran far ahead.
 const MAX_PUSHES_PER_TYPE: usize = 4;
-/// How long a stream whose gateway answered "not ready" is skipped.
+/// How long a stream is skipped after a push to it was not delivered, or its
+/// gateway could not say what became of it (full streams wait for room instead).
 const BLOCKED_FOR: Duration = Duration::from_millis(100);
 
 /// Why a submitted batch did not run.
@@ -109,6 +120,11 @@ pub enum LeaderMsg {
     Submit { commands: Vec<Command>, reply: SubmitReply },
     /// A stream for this type registered: push to it what is waiting.
     StreamAdded { job_type: String },
+    /// The gateway of a stream (`gateway`, `stream_id`) that answered a push
+    /// of this partition as full has `room` for jobs again. The reply says
+    /// whether jobs were activated to push there (false: none the stream
+    /// serves are waiting, so the gateway offers the room to another partition).
+    RoomOffered { gateway: NodeId, stream_id: u64, job_type: String, room: u32, reply: RpcReplyPort<bool> },
     /// A write finished (internal).
     Written { available: Vec<String>, next_timer: Option<Millis>, error: Option<SubmitError> },
     /// The partition's earliest timer is due (internal).
@@ -124,9 +140,20 @@ pub enum LeaderMsg {
     TookOver,
 }
 
+/// A push on its way: the stream, its claim on the stream's room, and the
+/// gateway's offer it answers, if any.
+pub struct PushTicket {
+    stream: Arc<RemoteStream>,
+    reservation: Reservation,
+    offer: Option<RpcReplyPort<bool>>,
+}
+
 /// What a finished push tells its leader.
 pub struct PushReport {
     stream: Arc<RemoteStream>,
+    reservation: Reservation,
+    /// The stream's room after the push, when its gateway answered and said.
+    room: Option<u32>,
     activated: usize,
     /// Activations no client took, for certain: yielded.
     rejected: Vec<(JobKey, u32)>,
@@ -139,9 +166,11 @@ pub struct PushReport {
 }
 
 impl PushReport {
-    fn empty(stream: Arc<RemoteStream>) -> Self {
+    fn empty(stream: Arc<RemoteStream>, reservation: Reservation) -> Self {
         PushReport {
             stream,
+            reservation,
+            room: None,
             activated: 0,
             rejected: Vec::new(),
             handed: 0,
@@ -153,7 +182,7 @@ impl PushReport {
 
 enum ReplyTo {
     Client(SubmitReply),
-    Push(Arc<RemoteStream>),
+    Push(PushTicket),
     /// The leader's first entry.
     TakeOver,
     Ignore,
@@ -216,10 +245,12 @@ pub struct LeaderState {
     pushing: HashMap<String, usize>,
     /// Types that became available again while a push was in flight.
     push_again: HashSet<String>,
-    /// Streams that answered "not ready": until when, and their job type.
-    /// A job pushed to the stream's gateway finishing unblocks them sooner.
-    blocked: HashMap<(NodeId, u64), (Instant, String)>,
+    /// Streams a push did not reach, or reached with an unknown outcome:
+    /// skipped until then (see [`BLOCKED_FOR`]).
+    blocked: HashMap<(NodeId, u64), Instant>,
     retry_scheduled: HashSet<String>,
+    /// How many more jobs each stream can take, as far as this leader knows.
+    rooms: StreamRooms,
     /// Pushed activations, to tell their gateway when they finish.
     pushed: PushedActivations,
     /// Finished pushed activations per gateway, sent after the next write.
@@ -289,6 +320,7 @@ impl Actor for PartitionLeader {
             push_again: HashSet::new(),
             blocked: HashMap::new(),
             retry_scheduled: HashSet::new(),
+            rooms: StreamRooms::default(),
             pushed: PushedActivations::default(),
             releases: HashMap::new(),
         };
@@ -318,14 +350,23 @@ impl Actor for PartitionLeader {
                     }));
                     return Ok(());
                 }
-                let unblocked = state.note_finished(&commands);
+                state.note_finished(&commands);
                 state.enqueue(commands, ReplyTo::Client(reply));
-                for job_type in unblocked {
-                    state.try_push(&myself, &job_type);
-                }
                 state.flush(&myself);
             }
             LeaderMsg::StreamAdded { job_type } => state.try_push(&myself, &job_type),
+            LeaderMsg::RoomOffered { gateway, stream_id, job_type, room, reply } => {
+                match state.offered_activation((gateway, stream_id), &job_type, room) {
+                    Some((activation, mut ticket)) => {
+                        ticket.offer = Some(reply);
+                        state.enqueue(vec![activation], ReplyTo::Push(ticket));
+                        state.flush(&myself);
+                    }
+                    None => {
+                        let _ = reply.send(false);
+                    }
+                }
+            }
             LeaderMsg::Written { available, next_timer, error } => {
                 state.in_flight -= 1;
                 state.send_releases();
@@ -351,7 +392,16 @@ impl Actor for PartitionLeader {
                 }
             }
             LeaderMsg::PushDone(report) => {
-                let PushReport { stream, activated, rejected, handed, unknown_stream, outcome_unknown } = report;
+                let PushReport {
+                    stream,
+                    reservation,
+                    room,
+                    activated,
+                    rejected,
+                    handed,
+                    unknown_stream,
+                    outcome_unknown,
+                } = report;
                 if let Some(count) = state.pushing.get_mut(&stream.job_type) {
                     *count -= 1;
                     if *count == 0 {
@@ -360,6 +410,7 @@ impl Actor for PartitionLeader {
                 }
                 let job_type = stream.job_type.clone();
                 let mut again = state.push_again.remove(&job_type);
+                state.rooms.finished(&stream, reservation, activated, room);
                 if unknown_stream {
                     // The gateway restarted or closed the stream: nothing was delivered.
                     state.streams.remove(stream.gateway, stream.stream_id);
@@ -375,14 +426,19 @@ impl Actor for PartitionLeader {
                 if !rejected.is_empty() {
                     metrics::counter!("drover_broker_jobs_push_fail_try_count_total", "code" => "BLOCKED")
                         .increment(rejected.len() as u64);
-                    state.block(&stream);
+                    if room != Some(0) {
+                        // Not delivered, refused though the stream had room, or
+                        // a gateway that does not say its room: skipped a while.
+                        // A full stream waits for its gateway's offer instead.
+                        state.block(&stream);
+                    }
                     let (gateway, reason) = (stream.gateway, YieldReason::NotReady);
                     let yields = rejected
                         .into_iter()
                         .map(|(key, attempt)| Command::Yield { key, attempt, gateway, reason })
                         .collect();
                     // Yielding makes the jobs available again, which pushes them
-                    // to another stream (the blocked one is skipped for a while).
+                    // to a stream with room, if any (this one has none now).
                     state.enqueue(yields, ReplyTo::Ignore);
                     state.flush(&myself);
                 } else if activated > 0 {
@@ -460,9 +516,9 @@ impl LeaderState {
             // same entry: one commit instead of two before a worker has them.
             let created = created_tenants_by_type(&commands);
             for (job_type, tenants) in created {
-                if let Some((activation, stream)) = self.push_activation(myself, &job_type, &tenants) {
+                if let Some((activation, ticket)) = self.push_activation(myself, &job_type, &tenants) {
                     commands.push(activation);
-                    replies.push((1, ReplyTo::Push(stream)));
+                    replies.push((1, ReplyTo::Push(ticket)));
                 }
             }
             self.in_flight += 1;
@@ -490,10 +546,10 @@ impl LeaderState {
         });
     }
 
-    /// Activates a batch of `job_type` for a randomly picked ready stream.
+    /// Activates a batch of `job_type` for a randomly picked stream with room.
     fn try_push(&mut self, myself: &ActorRef<LeaderMsg>, job_type: &str) {
-        if let Some((activation, stream)) = self.push_activation(myself, job_type, &[]) {
-            self.enqueue(vec![activation], ReplyTo::Push(stream));
+        if let Some((activation, ticket)) = self.push_activation(myself, job_type, &[]) {
+            self.enqueue(vec![activation], ReplyTo::Push(ticket));
             self.flush(myself);
         }
     }
@@ -501,41 +557,31 @@ impl LeaderState {
     /// The activation command for a push of `job_type`, if fewer than
     /// [`MAX_PUSHES_PER_TYPE`] pushes of it are in flight and a stream can take
     /// a job: it serves a tenant with activatable jobs, or one in
-    /// `created_tenants` (jobs created in the entry the activation joins). The
-    /// stream is picked at random among those that are not blocked; when all
-    /// are, the type is tried again once they unblock, so yielded jobs are
-    /// offered again.
+    /// `created_tenants` (jobs created in the entry the activation joins), and
+    /// has room. The stream is picked at random among those that are not
+    /// blocked; when the only ones with room are, the type is tried again once
+    /// they unblock. When none has room, nothing is activated: the jobs wait,
+    /// activatable, for a stream's gateway to offer room.
     fn push_activation(
         &mut self,
         myself: &ActorRef<LeaderMsg>,
         job_type: &str,
         created_tenants: &[String],
-    ) -> Option<(Command, Arc<RemoteStream>)> {
+    ) -> Option<(Command, PushTicket)> {
         if self.pushing.get(job_type).copied().unwrap_or(0) >= MAX_PUSHES_PER_TYPE {
             self.push_again.insert(job_type.to_string());
             return None;
         }
         let live = self.streams.live(job_type);
-        if live.is_empty() {
-            return None;
-        }
-        let serving: Vec<Arc<RemoteStream>> = self.replica.state().read(|s| {
-            live.into_iter()
-                .filter(|stream| {
-                    // A quiet or terminated session's stream is not offered
-                    // (no yields spent on it).
-                    s.session_takes_jobs(stream.session)
-                        && (stream.tenants.iter().any(|t| created_tenants.contains(t))
-                            || s.activatable_count(job_type, &stream.tenants) > 0)
-                })
-                .collect()
-        });
+        self.rooms.retain_live(job_type, &live);
+        let serving = self.serving(job_type, live, created_tenants);
         let now = Instant::now();
-        self.blocked.retain(|_, (until, _)| *until > now);
+        self.blocked.retain(|_, until| *until > now);
+        let with_room: Vec<&Arc<RemoteStream>> = serving.iter().filter(|s| self.rooms.room(s) > 0).collect();
         let open: Vec<&Arc<RemoteStream>> =
-            serving.iter().filter(|s| !self.blocked.contains_key(&(s.gateway, s.stream_id))).collect();
+            with_room.iter().copied().filter(|s| !self.blocked.contains_key(&(s.gateway, s.stream_id))).collect();
         let Some(stream) = open.choose(&mut rand::rng()).map(|s| Arc::clone(s)) else {
-            if !serving.is_empty() && self.retry_scheduled.insert(job_type.to_string()) {
+            if !with_room.is_empty() && self.retry_scheduled.insert(job_type.to_string()) {
                 let me = myself.clone();
                 let job_type = job_type.to_string();
                 tokio::spawn(async move {
@@ -545,56 +591,98 @@ impl LeaderState {
             }
             return None;
         };
-        *self.pushing.entry(job_type.to_string()).or_default() += 1;
+        Some(self.activation(stream))
+    }
+
+    /// Notes `room` in the stream `(gateway, stream id)` of `job_type`, which
+    /// its gateway has just offered, and the activation command for a push
+    /// into it, if it serves jobs that are waiting and a push of its type may
+    /// start.
+    fn offered_activation(
+        &mut self,
+        (gateway, stream_id): (NodeId, u64),
+        job_type: &str,
+        room: u32,
+    ) -> Option<(Command, PushTicket)> {
+        let live = self.streams.live(job_type);
+        let offered = Arc::clone(live.iter().find(|s| s.gateway == gateway && s.stream_id == stream_id)?);
+        self.rooms.offered(&offered, room);
+        if self.pushing.get(job_type).copied().unwrap_or(0) >= MAX_PUSHES_PER_TYPE {
+            // The type is tried again once a push of it finishes.
+            self.push_again.insert(job_type.to_string());
+            return None;
+        }
+        let stream =
+            self.serving(job_type, live, &[]).into_iter().find(|s| s.gateway == gateway && s.stream_id == stream_id)?;
+        let now = Instant::now();
+        self.blocked.retain(|_, until| *until > now);
+        if self.blocked.contains_key(&(stream.gateway, stream.stream_id)) || self.rooms.room(&stream) == 0 {
+            return None;
+        }
+        Some(self.activation(stream))
+    }
+
+    /// The streams of `live` that would take a job now: their session takes
+    /// jobs, and they serve a tenant with activatable jobs or one in
+    /// `created_tenants`.
+    fn serving(
+        &self,
+        job_type: &str,
+        live: Vec<Arc<RemoteStream>>,
+        created_tenants: &[String],
+    ) -> Vec<Arc<RemoteStream>> {
+        if live.is_empty() {
+            return live;
+        }
+        self.replica.state().read(|s| {
+            live.into_iter()
+                .filter(|stream| {
+                    // A quiet or terminated session's stream is not offered
+                    // (no yields spent on it).
+                    s.session_takes_jobs(stream.session)
+                        && (stream.tenants.iter().any(|t| created_tenants.contains(t))
+                            || s.activatable_count(job_type, &stream.tenants) > 0)
+                })
+                .collect()
+        })
+    }
+
+    /// An activation of as many jobs as `stream` has room for (at most a
+    /// push's batch), with its claim on that room.
+    fn activation(&mut self, stream: Arc<RemoteStream>) -> (Command, PushTicket) {
+        *self.pushing.entry(stream.job_type.clone()).or_default() += 1;
+        let max_jobs = self.rooms.room(&stream).min(PUSH_BATCH);
+        let reservation = self.rooms.reserve(&stream, max_jobs);
         let activation = Command::Activate(Activation {
             job_type: stream.job_type.clone(),
             tenants: stream.tenants.clone(),
             worker: stream.worker.clone(),
             timeout_ms: stream.timeout_ms,
-            max_jobs: PUSH_BATCH,
+            max_jobs,
             max_bytes: PUSH_BATCH_BYTES,
             session: stream.session,
             via: Via::Push { gateway: stream.gateway, stream: stream.stream_id },
         });
-        Some((activation, stream))
+        (activation, PushTicket { stream, reservation, offer: None })
     }
 
     /// Notes pushed activations that a worker completes or fails in
     /// `commands`, so their gateway frees the worker's slot even when the
-    /// worker reported through another gateway.
-    /// Also unblocks the streams of those gateways: a worker there has a
-    /// free slot now (or will once the release arrives), so waiting out
-    /// [`BLOCKED_FOR`] would only idle it. Answers the job types to push again.
-    fn note_finished(&mut self, commands: &[Command]) -> Vec<String> {
-        let mut freed = Vec::new();
+    /// worker reported through another gateway (the gateway then offers the
+    /// room to a partition waiting for it).
+    fn note_finished(&mut self, commands: &[Command]) {
         for command in commands {
             if let Command::Complete { key, attempt, .. } | Command::Fail { key, attempt, .. } = command {
                 if let Some((gateway, pushed)) = self.pushed.finished(*key, *attempt) {
                     self.releases.entry(gateway).or_default().push((*key, pushed));
-                    if !freed.contains(&gateway) {
-                        freed.push(gateway);
-                    }
                 }
             }
         }
-        let mut unblocked = Vec::new();
-        if freed.is_empty() || self.blocked.is_empty() {
-            return unblocked;
-        }
-        self.blocked.retain(|(gateway, _), (_, job_type)| {
-            let keep = !freed.contains(gateway);
-            if !keep && !unblocked.contains(job_type) {
-                unblocked.push(job_type.clone());
-            }
-            keep
-        });
-        unblocked
     }
 
-    /// Skips `stream` for [`BLOCKED_FOR`]: its gateway answered "not ready".
+    /// Skips `stream` for [`BLOCKED_FOR`].
     fn block(&mut self, stream: &RemoteStream) {
-        let until = Instant::now() + BLOCKED_FOR;
-        self.blocked.insert((stream.gateway, stream.stream_id), (until, stream.job_type.clone()));
+        self.blocked.insert((stream.gateway, stream.stream_id), Instant::now() + BLOCKED_FOR);
     }
 
     fn send_releases(&mut self) {
@@ -640,8 +728,8 @@ async fn write(
                     ReplyTo::Client(port) => {
                         let _ = port.send(Ok(chunk));
                     }
-                    ReplyTo::Push(stream) => {
-                        tokio::spawn(push(Arc::clone(&link), partition, stream, chunk, leader.clone()));
+                    ReplyTo::Push(ticket) => {
+                        tokio::spawn(push(Arc::clone(&link), partition, ticket, chunk, leader.clone()));
                     }
                     ReplyTo::TakeOver => {
                         let _ = leader.cast(LeaderMsg::TookOver);
@@ -689,8 +777,12 @@ async fn write(
                     ReplyTo::Client(port) => {
                         let _ = port.send(Err(error.clone()));
                     }
-                    ReplyTo::Push(stream) => {
-                        let _ = leader.cast(LeaderMsg::PushDone(PushReport::empty(stream)));
+                    ReplyTo::Push(PushTicket { stream, reservation, offer }) => {
+                        if let Some(offer) = offer {
+                            // Nothing will be pushed: the gateway offers the room elsewhere.
+                            let _ = offer.send(false);
+                        }
+                        let _ = leader.cast(LeaderMsg::PushDone(PushReport::empty(stream, reservation)));
                     }
                     ReplyTo::TakeOver | ReplyTo::Ignore => {}
                 }
@@ -704,15 +796,19 @@ async fn write(
 async fn push(
     link: Arc<dyn GatewayLink>,
     partition: PartitionId,
-    stream: Arc<RemoteStream>,
+    ticket: PushTicket,
     results: Vec<CommandResult>,
     leader: ActorRef<LeaderMsg>,
 ) {
+    let PushTicket { stream, reservation, offer } = ticket;
     let jobs = match results.into_iter().next() {
         Some(CommandResult::Activated(jobs)) => jobs,
         _ => Vec::new(),
     };
-    let mut report = PushReport::empty(Arc::clone(&stream));
+    if let Some(offer) = offer {
+        let _ = offer.send(!jobs.is_empty());
+    }
+    let mut report = PushReport::empty(Arc::clone(&stream), reservation);
     report.activated = jobs.len();
     if jobs.is_empty() {
         let _ = leader.cast(LeaderMsg::PushDone(report));
@@ -725,7 +821,10 @@ async fn push(
         tokio::time::sleep(hold).await;
     }
     let rejected: HashSet<JobKey> = match link.push(&stream, partition, jobs).await {
-        PushOutcome::Answered { rejected } => rejected.into_iter().collect(),
+        PushOutcome::Answered { rejected, room } => {
+            report.room = room;
+            rejected.into_iter().collect()
+        }
         PushOutcome::NotDelivered { reason, unknown_stream } => {
             tracing::debug!(partition, gateway = stream.gateway, "push not delivered: {reason}");
             report.unknown_stream = unknown_stream;

@@ -10,6 +10,12 @@
 //! across restarts, and a registration of a known key replaces the spec held
 //! here: a broker never pushes jobs for a type, tenant or timeout the stream no
 //! longer has.
+//!
+//! A partition leader also keeps what it knows of each stream's room
+//! ([`StreamRooms`]): the gateway owns the truth (its clients' job limits), and
+//! says it in every push's answer and in an offer of room after it answered
+//! "full"; the leader pushes no more than that, so a full stream costs no
+//! activation that would only be yielded.
 
 use std::collections::HashMap;
 use std::sync::{Arc, Mutex};
@@ -114,8 +120,10 @@ impl BrokerStreams {
 /// What became of a push, as far as the partition leader can tell.
 #[derive(Debug)]
 pub enum PushOutcome {
-    /// The gateway answered: it handed every job to a client except `rejected`.
-    Answered { rejected: Vec<JobKey> },
+    /// The gateway answered: it handed every job to a client except
+    /// `rejected`, and its clients can take `room` more jobs (`None`: it did
+    /// not say).
+    Answered { rejected: Vec<JobKey>, room: Option<u32> },
     /// No job reached a client: the request never left this node, or the
     /// gateway holds no such stream (`unknown_stream`: it restarted or the
     /// stream closed).
@@ -167,6 +175,116 @@ impl PushedActivations {
     }
 }
 
+/// How many more jobs each stream can take, as far as a partition leader
+/// knows: what the stream's gateway last said (in a push's answer, or in an
+/// offer of room), less the jobs pushed there since. A stream the leader has
+/// not heard of takes one job at a time until its gateway answers.
+///
+/// Pushes to one stream may be in flight together and their answers may come
+/// back in any order, so each push is numbered: an answer counts only if no
+/// later push's answer (or offer) has been heard, and the jobs reserved by
+/// pushes still in flight after it are taken off what it says.
+#[derive(Default)]
+pub struct StreamRooms {
+    by_stream: HashMap<(NodeId, u64), Room>,
+}
+
+struct Room {
+    job_type: String,
+    /// `None`: the gateway has not said.
+    free: Option<u32>,
+    /// Pushes in flight: their number and the jobs reserved for them.
+    pushing: Vec<(u64, u32)>,
+    next_push: u64,
+    /// The newest push whose answer (or an offer made after it) `free` reflects.
+    heard: u64,
+}
+
+/// A push's claim on a stream's room, from [`StreamRooms::reserve`].
+#[derive(Clone, Copy, Debug, PartialEq, Eq)]
+pub struct Reservation {
+    pub push: u64,
+    pub jobs: u32,
+}
+
+impl StreamRooms {
+    fn key(stream: &RemoteStream) -> (NodeId, u64) {
+        (stream.gateway, stream.stream_id)
+    }
+
+    fn entry(&mut self, stream: &RemoteStream) -> &mut Room {
+        self.by_stream.entry(Self::key(stream)).or_insert_with(|| Room {
+            job_type: stream.job_type.clone(),
+            free: None,
+            pushing: Vec::new(),
+            next_push: 1,
+            heard: 0,
+        })
+    }
+
+    /// Jobs a push to `stream` may carry now; 0 when it is full as far as
+    /// this leader knows, or a push to a stream not heard of is in flight.
+    pub fn room(&self, stream: &RemoteStream) -> u32 {
+        match self.by_stream.get(&Self::key(stream)) {
+            None => 1,
+            Some(Room { free: None, pushing, .. }) => u32::from(pushing.is_empty()),
+            Some(Room { free: Some(free), .. }) => *free,
+        }
+    }
+
+    /// Claims `jobs` of `stream`'s room for a push.
+    pub fn reserve(&mut self, stream: &RemoteStream, jobs: u32) -> Reservation {
+        let room = self.entry(stream);
+        let push = room.next_push;
+        room.next_push += 1;
+        room.pushing.push((push, jobs));
+        room.free = room.free.map(|free| free.saturating_sub(jobs));
+        Reservation { push, jobs }
+    }
+
+    /// A push that activated `activated` jobs finished; its gateway said
+    /// `answered` (`None`: no answer, or one that did not say the room).
+    pub fn finished(
+        &mut self,
+        stream: &RemoteStream,
+        reservation: Reservation,
+        activated: usize,
+        answered: Option<u32>,
+    ) {
+        let Some(room) = self.by_stream.get_mut(&Self::key(stream)) else { return };
+        room.pushing.retain(|(push, _)| *push != reservation.push);
+        if activated == 0 {
+            // Nothing left this node: the claim goes back.
+            room.free = room.free.map(|free| free.saturating_add(reservation.jobs));
+            return;
+        }
+        if reservation.push <= room.heard {
+            return;
+        }
+        room.heard = reservation.push;
+        room.free = answered.map(|said| {
+            let later: u32 =
+                room.pushing.iter().filter(|(push, _)| *push > reservation.push).map(|(_, jobs)| jobs).sum();
+            said.saturating_sub(later)
+        });
+    }
+
+    /// The gateway of `stream` offers `room`: it has that much now, after
+    /// every push it has handled. Answers to earlier pushes no longer count.
+    pub fn offered(&mut self, stream: &RemoteStream, room: u32) {
+        let entry = self.entry(stream);
+        entry.free = Some(room);
+        entry.heard = entry.next_push - 1;
+    }
+
+    /// Forgets the rooms of `job_type`'s streams that are not in `live`.
+    pub fn retain_live(&mut self, job_type: &str, live: &[Arc<RemoteStream>]) {
+        self.by_stream.retain(|(gateway, stream_id), room| {
+            room.job_type != job_type || live.iter().any(|s| s.gateway == *gateway && s.stream_id == *stream_id)
+        });
+    }
+}
+
 #[cfg(test)]
 mod tests {
     use super::*;
@@ -213,5 +331,35 @@ mod tests {
         assert_eq!(pushed.finished(JobKey(3), tagged(8)), None);
         assert_eq!(pushed.finished(JobKey(3), tagged(9)), Some((1, 9)));
         assert_eq!(pushed.finished(JobKey(4), 0), Some((1, 2)));
+    }
+
+    #[test]
+    fn a_stream_takes_what_its_gateway_last_said_less_what_was_pushed_since() {
+        let mut rooms = StreamRooms::default();
+        let s = stream(1, "a", &["t"]);
+        assert_eq!(rooms.room(&s), 1, "not heard of: one job at a time");
+        let probe = rooms.reserve(&s, 1);
+        assert_eq!(rooms.room(&s), 0, "until the probe is answered");
+        rooms.finished(&s, probe, 1, Some(5));
+        assert_eq!(rooms.room(&s), 5);
+        let (first, second) = (rooms.reserve(&s, 3), rooms.reserve(&s, 2));
+        assert_eq!(rooms.room(&s), 0);
+        // The second answer comes back first, then the first's, which is older news.
+        rooms.finished(&s, second, 2, Some(0));
+        rooms.finished(&s, first, 3, Some(2));
+        assert_eq!(rooms.room(&s), 0, "full, as the newest answer said");
+        rooms.offered(&s, 2);
+        assert_eq!(rooms.room(&s), 2);
+        let third = rooms.reserve(&s, 2);
+        rooms.finished(&s, third, 0, None);
+        assert_eq!(rooms.room(&s), 2, "a push that activated nothing gives its claim back");
+        // An answer counts only the pushes sent after it.
+        let (fourth, fifth) = (rooms.reserve(&s, 1), rooms.reserve(&s, 1));
+        rooms.finished(&s, fourth, 1, Some(3));
+        assert_eq!(rooms.room(&s), 2, "the fifth push is still in flight");
+        rooms.finished(&s, fifth, 1, None);
+        assert_eq!(rooms.room(&s), 1, "the gateway did not say: one job at a time again");
+        rooms.retain_live("a", &[]);
+        assert_eq!(rooms.room(&s), 1, "forgotten");
     }
 }
