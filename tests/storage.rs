@@ -33,15 +33,20 @@ fn log_entries(store: &Store) -> usize {
     store.scan(Table::Log, 0, 0..u64::MAX).unwrap().len()
 }
 
-/// The newest WAL file of a closed database.
-fn newest_wal(db: &Path) -> PathBuf {
-    let mut wals: Vec<PathBuf> = std::fs::read_dir(db)
+/// The files of a closed database with this extension, oldest first.
+fn files_ending(db: &Path, extension: &str) -> Vec<PathBuf> {
+    let mut files: Vec<PathBuf> = std::fs::read_dir(db)
         .unwrap()
         .map(|entry| entry.unwrap().path())
-        .filter(|path| path.extension().is_some_and(|e| e == "log"))
+        .filter(|path| path.extension().is_some_and(|e| e == extension))
         .collect();
-    wals.sort();
-    wals.pop().expect("the database has a WAL")
+    files.sort();
+    files
+}
+
+/// The newest WAL file of a closed database.
+fn newest_wal(db: &Path) -> PathBuf {
+    files_ending(db, "log").pop().expect("the database has a WAL")
 }
 
 fn copy_dir(from: &Path, to: &Path) {
@@ -83,17 +88,6 @@ fn a_corrupt_record_in_the_middle_of_the_wal_refuses_the_open() {
     assert!(message.contains("is damaged") && message.contains("Re-seed this node"), "{message}");
 }
 
-/// The table files of a closed database.
-fn ssts(db: &Path) -> Vec<PathBuf> {
-    let mut files: Vec<PathBuf> = std::fs::read_dir(db)
-        .unwrap()
-        .map(|entry| entry.unwrap().path())
-        .filter(|path| path.extension().is_some_and(|e| e == "sst"))
-        .collect();
-    files.sort();
-    files
-}
-
 #[test]
 fn a_flipped_bit_in_a_table_file_or_a_missing_one_refuses_the_open() {
     let dir = tempfile::tempdir().unwrap();
@@ -103,7 +97,7 @@ fn a_flipped_bit_in_a_table_file_or_a_missing_one_refuses_the_open() {
     // What a graceful stop does: the log moves from the WAL to a table file.
     store.flush_memtables();
     drop(store);
-    let table = ssts(&db).pop().expect("the flush wrote a table file");
+    let table = files_ending(&db, "sst").pop().expect("the flush wrote a table file");
     let intact = dir.path().join("intact");
     copy_dir(&db, &intact);
 
@@ -119,7 +113,7 @@ fn a_flipped_bit_in_a_table_file_or_a_missing_one_refuses_the_open() {
     let store = Store::open(&intact).expect("the undamaged copy opens");
     assert_eq!(log_entries(&store), ENTRIES, "the undamaged copy has every entry");
     drop(store);
-    std::fs::remove_file(ssts(&intact).pop().unwrap()).unwrap();
+    std::fs::remove_file(files_ending(&intact, "sst").pop().unwrap()).unwrap();
     let error = Store::open(&intact).err().expect("a database without one of its table files opened");
     assert!(matches!(error, StorageError::Corrupt { .. }), "a missing file is damage: {error}");
 }
