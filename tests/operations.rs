@@ -231,6 +231,24 @@ impl Drop for Killed {
     }
 }
 
+/// Starts Prometheus on a free loopback port with this configuration and
+/// storage directory; returns it (killed when dropped) and its address.
+fn start_prometheus(config_path: &Path, data: &Path) -> (Killed, String) {
+    let port = std::net::TcpListener::bind("127.0.0.1:0").unwrap().local_addr().unwrap().port();
+    let addr = format!("127.0.0.1:{port}");
+    let prometheus = Killed(
+        Command::new(tool("prometheus"))
+            .arg(format!("--config.file={}", config_path.display()))
+            .arg(format!("--storage.tsdb.path={}", data.display()))
+            .arg(format!("--web.listen-address={addr}"))
+            .stdout(Stdio::null())
+            .stderr(Stdio::null())
+            .spawn()
+            .expect("prometheus runs (scripts/setup.sh installs it)"),
+    );
+    (prometheus, addr)
+}
+
 async fn prometheus_query(addr: &str, query: &str) -> serde_json::Value {
     let encoded: String = query
         .bytes()
@@ -258,18 +276,7 @@ async fn prometheus_scrapes_a_three_node_cluster() {
     std::fs::copy(repo("deploy/prometheus-rules.yml"), dir.path().join("prometheus-rules.yml")).unwrap();
     let config_path = dir.path().join("prometheus.yml");
     std::fs::write(&config_path, serde_yaml::to_string(&config).unwrap()).unwrap();
-    let port = std::net::TcpListener::bind("127.0.0.1:0").unwrap().local_addr().unwrap().port();
-    let addr = format!("127.0.0.1:{port}");
-    let _prometheus = Killed(
-        Command::new(tool("prometheus"))
-            .arg(format!("--config.file={}", config_path.display()))
-            .arg(format!("--storage.tsdb.path={}", dir.path().join("data").display()))
-            .arg(format!("--web.listen-address={addr}"))
-            .stdout(Stdio::null())
-            .stderr(Stdio::null())
-            .spawn()
-            .expect("prometheus runs (scripts/setup.sh installs it)"),
-    );
+    let (_prometheus, addr) = start_prometheus(&config_path, &dir.path().join("data"));
 
     eventually(Duration::from_secs(60), "Prometheus to see all three targets up", || {
         let addr = addr.clone();
@@ -555,18 +562,7 @@ async fn prometheus_scrapes_over_tls_with_the_read_only_token_the_service_monito
     });
     let config_path = path("prometheus.yml");
     std::fs::write(&config_path, serde_yaml::to_string(&config).unwrap()).unwrap();
-    let port = std::net::TcpListener::bind("127.0.0.1:0").unwrap().local_addr().unwrap().port();
-    let addr = format!("127.0.0.1:{port}");
-    let _prometheus = Killed(
-        Command::new(tool("prometheus"))
-            .arg(format!("--config.file={}", config_path.display()))
-            .arg(format!("--storage.tsdb.path={}", path("prometheus").display()))
-            .arg(format!("--web.listen-address={addr}"))
-            .stdout(Stdio::null())
-            .stderr(Stdio::null())
-            .spawn()
-            .expect("prometheus runs (scripts/setup.sh installs it)"),
-    );
+    let (_prometheus, addr) = start_prometheus(&config_path, &path("prometheus"));
     let value = |reply: serde_json::Value| reply["data"]["result"][0]["value"][1].as_str().map(String::from);
     eventually(Duration::from_secs(60), "Prometheus to scrape the node over TLS with the token", || {
         let addr = addr.clone();
