@@ -145,6 +145,10 @@ struct SuiteArgs {
     /// Run the combined run as --tls and --tokens say, not with both on.
     #[arg(long)]
     skip_secure: bool,
+    /// Keep the nodes' data directories of valid runs too (by default only a
+    /// failed run keeps them; its logs, history and report are always kept).
+    #[arg(long)]
+    keep_data: bool,
 }
 
 #[derive(Subcommand)]
@@ -182,6 +186,21 @@ enum Command {
     },
 }
 
+impl RunArgs {
+    /// What the run is, for its directory and summary: the nemeses, then
+    /// `tls` and `tokens` (not nemeses, but part of what was run).
+    fn names(&self) -> Vec<String> {
+        let mut names: Vec<String> = self.nemesis.iter().map(|n| format!("{n:?}").to_lowercase()).collect();
+        if self.tls {
+            names.push("tls".into());
+        }
+        if self.tokens {
+            names.push("tokens".into());
+        }
+        names
+    }
+}
+
 #[derive(Serialize, Deserialize)]
 struct InnerConfig {
     args: RunArgs,
@@ -196,11 +215,15 @@ fn main() -> anyhow::Result<()> {
     let cli = Cli::parse();
     match cli.command {
         Command::Run(args) => {
-            let valid = run(args)?;
+            let (valid, _) = run(args)?;
             std::process::exit(if valid { 0 } else { 1 });
         }
-        Command::Suite(SuiteArgs { run: args, combined_time, combined_nodes, skip_secure }) => {
-            let (mut passed, mut failed) = (0, 0);
+        Command::Suite(SuiteArgs { run: args, combined_time, combined_nodes, skip_secure, keep_data }) => {
+            check_free_space(&args.out, SUITE_DISK_BYTES)?;
+            let mut passed = 0;
+            // The failed runs' summaries, repeated at the end: a CI log is
+            // often read from its tail.
+            let mut failed: Vec<String> = Vec::new();
             // Every nemesis alone, all of them combined, and all of them
             // combined again with TLS on every port and tokens (unless
             // --tls and --tokens ask for them throughout).
@@ -217,45 +240,99 @@ fn main() -> anyhow::Result<()> {
                     args.time = combined_time.unwrap_or(args.time);
                     args.nodes = combined_nodes.unwrap_or(args.nodes);
                 }
+                // The seed is drawn here, so that a failure can be named by it.
+                args.seed = Some(args.seed.unwrap_or_else(rand::random));
+                let label = format!("{} seed {}", args.names().join("+"), args.seed.unwrap_or_default());
                 match run(args) {
-                    Ok(true) => passed += 1,
-                    Ok(false) => failed += 1,
+                    Ok((true, dir)) => {
+                        passed += 1;
+                        if !keep_data {
+                            remove_node_data(&dir);
+                        }
+                    }
+                    Ok((false, _)) => failed.push(label),
                     Err(e) => {
                         eprintln!("jepsen: run failed: {e:#}");
-                        failed += 1;
+                        failed.push(format!("{label}: {e:#}"));
                     }
                 }
             }
-            println!("jepsen: {passed} passed, {failed} failed");
-            std::process::exit(if failed == 0 { 0 } else { 1 });
+            println!("jepsen: {passed} passed, {} failed", failed.len());
+            for label in &failed {
+                println!("jepsen: failed: {label}");
+            }
+            std::process::exit(if failed.is_empty() { 0 } else { 1 });
         }
         Command::Inner { dir } => {
             let runtime = tokio::runtime::Builder::new_multi_thread().enable_all().build()?;
-            let valid = runtime.block_on(inner(&dir))?;
-            std::process::exit(if valid { 0 } else { 1 });
+            match runtime.block_on(inner(&dir)) {
+                Ok(valid) => std::process::exit(if valid { 0 } else { 1 }),
+                Err(e) => {
+                    // The summary line is read from the report: say there why
+                    // the run ended without a verdict.
+                    let _ = std::fs::write(dir.join("report.txt"), format!("no verdict: the run failed: {e:#}\n"));
+                    Err(e)
+                }
+            }
         }
         Command::Proxy { node, targets, control } => proxy::serve(node, &targets, &control),
         Command::Lossyfs { mount, control } => lossyfs::serve(&mount, &control),
     }
 }
 
+/// The disk a suite needs free where its runs go: each run's three data
+/// directories take about 70 MB each (RocksDB preallocates its WAL), and a
+/// full disk fails runs with errors that look like findings.
+const SUITE_DISK_BYTES: u64 = 2 << 30;
+
+/// Fails unless the file system holding `dir` has `needed` bytes free.
+fn check_free_space(dir: &Path, needed: u64) -> anyhow::Result<()> {
+    std::fs::create_dir_all(dir)?;
+    let path = std::ffi::CString::new(dir.as_os_str().as_encoded_bytes())?;
+    // SAFETY: `path` is a NUL-terminated string and `stat` a plain struct
+    // that statvfs fills in.
+    let mut stat: libc::statvfs = unsafe { std::mem::zeroed() };
+    if unsafe { libc::statvfs(path.as_ptr(), &mut stat) } != 0 {
+        return Err(std::io::Error::last_os_error()).with_context(|| format!("statvfs {}", dir.display()));
+    }
+    let free = stat.f_bavail as u64 * stat.f_frsize as u64;
+    if free < needed {
+        bail!(
+            "{} has {} MB free; the suite needs {} MB for its runs' data (free some space, or pass --out elsewhere)",
+            dir.display(),
+            free >> 20,
+            needed >> 20
+        );
+    }
+    Ok(())
+}
+
+/// Removes a finished run's node data directories (and the damaged ones the
+/// corrupt nemesis set aside), keeping its logs, history and report.
+fn remove_node_data(dir: &Path) {
+    let Ok(entries) = std::fs::read_dir(dir) else { return };
+    for entry in entries.flatten() {
+        let is_node_dir =
+            entry.file_name().to_string_lossy().starts_with("node-") && entry.file_type().is_ok_and(|t| t.is_dir());
+        if is_node_dir {
+            if let Err(e) = std::fs::remove_dir_all(entry.path()) {
+                eprintln!("jepsen: could not remove {}: {e}", entry.path().display());
+            }
+        }
+    }
+}
+
 /// Sets up the namespaces, runs the test inside the client namespace, tears
-/// everything down, and prints the one-line summary.
-fn run(args: RunArgs) -> anyhow::Result<bool> {
+/// everything down, and prints the one-line summary. Returns whether the run
+/// was valid, and its directory.
+fn run(args: RunArgs) -> anyhow::Result<(bool, PathBuf)> {
     let seed = args.seed.unwrap_or_else(rand::random);
     if !(3..100).contains(&args.nodes) {
         bail!("--nodes must be between 3 and 99 (partitions and majorities need 3)");
     }
     let drover = std::fs::canonicalize(&args.drover)
         .with_context(|| format!("the drover binary {} (build it first, or pass --drover)", args.drover.display()))?;
-    let mut names: Vec<String> = args.nemesis.iter().map(|n| format!("{n:?}").to_lowercase()).collect();
-    if args.tls {
-        // Not a nemesis, but part of what the run is: its directory and summary say so.
-        names.push("tls".into());
-    }
-    if args.tokens {
-        names.push("tokens".into());
-    }
+    let names = args.names();
     let stamp = std::time::SystemTime::now().duration_since(std::time::UNIX_EPOCH)?.as_secs();
     let dir = args.out.join(format!("{stamp}-{}-{seed}", names.join("+")));
     std::fs::create_dir_all(&dir)?;
@@ -336,7 +413,7 @@ fn run(args: RunArgs) -> anyhow::Result<bool> {
         println!("jepsen:   {line}");
     }
     if status.code() == Some(1) || status.code() == Some(0) {
-        Ok(status.success())
+        Ok((status.success(), dir))
     } else {
         bail!("the run failed ({status}); see {}", dir.display())
     }
