@@ -122,15 +122,40 @@ fn a_flipped_bit_in_a_table_file_or_a_missing_one_refuses_the_open() {
 fn a_torn_last_record_is_dropped_and_everything_before_it_opens() {
     let dir = tempfile::tempdir().unwrap();
     let db = dir.path().join("db");
-    append_synced(&Store::open(&db).unwrap());
-    // A crash in the middle of writing the last record: it was never synced,
-    // so never acknowledged, and recovery may drop it.
+    let store = Store::open(&db).unwrap();
+    append_synced(&store);
+    // One more write that is never synced, so never acknowledged: a crash in
+    // the middle of writing it tears it, and recovery may drop it.
+    let mut batch = store.batch();
+    batch.put(Table::Log, storage::key(0, ENTRIES as u64), vec![0xee; 1000]);
+    store.write(batch);
+    drop(store);
     let wal = newest_wal(&db);
     let length = std::fs::metadata(&wal).unwrap().len();
     std::fs::OpenOptions::new().write(true).open(&wal).unwrap().set_len(length - 500).unwrap();
 
     let store = Store::open(&db).expect("a torn last record does not refuse the open");
-    assert_eq!(log_entries(&store), ENTRIES - 1);
+    assert_eq!(log_entries(&store), ENTRIES, "every synced entry is there, the torn one is not");
+}
+
+#[test]
+fn a_wal_cut_short_below_what_was_synced_refuses_the_open() {
+    let dir = tempfile::tempdir().unwrap();
+    let db = dir.path().join("db");
+    append_synced(&Store::open(&db).unwrap());
+    // Half the WAL gone: RocksDB alone would open it as a torn tail, with
+    // half the synced entries missing. The synced mark says more was synced.
+    let wal = newest_wal(&db);
+    let length = std::fs::metadata(&wal).unwrap().len();
+    std::fs::OpenOptions::new().write(true).open(&wal).unwrap().set_len(length / 2).unwrap();
+
+    let error = match Store::open(&db) {
+        Ok(store) => panic!("a WAL cut in half opened, with {} of {ENTRIES} entries", log_entries(&store)),
+        Err(error) => error,
+    };
+    assert!(matches!(error, StorageError::Corrupt { .. }), "{error}");
+    let message = error.to_string();
+    assert!(message.contains("lost writes that were synced") && message.contains("Re-seed this node"), "{message}");
 }
 
 #[tokio::test]

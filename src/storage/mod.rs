@@ -20,6 +20,7 @@
 //! whose storage refused a write, and a node that keeps answering without its
 //! groups is worse than one its supervisor restarts.
 
+mod mark;
 mod writer;
 
 use std::ops::Range;
@@ -48,12 +49,12 @@ pub enum StorageError {
     #[error("rocksdb: {0}")]
     RocksDb(#[from] rocksdb::Error),
     #[error(
-        "the database in {} is damaged ({source}). Drover does not open a damaged database: recovering around \
+        "the database in {} is damaged ({damage}). Drover does not open a damaged database: recovering around \
          the damage could forget votes and log entries this node acknowledged. Re-seed this node from its peers \
          (docs/operations.md, \"Re-seeding a node\").",
         dir.display()
     )]
-    Corrupt { dir: PathBuf, source: rocksdb::Error },
+    Corrupt { dir: PathBuf, damage: String },
     #[error("corrupt record in {what}: {source}")]
     Decode { what: &'static str, source: bincode::Error },
     #[error("{0}")]
@@ -114,6 +115,8 @@ fn id_of(key: &[u8]) -> u64 {
 pub struct Store {
     db: Arc<DB>,
     writer: SyncWriter,
+    /// Dropped after the writer, so it writes down the writer's last sync.
+    _mark: mark::MarkWriter,
 }
 
 /// Atomic multi-table writes, built by callers and committed with [`Store::write`]
@@ -178,16 +181,29 @@ impl Store {
             // A file the database lists but cannot find (a deleted SST,
             // MANIFEST or WAL) is damage too, not an I/O hiccup.
             if source.kind() == ErrorKind::Corruption || source.to_string().contains("No such file or directory") {
-                StorageError::Corrupt { dir: dir.to_path_buf(), source }
+                StorageError::Corrupt { dir: dir.to_path_buf(), damage: source.into_string() }
             } else {
                 StorageError::RocksDb(source)
             }
         };
         let db = DB::open_cf_descriptors(&opts, dir, cfs).map_err(damaged)?;
         verify_checksums(&db).map_err(damaged)?;
+        // A WAL cut short opens like one whose last write was torn; the
+        // synced mark tells them apart (see `mark`).
+        let corrupt = |damage: String| StorageError::Corrupt { dir: dir.to_path_buf(), damage };
+        let marked = mark::read(dir).map_err(corrupt)?;
+        let recovered = db.latest_sequence_number();
+        if let Some(marked) = marked.filter(|&m| m > recovered) {
+            return Err(corrupt(format!(
+                "the WAL was synced up to sequence {marked} before the node stopped, but the database recovered only \
+                 up to {recovered}: a WAL lost writes that were synced and acknowledged (cut short or deleted)"
+            )));
+        }
+        let synced = Arc::new(mark::Synced::default());
+        let mark = mark::MarkWriter::start(dir, Arc::clone(&synced), marked.unwrap_or(recovered))?;
         let db = Arc::new(db);
-        let writer = SyncWriter::start(Arc::clone(&db));
-        Ok(Arc::new(Store { db, writer }))
+        let writer = SyncWriter::start(Arc::clone(&db), synced);
+        Ok(Arc::new(Store { db, writer, _mark: mark }))
     }
 
     fn cf(&self, table: Table) -> &rocksdb::ColumnFamily {

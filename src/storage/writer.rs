@@ -17,6 +17,8 @@ use std::time::Instant;
 
 use rocksdb::DB;
 
+use super::mark::Synced;
+
 /// Runs once the batch is durable. It gets an error only if the writer
 /// thread is gone; a failed sync ends the process instead.
 pub type Completion = Box<dyn FnOnce(Result<(), String>) + Send>;
@@ -109,13 +111,15 @@ impl Drop for SyncWriter {
 }
 
 impl SyncWriter {
-    pub fn start(db: Arc<DB>) -> SyncWriter {
+    /// Starts the thread; after each sync it advances `synced` to the
+    /// sequence the sync covered.
+    pub fn start(db: Arc<DB>, synced: Arc<Synced>) -> SyncWriter {
         let (tx, rx) = mpsc::channel::<Completion>();
         let counters = Arc::new(Counters::default());
         let thread_counters = Arc::clone(&counters);
         let thread = std::thread::Builder::new()
             .name("drover-wal-sync".into())
-            .spawn(move || run(db, rx, thread_counters, sync_failpoint(), skip_wal_sync()))
+            .spawn(move || run(db, rx, &synced, thread_counters, sync_failpoint(), skip_wal_sync()))
             .expect("spawn the WAL writer thread");
         SyncWriter { tx: Some(tx), thread: Some(thread), counters }
     }
@@ -152,7 +156,14 @@ fn sync_failpoint() -> Option<u64> {
     }
 }
 
-fn run(db: Arc<DB>, rx: Receiver<Completion>, counters: Arc<Counters>, fail_sync: Option<u64>, skip_sync: bool) {
+fn run(
+    db: Arc<DB>,
+    rx: Receiver<Completion>,
+    synced: &Synced,
+    counters: Arc<Counters>,
+    fail_sync: Option<u64>,
+    skip_sync: bool,
+) {
     let mut waiting: Vec<Completion> = Vec::with_capacity(MAX_BATCHES_PER_SYNC);
     let mut attempt = 0u64;
     while let Ok(first) = rx.recv() {
@@ -163,7 +174,8 @@ fn run(db: Arc<DB>, rx: Receiver<Completion>, counters: Arc<Counters>, fail_sync
             waiting.push(next);
         }
         // Every request was written before it was sent, so this one sync
-        // covers all of them.
+        // covers all of them, and every write up to this sequence.
+        let sequence = db.latest_sequence_number();
         attempt += 1;
         let result = if fail_sync == Some(attempt) {
             Err(format!("injected by {FAILPOINT_SYNC_FAIL_AFTER}={attempt}"))
@@ -172,6 +184,9 @@ fn run(db: Arc<DB>, rx: Receiver<Completion>, counters: Arc<Counters>, fail_sync
         };
         if let Err(e) = result {
             fail_stop("WAL sync", &e);
+        }
+        if !skip_sync {
+            synced.advance(sequence);
         }
         let elapsed = started.elapsed();
         counters.syncs.fetch_add(1, Ordering::Relaxed);
