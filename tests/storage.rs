@@ -143,6 +143,40 @@ fn a_flipped_bit_under_purged_log_entries_refuses_the_open_too() {
 }
 
 #[test]
+fn a_manifest_cut_before_a_column_family_was_created_refuses_the_open() {
+    let dir = tempfile::tempdir().unwrap();
+    let db = dir.path().join("db");
+    append_synced(&Store::open(&db).unwrap());
+    // The MANIFEST is a log of records (a 7-byte header: checksum, length,
+    // type). Cut it at the start of the record that created `jobs_done`: a
+    // whole record gone, which RocksDB opens without complaint.
+    let manifest = std::fs::read_dir(&db)
+        .unwrap()
+        .map(|entry| entry.unwrap().path())
+        .find(|path| path.file_name().unwrap().to_string_lossy().starts_with("MANIFEST-"))
+        .expect("a MANIFEST");
+    let bytes = std::fs::read(&manifest).unwrap();
+    let mut at = 0;
+    let cut = loop {
+        assert!(at + 7 <= bytes.len(), "no record in the MANIFEST creates jobs_done");
+        let length = u16::from_le_bytes([bytes[at + 4], bytes[at + 5]]) as usize;
+        let record = &bytes[at + 7..at + 7 + length];
+        if record.windows(9).any(|w| w == b"jobs_done") {
+            break at;
+        }
+        at += 7 + length;
+    };
+    std::fs::OpenOptions::new().write(true).open(&manifest).unwrap().set_len(cut as u64).unwrap();
+
+    let error = match Store::open(&db) {
+        Ok(store) => panic!("a MANIFEST cut short opened, with {} of {ENTRIES} entries", log_entries(&store)),
+        Err(error) => error,
+    };
+    assert!(matches!(error, StorageError::Corrupt { .. }), "{error}");
+    assert!(error.to_string().contains("does not list the column families"), "{error}");
+}
+
+#[test]
 fn a_torn_last_record_is_dropped_and_everything_before_it_opens() {
     let dir = tempfile::tempdir().unwrap();
     let db = dir.path().join("db");

@@ -154,7 +154,10 @@ impl Store {
         }
         let mut opts = recovery_options()?;
         opts.create_if_missing(true);
-        opts.create_missing_column_families(true);
+        // Column families are created with the database, never later: see
+        // `check_column_families`.
+        let existing = check_column_families(dir)?;
+        opts.create_missing_column_families(!existing);
         opts.set_max_background_jobs(2);
         opts.set_bytes_per_sync(1 << 20);
         opts.set_max_total_wal_size(256 << 20);
@@ -176,7 +179,7 @@ impl Store {
             cf_opts.set_block_based_table_factory(&table);
             ColumnFamilyDescriptor::new(name, cf_opts)
         };
-        let cfs = [CF_LOG, CF_META, CF_JOBS, CF_DONE, CF_EXPIRY, CF_REQUESTS].map(cf);
+        let cfs = COLUMN_FAMILIES.map(cf);
         let damaged = |source: rocksdb::Error| {
             // A file the database lists but cannot find (a deleted SST,
             // MANIFEST or WAL) is damage too, not an I/O hiccup.
@@ -356,7 +359,7 @@ impl Store {
     /// next start replays no WAL. A failure is logged: the WAL still holds
     /// everything, synced.
     pub fn flush_memtables(&self) {
-        for name in [CF_LOG, CF_META, CF_JOBS, CF_DONE, CF_EXPIRY, CF_REQUESTS] {
+        for name in COLUMN_FAMILIES {
             let cf = self.db.cf_handle(name).expect("column family exists");
             if let Err(e) = self.db.flush_cf(cf) {
                 tracing::warn!(column_family = name, "writing memtables to table files at shutdown failed: {e}");
@@ -364,6 +367,45 @@ impl Store {
             }
         }
     }
+}
+
+/// The names of every column family, in the order they are created.
+const COLUMN_FAMILIES: [&str; 6] = [CF_LOG, CF_META, CF_JOBS, CF_DONE, CF_EXPIRY, CF_REQUESTS];
+
+/// Whether `dir` holds a database already; if so, it must list every column
+/// family. A MANIFEST cut short at a record boundary opens without error but
+/// without the records that created the last column families, and RocksDB
+/// would create them again, empty, and skip their records in the WAL as
+/// belonging to dropped families: the node would start with its jobs gone
+/// but its Raft log saying they were applied. A database whose files are
+/// there without `CURRENT` (which names the MANIFEST) is damaged too, not new.
+fn check_column_families(dir: &Path) -> Result<bool, StorageError> {
+    let corrupt = |damage: String| StorageError::Corrupt { dir: dir.to_path_buf(), damage };
+    if !dir.join("CURRENT").exists() {
+        let database_files = std::fs::read_dir(dir)?
+            .filter_map(|entry| entry.ok()?.file_name().into_string().ok())
+            .filter(|name| name.starts_with("MANIFEST-") || name.ends_with(".sst") || name.ends_with(".log"))
+            .count();
+        if database_files > 0 {
+            return Err(corrupt(format!("{database_files} database files but no CURRENT file naming the MANIFEST")));
+        }
+        return Ok(false);
+    }
+    let listed = DB::list_cf(&Options::default(), dir).map_err(|e| {
+        if e.kind() == ErrorKind::Corruption || e.to_string().contains("No such file or directory") {
+            corrupt(e.into_string())
+        } else {
+            StorageError::RocksDb(e)
+        }
+    })?;
+    let missing: Vec<&str> = COLUMN_FAMILIES.into_iter().filter(|name| !listed.iter().any(|l| l == name)).collect();
+    if !missing.is_empty() {
+        return Err(corrupt(format!(
+            "the MANIFEST does not list the column families {missing:?}, which every Drover database has: it was \
+             cut short or replaced"
+        )));
+    }
+    Ok(true)
 }
 
 /// Verifies the checksum of every block of every live table file (RocksDB's
