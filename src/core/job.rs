@@ -583,8 +583,8 @@ pub struct Batch {
     /// replica prunes by the entry's own value, so they prune alike.
     pub retention: Retention,
     pub commands: Vec<Command>,
-    /// Set on a new leader's first entry: every session's lease restarts from
-    /// `now` before timers fire. While the partition had no leader, no beat
+    /// Set on a new leader's entries until its first one has applied:
+    /// every session's lease restarts from `now` before timers fire. While the partition had no leader, no beat
     /// could commit, and a worker that kept beating must not be declared dead
     /// for it.
     pub renew_sessions: bool,

@@ -255,6 +255,8 @@ pub struct LeaderState {
     pushed: PushedActivations,
     /// Finished pushed activations per gateway, sent after the next write.
     releases: HashMap<NodeId, Vec<(JobKey, u32)>>,
+    /// Whether this leader's take-over entry has applied.
+    took_over: bool,
 }
 
 /// The time a leader that has seen no entry apply since it started takes up
@@ -323,6 +325,7 @@ impl Actor for PartitionLeader {
             rooms: StreamRooms::default(),
             pushed: PushedActivations::default(),
             releases: HashMap::new(),
+            took_over: false,
         };
         // A new leader resumes the timers the replicated state holds, and offers
         // what is already activatable to streams and long polls; again once its
@@ -457,7 +460,10 @@ impl Actor for PartitionLeader {
                 state.retry_scheduled.remove(&job_type);
                 state.try_push(&myself, &job_type);
             }
-            LeaderMsg::TookOver => state.resume(&myself),
+            LeaderMsg::TookOver => {
+                state.took_over = true;
+                state.resume(&myself);
+            }
         }
         Ok(())
     }
@@ -523,8 +529,11 @@ impl LeaderState {
             }
             self.in_flight += 1;
             metrics::histogram!("drover_raft_commands_per_entry").record(commands.len() as f64);
-            // The take-over entry restarts every session's lease (see `Batch`).
-            let renew_sessions = replies.iter().any(|(_, reply)| matches!(reply, ReplyTo::TakeOver));
+            // Every entry until the take-over entry has applied restarts every
+            // session's lease (see `Batch`): writes run concurrently, and one
+            // started later may reach the log first, firing the timers of
+            // sessions that could not beat while the partition had no leader.
+            let renew_sessions = !self.took_over;
             let batch = Batch { now: self.clock.now(), retention: self.retention, commands, renew_sessions };
             tokio::spawn(write(Arc::clone(&self.replica), Arc::clone(&self.link), batch, replies, myself.clone()));
         }
