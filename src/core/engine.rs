@@ -992,14 +992,17 @@ impl PartitionState {
         Some(key)
     }
 
-    /// Whether attempt `attempt` of `key` already failed and nothing has
-    /// activated the job since.
+    /// Whether attempt `attempt` of `key` already failed, by a worker's own
+    /// failure, and nothing has activated the job since. An attempt the
+    /// broker failed because its session died is not: the worker's failure
+    /// did not take effect, and it is told so rather than answered OK.
     fn already_failed(&self, key: JobKey, attempt: u32) -> bool {
         attempt != 0
             && self.jobs.get(&key).is_some_and(|job| {
                 job.state != JobState::Activated
                     && fence_admits(attempt, job.attempt)
                     && job.failed_attempt == job.attempt
+                    && job.fail_reason != FailReason::WorkerDied
             })
     }
 

@@ -279,7 +279,11 @@ fn run(seed: u64) {
             // A failure repeated after it took effect is answered OK and changes nothing.
             let repeat = matches!(command, Command::Fail { .. })
                 && attempt != 0
-                && job.is_some_and(|j| j.failed_attempt == j.attempt && fence_admits(attempt, j.attempt))
+                && job.is_some_and(|j| {
+                    j.failed_attempt == j.attempt
+                        && fence_admits(attempt, j.attempt)
+                        && j.fail_reason != crate::core::FailReason::WorkerDied
+                })
                 && job.map(|j| (j.state, j.retries, j.attempt))
                     == state.job(key).map(|j| (j.state, j.retries, j.attempt));
             assert!(

@@ -915,6 +915,36 @@ fn a_dead_session_at_its_last_retry_makes_an_incident_and_honours_back_off() {
 }
 
 #[test]
+fn a_failure_sent_after_the_session_died_is_refused_not_answered_ok() {
+    let mut h = Harness::new();
+    let key = h.create(0, 3);
+    h.run(0, Command::Register(session_info(7, &[])));
+    h.run(0, session_activation(7, 600_000));
+    // The session misses its heartbeats: the broker fails the attempt.
+    h.state.apply(&Batch::at(5_000, vec![]));
+    assert_eq!(h.state_of(key), Some(JobState::Activatable));
+    // The worker, still at work, fails it with a back-off. That failure did
+    // not take effect (the broker's did), so it must not be answered OK as
+    // if it were a repeat of one that had.
+    let result = h.run(
+        5_100,
+        Command::Fail {
+            key,
+            attempt: 1,
+            retries: 2,
+            error_message: "smtp down".into(),
+            back_off_ms: 3_000,
+            variables: Bytes::new(),
+            max_payload_bytes: u64::MAX,
+            reason: FailReason::Failed,
+        },
+    );
+    let CommandResult::Rejected(error) = result else { panic!("answered {result:?}") };
+    assert!(error.message.contains("no longer yours"), "{error:?}");
+    assert_eq!(h.state_of(key), Some(JobState::Activatable), "the job stays where the broker put it");
+}
+
+#[test]
 fn heartbeats_extend_listed_jobs_and_report_those_no_longer_held() {
     let mut h = Harness::new();
     let kept = h.create(0, 0);
