@@ -49,6 +49,19 @@ fn newest_wal(db: &Path) -> PathBuf {
     files_ending(db, "log").pop().expect("the database has a WAL")
 }
 
+/// Opens `db`, which must be refused as damaged; `what` names the damage
+/// for the failure message. Returns the error's text.
+fn refused_as_damaged(db: &Path, what: &str) -> String {
+    let error = match Store::open(db) {
+        Ok(store) => panic!("{what} opened, with {} of {ENTRIES} entries", log_entries(&store)),
+        Err(error) => error,
+    };
+    assert!(matches!(error, StorageError::Corrupt { .. }), "{what}: {error}");
+    let message = error.to_string();
+    assert!(message.contains("is damaged") && message.contains("Re-seed this node"), "{message}");
+    message
+}
+
 fn copy_dir(from: &Path, to: &Path) {
     std::fs::create_dir_all(to).unwrap();
     for entry in std::fs::read_dir(from).unwrap() {
@@ -79,13 +92,7 @@ fn a_corrupt_record_in_the_middle_of_the_wal_refuses_the_open() {
     let store = Store::open(&intact).expect("the undamaged copy opens");
     assert_eq!(log_entries(&store), ENTRIES, "the undamaged copy has every entry");
     drop(store);
-    let error = match Store::open(&db) {
-        Ok(store) => panic!("a WAL with a corrupt record opened, with {} of {ENTRIES} entries", log_entries(&store)),
-        Err(error) => error,
-    };
-    assert!(matches!(error, StorageError::Corrupt { .. }), "{error}");
-    let message = error.to_string();
-    assert!(message.contains("is damaged") && message.contains("Re-seed this node"), "{message}");
+    refused_as_damaged(&db, "a WAL with a corrupt record");
 }
 
 #[test]
@@ -102,20 +109,17 @@ fn a_flipped_bit_in_a_table_file_or_a_missing_one_refuses_the_open() {
     copy_dir(&db, &intact);
 
     // A byte in the first data block (records start at the file's start),
-    // which an open alone never reads: only the scan at open finds it.
+    // which an open alone never reads: only the check at open finds it.
     let mut bytes = std::fs::read(&table).unwrap();
     bytes[100] ^= 0x5a;
     std::fs::write(&table, &bytes).unwrap();
-    let error = Store::open(&db).err().expect("a table file with a flipped bit opened");
-    assert!(matches!(error, StorageError::Corrupt { .. }), "{error}");
-    assert!(error.to_string().contains("Re-seed this node"), "{error}");
+    refused_as_damaged(&db, "a table file with a flipped bit");
 
     let store = Store::open(&intact).expect("the undamaged copy opens");
     assert_eq!(log_entries(&store), ENTRIES, "the undamaged copy has every entry");
     drop(store);
     std::fs::remove_file(files_ending(&intact, "sst").pop().unwrap()).unwrap();
-    let error = Store::open(&intact).err().expect("a database without one of its table files opened");
-    assert!(matches!(error, StorageError::Corrupt { .. }), "a missing file is damage: {error}");
+    refused_as_damaged(&intact, "a database without one of its table files");
 }
 
 #[test]
@@ -138,8 +142,7 @@ fn a_flipped_bit_under_purged_log_entries_refuses_the_open_too() {
     bytes[100] ^= 0x5a;
     std::fs::write(&table, &bytes).unwrap();
 
-    let error = Store::open(&db).err().expect("a table file with a flipped bit under a range deletion opened");
-    assert!(matches!(error, StorageError::Corrupt { .. }), "{error}");
+    refused_as_damaged(&db, "a table file with a flipped bit under a range deletion");
 }
 
 #[test]
@@ -168,12 +171,8 @@ fn a_manifest_cut_before_a_column_family_was_created_refuses_the_open() {
     };
     std::fs::OpenOptions::new().write(true).open(&manifest).unwrap().set_len(cut as u64).unwrap();
 
-    let error = match Store::open(&db) {
-        Ok(store) => panic!("a MANIFEST cut short opened, with {} of {ENTRIES} entries", log_entries(&store)),
-        Err(error) => error,
-    };
-    assert!(matches!(error, StorageError::Corrupt { .. }), "{error}");
-    assert!(error.to_string().contains("does not list the column families"), "{error}");
+    let message = refused_as_damaged(&db, "a MANIFEST cut short");
+    assert!(message.contains("does not list the column families"), "{message}");
 }
 
 #[test]
@@ -207,13 +206,8 @@ fn a_wal_cut_short_below_what_was_synced_refuses_the_open() {
     let length = std::fs::metadata(&wal).unwrap().len();
     std::fs::OpenOptions::new().write(true).open(&wal).unwrap().set_len(length / 2).unwrap();
 
-    let error = match Store::open(&db) {
-        Ok(store) => panic!("a WAL cut in half opened, with {} of {ENTRIES} entries", log_entries(&store)),
-        Err(error) => error,
-    };
-    assert!(matches!(error, StorageError::Corrupt { .. }), "{error}");
-    let message = error.to_string();
-    assert!(message.contains("lost writes that were synced") && message.contains("Re-seed this node"), "{message}");
+    let message = refused_as_damaged(&db, "a WAL cut in half");
+    assert!(message.contains("lost writes that were synced"), "{message}");
 }
 
 #[tokio::test]

@@ -157,24 +157,26 @@ fn unknown_keys_are_not_found() {
     assert_eq!(error.kind, ErrorKind::NotFound);
 }
 
+/// A worker's failure of `attempt`, leaving two retries, after `back_off_ms`.
+fn smtp_down(key: JobKey, attempt: u32, back_off_ms: i64) -> Command {
+    Command::Fail {
+        key,
+        attempt,
+        retries: 2,
+        error_message: "smtp down".into(),
+        back_off_ms,
+        variables: Bytes::new(),
+        max_payload_bytes: u64::MAX,
+        reason: FailReason::Failed,
+    }
+}
+
 #[test]
 fn fail_with_retries_and_back_off_schedules_the_retry() {
     let mut h = Harness::new();
     let key = h.create(1_000, 0);
     h.activate(1_000, 1, 10_000);
-    let result = h.run(
-        2_000,
-        Command::Fail {
-            key,
-            attempt: 1,
-            retries: 2,
-            error_message: "smtp down".into(),
-            back_off_ms: 3_000,
-            variables: Bytes::new(),
-            max_payload_bytes: u64::MAX,
-            reason: FailReason::Failed,
-        },
-    );
+    let result = h.run(2_000, smtp_down(key, 1, 3_000));
     assert_eq!(result, CommandResult::Done);
     let job = h.state.job(key).unwrap();
     assert_eq!(job.state, JobState::Scheduled);
@@ -926,19 +928,7 @@ fn a_failure_sent_after_the_session_died_is_refused_not_answered_ok() {
     // The worker, still at work, fails it with a back-off. That failure did
     // not take effect (the broker's did), so it must not be answered OK as
     // if it were a repeat of one that had.
-    let result = h.run(
-        5_100,
-        Command::Fail {
-            key,
-            attempt: 1,
-            retries: 2,
-            error_message: "smtp down".into(),
-            back_off_ms: 3_000,
-            variables: Bytes::new(),
-            max_payload_bytes: u64::MAX,
-            reason: FailReason::Failed,
-        },
-    );
+    let result = h.run(5_100, smtp_down(key, 1, 3_000));
     let CommandResult::Rejected(error) = result else { panic!("answered {result:?}") };
     assert!(error.message.contains("no longer yours"), "{error:?}");
     assert_eq!(h.state_of(key), Some(JobState::Activatable), "the job stays where the broker put it");
