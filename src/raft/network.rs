@@ -125,10 +125,28 @@ pub struct PeerConnection {
 /// Room in a message for the request's framing besides the openraft payload.
 const FRAMING: usize = 1024;
 
+/// The most an append of several entries carries. openraft gives an append
+/// one heartbeat interval (250 ms by default) before it times out, and sends
+/// the same entries again after a timeout: a follower far behind (re-seeded,
+/// or back from a long outage) was sent up to 16 entries of up to 4 MiB each,
+/// which did not arrive, get written and synced in time on a loaded machine,
+/// again and again, so it never caught up. 1 MiB is a few milliseconds on a
+/// LAN; appends of a caught-up follower are far smaller, and a single larger
+/// entry is still sent alone.
+const APPEND_TARGET_BYTES: usize = 1 << 20;
+
 /// Whether a status says a message was over a gRPC size limit (tonic answers
 /// OUT_OF_RANGE, "... message length too large ...", on either side).
 fn too_large(status: &tonic::Status) -> bool {
     status.code() == tonic::Code::OutOfRange && status.message().contains("message length too large")
+}
+
+/// The entry count to send instead, when an append of `entries` entries
+/// serialized to `bytes` is over [`APPEND_TARGET_BYTES`] or would not fit a
+/// message of `max_message_bytes`; `None` when it goes as it is.
+fn split_append(entries: usize, bytes: usize, max_message_bytes: usize) -> Option<u64> {
+    let limit = max_message_bytes.saturating_sub(FRAMING).min(APPEND_TARGET_BYTES);
+    (entries > 1 && bytes > limit).then(|| entries_hint(entries, bytes, limit))
 }
 
 /// The entry count to try after `entries` entries took `bytes` and did not
@@ -163,10 +181,9 @@ impl PeerConnection {
             return Err(RPCError::Unreachable(Unreachable::new(&e)));
         };
         let payload = bincode::serialize(request).map_err(|e| RPCError::Network(NetworkError::new(&e)))?;
-        let limit = self.max_message_bytes.saturating_sub(FRAMING);
-        if let Some(entries) = entries.filter(|n| *n > 1 && payload.len() > limit) {
+        if let Some(hint) = entries.and_then(|n| split_append(n, payload.len(), self.max_message_bytes)) {
             metrics::counter!("drover_raft_appends_too_large_total").increment(1);
-            return Err(PayloadTooLarge::new_entries_hint(entries_hint(entries, payload.len(), limit)).into());
+            return Err(PayloadTooLarge::new_entries_hint(hint).into());
         }
         let mut grpc = tonic::Request::new(RaftRequest { partition_id: self.partition, payload: payload.into() });
         grpc.set_timeout(option.hard_ttl());
@@ -239,6 +256,18 @@ mod tests {
         assert_eq!(entries_hint(2, 1 << 30, 64 << 20), 1);
         // A peer's refusal: half.
         assert_eq!(entries_hint(16, 2, 1), 8);
+    }
+
+    #[test]
+    fn an_append_over_a_mebibyte_goes_in_fewer_entries_unless_it_is_one() {
+        // 16 entries of 4 MiB: one at a time.
+        assert_eq!(split_append(16, 64 << 20, 64 << 20), Some(1));
+        // 16 entries of 256 KiB: 4 at a time.
+        assert_eq!(split_append(16, 4 << 20, 64 << 20), Some(4));
+        assert_eq!(split_append(16, 1 << 20, 64 << 20), None, "at the target");
+        assert_eq!(split_append(1, 4 << 20, 64 << 20), None, "one entry goes alone, however large");
+        // A smaller message limit still rules.
+        assert_eq!(split_append(4, 600 << 10, 300 << 10), Some(1));
     }
 
     #[test]
