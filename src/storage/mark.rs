@@ -11,8 +11,8 @@
 //! The mark trails the WAL. The group-commit writer publishes the sequence it
 //! synced; [`MarkWriter`] writes it down at most every [`INTERVAL`], off the
 //! commit path, so acknowledgements never wait for it. A cut that removes only
-//! the writes of that last interval is not caught (docs/reliability.md says
-//! so); one that reaches further back is.
+//! the writes of that last interval is not caught (docs/operations.md says
+//! so, under "Storage"); one that reaches further back is.
 
 use std::fs::{File, OpenOptions};
 use std::io::Read;

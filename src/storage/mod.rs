@@ -27,9 +27,7 @@ use std::ops::Range;
 use std::path::{Path, PathBuf};
 use std::sync::Arc;
 
-use rocksdb::{
-    ColumnFamilyDescriptor, DBRecoveryMode, Direction, ErrorKind, IteratorMode, Options, WriteBatch, WriteOptions, DB,
-};
+use rocksdb::{ColumnFamilyDescriptor, DBRecoveryMode, Direction, IteratorMode, Options, WriteBatch, WriteOptions, DB};
 
 pub use writer::SyncWriter;
 
@@ -180,19 +178,10 @@ impl Store {
             ColumnFamilyDescriptor::new(name, cf_opts)
         };
         let cfs = COLUMN_FAMILIES.map(cf);
-        let damaged = |source: rocksdb::Error| {
-            // A file the database lists but cannot find (a deleted SST,
-            // MANIFEST or WAL) is damage too, not an I/O hiccup.
-            if source.kind() == ErrorKind::Corruption || source.to_string().contains("No such file or directory") {
-                StorageError::Corrupt { dir: dir.to_path_buf(), damage: source.into_string() }
-            } else {
-                StorageError::RocksDb(source)
-            }
-        };
-        let db = DB::open_cf_descriptors(&opts, dir, cfs).map_err(damaged)?;
+        let db = DB::open_cf_descriptors(&opts, dir, cfs).map_err(|e| opening_error(dir, e))?;
         let corrupt = |damage: String| StorageError::Corrupt { dir: dir.to_path_buf(), damage };
         verify_checksums(&db).map_err(|message| {
-            if message.starts_with("Corruption") || message.contains("No such file or directory") {
+            if is_damage(&message) {
                 corrupt(message)
             } else {
                 StorageError::Io(std::io::Error::other(message))
@@ -369,6 +358,22 @@ impl Store {
     }
 }
 
+/// Whether a RocksDB error says the database is damaged: a record or block
+/// that fails its checksum, or a file the database lists but cannot find (a
+/// deleted SST, MANIFEST or WAL), which is damage too, not an I/O hiccup.
+fn is_damage(message: &str) -> bool {
+    message.starts_with("Corruption") || message.contains("No such file or directory")
+}
+
+/// An error from opening the database in `dir`: damage, or RocksDB's own.
+fn opening_error(dir: &Path, error: rocksdb::Error) -> StorageError {
+    if is_damage(error.as_ref()) {
+        StorageError::Corrupt { dir: dir.to_path_buf(), damage: error.into_string() }
+    } else {
+        StorageError::RocksDb(error)
+    }
+}
+
 /// The names of every column family, in the order they are created.
 const COLUMN_FAMILIES: [&str; 6] = [CF_LOG, CF_META, CF_JOBS, CF_DONE, CF_EXPIRY, CF_REQUESTS];
 
@@ -391,13 +396,7 @@ fn check_column_families(dir: &Path) -> Result<bool, StorageError> {
         }
         return Ok(false);
     }
-    let listed = DB::list_cf(&Options::default(), dir).map_err(|e| {
-        if e.kind() == ErrorKind::Corruption || e.to_string().contains("No such file or directory") {
-            corrupt(e.into_string())
-        } else {
-            StorageError::RocksDb(e)
-        }
-    })?;
+    let listed = DB::list_cf(&Options::default(), dir).map_err(|e| opening_error(dir, e))?;
     let missing: Vec<&str> = COLUMN_FAMILIES.into_iter().filter(|name| !listed.iter().any(|l| l == name)).collect();
     if !missing.is_empty() {
         return Err(corrupt(format!(
