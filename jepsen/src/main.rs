@@ -241,8 +241,9 @@ fn main() -> anyhow::Result<()> {
                     args.nodes = combined_nodes.unwrap_or(args.nodes);
                 }
                 // The seed is drawn here, so that a failure can be named by it.
-                args.seed = Some(args.seed.unwrap_or_else(rand::random));
-                let label = format!("{} seed {}", args.names().join("+"), args.seed.unwrap_or_default());
+                let seed = args.seed.unwrap_or_else(rand::random);
+                args.seed = Some(seed);
+                let label = format!("{} seed {seed}", args.names().join("+"));
                 match run(args) {
                     Ok((true, dir)) => {
                         passed += 1;
