@@ -404,16 +404,20 @@ pub fn check(history: &[Op], finals: &FinalReads, replicas: impl Fn(u64) -> Vec<
     for op in history.iter().filter(|o| o.kind == Kind::Complete && o.phase == Phase::Invoke) {
         invoked_at.insert((op.process, op.id, op.attempt), op.time_ms);
     }
+    // Each key's activations (attempt, time), looked up per completion: a
+    // scan of the whole history per completion took minutes on long runs.
+    let mut activations: BTreeMap<u64, Vec<(u32, u64)>> = BTreeMap::new();
+    for op in history.iter().filter(|o| o.kind == Kind::Activate && o.phase == Phase::Ok) {
+        if let Some(key) = op.key {
+            activations.entry(key).or_default().push((op.attempt, op.time_ms));
+        }
+    }
     for (key, ops) in &completions {
         for done in ops {
             let Some(&started) = invoked_at.get(&(done.process, done.id, done.attempt)) else { continue };
-            let superseded = history.iter().any(|o| {
-                o.kind == Kind::Activate
-                    && o.phase == Phase::Ok
-                    && o.key == Some(*key)
-                    && o.attempt > done.attempt
-                    && o.time_ms < started
-            });
+            let superseded = activations
+                .get(key)
+                .is_some_and(|acts| acts.iter().any(|(attempt, at)| *attempt > done.attempt && *at < started));
             if superseded && !report.stale.contains(key) {
                 report.stale.push(*key);
             }

@@ -161,6 +161,10 @@ enum Command {
     /// Internal: the part of a run that executes inside the client namespace.
     #[command(hide = true)]
     Inner { dir: PathBuf },
+    /// Checks a finished run's history and final reads again (loss,
+    /// duplicates, divergence, stages; not availability or timers), as after
+    /// a change to the checker: `drover-jepsen recheck RUN_DIR`.
+    Recheck { dir: PathBuf },
     /// Internal: one node's delaying proxy to its peers, inside its namespace.
     #[command(hide = true)]
     Proxy {
@@ -275,6 +279,20 @@ fn main() -> anyhow::Result<()> {
                     Err(e)
                 }
             }
+        }
+        Command::Recheck { dir } => {
+            let config: serde_json::Value = serde_json::from_str(&std::fs::read_to_string(dir.join("config.json"))?)?;
+            let nodes = config["args"]["nodes"].as_u64().context("config.json names no node count")? as usize;
+            let mut history = Vec::new();
+            for line in std::fs::read_to_string(dir.join("history.jsonl"))?.lines() {
+                history.push(serde_json::from_str::<history::Op>(line)?);
+            }
+            let finals: FinalReads = serde_json::from_str(&std::fs::read_to_string(dir.join("finals.json"))?)?;
+            let started = std::time::Instant::now();
+            let report = checker::check(&history, &finals, replicas_of(nodes));
+            println!("{}\n{}", report.summary(), report.details());
+            println!("checked {} operations in {} ms", history.len(), started.elapsed().as_millis());
+            std::process::exit(if report.valid { 0 } else { 1 });
         }
         Command::Proxy { node, targets, control } => proxy::serve(node, &targets, &control),
         Command::Lossyfs { mount, control } => lossyfs::serve(&mount, &control),
@@ -561,10 +579,7 @@ async fn inner(dir: &Path) -> anyhow::Result<bool> {
     append_line(&timeline, &serde_json::json!({ "time_ms": shared.recorder.now_ms(), "event": "drain" }));
     nodes.wait_ready(Duration::from_secs(60)).await?;
     let drain_end = Instant::now() + Duration::from_secs(args.drain);
-    let replicas = |key: u64| -> Vec<usize> {
-        let partition = (key >> 48) as usize;
-        (0..args.nodes.min(3)).map(|i| (partition + i) % args.nodes).collect()
-    };
+    let replicas = replicas_of(args.nodes);
     let drain_start = Instant::now();
     let mut finals;
     loop {
@@ -621,6 +636,15 @@ async fn inner(dir: &Path) -> anyhow::Result<bool> {
     drop(disks);
     drop(proxies);
     Ok(report.valid)
+}
+
+/// The nodes holding a job's partition, by its key: the placement of a
+/// cluster without locations, partition p on nodes (p + i) mod n.
+fn replicas_of(nodes: usize) -> impl Fn(u64) -> Vec<usize> + Copy {
+    move |key: u64| {
+        let partition = (key >> 48) as usize;
+        (0..nodes.min(3)).map(|i| (partition + i) % nodes).collect()
+    }
 }
 
 /// Every node's own view of every job (not routed to leaders).
