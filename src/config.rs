@@ -10,6 +10,7 @@ use std::time::Duration;
 use anyhow::{bail, Context};
 use serde::Deserialize;
 
+use crate::cluster::placement::Location;
 use crate::core::Retention;
 use crate::gateway::Limits;
 use crate::raft::{NodeId, RaftSettings};
@@ -46,7 +47,10 @@ pub struct ServeArgs {
     #[arg(long, env = "DROVER_ADMIN_ADDR")]
     pub admin_addr: Option<String>,
     /// Every member's node-to-node address as ID=HOST:PORT, comma separated, the
-    /// same list on every node. [default: this node alone]
+    /// same list on every node. Each may end in @REGION/ZONE (or @REGION),
+    /// for all members or none: replicas are then placed over zones and
+    /// regions, and jobs routed by region (docs/regions.md). [default: this
+    /// node alone]
     #[arg(long, env = "DROVER_MEMBERS", value_delimiter = ',')]
     pub members: Option<Vec<String>>,
     /// On an empty data directory, join the existing cluster instead of
@@ -58,6 +62,25 @@ pub struct ServeArgs {
     /// Partitions in the cluster; fixed when the cluster first forms. [default: 1]
     #[arg(long, env = "DROVER_PARTITIONS")]
     pub partitions: Option<u32>,
+    /// This node's region, such as eu-west-1: its gateways' streams are
+    /// "near" the partitions it leads, and Zeebe workers connected here get
+    /// the label region:REGION. [default: its member entry's, or none]
+    #[arg(long, env = "DROVER_REGION")]
+    pub region: Option<String>,
+    /// This node's zone within its region. [default: its member entry's, or none]
+    #[arg(long, env = "DROVER_ZONE")]
+    pub zone: Option<String>,
+    /// Regions partitions prefer their leader in, comma separated: a leader
+    /// elsewhere hands leadership to a caught-up replica in one of them.
+    /// [default: none, any replica may lead]
+    #[arg(long, env = "DROVER_LEADER_REGIONS", value_delimiter = ',')]
+    pub leader_regions: Option<Vec<String>>,
+    /// Raft timing preset: `lan` (heartbeat 250 ms, election timeout
+    /// 600-1200 ms) or `wan` (heartbeat 500 ms, election timeout 2500-5000
+    /// ms, for round trips up to about 150 ms); --heartbeat-ms and
+    /// --election-timeout-ms override it. [default: lan]
+    #[arg(long, env = "DROVER_NETWORK_PROFILE")]
+    pub network_profile: Option<String>,
     /// Replicas per partition; fixed when the cluster first forms. [default: 1,
     /// or min(3, members) when members are given]
     #[arg(long, env = "DROVER_REPLICATION_FACTOR")]
@@ -219,6 +242,13 @@ pub struct NodeConfig {
     /// Node id -> node-to-node address. Empty: this node alone, at its bound
     /// cluster address.
     pub members: BTreeMap<NodeId, String>,
+    /// Node id -> location, from the member list; empty locations when it
+    /// names none.
+    pub locations: BTreeMap<NodeId, Location>,
+    /// This node's location.
+    pub location: Location,
+    /// Regions partitions prefer their leaders in (empty: any).
+    pub leader_regions: Vec<String>,
     /// Join the existing cluster instead of forming it, if the data directory
     /// has formed nothing yet (see [`crate::raft::Formation`]).
     pub join_existing: bool,
@@ -246,6 +276,9 @@ impl NodeConfig {
             cluster_addr: "127.0.0.1:0".parse().expect("literal"),
             admin_addr: "127.0.0.1:0".parse().expect("literal"),
             members: BTreeMap::new(),
+            locations: BTreeMap::new(),
+            location: Location::default(),
+            leader_regions: Vec::new(),
             join_existing: false,
             partitions: 1,
             replication_factor: 1,
@@ -276,16 +309,26 @@ fn node_id_from_hostname() -> anyhow::Result<NodeId> {
     })
 }
 
-pub fn parse_members(entries: &[String]) -> anyhow::Result<BTreeMap<NodeId, String>> {
+/// Members as ID=HOST:PORT[@REGION[/ZONE]]: addresses and locations (all
+/// empty when no entry names one; all entries or none must).
+pub fn parse_members(entries: &[String]) -> anyhow::Result<(BTreeMap<NodeId, String>, BTreeMap<NodeId, Location>)> {
     let mut members = BTreeMap::new();
+    let mut locations = BTreeMap::new();
     for entry in entries.iter().map(|e| e.trim()).filter(|e| !e.is_empty()) {
-        let Some((id, addr)) = entry.split_once('=') else {
+        let Some((id, rest)) = entry.split_once('=') else {
             bail!("member {entry:?} must look like ID=HOST:PORT, for example 0=drover-0.drover:26502");
         };
         let id: NodeId = id.trim().parse().with_context(|| format!("member {entry:?}: {id:?} is not a node id"))?;
+        let (addr, location) = match rest.split_once('@') {
+            Some((addr, location)) => {
+                (addr, Location::parse(location.trim()).with_context(|| format!("member {entry:?}"))?)
+            }
+            None => (rest, Location::default()),
+        };
         if members.insert(id, addr.trim().to_string()).is_some() {
             bail!("member id {id} appears twice in the member list");
         }
+        locations.insert(id, location);
     }
     if !members.is_empty() {
         let expected: Vec<NodeId> = (0..members.len() as NodeId).collect();
@@ -294,7 +337,35 @@ pub fn parse_members(entries: &[String]) -> anyhow::Result<BTreeMap<NodeId, Stri
             bail!("member ids must be 0..{} with none missing, got {actual:?}", members.len());
         }
     }
-    Ok(members)
+    let located = locations.values().filter(|l| !l.is_empty()).count();
+    if located != 0 && located != locations.len() {
+        bail!(
+            "{located} of {} members name a location (@REGION/ZONE); give every member one, or none",
+            locations.len()
+        );
+    }
+    Ok((members, locations))
+}
+
+/// This node's location: its member entry's, which `--region` and `--zone`
+/// may repeat but not contradict, or theirs alone without one.
+fn own_location(listed: Option<&Location>, region: Option<String>, zone: Option<String>) -> anyhow::Result<Location> {
+    match listed.filter(|l| !l.is_empty()) {
+        Some(listed) => {
+            for (flag, given, listed) in [("--region", &region, &listed.region), ("--zone", &zone, &listed.zone)] {
+                if let Some(given) = given.as_ref().filter(|g| *g != listed) {
+                    bail!("{flag} {given:?} contradicts this node's member entry ({listed:?}); give one or make them agree");
+                }
+            }
+            Ok(listed.clone())
+        }
+        None => match (region, zone) {
+            (None, None) => Ok(Location::default()),
+            (Some(region), None) => Location::parse(&region),
+            (Some(region), Some(zone)) => Location::parse(&format!("{region}/{zone}")),
+            (None, Some(_)) => bail!("--zone needs --region"),
+        },
+    }
 }
 
 impl ServeArgs {
@@ -313,7 +384,7 @@ impl ServeArgs {
                 self.$field.clone().or(file.$field.clone())
             };
         }
-        let members = parse_members(&pick!(members).unwrap_or_default())?;
+        let (members, locations) = parse_members(&pick!(members).unwrap_or_default())?;
         let node_id = match (pick!(node_id), pick!(node_id_from_hostname).unwrap_or(false)) {
             (Some(id), _) => id,
             (None, true) => node_id_from_hostname()?,
@@ -339,7 +410,18 @@ impl ServeArgs {
                 "replication factor must be between 1 and the cluster size ({cluster_size}), got {replication_factor}"
             );
         }
-        let defaults = RaftSettings::default();
+        let location = own_location(locations.get(&node_id), pick!(region), pick!(zone))?;
+        let leader_regions = pick!(leader_regions).unwrap_or_default();
+        if let Some(region) = leader_regions.iter().find(|r| !locations.values().any(|l| l.region == **r)) {
+            if !locations.is_empty() {
+                bail!("leader region {region:?} is no member's region (member entries name their @REGION/ZONE)");
+            }
+        }
+        let defaults = match pick!(network_profile).as_deref() {
+            None | Some("lan") => RaftSettings::default(),
+            Some("wan") => RaftSettings::wan(),
+            Some(other) => bail!("network profile must be lan or wan, got {other:?}"),
+        };
         let raft = RaftSettings {
             heartbeat_interval: pick!(heartbeat_ms).map(Duration::from_millis).unwrap_or(defaults.heartbeat_interval),
             election_timeout_min: pick!(election_timeout_ms)
@@ -409,6 +491,9 @@ impl ServeArgs {
             )?,
             admin_addr: parse_addr("admin address", &pick!(admin_addr).unwrap_or_else(|| "0.0.0.0:9600".into()))?,
             members,
+            locations,
+            location,
+            leader_regions,
             join_existing: pick!(join_existing).unwrap_or(false),
             partitions,
             replication_factor,
@@ -440,6 +525,10 @@ mod tests {
     #[test]
     fn members_must_be_dense_and_well_formed() {
         assert!(parse_members(&["0=a:1".into(), "1=b:2".into()]).is_ok());
+        let (_, locations) = parse_members(&["0=a:1@eu/a".into(), "1=b:2@us".into()]).unwrap();
+        assert_eq!((locations[&0].region.as_str(), locations[&0].zone.as_str()), ("eu", "a"));
+        assert_eq!(locations[&1].region, "us");
+        assert!(parse_members(&["0=a:1@eu/a".into(), "1=b:2".into()]).is_err(), "all or none");
         assert!(parse_members(&["0=a:1".into(), "2=b:2".into()]).is_err());
         assert!(parse_members(&["a:1".into()]).is_err());
         assert!(parse_members(&["0=a:1".into(), "0=b:2".into()]).is_err());

@@ -257,6 +257,8 @@ fn engine() -> (PartitionState, Vec<Batch>) {
             max_bytes: u64::MAX,
             session: 0,
             via: Via::Unknown,
+            taker: Default::default(),
+            rivals: Vec::new(),
         })
     };
     let k = |n| JobKey::new(0, n);

@@ -1,6 +1,7 @@
 //! Admin HTTP: `/health`, `/ready`, `/metrics` (Prometheus text format) and JSON
 //! views under `/actuator/*`. Owns the process's metrics recorder.
 
+use std::collections::{BTreeMap, BTreeSet};
 use std::sync::{Arc, OnceLock};
 use std::time::Duration;
 
@@ -85,6 +86,10 @@ pub fn register_metrics() {
         ("drover_broker_open_job_stream_count", "Aggregated streams registered with this broker"),
         ("drover_gateway_parked_long_polls", "ActivateJobs requests waiting for jobs"),
         ("drover_jobs_activatable", "Activatable jobs per partition and type (on the leader)"),
+        (
+            "drover_jobs_unroutable",
+            "Activatable jobs no open stream may take, by the labels they require (+) and prefer (~) (on the leader)",
+        ),
         ("drover_partition_role_leader", "1 when this node leads the partition"),
         ("drover_partition_has_leader", "1 when this node knows a leader for the partition"),
         ("drover_partition_term", "Raft term of the partition on this node"),
@@ -347,7 +352,9 @@ fn api_error(error: crate::gateway::ApiError) -> (StatusCode, Json<serde_json::V
         ApiError::ResourceExhausted(_) => StatusCode::TOO_MANY_REQUESTS,
         ApiError::Unauthenticated(_) => StatusCode::UNAUTHORIZED,
         ApiError::PermissionDenied(_) => StatusCode::FORBIDDEN,
-        ApiError::Unavailable(_) | ApiError::OutcomeUnknown(_) => StatusCode::SERVICE_UNAVAILABLE,
+        ApiError::Unavailable(_) | ApiError::OutOfReach(_) | ApiError::OutcomeUnknown(_) => {
+            StatusCode::SERVICE_UNAVAILABLE
+        }
         ApiError::Internal(_) => StatusCode::INTERNAL_SERVER_ERROR,
     };
     (status, Json(json!({ "error": error.to_string() })))
@@ -426,10 +433,32 @@ async fn jobstreams(
     Json(json!({ "client": client, "remote": remote }))
 }
 
+/// Activatable jobs of a partition this node leads that no open stream may
+/// take (it lacks a label they require), by their labels as
+/// [`crate::core::Routing::describe`] writes them.
+fn unroutable_jobs(ctx: &NodeContext, replica: &crate::raft::Replica) -> Vec<(String, usize)> {
+    replica.state().read(|s| {
+        let mut found = Vec::new();
+        for (job_type, _) in s.activatable_by_type() {
+            let streams = ctx.broker_streams.live(&job_type);
+            for (routing, count) in s.activatable_by_routing(&job_type) {
+                let takers = streams.iter().map(|st| crate::core::Taker::new(st.labels.clone(), false));
+                if !routing.required.is_empty() && !takers.into_iter().any(|t| routing.allows(&t)) {
+                    found.push((routing.describe(), count));
+                }
+            }
+        }
+        found
+    })
+}
+
 /// Publishes gauges that are read rather than counted: partition roles and
 /// progress, activatable jobs per type, storage figures.
 pub async fn record_gauges(ctx: Arc<NodeContext>, mut stop: watch::Receiver<bool>) {
+    // Series of `drover_jobs_unroutable` set last time, so they drop to 0.
+    let mut unroutable_before: BTreeSet<(String, String)> = BTreeSet::new();
     loop {
+        let mut unroutable: BTreeMap<(String, String), usize> = BTreeMap::new();
         for replica in ctx.replicas.values() {
             let status = replica.status();
             let p = status.partition.to_string();
@@ -454,7 +483,20 @@ pub async fn record_gauges(ctx: Arc<NodeContext>, mut stop: watch::Receiver<bool
                     metrics::gauge!("drover_jobs_activatable", "partition" => p.clone(), "type" => label)
                         .set(count as f64);
                 }
+                for (routing, count) in unroutable_jobs(&ctx, replica) {
+                    *unroutable.entry((p.clone(), job_type_label(routing))).or_default() += count;
+                }
             }
+        }
+        for (partition, labels) in std::mem::take(&mut unroutable_before) {
+            if !unroutable.contains_key(&(partition.clone(), labels.clone())) {
+                metrics::gauge!("drover_jobs_unroutable", "partition" => partition, "labels" => labels).set(0.0);
+            }
+        }
+        for ((partition, labels), count) in unroutable {
+            metrics::gauge!("drover_jobs_unroutable", "partition" => partition.clone(), "labels" => labels.clone())
+                .set(count as f64);
+            unroutable_before.insert((partition, labels));
         }
         let store = &ctx.store;
         for (name, property) in [

@@ -22,6 +22,13 @@ pub struct LocalNodeProcess {
     log: PathBuf,
 }
 
+/// Where local nodes are and how they reach each other (see
+/// [`LocalCluster::start_located`]).
+pub struct Topology<'a> {
+    pub locations: &'a [String],
+    pub dial: &'a dyn Fn(usize, usize, u16) -> String,
+}
+
 pub struct LocalCluster {
     pub nodes: Vec<LocalNodeProcess>,
     /// With TLS on every port: the throwaway CA's certificate (PEM) that
@@ -60,6 +67,22 @@ impl LocalCluster {
         extra_args: &[String],
         tls: bool,
     ) -> anyhow::Result<LocalCluster> {
+        let topology = Topology { locations: &[], dial: &|_, _, port| format!("127.0.0.1:{port}") };
+        Self::start_located(nodes, partitions, replication_factor, base_dir, extra_args, tls, &topology)
+    }
+
+    /// Like [`LocalCluster::start_with`], with node i at `locations[i]`
+    /// (REGION/ZONE; none when empty) and node `from` dialing node `to` at
+    /// `dial(from, to, to's cluster port)`: a delaying proxy between regions.
+    pub fn start_located(
+        nodes: usize,
+        partitions: u32,
+        replication_factor: u32,
+        base_dir: Option<&Path>,
+        extra_args: &[String],
+        tls: bool,
+        topology: &Topology,
+    ) -> anyhow::Result<LocalCluster> {
         let temp = match base_dir {
             Some(_) => None,
             None => Some(tempfile::Builder::new().prefix("drover-local-").tempdir()?),
@@ -90,8 +113,20 @@ impl LocalCluster {
         for _ in 0..nodes {
             ports.push((free_port()?, free_port()?, free_port()?));
         }
-        let members: Vec<String> =
-            ports.iter().enumerate().map(|(id, (_, cluster, _))| format!("{id}=127.0.0.1:{cluster}")).collect();
+        let members = |from: usize| -> String {
+            let entries: Vec<String> = ports
+                .iter()
+                .enumerate()
+                .map(|(to, (_, cluster, _))| {
+                    let addr = (topology.dial)(from, to, *cluster);
+                    match topology.locations.get(to) {
+                        Some(at) => format!("{to}={addr}@{at}"),
+                        None => format!("{to}={addr}"),
+                    }
+                })
+                .collect();
+            entries.join(",")
+        };
         let mut started = Vec::new();
         for (id, (grpc, cluster, admin)) in ports.iter().enumerate() {
             let data_dir = base.join(format!("node-{id}"));
@@ -101,7 +136,7 @@ impl LocalCluster {
                 ("--grpc-addr", format!("127.0.0.1:{grpc}")),
                 ("--cluster-addr", format!("127.0.0.1:{cluster}")),
                 ("--admin-addr", format!("127.0.0.1:{admin}")),
-                ("--members", members.join(",")),
+                ("--members", members(id)),
                 ("--partitions", partitions.to_string()),
                 ("--replication-factor", replication_factor.to_string()),
             ] {

@@ -20,8 +20,10 @@
 //! and one CompleteJob call per job); `--one-by-one` works the same way
 //! through drover.v1. The two measure what the Zeebe facade itself costs.
 
+pub mod delay;
 mod faults;
 mod local;
+mod regions;
 mod workload;
 
 use std::time::Duration;
@@ -44,6 +46,10 @@ pub enum Workload {
     #[value(name = "rolling-restart")]
     #[serde(rename = "rolling-restart")]
     RollingRestart,
+    /// Five local nodes in two regions, 40 ms apart each way: create-to-worker
+    /// latency of a worker in each region at --rate, with leaders in one
+    /// region, then the other (starts its own nodes; --local-nodes is not used).
+    Regions,
 }
 
 #[derive(clap::Args, Clone, Debug, Serialize)]
@@ -185,6 +191,15 @@ pub async fn run(args: BenchArgs) -> anyhow::Result<bool> {
     workload::trust(ca);
     let mut clean = true;
     for workload in &args.workload {
+        if *workload == Workload::Regions {
+            let figures = regions::regions(&args).await?;
+            if args.json {
+                println!("{}", serde_json::to_string(&Report { workload: *workload, parameters: &args, figures })?);
+            } else {
+                figures.print();
+            }
+            continue;
+        }
         if matches!(workload, Workload::Failover | Workload::RollingRestart) {
             let Some(cluster) = cluster.as_mut() else {
                 bail!("the {workload:?} workload kills and restarts nodes: it needs --local-nodes");

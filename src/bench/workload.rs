@@ -30,7 +30,7 @@ pub struct Percentiles {
 }
 
 impl Percentiles {
-    fn of(h: &Histogram<u64>) -> Self {
+    pub(super) fn of(h: &Histogram<u64>) -> Self {
         let ms = |micros: u64| micros as f64 / 1000.0;
         Percentiles {
             p50: ms(h.value_at_quantile(0.50)),

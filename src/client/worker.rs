@@ -377,6 +377,7 @@ impl Worker {
                 // The gateway sends no more than the worker can start soon.
                 max_jobs_in_flight: (self.options.concurrency.max(1) * 2).min(1000) as i32,
                 session_id: session,
+                labels: self.options.labels.clone(),
             };
             let mut raw = self.client.raw();
             let opened = tokio::select! {

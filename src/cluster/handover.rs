@@ -23,7 +23,7 @@ pub async fn hand_over_leadership(ctx: &NodeContext, limit: Duration) {
     }
     let started = Instant::now();
     let deadline = started + limit;
-    let outcomes = join_all(led.iter().map(|replica| hand_over(ctx, replica, deadline))).await;
+    let outcomes = join_all(led.iter().map(|replica| hand_over(ctx, replica, &[], deadline))).await;
     for (replica, outcome) in led.iter().zip(outcomes) {
         match outcome {
             Ok(to) => tracing::info!(
@@ -41,7 +41,29 @@ pub async fn hand_over_leadership(ctx: &NodeContext, limit: Duration) {
     }
 }
 
-async fn hand_over(ctx: &NodeContext, replica: &Replica, deadline: Instant) -> Result<u64, String> {
+/// Hands leadership of `replica`'s partition to a caught-up replica in one of
+/// the partition's leader regions (`--leader-regions`), within `limit`. The
+/// caller has stopped the partition's leader actor, so the log stands still;
+/// when the hand-over fails, the caller starts it again.
+pub async fn hand_over_to_region(ctx: &NodeContext, replica: &Replica, limit: Duration) -> Result<u64, String> {
+    let preferred = leader_region_nodes(ctx, replica.partition);
+    if preferred.is_empty() {
+        return Err("no replica of the partition is in a leader region".into());
+    }
+    hand_over(ctx, replica, &preferred, Instant::now() + limit).await
+}
+
+/// The nodes holding a replica of `partition` in one of the leader regions;
+/// empty when this node is in one itself, or none is set.
+pub fn leader_region_nodes(ctx: &NodeContext, partition: crate::core::PartitionId) -> Vec<u64> {
+    let preferred = |node: u64| ctx.leader_regions.iter().any(|r| r == ctx.region_of(node));
+    if ctx.leader_regions.is_empty() || preferred(ctx.node_id) {
+        return Vec::new();
+    }
+    ctx.replica_nodes(partition).into_iter().filter(|n| preferred(*n)).collect()
+}
+
+async fn hand_over(ctx: &NodeContext, replica: &Replica, among: &[u64], deadline: Instant) -> Result<u64, String> {
     let partition = replica.partition;
     let term = replica.leadership().term;
     // No new entries once the leader actor has stopped.
@@ -55,7 +77,7 @@ async fn hand_over(ctx: &NodeContext, replica: &Replica, deadline: Instant) -> R
         if !replica.leadership().is_leader {
             return Err("leadership moved on its own".into());
         }
-        if let Some(target) = replica.handover_target() {
+        if let Some(target) = replica.handover_target(among) {
             break target;
         }
         if Instant::now() > deadline {

@@ -225,6 +225,7 @@ pub fn to_spec(stream: &RemoteStream) -> StreamSpec {
         fetch_variable: stream.fetch_variables.clone(),
         tenant_ids: stream.tenants.clone(),
         session_id: stream.session,
+        labels: stream.labels.clone(),
     }
 }
 
@@ -238,6 +239,7 @@ pub fn from_spec(spec: StreamSpec) -> RemoteStream {
         tenants: spec.tenant_ids,
         fetch_variables: spec.fetch_variable,
         session: spec.session_id,
+        labels: spec.labels,
     }
 }
 

@@ -10,6 +10,7 @@ use serde_json::value::RawValue;
 
 use super::history::*;
 use super::job::*;
+use super::routing::*;
 use super::session::*;
 
 /// Jobs waiting for a worker, ordered by priority (higher first), then key
@@ -26,8 +27,10 @@ pub struct PartitionState {
     next_counter: u64,
     clock: Millis,
     jobs: HashMap<JobKey, Job>,
-    /// type -> tenant -> queue.
-    ready: HashMap<String, HashMap<String, ReadyQueue>>,
+    /// type -> (tenant, routing) -> queue: jobs of one tenant with other
+    /// labels wait apart, so an activation skips a whole queue its taker
+    /// may not serve instead of job by job.
+    ready: HashMap<String, HashMap<QueueKey, ReadyQueue>>,
     /// Activated jobs by deadline.
     deadlines: BTreeSet<(Millis, JobKey)>,
     /// Scheduled jobs by due time.
@@ -47,6 +50,19 @@ pub struct PartitionState {
     held: BTreeSet<(SessionId, JobKey)>,
     /// JSON Schemas creates must satisfy, by job type.
     schemas: BTreeMap<String, Schema>,
+}
+
+/// One ready queue of a type: its jobs' tenant and labels.
+#[derive(Clone, Debug, PartialEq, Eq, Hash)]
+struct QueueKey {
+    tenant: String,
+    routing: Routing,
+}
+
+impl QueueKey {
+    fn of(job: &Job) -> Self {
+        QueueKey { tenant: job.spec.tenant.clone(), routing: job.spec.routing.clone() }
+    }
 }
 
 /// Bits of a request entry's storage id below its expiry time.
@@ -246,11 +262,33 @@ impl PartitionState {
 
     /// Activatable jobs of a type, over the given tenants (all tenants if empty).
     pub fn activatable_count(&self, job_type: &str, tenants: &[String]) -> usize {
-        let Some(by_tenant) = self.ready.get(job_type) else { return 0 };
-        if tenants.is_empty() {
-            return by_tenant.values().map(BTreeSet::len).sum();
+        let Some(queues) = self.ready.get(job_type) else { return 0 };
+        queues.iter().filter(|(k, _)| tenants.is_empty() || tenants.contains(&k.tenant)).map(|(_, q)| q.len()).sum()
+    }
+
+    /// Activatable jobs of a type over the given tenants that `taker` may take
+    /// while `rivals` are open too (see [`crate::core::routing`]).
+    pub fn activatable_for(&self, job_type: &str, tenants: &[String], taker: &Taker, rivals: &[Taker]) -> usize {
+        let Some(queues) = self.ready.get(job_type) else { return 0 };
+        queues
+            .iter()
+            .filter(|(k, _)| tenants.contains(&k.tenant) && k.routing.admits(&k.tenant, taker, rivals))
+            .map(|(_, q)| q.len())
+            .sum()
+    }
+
+    /// Activatable jobs of a type by their labels (jobs without labels left
+    /// out), for telling which of them no open worker may take.
+    pub fn activatable_by_routing(&self, job_type: &str) -> Vec<(&Routing, usize)> {
+        let Some(queues) = self.ready.get(job_type) else { return Vec::new() };
+        let mut by_routing: Vec<(&Routing, usize)> = Vec::new();
+        for (key, queue) in queues.iter().filter(|(k, _)| !k.routing.is_empty()) {
+            match by_routing.iter_mut().find(|(r, _)| **r == key.routing) {
+                Some((_, n)) => *n += queue.len(),
+                None => by_routing.push((&key.routing, queue.len())),
+            }
         }
-        tenants.iter().filter_map(|t| by_tenant.get(t.as_str())).map(BTreeSet::len).sum()
+        by_routing
     }
 
     /// Activatable jobs per type, for metrics and for pushing to new streams.
@@ -916,8 +954,19 @@ impl PartitionState {
         let timeout_ms = activation.timeout_ms.max(1);
         let deadline = self.clock.saturating_add(timeout_ms);
         let mut bytes = 0u64;
+        // The queues this taker may serve, decided once per queue.
+        let queues: Vec<QueueKey> = self.ready.get(&activation.job_type).map_or_else(Vec::new, |queues| {
+            queues
+                .keys()
+                .filter(|k| {
+                    activation.tenants.contains(&k.tenant)
+                        && k.routing.admits(&k.tenant, &activation.taker, &activation.rivals)
+                })
+                .cloned()
+                .collect()
+        });
         while (activated.len() as u32) < activation.max_jobs {
-            let Some((tenant, key)) = self.best_ready(&activation.job_type, &activation.tenants) else { break };
+            let Some((queue, key)) = self.best_ready(&activation.job_type, &queues) else { break };
             let size = ActivatedJobData::encoded_len(&self.jobs[&key].spec, &activation.worker) as u64;
             // The first job is taken whatever its size: one job always fits a
             // message, and a job that never fit the budget would never run.
@@ -925,7 +974,7 @@ impl PartitionState {
                 break;
             }
             bytes = bytes.saturating_add(size);
-            let popped = self.pop_ready(&activation.job_type, &activation.tenants[tenant]);
+            let popped = self.pop_ready(&activation.job_type, &queues[queue]);
             debug_assert_eq!(popped, Some(key));
             let job = self.jobs.get_mut(&key).expect("ready jobs are in memory");
             job.state = JobState::Activated;
@@ -965,27 +1014,27 @@ impl PartitionState {
         activated
     }
 
-    /// The best ready job of a type over the tenants (highest priority, then
-    /// oldest), with the index of its tenant in `tenants`.
-    fn best_ready(&self, job_type: &str, tenants: &[String]) -> Option<(usize, JobKey)> {
-        let by_tenant = self.ready.get(job_type)?;
-        tenants
+    /// The best ready job of a type over the queues (highest priority, then
+    /// oldest), with the index of its queue in `queues`.
+    fn best_ready(&self, job_type: &str, queues: &[QueueKey]) -> Option<(usize, JobKey)> {
+        let ready = self.ready.get(job_type)?;
+        queues
             .iter()
             .enumerate()
-            .filter_map(|(i, t)| by_tenant.get(t.as_str()).and_then(|q| q.first()).map(|first| (*first, i)))
+            .filter_map(|(i, k)| ready.get(k).and_then(|q| q.first()).map(|first| (*first, i)))
             .min_by_key(|(first, _)| *first)
             .map(|((_, key), i)| (i, key))
     }
 
-    /// Takes the first job off a type's and tenant's ready queue (the one
+    /// Takes the first job off one of a type's ready queues (the one
     /// [`Self::best_ready`] named).
-    fn pop_ready(&mut self, job_type: &str, tenant: &str) -> Option<JobKey> {
-        let by_tenant = self.ready.get_mut(job_type)?;
-        let queue = by_tenant.get_mut(tenant)?;
+    fn pop_ready(&mut self, job_type: &str, queue_key: &QueueKey) -> Option<JobKey> {
+        let queues = self.ready.get_mut(job_type)?;
+        let queue = queues.get_mut(queue_key)?;
         let (_, key) = queue.pop_first()?;
         if queue.is_empty() {
-            by_tenant.remove(tenant);
-            if by_tenant.is_empty() {
+            queues.remove(queue_key);
+            if queues.is_empty() {
                 self.ready.remove(job_type);
             }
         }
@@ -1069,7 +1118,7 @@ impl PartitionState {
         self.ready
             .entry(job_type.clone())
             .or_default()
-            .entry(job.spec.tenant.clone())
+            .entry(QueueKey::of(job))
             .or_default()
             .insert((Reverse(job.spec.priority), key));
         out.touched.push(key);
@@ -1081,7 +1130,7 @@ impl PartitionState {
                 self.ready
                     .entry(job.spec.job_type.clone())
                     .or_default()
-                    .entry(job.spec.tenant.clone())
+                    .entry(QueueKey::of(job))
                     .or_default()
                     .insert((Reverse(job.spec.priority), job.key));
             }
@@ -1101,14 +1150,15 @@ impl PartitionState {
     fn unindex(&mut self, job: &Job) {
         match job.state {
             JobState::Activatable => {
-                if let Some(by_tenant) = self.ready.get_mut(&job.spec.job_type) {
-                    if let Some(queue) = by_tenant.get_mut(&job.spec.tenant) {
+                if let Some(queues) = self.ready.get_mut(&job.spec.job_type) {
+                    let key = QueueKey::of(job);
+                    if let Some(queue) = queues.get_mut(&key) {
                         queue.remove(&(Reverse(job.spec.priority), job.key));
                         if queue.is_empty() {
-                            by_tenant.remove(&job.spec.tenant);
+                            queues.remove(&key);
                         }
                     }
-                    if by_tenant.is_empty() {
+                    if queues.is_empty() {
                         self.ready.remove(&job.spec.job_type);
                     }
                 }

@@ -7,6 +7,7 @@ use bytes::Bytes;
 use serde::{Deserialize, Serialize};
 
 use super::history::{History, Via, YieldReason};
+use super::routing::{Routing, Taker};
 use super::session::{Session, SessionId, SessionInfo, SessionTarget, WorkerState};
 
 /// A partition id, `0..partition_count`.
@@ -225,6 +226,8 @@ pub struct JobSpec {
     pub stages: Vec<String>,
     /// How long after an attempt whose worker died the job is due again.
     pub retry_back_off_ms: Millis,
+    /// Which workers may take it (see [`super::routing`]).
+    pub routing: Routing,
 }
 
 /// A stage a worker committed: the recovery point the next attempt resumes at.
@@ -476,6 +479,11 @@ pub struct Activation {
     pub session: SessionId,
     /// How the activation reaches its worker, for the jobs' histories.
     pub via: Via,
+    /// Who takes the jobs: only jobs whose routing admits it while
+    /// `rivals` are open too are activated (see [`super::routing`]).
+    pub taker: Taker,
+    /// The other open takers of the type, as the leader knows them.
+    pub rivals: Vec<Taker>,
 }
 
 /// One change requested of a partition. Commands are replicated in batches.
@@ -681,6 +689,7 @@ impl JobSpec {
             + field_len(self.traceparent.len())
             + field_len(self.user.len())
             + field_len(self.stages.iter().map(|s| field_len(s.len())).sum())
+            + self.routing.encoded_len()
             + 8
     }
 }
@@ -692,7 +701,8 @@ impl Command {
             Command::Create(job) => job.spec.encoded_len() + 32,
             Command::Activate(a) => {
                 let tenants: usize = a.tenants.iter().map(|t| field_len(t.len())).sum();
-                field_len(a.job_type.len()) + field_len(tenants) + field_len(a.worker.len()) + 32
+                let takers: usize = std::iter::once(&a.taker).chain(&a.rivals).map(Taker::encoded_len).sum();
+                field_len(a.job_type.len()) + field_len(tenants) + field_len(a.worker.len()) + field_len(takers) + 32
             }
             Command::Complete { variables, .. } => field_len(variables.len()) + 16,
             Command::Fail { error_message, variables, .. } => {

@@ -10,11 +10,13 @@
 mod engine;
 mod history;
 mod job;
+mod routing;
 mod session;
 
 pub use engine::{request_expiry_bound, request_storage_id, ApplyOutput, PartitionState, StateSnapshot};
 pub use history::*;
 pub use job::*;
+pub use routing::*;
 pub use session::*;
 
 #[cfg(test)]

@@ -108,6 +108,8 @@ impl World {
                     max_bytes: u64::MAX,
                     session: self.session(),
                     via: Via::Unknown,
+                    taker: Default::default(),
+                    rivals: Vec::new(),
                 })
             }
             45..60 => {

@@ -40,6 +40,8 @@ fn activation(max_jobs: u32, timeout_ms: i64) -> Command {
         max_bytes: u64::MAX,
         session: 0,
         via: Via::Unknown,
+        taker: Default::default(),
+        rivals: Vec::new(),
     })
 }
 
@@ -441,6 +443,8 @@ fn activation_stays_within_its_byte_budget_but_always_takes_one_job() {
             max_bytes,
             session: 0,
             via: Via::Unknown,
+            taker: Default::default(),
+            rivals: Vec::new(),
         })
     };
     let taken = |result| match result {
@@ -485,6 +489,8 @@ fn tenants_filter_activation() {
         max_bytes: u64::MAX,
         session: 0,
         via: Via::Unknown,
+        taker: Default::default(),
+        rivals: Vec::new(),
     });
     assert!(matches!(h.run(1_000, acme), CommandResult::Activated(jobs) if jobs.len() == 1));
 }
@@ -1051,4 +1057,76 @@ fn a_new_leader_s_first_entry_gives_every_session_a_full_lease() {
     // Without beats after that, it is declared dead a dead-after later.
     h.state.apply(&Batch::at(15_000, vec![]));
     assert_eq!(h.state.job(key).unwrap().fail_reason, FailReason::WorkerDied);
+}
+
+mod routing_by_labels {
+    use super::*;
+
+    fn labelled(required: &[&str], preferred: &[&str]) -> Command {
+        let owned = |ls: &[&str]| ls.iter().map(|l| l.to_string()).collect();
+        Command::Create(NewJob {
+            spec: Arc::new(JobSpec { routing: Routing::new(owned(required), owned(preferred)), ..(*spec(0)).clone() }),
+            retries: 3,
+            run_at: None,
+            delay_ms: 0,
+            request: None,
+            dedupe_window_ms: 0,
+        })
+    }
+
+    fn taker(labels: &[&str], local: bool) -> Taker {
+        Taker::new(labels.iter().map(|l| l.to_string()).collect(), local)
+    }
+
+    fn activate_as(h: &mut Harness, me: Taker, rivals: Vec<Taker>) -> Vec<JobKey> {
+        let Command::Activate(mut a) = activation(10, 1_000) else { unreachable!() };
+        a.taker = me;
+        a.rivals = rivals.into_iter().map(|r| r.serving(&[DEFAULT_TENANT.to_string()])).collect();
+        match h.run(1, Command::Activate(a)) {
+            CommandResult::Activated(jobs) => jobs.into_iter().map(|j| j.key).collect(),
+            other => panic!("activate failed: {other:?}"),
+        }
+    }
+
+    fn created(result: CommandResult) -> JobKey {
+        match result {
+            CommandResult::Created { key, .. } => key,
+            other => panic!("create failed: {other:?}"),
+        }
+    }
+
+    #[test]
+    fn a_job_goes_only_to_a_taker_with_the_labels_it_requires() {
+        let mut h = Harness::new();
+        let in_b = created(h.run(0, labelled(&["region:b"], &[])));
+        let anywhere = h.create(0, 0);
+        let a = taker(&["region:a"], true);
+        assert_eq!(activate_as(&mut h, a.clone(), vec![]), vec![anywhere], "region:b is required");
+        assert_eq!(h.state.activatable_count(TYPE, &[DEFAULT_TENANT.into()]), 1, "it waits, activatable");
+        assert_eq!(h.state.activatable_by_routing(TYPE).len(), 1);
+        assert_eq!(activate_as(&mut h, taker(&["region:b"], false), vec![a]), vec![in_b]);
+    }
+
+    #[test]
+    fn a_preferred_tier_takes_its_jobs_while_it_is_open() {
+        let mut h = Harness::new();
+        let prefers_b = created(h.run(0, labelled(&[], &["region:b"])));
+        let plain = h.create(0, 0);
+        let (a, b) = (taker(&["region:a"], true), taker(&["region:b"], false));
+        // B's worker is open: A's may take only the job that does not prefer B.
+        assert_eq!(activate_as(&mut h, a.clone(), vec![a.clone(), b.clone()]), vec![plain]);
+        assert_eq!(activate_as(&mut h, b.clone(), vec![a.clone(), b]), vec![prefers_b]);
+        // Gone B: the next tier takes what only preferred it.
+        let again = created(h.run(2, labelled(&[], &["region:b"])));
+        assert_eq!(activate_as(&mut h, a.clone(), vec![a]), vec![again]);
+    }
+
+    #[test]
+    fn a_far_taker_gets_unlabelled_jobs_only_while_no_near_one_is_open() {
+        let mut h = Harness::new();
+        let job = h.create(0, 0);
+        let (near, far) = (taker(&["region:a"], true), taker(&["region:b"], false));
+        assert!(activate_as(&mut h, far.clone(), vec![near, far.clone()]).is_empty());
+        assert_eq!(activate_as(&mut h, far.clone(), vec![far]), vec![job]);
+    }
 }

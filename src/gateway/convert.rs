@@ -8,8 +8,8 @@ use serde_json::value::RawValue;
 use super::error::ApiError;
 use crate::config::DedupeWindows;
 use crate::core::{
-    ActivatedJobData, Activation, EventKind, Job, JobEvent, JobFilter, JobSpec, JobState, NewJob, RequestId, SessionId,
-    Via, DEFAULT_TENANT,
+    ActivatedJobData, Activation, EventKind, Job, JobEvent, JobFilter, JobSpec, JobState, NewJob, RequestId, Routing,
+    SessionId, Taker, Via, DEFAULT_TENANT, MAX_JOB_LABELS,
 };
 use crate::proto::gateway as pb;
 
@@ -197,6 +197,7 @@ pub fn new_job(
     let tenant = tenant_id("tenant_id", request.tenant_id)?;
     name("user", &request.user, MAX_USER_LEN)?;
     let stages = stages(request.stages)?;
+    let routing = routing(request.required_labels, request.preferred_labels)?;
     let (request_id, dedupe_window_ms) = if request.idempotency_key.is_empty() {
         if request.idempotency_window != 0 {
             return Err(ApiError::InvalidArgument("idempotency_window needs an idempotency_key".into()));
@@ -230,6 +231,7 @@ pub fn new_job(
         user: request.user,
         stages,
         retry_back_off_ms: request.retry_back_off,
+        routing,
     };
     stored_size(&spec, limits)?;
     Ok(NewJob {
@@ -340,6 +342,8 @@ pub struct WorkerSpec {
     pub tenants: Vec<String>,
     /// The worker's session (0: none).
     pub session: SessionId,
+    /// The worker's `name:value` labels, sorted, without repeats.
+    pub labels: Vec<String>,
 }
 
 /// A stream's `max_jobs_in_flight`: 0 means the default.
@@ -362,6 +366,7 @@ pub fn worker_spec(
     mut fetch_variables: Vec<String>,
     tenant_ids: Vec<String>,
     session: SessionId,
+    worker_labels: Vec<String>,
 ) -> Result<WorkerSpec, ApiError> {
     job_type(&job_type_value)?;
     if timeout_ms <= 0 {
@@ -378,7 +383,51 @@ pub fn worker_spec(
         fetch_variables,
         tenants: tenants(tenant_ids)?,
         session,
+        labels: labels("labels", worker_labels, MAX_WORKER_LABELS)?,
     })
+}
+
+/// A worker has at most this many labels.
+pub const MAX_WORKER_LABELS: usize = 32;
+
+/// `name:value` labels (such as `region:eu-west-1`), sorted, without repeats.
+pub fn labels(field: &str, mut labels: Vec<String>, max: usize) -> Result<Vec<String>, ApiError> {
+    labels.sort_unstable();
+    labels.dedup();
+    if labels.len() > max {
+        return Err(ApiError::InvalidArgument(format!(
+            "{field} names {} labels; at most {max} are accepted",
+            labels.len()
+        )));
+    }
+    for label in &labels {
+        name("a label", label, MAX_LABEL_LEN)?;
+        match label.split_once(':') {
+            Some((name, value)) if !name.is_empty() && !value.is_empty() => {}
+            _ => {
+                return Err(ApiError::InvalidArgument(format!(
+                    "label {label:?} in {field} is not name:value (for example region:eu-west-1 or pool:critical)"
+                )))
+            }
+        }
+    }
+    Ok(labels)
+}
+
+const MAX_LABEL_LEN: usize = 255;
+
+/// A job's required and preferred labels.
+fn routing(required: Vec<String>, preferred: Vec<String>) -> Result<Routing, ApiError> {
+    let routing = Routing::new(
+        labels("required_labels", required, MAX_JOB_LABELS)?,
+        labels("preferred_labels", preferred, MAX_JOB_LABELS)?,
+    );
+    if routing.required.len() + routing.preferred.len() > MAX_JOB_LABELS {
+        return Err(ApiError::InvalidArgument(format!(
+            "a job may name at most {MAX_JOB_LABELS} required and preferred labels together"
+        )));
+    }
+    Ok(routing)
 }
 
 /// A poll's activation through gateway node `gateway`.
@@ -392,6 +441,10 @@ pub fn activation(spec: &WorkerSpec, max_jobs: u32, max_bytes: u64, gateway: u64
         max_bytes,
         session: spec.session,
         via: Via::Poll { gateway },
+        // The partition leader says whether the gateway is in its region,
+        // and which other takers are open.
+        taker: Taker::new(spec.labels.clone(), false),
+        rivals: Vec::new(),
     }
 }
 
@@ -460,6 +513,8 @@ pub fn job(job: &Job) -> pb::Job {
         attempts: job.attempt,
         session_id: job.session,
         retry_back_off: job.spec.retry_back_off_ms,
+        required_labels: job.spec.routing.required.clone(),
+        preferred_labels: job.spec.routing.preferred.clone(),
         history: Vec::new(),
         history_dropped: 0,
     }

@@ -24,6 +24,10 @@ pub enum ApiError {
     PermissionDenied(String),
     #[error("{0}")]
     Unavailable(String),
+    /// UNAVAILABLE because this node reaches no majority of the partition's
+    /// replicas; nothing was sent, so the request may go to another partition.
+    #[error("{0}")]
+    OutOfReach(String),
     /// The request may or may not have taken effect.
     #[error("{0}")]
     OutcomeUnknown(String),
@@ -54,7 +58,7 @@ impl ApiError {
             ApiError::ResourceExhausted(_) => Code::ResourceExhausted,
             ApiError::Unauthenticated(_) => Code::Unauthenticated,
             ApiError::PermissionDenied(_) => Code::PermissionDenied,
-            ApiError::Unavailable(_) => Code::Unavailable,
+            ApiError::Unavailable(_) | ApiError::OutOfReach(_) => Code::Unavailable,
             ApiError::OutcomeUnknown(_) => Code::DeadlineExceeded,
             ApiError::Internal(_) => Code::Internal,
         }

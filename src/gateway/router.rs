@@ -19,6 +19,7 @@
 //! their activation timeout, as they would without the repeat. When time runs
 //! out after such a failure the answer is DEADLINE_EXCEEDED, "outcome unknown".
 
+use std::collections::BTreeMap;
 use std::future::Future;
 use std::sync::Arc;
 use std::time::{Duration, Instant};
@@ -43,6 +44,8 @@ enum Attempt<T> {
     Done(T),
     /// Nothing was proposed: try again, preferably on this node.
     Retry(Option<NodeId>),
+    /// This node could not connect to that node at all: nothing was sent.
+    NotConnected(NodeId),
     /// The batch may have been proposed; whether it commits is unknown.
     Unknown {
         hint: Option<NodeId>,
@@ -84,6 +87,7 @@ pub async fn submit_as(
     let mut unknown: Option<String> = None;
     let mut back_off = FIRST_BACK_OFF;
     let mut rotation = 0usize;
+    let mut refused: BTreeMap<NodeId, u32> = BTreeMap::new();
     loop {
         let attempt = match ctx.local_leader(partition) {
             Some(leader) => submit_local(ctx, &leader, principal, partition, commands.clone(), deadline).await?,
@@ -101,6 +105,20 @@ pub async fn submit_as(
         match attempt {
             Attempt::Done(results) => return Ok(results),
             Attempt::Retry(hint) => ctx.set_leader_hint(partition, hint),
+            Attempt::NotConnected(node) => {
+                ctx.set_leader_hint(partition, None);
+                *refused.entry(node).or_default() += 1;
+                // A majority of the replicas cannot be reached from here (a
+                // region cut off): say so now rather than at the deadline.
+                if unknown.is_none() && majority_unreachable(ctx, partition, &refused) {
+                    return Err(ApiError::OutOfReach(format!(
+                        "partition {partition} is out of reach: this node cannot connect to a majority of its \
+                         replicas (nodes {:?} refused or timed out), so no leader it can reach can commit; retry \
+                         with back-off, or through a gateway on the other side",
+                        refused.keys().collect::<Vec<_>>()
+                    )));
+                }
+            }
             Attempt::Unknown { why, .. } if Instant::now() >= resend_until => {
                 return Err(ApiError::outcome_unknown(partition, &why));
             }
@@ -122,6 +140,15 @@ pub async fn submit_as(
     }
 }
 
+/// Whether the replicas of `partition` this node could not connect to (twice
+/// each, so one dropped connection does not count) leave fewer than a
+/// majority it might reach, itself included when it holds a replica.
+fn majority_unreachable(ctx: &NodeContext, partition: PartitionId, refused: &BTreeMap<NodeId, u32>) -> bool {
+    let replicas = ctx.replica_nodes(partition);
+    let out = replicas.iter().filter(|n| **n != ctx.node_id && refused.get(n).is_some_and(|c| *c >= 2)).count();
+    replicas.len() - out < replicas.len() / 2 + 1
+}
+
 /// Runs commands only if this node leads the partition (for forwarded batches:
 /// a forward is never forwarded again).
 pub async fn submit_here(
@@ -137,6 +164,7 @@ pub async fn submit_here(
     match submit_local(ctx, &leader, principal, partition, commands, deadline).await? {
         Attempt::Done(results) => Ok(Ok(results)),
         Attempt::Retry(hint) => Ok(Err(hint)),
+        Attempt::NotConnected(_) => Ok(Err(None)),
         Attempt::Unknown { why, .. } => Err(ApiError::outcome_unknown(partition, &why)),
     }
 }
@@ -207,7 +235,7 @@ async fn forward(
         Ok(reply) => reply.into_inner(),
         Err(status) if never_connected(&status) => {
             tracing::debug!(partition, node, "forward not sent: {status}");
-            return Ok(Attempt::Retry(None));
+            return Ok(Attempt::NotConnected(node));
         }
         // The request may have reached the leader and been proposed.
         Err(status) => {

@@ -438,8 +438,21 @@ impl Gateway for GatewayService {
         let principal = self.principal(&request)?;
         let span = tracing::info_span!("gateway.create_job", job_type = %request.get_ref().r#type, key = tracing::field::Empty);
         crate::trace_context::continue_trace(&span, &traceparent);
-        let (partition, command) = self.create_command(&principal, request.into_inner(), traceparent)?;
-        let submitted = router::submit(&self.ctx, partition, vec![command], deadline).instrument(span.clone()).await;
+        let (mut partition, command) = self.create_command(&principal, request.into_inner(), traceparent)?;
+        let keyless = matches!(&command, Command::Create(job) if !matches!(job.request, Some(RequestId::Key { .. })));
+        let mut submitted =
+            router::submit(&self.ctx, partition, vec![command.clone()], deadline).instrument(span.clone()).await;
+        // A create without an idempotency key may be made on any partition:
+        // one out of this node's reach (its region cut off) sent nothing, so
+        // the create goes to the next partition instead.
+        for _ in 1..self.ctx.partition_count() {
+            if !(keyless && matches!(submitted, Err(ApiError::OutOfReach(_)))) {
+                break;
+            }
+            partition = (partition + 1) % self.ctx.partition_count();
+            submitted =
+                router::submit(&self.ctx, partition, vec![command.clone()], deadline).instrument(span.clone()).await;
+        }
         match submitted?.pop() {
             Some(CommandResult::Created { key, created, state }) => {
                 span.record("key", key.0);
@@ -518,6 +531,7 @@ impl Gateway for GatewayService {
             request.fetch_variable,
             request.tenant_ids,
             request.session_id,
+            request.labels,
         )?;
         let max = request.max_jobs_to_activate as u32;
         let poll_for =
@@ -572,17 +586,22 @@ impl Gateway for GatewayService {
         principal.require_tenants(&request.tenant_ids)?;
         let permit = self.ctx.auth.open_stream(&principal)?;
         let max_in_flight = convert::max_jobs_in_flight(request.max_jobs_in_flight)?;
-        let spec = convert::worker_spec(
+        let mut spec = convert::worker_spec(
             request.r#type,
             request.worker,
             request.timeout,
             request.fetch_variable,
             request.tenant_ids,
             request.session_id,
+            request.labels,
         )?;
         if spec.session != 0 {
-            // An ended session's stream would never be offered a job: say so now.
-            sessions::known(&self.ctx, spec.session, self.default_deadline()).await?;
+            // An ended session's stream would never be offered a job: say so
+            // now. The stream has the session's labels too.
+            let session_labels = sessions::known(&self.ctx, spec.session, self.default_deadline()).await?;
+            spec.labels.extend(session_labels);
+            spec.labels.sort_unstable();
+            spec.labels.dedup();
         }
         let opened = self.ctx.gateway_streams.open(&spec, max_in_flight).await?;
         if let Some(stream) = &opened.new_stream {

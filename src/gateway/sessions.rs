@@ -31,7 +31,7 @@ pub const DEFAULT_DEAD_AFTER_MS: i64 = 30_000;
 const MIN_HEARTBEAT_MS: i64 = 100;
 const MAX_DEAD_AFTER_MS: i64 = 3_600_000;
 const MAX_JOB_TYPES: usize = 100;
-const MAX_LABELS: usize = 32;
+const MAX_LABELS: usize = convert::MAX_WORKER_LABELS;
 const MAX_NAME_LEN: usize = 255;
 
 /// Runs one command on every partition at once; answers in partition order.
@@ -65,30 +65,6 @@ fn end_in_background(ctx: &Arc<NodeContext>, session: SessionId) {
             }
         }
     });
-}
-
-fn labels(labels: Vec<String>) -> Result<Vec<String>, ApiError> {
-    if labels.len() > MAX_LABELS {
-        return Err(ApiError::InvalidArgument(format!(
-            "labels names {} labels; a worker may have at most {MAX_LABELS}",
-            labels.len()
-        )));
-    }
-    for label in &labels {
-        label_value(label)?;
-    }
-    Ok(labels)
-}
-
-/// A `name:value` label.
-fn label_value(label: &str) -> Result<(), ApiError> {
-    convert::name("a label", label, MAX_NAME_LEN)?;
-    match label.split_once(':') {
-        Some((name, value)) if !name.is_empty() && !value.is_empty() => Ok(()),
-        _ => Err(ApiError::InvalidArgument(format!(
-            "label {label:?} is not name:value (for example region:eu-west-1 or pool:critical)"
-        ))),
-    }
 }
 
 pub async fn register(
@@ -145,7 +121,7 @@ pub async fn register(
         pid: request.pid,
         job_types: request.job_types,
         concurrency: request.concurrency,
-        labels: labels(request.labels)?,
+        labels: convert::labels("labels", request.labels, MAX_LABELS)?,
         tenants: convert::tenants(request.tenant_ids)?,
         heartbeat_ms,
         dead_after_ms,
@@ -240,14 +216,16 @@ pub async fn deregister(ctx: &NodeContext, session: u64, deadline: Instant) -> R
     Ok(())
 }
 
-/// Fails with NOT_FOUND unless the session is live (on partition 0).
-pub async fn known(ctx: &NodeContext, session: SessionId, deadline: Instant) -> Result<(), ApiError> {
+/// The labels of `session`; NOT_FOUND unless it is live (on partition 0).
+pub async fn known(ctx: &NodeContext, session: SessionId, deadline: Instant) -> Result<Vec<String>, ApiError> {
     let mut results = router::submit(ctx, 0, vec![Command::ListSessions], deadline).await?;
     match results.pop() {
-        Some(CommandResult::Sessions(sessions)) if sessions.iter().any(|(s, _)| s.info.id == session) => Ok(()),
-        Some(CommandResult::Sessions(_)) => Err(ApiError::NotFound(format!(
+        Some(CommandResult::Sessions(sessions)) => match sessions.into_iter().find(|(s, _)| s.info.id == session) {
+            Some((s, _)) => Ok(s.info.labels.clone()),
+            None => Err(ApiError::NotFound(format!(
             "no worker session {session:x}: it ended, or missed its heartbeats for its dead-after time; register again"
-        ))),
+            ))),
+        },
         other => Err(ApiError::Internal(format!("unexpected result {other:?}"))),
     }
 }
@@ -306,7 +284,7 @@ fn worker_session(session: &Session) -> pb::WorkerSession {
 
 pub async fn list(ctx: &NodeContext, label: &str, deadline: Instant) -> Result<Vec<pb::WorkerSession>, ApiError> {
     if !label.is_empty() {
-        label_value(label)?;
+        convert::labels("label", vec![label.to_string()], 1)?;
     }
     let mut sessions = merge(everywhere(ctx, |_| Command::ListSessions, deadline).await)?;
     sessions.retain(|s| label.is_empty() || s.labels.iter().any(|l| l == label));
@@ -324,7 +302,7 @@ pub async fn direct(
     let target = match (request.session_id, request.label.is_empty(), request.all) {
         (0, true, true) => SessionTarget::All,
         (0, false, false) => {
-            label_value(&request.label)?;
+            convert::labels("label", vec![request.label.clone()], 1)?;
             SessionTarget::Label(request.label)
         }
         (id, true, false) if id != 0 => SessionTarget::One(id),

@@ -251,6 +251,8 @@ pub struct StreamKey {
     /// Streams of different sessions are never one stream: a quiet session's
     /// stream must not be offered jobs while another's is.
     pub session: SessionId,
+    /// The workers' labels: jobs are routed by them.
+    pub labels: Vec<String>,
 }
 
 impl From<&WorkerSpec> for StreamKey {
@@ -263,6 +265,7 @@ impl From<&WorkerSpec> for StreamKey {
             fetch_variables: spec.fetch_variables.clone(),
             tenants: spec.tenants.clone(),
             session: spec.session,
+            labels: spec.labels.clone(),
         }
     }
 }
@@ -362,6 +365,7 @@ impl GatewayStreams {
             tenants: key.tenants.clone(),
             fetch_variables: key.fetch_variables.clone(),
             session: key.session,
+            labels: key.labels.clone(),
         }
     }
 
@@ -588,6 +592,7 @@ mod tests {
             fetch.iter().map(|s| s.to_string()).collect(),
             vec![],
             0,
+            vec![],
         )
         .unwrap()
     }
@@ -733,7 +738,7 @@ mod tests {
     async fn a_stream_takes_only_jobs_of_its_type_and_tenants() {
         let streams = GatewayStreams::new(0);
         let tenants = vec!["t1".to_string()];
-        let spec = convert::worker_spec("a".into(), "w".into(), 60_000, vec![], tenants, 0).unwrap();
+        let spec = convert::worker_spec("a".into(), "w".into(), 60_000, vec![], tenants, 0, vec![]).unwrap();
         let mut opened = streams.open(&spec, 8).await.unwrap();
         let jobs = vec![job(1, "a", "t1", 0), job(2, "a", "t2", 0), job(3, "b", "t1", 0)];
         let outcome = streams.push(opened.stream_id, 0, jobs).await;

@@ -179,7 +179,13 @@ fn native_request<Z, N>(
     Ok(Request::from_parts(metadata, extensions, convert(message)?))
 }
 
-pub fn activate_request(r: zb::ActivateJobsRequest, limits: &Limits) -> Result<pb::ActivateJobsRequest, ApiError> {
+/// `labels`: what a Zeebe worker, which names none, is labelled with here
+/// ([`crate::node::NodeContext::default_worker_labels`]).
+pub fn activate_request(
+    r: zb::ActivateJobsRequest,
+    limits: &Limits,
+    labels: Vec<String>,
+) -> Result<pb::ActivateJobsRequest, ApiError> {
     Ok(pb::ActivateJobsRequest {
         r#type: r.r#type,
         worker: r.worker,
@@ -189,10 +195,11 @@ pub fn activate_request(r: zb::ActivateJobsRequest, limits: &Limits) -> Result<p
         request_timeout: long_poll_ms(r.request_timeout, limits.zeebe_long_poll_ms),
         tenant_ids: r.tenant_ids,
         session_id: 0,
+        labels,
     })
 }
 
-pub fn stream_request(r: zb::StreamActivatedJobsRequest) -> pb::StreamActivatedJobsRequest {
+pub fn stream_request(r: zb::StreamActivatedJobsRequest, labels: Vec<String>) -> pb::StreamActivatedJobsRequest {
     pb::StreamActivatedJobsRequest {
         r#type: r.r#type,
         worker: r.worker,
@@ -202,6 +209,7 @@ pub fn stream_request(r: zb::StreamActivatedJobsRequest) -> pb::StreamActivatedJ
         // The same per-stream limit as a native stream that names none.
         max_jobs_in_flight: 0,
         session_id: 0,
+        labels,
     }
 }
 
@@ -380,7 +388,8 @@ impl Gateway for ZeebeService {
         &self,
         request: Request<zb::ActivateJobsRequest>,
     ) -> Result<Response<Self::ActivateJobsStream>, Status> {
-        let request = native_request(request, |r| activate_request(r, &self.ctx.limits))?;
+        let request =
+            native_request(request, |r| activate_request(r, &self.ctx.limits, self.ctx.default_worker_labels()))?;
         let mut answers = Native::activate_jobs(&self.native, request).await?.into_inner();
         let mut jobs = Vec::new();
         while let Some(answer) = answers.next().await {
@@ -399,7 +408,7 @@ impl Gateway for ZeebeService {
         &self,
         request: Request<zb::StreamActivatedJobsRequest>,
     ) -> Result<Response<Self::StreamActivatedJobsStream>, Status> {
-        let request = native_request(request, |r| Ok(stream_request(r)))?;
+        let request = native_request(request, |r| Ok(stream_request(r, self.ctx.default_worker_labels())))?;
         let jobs = Native::stream_activated_jobs(&self.native, request).await?.into_inner();
         let ctx = Arc::clone(&self.ctx);
         let jobs = jobs.filter_map(move |item| {
@@ -659,7 +668,7 @@ mod tests {
             request_timeout: 0,
             tenant_ids: vec!["acme".into()],
         };
-        let native = activate_request(zeebe.clone(), &limits).unwrap();
+        let native = activate_request(zeebe.clone(), &limits, vec![]).unwrap();
         assert_eq!(native.r#type, "t");
         assert_eq!(native.worker, "", "a blank worker is accepted (Drover names it \"default\")");
         assert_eq!(native.timeout, 30_000);
@@ -671,7 +680,7 @@ mod tests {
 
         let clamp = |max, poll| {
             let r = zb::ActivateJobsRequest { max_jobs_to_activate: max, request_timeout: poll, ..zeebe.clone() };
-            activate_request(r, &limits).map(|n| (n.max_jobs_to_activate, n.request_timeout))
+            activate_request(r, &limits, vec![]).map(|n| (n.max_jobs_to_activate, n.request_timeout))
         };
         assert_eq!(clamp(5000, -1).unwrap(), (1000, 0), "over the limit clamps; negative polls not at all");
         assert_eq!(clamp(1, 2500).unwrap(), (1, 2500));
@@ -725,13 +734,17 @@ mod tests {
         let retries = retries_request(zb::UpdateJobRetriesRequest { job_key: key, retries: 3 }).unwrap();
         assert_eq!((retries.key, retries.retries), (JobKey::new(1, 7).0, 3), "retries are not fenced");
 
-        let stream = stream_request(zb::StreamActivatedJobsRequest {
-            r#type: "t".into(),
-            worker: "w".into(),
-            timeout: 100,
-            fetch_variable: vec!["x".into()],
-            tenant_ids: vec!["acme".into()],
-        });
+        let stream = stream_request(
+            zb::StreamActivatedJobsRequest {
+                r#type: "t".into(),
+                worker: "w".into(),
+                timeout: 100,
+                fetch_variable: vec!["x".into()],
+                tenant_ids: vec!["acme".into()],
+            },
+            vec!["region:eu".into()],
+        );
+        assert_eq!(stream.labels, vec!["region:eu"], "a Zeebe worker has its gateway's region");
         assert_eq!((stream.r#type.as_str(), stream.worker.as_str(), stream.timeout), ("t", "w", 100));
         assert_eq!((stream.fetch_variable, stream.tenant_ids), (vec!["x".to_string()], vec!["acme".to_string()]));
         assert_eq!((stream.max_jobs_in_flight, stream.session_id), (0, 0));

@@ -9,6 +9,7 @@ use std::time::Duration;
 use ractor::ActorRef;
 use tokio::sync::broadcast;
 
+use crate::cluster::placement::Location;
 use crate::config::{DedupeWindows, NodeConfig};
 use crate::core::{PartitionId, RequestId};
 use crate::gateway::streams::GatewayStreams;
@@ -18,17 +19,22 @@ use crate::partition::LeaderMsg;
 use crate::raft::{NodeId, PeerChannels, Replica};
 use crate::storage::Store;
 
-/// Placement: partition `p` lives on nodes `(p + i) mod cluster_size`.
-pub fn replica_nodes(partition: PartitionId, replication_factor: u32, cluster_size: u32) -> Vec<NodeId> {
-    (0..replication_factor).map(|i| ((partition + i) % cluster_size) as NodeId).collect()
-}
-
 pub struct NodeContext {
     pub node_id: NodeId,
     pub partitions: u32,
     pub replication_factor: u32,
     /// Node id -> node-to-node address.
     pub members: BTreeMap<NodeId, String>,
+    /// Node id -> region and zone (empty when the member list names none).
+    pub locations: BTreeMap<NodeId, Location>,
+    /// Partition -> the nodes holding its replicas ([`crate::cluster::placement`]).
+    pub placement: Vec<Vec<NodeId>>,
+    /// This node's region and zone.
+    pub location: Location,
+    /// Regions partitions prefer their leaders in (empty: any).
+    pub leader_regions: Vec<String>,
+    /// The same regions as this node's partition leaders see them.
+    pub locality: Arc<crate::partition::Locality>,
     pub grpc_addr: SocketAddr,
     pub admin_addr: SocketAddr,
     pub store: Arc<Store>,
@@ -73,7 +79,7 @@ impl NodeContext {
     #[allow(clippy::too_many_arguments)] // one per part the node made at start
     pub(super) fn new(
         config: &NodeConfig,
-        members: BTreeMap<NodeId, String>,
+        (members, placement): (BTreeMap<NodeId, String>, Vec<Vec<NodeId>>),
         store: Arc<Store>,
         replicas: BTreeMap<PartitionId, Arc<Replica>>,
         peers: PeerChannels,
@@ -85,7 +91,15 @@ impl NodeContext {
             node_id: config.node_id,
             partitions: config.partitions,
             replication_factor: config.replication_factor,
+            locations: members.keys().map(|n| (*n, config.locations.get(n).cloned().unwrap_or_default())).collect(),
             members,
+            placement,
+            location: config.location.clone(),
+            leader_regions: config.leader_regions.clone(),
+            locality: Arc::new(crate::partition::Locality {
+                own: config.location.region.clone(),
+                regions: config.locations.iter().map(|(n, l)| (*n, l.region.clone())).collect(),
+            }),
             grpc_addr,
             admin_addr,
             store,
@@ -138,7 +152,22 @@ impl NodeContext {
     }
 
     pub fn replica_nodes(&self, partition: PartitionId) -> Vec<NodeId> {
-        replica_nodes(partition, self.replication_factor, self.cluster_size())
+        self.placement.get(partition as usize).cloned().unwrap_or_default()
+    }
+
+    /// The region of node `node` (empty when unknown).
+    pub fn region_of(&self, node: NodeId) -> &str {
+        self.locations.get(&node).map_or("", |l| l.region.as_str())
+    }
+
+    /// The labels a worker without labels of its own gets here: Zeebe's
+    /// protocol has none, so its workers are `region:<this node's region>`.
+    pub fn default_worker_labels(&self) -> Vec<String> {
+        if self.location.region.is_empty() {
+            Vec::new()
+        } else {
+            vec![format!("region:{}", self.location.region)]
+        }
     }
 
     /// The partition for the next new job: round-robin.
@@ -209,7 +238,9 @@ impl NodeContext {
         if others.is_empty() {
             return None;
         }
-        Some(others[rotation % others.len()])
+        // Odd attempts (the even ones went to a known leader) go round every
+        // other replica in turn, not only those at odd positions.
+        Some(others[(rotation / 2) % others.len()])
     }
 
     pub fn set_leader_hint(&self, partition: PartitionId, hint: Option<NodeId>) {

@@ -22,7 +22,8 @@ const RECORD: &str = "cluster.json";
 /// sessions and job schemas.
 /// 4: history events name who set retries or cancelled, and which gateway
 /// yielded an activation and why.
-pub const FORMAT: u32 = 4;
+/// 5: jobs carry required and preferred labels; activations their taker.
+pub const FORMAT: u32 = 5;
 
 /// Records written before the format was recorded.
 fn first_format() -> u32 {
@@ -37,6 +38,11 @@ pub struct Identity {
     pub partitions: u32,
     pub replication_factor: u32,
     pub cluster_size: u32,
+    /// [`crate::cluster::placement::digest`] of where the partitions'
+    /// replicas are; 0 (and missing in older records) for the rotation of a
+    /// cluster without locations.
+    #[serde(default)]
+    pub placement: u64,
 }
 
 #[derive(Serialize, Deserialize)]
@@ -99,6 +105,15 @@ fn check_format(dir: &Path, format: u32) -> anyhow::Result<()> {
 }
 
 fn check_identity(dir: &Path, stored: &Identity, identity: &Identity) -> anyhow::Result<()> {
+    let same_but_placement = Identity { placement: 0, ..*stored } == Identity { placement: 0, ..*identity };
+    if same_but_placement && stored != identity {
+        bail!(
+            "data directory {} was formed with other member locations (@REGION/ZONE in the member list): the \
+             locations decide where each partition's replicas are, and these would move them. Start with the \
+             member list the cluster formed with, or use an empty data directory.",
+            dir.display()
+        );
+    }
     if stored != identity {
         bail!(
             "data directory {} was formed as node {} of a {}-node cluster with {} partitions and replication \
@@ -139,7 +154,7 @@ mod tests {
     use super::*;
 
     fn identity() -> Identity {
-        Identity { node_id: 1, partitions: 3, replication_factor: 3, cluster_size: 3 }
+        Identity { node_id: 1, partitions: 3, replication_factor: 3, cluster_size: 3, placement: 0 }
     }
 
     #[test]

@@ -95,11 +95,15 @@ impl Node {
         if members.is_empty() {
             members.insert(config.node_id, cluster_addr.to_string());
         }
+        let locations: std::collections::BTreeMap<_, _> =
+            members.keys().map(|n| (*n, config.locations.get(n).cloned().unwrap_or_default())).collect();
+        let placement = crate::cluster::placement::place(config.partitions, config.replication_factor, &locations);
         let identity = data_dir::Identity {
             node_id: config.node_id,
             partitions: config.partitions,
             replication_factor: config.replication_factor,
             cluster_size: members.len() as u32,
+            placement: crate::cluster::placement::digest(&placement, &locations),
         };
         let formation = data_dir::open(&config.data_dir, identity, config.join_existing)?;
         let store = Store::open(&config.data_dir.join("db"))
@@ -133,12 +137,11 @@ impl Node {
             cluster_stop_rx,
         ));
 
-        let cluster_size = members.len() as u32;
         let raft_settings =
             crate::raft::RaftSettings { snapshot_dir: config.data_dir.join("snapshots"), ..config.raft.clone() };
         let mut replicas = std::collections::BTreeMap::new();
         for partition in 0..config.partitions {
-            let hosts = context::replica_nodes(partition, config.replication_factor, cluster_size);
+            let hosts = &placement[partition as usize];
             if !hosts.contains(&config.node_id) {
                 continue;
             }
@@ -180,7 +183,7 @@ impl Node {
 
         let ctx = Arc::new(NodeContext::new(
             &config,
-            members,
+            (members, placement),
             Arc::clone(&store),
             replicas,
             peers,

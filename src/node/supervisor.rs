@@ -5,7 +5,7 @@
 //! starts, so it takes over (timers, pushes) as every new leader does.
 
 use std::sync::Arc;
-use std::time::Duration;
+use std::time::{Duration, Instant};
 
 use ractor::Actor;
 use tokio::sync::watch;
@@ -15,14 +15,33 @@ use crate::cluster::Links;
 use crate::partition::{LeaderArgs, PartitionLeader};
 use crate::raft::Replica;
 
+/// How often a leader outside the leader regions looks for a replica there.
+const REGION_CHECK_EVERY: Duration = Duration::from_secs(1);
+/// How long a hand-over to a leader region may take before it is given up.
+const REGION_HANDOVER_LIMIT: Duration = Duration::from_secs(2);
+/// After a failed hand-over, the next try waits this long.
+const REGION_RETRY_AFTER: Duration = Duration::from_secs(10);
+
 pub(super) async fn lead_while_leader(ctx: Arc<NodeContext>, replica: Arc<Replica>, mut stop: watch::Receiver<bool>) {
     let partition = replica.partition;
     let mut metrics = replica.watch();
     let mut running: Option<(ractor::ActorRef<crate::partition::LeaderMsg>, tokio::task::JoinHandle<()>)> = None;
     let mut running_term = 0;
+    let mut next_region_check = Instant::now();
     loop {
         let leadership = replica.leadership();
-        let leads = leadership.is_leader;
+        // A leader cut off from its majority commits nothing: its actor
+        // stops, so requests here fail at once instead of waiting for a
+        // commit that cannot come, and starts again once a majority answers.
+        let cut_off = leadership.is_leader && replica.cut_off();
+        if cut_off && running.is_some() {
+            tracing::warn!(
+                partition,
+                "this node leads the partition but no majority of its replicas has answered for longer than an \
+                 election timeout: it stops taking requests until one does (or another replica is elected)"
+            );
+        }
+        let leads = leadership.is_leader && !cut_off;
         if let Some((_, handle)) = &running {
             if handle.is_finished() {
                 ctx.set_local_leader(partition, None);
@@ -43,6 +62,7 @@ pub(super) async fn lead_while_leader(ctx: Arc<NodeContext>, replica: Arc<Replic
                     streams: Arc::clone(&ctx.broker_streams),
                     link: Arc::new(Links::new(Arc::downgrade(&ctx))),
                     retention: ctx.retention,
+                    locality: Arc::clone(&ctx.locality),
                 };
                 match Actor::spawn(None, PartitionLeader, args).await {
                     Ok((actor, handle)) => {
@@ -58,6 +78,28 @@ pub(super) async fn lead_while_leader(ctx: Arc<NodeContext>, replica: Arc<Replic
                 if let Some((actor, handle)) = running.take() {
                     actor.stop(Some("leadership moved".into()));
                     let _ = handle.await;
+                }
+            }
+            (true, true) if Instant::now() >= next_region_check => {
+                next_region_check = Instant::now() + REGION_CHECK_EVERY;
+                let preferred = crate::cluster::leader_region_nodes(&ctx, partition);
+                if !preferred.is_empty() && replica.handover_target(&preferred).is_some() {
+                    // A caught-up replica in a leader region: leadership moves
+                    // there. The actor stops first so the log stands still.
+                    ctx.set_local_leader(partition, None);
+                    if let Some((actor, handle)) = running.take() {
+                        actor.stop(Some("handing leadership to a leader region".into()));
+                        let _ = handle.await;
+                    }
+                    match crate::cluster::hand_over_to_region(&ctx, &replica, REGION_HANDOVER_LIMIT).await {
+                        Ok(to) => tracing::info!(partition, to, "handed leadership to a leader region"),
+                        Err(why) => {
+                            tracing::warn!(partition, "could not hand leadership to a leader region: {why}");
+                            next_region_check = Instant::now() + REGION_RETRY_AFTER;
+                        }
+                    }
+                    // Still leading (it failed): the next look starts the actor again.
+                    continue;
                 }
             }
             _ => {}

@@ -41,7 +41,7 @@ use rand::seq::IndexedRandom;
 
 use super::streams::{BrokerStreams, PushOutcome, PushedActivations, RemoteStream, Reservation, StreamRooms};
 use crate::core::{
-    ActivatedJobData, Activation, Batch, Command, CommandResult, JobKey, Millis, PartitionId, Retention, Via,
+    ActivatedJobData, Activation, Batch, Command, CommandResult, JobKey, Millis, PartitionId, Retention, Taker, Via,
     YieldReason,
 };
 use crate::raft::{NodeId, Replica, WriteError};
@@ -224,6 +224,27 @@ pub struct LeaderArgs {
     pub streams: Arc<BrokerStreams>,
     pub link: Arc<dyn GatewayLink>,
     pub retention: Retention,
+    pub locality: Arc<Locality>,
+}
+
+/// Which gateways are in the leader's region: streams and polls there are
+/// preferred among equals (see [`crate::core::routing`]).
+#[derive(Clone, Debug, Default)]
+pub struct Locality {
+    /// This node's region (empty: none, every gateway is as near as any).
+    pub own: String,
+    /// Node id -> region.
+    pub regions: HashMap<NodeId, String>,
+}
+
+impl Locality {
+    pub fn near(&self, gateway: NodeId) -> bool {
+        !self.own.is_empty() && self.regions.get(&gateway).is_some_and(|r| *r == self.own)
+    }
+
+    fn taker(&self, stream: &RemoteStream) -> Taker {
+        Taker::new(stream.labels.clone(), self.near(stream.gateway))
+    }
 }
 
 pub struct PartitionLeader;
@@ -234,6 +255,7 @@ pub struct LeaderState {
     streams: Arc<BrokerStreams>,
     link: Arc<dyn GatewayLink>,
     retention: Retention,
+    locality: Arc<Locality>,
     clock: LeaderClock,
     pending: VecDeque<(Vec<Command>, ReplyTo)>,
     pending_commands: usize,
@@ -313,6 +335,7 @@ impl Actor for PartitionLeader {
             streams: args.streams,
             link: args.link,
             retention: args.retention,
+            locality: args.locality,
             pending: VecDeque::new(),
             pending_commands: 0,
             in_flight: 0,
@@ -354,6 +377,7 @@ impl Actor for PartitionLeader {
                     return Ok(());
                 }
                 state.note_finished(&commands);
+                let commands = state.route_polls(commands);
                 state.enqueue(commands, ReplyTo::Client(reply));
                 state.flush(&myself);
             }
@@ -586,10 +610,11 @@ impl LeaderState {
         let serving = self.serving(job_type, live, created_tenants);
         let now = Instant::now();
         self.blocked.retain(|_, until| *until > now);
-        let with_room: Vec<&Arc<RemoteStream>> = serving.iter().filter(|s| self.rooms.room(s) > 0).collect();
-        let open: Vec<&Arc<RemoteStream>> =
-            with_room.iter().copied().filter(|s| !self.blocked.contains_key(&(s.gateway, s.stream_id))).collect();
-        let Some(stream) = open.choose(&mut rand::rng()).map(|s| Arc::clone(s)) else {
+        let with_room: Vec<&(Arc<RemoteStream>, Vec<Taker>)> =
+            serving.iter().filter(|(s, _)| self.rooms.room(s) > 0).collect();
+        let open: Vec<&(Arc<RemoteStream>, Vec<Taker>)> =
+            with_room.iter().copied().filter(|(s, _)| !self.blocked.contains_key(&(s.gateway, s.stream_id))).collect();
+        let Some((stream, rivals)) = open.choose(&mut rand::rng()).map(|(s, r)| (Arc::clone(s), r.clone())) else {
             if !with_room.is_empty() && self.retry_scheduled.insert(job_type.to_string()) {
                 let me = myself.clone();
                 let job_type = job_type.to_string();
@@ -600,7 +625,7 @@ impl LeaderState {
             }
             return None;
         };
-        Some(self.activation(stream))
+        Some(self.activation(stream, rivals))
     }
 
     /// Notes `room` in the stream `(gateway, stream id)` of `job_type`, which
@@ -621,44 +646,79 @@ impl LeaderState {
             self.push_again.insert(job_type.to_string());
             return None;
         }
-        let stream =
-            self.serving(job_type, live, &[]).into_iter().find(|s| s.gateway == gateway && s.stream_id == stream_id)?;
+        let (stream, rivals) = self
+            .serving(job_type, live, &[])
+            .into_iter()
+            .find(|(s, _)| s.gateway == gateway && s.stream_id == stream_id)?;
         let now = Instant::now();
         self.blocked.retain(|_, until| *until > now);
         if self.blocked.contains_key(&(stream.gateway, stream.stream_id)) || self.rooms.room(&stream) == 0 {
             return None;
         }
-        Some(self.activation(stream))
+        Some(self.activation(stream, rivals))
     }
 
     /// The streams of `live` that would take a job now: their session takes
-    /// jobs, and they serve a tenant with activatable jobs or one in
-    /// `created_tenants`.
+    /// jobs, and they serve a tenant with jobs they may take (see
+    /// [`crate::core::routing`]) or one in `created_tenants`; each with the
+    /// other open streams of the type, its rivals.
     fn serving(
         &self,
         job_type: &str,
         live: Vec<Arc<RemoteStream>>,
         created_tenants: &[String],
-    ) -> Vec<Arc<RemoteStream>> {
+    ) -> Vec<(Arc<RemoteStream>, Vec<Taker>)> {
         if live.is_empty() {
-            return live;
+            return Vec::new();
         }
         self.replica.state().read(|s| {
-            live.into_iter()
+            // A quiet or terminated session's stream is not offered (no
+            // yields spent on it), and is no rival.
+            let open: Vec<Arc<RemoteStream>> =
+                live.into_iter().filter(|stream| s.session_takes_jobs(stream.session)).collect();
+            let rivals = self.rivals(&open);
+            open.into_iter()
                 .filter(|stream| {
-                    // A quiet or terminated session's stream is not offered
-                    // (no yields spent on it).
-                    s.session_takes_jobs(stream.session)
-                        && (stream.tenants.iter().any(|t| created_tenants.contains(t))
-                            || s.activatable_count(job_type, &stream.tenants) > 0)
+                    let taker = self.locality.taker(stream);
+                    stream.tenants.iter().any(|t| created_tenants.contains(t))
+                        || s.activatable_for(job_type, &stream.tenants, &taker, &rivals) > 0
                 })
+                .map(|stream| (stream, rivals.clone()))
                 .collect()
         })
     }
 
+    /// The open streams as takers, each label set and tenant list once.
+    fn rivals(&self, open: &[Arc<RemoteStream>]) -> Vec<Taker> {
+        let mut rivals: Vec<Taker> = open.iter().map(|s| self.locality.taker(s).serving(&s.tenants)).collect();
+        rivals.sort_unstable();
+        rivals.dedup();
+        rivals
+    }
+
+    /// Polls (activations a gateway submitted) are routed like pushes: the
+    /// leader says whether the poll's gateway is near and which streams are
+    /// open, so a poll takes only what no better stream is there for.
+    fn route_polls(&self, mut commands: Vec<Command>) -> Vec<Command> {
+        for command in &mut commands {
+            if let Command::Activate(activation) = command {
+                if let Via::Poll { gateway } = activation.via {
+                    activation.taker.local = self.locality.near(gateway);
+                    let live = self.streams.live(&activation.job_type);
+                    let open: Vec<Arc<RemoteStream>> = self
+                        .replica
+                        .state()
+                        .read(|s| live.into_iter().filter(|stream| s.session_takes_jobs(stream.session)).collect());
+                    activation.rivals = self.rivals(&open);
+                }
+            }
+        }
+        commands
+    }
+
     /// An activation of as many jobs as `stream` has room for (at most a
     /// push's batch), with its claim on that room.
-    fn activation(&mut self, stream: Arc<RemoteStream>) -> (Command, PushTicket) {
+    fn activation(&mut self, stream: Arc<RemoteStream>, rivals: Vec<Taker>) -> (Command, PushTicket) {
         *self.pushing.entry(stream.job_type.clone()).or_default() += 1;
         let max_jobs = self.rooms.room(&stream).min(PUSH_BATCH);
         let reservation = self.rooms.reserve(&stream, max_jobs);
@@ -671,6 +731,8 @@ impl LeaderState {
             max_bytes: PUSH_BATCH_BYTES,
             session: stream.session,
             via: Via::Push { gateway: stream.gateway, stream: stream.stream_id },
+            taker: self.locality.taker(&stream),
+            rivals,
         });
         (activation, PushTicket { stream, reservation, offer: None })
     }

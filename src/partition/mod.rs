@@ -17,5 +17,6 @@ mod leader;
 pub mod streams;
 
 pub use leader::{
-    now_millis, GatewayLink, LeaderArgs, LeaderMsg, PartitionLeader, SubmitError, SubmitReply, MAX_ENTRY_BYTES,
+    now_millis, GatewayLink, LeaderArgs, LeaderMsg, Locality, PartitionLeader, SubmitError, SubmitReply,
+    MAX_ENTRY_BYTES,
 };

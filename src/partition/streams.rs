@@ -42,6 +42,8 @@ pub struct RemoteStream {
     pub fetch_variables: Vec<String>,
     /// The worker session the stream belongs to (0: none).
     pub session: SessionId,
+    /// The workers' `name:value` labels, sorted.
+    pub labels: Vec<String>,
 }
 
 struct Entry {
@@ -299,6 +301,7 @@ mod tests {
             tenants: tenants.iter().map(|t| t.to_string()).collect(),
             fetch_variables: vec![],
             session: 0,
+            labels: vec![],
         }
     }
 

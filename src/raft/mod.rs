@@ -84,6 +84,22 @@ pub struct RaftSettings {
     pub snapshot_dir: std::path::PathBuf,
 }
 
+impl RaftSettings {
+    /// Timing for links between regions (`--network-profile wan`). A follower
+    /// has one heartbeat to answer an append, so the heartbeat covers a
+    /// 150 ms round trip plus a loaded follower's sync and a full append's
+    /// transfer (500 ms); the election timeout is five heartbeats, so a
+    /// leader is deposed only after several in a row went missing, never by
+    /// one slow round trip or a burst of jitter.
+    pub fn wan() -> Self {
+        RaftSettings {
+            heartbeat_interval: Duration::from_millis(500),
+            election_timeout_min: Duration::from_millis(2_500),
+            ..RaftSettings::default()
+        }
+    }
+}
+
 impl Default for RaftSettings {
     fn default() -> Self {
         RaftSettings {
@@ -121,6 +137,9 @@ pub struct ReplicaStatus {
     pub snapshot_index: Option<u64>,
     pub purged_index: Option<u64>,
     pub members: Vec<NodeId>,
+    /// A leader no majority has answered for longer than an election
+    /// timeout: it takes no requests ([`Replica::cut_off`]).
+    pub cut_off: bool,
 }
 
 /// The leadership facts other modules act on.
@@ -140,6 +159,9 @@ pub struct Replica {
     /// Set while this replica is joining: it grants no votes until caught up.
     catch_up: Option<CatchUp>,
     started: std::time::Instant,
+    /// How long a leader may go without a majority's acknowledgement before
+    /// it counts as cut off ([`Replica::cut_off`]).
+    quorum_lost_after: Duration,
 }
 
 impl Replica {
@@ -210,7 +232,17 @@ impl Replica {
         }
         // With no other replica there is no leader to catch up with.
         let catch_up = (formation == Formation::Joining && members.len() > 1).then(CatchUp::new);
-        Ok(Arc::new(Replica { partition, node_id, raft, shared, catch_up, started: std::time::Instant::now() }))
+        Ok(Arc::new(Replica {
+            partition,
+            node_id,
+            raft,
+            shared,
+            catch_up,
+            started: std::time::Instant::now(),
+            // The followers elect another leader after at most twice the
+            // minimum election timeout without hearing from this one.
+            quorum_lost_after: settings.election_timeout_min * 2,
+        }))
     }
 
     /// Waits until this replica may vote: at once unless it is joining, else
@@ -306,13 +338,30 @@ impl Replica {
             snapshot_index: m.snapshot.map(|l| l.index),
             purged_index: m.purged.map(|l| l.index),
             members: m.membership_config.membership().voter_ids().collect(),
+            cut_off: Self::is_cut_off(&m, self.quorum_lost_after),
         }
     }
 
-    /// A follower of this leader whose log holds everything this leader's
-    /// does, to hand leadership to; `None` when this node does not lead or
-    /// no follower has caught up.
-    pub fn handover_target(&self) -> Option<NodeId> {
+    /// Whether this replica leads but no majority has acknowledged it for
+    /// longer than the followers wait before electing another leader: it is
+    /// cut off (a minority side of a partition), and can commit nothing.
+    /// openraft keeps such a leader leading until it hears of a newer term.
+    pub fn cut_off(&self) -> bool {
+        let metrics = self.raft.metrics();
+        let m = metrics.borrow();
+        Self::is_cut_off(&m, self.quorum_lost_after)
+    }
+
+    fn is_cut_off(m: &openraft::RaftMetrics<NodeId, BasicNode>, quorum_lost_after: Duration) -> bool {
+        m.state == ServerState::Leader
+            && m.membership_config.membership().voter_ids().count() > 1
+            && m.millis_since_quorum_ack.is_some_and(|ms| Duration::from_millis(ms) > quorum_lost_after)
+    }
+
+    /// A follower of this leader (one of `among`, any when empty) whose log
+    /// holds everything this leader's does, to hand leadership to; `None`
+    /// when this node does not lead or no such follower has caught up.
+    pub fn handover_target(&self, among: &[NodeId]) -> Option<NodeId> {
         let metrics = self.raft.metrics();
         let m = metrics.borrow();
         if m.state != ServerState::Leader {
@@ -322,7 +371,11 @@ impl Replica {
         let replication = m.replication.as_ref()?;
         replication
             .iter()
-            .filter(|(node, matched)| **node != self.node_id && matched.is_some_and(|l| l.index >= last))
+            .filter(|(node, matched)| {
+                **node != self.node_id
+                    && (among.is_empty() || among.contains(node))
+                    && matched.is_some_and(|l| l.index >= last)
+            })
             .map(|(node, _)| *node)
             .next()
     }

@@ -283,6 +283,8 @@ pub struct PartitionStatus {
     pub applied_index: u64,
     pub snapshot_index: Option<u64>,
     pub purged_index: Option<u64>,
+    #[serde(default)]
+    pub cut_off: bool,
 }
 
 /// Several `drover serve` processes forming one cluster on loopback.
@@ -290,6 +292,8 @@ pub struct ProcessCluster {
     pub nodes: Vec<Option<NodeProcess>>,
     ports: Vec<Ports>,
     args: Vec<String>,
+    /// Each node's member list.
+    members: Vec<String>,
     pub dir: tempfile::TempDir,
 }
 
@@ -307,24 +311,48 @@ impl ProcessCluster {
         extra: &[&str],
         dial: &dyn Fn(usize, u16) -> String,
     ) -> ProcessCluster {
+        Self::start_located(size, partitions, replication_factor, extra, &[], &|_, to, port| dial(to, port))
+    }
+
+    /// Like [`ProcessCluster::start`], with node i at `locations[i]`
+    /// (REGION/ZONE in the member list; none when empty), and node `from`
+    /// dialing node `to` at `dial(from, to, its cluster port)`: each node has
+    /// its own member list, so links between regions can go through proxies.
+    pub fn start_located(
+        size: usize,
+        partitions: u32,
+        replication_factor: u32,
+        extra: &[&str],
+        locations: &[&str],
+        dial: &dyn Fn(usize, usize, u16) -> String,
+    ) -> ProcessCluster {
         // Ports are picked free and then released, so a parallel test can take
         // one first; such a start is retried on other ports.
         for _ in 0..5 {
             let dir = tempfile::tempdir().expect("temp dir");
             let ports: Vec<Ports> =
                 (0..size).map(|_| Ports { grpc: free_port(), cluster: free_port(), admin: free_port() }).collect();
-            let members: Vec<String> =
-                ports.iter().enumerate().map(|(i, p)| format!("{i}={}", dial(i, p.cluster))).collect();
+            let members: Vec<String> = (0..size)
+                .map(|from| {
+                    let entries: Vec<String> = ports
+                        .iter()
+                        .enumerate()
+                        .map(|(to, p)| match locations.get(to) {
+                            Some(at) => format!("{to}={}@{at}", dial(from, to, p.cluster)),
+                            None => format!("{to}={}", dial(from, to, p.cluster)),
+                        })
+                        .collect();
+                    entries.join(",")
+                })
+                .collect();
             let mut args = vec![
-                "--members".to_string(),
-                members.join(","),
-                "--partitions".into(),
+                "--partitions".to_string(),
                 partitions.to_string(),
                 "--replication-factor".into(),
                 replication_factor.to_string(),
             ];
             args.extend(extra.iter().map(|s| s.to_string()));
-            let mut cluster = ProcessCluster { nodes: (0..size).map(|_| None).collect(), ports, args, dir };
+            let mut cluster = ProcessCluster { nodes: (0..size).map(|_| None).collect(), ports, args, members, dir };
             if (0..size).all(|id| cluster.try_start_node(id).is_ok()) {
                 return cluster;
             }
@@ -349,6 +377,8 @@ impl ProcessCluster {
             format!("127.0.0.1:{}", p.cluster),
             "--admin-addr".into(),
             format!("127.0.0.1:{}", p.admin),
+            "--members".into(),
+            self.members[id].clone(),
         ];
         args.extend(self.args.iter().cloned());
         (self.dir.path().join(format!("node-{id}")), args)
@@ -460,46 +490,10 @@ impl ProcessCluster {
 /// kernel cannot make itself (no netem). Returns the port. The proxy lives as
 /// long as the test's runtime.
 pub fn delaying_proxy(target: u16, delay: Duration) -> u16 {
-    let listener = std::net::TcpListener::bind("127.0.0.1:0").expect("bind a proxy port");
-    let port = listener.local_addr().expect("proxy address").port();
-    listener.set_nonblocking(true).expect("non-blocking listener");
-    tokio::spawn(async move {
-        let listener = tokio::net::TcpListener::from_std(listener).expect("tokio listener");
-        while let Ok((inbound, _)) = listener.accept().await {
-            tokio::spawn(async move {
-                let Ok(outbound) = tokio::net::TcpStream::connect(("127.0.0.1", target)).await else { return };
-                let _ = (inbound.set_nodelay(true), outbound.set_nodelay(true));
-                let (from_client, to_client) = inbound.into_split();
-                let (from_server, to_server) = outbound.into_split();
-                tokio::spawn(delayed_copy(from_client, to_server, delay));
-                tokio::spawn(delayed_copy(from_server, to_client, delay));
-            });
-        }
-    });
+    let target = std::net::SocketAddr::from(([127, 0, 0, 1], target));
+    let link = drover::bench::delay::DelayLink::start(target, delay, Duration::ZERO).expect("start a proxy");
+    let port = link.port();
+    // Never cut: it lives with the runtime.
+    std::mem::forget(link);
     port
-}
-
-async fn delayed_copy(
-    mut from: tokio::net::tcp::OwnedReadHalf,
-    mut to: tokio::net::tcp::OwnedWriteHalf,
-    delay: Duration,
-) {
-    use tokio::io::{AsyncReadExt, AsyncWriteExt};
-    let (tx, mut rx) = tokio::sync::mpsc::unbounded_channel::<(tokio::time::Instant, Vec<u8>)>();
-    let writer = tokio::spawn(async move {
-        while let Some((at, bytes)) = rx.recv().await {
-            tokio::time::sleep_until(at).await;
-            if to.write_all(&bytes).await.is_err() {
-                break;
-            }
-        }
-    });
-    let mut buffer = vec![0u8; 64 * 1024];
-    while let Ok(n) = from.read(&mut buffer).await {
-        if n == 0 || tx.send((tokio::time::Instant::now() + delay, buffer[..n].to_vec())).is_err() {
-            break;
-        }
-    }
-    drop(tx);
-    let _ = writer.await;
 }
