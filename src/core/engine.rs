@@ -784,13 +784,13 @@ impl PartitionState {
             self.deadlines.remove(&(job.deadline, key));
             job.deadline = 0;
             job.failed_attempt = job.attempt;
-            job.fail_reason = FailReason::WorkerShutdown;
+            job.fail_reason = FailReason::SessionEnded;
             job.error_message = format!("worker {:?} ended its session while holding the job", session.info.worker);
             job.history.record(
                 self.clock,
                 EventKind::Failed {
                     attempt: job.attempt,
-                    reason: FailReason::WorkerShutdown,
+                    reason: FailReason::SessionEnded,
                     message: job.error_message.clone(),
                     retries: job.retries,
                     back_off_ms: 0,
@@ -798,7 +798,7 @@ impl PartitionState {
             );
             job.state = JobState::Activatable;
             out.count(&job.spec.job_type, Outcome::Failed);
-            out.failures.push((job.spec.job_type.clone(), FailReason::WorkerShutdown, job.worker.clone()));
+            out.failures.push((job.spec.job_type.clone(), FailReason::SessionEnded, job.worker.clone()));
             self.make_ready(key, out);
         }
     }
@@ -1043,15 +1043,16 @@ impl PartitionState {
 
     /// Whether attempt `attempt` of `key` already failed, by a worker's own
     /// failure, and nothing has activated the job since. An attempt the
-    /// broker failed because its session died is not: the worker's failure
-    /// did not take effect, and it is told so rather than answered OK.
+    /// broker ended because its session died or ended is not: the worker's
+    /// failure (and its back-off) did not take effect, and it is told so
+    /// rather than answered OK.
     fn already_failed(&self, key: JobKey, attempt: u32) -> bool {
         attempt != 0
             && self.jobs.get(&key).is_some_and(|job| {
                 job.state != JobState::Activated
                     && fence_admits(attempt, job.attempt)
                     && job.failed_attempt == job.attempt
-                    && job.fail_reason != FailReason::WorkerDied
+                    && !job.fail_reason.by_broker()
             })
     }
 

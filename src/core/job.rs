@@ -170,10 +170,14 @@ pub enum FailReason {
     /// catches it without a process engine, so it is an incident at once,
     /// its message starting with the error code.
     BusinessError,
+    /// Set by the broker, never sent by a worker: the worker ended its
+    /// session while holding the job. Activatable again at once, no retry
+    /// used.
+    SessionEnded,
 }
 
 impl FailReason {
-    pub const ALL: [FailReason; 8] = [
+    pub const ALL: [FailReason; 9] = [
         FailReason::Failed,
         FailReason::MalformedPayload,
         FailReason::ResourceUnavailable,
@@ -182,6 +186,7 @@ impl FailReason {
         FailReason::InternalError,
         FailReason::WorkerDied,
         FailReason::BusinessError,
+        FailReason::SessionEnded,
     ];
     pub fn as_str(self) -> &'static str {
         match self {
@@ -193,15 +198,23 @@ impl FailReason {
             FailReason::InternalError => "internal-error",
             FailReason::WorkerDied => "worker-died",
             FailReason::BusinessError => "business-error",
+            FailReason::SessionEnded => "session-ended",
         }
     }
+
+    /// Whether the broker ended the attempt (its worker's session died or
+    /// ended), not the worker by failing it: a worker's own failure of that
+    /// attempt arriving after it did not take effect.
+    pub fn by_broker(self) -> bool {
+        matches!(self, FailReason::WorkerDied | FailReason::SessionEnded)
+    }
     /// The reason [`FailReason::as_str`] names, among those a worker may
-    /// give (not `worker-died`); empty is `failed`.
+    /// give (not `worker-died` or `session-ended`); empty is `failed`.
     pub fn parse(name: &str) -> Option<FailReason> {
         if name.is_empty() {
             return Some(FailReason::Failed);
         }
-        FailReason::ALL.into_iter().filter(|r| *r != FailReason::WorkerDied).find(|r| r.as_str() == name)
+        FailReason::ALL.into_iter().filter(|r| !r.by_broker()).find(|r| r.as_str() == name)
     }
 }
 

@@ -282,9 +282,7 @@ fn run(seed: u64) {
             let repeat = matches!(command, Command::Fail { .. })
                 && attempt != 0
                 && job.is_some_and(|j| {
-                    j.failed_attempt == j.attempt
-                        && fence_admits(attempt, j.attempt)
-                        && j.fail_reason != crate::core::FailReason::WorkerDied
+                    j.failed_attempt == j.attempt && fence_admits(attempt, j.attempt) && !j.fail_reason.by_broker()
                 })
                 && job.map(|j| (j.state, j.retries, j.attempt))
                     == state.job(key).map(|j| (j.state, j.retries, j.attempt));

@@ -1008,8 +1008,23 @@ fn ending_a_session_hands_back_its_jobs_without_using_a_retry() {
     let job = h.state.job(key).unwrap();
     assert_eq!(job.state, JobState::Activatable);
     assert_eq!(job.retries, 3);
-    assert_eq!(job.fail_reason, FailReason::WorkerShutdown);
+    assert_eq!(job.fail_reason, FailReason::SessionEnded);
     assert_eq!(h.state.next_timer(), None, "no lease left to fire");
+    // The worker's own failure of that attempt, arriving after, did not
+    // take effect (its back-off least of all): it is told so.
+    let late = Command::Fail {
+        key,
+        attempt: 1,
+        retries: 2,
+        error_message: "too late".into(),
+        back_off_ms: 1_000,
+        variables: Bytes::new(),
+        max_payload_bytes: u64::MAX,
+        reason: FailReason::Failed,
+    };
+    let error = Harness::rejected(h.run(1_001, late));
+    assert_eq!(error.kind, ErrorKind::FailedPrecondition, "{error:?}");
+    assert_eq!(h.state.job(key).unwrap().state, JobState::Activatable, "no back-off was set");
 }
 
 #[test]

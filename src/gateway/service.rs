@@ -709,8 +709,7 @@ impl Gateway for GatewayService {
         }
         let variables = convert::merged_variables("failure", request.variables, &self.ctx.limits)?;
         let reason = FailReason::parse(&request.reason).ok_or_else(|| {
-            let names: Vec<&str> =
-                FailReason::ALL.iter().filter(|r| **r != FailReason::WorkerDied).map(|r| r.as_str()).collect();
+            let names: Vec<&str> = FailReason::ALL.iter().filter(|r| !r.by_broker()).map(|r| r.as_str()).collect();
             ApiError::InvalidArgument(format!("reason {:?} is not one of {}", request.reason, names.join(", ")))
         })?;
         let command = Command::Fail {
