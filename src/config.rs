@@ -10,9 +10,9 @@ use std::time::Duration;
 use anyhow::{bail, Context};
 use serde::Deserialize;
 
-use crate::cluster::placement::Location;
 use crate::core::Retention;
 use crate::gateway::Limits;
+use crate::placement::Location;
 use crate::raft::{NodeId, RaftSettings};
 
 /// Settings of `drover serve`. Every flag has an environment variable, and every

@@ -10,6 +10,7 @@
 //! openraft or any server part.
 
 pub mod client;
+pub mod placement;
 pub mod proto;
 #[cfg(feature = "otel")]
 pub mod trace_context;

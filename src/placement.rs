@@ -1,4 +1,6 @@
 //! Where nodes are (region and zone) and which nodes hold each partition.
+//! Part of the client build too: tools that check a cluster's replicas
+//! (the fault suite) compute the same placement.
 //!
 //! Locations come from the member list (`ID=HOST:PORT@REGION/ZONE`), the
 //! same on every node, so every node computes the same placement without
@@ -11,8 +13,10 @@
 
 use std::collections::{BTreeMap, BTreeSet};
 
-use crate::core::PartitionId;
-use crate::raft::NodeId;
+/// A node's id, as in the member list.
+pub type NodeId = u64;
+/// A partition's number.
+pub type PartitionId = u32;
 
 /// A node's region and zone; empty strings where not given.
 #[derive(Clone, Debug, Default, PartialEq, Eq, PartialOrd, Ord, Hash)]

@@ -578,3 +578,46 @@ async fn prometheus_scrapes_over_tls_with_the_read_only_token_the_service_monito
     .await;
     drop(node);
 }
+
+/// With locations, the chart names each node's REGION/ZONE in the member
+/// list (which a node accepts), spreads pods over zones, and passes the
+/// leader regions and network profile; a location list of the wrong length
+/// is refused at render time.
+#[test]
+fn the_helm_chart_names_node_locations_and_spreads_pods_over_zones() {
+    let chart = repo("helm/drover");
+    let mut template = Command::new(tool("helm"));
+    template
+        .args(["template", "drover", "--namespace", "jobs"])
+        .arg(&chart)
+        .args(["--set", "tls.enabled=false"])
+        .args(["--set", "locality.locations={eu/eu-a,eu/eu-b,us/us-a}"])
+        .args(["--set", "locality.leaderRegions={eu}", "--set", "locality.networkProfile=wan"]);
+    let docs = documents(&run(template));
+    let set = kind(&docs, "StatefulSet")[0];
+    let pod = &set["spec"]["template"]["spec"];
+    let spread = &pod["topologySpreadConstraints"][0];
+    assert_eq!(spread["topologyKey"].as_str(), Some("topology.kubernetes.io/zone"));
+    assert_eq!(spread["whenUnsatisfiable"].as_str(), Some("DoNotSchedule"));
+    let container = &pod["containers"][0];
+    let members: Vec<String> = env_of(container, "DROVER_MEMBERS").unwrap().split(',').map(String::from).collect();
+    assert!(members[2].ends_with("@us/us-a"), "{members:?}");
+    assert_eq!(env_of(container, "DROVER_LEADER_REGIONS"), Some("eu"));
+    assert_eq!(env_of(container, "DROVER_NETWORK_PROFILE"), Some("wan"));
+    let config = drover::config::ServeArgs {
+        node_id: Some(2),
+        members: Some(members),
+        leader_regions: Some(vec!["eu".into()]),
+        network_profile: Some("wan".into()),
+        ..Default::default()
+    }
+    .resolve()
+    .expect("a node takes the rendered settings");
+    assert_eq!((config.location.region.as_str(), config.location.zone.as_str()), ("us", "us-a"));
+
+    let mut wrong = Command::new(tool("helm"));
+    wrong.args(["template", "drover"]).arg(&chart).args(["--set", "locality.locations={eu/eu-a}"]);
+    let output = wrong.output().expect("helm runs");
+    assert!(!output.status.success(), "one location for three nodes renders");
+    assert!(String::from_utf8_lossy(&output.stderr).contains("give one per node"));
+}

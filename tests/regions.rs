@@ -11,7 +11,7 @@ use std::time::{Duration, Instant};
 use common::{eventually, http_get, ProcessCluster};
 use drover::bench::delay::DelayLink;
 use drover::client::Client;
-use drover::cluster::placement::{self, Location};
+use drover::placement::{self, Location};
 use drover::proto::gateway::{CompleteJobRequest, CreateJobRequest, StreamActivatedJobsRequest};
 use tokio::sync::mpsc;
 

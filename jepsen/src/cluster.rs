@@ -35,6 +35,8 @@ pub struct Nodes {
     /// Test only: nodes never sync their WAL (`DROVER_FAILPOINT_SKIP_WAL_SYNC`),
     /// to show the power nemesis finds lost writes.
     pub skip_wal_sync: bool,
+    /// Each node's REGION/ZONE, named in the member list (none: empty).
+    pub locations: Vec<String>,
 }
 
 /// Every node's data directory on a file system of its own that loses what
@@ -144,6 +146,7 @@ impl Nodes {
             joining: vec![false; n],
             reseeds: 0,
             skip_wal_sync: false,
+            locations: Vec::new(),
         }
     }
 
@@ -211,8 +214,13 @@ impl Nodes {
     pub fn start(&mut self, i: usize) -> anyhow::Result<()> {
         // Peers are dialled through this node's proxy (see `proxy.rs`); the
         // node still listens on its own address.
-        let members: Vec<String> =
-            (0..self.ips.len()).map(|id| format!("{id}={}", crate::proxy::member_addr(id))).collect();
+        let members: Vec<String> = (0..self.ips.len())
+            .map(|id| match self.locations.get(id) {
+                Some(at) => format!("{id}={}@{at}", crate::proxy::member_addr(id)),
+                None => format!("{id}={}", crate::proxy::member_addr(id)),
+            })
+            .collect();
+        let profile: &[&str] = if self.locations.is_empty() { &[] } else { &["--network-profile", "wan"] };
         let log = std::fs::OpenOptions::new().create(true).append(true).open(self.dir.join(format!("node-{i}.log")))?;
         let mut command = Command::new("ip");
         // A node dies with the run (the signal survives the exec of `ip netns
@@ -234,6 +242,7 @@ impl Nodes {
             .args(["--grpc-addr", &format!("{}:26500", self.ips[i])])
             .args(["--cluster-addr", &format!("{}:26502", self.ips[i])])
             .args(["--admin-addr", &format!("{}:9600", self.ips[i])])
+            .args(profile)
             // Default Raft timing (what users run); frequent snapshots so
             // restarted nodes catch up by installing one.
             .args(["--snapshot-every", "200"])

@@ -126,7 +126,26 @@ struct RunArgs {
     #[arg(long, default_value_t = 3)]
     #[serde(default = "default_producers")]
     producers: u64,
+    /// Two regions: the first nodes (a majority) in region a, the others in
+    /// b, each in its own zone, named in the member list. Links between the
+    /// regions are 40 ms slow each way (jitter up to 5 ms) for the whole run,
+    /// a delay fault adds to that, and nodes run --network-profile wan.
+    #[arg(long)]
+    #[serde(default)]
+    regions: bool,
 }
+
+/// Each node's REGION/ZONE with --regions (none without).
+fn locations(args: &RunArgs) -> Vec<String> {
+    if !args.regions {
+        return Vec::new();
+    }
+    let in_a = args.nodes / 2 + 1;
+    (0..args.nodes).map(|i| if i < in_a { format!("a/a{}", i + 1) } else { format!("b/b{}", i - in_a + 1) }).collect()
+}
+
+/// Links between regions, both ways, with --regions: (delay, jitter) in ms.
+const REGION_DELAY_MS: (u64, u64) = (40, 5);
 
 fn default_producers() -> u64 {
     3
@@ -201,6 +220,9 @@ impl RunArgs {
         if self.tokens {
             names.push("tokens".into());
         }
+        if self.regions {
+            names.push("regions".into());
+        }
         names
     }
 }
@@ -232,17 +254,22 @@ fn main() -> anyhow::Result<()> {
             // combined again with TLS on every port and tokens (unless
             // --tls and --tokens ask for them throughout).
             let secure = (args.tls, args.tokens);
-            let mut combos: Vec<(Vec<Nemesis>, (bool, bool))> =
-                Nemesis::ALL.iter().map(|n| (vec![*n], secure)).collect();
+            let mut combos: Vec<(Vec<Nemesis>, (bool, bool), bool)> =
+                Nemesis::ALL.iter().map(|n| (vec![*n], secure, false)).collect();
+            // The bad links again on two regions of 5 nodes, 40 ms apart.
+            combos.push((vec![Nemesis::Badlinks], secure, true));
             // One combined run: with TLS and tokens unless --skip-secure
             // (the plain run has seen every nemesis alone already).
-            combos.push((Nemesis::ALL.to_vec(), if skip_secure { secure } else { (true, true) }));
-            for (nemesis, (tls, tokens)) in combos {
+            combos.push((Nemesis::ALL.to_vec(), if skip_secure { secure } else { (true, true) }, false));
+            for (nemesis, (tls, tokens), regions) in combos {
                 let combined = nemesis.len() > 1;
-                let mut args = RunArgs { nemesis, tls, tokens, ..args.clone() };
+                let mut args = RunArgs { nemesis, tls, tokens, regions, ..args.clone() };
                 if combined {
                     args.time = combined_time.unwrap_or(args.time);
                     args.nodes = combined_nodes.unwrap_or(args.nodes);
+                }
+                if regions {
+                    args.nodes = 5;
                 }
                 // The seed is drawn here, so that a failure can be named by it.
                 let seed = args.seed.unwrap_or_else(rand::random);
@@ -289,7 +316,8 @@ fn main() -> anyhow::Result<()> {
             }
             let finals: FinalReads = serde_json::from_str(&std::fs::read_to_string(dir.join("finals.json"))?)?;
             let started = std::time::Instant::now();
-            let report = checker::check(&history, &finals, replicas_of(nodes));
+            let args: RunArgs = serde_json::from_value(config["args"].clone())?;
+            let report = checker::check(&history, &finals, replicas_of(nodes, args.partitions, &locations(&args)));
             println!("{}\n{}", report.summary(), report.details());
             println!("checked {} operations in {} ms", history.len(), started.elapsed().as_millis());
             std::process::exit(if report.valid { 0 } else { 1 });
@@ -458,8 +486,19 @@ async fn inner(dir: &Path) -> anyhow::Result<bool> {
     let args = &config.args;
     let mut rng = StdRng::seed_from_u64(config.seed);
     let network = net::Network::attach(&config.namespaces, &config.ips);
-    let proxies = proxy::Proxies::start(&std::env::current_exe()?, dir, &config.namespaces, &config.ips)?;
+    let mut proxies = proxy::Proxies::start(&std::env::current_exe()?, dir, &config.namespaces, &config.ips)?;
+    let locations = locations(args);
+    if args.regions {
+        let region = |i: usize| locations[i].split('/').next().unwrap_or_default().to_string();
+        let base: proxy::Delays = (0..args.nodes)
+            .flat_map(|a| (0..args.nodes).map(move |b| (a, b)))
+            .filter(|(a, b)| region(*a) != region(*b))
+            .map(|link| (link, REGION_DELAY_MS.0))
+            .collect();
+        proxies.set_base(base, REGION_DELAY_MS.1)?;
+    }
     let mut nodes = cluster::Nodes::from_parts(&config.drover, dir, &config.namespaces, &config.ips, args.partitions);
+    nodes.locations = locations.clone();
     if args.tls {
         let certificates = dir.join("tls");
         let ca = std::fs::read(certificates.join("ca.pem")).context("reading the run's CA")?;
@@ -579,7 +618,8 @@ async fn inner(dir: &Path) -> anyhow::Result<bool> {
     append_line(&timeline, &serde_json::json!({ "time_ms": shared.recorder.now_ms(), "event": "drain" }));
     nodes.wait_ready(Duration::from_secs(60)).await?;
     let drain_end = Instant::now() + Duration::from_secs(args.drain);
-    let replicas = replicas_of(args.nodes);
+    let replicas = replicas_of(args.nodes, args.partitions, &locations);
+    let replicas = &replicas;
     let drain_start = Instant::now();
     let mut finals;
     loop {
@@ -638,12 +678,17 @@ async fn inner(dir: &Path) -> anyhow::Result<bool> {
     Ok(report.valid)
 }
 
-/// The nodes holding a job's partition, by its key: the placement of a
-/// cluster without locations, partition p on nodes (p + i) mod n.
-fn replicas_of(nodes: usize) -> impl Fn(u64) -> Vec<usize> + Copy {
+/// The nodes holding a job's partition, by its key: where the cluster placed
+/// the partition (node locations decide it, as they do in Drover).
+fn replicas_of(nodes: usize, partitions: u32, locations: &[String]) -> impl Fn(u64) -> Vec<usize> + Clone {
+    use drover::placement::{place, Location};
+    let located: std::collections::BTreeMap<u64, Location> = (0..nodes)
+        .map(|i| (i as u64, locations.get(i).and_then(|l| Location::parse(l).ok()).unwrap_or_default()))
+        .collect();
+    let placement = place(partitions, nodes.min(3) as u32, &located);
     move |key: u64| {
         let partition = (key >> 48) as usize;
-        (0..nodes.min(3)).map(|i| (partition + i) % nodes).collect()
+        placement.get(partition).map(|nodes| nodes.iter().map(|n| *n as usize).collect()).unwrap_or_default()
     }
 }
 

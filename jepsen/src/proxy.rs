@@ -82,13 +82,18 @@ fn control_file(dir: &Path, i: usize) -> PathBuf {
 pub struct Proxies {
     dir: PathBuf,
     children: Vec<Option<Child>>,
+    /// Delays every link keeps for the whole run (links between regions),
+    /// and their jitter; faults add to them.
+    base: Delays,
+    base_jitter_ms: u64,
 }
 
 impl Proxies {
     /// Starts one proxy in every node namespace and waits until each listens.
     pub fn start(runner: &Path, dir: &Path, namespaces: &[String], ips: &[String]) -> anyhow::Result<Proxies> {
         use std::io::BufRead;
-        let mut proxies = Proxies { dir: dir.to_path_buf(), children: Vec::new() };
+        let mut proxies =
+            Proxies { dir: dir.to_path_buf(), children: Vec::new(), base: Delays::new(), base_jitter_ms: 0 };
         for i in 0..namespaces.len() {
             let _ = std::fs::remove_file(control_file(dir, i));
         }
@@ -129,6 +134,22 @@ impl Proxies {
 
     /// Delays the links as given (every other link gets no delay).
     pub fn delay(&self, delays: &Delays, jitter_ms: u64) -> anyhow::Result<()> {
+        let mut total = self.base.clone();
+        for (link, ms) in delays {
+            *total.entry(*link).or_default() += ms;
+        }
+        self.write(&total, jitter_ms.max(self.base_jitter_ms))
+    }
+
+    /// Delays `base` keeps on its links for the whole run.
+    pub fn set_base(&mut self, base: Delays, jitter_ms: u64) -> anyhow::Result<()> {
+        self.base = base;
+        self.base_jitter_ms = jitter_ms;
+        self.clear();
+        Ok(())
+    }
+
+    fn write(&self, delays: &Delays, jitter_ms: u64) -> anyhow::Result<()> {
         for (i, settings) in settings(self.children.len(), delays, jitter_ms).iter().enumerate() {
             let path = control_file(&self.dir, i);
             let tmp = path.with_extension("json.tmp");
@@ -138,8 +159,12 @@ impl Proxies {
         Ok(())
     }
 
-    /// Removes every delay.
+    /// Removes every delay but the base ones.
     pub fn clear(&self) {
+        if !self.base.is_empty() {
+            let _ = self.write(&self.base, self.base_jitter_ms);
+            return;
+        }
         for i in 0..self.children.len() {
             let _ = std::fs::remove_file(control_file(&self.dir, i));
         }

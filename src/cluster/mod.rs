@@ -6,7 +6,6 @@
 
 mod handover;
 mod links;
-pub mod placement;
 mod service;
 
 pub use handover::{hand_over_leadership, hand_over_to_region, leader_region_nodes};

@@ -9,13 +9,13 @@ use std::time::Duration;
 use ractor::ActorRef;
 use tokio::sync::broadcast;
 
-use crate::cluster::placement::Location;
 use crate::config::{DedupeWindows, NodeConfig};
 use crate::core::{PartitionId, RequestId};
 use crate::gateway::streams::GatewayStreams;
 use crate::gateway::Limits;
 use crate::partition::streams::{BrokerStreams, RemoteStream};
 use crate::partition::LeaderMsg;
+use crate::placement::Location;
 use crate::raft::{NodeId, PeerChannels, Replica};
 use crate::storage::Store;
 
@@ -27,7 +27,7 @@ pub struct NodeContext {
     pub members: BTreeMap<NodeId, String>,
     /// Node id -> region and zone (empty when the member list names none).
     pub locations: BTreeMap<NodeId, Location>,
-    /// Partition -> the nodes holding its replicas ([`crate::cluster::placement`]).
+    /// Partition -> the nodes holding its replicas ([`crate::placement`]).
     pub placement: Vec<Vec<NodeId>>,
     /// This node's region and zone.
     pub location: Location,

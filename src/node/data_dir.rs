@@ -38,7 +38,7 @@ pub struct Identity {
     pub partitions: u32,
     pub replication_factor: u32,
     pub cluster_size: u32,
-    /// [`crate::cluster::placement::digest`] of where the partitions'
+    /// [`crate::placement::digest`] of where the partitions'
     /// replicas are; 0 (and missing in older records) for the rotation of a
     /// cluster without locations.
     #[serde(default)]

@@ -97,13 +97,13 @@ impl Node {
         }
         let locations: std::collections::BTreeMap<_, _> =
             members.keys().map(|n| (*n, config.locations.get(n).cloned().unwrap_or_default())).collect();
-        let placement = crate::cluster::placement::place(config.partitions, config.replication_factor, &locations);
+        let placement = crate::placement::place(config.partitions, config.replication_factor, &locations);
         let identity = data_dir::Identity {
             node_id: config.node_id,
             partitions: config.partitions,
             replication_factor: config.replication_factor,
             cluster_size: members.len() as u32,
-            placement: crate::cluster::placement::digest(&placement, &locations),
+            placement: crate::placement::digest(&placement, &locations),
         };
         let formation = data_dir::open(&config.data_dir, identity, config.join_existing)?;
         let store = Store::open(&config.data_dir.join("db"))

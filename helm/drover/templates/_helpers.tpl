@@ -28,7 +28,14 @@ app.kubernetes.io/instance: {{ .Release.Name }}
 {{- $headless := include "drover.headless" . -}}
 {{- $members := list -}}
 {{- range $i := until (int .Values.clusterSize) -}}
-{{- $members = append $members (printf "%d=%s-%d.%s.%s.svc:%d" $i $full $i $headless $.Release.Namespace (int $.Values.ports.cluster)) -}}
+{{- $member := printf "%d=%s-%d.%s.%s.svc:%d" $i $full $i $headless $.Release.Namespace (int $.Values.ports.cluster) -}}
+{{- with $.Values.locality.locations -}}
+{{- if ne (len .) (int $.Values.clusterSize) -}}
+{{- fail (printf "locality.locations names %d locations; give one per node (clusterSize %d), or none" (len .) (int $.Values.clusterSize)) -}}
+{{- end -}}
+{{- $member = printf "%s@%s" $member (index . $i) -}}
+{{- end -}}
+{{- $members = append $members $member -}}
 {{- end -}}
 {{- join "," $members -}}
 {{- end -}}
