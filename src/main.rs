@@ -208,6 +208,13 @@ enum JobCommand {
         /// A stage the job's worker checkpoints, in order (repeatable).
         #[arg(long = "stage")]
         stages: Vec<String>,
+        /// A name:value label the job's worker must have, such as
+        /// region:eu-west-1 (repeatable).
+        #[arg(long = "require")]
+        required_labels: Vec<String>,
+        /// A name:value label the job would rather its worker had (repeatable).
+        #[arg(long = "prefer")]
+        preferred_labels: Vec<String>,
     },
     /// Print a job as JSON, by key or by idempotency key.
     Get {
@@ -416,7 +423,9 @@ struct WorkerArgs {
     /// Back-off in ms before a failed job is retried.
     #[arg(long, default_value_t = 1_000)]
     retry_back_off: i64,
-    /// name:value labels of the worker's session (repeatable), such as pool:critical.
+    /// name:value labels of the worker (repeatable), such as pool:critical or
+    /// region:eu-west-1: its session's and its stream's; jobs that require a
+    /// label go only to workers that have it (docs/regions.md).
     #[arg(long = "label")]
     labels: Vec<String>,
     /// How often the worker beats, ms (0: the server's default, 5000).
@@ -621,6 +630,8 @@ fn job_json(job: &drover::proto::gateway::Job) -> serde_json::Value {
         "user": job.user,
         "stages": job.stages,
         "stage": job.stage,
+        "requiredLabels": job.required_labels,
+        "preferredLabels": job.preferred_labels,
         "checkpoints": job.checkpoints.iter().map(|c| serde_json::json!({
             "stage": c.stage, "attempt": c.attempt, "at": c.at,
         })).collect::<Vec<_>>(),
@@ -659,6 +670,8 @@ async fn job(command: JobCommand, target: &Target) -> anyhow::Result<()> {
             idempotency_key,
             user,
             stages,
+            required_labels,
+            preferred_labels,
         } => {
             let request = CreateJobRequest {
                 r#type: job_type,
@@ -671,6 +684,8 @@ async fn job(command: JobCommand, target: &Target) -> anyhow::Result<()> {
                 idempotency_key,
                 user,
                 stages,
+                required_labels,
+                preferred_labels,
                 ..Default::default()
             };
             let reply = raw.create_job(request).await.map_err(status_error)?.into_inner();

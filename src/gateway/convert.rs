@@ -651,3 +651,20 @@ mod tests {
         assert_eq!(tenant_id("tenant_id", String::new()).unwrap(), DEFAULT_TENANT);
     }
 }
+
+#[cfg(test)]
+mod label_tests {
+    use super::*;
+
+    #[test]
+    fn labels_must_be_name_value_and_a_job_names_at_most_16() {
+        let owned = |ls: &[&str]| ls.iter().map(|l| l.to_string()).collect::<Vec<_>>();
+        let error = routing(owned(&["region"]), vec![]).unwrap_err().to_string();
+        assert!(error.contains("not name:value") && error.contains("required_labels"), "{error}");
+        let many: Vec<String> = (0..17).map(|i| format!("pool:p{i}")).collect();
+        let error = routing(many[..9].to_vec(), many[9..].to_vec()).unwrap_err().to_string();
+        assert!(error.contains("at most 16"), "{error}");
+        let ok = routing(owned(&["region:b", "region:b"]), owned(&["pool:gpu"])).unwrap();
+        assert_eq!((ok.required, ok.preferred), (owned(&["region:b"]), owned(&["pool:gpu"])));
+    }
+}
