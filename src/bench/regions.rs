@@ -11,7 +11,7 @@
 //! `--leader-regions a`, then with `--leader-regions b`.
 
 use std::sync::Arc;
-use std::time::{Duration, Instant, SystemTime, UNIX_EPOCH};
+use std::time::{Duration, Instant};
 
 use anyhow::{bail, Context};
 use hdrhistogram::Histogram;
@@ -20,7 +20,7 @@ use tokio::sync::{watch, Mutex};
 
 use super::delay::DelayLink;
 use super::local::{LocalCluster, Topology};
-use super::workload::Percentiles;
+use super::workload::{next_job, now_micros, Percentiles};
 use super::BenchArgs;
 use crate::client::Client;
 use crate::proto::gateway::{CompleteJobRequest, CreateJobRequest, StreamActivatedJobsRequest};
@@ -71,10 +71,6 @@ impl RegionFigures {
             }
         }
     }
-}
-
-fn now_micros() -> u64 {
-    SystemTime::now().duration_since(UNIX_EPOCH).map(|d| d.as_micros() as u64).unwrap_or(0)
 }
 
 pub async fn regions(args: &BenchArgs) -> anyhow::Result<RegionFigures> {
@@ -244,13 +240,7 @@ async fn work(
     };
     let mut jobs = client.raw().stream_activated_jobs(request).await?.into_inner();
     let mut latency = Histogram::<u64>::new(3)?;
-    loop {
-        let job = tokio::select! {
-            job = jobs.message() => job,
-            _ = stop.wait_for(|s| *s) => break,
-        };
-        let Ok(Some(job)) = job else { break };
-        let received = now_micros();
+    while let Some((job, received)) = next_job(&mut jobs, &mut stop).await {
         let sent = serde_json::from_str::<serde_json::Value>(&job.variables)
             .ok()
             .and_then(|v| v["sent"].as_u64())

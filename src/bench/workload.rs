@@ -15,7 +15,7 @@ use tokio_stream::wrappers::ReceiverStream;
 use super::local::LocalCluster;
 use super::{BenchArgs, Workload};
 use crate::client::Client;
-use crate::proto::gateway::{CompleteJobRequest, CreateJobRequest, StreamActivatedJobsRequest};
+use crate::proto::gateway::{ActivatedJob, CompleteJobRequest, CreateJobRequest, StreamActivatedJobsRequest};
 
 /// Give up waiting for completions after this long without progress.
 const STALL_LIMIT: Duration = Duration::from_secs(30);
@@ -110,7 +110,7 @@ struct Payload {
     sent: u64,
 }
 
-fn now_micros() -> u64 {
+pub(super) fn now_micros() -> u64 {
     SystemTime::now().duration_since(UNIX_EPOCH).map(|d| d.as_micros() as u64).unwrap_or(0)
 }
 
@@ -122,6 +122,20 @@ fn payload(seq: u64, size: usize) -> String {
     text.extend(std::iter::repeat_n('x', pad));
     text.push_str("\"}");
     text
+}
+
+/// The next job a worker's stream brings, with the time it arrived (µs since
+/// the epoch); `None` once `stop` is set or the stream ends.
+pub(super) async fn next_job(
+    jobs: &mut tonic::Streaming<ActivatedJob>,
+    stop: &mut watch::Receiver<bool>,
+) -> Option<(ActivatedJob, u64)> {
+    let job = tokio::select! {
+        job = jobs.message() => job,
+        _ = stop.wait_for(|s| *s) => return None,
+    };
+    let job = job.ok()??;
+    Some((job, now_micros()))
 }
 
 /// Jobs each bench worker's stream may hold before it completes some.
@@ -291,13 +305,7 @@ async fn work(
     };
     let mut jobs = client.raw().stream_activated_jobs(request).await?.into_inner();
     let mut latency = Histogram::<u64>::new(3)?;
-    loop {
-        let job = tokio::select! {
-            job = jobs.message() => job,
-            _ = stop.wait_for(|s| *s) => break,
-        };
-        let Ok(Some(job)) = job else { break };
-        let received = now_micros();
+    while let Some((job, received)) = next_job(&mut jobs, &mut stop).await {
         let Ok(payload) = serde_json::from_str::<Payload>(&job.variables) else { continue };
         let _ = latency.record(received.saturating_sub(payload.sent));
         tracker.deliveries[payload.seq as usize].fetch_add(1, Ordering::Relaxed);
