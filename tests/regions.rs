@@ -163,8 +163,14 @@ async fn jobs_go_to_workers_by_region_and_a_cut_off_region_answers_at_once() {
     .await;
     assert!(a_got.try_recv().is_err() && b_got.try_recv().is_err(), "no worker got a region:c job");
 
-    // B's worker goes: what only prefers b goes to a; what requires b waits.
+    // B's worker goes: what only prefers b goes to a, including jobs created
+    // while leaders still count b's stream as open (they wait for it, then
+    // go to a once it is gone); what requires b waits.
     b_worker.abort();
+    for n in 0..5 {
+        create(&producer, &format!("late-prefers-b-{n}"), &[], &["region:b"]).await.expect("create");
+        create(&producer, &format!("late-requires-b-{n}"), &["region:b"], &[]).await.expect("create");
+    }
     eventually(Duration::from_secs(30), "b's stream to be gone from every node", || {
         let cluster = &cluster;
         async move {
@@ -176,10 +182,6 @@ async fn jobs_go_to_workers_by_region_and_a_cut_off_region_answers_at_once() {
         }
     })
     .await;
-    for n in 0..5 {
-        create(&producer, &format!("late-prefers-b-{n}"), &[], &["region:b"]).await.expect("create");
-        create(&producer, &format!("late-requires-b-{n}"), &["region:b"], &[]).await.expect("create");
-    }
     let rerouted = receive(&mut a_got, 5, "the worker in a, once b's is gone").await;
     assert!(rerouted.iter().all(|m| m.starts_with("late-prefers-b-")), "{rerouted:?}");
 

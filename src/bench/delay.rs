@@ -45,7 +45,12 @@ impl DelayLink {
                     }
                     match TcpListener::bind(("127.0.0.1", port)).await {
                         Ok(bound) => listener = Some(bound),
-                        Err(_) => return,
+                        Err(e) => {
+                            // Another process took the port meanwhile: the link
+                            // stays cut, and says why.
+                            tracing::warn!(port, "a healed delay link could not listen again: {e}");
+                            return;
+                        }
                     }
                     continue;
                 };
@@ -70,9 +75,12 @@ impl DelayLink {
                     let _ = (inbound.set_nodelay(true), outbound.set_nodelay(true));
                     let (from_client, to_client) = inbound.into_split();
                     let (from_server, to_server) = outbound.into_split();
-                    let there = tokio::spawn(delayed_copy(from_client, to_server, delay, jitter));
-                    let back = tokio::spawn(delayed_copy(from_server, to_client, delay, jitter));
-                    let _ = conn_cut.wait_for(|cut| *cut).await;
+                    let mut there = tokio::spawn(delayed_copy(from_client, to_server, delay, jitter));
+                    let mut back = tokio::spawn(delayed_copy(from_server, to_client, delay, jitter));
+                    tokio::select! {
+                        _ = conn_cut.wait_for(|cut| *cut) => {}
+                        _ = async { let _ = (&mut there).await; let _ = (&mut back).await; } => {}
+                    }
                     // Dropping the halves closes both connections.
                     there.abort();
                     back.abort();
@@ -97,16 +105,27 @@ impl DelayLink {
     }
 }
 
+/// A task that stops when its handle is dropped.
+struct AbortOnDrop(tokio::task::JoinHandle<()>);
+
+impl Drop for AbortOnDrop {
+    fn drop(&mut self) {
+        self.0.abort();
+    }
+}
+
+/// Copies `from` to `to`, each chunk held back as the link says. Aborted (a
+/// cut), it stops its writer too, so nothing queued is delivered after.
 async fn delayed_copy(mut from: OwnedReadHalf, mut to: OwnedWriteHalf, delay: Duration, jitter: Duration) {
     let (tx, mut rx) = mpsc::unbounded_channel::<(Instant, Vec<u8>)>();
-    let writer = tokio::spawn(async move {
+    let mut writer = AbortOnDrop(tokio::spawn(async move {
         while let Some((at, bytes)) = rx.recv().await {
             tokio::time::sleep_until(at).await;
             if to.write_all(&bytes).await.is_err() {
                 break;
             }
         }
-    });
+    }));
     let mut buffer = vec![0u8; 64 * 1024];
     let mut last = Instant::now();
     loop {
@@ -123,7 +142,7 @@ async fn delayed_copy(mut from: OwnedReadHalf, mut to: OwnedWriteHalf, delay: Du
         }
     }
     drop(tx);
-    let _ = writer.await;
+    let _ = (&mut writer.0).await;
 }
 
 #[cfg(test)]

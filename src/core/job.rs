@@ -450,8 +450,8 @@ impl Default for StableHash {
     }
 }
 
-/// What makes a job's content, hashed: type, variables, custom headers and
-/// declared stages.
+/// What makes a job's content, hashed: type, variables, custom headers,
+/// declared stages and labels.
 pub fn payload_fingerprint(spec: &JobSpec) -> u64 {
     let mut hash = StableHash::new().part(spec.job_type.as_bytes()).part(&spec.variables);
     for (name, value) in &spec.custom_headers {
@@ -460,6 +460,13 @@ pub fn payload_fingerprint(spec: &JobSpec) -> u64 {
     // Jobs without stages hash as they did before stages existed.
     for stage in &spec.stages {
         hash = hash.part(b"stage").part(stage.as_bytes());
+    }
+    // Jobs without labels hash as they did before labels existed.
+    for label in &spec.routing.required {
+        hash = hash.part(b"require").part(label.as_bytes());
+    }
+    for label in &spec.routing.preferred {
+        hash = hash.part(b"prefer").part(label.as_bytes());
     }
     hash.finish()
 }

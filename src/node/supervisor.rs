@@ -17,6 +17,10 @@ use crate::raft::Replica;
 
 /// How often a leader outside the leader regions looks for a replica there.
 const REGION_CHECK_EVERY: Duration = Duration::from_secs(1);
+/// A replica in a leader region at most this many entries behind is close
+/// enough to hand leadership to (under load a replica a round trip away is
+/// never exactly caught up).
+const REGION_HANDOVER_LAG: u64 = 1_000;
 /// How long a hand-over to a leader region may take before it is given up.
 const REGION_HANDOVER_LIMIT: Duration = Duration::from_secs(2);
 /// After a failed hand-over, the next try waits this long.
@@ -83,9 +87,10 @@ pub(super) async fn lead_while_leader(ctx: Arc<NodeContext>, replica: Arc<Replic
             (true, true) if Instant::now() >= next_region_check => {
                 next_region_check = Instant::now() + REGION_CHECK_EVERY;
                 let preferred = crate::cluster::leader_region_nodes(&ctx, partition);
-                if !preferred.is_empty() && replica.handover_target(&preferred).is_some() {
-                    // A caught-up replica in a leader region: leadership moves
-                    // there. The actor stops first so the log stands still.
+                if !preferred.is_empty() && replica.lag_of(&preferred).is_some_and(|lag| lag <= REGION_HANDOVER_LAG) {
+                    // A replica in a leader region close behind: leadership
+                    // moves there. The actor stops first, so the log stands
+                    // still and the replica catches up with all of it.
                     ctx.set_local_leader(partition, None);
                     if let Some((actor, handle)) = running.take() {
                         actor.stop(Some("handing leadership to a leader region".into()));

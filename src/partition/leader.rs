@@ -41,8 +41,8 @@ use rand::seq::IndexedRandom;
 
 use super::streams::{BrokerStreams, PushOutcome, PushedActivations, RemoteStream, Reservation, StreamRooms};
 use crate::core::{
-    ActivatedJobData, Activation, Batch, Command, CommandResult, JobKey, Millis, PartitionId, Retention, Taker, Via,
-    YieldReason,
+    ActivatedJobData, Activation, Batch, Command, CommandResult, JobKey, Millis, PartitionId, Retention, Routing,
+    Taker, Via, YieldReason,
 };
 use crate::raft::{NodeId, Replica, WriteError};
 
@@ -67,6 +67,8 @@ const PUSH_BATCH_BYTES: u64 = 16 << 20;
 /// gateway). One at a time capped a partition's delivery at one batch per
 /// commit-and-push round trip while creates ran far ahead.
 const MAX_PUSHES_PER_TYPE: usize = 4;
+/// How often a leader offers every activatable type again.
+const REOFFER_EVERY: Duration = Duration::from_secs(1);
 /// How long a stream is skipped after a push to it was not delivered, or its
 /// gateway could not say what became of it (full streams wait for room instead).
 const BLOCKED_FOR: Duration = Duration::from_millis(100);
@@ -138,6 +140,10 @@ pub enum LeaderMsg {
     RetryPush { job_type: String },
     /// The leader's first entry applied: every earlier entry has too (internal).
     TookOver,
+    /// Offer what is activatable again (internal, every [`REOFFER_EVERY`]):
+    /// a stream that went away (closed, expired, its session quiet) may have
+    /// been the better tier some jobs waited for, and nothing else tells.
+    Reoffer,
 }
 
 /// A push on its way: the stream, its claim on the stream's room, and the
@@ -356,6 +362,15 @@ impl Actor for PartitionLeader {
         state.resume(&myself);
         state.enqueue(Vec::new(), ReplyTo::TakeOver);
         state.flush(&myself);
+        let me = myself.clone();
+        tokio::spawn(async move {
+            loop {
+                tokio::time::sleep(REOFFER_EVERY).await;
+                if me.cast(LeaderMsg::Reoffer).is_err() {
+                    break;
+                }
+            }
+        });
         metrics::counter!("drover_partition_leader_changes_total", "partition" => partition.to_string()).increment(1);
         tracing::info!(partition, "partition leader started");
         Ok(state)
@@ -488,6 +503,7 @@ impl Actor for PartitionLeader {
                 state.took_over = true;
                 state.resume(&myself);
             }
+            LeaderMsg::Reoffer => state.offer_waiting(&myself, false),
         }
         Ok(())
     }
@@ -509,10 +525,18 @@ impl LeaderState {
     fn resume(&mut self, myself: &ActorRef<LeaderMsg>) {
         let next = self.replica.state().read(|s| s.next_timer());
         self.schedule_timer(myself, next);
+        self.offer_waiting(myself, true);
+    }
+
+    /// Pushes every activatable type to the streams that take it; with
+    /// `tell_gateways`, tells every gateway too (which wakes parked polls).
+    fn offer_waiting(&mut self, myself: &ActorRef<LeaderMsg>, tell_gateways: bool) {
         let waiting = self.replica.state().read(|s| s.activatable_by_type());
         for (job_type, count) in waiting {
             if count > 0 {
-                self.link.jobs_available(self.partition, &job_type);
+                if tell_gateways {
+                    self.link.jobs_available(self.partition, &job_type);
+                }
                 self.try_push(myself, &job_type);
             }
         }
@@ -544,9 +568,9 @@ impl LeaderState {
             self.pending_commands -= commands.len();
             // Jobs created in this entry can be activated for a stream in the
             // same entry: one commit instead of two before a worker has them.
-            let created = created_tenants_by_type(&commands);
-            for (job_type, tenants) in created {
-                if let Some((activation, ticket)) = self.push_activation(myself, &job_type, &tenants) {
+            let created = created_by_type(&commands);
+            for (job_type, kinds) in created {
+                if let Some((activation, ticket)) = self.push_activation(myself, &job_type, &kinds) {
                     commands.push(activation);
                     replies.push((1, ReplyTo::Push(ticket)));
                 }
@@ -589,9 +613,8 @@ impl LeaderState {
 
     /// The activation command for a push of `job_type`, if fewer than
     /// [`MAX_PUSHES_PER_TYPE`] pushes of it are in flight and a stream can take
-    /// a job: it serves a tenant with activatable jobs, or one in
-    /// `created_tenants` (jobs created in the entry the activation joins), and
-    /// has room. The stream is picked at random among those that are not
+    /// a job: it may take an activatable job or one of `created` (jobs
+    /// created in the entry the activation joins), and has room. The stream is picked at random among those that are not
     /// blocked; when the only ones with room are, the type is tried again once
     /// they unblock. When none has room, nothing is activated: the jobs wait,
     /// activatable, for a stream's gateway to offer room.
@@ -599,7 +622,7 @@ impl LeaderState {
         &mut self,
         myself: &ActorRef<LeaderMsg>,
         job_type: &str,
-        created_tenants: &[String],
+        created: &[(String, Routing)],
     ) -> Option<(Command, PushTicket)> {
         if self.pushing.get(job_type).copied().unwrap_or(0) >= MAX_PUSHES_PER_TYPE {
             self.push_again.insert(job_type.to_string());
@@ -607,7 +630,7 @@ impl LeaderState {
         }
         let live = self.streams.live(job_type);
         self.rooms.retain_live(job_type, &live);
-        let serving = self.serving(job_type, live, created_tenants);
+        let serving = self.serving(job_type, live, created);
         let now = Instant::now();
         self.blocked.retain(|_, until| *until > now);
         let with_room: Vec<&(Arc<RemoteStream>, Vec<Taker>)> =
@@ -659,14 +682,15 @@ impl LeaderState {
     }
 
     /// The streams of `live` that would take a job now: their session takes
-    /// jobs, and they serve a tenant with jobs they may take (see
-    /// [`crate::core::routing`]) or one in `created_tenants`; each with the
-    /// other open streams of the type, its rivals.
+    /// jobs, and they may take (see [`crate::core::routing`]) an activatable
+    /// job or one of `created` (the tenants and labels of jobs created in the
+    /// entry the activation joins); each with the other open streams of the
+    /// type, its rivals.
     fn serving(
         &self,
         job_type: &str,
         live: Vec<Arc<RemoteStream>>,
-        created_tenants: &[String],
+        created: &[(String, Routing)],
     ) -> Vec<(Arc<RemoteStream>, Vec<Taker>)> {
         if live.is_empty() {
             return Vec::new();
@@ -680,7 +704,7 @@ impl LeaderState {
             open.into_iter()
                 .filter(|stream| {
                     let taker = self.locality.taker(stream);
-                    stream.tenants.iter().any(|t| created_tenants.contains(t))
+                    created.iter().any(|(t, r)| stream.tenants.contains(t) && r.admits(t, &taker, &rivals))
                         || s.activatable_for(job_type, &stream.tenants, &taker, &rivals) > 0
                 })
                 .map(|stream| (stream, rivals.clone()))
@@ -763,16 +787,16 @@ impl LeaderState {
     }
 }
 
-/// The tenants of the jobs each type gets in `commands`.
-fn created_tenants_by_type(commands: &[Command]) -> Vec<(String, Vec<String>)> {
-    let mut created: Vec<(String, Vec<String>)> = Vec::new();
+/// The tenants and labels of the jobs each type gets in `commands`.
+fn created_by_type(commands: &[Command]) -> Vec<(String, Vec<(String, Routing)>)> {
+    let mut created: Vec<(String, Vec<(String, Routing)>)> = Vec::new();
     for command in commands {
         if let Command::Create(job) = command {
-            let (job_type, tenant) = (&job.spec.job_type, &job.spec.tenant);
+            let (job_type, kind) = (&job.spec.job_type, (job.spec.tenant.clone(), job.spec.routing.clone()));
             match created.iter_mut().find(|(t, _)| t == job_type) {
-                Some((_, tenants)) if tenants.contains(tenant) => {}
-                Some((_, tenants)) => tenants.push(tenant.clone()),
-                None => created.push((job_type.clone(), vec![tenant.clone()])),
+                Some((_, kinds)) if kinds.contains(&kind) => {}
+                Some((_, kinds)) => kinds.push(kind),
+                None => created.push((job_type.clone(), vec![kind])),
             }
         }
     }

@@ -358,6 +358,23 @@ impl Replica {
             && m.millis_since_quorum_ack.is_some_and(|ms| Duration::from_millis(ms) > quorum_lost_after)
     }
 
+    /// How many entries the closest of `among` trails this leader's log by;
+    /// `None` when this node does not lead or none of them has answered.
+    pub fn lag_of(&self, among: &[NodeId]) -> Option<u64> {
+        let metrics = self.raft.metrics();
+        let m = metrics.borrow();
+        if m.state != ServerState::Leader {
+            return None;
+        }
+        let last = m.last_log_index?;
+        m.replication
+            .as_ref()?
+            .iter()
+            .filter(|(node, _)| among.contains(node))
+            .filter_map(|(_, matched)| matched.as_ref().map(|l| last.saturating_sub(l.index)))
+            .min()
+    }
+
     /// A follower of this leader (one of `among`, any when empty) whose log
     /// holds everything this leader's does, to hand leadership to; `None`
     /// when this node does not lead or no such follower has caught up.

@@ -29,7 +29,7 @@ app.kubernetes.io/instance: {{ .Release.Name }}
 {{- $members := list -}}
 {{- range $i := until (int .Values.clusterSize) -}}
 {{- $member := printf "%d=%s-%d.%s.%s.svc:%d" $i $full $i $headless $.Release.Namespace (int $.Values.ports.cluster) -}}
-{{- with $.Values.locality.locations -}}
+{{- with ($.Values.locality | default dict).locations -}}
 {{- if ne (len .) (int $.Values.clusterSize) -}}
 {{- fail (printf "locality.locations names %d locations; give one per node (clusterSize %d), or none" (len .) (int $.Values.clusterSize)) -}}
 {{- end -}}
