@@ -40,8 +40,11 @@ fn worker(gateway: String, labels: &[&str], got: mpsc::UnboundedSender<(String, 
         while let Ok(Some(job)) = stream.message().await {
             let marker: serde_json::Value = serde_json::from_str(&job.variables).expect("variables are JSON");
             let _ = got.send((marker["m"].as_str().unwrap_or_default().to_string(), job.key));
+            // Completed in the background: a completion of a job on a partition
+            // the cut leaves out of reach waits, and must not hold the others.
             let done = CompleteJobRequest { key: job.key, attempt: job.attempt, ..Default::default() };
-            client.raw().complete_job(done).await.expect("completes");
+            let client = client.clone();
+            tokio::spawn(async move { client.raw().complete_job(done).await });
         }
     })
 }
