@@ -468,6 +468,26 @@ pub fn check(history: &[Op], finals: &FinalReads, replicas: impl Fn(u64) -> Vec<
     report
 }
 
+/// Acknowledged jobs whose completion no client has heard of yet: cheap, for
+/// a drain to tell whether reading every replica is worth it. (A job whose
+/// completion was lost, or that became an incident, only the replicas show.)
+pub fn unfinished(history: &[Op]) -> usize {
+    let (mut created, mut completed) = (std::collections::HashSet::new(), std::collections::HashSet::new());
+    for op in history.iter().filter(|o| o.phase == Phase::Ok) {
+        match (op.kind, op.key) {
+            (Kind::Create, Some(key)) => {
+                created.insert(key);
+            }
+            // A worker may complete a job before its producer hears of the create.
+            (Kind::Complete, Some(key)) => {
+                completed.insert(key);
+            }
+            _ => {}
+        }
+    }
+    created.difference(&completed).count()
+}
+
 /// Each stage of a job is committed once, by one attempt, in the declared
 /// order, and every acknowledged checkpoint is in every replica's record.
 fn check_stages(history: &[Op], finals: &FinalReads, id_of_key: &BTreeMap<u64, u64>, report: &mut Report) {
@@ -798,6 +818,18 @@ mod tests {
         h.push(op(60, 2, Kind::Complete, Phase::Ok, 1, Some(101), 1));
         let r = check(&h, &finals(&[0, 1, 2], &[(1, 101, "completed")]), all_nodes);
         assert!(r.stale.is_empty(), "{r:?}");
+    }
+
+    #[test]
+    fn a_drain_counts_jobs_no_client_heard_completed() {
+        let mut h = vec![
+            op(0, 1, Kind::Create, Phase::Ok, 1, Some(10), 0),
+            op(1, 2, Kind::Complete, Phase::Ok, 2, Some(11), 1),
+            op(2, 1, Kind::Create, Phase::Ok, 2, Some(11), 0),
+        ];
+        assert_eq!(unfinished(&h), 1, "job 10 is open; 11 was completed before its create was heard of");
+        h.push(op(3, 2, Kind::Complete, Phase::Ok, 1, Some(10), 1));
+        assert_eq!(unfinished(&h), 0);
     }
 
     #[test]
