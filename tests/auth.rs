@@ -493,13 +493,15 @@ async fn a_forwarded_command_is_screened_by_the_leader_against_the_gateways_prin
         assert!(started.elapsed() < Duration::from_secs(30), "partition 1 has no leader after 30 s");
         tokio::time::sleep(Duration::from_millis(50)).await;
     };
-    let gateway = (leader.unwrap() + 1) % 3;
+    let leader = leader.unwrap();
+    let gateway = (leader + 1) % 3;
     let client =
         |name: &str| Client::connect_lazy(&cluster.gateway(gateway)).unwrap().with_token(tokens.secret(name)).unwrap();
-    let admin = client("admin");
-    // Jobs until one lands on partition 1 (creates go round-robin).
+    // Created through the leader's own gateway: a keyless create goes to a
+    // partition its gateway's node leads, in turn.
+    let creator = Client::connect_lazy(&cluster.gateway(leader)).unwrap().with_token(tokens.secret("admin")).unwrap();
     let key = loop {
-        let key = activated_job(&admin, "acme").await;
+        let key = activated_job(&creator, "acme").await;
         if drover::core::JobKey(key).partition() == 1 {
             break key;
         }

@@ -29,10 +29,14 @@ fn tiny_bench(extra: &[&str]) {
         .expect("run drover bench");
     let stdout = String::from_utf8_lossy(&output.stdout);
     assert!(output.status.success(), "bench failed:\n{stdout}\n{}", String::from_utf8_lossy(&output.stderr));
-    let reports: Vec<serde_json::Value> =
+    let objects: Vec<serde_json::Value> =
         stdout.lines().filter(|l| l.starts_with('{')).map(|l| serde_json::from_str(l).unwrap()).collect();
+    let conditions = &objects[0]["conditions"];
+    assert_eq!(conditions["fdatasync_samples"], 200, "the conditions come first:\n{stdout}");
+    assert!(conditions["fdatasync_p50_ms"].as_f64().unwrap() <= conditions["fdatasync_p99_ms"].as_f64().unwrap());
+    let reports = &objects[1..];
     assert_eq!(reports.len(), 2, "one JSON object per workload:\n{stdout}");
-    for report in &reports {
+    for report in reports {
         let figures = &report["figures"];
         let expected = if report["workload"] == "throughput" { 300 } else { 400 };
         assert_eq!(figures["jobs_created"], expected, "{report}");
@@ -40,5 +44,9 @@ fn tiny_bench(extra: &[&str]) {
         assert_eq!(figures["lost"], 0);
         assert_eq!(figures["completed_twice"], 0);
         assert!(figures["latency_ms"]["count"].as_u64().unwrap() >= expected);
+        // Every create and completion was a Raft write on the one node.
+        let stages = figures["stages"].as_array().expect("stages");
+        let raft_write = stages.iter().find(|s| s["stage"] == "raft_write").expect("raft_write timed");
+        assert!(raft_write["count"].as_u64().unwrap() > 0, "{report}");
     }
 }

@@ -20,12 +20,23 @@ async fn jobs_created_on_one_gateway_complete_through_another() {
     cluster.wait_ready().await;
     let first = cluster.node(0).client().await;
     let third = cluster.node(2).client().await;
+    let led_by_first = led_by(&cluster, 0).await;
     let mut keys = Vec::new();
     for n in 0..9 {
         keys.push(first.create_job("route", &format!(r#"{{"n":{n}}}"#)).await.unwrap());
     }
     let partitions: std::collections::BTreeSet<u32> = keys.iter().map(|k| (k >> 48) as u32).collect();
-    assert_eq!(partitions.len(), 3, "new jobs spread round-robin over the partitions");
+    if led_by_first.is_empty() {
+        assert_eq!(partitions.len(), 3, "a gateway that leads nothing spreads new jobs over every partition");
+    } else {
+        // Leadership may move while the jobs are created, but not often.
+        let local = keys.iter().filter(|k| led_by_first.contains(&((**k >> 48) as u32))).count();
+        assert!(
+            local >= 6,
+            "keyless creates go to partitions their gateway's node leads {led_by_first:?}: {partitions:?}"
+        );
+        assert!(led_by_first.iter().all(|p| partitions.contains(p)), "in turn over {led_by_first:?}: {partitions:?}");
+    }
     let mut jobs = Vec::new();
     while jobs.len() < keys.len() {
         let batch = third.activate("route", "w3", 10, 60_000, 5_000).await.unwrap();
@@ -38,6 +49,68 @@ async fn jobs_created_on_one_gateway_complete_through_another() {
     for key in keys {
         assert_eq!(first.get_job(key).await.unwrap().state, "completed");
     }
+}
+
+#[tokio::test]
+async fn creates_and_completions_sent_to_the_leaders_gateway_are_never_forwarded() {
+    let cluster = ProcessCluster::start(3, 3, 3, FAST_RAFT);
+    cluster.wait_ready().await;
+    let mut leaders = Vec::new();
+    for partition in 0..3 {
+        leaders.push(cluster.leader_of(partition, Duration::from_secs(30)).await);
+    }
+    let gateways: Vec<String> = (0..3).map(|id| cluster.gateway(id)).collect();
+    let routing = drover::client::leaders::Leaders::new(&gateways);
+    routing.learn(&cluster.node(0).client().await.topology().await.unwrap());
+    assert_eq!(routing.known(), 3, "every partition's leader gateway is known");
+    let forwards = || async {
+        let mut total = 0.0;
+        for id in 0..3 {
+            total += cluster.metric(id, "drover_stage_seconds_count{stage=\"gateway_forward\"}").await;
+        }
+        total
+    };
+    let before = forwards().await;
+    // Creates through each leader's gateway stay on that node; completions go
+    // to the gateway the routing names.
+    let mut keys = Vec::new();
+    for leader in &leaders {
+        let client = cluster.node(*leader).client().await;
+        for n in 0..3 {
+            let key = client.create_job("routed", &format!(r#"{{"n":{n}}}"#)).await.unwrap();
+            assert!(leaders[(key >> 48) as usize] == *leader, "a keyless create lands on a partition led here");
+            keys.push(key);
+        }
+    }
+    for key in &keys {
+        let gateway = routing.gateway_of_key(*key).expect("known");
+        assert_eq!(gateway, cluster.gateway(leaders[(key >> 48) as usize]), "the leader's own gateway");
+    }
+    let mut done = 0;
+    while done < keys.len() {
+        let jobs = cluster.node(0).client().await.activate("routed", "w", 10, 60_000, 5_000).await.unwrap();
+        assert!(!jobs.is_empty(), "the routed jobs can be activated");
+        for job in jobs {
+            let client = drover::client::Client::connect_lazy(routing.gateway_of_key(job.key).unwrap()).unwrap();
+            client.complete(job.key, job.attempt, "{}").await.unwrap();
+            done += 1;
+        }
+    }
+    // The activations went through node 0's gateway and were forwarded where
+    // node 0 does not lead; nothing else was.
+    let polled_elsewhere = leaders.iter().filter(|l| **l != 0).count() as f64;
+    let forwarded = forwards().await - before;
+    assert!(
+        forwarded <= polled_elsewhere * 3.0,
+        "{forwarded} forwards: creates and completions should have added none (activation rounds may add {})",
+        polled_elsewhere * 3.0
+    );
+}
+
+/// The partitions node `id` leads, as its status says.
+async fn led_by(cluster: &ProcessCluster, id: usize) -> std::collections::BTreeSet<u32> {
+    let status = cluster.status(id).await.unwrap_or_default();
+    status.iter().filter(|p| p.role == "leader").map(|p| p.partition).collect()
 }
 
 /// What clients saw while a workload ran.

@@ -19,6 +19,7 @@ use crate::node::NodeContext;
 
 mod console;
 mod labels;
+pub mod stages;
 pub use labels::{job_type_label, MAX_JOB_TYPE_LABELS, OTHER_JOB_TYPES};
 
 static RECORDER: OnceLock<PrometheusHandle> = OnceLock::new();
@@ -31,6 +32,7 @@ pub fn recorder() -> &'static PrometheusHandle {
         let counts = [1.0, 2.0, 5.0, 10.0, 20.0, 50.0, 100.0, 200.0, 500.0, 1000.0, 2000.0, 5000.0];
         PrometheusBuilder::new()
             .set_buckets_for_metric(Matcher::Suffix("_seconds".into()), &latency)
+            .and_then(|b| b.set_buckets_for_metric(Matcher::Full(stages::STAGE_METRIC.into()), stages::STAGE_BUCKETS))
             .and_then(|b| b.set_buckets_for_metric(Matcher::Prefix("drover_raft_commands_per".into()), &counts))
             .and_then(|b| b.set_buckets_for_metric(Matcher::Prefix("drover_storage_appends_per".into()), &counts))
             .expect("valid buckets")
@@ -121,6 +123,12 @@ pub fn register_metrics() {
     for (name, help) in histograms {
         describe_histogram!(*name, Unit::Seconds, *help);
     }
+    describe_histogram!(
+        stages::STAGE_METRIC,
+        Unit::Seconds,
+        "Where a job's time goes, by stage (gateway_forward, leader_call, leader_queue, raft_write, log_sync, \
+         replicate, follower_append, apply, push); see docs/benchmarks.md"
+    );
     describe_histogram!("drover_raft_commands_per_entry", "Commands batched into one Raft entry");
     describe_histogram!("drover_storage_appends_per_sync", "Log appends covered by one WAL sync");
 }

@@ -20,10 +20,12 @@
 //! and one CompleteJob call per job); `--one-by-one` works the same way
 //! through drover.v1. The two measure what the Zeebe facade itself costs.
 
+mod conditions;
 pub mod delay;
 mod faults;
 mod local;
 mod regions;
+mod stages;
 mod workload;
 
 use std::time::Duration;
@@ -133,6 +135,11 @@ pub struct BenchArgs {
     /// Print one JSON object per workload instead of a table.
     #[arg(long)]
     pub json: bool,
+    /// Workers send every completion through their stream's gateway, as a
+    /// client that does not learn the topology does, instead of to the
+    /// gateway on the job's partition leader (which saves the forward).
+    #[arg(long)]
+    pub unrouted: bool,
 }
 
 #[derive(Serialize)]
@@ -158,6 +165,17 @@ pub async fn run(args: BenchArgs) -> anyhow::Result<bool> {
         (true, None) => bail!("--tokens makes a tokens file for --local-nodes; for a running cluster set DROVER_TOKEN"),
         (false, _) => None,
     };
+    // The conditions go first, so that every figure below is read beside them.
+    if args.local_nodes.is_some() {
+        let disk = args.local_dir.clone().unwrap_or_else(std::env::temp_dir);
+        std::fs::create_dir_all(&disk).with_context(|| format!("creating {}", disk.display()))?;
+        let conditions = conditions::measure(&disk, 200).context("measuring the disk's fdatasync latency")?;
+        if args.json {
+            println!("{}", serde_json::json!({ "conditions": conditions }));
+        } else {
+            conditions.print();
+        }
+    }
     let mut cluster = match args.local_nodes {
         Some(n) => {
             let extra: Vec<String> = match &token {

@@ -14,6 +14,7 @@ use tokio_stream::wrappers::ReceiverStream;
 
 use super::local::LocalCluster;
 use super::{BenchArgs, Workload};
+use crate::client::leaders::Leaders;
 use crate::client::Client;
 use crate::proto::gateway::{ActivatedJob, CompleteJobRequest, CreateJobRequest, StreamActivatedJobsRequest};
 
@@ -62,6 +63,10 @@ pub struct Figures {
     pub rss_peak_per_minute_mib: Vec<Vec<f64>>,
     pub wal_syncs: Vec<u64>,
     pub jobs_per_sync: Option<f64>,
+    /// The machine's 1-minute load average just before the workload started.
+    pub load_average_before: Option<f64>,
+    /// Where the time went, by stage, summed over the local nodes.
+    pub stages: Vec<super::stages::StageFigure>,
 }
 
 impl Figures {
@@ -101,6 +106,10 @@ impl Figures {
         if let Some(jobs_per_sync) = self.jobs_per_sync {
             println!("  WAL syncs per node {:?}; jobs per sync {:.1}", self.wal_syncs, jobs_per_sync);
         }
+        if let Some(load) = self.load_average_before {
+            println!("  load average before           {load:.2}");
+        }
+        super::stages::print(&self.stages);
     }
 }
 
@@ -271,20 +280,26 @@ async fn produce(
     Ok(ack_latency)
 }
 
-/// Receives jobs over a stream and completes each over a CompleteJobs stream.
-async fn work(
-    gateway: String,
-    job_type: String,
+/// A worker's CompleteJobs streams: one per gateway, opened when first
+/// needed. Each completion goes to the gateway on its partition's leader
+/// when that is known (no forward), else through the worker's own gateway.
+struct Completer {
+    own: String,
+    leaders: Option<Arc<Leaders>>,
+    streams: HashMap<String, mpsc::Sender<CompleteJobRequest>>,
+    readers: Vec<tokio::task::JoinHandle<()>>,
+    /// Sequence numbers by job key, of completions sent and not answered.
+    pending: Arc<Mutex<HashMap<u64, u64>>>,
     tracker: Arc<Tracker>,
-    mut stop: watch::Receiver<bool>,
-) -> anyhow::Result<Histogram<u64>> {
-    let client = connect(&gateway).await?;
-    let (tx, rx) = mpsc::channel::<CompleteJobRequest>(4096);
-    let mut completions = client.raw().complete_jobs(ReceiverStream::new(rx)).await?.into_inner();
-    let pending: Arc<Mutex<HashMap<u64, u64>>> = Arc::default();
-    let reader = {
-        let (pending, tracker) = (Arc::clone(&pending), Arc::clone(&tracker));
-        tokio::spawn(async move {
+}
+
+impl Completer {
+    async fn open(&mut self, gateway: &str) -> anyhow::Result<()> {
+        let client = connect(gateway).await?;
+        let (tx, rx) = mpsc::channel::<CompleteJobRequest>(4096);
+        let mut completions = client.raw().complete_jobs(ReceiverStream::new(rx)).await?.into_inner();
+        let (pending, tracker) = (Arc::clone(&self.pending), Arc::clone(&self.tracker));
+        self.readers.push(tokio::spawn(async move {
             while let Ok(Some(response)) = completions.message().await {
                 let seq = pending.lock().expect("lock").remove(&response.key);
                 if let (Some(seq), None) = (seq, response.error) {
@@ -293,8 +308,51 @@ async fn work(
                     }
                 }
             }
-        })
+        }));
+        self.streams.insert(gateway.to_string(), tx);
+        Ok(())
+    }
+
+    async fn complete(&mut self, request: CompleteJobRequest, seq: u64) -> bool {
+        let routed = self.leaders.as_ref().and_then(|l| l.gateway_of_key(request.key).map(str::to_string));
+        let mut gateway = routed.unwrap_or_else(|| self.own.clone());
+        if !self.streams.contains_key(&gateway) && self.open(&gateway).await.is_err() {
+            gateway = self.own.clone();
+        }
+        self.pending.lock().expect("lock").insert(request.key, seq);
+        match self.streams.get(&gateway) {
+            Some(stream) => stream.send(request).await.is_ok(),
+            None => false,
+        }
+    }
+
+    async fn finish(self) {
+        drop(self.streams);
+        for reader in self.readers {
+            let _ = tokio::time::timeout(Duration::from_secs(5), reader).await;
+        }
+    }
+}
+
+/// Receives jobs over a stream and completes each over a CompleteJobs stream,
+/// routed by `leaders` when given.
+async fn work(
+    gateway: String,
+    job_type: String,
+    tracker: Arc<Tracker>,
+    leaders: Option<Arc<Leaders>>,
+    mut stop: watch::Receiver<bool>,
+) -> anyhow::Result<Histogram<u64>> {
+    let client = connect(&gateway).await?;
+    let mut completer = Completer {
+        own: gateway.clone(),
+        leaders,
+        streams: HashMap::new(),
+        readers: Vec::new(),
+        pending: Arc::default(),
+        tracker: Arc::clone(&tracker),
     };
+    completer.open(&gateway).await?;
     let request = StreamActivatedJobsRequest {
         r#type: job_type,
         worker: "bench".into(),
@@ -309,15 +367,34 @@ async fn work(
         let Ok(payload) = serde_json::from_str::<Payload>(&job.variables) else { continue };
         let _ = latency.record(received.saturating_sub(payload.sent));
         tracker.deliveries[payload.seq as usize].fetch_add(1, Ordering::Relaxed);
-        pending.lock().expect("lock").insert(job.key, payload.seq);
         let complete = CompleteJobRequest { key: job.key, attempt: job.attempt, variables: String::new() };
-        if tx.send(complete).await.is_err() {
+        if !completer.complete(complete, payload.seq).await {
             break;
         }
     }
-    drop(tx);
-    let _ = tokio::time::timeout(Duration::from_secs(5), reader).await;
+    completer.finish().await;
     Ok(latency)
+}
+
+/// The partitions' leader gateways among `gateways`, learned now and every
+/// second until `stop` (a stale map costs forwards, not errors).
+async fn learn_leaders(gateways: &[String], mut stop: watch::Receiver<bool>) -> anyhow::Result<Arc<Leaders>> {
+    let leaders = Arc::new(Leaders::new(gateways));
+    let client = connect(&gateways[0]).await?;
+    leaders.learn(&client.topology().await?);
+    let learner = Arc::clone(&leaders);
+    tokio::spawn(async move {
+        loop {
+            tokio::select! {
+                _ = tokio::time::sleep(Duration::from_secs(1)) => {}
+                _ = stop.wait_for(|s| *s) => return,
+            }
+            if let Ok(topology) = client.topology().await {
+                learner.learn(&topology);
+            }
+        }
+    });
+    Ok(leaders)
 }
 
 /// Which service a one-call-per-completion worker speaks.
@@ -442,6 +519,10 @@ async fn run(
     let rss_start = cluster.map(|c| c.resident_bytes()).unwrap_or_default();
     let syncs_before = wal_syncs(cluster).await;
 
+    let leaders = match args.unrouted {
+        true => None,
+        false => Some(learn_leaders(gateways, stop_rx.clone()).await?),
+    };
     let mut workers = Vec::new();
     for i in 0..args.workers {
         let gateway = gateways[i % gateways.len()].clone();
@@ -449,11 +530,16 @@ async fn run(
         workers.push(match (args.zeebe, args.one_by_one) {
             (true, _) => tokio::spawn(work_one_by_one(gateway, job_type, tracker, stop, Protocol::Zeebe)),
             (false, true) => tokio::spawn(work_one_by_one(gateway, job_type, tracker, stop, Protocol::Drover)),
-            (false, false) => tokio::spawn(work(gateway, job_type, tracker, stop)),
+            (false, false) => tokio::spawn(work(gateway, job_type, tracker, leaders.clone(), stop)),
         });
     }
     // Let the streams register before the first job, as long-running workers would be.
     tokio::time::sleep(Duration::from_millis(300)).await;
+    let load_average_before = super::conditions::load_average();
+    let stages_before = match cluster {
+        Some(cluster) => super::stages::read(cluster).await,
+        None => Default::default(),
+    };
 
     let rss_peak: Arc<Mutex<Vec<u64>>> = Arc::new(Mutex::new(rss_start.clone()));
     let rss_minutes: Arc<Mutex<Vec<Vec<u64>>>> = Arc::new(Mutex::new(vec![Vec::new(); rss_start.len()]));
@@ -532,7 +618,10 @@ async fn run(
     }
     let syncs_after = wal_syncs(cluster).await;
 
-    let mut figures = Figures::default();
+    let mut figures = Figures { load_average_before, ..Figures::default() };
+    if let Some(cluster) = cluster {
+        figures.stages = super::stages::between(&stages_before, &super::stages::read(cluster).await);
+    }
     for seq in 0..jobs as usize {
         let acked = tracker.acked[seq].load(Ordering::Relaxed);
         let completions = tracker.completions[seq].load(Ordering::Relaxed);

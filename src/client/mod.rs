@@ -2,6 +2,7 @@
 //! contract: a worker application can use it with `default-features = false`.
 
 mod history;
+pub mod leaders;
 mod worker;
 
 use std::time::Duration;

@@ -28,6 +28,7 @@ use ractor::rpc::CallResult;
 use tonic::transport::Channel;
 
 use super::error::ApiError;
+use crate::admin::stages::{self, Stage};
 use crate::auth::{Principal, Verb};
 use crate::core::{Command, CommandError, CommandResult, ErrorKind, Job, JobFilter, JobKey, JobRef, PartitionId};
 use crate::node::NodeContext;
@@ -185,7 +186,10 @@ async fn submit_local(
         return Ok(Attempt::Done(refused.into_iter().map(|r| r.expect("every command was refused")).collect()));
     }
     let wait = deadline.saturating_duration_since(Instant::now());
-    match leader.call(|reply| LeaderMsg::Submit { commands, reply }, Some(wait)).await {
+    let called = Instant::now();
+    let answer = leader.call(|reply| LeaderMsg::Submit { commands, reply }, Some(wait)).await;
+    stages::record(Stage::LeaderCall, called.elapsed());
+    match answer {
         Ok(CallResult::Success(Ok(results))) if refused.is_empty() => Ok(Attempt::Done(results)),
         Ok(CallResult::Success(Ok(results))) => {
             // Put the leader's answers in the gaps the refusals left.
@@ -231,7 +235,10 @@ async fn forward(
     let mut request =
         tonic::Request::new(ForwardRequest { partition_id: partition, commands: encoded.into(), principal });
     request.set_timeout(deadline.saturating_duration_since(Instant::now()).max(Duration::from_millis(1)));
-    let reply = match client.forward(request).await {
+    let sent = Instant::now();
+    let reply = client.forward(request).await;
+    stages::record(Stage::GatewayForward, sent.elapsed());
+    let reply = match reply {
         Ok(reply) => reply.into_inner(),
         Err(status) if never_connected(&status) => {
             tracing::debug!(partition, node, "forward not sent: {status}");

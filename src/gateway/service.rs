@@ -350,10 +350,10 @@ impl GatewayService {
         let ctx = &self.ctx;
         let job = convert::new_job(request, traceparent, &ctx.limits, &ctx.dedupe, || ctx.next_request_id())?;
         // Every repeat of an idempotency key must reach the partition that
-        // remembers it; other creates spread round-robin.
+        // remembers it; other creates go to a partition led here if any.
         let partition = match &job.request {
             Some(request @ RequestId::Key { .. }) => JobRef::Request(request.clone()).partition(ctx.partition_count()),
-            _ => ctx.next_partition(),
+            _ => ctx.next_create_partition(),
         };
         Ok((partition, Command::Create(job)))
     }

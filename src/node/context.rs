@@ -170,9 +170,22 @@ impl NodeContext {
         }
     }
 
-    /// The partition for the next new job: round-robin.
+    /// The next partition of a round-robin over all of them.
     pub fn next_partition(&self) -> PartitionId {
         self.next_partition.fetch_add(1, Ordering::Relaxed) % self.partitions
+    }
+
+    /// The partition for a new job that may go anywhere (no idempotency key):
+    /// round-robin over the partitions this node leads, so that the create
+    /// needs no forward to another node, or over all of them when it leads
+    /// none. Clients spread over the gateways thereby spread over the leaders.
+    pub fn next_create_partition(&self) -> PartitionId {
+        let turn = self.next_partition.fetch_add(1, Ordering::Relaxed);
+        let leaders = self.leaders.read().expect("leaders lock");
+        match leaders.len() {
+            0 => turn % self.partitions,
+            led => *leaders.keys().nth(turn as usize % led).expect("within the map"),
+        }
     }
 
     pub fn replica(&self, partition: PartitionId) -> Option<&Arc<Replica>> {

@@ -40,6 +40,7 @@ use ractor::{Actor, ActorProcessingErr, ActorRef, RpcReplyPort};
 use rand::seq::IndexedRandom;
 
 use super::streams::{BrokerStreams, PushOutcome, PushedActivations, RemoteStream, Reservation, StreamRooms};
+use crate::admin::stages::{self, Stage};
 use crate::core::{
     ActivatedJobData, Activation, Batch, Command, CommandResult, JobKey, Millis, PartitionId, Retention, Routing,
     Taker, Via, YieldReason,
@@ -263,7 +264,8 @@ pub struct LeaderState {
     retention: Retention,
     locality: Arc<Locality>,
     clock: LeaderClock,
-    pending: VecDeque<(Vec<Command>, ReplyTo)>,
+    /// Submissions waiting for a write slot, with when each arrived.
+    pending: VecDeque<(Vec<Command>, ReplyTo, Instant)>,
     pending_commands: usize,
     in_flight: usize,
     timer_at: Option<Millis>,
@@ -510,7 +512,7 @@ impl Actor for PartitionLeader {
 
     async fn post_stop(&self, _myself: ActorRef<LeaderMsg>, state: &mut LeaderState) -> Result<(), ActorProcessingErr> {
         let leader = state.replica.leadership().leader;
-        for (_, reply) in state.pending.drain(..) {
+        for (_, reply, _) in state.pending.drain(..) {
             if let ReplyTo::Client(port) = reply {
                 let _ = port.send(Err(SubmitError::NotLeader { partition: state.partition, leader }));
             }
@@ -544,7 +546,7 @@ impl LeaderState {
 
     fn enqueue(&mut self, commands: Vec<Command>, reply: ReplyTo) {
         self.pending_commands += commands.len();
-        self.pending.push_back((commands, reply));
+        self.pending.push_back((commands, reply, Instant::now()));
     }
 
     /// Starts Raft writes for whatever is waiting, up to the in-flight limit.
@@ -553,7 +555,7 @@ impl LeaderState {
             let mut commands = Vec::new();
             let mut replies = Vec::new();
             let mut bytes = 0usize;
-            while let Some((next, _)) = self.pending.front() {
+            while let Some((next, _, _)) = self.pending.front() {
                 let next_bytes: usize = next.iter().map(Command::encoded_len).sum();
                 if !commands.is_empty()
                     && (commands.len() + next.len() > MAX_BATCH_COMMANDS || bytes + next_bytes > MAX_ENTRY_BYTES)
@@ -561,7 +563,8 @@ impl LeaderState {
                     break;
                 }
                 bytes += next_bytes;
-                let (next, reply) = self.pending.pop_front().expect("front exists");
+                let (next, reply, arrived) = self.pending.pop_front().expect("front exists");
+                stages::record(Stage::LeaderQueue, arrived.elapsed());
                 replies.push((next.len(), reply));
                 commands.extend(next);
             }
@@ -816,6 +819,7 @@ async fn write(
     match replica.write(batch).await {
         Ok(response) => {
             metrics::histogram!("drover_raft_append_to_commit_seconds").record(started.elapsed().as_secs_f64());
+            stages::record(Stage::RaftWrite, started.elapsed());
             let mut results = response.results.into_iter();
             for (count, reply) in replies {
                 let chunk: Vec<CommandResult> = results.by_ref().take(count).collect();
@@ -915,7 +919,10 @@ async fn push(
     if let Some(hold) = crate::failpoints::fire("leader_push_hold") {
         tokio::time::sleep(hold).await;
     }
-    let rejected: HashSet<JobKey> = match link.push(&stream, partition, jobs).await {
+    let pushed = Instant::now();
+    let outcome = link.push(&stream, partition, jobs).await;
+    stages::record(Stage::Push, pushed.elapsed());
+    let rejected: HashSet<JobKey> = match outcome {
         PushOutcome::Answered { rejected, room } => {
             report.room = room;
             rejected.into_iter().collect()

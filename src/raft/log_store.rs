@@ -154,9 +154,11 @@ impl RaftLogStorage<TypeConfig> for LogStore {
         // does anything else for the group: a leader replicates the entries,
         // and a follower answers the leader, only after this node's sync.
         // Returning early only lets the sync be shared with other partitions.
+        let written = std::time::Instant::now();
         self.store.write_durable(
             batch,
             Box::new(move |result: Result<(), String>| {
+                crate::admin::stages::record(crate::admin::stages::Stage::LogSync, written.elapsed());
                 callback.log_io_completed(result.map_err(io::Error::other));
             }),
         );

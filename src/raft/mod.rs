@@ -488,6 +488,9 @@ impl Replica {
         };
         metrics::histogram!("drover_raft_rpc_handled_seconds", "rpc" => kind.as_str())
             .record(started.elapsed().as_secs_f64());
+        if kind == RpcKind::AppendEntries {
+            crate::admin::stages::record(crate::admin::stages::Stage::FollowerAppend, started.elapsed());
+        }
         encoded.map_err(|e| format!("encode raft reply: {e}"))
     }
 }
@@ -502,7 +505,7 @@ fn applied_count(metrics: &RaftMetrics<NodeId, BasicNode>) -> u64 {
 }
 
 /// The three Raft RPCs carried by the cluster service.
-#[derive(Clone, Copy, Debug)]
+#[derive(Clone, Copy, Debug, PartialEq, Eq)]
 pub enum RpcKind {
     AppendEntries,
     Vote,

@@ -194,6 +194,9 @@ impl PeerConnection {
             super::RpcKind::InstallSnapshot => client.install_snapshot(grpc).await,
         };
         metrics::histogram!("drover_raft_rpc_seconds", "rpc" => kind.as_str()).record(started.elapsed().as_secs_f64());
+        if kind == super::RpcKind::AppendEntries {
+            crate::admin::stages::record(crate::admin::stages::Stage::Replicate, started.elapsed());
+        }
         let reply = match reply {
             Ok(reply) => reply.into_inner(),
             Err(status) => {

@@ -517,6 +517,7 @@ impl RaftStateMachine<TypeConfig> for StateMachine {
         if let Some(hold) = crate::failpoints::fire("apply_hold") {
             tokio::time::sleep(hold).await;
         }
+        let started = std::time::Instant::now();
         let mut responses = Vec::new();
         let mut batch = self.store.batch();
         let mut inner = self.shared.lock();
@@ -611,6 +612,7 @@ impl RaftStateMachine<TypeConfig> for StateMachine {
         self.store.write(batch);
         drop(inner);
         self.shared.wake(&finished_keys);
+        crate::admin::stages::record(crate::admin::stages::Stage::Apply, started.elapsed());
         Ok(responses)
     }
 

@@ -1,0 +1,108 @@
+//! Which gateway to send a job's commands to: the one on the node that leads
+//! the job's partition, as the cluster's `Topology` says.
+//!
+//! Any gateway takes any command and forwards it to the partition's leader,
+//! so routing is only a saving: a command sent to the leader's own gateway
+//! skips the forward (a gRPC round trip between nodes, and its CPU). A stale
+//! map therefore costs a forward, never an error, and is refreshed on a
+//! schedule rather than waited for.
+//!
+//! A node's gateway is known by the address it reports; it is used only when
+//! it is one of the addresses the caller connects to (the same host and
+//! port), so a node listening on `0.0.0.0` or behind a proxy is not routed to
+//! and its partitions' commands go wherever the caller would send them
+//! anyway.
+
+use std::collections::HashMap;
+use std::sync::RwLock;
+
+use crate::proto::gateway::TopologyResponse;
+
+/// The partition a job key belongs to (its top 16 bits).
+pub fn partition_of(key: u64) -> u32 {
+    (key >> 48) as u32
+}
+
+/// The leader's gateway of each partition, among `gateways`.
+#[derive(Debug)]
+pub struct Leaders {
+    gateways: Vec<String>,
+    by_partition: RwLock<HashMap<u32, usize>>,
+}
+
+/// `address` without a scheme or a trailing slash: `host:port`.
+fn host_port(address: &str) -> &str {
+    let address = address.split_once("://").map_or(address, |(_, rest)| rest);
+    address.trim_end_matches('/')
+}
+
+impl Leaders {
+    /// A map over the caller's `gateways` (as it connects to them), empty
+    /// until [`Leaders::learn`].
+    pub fn new(gateways: &[String]) -> Leaders {
+        Leaders { gateways: gateways.to_vec(), by_partition: RwLock::default() }
+    }
+
+    /// Takes in what `topology` says of every partition's leader.
+    pub fn learn(&self, topology: &TopologyResponse) {
+        let mut map = HashMap::new();
+        for broker in &topology.brokers {
+            let Some(gateway) = self.gateways.iter().position(|g| host_port(g) == host_port(&broker.address)) else {
+                continue;
+            };
+            for partition in broker.partitions.iter().filter(|p| p.role == "leader") {
+                map.insert(partition.partition_id, gateway);
+            }
+        }
+        *self.by_partition.write().expect("leaders lock") = map;
+    }
+
+    /// The gateway (as given to [`Leaders::new`]) on the node leading the
+    /// partition of job `key`, if known.
+    pub fn gateway_of_key(&self, key: u64) -> Option<&str> {
+        let index = *self.by_partition.read().expect("leaders lock").get(&partition_of(key))?;
+        Some(&self.gateways[index])
+    }
+
+    /// How many partitions have a known leader gateway.
+    pub fn known(&self) -> usize {
+        self.by_partition.read().expect("leaders lock").len()
+    }
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+    use crate::proto::gateway::{BrokerInfo, PartitionInfo};
+
+    fn broker(node_id: u64, address: &str, leads: &[u32], follows: &[u32]) -> BrokerInfo {
+        let info = |id: u32, role: &str| PartitionInfo { partition_id: id, role: role.into(), ..Default::default() };
+        let mut partitions: Vec<PartitionInfo> = leads.iter().map(|p| info(*p, "leader")).collect();
+        partitions.extend(follows.iter().map(|p| info(*p, "follower")));
+        BrokerInfo { node_id, address: address.into(), partitions }
+    }
+
+    #[test]
+    fn a_key_goes_to_the_gateway_of_its_partitions_leader() {
+        let gateways = vec!["http://127.0.0.1:7000".to_string(), "127.0.0.1:7001".to_string()];
+        let leaders = Leaders::new(&gateways);
+        assert_eq!(leaders.gateway_of_key(5), None, "nothing is known before the topology");
+        leaders.learn(&TopologyResponse {
+            brokers: vec![
+                broker(0, "127.0.0.1:7000", &[0, 2], &[1]),
+                broker(1, "127.0.0.1:7001/", &[1], &[0, 2]),
+                broker(2, "0.0.0.0:7002", &[3], &[]),
+            ],
+            ..Default::default()
+        });
+        assert_eq!(leaders.gateway_of_key(7), Some("http://127.0.0.1:7000"), "partition 0");
+        assert_eq!(leaders.gateway_of_key((1 << 48) | 7), Some("127.0.0.1:7001"), "partition 1");
+        assert_eq!(leaders.gateway_of_key((2 << 48) | 7), Some("http://127.0.0.1:7000"), "partition 2");
+        assert_eq!(leaders.gateway_of_key((3 << 48) | 7), None, "a gateway the caller does not use");
+        assert_eq!(leaders.known(), 3);
+        leaders
+            .learn(&TopologyResponse { brokers: vec![broker(1, "127.0.0.1:7001", &[0], &[])], ..Default::default() });
+        assert_eq!(leaders.gateway_of_key(7), Some("127.0.0.1:7001"), "a new leader replaces the old");
+        assert_eq!(leaders.known(), 1, "what the new topology does not say is forgotten");
+    }
+}
