@@ -527,7 +527,7 @@ async fn inner(dir: &Path) -> anyhow::Result<bool> {
         stop_creating: AtomicBool::new(false),
         draining: AtomicBool::new(false),
         stop: AtomicBool::new(false),
-        pushed_backlog: AtomicU64::new(0),
+        backlog: Default::default(),
     });
     let mut tasks = Vec::new();
     let producers = args.producers.max(1);

@@ -46,14 +46,19 @@ const CREATE_SENDS: usize = 3;
 pub const ACTIVATION_TIMEOUT_MS: i64 = 2_000;
 /// A worker's failure asks for this back-off before the next attempt.
 pub const FAIL_BACK_OFF_MS: i64 = 1_000;
-/// Pushed jobs created and not yet completed, at most, before producers
-/// create other types instead. Its three workers take one job at a time and
-/// misbehave on purpose (one in twenty answers 2.5 s late), so they finish
-/// a few dozen jobs a second while producers could create a hundred: left
-/// unbounded, the backlog grows with the run's length until no drain can
-/// finish it, and a long run measures the drain instead of the faults. A
-/// producer with backpressure does the same.
-pub const MAX_PUSHED_BACKLOG: u64 = 3_000;
+/// Jobs acknowledged and not yet completed, at most, before producers wait.
+/// The workers misbehave on purpose (one in ten never answers, one in twenty
+/// answers 2.5 s late, one in ten fails with a back-off), so they finish
+/// fewer jobs a second than 16 producers create: left unbounded, the backlog
+/// grows with the run's length until no drain can work it off, and the
+/// checker reports every job still activatable at its end as lost (a 30-minute
+/// run left 245,000 such jobs, all activatable on every replica). A producer
+/// with backpressure waits too. Jobs worked by the session worker processes
+/// are not counted: their completions are not seen here.
+pub const MAX_BACKLOG: u64 = 6_000;
+/// Of those, pushed jobs at most: their three workers take one job at a time,
+/// so beyond this producers create the polled type in their place.
+pub const MAX_PUSHED_BACKLOG: u64 = 2_000;
 
 pub struct Recorder {
     started: Instant,
@@ -111,8 +116,38 @@ pub struct Shared {
     pub draining: AtomicBool,
     /// Everything stops when this is set.
     pub stop: AtomicBool,
-    /// Pushed jobs acknowledged and not yet completed (see [`MAX_PUSHED_BACKLOG`]).
-    pub pushed_backlog: AtomicU64,
+    /// Jobs acknowledged and not yet completed, of the polled, pushed and
+    /// staged types (see [`MAX_BACKLOG`]).
+    pub backlog: [AtomicU64; 3],
+}
+
+impl Shared {
+    fn backlog_of(&self, job_type: &str) -> Option<&AtomicU64> {
+        match job_type {
+            JOB_TYPE => Some(&self.backlog[0]),
+            PUSHED_TYPE => Some(&self.backlog[1]),
+            STAGED_TYPE => Some(&self.backlog[2]),
+            _ => None,
+        }
+    }
+
+    fn backlog_total(&self) -> u64 {
+        self.backlog.iter().map(|b| b.load(Ordering::Relaxed)).sum()
+    }
+
+    fn acknowledged(&self, job_type: &str) {
+        if let Some(backlog) = self.backlog_of(job_type) {
+            backlog.fetch_add(1, Ordering::Relaxed);
+        }
+    }
+
+    /// A completion of a `job_type` job answered OK. A repeat answered OK
+    /// would count twice: never below zero.
+    fn completed(&self, job_type: &str) {
+        if let Some(backlog) = self.backlog_of(job_type) {
+            let _ = backlog.fetch_update(Ordering::Relaxed, Ordering::Relaxed, |n| n.checked_sub(1));
+        }
+    }
 }
 
 fn id_of(job: &ActivatedJob) -> Option<u64> {
@@ -124,9 +159,13 @@ pub async fn producer(shared: Arc<Shared>, process: u64, seed: u64) {
     let mut rng = StdRng::seed_from_u64(seed);
     let clients: Vec<Client> = shared.gateways.iter().map(|g| Client::connect_lazy(g).unwrap()).collect();
     while !shared.stop_creating.load(Ordering::Relaxed) {
+        if shared.backlog_total() >= MAX_BACKLOG {
+            tokio::time::sleep(Duration::from_millis(50)).await;
+            continue;
+        }
         let job_type = match rng.random_range(0..20) {
             0..8 => JOB_TYPE,
-            8..15 if shared.pushed_backlog.load(Ordering::Relaxed) >= MAX_PUSHED_BACKLOG => JOB_TYPE,
+            8..15 if shared.backlog[1].load(Ordering::Relaxed) >= MAX_PUSHED_BACKLOG => JOB_TYPE,
             8..15 => PUSHED_TYPE,
             15..18 => STAGED_TYPE,
             _ => crate::sessions::SESSION_TYPE,
@@ -161,9 +200,7 @@ pub async fn producer(shared: Arc<Shared>, process: u64, seed: u64) {
             match tokio::time::timeout(Duration::from_secs(5), create).await {
                 Ok(Ok(key)) => {
                     shared.recorder.record(process, node, Kind::Create, Phase::Ok, id, Some(key), 0);
-                    if job_type == PUSHED_TYPE {
-                        shared.pushed_backlog.fetch_add(1, Ordering::Relaxed);
-                    }
+                    shared.acknowledged(job_type);
                     break;
                 }
                 Ok(Err(status)) if certain_failure(&status) => {
@@ -254,12 +291,10 @@ async fn handle(
     shared.recorder.record(process, node, Kind::Complete, Phase::Invoke, id, Some(job.key), job.attempt);
     let result = tokio::time::timeout(Duration::from_secs(5), client.complete(job.key, job.attempt, "{}")).await;
     let phase = match result {
-        Ok(Ok(())) if wanted.job_type == PUSHED_TYPE => {
-            // A repeat answered OK would count twice: never below zero.
-            let _ = shared.pushed_backlog.fetch_update(Ordering::Relaxed, Ordering::Relaxed, |n| n.checked_sub(1));
+        Ok(Ok(())) => {
+            shared.completed(wanted.job_type);
             Phase::Ok
         }
-        Ok(Ok(())) => Phase::Ok,
         Ok(Err(status)) if certain_failure(&status) => Phase::Fail,
         _ => Phase::Info,
     };
@@ -360,7 +395,10 @@ pub async fn staged(shared: Arc<Shared>, process: u64, seed: u64) {
             shared.recorder.record(process, node, Kind::Complete, Phase::Invoke, id, Some(job.key), job.attempt);
             let complete = clients[node].complete(job.key, job.attempt, "{}");
             let phase = match tokio::time::timeout(Duration::from_secs(5), complete).await {
-                Ok(Ok(())) => Phase::Ok,
+                Ok(Ok(())) => {
+                    shared.completed(STAGED_TYPE);
+                    Phase::Ok
+                }
                 Ok(Err(status)) if certain_failure(&status) => Phase::Fail,
                 _ => Phase::Info,
             };
