@@ -81,6 +81,14 @@ pub struct ServeArgs {
     /// --election-timeout-ms override it. [default: lan]
     #[arg(long, env = "DROVER_NETWORK_PROFILE")]
     pub network_profile: Option<String>,
+    /// Where a create without an idempotency key goes: `local`, a partition
+    /// this node leads (round-robin among them; all partitions when it leads
+    /// none), which saves a forward to another node; or `round-robin` over
+    /// all partitions, which spreads one client's jobs over every partition
+    /// even when it reaches a single gateway (one pinned connection behind a
+    /// load balancer). [default: local]
+    #[arg(long, env = "DROVER_CREATE_PLACEMENT")]
+    pub create_placement: Option<String>,
     /// Replicas per partition; fixed when the cluster first forms. [default: 1,
     /// or min(3, members) when members are given]
     #[arg(long, env = "DROVER_REPLICATION_FACTOR")]
@@ -249,6 +257,9 @@ pub struct NodeConfig {
     pub location: Location,
     /// Regions partitions prefer their leaders in (empty: any).
     pub leader_regions: Vec<String>,
+    /// Creates without an idempotency key go to a partition this node leads
+    /// (true) or round-robin over all partitions (false).
+    pub local_creates: bool,
     /// Join the existing cluster instead of forming it, if the data directory
     /// has formed nothing yet (see [`crate::raft::Formation`]).
     pub join_existing: bool,
@@ -279,6 +290,7 @@ impl NodeConfig {
             locations: BTreeMap::new(),
             location: Location::default(),
             leader_regions: Vec::new(),
+            local_creates: true,
             join_existing: false,
             partitions: 1,
             replication_factor: 1,
@@ -411,6 +423,11 @@ impl ServeArgs {
             );
         }
         let location = own_location(locations.get(&node_id), pick!(region), pick!(zone))?;
+        let local_creates = match pick!(create_placement).as_deref() {
+            None | Some("local") => true,
+            Some("round-robin") => false,
+            Some(other) => bail!("--create-placement {other:?} is not `local` or `round-robin`"),
+        };
         let leader_regions = pick!(leader_regions).unwrap_or_default();
         if let Some(region) = leader_regions.iter().find(|r| !locations.values().any(|l| l.region == **r)) {
             if !locations.is_empty() {
@@ -494,6 +511,7 @@ impl ServeArgs {
             locations,
             location,
             leader_regions,
+            local_creates,
             join_existing: pick!(join_existing).unwrap_or(false),
             partitions,
             replication_factor,
@@ -532,6 +550,15 @@ mod tests {
         assert!(parse_members(&["0=a:1".into(), "2=b:2".into()]).is_err());
         assert!(parse_members(&["a:1".into()]).is_err());
         assert!(parse_members(&["0=a:1".into(), "0=b:2".into()]).is_err());
+    }
+
+    #[test]
+    fn create_placement_is_local_unless_round_robin_is_asked_for() {
+        assert!(ServeArgs::default().resolve().unwrap().local_creates);
+        let args = ServeArgs { create_placement: Some("round-robin".into()), ..Default::default() };
+        assert!(!args.resolve().unwrap().local_creates);
+        let args = ServeArgs { create_placement: Some("nearest".into()), ..Default::default() };
+        assert!(args.resolve().unwrap_err().to_string().contains("not `local` or `round-robin`"));
     }
 
     #[test]

@@ -500,11 +500,14 @@ async fn a_forwarded_command_is_screened_by_the_leader_against_the_gateways_prin
     // Created through the leader's own gateway: a keyless create goes to a
     // partition its gateway's node leads, in turn.
     let creator = Client::connect_lazy(&cluster.gateway(leader)).unwrap().with_token(tokens.secret("admin")).unwrap();
+    let mut tries = 0;
     let key = loop {
         let key = activated_job(&creator, "acme").await;
         if drover::core::JobKey(key).partition() == 1 {
             break key;
         }
+        tries += 1;
+        assert!(tries < 50, "50 creates through node {leader}, partition 1's leader, and none landed on partition 1");
     };
     let refused = client("globex").complete(key, 1, "{}").await.unwrap_err();
     assert_eq!(refused.code(), Code::NotFound, "another tenant's job through a forward: {refused:?}");

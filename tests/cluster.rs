@@ -77,11 +77,13 @@ async fn creates_and_completions_sent_to_the_leaders_gateway_are_never_forwarded
     for leader in &leaders {
         let client = cluster.node(*leader).client().await;
         for n in 0..3 {
-            let key = client.create_job("routed", &format!(r#"{{"n":{n}}}"#)).await.unwrap();
-            assert!(leaders[(key >> 48) as usize] == *leader, "a keyless create lands on a partition led here");
-            keys.push(key);
+            keys.push(client.create_job("routed", &format!(r#"{{"n":{n}}}"#)).await.unwrap());
         }
     }
+    // Leadership could move meanwhile, but hardly for more than one create.
+    let local =
+        keys.iter().zip(leaders.iter().flat_map(|l| [*l; 3])).filter(|(k, l)| leaders[(**k >> 48) as usize] == *l);
+    assert!(local.count() >= keys.len() - 1, "keyless creates land on partitions their gateway's node leads");
     for key in &keys {
         let gateway = routing.gateway_of_key(*key).expect("known");
         assert_eq!(gateway, cluster.gateway(leaders[(key >> 48) as usize]), "the leader's own gateway");
@@ -105,6 +107,10 @@ async fn creates_and_completions_sent_to_the_leaders_gateway_are_never_forwarded
         "{forwarded} forwards: creates and completions should have added none (activation rounds may add {})",
         polled_elsewhere * 3.0
     );
+    if polled_elsewhere > 0.0 {
+        // The activation rounds through node 0 did forward: the count is read.
+        assert!(forwarded >= 1.0, "no forward counted, though node 0 polled partitions it does not lead");
+    }
 }
 
 /// The partitions node `id` leads, as its status says.

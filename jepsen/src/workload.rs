@@ -18,6 +18,7 @@
 //! whose outcome is unknown is sent again with the same key, as a careful
 //! producer would: the key must make it one job however often it is sent.
 
+use std::collections::HashSet;
 use std::sync::atomic::{AtomicBool, AtomicU64, Ordering};
 use std::sync::{Arc, Mutex};
 use std::time::{Duration, Instant};
@@ -116,13 +117,13 @@ pub struct Shared {
     pub draining: AtomicBool,
     /// Everything stops when this is set.
     pub stop: AtomicBool,
-    /// Jobs acknowledged and not yet completed, of the polled, pushed and
-    /// staged types (see [`MAX_BACKLOG`]).
-    pub backlog: [AtomicU64; 3],
+    /// Ids of jobs acknowledged and not yet completed, of the polled, pushed
+    /// and staged types (see [`MAX_BACKLOG`]).
+    pub backlog: [Mutex<HashSet<u64>>; 3],
 }
 
 impl Shared {
-    fn backlog_of(&self, job_type: &str) -> Option<&AtomicU64> {
+    fn backlog_of(&self, job_type: &str) -> Option<&Mutex<HashSet<u64>>> {
         match job_type {
             JOB_TYPE => Some(&self.backlog[0]),
             PUSHED_TYPE => Some(&self.backlog[1]),
@@ -132,20 +133,20 @@ impl Shared {
     }
 
     fn backlog_total(&self) -> u64 {
-        self.backlog.iter().map(|b| b.load(Ordering::Relaxed)).sum()
+        self.backlog.iter().map(|b| b.lock().unwrap().len() as u64).sum()
     }
 
-    fn acknowledged(&self, job_type: &str) {
+    fn acknowledged(&self, job_type: &str, id: u64) {
         if let Some(backlog) = self.backlog_of(job_type) {
-            backlog.fetch_add(1, Ordering::Relaxed);
+            backlog.lock().unwrap().insert(id);
         }
     }
 
-    /// A completion of a `job_type` job answered OK. A repeat answered OK
-    /// would count twice: never below zero.
-    fn completed(&self, job_type: &str) {
+    /// A completion of job `id` was answered OK, or not answered (it may
+    /// have taken effect, and then nothing would ever take the id out).
+    fn completed(&self, job_type: &str, id: u64) {
         if let Some(backlog) = self.backlog_of(job_type) {
-            let _ = backlog.fetch_update(Ordering::Relaxed, Ordering::Relaxed, |n| n.checked_sub(1));
+            backlog.lock().unwrap().remove(&id);
         }
     }
 }
@@ -165,7 +166,7 @@ pub async fn producer(shared: Arc<Shared>, process: u64, seed: u64) {
         }
         let job_type = match rng.random_range(0..20) {
             0..8 => JOB_TYPE,
-            8..15 if shared.backlog[1].load(Ordering::Relaxed) >= MAX_PUSHED_BACKLOG => JOB_TYPE,
+            8..15 if shared.backlog[1].lock().unwrap().len() as u64 >= MAX_PUSHED_BACKLOG => JOB_TYPE,
             8..15 => PUSHED_TYPE,
             15..18 => STAGED_TYPE,
             _ => crate::sessions::SESSION_TYPE,
@@ -200,7 +201,7 @@ pub async fn producer(shared: Arc<Shared>, process: u64, seed: u64) {
             match tokio::time::timeout(Duration::from_secs(5), create).await {
                 Ok(Ok(key)) => {
                     shared.recorder.record(process, node, Kind::Create, Phase::Ok, id, Some(key), 0);
-                    shared.acknowledged(job_type);
+                    shared.acknowledged(job_type, id);
                     break;
                 }
                 Ok(Err(status)) if certain_failure(&status) => {
@@ -291,13 +292,13 @@ async fn handle(
     shared.recorder.record(process, node, Kind::Complete, Phase::Invoke, id, Some(job.key), job.attempt);
     let result = tokio::time::timeout(Duration::from_secs(5), client.complete(job.key, job.attempt, "{}")).await;
     let phase = match result {
-        Ok(Ok(())) => {
-            shared.completed(wanted.job_type);
-            Phase::Ok
-        }
+        Ok(Ok(())) => Phase::Ok,
         Ok(Err(status)) if certain_failure(&status) => Phase::Fail,
         _ => Phase::Info,
     };
+    if phase != Phase::Fail {
+        shared.completed(wanted.job_type, id);
+    }
     shared.recorder.record(process, node, Kind::Complete, phase, id, Some(job.key), job.attempt);
 }
 
@@ -395,13 +396,13 @@ pub async fn staged(shared: Arc<Shared>, process: u64, seed: u64) {
             shared.recorder.record(process, node, Kind::Complete, Phase::Invoke, id, Some(job.key), job.attempt);
             let complete = clients[node].complete(job.key, job.attempt, "{}");
             let phase = match tokio::time::timeout(Duration::from_secs(5), complete).await {
-                Ok(Ok(())) => {
-                    shared.completed(STAGED_TYPE);
-                    Phase::Ok
-                }
+                Ok(Ok(())) => Phase::Ok,
                 Ok(Err(status)) if certain_failure(&status) => Phase::Fail,
                 _ => Phase::Info,
             };
+            if phase != Phase::Fail {
+                shared.completed(STAGED_TYPE, id);
+            }
             shared.recorder.record(process, node, Kind::Complete, phase, id, Some(job.key), job.attempt);
         }
     }

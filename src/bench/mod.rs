@@ -132,7 +132,8 @@ pub struct BenchArgs {
     /// `https://` addresses. [default: $DROVER_TLS_CA, else the public web's roots]
     #[arg(long)]
     pub tls_ca: Option<std::path::PathBuf>,
-    /// Print one JSON object per workload instead of a table.
+    /// Print JSON instead of a table: with --local-nodes first an object
+    /// with the conditions, then one object per workload.
     #[arg(long)]
     pub json: bool,
     /// Workers send every completion through their stream's gateway, as a

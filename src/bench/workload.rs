@@ -287,6 +287,9 @@ struct Completer {
     own: String,
     leaders: Option<Arc<Leaders>>,
     streams: HashMap<String, mpsc::Sender<CompleteJobRequest>>,
+    /// Gateways whose stream could not be opened or broke: not routed to
+    /// again in this run.
+    unusable: std::collections::HashSet<String>,
     readers: Vec<tokio::task::JoinHandle<()>>,
     /// Sequence numbers by job key, of completions sent and not answered.
     pending: Arc<Mutex<HashMap<u64, u64>>>,
@@ -313,16 +316,29 @@ impl Completer {
         Ok(())
     }
 
+    /// Sends a completion; false when not even the worker's own gateway takes it.
     async fn complete(&mut self, request: CompleteJobRequest, seq: u64) -> bool {
         let routed = self.leaders.as_ref().and_then(|l| l.gateway_of_key(request.key).map(str::to_string));
-        let mut gateway = routed.unwrap_or_else(|| self.own.clone());
+        let mut gateway = routed.filter(|g| !self.unusable.contains(g)).unwrap_or_else(|| self.own.clone());
         if !self.streams.contains_key(&gateway) && self.open(&gateway).await.is_err() {
+            self.unusable.insert(gateway);
             gateway = self.own.clone();
         }
         self.pending.lock().expect("lock").insert(request.key, seq);
-        match self.streams.get(&gateway) {
-            Some(stream) => stream.send(request).await.is_ok(),
-            None => false,
+        let Some(stream) = self.streams.get(&gateway) else { return false };
+        match stream.send(request).await {
+            Ok(()) => true,
+            Err(mpsc::error::SendError(request)) if gateway != self.own => {
+                // That gateway's stream broke: its completions go through
+                // the worker's own gateway from now on.
+                self.streams.remove(&gateway);
+                self.unusable.insert(gateway);
+                match self.streams.get(&self.own) {
+                    Some(own) => own.send(request).await.is_ok(),
+                    None => false,
+                }
+            }
+            Err(_) => false,
         }
     }
 
@@ -348,6 +364,7 @@ async fn work(
         own: gateway.clone(),
         leaders,
         streams: HashMap::new(),
+        unusable: Default::default(),
         readers: Vec::new(),
         pending: Arc::default(),
         tracker: Arc::clone(&tracker),
@@ -521,7 +538,16 @@ async fn run(
 
     let leaders = match args.unrouted {
         true => None,
-        false => Some(learn_leaders(gateways, stop_rx.clone()).await?),
+        false => match learn_leaders(gateways, stop_rx.clone()).await {
+            Ok(leaders) => Some(leaders),
+            Err(e) => {
+                eprintln!(
+                    "bench: no topology from {} ({e:#}): completions go through each worker's gateway",
+                    gateways[0]
+                );
+                None
+            }
+        },
     };
     let mut workers = Vec::new();
     for i in 0..args.workers {

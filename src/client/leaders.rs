@@ -7,11 +7,12 @@
 //! map therefore costs a forward, never an error, and is refreshed on a
 //! schedule rather than waited for.
 //!
-//! A node's gateway is known by the address it reports; it is used only when
-//! it is one of the addresses the caller connects to (the same host and
-//! port), so a node listening on `0.0.0.0` or behind a proxy is not routed to
-//! and its partitions' commands go wherever the caller would send them
-//! anyway.
+//! A node's gateway is known by the address it reports (its `--grpc-addr`);
+//! it is used only when it is one of the addresses the caller connects to
+//! (the same host and port). A node listening on `0.0.0.0` (the default) or
+//! reached through a proxy or a Service is therefore never routed to, and
+//! its partitions' commands go wherever the caller would send them anyway:
+//! routing needs nodes that listen on the address clients dial.
 
 use std::collections::HashMap;
 use std::sync::RwLock;
@@ -45,16 +46,22 @@ impl Leaders {
 
     /// Takes in what `topology` says of every partition's leader.
     pub fn learn(&self, topology: &TopologyResponse) {
-        let mut map = HashMap::new();
+        // Two brokers may both say they lead while an election settles: the
+        // higher term wins.
+        let mut map: HashMap<u32, (u64, usize)> = HashMap::new();
         for broker in &topology.brokers {
             let Some(gateway) = self.gateways.iter().position(|g| host_port(g) == host_port(&broker.address)) else {
                 continue;
             };
             for partition in broker.partitions.iter().filter(|p| p.role == "leader") {
-                map.insert(partition.partition_id, gateway);
+                let entry = map.entry(partition.partition_id).or_insert((partition.term, gateway));
+                if partition.term > entry.0 {
+                    *entry = (partition.term, gateway);
+                }
             }
         }
-        *self.by_partition.write().expect("leaders lock") = map;
+        *self.by_partition.write().expect("leaders lock") =
+            map.into_iter().map(|(partition, (_, gateway))| (partition, gateway)).collect();
     }
 
     /// The gateway (as given to [`Leaders::new`]) on the node leading the
@@ -104,5 +111,19 @@ mod tests {
             .learn(&TopologyResponse { brokers: vec![broker(1, "127.0.0.1:7001", &[0], &[])], ..Default::default() });
         assert_eq!(leaders.gateway_of_key(7), Some("127.0.0.1:7001"), "a new leader replaces the old");
         assert_eq!(leaders.known(), 1, "what the new topology does not say is forgotten");
+    }
+
+    #[test]
+    fn of_two_brokers_that_say_they_lead_the_higher_term_wins() {
+        let gateways = vec!["127.0.0.1:7000".to_string(), "127.0.0.1:7001".to_string()];
+        let leaders = Leaders::new(&gateways);
+        let mut old = broker(0, "127.0.0.1:7000", &[0], &[]);
+        old.partitions[0].term = 4;
+        let mut new = broker(1, "127.0.0.1:7001", &[0], &[]);
+        new.partitions[0].term = 5;
+        for brokers in [vec![old.clone(), new.clone()], vec![new, old]] {
+            leaders.learn(&TopologyResponse { brokers, ..Default::default() });
+            assert_eq!(leaders.gateway_of_key(1), Some("127.0.0.1:7001"));
+        }
     }
 }

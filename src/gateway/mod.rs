@@ -2,7 +2,8 @@
 //! aggregation of worker streams, and long polling.
 //!
 //! A gateway owns no job state. It validates input (so nothing malformed is
-//! replicated), picks a partition for new jobs (round-robin) or reads it from a
+//! replicated), picks a partition for new jobs (one this node leads, or round-robin:
+//! `--create-placement`) or reads it from a
 //! job's key, and sends commands to that partition's leader wherever it runs.
 
 mod aggregator;

@@ -91,7 +91,12 @@ pub async fn submit_as(
     let mut refused: BTreeMap<NodeId, u32> = BTreeMap::new();
     loop {
         let attempt = match ctx.local_leader(partition) {
-            Some(leader) => submit_local(ctx, &leader, principal, partition, commands.clone(), deadline).await?,
+            Some(leader) => {
+                let called = Instant::now();
+                let attempt = submit_local(ctx, &leader, principal, partition, commands.clone(), deadline).await;
+                stages::record(Stage::LeaderCall, called.elapsed());
+                attempt?
+            }
             None => {
                 let target = ctx.leader_hint(partition, rotation);
                 rotation += 1;
@@ -186,10 +191,7 @@ async fn submit_local(
         return Ok(Attempt::Done(refused.into_iter().map(|r| r.expect("every command was refused")).collect()));
     }
     let wait = deadline.saturating_duration_since(Instant::now());
-    let called = Instant::now();
-    let answer = leader.call(|reply| LeaderMsg::Submit { commands, reply }, Some(wait)).await;
-    stages::record(Stage::LeaderCall, called.elapsed());
-    match answer {
+    match leader.call(|reply| LeaderMsg::Submit { commands, reply }, Some(wait)).await {
         Ok(CallResult::Success(Ok(results))) if refused.is_empty() => Ok(Attempt::Done(results)),
         Ok(CallResult::Success(Ok(results))) => {
             // Put the leader's answers in the gaps the refusals left.

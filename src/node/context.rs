@@ -59,6 +59,11 @@ pub struct NodeContext {
     leaders: RwLock<HashMap<PartitionId, ActorRef<LeaderMsg>>>,
     hints: Mutex<HashMap<PartitionId, NodeId>>,
     next_partition: AtomicU32,
+    /// The turn of creates without a key, apart from `next_partition` so that
+    /// polls between creates do not skew where creates go.
+    next_create: AtomicU32,
+    /// See [`NodeContext::next_create_partition`].
+    local_creates: bool,
     in_flight: Arc<AtomicUsize>,
     /// Turns true when the node begins to stop.
     pub stopping: tokio::sync::watch::Receiver<bool>,
@@ -117,6 +122,8 @@ impl NodeContext {
             leaders: RwLock::new(HashMap::new()),
             hints: Mutex::new(HashMap::new()),
             next_partition: AtomicU32::new(rand::random::<u32>()),
+            next_create: AtomicU32::new(rand::random::<u32>()),
+            local_creates: config.local_creates,
             in_flight: Arc::new(AtomicUsize::new(0)),
             stopping,
             auth,
@@ -175,12 +182,18 @@ impl NodeContext {
         self.next_partition.fetch_add(1, Ordering::Relaxed) % self.partitions
     }
 
-    /// The partition for a new job that may go anywhere (no idempotency key):
-    /// round-robin over the partitions this node leads, so that the create
-    /// needs no forward to another node, or over all of them when it leads
-    /// none. Clients spread over the gateways thereby spread over the leaders.
+    /// The partition for a new job that may go anywhere (no idempotency key).
+    /// With `--create-placement local` (the default): round-robin over the
+    /// partitions this node leads, so that the create needs no forward to
+    /// another node, or over all of them when it leads none; clients spread
+    /// over the gateways thereby spread over the leaders. Otherwise
+    /// round-robin over all partitions.
     pub fn next_create_partition(&self) -> PartitionId {
-        let turn = self.next_partition.fetch_add(1, Ordering::Relaxed);
+        let turn = self.next_create.fetch_add(1, Ordering::Relaxed);
+        if !self.local_creates {
+            return turn % self.partitions;
+        }
+        // The map's order holds while leadership does not change.
         let leaders = self.leaders.read().expect("leaders lock");
         match leaders.len() {
             0 => turn % self.partitions,
