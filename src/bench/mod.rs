@@ -136,9 +136,10 @@ pub struct BenchArgs {
     /// with the conditions, then one object per workload.
     #[arg(long)]
     pub json: bool,
-    /// Workers send every completion through their stream's gateway, as a
-    /// client that does not learn the topology does, instead of to the
-    /// gateway on the job's partition leader (which saves the forward).
+    /// Clients do not learn the topology: producers use the gateways in
+    /// the order given and workers complete through their stream's gateway,
+    /// instead of producers using gateways on partition leaders and workers
+    /// completing on the job's partition leader (which saves the forwards).
     #[arg(long)]
     pub unrouted: bool,
 }

@@ -595,12 +595,25 @@ async fn run(
         })
     });
 
+    // Producers use gateways on partition leaders when the topology says
+    // which: their keyless creates then stay on the node that takes them.
+    let producer_gateways: Vec<String> = match &leaders {
+        Some(leaders) => {
+            let leading = leaders.leading_gateways();
+            if leading.is_empty() {
+                gateways.to_vec()
+            } else {
+                leading
+            }
+        }
+        None => gateways.to_vec(),
+    };
     let started = Instant::now();
     let mut producer_tasks = Vec::new();
     let per = jobs.div_ceil(producers as u64);
     for p in 0..producers as u64 {
         let range = (p * per).min(jobs)..((p + 1) * per).min(jobs);
-        let gateway = gateways[p as usize % gateways.len()].clone();
+        let gateway = producer_gateways[p as usize % producer_gateways.len()].clone();
         let producer_rate = rate.map(|r| (r / producers as u64).max(1));
         producer_tasks.push(tokio::spawn(produce(
             gateway,

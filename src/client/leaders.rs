@@ -71,6 +71,16 @@ impl Leaders {
         Some(&self.gateways[index])
     }
 
+    /// The gateways that lead at least one partition, in the order given to
+    /// [`Leaders::new`]: where a producer's keyless creates need no forward.
+    pub fn leading_gateways(&self) -> Vec<String> {
+        let map = self.by_partition.read().expect("leaders lock");
+        let mut indexes: Vec<usize> = map.values().copied().collect();
+        indexes.sort_unstable();
+        indexes.dedup();
+        indexes.into_iter().map(|i| self.gateways[i].clone()).collect()
+    }
+
     /// How many partitions have a known leader gateway.
     pub fn known(&self) -> usize {
         self.by_partition.read().expect("leaders lock").len()
@@ -107,6 +117,7 @@ mod tests {
         assert_eq!(leaders.gateway_of_key((2 << 48) | 7), Some("http://127.0.0.1:7000"), "partition 2");
         assert_eq!(leaders.gateway_of_key((3 << 48) | 7), None, "a gateway the caller does not use");
         assert_eq!(leaders.known(), 3);
+        assert_eq!(leaders.leading_gateways(), gateways, "both lead something");
         leaders
             .learn(&TopologyResponse { brokers: vec![broker(1, "127.0.0.1:7001", &[0], &[])], ..Default::default() });
         assert_eq!(leaders.gateway_of_key(7), Some("127.0.0.1:7001"), "a new leader replaces the old");

@@ -11,11 +11,11 @@ use tokio::sync::watch;
 
 use ractor::rpc::CallResult;
 
-use crate::core::{ActivatedJobData, JobKey, Millis, PartitionId};
+use crate::core::{ActivatedJobData, JobKey, PartitionId};
 use crate::gateway::streams::{LeaderLink, OfferAnswer};
 use crate::node::NodeContext;
 use crate::partition::streams::{PushOutcome, RemoteStream};
-use crate::partition::{GatewayLink, LeaderMsg};
+use crate::partition::{GatewayLink, LeaderMsg, PeerClock};
 use crate::proto::cluster::{
     NotifyAvailableRequest, OfferRoomRequest, PushRequest, RegisterStreamRequest, ReleaseJobsRequest,
     ReleasedActivation, RemoveStreamRequest, StatusRequest, StreamSpec,
@@ -105,14 +105,22 @@ impl GatewayLink for Links {
         }
     }
 
-    fn wall_clocks(&self, nodes: Vec<NodeId>, limit: Duration) -> Pin<Box<dyn Future<Output = Vec<Millis>> + Send>> {
+    fn peer_clocks(
+        &self,
+        nodes: Vec<NodeId>,
+        partition: PartitionId,
+        limit: Duration,
+    ) -> Pin<Box<dyn Future<Output = Vec<PeerClock>> + Send>> {
         let Some(ctx) = self.ctx.upgrade() else { return Box::pin(async { Vec::new() }) };
         Box::pin(async move {
             let asks = nodes.into_iter().filter_map(|node| ctx.peers.client(node)).map(|mut client| async move {
                 let mut request = tonic::Request::new(StatusRequest {});
                 request.set_timeout(limit);
                 let answer = tokio::time::timeout(limit, client.status(request)).await;
-                answer.ok()?.ok().map(|reply| reply.into_inner().wall_ms)
+                let reply = answer.ok()?.ok()?.into_inner();
+                let estimate =
+                    reply.partition_clocks.iter().find(|c| c.partition_id == partition).map(|c| c.estimate_ms);
+                Some(PeerClock { wall: reply.wall_ms, estimate })
             });
             futures::future::join_all(asks).await.into_iter().flatten().collect()
         })

@@ -247,6 +247,14 @@ impl Cluster for ClusterService {
             gateway_address: ctx.grpc_addr.to_string(),
             admin_address: ctx.admin_addr.to_string(),
             wall_ms: crate::partition::now_millis(),
+            partition_clocks: ctx
+                .replicas
+                .iter()
+                .filter_map(|(partition, r)| {
+                    let estimate_ms = r.state().clock_estimate()?;
+                    Some(PartitionClock { partition_id: *partition, estimate_ms })
+                })
+                .collect(),
         }))
     }
 

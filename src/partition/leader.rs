@@ -9,12 +9,14 @@
 //! run on it. A leader's time is a steady clock: it starts from the
 //! partition's replicated time as this node last saw it advance, plus the
 //! time elapsed here since (see `SharedState::clock_estimate`), and then
-//! runs with the process's monotonic clock. Wall clocks are read only when a
-//! node that has just restarted leads before it applied any new entry; then
-//! it takes the lower median of a majority of the replicas' wall clocks
-//! (never before the replicated time; see `quorum_time`). So a wall clock
-//! that steps (NTP, a VM resume) or is skewed on a minority of nodes moves no
-//! deadline, and time never runs backwards within a partition.
+//! runs with the process's monotonic clock. A node that has just restarted
+//! and leads before it applied any new entry has no such estimate: it takes
+//! the lower median of its peers' estimates when, with itself, a majority
+//! answered; failing that (a new partition, most replicas restarted) the
+//! lower median of a majority's wall clocks; failing that the replicated
+//! time (see `resume_time`). So a wall clock that steps (NTP, a VM resume) or
+//! is skewed on a minority of nodes moves no deadline, and time never runs
+//! backwards within a partition.
 //!
 //! **Taking over.** A new leader first commits an empty entry of its own:
 //! once that applies, every entry of earlier terms has applied too, and the
@@ -114,8 +116,23 @@ pub trait GatewayLink: Send + Sync + 'static {
     /// Tells a gateway that workers finished these pushed (key, attempt)
     /// activations, wherever they reported it (best effort).
     fn release(&self, gateway: NodeId, activations: Vec<(JobKey, u32)>);
-    /// The wall clocks of those of `nodes` that answer within `limit`.
-    fn wall_clocks(&self, nodes: Vec<NodeId>, limit: Duration) -> Pin<Box<dyn Future<Output = Vec<Millis>> + Send>>;
+    /// The clocks of those of `nodes` that answer within `limit`: each one's
+    /// wall clock and its estimate of `partition`'s time, if it has one.
+    fn peer_clocks(
+        &self,
+        nodes: Vec<NodeId>,
+        partition: PartitionId,
+        limit: Duration,
+    ) -> Pin<Box<dyn Future<Output = Vec<PeerClock>> + Send>>;
+}
+
+/// What a peer said of its clocks (see [`GatewayLink::peer_clocks`]).
+#[derive(Clone, Copy, Debug)]
+pub struct PeerClock {
+    pub wall: Millis,
+    /// Its estimate of the partition's time now; `None` if it has applied no
+    /// entry since it started.
+    pub estimate: Option<Millis>,
 }
 
 pub enum LeaderMsg {
@@ -201,7 +218,7 @@ struct LeaderClock {
     started: Instant,
 }
 
-/// How long a new leader without a clock estimate waits for its peers' wall clocks.
+/// How long a new leader without a clock estimate waits for its peers' clocks.
 const PEER_CLOCKS_WAIT: Duration = Duration::from_millis(500);
 
 impl LeaderClock {
@@ -213,9 +230,11 @@ impl LeaderClock {
                 let replicated = shared.read(|s| s.clock());
                 let peers: Vec<NodeId> =
                     replica.status().members.into_iter().filter(|n| *n != replica.node_id()).collect();
-                let mut walls = link.wall_clocks(peers.clone(), PEER_CLOCKS_WAIT).await;
+                let answers = link.peer_clocks(peers.clone(), replica.partition, PEER_CLOCKS_WAIT).await;
+                let estimates: Vec<Millis> = answers.iter().filter_map(|a| a.estimate).collect();
+                let mut walls: Vec<Millis> = answers.iter().map(|a| a.wall).collect();
                 walls.push(now_millis());
-                quorum_time(replica, replicated, walls, peers.len() + 1)
+                resume_time(replica, replicated, &estimates, walls, peers.len() + 1)
             }
         };
         LeaderClock { base, started: Instant::now() }
@@ -290,34 +309,93 @@ pub struct LeaderState {
 }
 
 /// The time a leader that has seen no entry apply since it started takes up
-/// from: the lower median of the wall clocks of a majority of the
-/// partition's replicas (its own among them), so one node's clock, however
-/// far it has stepped, moves no deadline; never before the replicated time.
-/// Without a majority of clocks, the replicated time plus the time this
-/// replica has run: timers then fire late by the outage, never early.
-fn quorum_time(replica: &Replica, replicated: Millis, mut walls: Vec<Millis>, replicas: usize) -> Millis {
+/// from, never before the replicated time:
+/// - with estimates of the partition's time from enough peers that, with
+///   itself, a majority of the replicas answered: the lower median of those
+///   estimates. A peer that kept running knows the partition's time from the
+///   entries it applied and its own steady clock, so the time goes on from
+///   where the partition was, whatever the wall clocks say;
+/// - otherwise (a new partition, or most replicas restarted too), with a
+///   majority's wall clocks (its own among them): their lower median, so the
+///   partition's time, which jobs' timestamps show, stays near the wall
+///   clocks and one node's clock moves nothing;
+/// - alone (no peers): its own wall clock;
+/// - with neither: the replicated time plus the time this replica has run,
+///   so timers fire late by the outage, never early.
+///
+/// Estimates come first because the partition's time may lag the wall
+/// clocks (every hand-over starts from an entry's time as a replica saw it
+/// applied, and a leader without a majority resumes from its last entry):
+/// moving it up to them while leases run would end those leases early by
+/// the lag. That can still happen after most replicas restarted together.
+fn resume_time(
+    replica: &Replica,
+    replicated: Millis,
+    estimates: &[Millis],
+    walls: Vec<Millis>,
+    replicas: usize,
+) -> Millis {
     let partition = replica.partition;
-    if walls.len() < replicas / 2 + 1 {
-        tracing::warn!(
-            partition,
-            answered = walls.len(),
-            replicas,
-            "leading without a majority's wall clocks: the partition's time resumes from its last entry"
-        );
-        return replicated.saturating_add(replica.running_for().as_millis() as Millis);
+    let resume = choose_resume_time(replicated, estimates, &walls, replicas);
+    if matches!(resume, Resume::WallClocks(_)) {
+        warn_if_wall_clock_off(partition, &walls);
     }
-    let own = *walls.last().expect("its own clock");
-    walls.sort_unstable();
-    let median = walls[(walls.len() - 1) / 2];
+    match resume {
+        Resume::Estimates(time) | Resume::WallClocks(time) | Resume::OwnWallClock(time) => time,
+        Resume::Replicated => {
+            tracing::warn!(
+                partition,
+                answered = walls.len(),
+                replicas,
+                "leading without a majority's clocks: the partition's time resumes from its last entry"
+            );
+            replicated.saturating_add(replica.running_for().as_millis() as Millis)
+        }
+    }
+}
+
+#[derive(Debug, PartialEq, Eq)]
+enum Resume {
+    Estimates(Millis),
+    WallClocks(Millis),
+    OwnWallClock(Millis),
+    /// From the replicated time plus the time this replica has run.
+    Replicated,
+}
+
+/// The decision of [`resume_time`]; `walls` ends with this node's own.
+fn choose_resume_time(replicated: Millis, estimates: &[Millis], walls: &[Millis], replicas: usize) -> Resume {
+    let lower_median = |values: &[Millis]| {
+        let mut values = values.to_vec();
+        values.sort_unstable();
+        values[(values.len() - 1) / 2].max(replicated)
+    };
+    if replicas <= 1 {
+        return Resume::OwnWallClock(walls.last().copied().unwrap_or(replicated).max(replicated));
+    }
+    let majority = replicas / 2 + 1;
+    if !estimates.is_empty() && estimates.len() + 1 >= majority {
+        return Resume::Estimates(lower_median(estimates));
+    }
+    if walls.len() >= majority {
+        return Resume::WallClocks(lower_median(walls));
+    }
+    Resume::Replicated
+}
+
+fn warn_if_wall_clock_off(partition: PartitionId, walls: &[Millis]) {
+    let Some(own) = walls.last().copied() else { return };
+    let mut sorted = walls.to_vec();
+    sorted.sort_unstable();
+    let median = sorted[(sorted.len() - 1) / 2];
     if own.abs_diff(median) > 1_000 {
         tracing::warn!(
             partition,
             off_ms = own - median,
             ?walls,
-            "this node's wall clock is off the other replicas'; the partition's time follows theirs"
+            "this node's wall clock is off the other replicas'; the partition's time does not follow it"
         );
     }
-    median.max(replicated)
 }
 
 pub fn now_millis() -> Millis {
@@ -950,4 +1028,41 @@ async fn push(
         }
     }
     let _ = leader.cast(LeaderMsg::PushDone(report));
+}
+
+#[cfg(test)]
+mod clock_tests {
+    use super::{choose_resume_time, Resume};
+
+    #[test]
+    fn a_restarted_leader_resumes_from_its_peers_estimates_never_their_wall_clocks() {
+        // Three replicas: one peer's estimate and this node make a majority.
+        // The wall clocks are a second ahead of the partition's time (it
+        // resumed from an entry after an earlier outage): they must not move it.
+        let walls = [10_000, 10_000];
+        assert_eq!(choose_resume_time(5_000, &[9_000], &walls, 3), Resume::Estimates(9_000));
+        // Of several estimates the lower median, never before the replicated time.
+        assert_eq!(choose_resume_time(5_000, &[9_000, 8_500, 9_100, 9_050], &walls, 5), Resume::Estimates(9_000));
+        assert_eq!(choose_resume_time(9_500, &[9_000], &walls, 3), Resume::Estimates(9_500));
+    }
+
+    #[test]
+    fn without_a_majority_of_estimates_a_majority_of_wall_clocks_sets_the_time() {
+        // A new partition, or a full restart: the lower median of the wall
+        // clocks (this node's last), so one clock an hour ahead moves nothing.
+        assert_eq!(choose_resume_time(5_000, &[], &[10_000, 3_610_000], 3), Resume::WallClocks(10_000));
+        assert_eq!(choose_resume_time(5_000, &[9_000], &[10_000, 11_000, 12_000], 5), Resume::WallClocks(11_000));
+        assert_eq!(choose_resume_time(50_000, &[], &[10_000, 11_000], 3), Resume::WallClocks(50_000));
+    }
+
+    #[test]
+    fn with_neither_the_time_resumes_from_the_last_entry() {
+        assert_eq!(choose_resume_time(5_000, &[], &[10_000], 3), Resume::Replicated);
+    }
+
+    #[test]
+    fn a_single_node_takes_its_own_wall_clock() {
+        assert_eq!(choose_resume_time(5_000, &[], &[12_000], 1), Resume::OwnWallClock(12_000));
+        assert_eq!(choose_resume_time(15_000, &[], &[12_000], 1), Resume::OwnWallClock(15_000));
+    }
 }

@@ -17,6 +17,6 @@ mod leader;
 pub mod streams;
 
 pub use leader::{
-    now_millis, GatewayLink, LeaderArgs, LeaderMsg, Locality, PartitionLeader, SubmitError, SubmitReply,
+    now_millis, GatewayLink, LeaderArgs, LeaderMsg, Locality, PartitionLeader, PeerClock, SubmitError, SubmitReply,
     MAX_ENTRY_BYTES,
 };
