@@ -126,6 +126,15 @@ struct RunArgs {
     #[arg(long, default_value_t = 3)]
     #[serde(default = "default_producers")]
     producers: u64,
+    /// Sets of in-process workers (each: two pollers, two streamers, two
+    /// staged workers and one pushed-type streamer per gateway). Each worker
+    /// handles one job at a time, and one job in twenty answers 2.5 s late,
+    /// so one set completes about 65 jobs a second; long runs use more to
+    /// reach their job counts. Session jobs become rarer by the same factor:
+    /// their two worker processes do not scale with it.
+    #[arg(long, default_value_t = 1)]
+    #[serde(default = "default_worker_sets")]
+    worker_sets: u64,
     /// Two regions: the first nodes (a majority) in region a, the others in
     /// b, each in its own zone, named in the member list. Links between the
     /// regions are 40 ms slow each way (jitter up to 5 ms) for the whole run,
@@ -149,6 +158,10 @@ const REGION_DELAY_MS: (u64, u64) = (40, 5);
 
 fn default_producers() -> u64 {
     3
+}
+
+fn default_worker_sets() -> u64 {
+    1
 }
 
 #[derive(clap::Args)]
@@ -528,36 +541,37 @@ async fn inner(dir: &Path) -> anyhow::Result<bool> {
         draining: AtomicBool::new(false),
         stop: AtomicBool::new(false),
         backlog: Default::default(),
+        worker_sets: args.worker_sets.max(1),
     });
     let mut tasks = Vec::new();
     let producers = args.producers.max(1);
     for p in 0..producers {
         tasks.push(tokio::spawn(workload::producer(Arc::clone(&shared), p, config.seed ^ (p + 1))));
     }
-    // Workers' process numbers follow the producers'.
-    let w = producers;
-    for p in w..w + 2 {
-        tasks.push(tokio::spawn(workload::poller(Arc::clone(&shared), p, config.seed ^ (p + 1))));
-    }
-    for p in w + 2..w + 4 {
-        let any = workload::Gateways::Any;
-        tasks.push(tokio::spawn(workload::streamer(
-            Arc::clone(&shared),
-            p,
-            config.seed ^ (p + 1),
-            workload::JOB_TYPE,
-            any,
-        )));
-    }
-    for p in w + 4..w + 6 {
-        tasks.push(tokio::spawn(workload::staged(Arc::clone(&shared), p, config.seed ^ (p + 1))));
-    }
-    // One stream-only worker per gateway, always on that gateway.
-    for node in 0..args.nodes {
-        let p = w + 6 + node as u64;
-        let home = workload::Gateways::Home(node);
-        let worker = workload::streamer(Arc::clone(&shared), p, config.seed ^ (p + 1), workload::PUSHED_TYPE, home);
-        tasks.push(tokio::spawn(worker));
+    // Workers' process numbers follow the producers', one per worker task.
+    let mut next_process = producers..;
+    for _ in 0..args.worker_sets.max(1) {
+        for _ in 0..2 {
+            let p = next_process.next().unwrap();
+            tasks.push(tokio::spawn(workload::poller(Arc::clone(&shared), p, config.seed ^ (p + 1))));
+        }
+        for _ in 0..2 {
+            let p = next_process.next().unwrap();
+            let any = workload::Gateways::Any;
+            let worker = workload::streamer(Arc::clone(&shared), p, config.seed ^ (p + 1), workload::JOB_TYPE, any);
+            tasks.push(tokio::spawn(worker));
+        }
+        for _ in 0..2 {
+            let p = next_process.next().unwrap();
+            tasks.push(tokio::spawn(workload::staged(Arc::clone(&shared), p, config.seed ^ (p + 1))));
+        }
+        // One stream-only worker per gateway, always on that gateway.
+        for node in 0..args.nodes {
+            let p = next_process.next().unwrap();
+            let home = workload::Gateways::Home(node);
+            let worker = workload::streamer(Arc::clone(&shared), p, config.seed ^ (p + 1), workload::PUSHED_TYPE, home);
+            tasks.push(tokio::spawn(worker));
+        }
     }
 
     // Session workers: real processes, killed by the `workers` nemesis.

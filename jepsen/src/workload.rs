@@ -120,6 +120,8 @@ pub struct Shared {
     /// Ids of jobs acknowledged and not yet completed, of the polled, pushed
     /// and staged types (see [`MAX_BACKLOG`]).
     pub backlog: [Mutex<HashSet<u64>>; 3],
+    /// Sets of in-process workers: session jobs are rarer by this factor.
+    pub worker_sets: u64,
 }
 
 impl Shared {
@@ -169,6 +171,8 @@ pub async fn producer(shared: Arc<Shared>, process: u64, seed: u64) {
             8..15 if shared.backlog[1].lock().unwrap().len() as u64 >= MAX_PUSHED_BACKLOG => JOB_TYPE,
             8..15 => PUSHED_TYPE,
             15..18 => STAGED_TYPE,
+            // The session worker processes do not grow with the worker sets.
+            _ if shared.worker_sets > 1 && !rng.random_ratio(1, shared.worker_sets as u32) => JOB_TYPE,
             _ => crate::sessions::SESSION_TYPE,
         };
         // The id is the create's marker: the final reads find its jobs by it.
