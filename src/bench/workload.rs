@@ -67,6 +67,10 @@ pub struct Figures {
     pub load_average_before: Option<f64>,
     /// Where the time went, by stage, summed over the local nodes.
     pub stages: Vec<super::stages::StageFigure>,
+    /// Bytes the local nodes' databases wrote per completed job, summed over
+    /// nodes, by kind (user: write batches; wal; flush; compaction), then the
+    /// bytes put into each table (the user bytes' sources, deletes aside).
+    pub written_per_job: Vec<(String, f64)>,
 }
 
 impl Figures {
@@ -105,6 +109,12 @@ impl Figures {
         }
         if let Some(jobs_per_sync) = self.jobs_per_sync {
             println!("  WAL syncs per node {:?}; jobs per sync {:.1}", self.wal_syncs, jobs_per_sync);
+        }
+        if !self.written_per_job.is_empty() {
+            let kinds: Vec<String> = self.written_per_job.iter().map(|(k, b)| format!("{k} {b:.0}")).collect();
+            let (written, tables) = kinds.split_at(kinds.len().min(4));
+            println!("  bytes written per job, all nodes  {}", written.join(", "));
+            println!("    put by table                    {}", tables.join(", "));
         }
         if let Some(load) = self.load_average_before {
             println!("  load average before           {load:.2}");
@@ -501,17 +511,37 @@ async fn work_one_by_one(
 }
 
 async fn wal_syncs(cluster: Option<&LocalCluster>) -> Vec<u64> {
+    sample_per_node(cluster, "drover_storage_wal_syncs_total ").await.into_iter().map(|v| v as u64).collect()
+}
+
+/// Bytes the local nodes' databases have written, by kind, then the bytes
+/// put into each table, summed over nodes.
+async fn written(cluster: Option<&LocalCluster>) -> Vec<(&'static str, f64)> {
+    let mut out = Vec::new();
+    for kind in ["user", "wal", "flush", "compaction"] {
+        let sample = format!("{}{{kind=\"{kind}\"}} ", crate::admin::WRITTEN_METRIC);
+        out.push((kind, sample_per_node(cluster, &sample).await.iter().sum()));
+    }
+    for table in crate::storage::Table::ALL.map(crate::storage::Table::cf_name) {
+        let sample = format!("{}{{table=\"{table}\"}} ", crate::admin::PUT_METRIC);
+        out.push((table, sample_per_node(cluster, &sample).await.iter().sum()));
+    }
+    out
+}
+
+/// Each local node's value of the sample whose line starts with `prefix`
+/// (name, labels and the space before the value); 0 where it is missing.
+async fn sample_per_node(cluster: Option<&LocalCluster>, prefix: &str) -> Vec<f64> {
     let mut out = Vec::new();
     let Some(cluster) = cluster else { return out };
     for index in 0..cluster.nodes.len() {
         let value = match cluster.admin_get(index, "/metrics").await {
             Ok((_, body)) => body
                 .lines()
-                .find(|l| l.starts_with("drover_storage_wal_syncs_total "))
-                .and_then(|l| l.split_whitespace().nth(1))
-                .and_then(|v| v.parse::<f64>().ok())
-                .unwrap_or(0.0) as u64,
-            Err(_) => 0,
+                .find_map(|l| l.strip_prefix(prefix))
+                .and_then(|v| v.trim().parse::<f64>().ok())
+                .unwrap_or(0.0),
+            Err(_) => 0.0,
         };
         out.push(value);
     }
@@ -535,6 +565,7 @@ async fn run(
     let (stop_tx, stop_rx) = watch::channel(false);
     let rss_start = cluster.map(|c| c.resident_bytes()).unwrap_or_default();
     let syncs_before = wal_syncs(cluster).await;
+    let written_before = written(cluster).await;
 
     let leaders = match args.unrouted {
         true => None,
@@ -656,6 +687,7 @@ async fn run(
         let _ = sampler.await;
     }
     let syncs_after = wal_syncs(cluster).await;
+    let written_after = written(cluster).await;
 
     let mut figures = Figures { load_average_before, ..Figures::default() };
     if let Some(cluster) = cluster {
@@ -691,6 +723,13 @@ async fn run(
         let busiest = figures.wal_syncs.iter().copied().max().unwrap_or(0);
         if busiest > 0 {
             figures.jobs_per_sync = Some(figures.jobs_completed_unique as f64 / busiest as f64);
+        }
+        if figures.jobs_completed_unique > 0 {
+            let per_job = |(after, before): (&(&str, f64), &(&str, f64))| {
+                let bytes = (after.1 - before.1).max(0.0) / figures.jobs_completed_unique as f64;
+                (after.0.to_string(), bytes.round())
+            };
+            figures.written_per_job = written_after.iter().zip(&written_before).map(per_job).collect();
         }
     }
     Ok(figures)

@@ -25,6 +25,7 @@ mod writer;
 
 use std::ops::Range;
 use std::path::{Path, PathBuf};
+use std::sync::atomic::{AtomicU64, Ordering};
 use std::sync::Arc;
 
 use rocksdb::{ColumnFamilyDescriptor, DBRecoveryMode, Direction, IteratorMode, Options, WriteBatch, WriteOptions, DB};
@@ -79,7 +80,10 @@ pub enum Table {
 }
 
 impl Table {
-    fn cf_name(self) -> &'static str {
+    pub const ALL: [Table; 6] = [Table::Log, Table::Meta, Table::Jobs, Table::Done, Table::Expiry, Table::Requests];
+
+    /// Its column family's name.
+    pub fn cf_name(self) -> &'static str {
         match self {
             Table::Log => CF_LOG,
             Table::Meta => CF_META,
@@ -112,9 +116,33 @@ fn id_of(key: &[u8]) -> u64 {
 /// The node's RocksDB and its WAL group-commit writer.
 pub struct Store {
     db: Arc<DB>,
+    /// The options the database was opened with: they hold its statistics.
+    options: Options,
+    /// Key and value bytes put since open, by table (see [`Store::put_bytes`]).
+    put_bytes: [AtomicU64; Table::ALL.len()],
     writer: SyncWriter,
     /// Dropped after the writer, so it writes down the writer's last sync.
     _mark: mark::MarkWriter,
+}
+
+/// Bytes a node's database wrote, by where they went (see [`Store::written`]).
+#[derive(Clone, Copy, Debug, Default, PartialEq)]
+pub struct Written {
+    /// Keys and values of the write batches (RocksDB's `rocksdb.bytes.written`).
+    pub user: u64,
+    /// To the WAL, framing included.
+    pub wal: u64,
+    /// To table files by memtable flushes.
+    pub flush: u64,
+    /// To table files by compactions.
+    pub compaction: u64,
+}
+
+impl Written {
+    /// `(kind, bytes)` in the order a write meets them.
+    pub fn kinds(&self) -> [(&'static str, u64); 4] {
+        [("user", self.user), ("wal", self.wal), ("flush", self.flush), ("compaction", self.compaction)]
+    }
 }
 
 /// Atomic multi-table writes, built by callers and committed with [`Store::write`]
@@ -122,11 +150,15 @@ pub struct Store {
 pub struct Batch<'a> {
     store: &'a Store,
     inner: WriteBatch,
+    /// Key and value bytes put, by table.
+    put_bytes: [u64; Table::ALL.len()],
 }
 
 impl Batch<'_> {
     pub fn put(&mut self, table: Table, key: impl AsRef<[u8]>, value: impl AsRef<[u8]>) {
         let cf = self.store.cf(table);
+        let (key, value) = (key.as_ref(), value.as_ref());
+        self.put_bytes[table as usize] += (key.len() + value.len()) as u64;
         self.inner.put_cf(cf, key, value);
     }
     pub fn delete(&mut self, table: Table, key: impl AsRef<[u8]>) {
@@ -165,6 +197,9 @@ impl Store {
         // share one cache (by default each column family would get its own
         // cache, and index blocks would sit outside any, growing with files).
         opts.set_db_write_buffer_size(64 << 20);
+        // Counters only (no histograms or timers): what `written` reports.
+        opts.enable_statistics();
+        opts.set_statistics_level(rocksdb::statistics::StatsLevel::ExceptHistogramOrTimers);
         let cache = rocksdb::Cache::new_lru_cache(32 << 20);
         let cf = |name: &str| {
             let mut table = rocksdb::BlockBasedOptions::default();
@@ -201,7 +236,7 @@ impl Store {
         let mark = mark::MarkWriter::start(dir, Arc::clone(&synced), marked.unwrap_or(recovered))?;
         let db = Arc::new(db);
         let writer = SyncWriter::start(Arc::clone(&db), synced);
-        Ok(Arc::new(Store { db, writer, _mark: mark }))
+        Ok(Arc::new(Store { db, options: opts, put_bytes: Default::default(), writer, _mark: mark }))
     }
 
     fn cf(&self, table: Table) -> &rocksdb::ColumnFamily {
@@ -210,7 +245,7 @@ impl Store {
     }
 
     pub fn batch(&self) -> Batch<'_> {
-        Batch { store: self, inner: WriteBatch::default() }
+        Batch { store: self, inner: WriteBatch::default(), put_bytes: [0; Table::ALL.len()] }
     }
 
     /// Writes without syncing the WAL (state-machine writes; see the module
@@ -234,6 +269,11 @@ impl Store {
     }
 
     fn write_with(&self, batch: Batch<'_>, sync: bool, what: &str) {
+        for (total, bytes) in self.put_bytes.iter().zip(batch.put_bytes) {
+            if bytes > 0 {
+                total.fetch_add(bytes, Ordering::Relaxed);
+            }
+        }
         let mut opts = WriteOptions::default();
         opts.set_sync(sync && !writer::skip_wal_sync());
         if let Err(e) = self.db.write_opt(batch.inner, &opts) {
@@ -330,6 +370,25 @@ impl Store {
     /// RocksDB's own figures for the admin metrics.
     pub fn property(&self, name: &str) -> Option<u64> {
         self.db.property_int_value(name).ok().flatten()
+    }
+
+    /// Bytes written since the database was opened, from RocksDB's own
+    /// statistics.
+    pub fn written(&self) -> Written {
+        use rocksdb::statistics::Ticker;
+        let ticker = |t| self.options.get_ticker_count(t);
+        Written {
+            user: ticker(Ticker::BytesWritten),
+            wal: ticker(Ticker::WalFileBytes),
+            flush: ticker(Ticker::FlushWriteBytes),
+            compaction: ticker(Ticker::CompactWriteBytes),
+        }
+    }
+
+    /// Key and value bytes put into each table since open: where the
+    /// user bytes of [`Store::written`] come from (deletes not counted).
+    pub fn put_bytes(&self) -> [(Table, u64); Table::ALL.len()] {
+        Table::ALL.map(|table| (table, self.put_bytes[table as usize].load(Ordering::Relaxed)))
     }
 
     pub fn sync_stats(&self) -> writer::SyncStats {
@@ -546,6 +605,26 @@ mod tests {
         let encoded = encode(&job);
         let back: crate::core::JobSpec = decode_bounded("spec", &encoded[..], encoded.len() as u64).unwrap();
         assert_eq!(back, job);
+    }
+
+    #[test]
+    fn bytes_written_are_counted_by_table_and_by_rocksdb() {
+        let dir = tempfile::tempdir().unwrap();
+        let store = Store::open(dir.path()).unwrap();
+        let before = store.written();
+        let mut batch = store.batch();
+        batch.put(Table::Jobs, key(1, 7), [0u8; 100]);
+        batch.put(Table::Done, key(1, 8), [0u8; 50]);
+        batch.delete(Table::Jobs, key(1, 6));
+        store.write(batch);
+        let put: Vec<(&str, u64)> = store.put_bytes().iter().map(|(t, b)| (t.cf_name(), *b)).collect();
+        assert!(put.contains(&(CF_JOBS, 112)), "{put:?}");
+        assert!(put.contains(&(CF_DONE, 62)), "{put:?}");
+        assert!(put.contains(&(CF_LOG, 0)), "{put:?}");
+        let after = store.written();
+        // RocksDB counts the batch's records (keys, values, framing), and the WAL as much again.
+        assert!(after.user >= before.user + 174, "{before:?} -> {after:?}");
+        assert!(after.wal >= before.wal + 174, "{before:?} -> {after:?}");
     }
 
     #[test]
