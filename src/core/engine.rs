@@ -89,6 +89,10 @@ pub struct ApplyOutput {
     pub results: Vec<CommandResult>,
     /// Keys of non-final jobs whose record changed (may repeat).
     pub touched: Vec<JobKey>,
+    /// Keys of jobs whose spec is new (created) or replaced (variables set by
+    /// a failure or checkpoint) in this batch, final or not (may repeat): the
+    /// spec is stored apart from the rest of the record, and only then.
+    pub specs: Vec<JobKey>,
     /// Jobs that reached a final state in this batch, moved out of memory.
     pub finished: Vec<Job>,
     /// Job types that gained an activatable job in this batch (no repeats).
@@ -521,6 +525,7 @@ impl PartitionState {
                 let job = self.jobs.get_mut(key).expect("checked by activation_of");
                 if let Some(spec) = spec {
                     job.spec = spec;
+                    out.specs.push(*key);
                 }
                 self.deadlines.remove(&(job.deadline, *key));
                 self.held.remove(&(job.session, *key));
@@ -656,6 +661,7 @@ impl PartitionState {
         let job = self.jobs.get_mut(&key).expect("checked by activation_of");
         if let Some(spec) = spec {
             job.spec = spec;
+            out.specs.push(key);
         }
         if !repeat {
             job.checkpoints.push(Checkpoint { stage: stage.to_string(), attempt, at: now });
@@ -926,6 +932,7 @@ impl PartitionState {
             self.make_ready(key, out);
         }
         out.touched.push(key);
+        out.specs.push(key);
         if let Some(request) = &new_job.request {
             self.remember(request, key, &new_job.spec, new_job.dedupe_window_ms, out);
         }

@@ -23,7 +23,8 @@ const RECORD: &str = "cluster.json";
 /// 4: history events name who set retries or cancelled, and which gateway
 /// yielded an activation and why.
 /// 5: jobs carry required and preferred labels; activations their taker.
-pub const FORMAT: u32 = 5;
+/// 6: a job's spec is stored apart from its progress (`job_specs`), once.
+pub const FORMAT: u32 = 6;
 
 /// Records written before the format was recorded.
 fn first_format() -> u32 {

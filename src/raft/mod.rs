@@ -17,6 +17,7 @@
 mod formation;
 mod log_store;
 mod network;
+mod records;
 mod state_machine;
 
 use std::collections::BTreeMap;

@@ -1,7 +1,8 @@
 //! A partition's state machine: the pure engine, persisted write-through.
 //!
 //! Applying entries runs [`PartitionState::apply`] and writes every changed job
-//! record, the applied log id and the membership in one unsynced RocksDB batch
+//! record (its spec only when new or replaced: see [`records`]), the applied
+//! log id and the membership in one unsynced RocksDB batch
 //! (see [`crate::storage`] for why that is safe). Snapshots carry every record,
 //! live and final, so a follower that installs one answers `GetJob` like the rest.
 //!
@@ -31,7 +32,7 @@ use openraft::{
 use serde::{Deserialize, Serialize};
 use tokio::sync::oneshot;
 
-use super::{BatchResponse, NodeId, TypeConfig};
+use super::{records, BatchResponse, NodeId, TypeConfig};
 use crate::core::{
     request_expiry_bound, Deduped, Job, JobFilter, JobKey, JobRef, Millis, PartitionId, PartitionState, Registry,
     RequestId, Retention, StateSnapshot,
@@ -183,6 +184,7 @@ impl Finished {
                 break;
             }
             batch.delete(Table::Done, key(partition, job.0));
+            batch.delete(Table::Specs, key(partition, job.0));
             self.order.pop_front();
             self.first += 1;
         }
@@ -271,9 +273,15 @@ impl SharedState {
             return Ok(Some(live));
         }
         match self.store.get(Table::Done, key(self.partition, job.0))? {
-            Some(bytes) => Ok(Some(storage::decode("job record", &bytes)?)),
+            Some(bytes) => Ok(Some(self.final_record(job.0, &bytes)?)),
             None => Ok(None),
         }
+    }
+
+    /// A final job from its `jobs_done` record and its spec.
+    fn final_record(&self, job: u64, progress: &[u8]) -> Result<Job, storage::StorageError> {
+        let spec = records::decode_spec(job, self.store.get(Table::Specs, key(self.partition, job))?)?;
+        records::decode_progress(spec, progress)
     }
 
     /// The job a reference names: by key, or by the create request this
@@ -346,8 +354,8 @@ impl SharedState {
         let mut done = Vec::new();
         if filter.covers_final() && limit > 0 {
             let mut bytes_read = 0;
-            self.store.scan_while(Table::Done, self.partition, after.0.saturating_add(1), |_, bytes| {
-                let job: Job = storage::decode("job record", bytes)?;
+            self.store.scan_while(Table::Done, self.partition, after.0.saturating_add(1), |id, bytes| {
+                let job = self.final_record(id, bytes)?;
                 if filter.matches(&job) {
                     bytes_read += bytes.len();
                     done.push(job);
@@ -376,8 +384,8 @@ impl SharedState {
     pub fn all_jobs(&self) -> Result<Vec<Job>, storage::StorageError> {
         let inner = self.lock();
         let mut jobs: Vec<Job> = inner.engine.jobs().cloned().collect();
-        self.store.for_each(Table::Done, self.partition, |_, bytes| {
-            jobs.push(storage::decode::<Job>("job record", bytes)?);
+        self.store.for_each(Table::Done, self.partition, |id, bytes| {
+            jobs.push(self.final_record(id, bytes)?);
             Ok(())
         })?;
         Ok(jobs)
@@ -416,8 +424,9 @@ impl StateMachine {
             .map(|b| storage::decode("applied state", &b))
             .transpose()?;
         let mut jobs = Vec::new();
-        store.for_each(Table::Jobs, partition, |_, bytes| {
-            jobs.push(storage::decode::<Job>("job record", bytes)?);
+        store.for_each(Table::Jobs, partition, |id, bytes| {
+            let spec = records::decode_spec(id, store.get(Table::Specs, key(partition, id))?)?;
+            jobs.push(records::decode_progress(spec, bytes)?);
             Ok(())
         })?;
         let mut requests = Vec::new();
@@ -523,6 +532,10 @@ impl RaftStateMachine<TypeConfig> for StateMachine {
         let mut inner = self.shared.lock();
         let mut touched = Vec::new();
         let mut finished_keys = Vec::new();
+        let mut specs = Vec::new();
+        // Specs of the jobs that finished in this batch: a job may be
+        // created and finish in one batch.
+        let mut finished_specs = Vec::new();
         let pruned_from = inner.finished.first;
         let (mut sessions_changed, mut schemas_changed) = (false, false);
         for entry in entries {
@@ -540,6 +553,7 @@ impl RaftStateMachine<TypeConfig> for StateMachine {
                         inner.observed = Some((now, std::time::Instant::now()));
                     }
                     touched.extend(out.touched);
+                    specs.extend(out.specs);
                     sessions_changed |= out.sessions_changed;
                     schemas_changed |= out.schemas_changed;
                     for died in &out.sessions_died {
@@ -563,8 +577,9 @@ impl RaftStateMachine<TypeConfig> for StateMachine {
                         finished_keys.push(job.key);
                         let k = key(self.partition, job.key.0);
                         batch.delete(Table::Jobs, k);
-                        batch.put(Table::Done, k, storage::encode(&job));
+                        batch.put(Table::Done, k, records::encode_progress(&job));
                         inner.finished.push(&mut batch, self.partition, now, job.key);
+                        finished_specs.push((job.key, job.spec));
                     }
                     inner.finished.prune(&mut batch, self.partition, commands.retention, now);
                     responses.push(BatchResponse {
@@ -585,7 +600,15 @@ impl RaftStateMachine<TypeConfig> for StateMachine {
         for job_key in touched {
             // A touched job that finished later in the same batch is already in Done.
             if let Some(job) = inner.engine.job(job_key) {
-                batch.put(Table::Jobs, key(self.partition, job_key.0), storage::encode(job));
+                batch.put(Table::Jobs, key(self.partition, job_key.0), records::encode_progress(job));
+            }
+        }
+        specs.sort_unstable();
+        specs.dedup();
+        for job_key in specs {
+            let finished = || finished_specs.iter().find(|(k, _)| *k == job_key).map(|(_, spec)| spec);
+            if let Some(spec) = inner.engine.job(job_key).map(|job| &job.spec).or_else(finished) {
+                batch.put(Table::Specs, key(self.partition, job_key.0), storage::encode(&**spec));
             }
         }
         let pruned_to = inner.finished.first;
@@ -640,6 +663,7 @@ impl RaftStateMachine<TypeConfig> for StateMachine {
         batch.delete_ids(Table::Done, self.partition, 0..u64::MAX);
         batch.delete_ids(Table::Expiry, self.partition, 0..u64::MAX);
         batch.delete_ids(Table::Requests, self.partition, 0..u64::MAX);
+        batch.delete_ids(Table::Specs, self.partition, 0..u64::MAX);
         for (id, request, entry) in &body.requests {
             batch.put(Table::Requests, key(self.partition, *id), storage::encode(&(request, entry)));
         }
@@ -651,10 +675,14 @@ impl RaftStateMachine<TypeConfig> for StateMachine {
             batch.put(Table::Expiry, key(self.partition, finished.first + i as u64), expiry_value(*at, *job));
         }
         for job in &body.jobs {
-            batch.put(Table::Jobs, key(self.partition, job.key.0), storage::encode(job));
+            batch.put(Table::Jobs, key(self.partition, job.key.0), records::encode_progress(job));
+            batch.put(Table::Specs, key(self.partition, job.key.0), storage::encode(&*job.spec));
         }
+        // Frames carry whole jobs; stored, each is split in two again.
         while let Some((job_key, record)) = next_frame(&mut rest).map_err(sm_read_err)? {
-            batch.put(Table::Done, key(self.partition, job_key), &record);
+            let job: Job = storage::decode("job record in the snapshot", &record).map_err(sm_read_err)?;
+            batch.put(Table::Done, key(self.partition, job_key), records::encode_progress(&job));
+            batch.put(Table::Specs, key(self.partition, job_key), storage::encode(&*job.spec));
         }
         let mut inner = self.shared.lock();
         batch.put(Table::Meta, meta_key(self.partition, SESSIONS), storage::encode(&body.registry.sessions));
@@ -725,8 +753,13 @@ impl SharedState {
         let mut out = BufWriter::with_capacity(1 << 20, snapshot_file(&self.snapshot_dir)?);
         bincode::serialize_into(&mut out, &header).map_err(sm_write_err)?;
         drop(header);
-        view.for_each(Table::Done, self.partition, |job_key, record| Ok(push_frame(&mut out, job_key, record)?))
-            .map_err(sm_read_err)?;
+        // A frame carries the whole job, its spec and progress joined.
+        view.for_each(Table::Done, self.partition, |job_key, progress| {
+            let spec = records::decode_spec(job_key, view.get(Table::Specs, key(self.partition, job_key))?)?;
+            let job = records::decode_progress(spec, progress)?;
+            Ok(push_frame(&mut out, job_key, &storage::encode(&job))?)
+        })
+        .map_err(sm_read_err)?;
         let mut file = out.into_inner().map_err(|e| sm_write_err(e.into_error()))?;
         file.rewind().map_err(sm_write_err)?;
         Ok(Some(Snapshot { meta, snapshot: Box::new(tokio::fs::File::from_std(file)) }))
@@ -845,5 +878,82 @@ mod tests {
         let (_sm, shared) =
             StateMachine::open(0, Store::open(&dir.path().join("a")).unwrap(), dir.path().join("snap-a")).unwrap();
         assert_eq!(states(&shared), vec![(6, JobState::Cancelled)]);
+    }
+
+    fn spec_bytes(store: &Store) -> u64 {
+        store.put_bytes().iter().find(|(t, _)| t.cf_name() == "job_specs").map(|(_, b)| *b).unwrap()
+    }
+
+    #[tokio::test]
+    async fn specs_are_written_when_new_or_replaced_and_leave_with_their_final_record() {
+        use crate::core::{Activation, FailReason, Via};
+        let dir = tempfile::tempdir().unwrap();
+        let store = Store::open(&dir.path().join("a")).unwrap();
+        let (mut sm, shared) = StateMachine::open(0, Arc::clone(&store), dir.path().join("snap-a")).unwrap();
+        // Job 2 is created and cancelled in one batch: its spec is stored all the same.
+        let cancel_2 = Command::Cancel { key: JobKey::new(0, 2), by: String::new() };
+        sm.apply([entry(1, 1_000, vec![create(), create(), cancel_2])]).await.unwrap();
+        let after_creates = spec_bytes(&store);
+        assert!(after_creates > 0);
+
+        // An activation rewrites the job's progress, never its spec.
+        let activate = Command::Activate(Activation {
+            job_type: "t".into(),
+            tenants: vec![DEFAULT_TENANT.into()],
+            worker: "w".into(),
+            timeout_ms: 5_000,
+            max_jobs: 1,
+            max_bytes: u64::MAX,
+            session: 0,
+            via: Via::Unknown,
+            taker: Default::default(),
+            rivals: Vec::new(),
+        });
+        sm.apply([entry(2, 1_100, vec![activate])]).await.unwrap();
+        assert_eq!(spec_bytes(&store), after_creates, "an activation wrote a spec");
+
+        // A failure that sets variables replaces the spec.
+        let fail = Command::Fail {
+            key: JobKey::new(0, 1),
+            attempt: 1,
+            retries: 1,
+            error_message: "again".into(),
+            back_off_ms: 0,
+            variables: r#"{"v":2}"#.into(),
+            max_payload_bytes: u64::MAX,
+            reason: FailReason::Failed,
+        };
+        sm.apply([entry(3, 1_200, vec![fail])]).await.unwrap();
+        assert!(spec_bytes(&store) > after_creates);
+
+        let check = |shared: &SharedState| {
+            let live = shared.lookup(JobKey::new(0, 1)).unwrap().expect("job 1");
+            assert_eq!((live.state, &live.spec.variables[..]), (JobState::Activatable, &br#"{"v":2}"#[..]));
+            let done = shared.lookup(JobKey::new(0, 2)).unwrap().expect("job 2");
+            assert_eq!((done.state, done.spec.job_type.as_str()), (JobState::Cancelled, "t"));
+        };
+        check(&shared);
+        // The same after a restart, and on a follower that installs a snapshot.
+        drop((sm, shared));
+        let (mut sm, shared) = StateMachine::open(0, Arc::clone(&store), dir.path().join("snap-a")).unwrap();
+        check(&shared);
+        let snapshot = sm.get_current_snapshot().await.unwrap().expect("identity");
+        assert_eq!(snapshot.snapshot.metadata().await.unwrap().len(), 0);
+        let snapshot = sm.get_current_snapshot().await.unwrap().expect("entries were applied");
+        let follower_store = Store::open(&dir.path().join("b")).unwrap();
+        let (mut follower, follower_shared) =
+            StateMachine::open(0, Arc::clone(&follower_store), dir.path().join("snap-b")).unwrap();
+        follower.install_snapshot(&snapshot.meta, snapshot.snapshot).await.unwrap();
+        check(&follower_shared);
+
+        // Pruned, a final record takes its spec with it, on both.
+        let later = entry(4, 1_000 + RETENTION.max_age_ms + 1, Vec::new());
+        sm.apply([later.clone()]).await.unwrap();
+        follower.apply([later]).await.unwrap();
+        for (store, shared) in [(&store, &shared), (&follower_store, &follower_shared)] {
+            assert!(shared.lookup(JobKey::new(0, 2)).unwrap().is_none());
+            assert_eq!(store.get(Table::Specs, key(0, JobKey::new(0, 2).0)).unwrap(), None);
+            assert!(store.get(Table::Specs, key(0, JobKey::new(0, 1).0)).unwrap().is_some());
+        }
     }
 }

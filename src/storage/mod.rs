@@ -40,6 +40,7 @@ const CF_JOBS: &str = "jobs";
 const CF_DONE: &str = "jobs_done";
 const CF_EXPIRY: &str = "jobs_expiry";
 const CF_REQUESTS: &str = "requests";
+const CF_SPECS: &str = "job_specs";
 
 /// A storage failure. RocksDB errors are not something a client can fix, so they
 /// surface as UNAVAILABLE/INTERNAL at the edge.
@@ -77,10 +78,15 @@ pub enum Table {
     /// Remembered creates by (partition, storage id: expiry time, then a
     /// sequence number) -> (request id, the job it made); see `core`.
     Requests,
+    /// Job specs by (partition, key), live and final: the part of a job
+    /// [`Table::Jobs`] and [`Table::Done`] records leave out (see
+    /// `raft::records`).
+    Specs,
 }
 
 impl Table {
-    pub const ALL: [Table; 6] = [Table::Log, Table::Meta, Table::Jobs, Table::Done, Table::Expiry, Table::Requests];
+    pub const ALL: [Table; 7] =
+        [Table::Log, Table::Meta, Table::Jobs, Table::Done, Table::Expiry, Table::Requests, Table::Specs];
 
     /// Its column family's name.
     pub fn cf_name(self) -> &'static str {
@@ -91,6 +97,7 @@ impl Table {
             Table::Done => CF_DONE,
             Table::Expiry => CF_EXPIRY,
             Table::Requests => CF_REQUESTS,
+            Table::Specs => CF_SPECS,
         }
     }
 }
@@ -434,7 +441,7 @@ fn opening_error(dir: &Path, error: rocksdb::Error) -> StorageError {
 }
 
 /// The names of every column family, in the order they are created.
-const COLUMN_FAMILIES: [&str; 6] = [CF_LOG, CF_META, CF_JOBS, CF_DONE, CF_EXPIRY, CF_REQUESTS];
+const COLUMN_FAMILIES: [&str; 7] = [CF_LOG, CF_META, CF_JOBS, CF_DONE, CF_EXPIRY, CF_REQUESTS, CF_SPECS];
 
 /// Whether `dir` holds a database already; if so, it must list every column
 /// family. A MANIFEST cut short at a record boundary opens without error but
@@ -524,6 +531,10 @@ pub struct PointInTime<'a> {
 }
 
 impl PointInTime<'_> {
+    pub fn get(&self, table: Table, key: impl AsRef<[u8]>) -> Result<Option<Vec<u8>>, StorageError> {
+        Ok(self.snapshot.get_cf(self.store.cf(table), key)?)
+    }
+
     /// Visits every record of a partition in a table as of the snapshot.
     pub fn for_each(
         &self,
