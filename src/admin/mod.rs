@@ -65,6 +65,10 @@ pub fn register_metrics() {
         ("drover_gateway_errors_total", "Client requests answered with an error, by gRPC code"),
         ("drover_gateway_jobs_polled_total", "Jobs activated by ActivateJobs"),
         ("drover_grpc_requests_total", "Client gRPC requests by method and status code"),
+        (
+            crate::gateway::CLUSTER_REQUESTS,
+            "Requests from other nodes (Raft, forwards, pushes, stream registrations) by method and status code",
+        ),
         ("drover_partition_leader_changes_total", "Times this node became leader of a partition"),
         ("drover_raft_snapshots_built_total", "Snapshots built"),
         ("drover_raft_snapshots_installed_total", "Snapshots installed from a leader"),

@@ -93,7 +93,7 @@ pub fn parse(text: &str) -> BTreeMap<String, StageHistogram> {
     out
 }
 
-fn label<'a>(labels: &'a str, name: &str) -> Option<&'a str> {
+pub(super) fn label<'a>(labels: &'a str, name: &str) -> Option<&'a str> {
     labels.split(',').find_map(|pair| pair.strip_prefix(name)?.strip_prefix("=\"")?.strip_suffix('"'))
 }
 

@@ -1,6 +1,6 @@
 //! The two workloads and their bookkeeping.
 
-use std::collections::{HashMap, VecDeque};
+use std::collections::{BTreeMap, HashMap, VecDeque};
 use std::sync::atomic::{AtomicBool, AtomicU32, AtomicU64, Ordering};
 use std::sync::{Arc, Mutex};
 use std::time::{Duration, Instant, SystemTime, UNIX_EPOCH};
@@ -71,6 +71,11 @@ pub struct Figures {
     /// nodes, by kind (user: write batches; wal; flush; compaction), then the
     /// bytes put into each table (the user bytes' sources, deletes aside).
     pub written_per_job: Vec<(String, f64)>,
+    /// Requests between the local nodes per completed job, by method
+    /// (Raft appends, forwards, pushes...), largest first.
+    pub cluster_requests_per_job: Vec<(String, f64)>,
+    /// Client requests the local gateways answered per completed job, by method.
+    pub client_requests_per_job: Vec<(String, f64)>,
 }
 
 impl Figures {
@@ -115,6 +120,16 @@ impl Figures {
             let (written, tables) = kinds.split_at(kinds.len().min(4));
             println!("  bytes written per job, all nodes  {}", written.join(", "));
             println!("    put by table                    {}", tables.join(", "));
+        }
+        for (what, requests) in [
+            ("requests between nodes", &self.cluster_requests_per_job),
+            ("client requests", &self.client_requests_per_job),
+        ] {
+            if !requests.is_empty() {
+                let total: f64 = requests.iter().map(|(_, n)| n).sum();
+                let each: Vec<String> = requests.iter().map(|(m, n)| format!("{m} {n:.3}")).collect();
+                println!("  {what} per job  {total:.3}: {}", each.join(", "));
+            }
         }
         if let Some(load) = self.load_average_before {
             println!("  load average before           {load:.2}");
@@ -529,6 +544,39 @@ async fn written(cluster: Option<&LocalCluster>) -> Vec<(&'static str, f64)> {
     out
 }
 
+/// Requests counted in `metric` (by `method` and `code`), by method, summed
+/// over the local nodes and codes.
+async fn requests_by_method(cluster: Option<&LocalCluster>, metric: &str) -> BTreeMap<String, f64> {
+    let mut out = BTreeMap::new();
+    let Some(cluster) = cluster else { return out };
+    let prefix = format!("{metric}{{");
+    for index in 0..cluster.nodes.len() {
+        let Ok((_, body)) = cluster.admin_get(index, "/metrics").await else { continue };
+        for line in body.lines() {
+            let Some((labels, value)) = line.strip_prefix(&prefix).and_then(|rest| rest.rsplit_once("} ")) else {
+                continue;
+            };
+            let (Some(method), Ok(value)) = (super::stages::label(labels, "method"), value.trim().parse::<f64>())
+            else {
+                continue;
+            };
+            *out.entry(method.to_string()).or_default() += value;
+        }
+    }
+    out
+}
+
+/// Per job, what `after` counted more than `before`, largest first.
+fn per_job_by_method(before: &BTreeMap<String, f64>, after: &BTreeMap<String, f64>, jobs: u64) -> Vec<(String, f64)> {
+    let mut out: Vec<(String, f64)> = after
+        .iter()
+        .map(|(method, n)| (method.clone(), (n - before.get(method).copied().unwrap_or(0.0)) / jobs.max(1) as f64))
+        .filter(|(_, n)| *n > 0.0)
+        .collect();
+    out.sort_by(|a, b| b.1.total_cmp(&a.1));
+    out
+}
+
 /// Each local node's value of the sample whose line starts with `prefix`
 /// (name, labels and the space before the value); 0 where it is missing.
 async fn sample_per_node(cluster: Option<&LocalCluster>, prefix: &str) -> Vec<f64> {
@@ -566,6 +614,8 @@ async fn run(
     let rss_start = cluster.map(|c| c.resident_bytes()).unwrap_or_default();
     let syncs_before = wal_syncs(cluster).await;
     let written_before = written(cluster).await;
+    let cluster_requests_before = requests_by_method(cluster, crate::gateway::CLUSTER_REQUESTS).await;
+    let client_requests_before = requests_by_method(cluster, "drover_grpc_requests_total").await;
 
     let leaders = match args.unrouted {
         true => None,
@@ -688,6 +738,8 @@ async fn run(
     }
     let syncs_after = wal_syncs(cluster).await;
     let written_after = written(cluster).await;
+    let cluster_requests_after = requests_by_method(cluster, crate::gateway::CLUSTER_REQUESTS).await;
+    let client_requests_after = requests_by_method(cluster, "drover_grpc_requests_total").await;
 
     let mut figures = Figures { load_average_before, ..Figures::default() };
     if let Some(cluster) = cluster {
@@ -731,6 +783,9 @@ async fn run(
             };
             figures.written_per_job = written_after.iter().zip(&written_before).map(per_job).collect();
         }
+        let jobs = figures.jobs_completed_unique;
+        figures.cluster_requests_per_job = per_job_by_method(&cluster_requests_before, &cluster_requests_after, jobs);
+        figures.client_requests_per_job = per_job_by_method(&client_requests_before, &client_requests_after, jobs);
     }
     Ok(figures)
 }

@@ -1,5 +1,7 @@
-//! Counts client gRPC requests by method and status code, as a wrapper around
-//! the gateway service. Errors answered before any message (every
+//! Counts gRPC requests by method and status code, as a wrapper around a
+//! service: the gateway's client services (`drover_grpc_requests_total`) and
+//! the cluster service between nodes (`drover_cluster_requests_total`, the
+//! messages a job costs between nodes). Errors answered before any message (every
 //! unary error) carry their code in the response headers; a response without
 //! one is counted as `Ok` (for streams: opened). Paths the gateway does not
 //! serve answer UNIMPLEMENTED and are counted as `method="unknown"`, so a
@@ -14,13 +16,23 @@ use tonic::codegen::http;
 #[derive(Clone)]
 pub struct Observe<S> {
     inner: S,
+    metric: &'static str,
 }
 
 impl<S> Observe<S> {
+    /// Counts a client service's requests.
     pub fn new(inner: S) -> Self {
-        Observe { inner }
+        Observe { inner, metric: "drover_grpc_requests_total" }
+    }
+
+    /// Counts the cluster service's requests (from other nodes).
+    pub fn cluster(inner: S) -> Self {
+        Observe { inner, metric: CLUSTER_REQUESTS }
     }
 }
+
+/// Requests a node's cluster service answered, by method and code.
+pub const CLUSTER_REQUESTS: &str = "drover_cluster_requests_total";
 
 impl<S: tonic::server::NamedService> tonic::server::NamedService for Observe<S> {
     const NAME: &'static str = S::NAME;
@@ -42,6 +54,7 @@ where
     fn call(&mut self, request: http::Request<B>) -> Self::Future {
         let method = request.uri().path().rsplit('/').next().unwrap_or("unknown").to_string();
         let future = self.inner.call(request);
+        let metric = self.metric;
         Box::pin(async move {
             let response = future.await?;
             let code = response
@@ -55,7 +68,7 @@ where
             // (it never answers UNIMPLEMENTED itself) get a label of their own.
             let method = if code == tonic::Code::Unimplemented { "unknown".to_string() } else { method };
             let code = format!("{code:?}");
-            metrics::counter!("drover_grpc_requests_total", "method" => method, "code" => code).increment(1);
+            metrics::counter!(metric, "method" => method, "code" => code).increment(1);
             Ok(response)
         })
     }

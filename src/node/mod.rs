@@ -127,11 +127,11 @@ impl Node {
                 .tcp_nodelay(true)
                 .initial_connection_window_size(Some(4 << 20))
                 .initial_stream_window_size(Some(1 << 20))
-                .add_service(
+                .add_service(crate::gateway::Observe::cluster(
                     ClusterServer::new(cluster_service)
                         .max_decoding_message_size(max_cluster_message)
                         .max_encoding_message_size(max_cluster_message),
-                ),
+                )),
             cluster_listener,
             cluster_tls,
             cluster_stop_rx,
