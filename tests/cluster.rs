@@ -346,15 +346,33 @@ async fn writes_commit_over_links_slower_than_a_100_ms_round_trip() {
 async fn a_leader_stopped_with_sigterm_hands_its_partitions_over_before_it_exits() {
     let mut cluster = ProcessCluster::start(3, 2, 3, &[]);
     cluster.wait_ready().await;
-    let leader = cluster.leader_of(0, Duration::from_secs(30)).await;
-    let led_before: Vec<(u32, u64)> = cluster
-        .status(leader)
-        .await
-        .expect("the leader answers")
-        .into_iter()
-        .filter(|s| s.role == "leader")
-        .map(|s| (s.partition, s.term))
-        .collect();
+    // A leader elected moments ago cannot hand over: its followers honour its
+    // lease (the longest election timeout, 1.2 s here) and refuse any vote
+    // (docs/operations.md). Start from one that has held its term past it,
+    // as a node that has run for a while has.
+    let lease = Duration::from_millis(1_500);
+    let settle_by = Instant::now() + Duration::from_secs(30);
+    let mut seen: Option<(usize, Vec<(u32, u64)>, Instant)> = None;
+    let (leader, led_before) = loop {
+        assert!(Instant::now() < settle_by, "partition 0's leadership did not settle within 30 s: {seen:?}");
+        let leader = cluster.leader_of(0, Duration::from_secs(30)).await;
+        let led: Vec<(u32, u64)> = cluster
+            .status(leader)
+            .await
+            .unwrap_or_default()
+            .into_iter()
+            .filter(|s| s.role == "leader")
+            .map(|s| (s.partition, s.term))
+            .collect();
+        match &seen {
+            Some((l, before, since)) if *l == leader && *before == led && since.elapsed() > lease => {
+                break (leader, led);
+            }
+            Some((l, before, _)) if *l == leader && *before == led => {}
+            _ => seen = Some((leader, led, Instant::now())),
+        }
+        tokio::time::sleep(Duration::from_millis(100)).await;
+    };
     assert!(!led_before.is_empty());
     let client = Client::connect(&cluster.gateway((leader + 1) % 3)).await.unwrap();
     client.create_job("handover", "{}").await.expect("a create before");
