@@ -352,7 +352,9 @@ async fn a_leader_stopped_with_sigterm_hands_its_partitions_over_before_it_exits
     // as a node that has run for a while has.
     let lease = Duration::from_millis(1_500);
     let settle_by = Instant::now() + Duration::from_secs(30);
-    let mut seen: Option<(usize, Vec<(u32, u64)>, Instant)> = None;
+    // (leader, (partition, term) of each partition it leads, since when).
+    type Leadership = (usize, Vec<(u32, u64)>, Instant);
+    let mut seen: Option<Leadership> = None;
     let (leader, led_before) = loop {
         assert!(Instant::now() < settle_by, "partition 0's leadership did not settle within 30 s: {seen:?}");
         let leader = cluster.leader_of(0, Duration::from_secs(30)).await;

@@ -273,15 +273,21 @@ impl SharedState {
             return Ok(Some(live));
         }
         match self.store.get(Table::Done, key(self.partition, job.0))? {
-            Some(bytes) => Ok(Some(self.final_record(job.0, &bytes)?)),
+            Some(bytes) => self.final_record(job.0, &bytes),
             None => Ok(None),
         }
     }
 
-    /// A final job from its `jobs_done` record and its spec.
-    fn final_record(&self, job: u64, progress: &[u8]) -> Result<Job, storage::StorageError> {
-        let spec = records::decode_spec(job, self.store.get(Table::Specs, key(self.partition, job))?)?;
-        records::decode_progress(spec, progress)
+    /// A final job from its `jobs_done` record and its spec; `None` when it
+    /// was pruned after its record was read (a prune deletes both records in
+    /// one batch, so a spec gone with its final record still there is damage).
+    fn final_record(&self, job: u64, progress: &[u8]) -> Result<Option<Job>, storage::StorageError> {
+        let k = key(self.partition, job);
+        let spec = match self.store.get(Table::Specs, k)? {
+            None if self.store.get(Table::Done, k)?.is_none() => return Ok(None),
+            spec => records::decode_spec(job, spec)?,
+        };
+        records::decode_progress(spec, progress).map(Some)
     }
 
     /// The job a reference names: by key, or by the create request this
@@ -355,7 +361,7 @@ impl SharedState {
         if filter.covers_final() && limit > 0 {
             let mut bytes_read = 0;
             self.store.scan_while(Table::Done, self.partition, after.0.saturating_add(1), |id, bytes| {
-                let job = self.final_record(id, bytes)?;
+                let Some(job) = self.final_record(id, bytes)? else { return Ok(true) };
                 if filter.matches(&job) {
                     bytes_read += bytes.len();
                     done.push(job);
@@ -385,7 +391,8 @@ impl SharedState {
         let inner = self.lock();
         let mut jobs: Vec<Job> = inner.engine.jobs().cloned().collect();
         self.store.for_each(Table::Done, self.partition, |id, bytes| {
-            jobs.push(self.final_record(id, bytes)?);
+            // Read under the lock apply holds: nothing is pruned meanwhile.
+            jobs.extend(self.final_record(id, bytes)?);
             Ok(())
         })?;
         Ok(jobs)
@@ -955,5 +962,14 @@ mod tests {
             assert_eq!(store.get(Table::Specs, key(0, JobKey::new(0, 2).0)).unwrap(), None);
             assert!(store.get(Table::Specs, key(0, JobKey::new(0, 1).0)).unwrap().is_some());
         }
+        // A reader that got a final record just before its prune finds nothing, not damage...
+        let progress = records::encode_progress(&shared.lookup(JobKey::new(0, 1)).unwrap().unwrap());
+        assert_eq!(shared.final_record(JobKey::new(0, 2).0, &progress).unwrap(), None);
+        // ...while a final record without its spec is damage, and says so.
+        let mut batch = store.batch();
+        batch.put(Table::Done, key(0, JobKey::new(0, 9).0), &progress);
+        store.write(batch);
+        let damaged = shared.lookup(JobKey::new(0, 9)).unwrap_err().to_string();
+        assert!(damaged.contains("no spec record"), "{damaged}");
     }
 }
