@@ -58,9 +58,9 @@ struct AppliedMeta {
 }
 
 /// A snapshot is this header (bincode), then one frame per final record:
-/// job key (u64 LE), length (u32 LE), the record as stored. Final records are
-/// copied between storage and snapshot as bytes, never decoded, and never
-/// gathered into a second buffer.
+/// job key (u64 LE), length (u32 LE), the whole job (its spec and progress
+/// joined, as `records` stores them apart). Final records stream between
+/// storage and snapshot one at a time, never gathered into a second buffer.
 #[derive(Serialize, Deserialize)]
 struct SnapshotHeader {
     engine: StateSnapshot,
@@ -363,7 +363,7 @@ impl SharedState {
             self.store.scan_while(Table::Done, self.partition, after.0.saturating_add(1), |id, bytes| {
                 let Some(job) = self.final_record(id, bytes)? else { return Ok(true) };
                 if filter.matches(&job) {
-                    bytes_read += bytes.len();
+                    bytes_read += bytes.len() + job.spec.encoded_len();
                     done.push(job);
                 }
                 Ok(done.len() < limit && bytes_read < max_bytes)
@@ -539,10 +539,6 @@ impl RaftStateMachine<TypeConfig> for StateMachine {
         let mut inner = self.shared.lock();
         let mut touched = Vec::new();
         let mut finished_keys = Vec::new();
-        let mut specs = Vec::new();
-        // Specs of the jobs that finished in this batch: a job may be
-        // created and finish in one batch.
-        let mut finished_specs = Vec::new();
         let pruned_from = inner.finished.first;
         let (mut sessions_changed, mut schemas_changed) = (false, false);
         for entry in entries {
@@ -560,7 +556,15 @@ impl RaftStateMachine<TypeConfig> for StateMachine {
                         inner.observed = Some((now, std::time::Instant::now()));
                     }
                     touched.extend(out.touched);
-                    specs.extend(out.specs);
+                    // Before this entry's prune, which deletes the specs of
+                    // the final records it drops (a job may be created,
+                    // finish and be pruned in one entry).
+                    for job_key in &out.specs {
+                        let finished = || out.finished.iter().find(|job| job.key == *job_key).map(|job| &job.spec);
+                        if let Some(spec) = inner.engine.job(*job_key).map(|job| &job.spec).or_else(finished) {
+                            batch.put(Table::Specs, key(self.partition, job_key.0), storage::encode(&**spec));
+                        }
+                    }
                     sessions_changed |= out.sessions_changed;
                     schemas_changed |= out.schemas_changed;
                     for died in &out.sessions_died {
@@ -586,7 +590,6 @@ impl RaftStateMachine<TypeConfig> for StateMachine {
                         batch.delete(Table::Jobs, k);
                         batch.put(Table::Done, k, records::encode_progress(&job));
                         inner.finished.push(&mut batch, self.partition, now, job.key);
-                        finished_specs.push((job.key, job.spec));
                     }
                     inner.finished.prune(&mut batch, self.partition, commands.retention, now);
                     responses.push(BatchResponse {
@@ -608,14 +611,6 @@ impl RaftStateMachine<TypeConfig> for StateMachine {
             // A touched job that finished later in the same batch is already in Done.
             if let Some(job) = inner.engine.job(job_key) {
                 batch.put(Table::Jobs, key(self.partition, job_key.0), records::encode_progress(job));
-            }
-        }
-        specs.sort_unstable();
-        specs.dedup();
-        for job_key in specs {
-            let finished = || finished_specs.iter().find(|(k, _)| *k == job_key).map(|(_, spec)| spec);
-            if let Some(spec) = inner.engine.job(job_key).map(|job| &job.spec).or_else(finished) {
-                batch.put(Table::Specs, key(self.partition, job_key.0), storage::encode(&**spec));
             }
         }
         let pruned_to = inner.finished.first;
@@ -799,7 +794,7 @@ mod tests {
     use openraft::{CommittedLeaderId, Entry, EntryPayload, LogId};
 
     use super::*;
-    use crate::core::{Batch, Command, JobSpec, JobState, NewJob, Retention, DEFAULT_TENANT};
+    use crate::core::{Batch, Command, CommandResult, JobSpec, JobState, NewJob, Retention, DEFAULT_TENANT};
 
     const RETENTION: Retention = Retention { max_age_ms: 10_000, max_jobs: 3 };
 
@@ -962,6 +957,20 @@ mod tests {
             assert_eq!(store.get(Table::Specs, key(0, JobKey::new(0, 2).0)).unwrap(), None);
             assert!(store.get(Table::Specs, key(0, JobKey::new(0, 1).0)).unwrap().is_some());
         }
+        // Created, finished and pruned in one entry (no final records kept):
+        // no spec is left behind.
+        let none_kept = Retention { max_age_ms: 10_000, max_jobs: 0 };
+        // The third job created in this partition.
+        let third = JobKey::new(0, 3);
+        let mut gone = entry(5, 21_000, vec![create(), Command::Cancel { key: third, by: String::new() }]);
+        if let EntryPayload::Normal(batch) = &mut gone.payload {
+            batch.retention = none_kept;
+        }
+        let answers = sm.apply([gone]).await.unwrap();
+        assert!(answers[0].results.iter().all(|r| !matches!(r, CommandResult::Rejected(_))), "{answers:?}");
+        assert_eq!(shared.lookup(third).unwrap(), None, "kept no final record");
+        assert_eq!(store.get(Table::Specs, key(0, third.0)).unwrap(), None, "a pruned job's spec stayed");
+
         // A reader that got a final record just before its prune finds nothing, not damage...
         let progress = records::encode_progress(&shared.lookup(JobKey::new(0, 1)).unwrap().unwrap());
         assert_eq!(shared.final_record(JobKey::new(0, 2).0, &progress).unwrap(), None);
