@@ -471,11 +471,19 @@ pub fn check(history: &[Op], finals: &FinalReads, replicas: impl Fn(u64) -> Vec<
 /// Acknowledged jobs whose completion no client has heard of yet: cheap, for
 /// a drain to tell whether reading every replica is worth it. (A job whose
 /// completion was lost, or that became an incident, only the replicas show.)
+/// Session jobs are left out: the session worker processes complete them,
+/// and only the replicas show that, so counting them kept every drain
+/// waiting for its periodic full read.
 pub fn unfinished(history: &[Op]) -> usize {
+    let session_jobs: std::collections::HashSet<u64> = history
+        .iter()
+        .filter(|o| o.kind == Kind::Create && o.job_type.as_deref() == Some(crate::sessions::SESSION_TYPE))
+        .map(|o| o.id)
+        .collect();
     let (mut created, mut completed) = (std::collections::HashSet::new(), std::collections::HashSet::new());
     for op in history.iter().filter(|o| o.phase == Phase::Ok) {
         match (op.kind, op.key) {
-            (Kind::Create, Some(key)) => {
+            (Kind::Create, Some(key)) if !session_jobs.contains(&op.id) => {
                 created.insert(key);
             }
             // A worker may complete a job before its producer hears of the create.
@@ -829,6 +837,11 @@ mod tests {
         ];
         assert_eq!(unfinished(&h), 1, "job 10 is open; 11 was completed before its create was heard of");
         h.push(op(3, 2, Kind::Complete, Phase::Ok, 1, Some(10), 1));
+        assert_eq!(unfinished(&h), 0);
+        // A session job's completion is never in the history: not counted.
+        let session = crate::sessions::SESSION_TYPE.to_string();
+        h.push(Op { job_type: Some(session), ..op(4, 1, Kind::Create, Phase::Invoke, 3, None, 0) });
+        h.push(op(5, 1, Kind::Create, Phase::Ok, 3, Some(12), 0));
         assert_eq!(unfinished(&h), 0);
     }
 
