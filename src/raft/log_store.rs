@@ -20,7 +20,7 @@ use openraft::{Entry, LogId, RaftLogId, StorageError, StorageIOError, Vote};
 
 use super::{NodeId, TypeConfig};
 use crate::core::PartitionId;
-use crate::storage::{self, meta_key, Store, Table};
+use crate::storage::{self, meta_key, DeletedBelow, Store, Table};
 
 const VOTE: &str = "vote";
 const PURGED: &str = "purged";
@@ -34,19 +34,20 @@ pub struct LogStore {
     partition: PartitionId,
     store: Arc<Store>,
     max_append_bytes: usize,
-    /// Indexes below this are purged (0 after a start). Each purge deletes
-    /// only from here: RocksDB keeps range deletions until compaction and
-    /// fragments overlapping ones into a piece per pair when it switches
-    /// memtables, so ranges that each began at 0 cost memory quadratic in
-    /// their number.
-    purged_below: u64,
+    /// How far purges have deleted the log.
+    purged: DeletedBelow,
 }
 
 impl LogStore {
     /// `max_message_bytes` is the cluster's message limit: an append never
     /// reads more than half of it (or [`MAX_APPEND_BYTES`]).
     pub fn new(partition: PartitionId, store: Arc<Store>, max_message_bytes: usize) -> Self {
-        LogStore { partition, store, max_append_bytes: MAX_APPEND_BYTES.min(max_message_bytes / 2), purged_below: 0 }
+        LogStore {
+            partition,
+            store,
+            max_append_bytes: MAX_APPEND_BYTES.min(max_message_bytes / 2),
+            purged: DeletedBelow::default(),
+        }
     }
 
     fn read_meta<T: serde::de::DeserializeOwned>(&self, name: &str) -> Result<Option<T>, StorageError<NodeId>> {
@@ -181,11 +182,7 @@ impl RaftLogStorage<TypeConfig> for LogStore {
     async fn purge(&mut self, log_id: LogId<NodeId>) -> Result<(), StorageError<NodeId>> {
         let mut batch = self.store.batch();
         batch.put(Table::Meta, meta_key(self.partition, PURGED), storage::encode(&log_id));
-        let end = log_id.index + 1;
-        if end > self.purged_below {
-            batch.delete_ids(Table::Log, self.partition, self.purged_below..end);
-            self.purged_below = end;
-        }
+        self.purged.delete_below(&mut batch, Table::Log, self.partition, log_id.index + 1);
         self.store.write(batch);
         Ok(())
     }

@@ -406,12 +406,8 @@ pub struct StateMachine {
     replayed_until: u64,
     /// Whether openraft has had the snapshot identity it reads at start.
     identity_served: bool,
-    /// Request entries below this storage id are deleted (0 after a start or
-    /// an install). Each expiry deletes only from here: overlapping range
-    /// deletions, each from 0, cost RocksDB memory quadratic in their number
-    /// when it fragments them at a memtable switch (nodes grew to 12 GiB a
-    /// few minutes after the first creates' dedupe window ran out).
-    requests_deleted_below: u64,
+    /// How far expiries have deleted request entries.
+    requests_deleted: storage::DeletedBelow,
     store: Arc<Store>,
     shared: Arc<SharedState>,
 }
@@ -509,7 +505,7 @@ impl StateMachine {
                 partition,
                 replayed_until,
                 identity_served: false,
-                requests_deleted_below: 0,
+                requests_deleted: Default::default(),
                 store,
                 shared: Arc::clone(&shared),
             },
@@ -591,10 +587,9 @@ impl RaftStateMachine<TypeConfig> for StateMachine {
                         metrics::counter!("drover_worker_sessions_died_total", "partition" => self.partition.to_string())
                             .increment(1);
                     }
-                    let expired_below = request_expiry_bound(now);
-                    if out.requests_expired > 0 && expired_below > self.requests_deleted_below {
-                        batch.delete_ids(Table::Requests, self.partition, self.requests_deleted_below..expired_below);
-                        self.requests_deleted_below = expired_below;
+                    if out.requests_expired > 0 {
+                        let below = request_expiry_bound(now);
+                        self.requests_deleted.delete_below(&mut batch, Table::Requests, self.partition, below);
                     }
                     for (id, request, entry) in &out.requests_added {
                         batch.put(Table::Requests, key(self.partition, *id), storage::encode(&(request, entry)));
@@ -681,7 +676,7 @@ impl RaftStateMachine<TypeConfig> for StateMachine {
         batch.delete_ids(Table::Expiry, self.partition, 0..u64::MAX);
         batch.delete_ids(Table::Requests, self.partition, 0..u64::MAX);
         batch.delete_ids(Table::Specs, self.partition, 0..u64::MAX);
-        self.requests_deleted_below = 0;
+        self.requests_deleted.reset();
         for (id, request, entry) in &body.requests {
             batch.put(Table::Requests, key(self.partition, *id), storage::encode(&(request, entry)));
         }

@@ -152,6 +152,30 @@ impl Written {
     }
 }
 
+/// How far a table's records of one partition are deleted from its start, so
+/// each deletion covers only what is new. RocksDB keeps range deletions until
+/// compaction and, at each memtable switch, fragments overlapping ones into a
+/// piece per pair: ranges that each began at 0 took memory quadratic in their
+/// number (nodes grew to 12 GiB in two minutes at 1,000 jobs/s). 0 after a
+/// start, so the first deletion covers whatever an earlier run left.
+#[derive(Clone, Debug, Default)]
+pub struct DeletedBelow(u64);
+
+impl DeletedBelow {
+    /// Deletes the partition's ids below `end` in `table` that are not yet deleted.
+    pub fn delete_below(&mut self, batch: &mut Batch<'_>, table: Table, partition: PartitionId, end: u64) {
+        if end > self.0 {
+            batch.delete_ids(table, partition, self.0..end);
+            self.0 = end;
+        }
+    }
+
+    /// Forgets the mark (after the whole table was cleared and refilled).
+    pub fn reset(&mut self) {
+        self.0 = 0;
+    }
+}
+
 /// Atomic multi-table writes, built by callers and committed with [`Store::write`]
 /// or [`Store::write_synced`].
 pub struct Batch<'a> {
@@ -616,6 +640,34 @@ mod tests {
         let encoded = encode(&job);
         let back: crate::core::JobSpec = decode_bounded("spec", &encoded[..], encoded.len() as u64).unwrap();
         assert_eq!(back, job);
+    }
+
+    #[test]
+    fn deletes_below_cover_each_id_once_and_never_go_back() {
+        let dir = tempfile::tempdir().unwrap();
+        let store = Store::open(dir.path()).unwrap();
+        let mut batch = store.batch();
+        for id in 0..10 {
+            batch.put(Table::Log, key(3, id), [1]);
+        }
+        store.write(batch);
+        let mut deleted = DeletedBelow::default();
+        let left = |store: &Store| store.scan(Table::Log, 3, 0..u64::MAX).unwrap().len();
+        for (end, expected) in [(4, 6), (2, 6), (7, 3), (7, 3)] {
+            let mut batch = store.batch();
+            deleted.delete_below(&mut batch, Table::Log, 3, end);
+            store.write(batch);
+            assert_eq!(left(&store), expected, "after deleting below {end}");
+        }
+        // Only what is new is in a batch: an id written again below the mark stays.
+        let mut batch = store.batch();
+        batch.put(Table::Log, key(3, 1), [2]);
+        store.write(batch);
+        let mut batch = store.batch();
+        deleted.delete_below(&mut batch, Table::Log, 3, 8);
+        store.write(batch);
+        let ids: Vec<u64> = store.scan(Table::Log, 3, 0..u64::MAX).unwrap().into_iter().map(|(id, _)| id).collect();
+        assert_eq!(ids, vec![1, 8, 9]);
     }
 
     #[test]
