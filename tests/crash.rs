@@ -1,9 +1,11 @@
 //! A node killed with SIGKILL right after acknowledging loses nothing it
-//! acknowledged, and a node stopped with SIGTERM exits cleanly.
+//! acknowledged, a node stopped with SIGTERM exits cleanly, and a node frozen
+//! with SIGSTOP keeps its peers' connections.
 
 mod common;
 
 use std::collections::HashMap;
+use std::time::Duration;
 
 use common::NodeProcess;
 
@@ -84,4 +86,49 @@ async fn a_data_directory_formed_with_other_settings_is_refused() {
     assert!(!output.status.success());
     let stderr = String::from_utf8_lossy(&output.stderr);
     assert!(stderr.contains("was formed as node 0") && stderr.contains("1 partitions"), "{stderr}");
+}
+
+/// A node frozen (SIGSTOP: a VM pause, a long GC, a stalled disk) while a peer
+/// gives up on calls to it comes back with its peer connections intact. Peers
+/// cancel each call that times out, and on resume the node reads all of those
+/// cancellations at once; HTTP/2's default guard against "rapid reset" floods
+/// would close the whole connection after 20, failing every other call on it
+/// (Raft appends, pushes whose outcome then stays unknown until the activation
+/// timeout).
+#[tokio::test]
+async fn a_frozen_node_keeps_its_peer_connections_through_cancelled_calls() {
+    use drover::proto::cluster::cluster_client::ClusterClient;
+    use drover::proto::cluster::StatusRequest;
+
+    let dir = tempfile::tempdir().unwrap();
+    let node = NodeProcess::start(&dir.path().join("data"), &[]);
+    node.wait_ready().await;
+    // One connection, as a peer has.
+    let channel =
+        tonic::transport::Endpoint::from_shared(format!("http://{}", node.cluster)).unwrap().connect().await.unwrap();
+    let peer = ClusterClient::new(channel);
+    peer.clone().status(StatusRequest {}).await.expect("the node answers before the freeze");
+
+    node.signal(libc::SIGSTOP);
+    let cancelled: Vec<_> = (0..60)
+        .map(|_| {
+            let mut peer = peer.clone();
+            tokio::spawn(async move {
+                // Dropped after 100 ms: the client resets the stream.
+                tokio::time::timeout(Duration::from_millis(100), peer.status(StatusRequest {})).await.is_err()
+            })
+        })
+        .collect();
+    for call in cancelled {
+        assert!(call.await.unwrap(), "a call to a stopped node cannot be answered");
+    }
+    let waiting = {
+        let mut peer = peer.clone();
+        tokio::spawn(async move { tokio::time::timeout(Duration::from_secs(20), peer.status(StatusRequest {})).await })
+    };
+    // Give the waiting call time to be written before the node wakes up.
+    tokio::time::sleep(Duration::from_millis(200)).await;
+    node.signal(libc::SIGCONT);
+    let answer = waiting.await.unwrap().expect("answered within 20 s of the node waking up");
+    assert!(answer.is_ok(), "the call that waited through the freeze failed: {answer:?}");
 }

@@ -28,6 +28,15 @@ use tonic::server::NamedService;
 
 /// The longest a stopping node spends handing its partitions' leadership over.
 const HAND_OVER_LIMIT: Duration = Duration::from_secs(3);
+/// Calls a peer cancelled before this node took them, at most, before the
+/// cluster port closes the peer's connection. HTTP/2's default (20) guards
+/// against "rapid reset" floods from strangers; peers legitimately cancel
+/// every call that times out, and a node that was frozen (SIGSTOP, a VM
+/// pause) or cut off reads them all at once when it comes back. Closing the
+/// connection then failed every other call on it: Raft appends, and pushes
+/// whose outcome stayed unknown until the jobs' activation timeout. It still
+/// bounds what a stranger on the cluster port can leave pending (a few MiB).
+const PEER_RESET_STREAMS: usize = 10_000;
 
 /// A started node. Drop does not stop it; call [`Node::shutdown`].
 pub struct Node {
@@ -127,6 +136,7 @@ impl Node {
                 .tcp_nodelay(true)
                 .initial_connection_window_size(Some(4 << 20))
                 .initial_stream_window_size(Some(1 << 20))
+                .http2_max_pending_accept_reset_streams(Some(PEER_RESET_STREAMS))
                 .add_service(crate::gateway::Observe::cluster(
                     ClusterServer::new(cluster_service)
                         .max_decoding_message_size(max_cluster_message)
