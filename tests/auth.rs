@@ -800,14 +800,20 @@ async fn each_scope_allows_exactly_its_zeebe_rpcs() {
                 request_timeout: -1,
                 ..Default::default()
             };
-            let mut answers = admin_zeebe.activate_jobs(request).await.unwrap().into_inner();
+            // Jobs an earlier RPC made activatable again come back too; ask
+            // until the new one is among them (bounded).
+            let deadline = tokio::time::Instant::now() + Duration::from_secs(10);
             let mut key = None;
-            while let Some(reply) = answers.message().await.unwrap() {
-                let ours =
-                    |j: &&zb::ActivatedJob| drover::gateway::zeebe::job_of(j.key).is_ok_and(|(k, _)| k.0 == created);
-                key = key.or(reply.jobs.iter().find(ours).map(|j| j.key));
+            while key.is_none() && tokio::time::Instant::now() < deadline {
+                let mut answers = admin_zeebe.activate_jobs(request.clone()).await.unwrap().into_inner();
+                while let Some(reply) = answers.message().await.unwrap() {
+                    let ours = |j: &&zb::ActivatedJob| {
+                        drover::gateway::zeebe::job_of(j.key).is_ok_and(|(k, _)| k.0 == created)
+                    };
+                    key = key.or(reply.jobs.iter().find(ours).map(|j| j.key));
+                }
             }
-            let key = key.expect("the new job activated through Zeebe");
+            let key = key.unwrap_or_else(|| panic!("job {created} was not activated through Zeebe within 10 s"));
             let mut client = zeebe_as(&node, name.map(|n| tokens.secret(n))).await;
             let answer = rpc.call(&mut client, key).await;
             let code = answer.as_ref().err().map(|s| s.code());
