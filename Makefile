@@ -32,7 +32,7 @@ jepsen-long: setup
 	mkdir -p jepsen/runs
 	log=jepsen/runs/long-$$(date +%s).txt; \
 	$(CARGO_TARGET_DIR)/release/drover-jepsen suite --time 300 --combined-time 1800 --combined-nodes 5 \
-		--producers 48 --worker-sets 6 --drain 300 --skip-secure \
+		--producers 48 --worker-sets 12 --drain 300 --skip-secure \
 		--drover $(CARGO_TARGET_DIR)/release/drover --out jepsen/runs >$$log 2>&1; \
 	status=$$?; cat $$log; exit $$status
 
