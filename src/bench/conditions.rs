@@ -1,6 +1,8 @@
 //! What a figure was taken under, printed before the figures: the machine's
-//! load average and how long one small synced write takes on the disk the
-//! nodes write to. A newcomer's rerun is comparable only beside these.
+//! load average, how fast one of its cores runs a fixed piece of work, and how
+//! long one small synced write takes on the disk the nodes write to; and, for
+//! each workload, the share of CPU time the hypervisor took away (steal). A
+//! newcomer's rerun is comparable only beside these.
 
 use std::io::Write;
 use std::path::Path;
@@ -21,14 +23,18 @@ pub struct Conditions {
     pub fdatasync_samples: usize,
     pub fdatasync_p50_ms: f64,
     pub fdatasync_p99_ms: f64,
+    /// The fastest of several runs of [`cpu_reference`] on one core: lower
+    /// is a faster core. Figures scale with it on a CPU-bound workload.
+    pub cpu_reference_ms: f64,
 }
 
 impl Conditions {
     pub fn print(&self) {
         let load = self.load_average.map_or("unknown".to_string(), |l| format!("{l:.2}"));
         println!(
-            "conditions: load average {load}; 4 KiB write + fdatasync in {}: p50 {:.3} ms, p99 {:.3} ms ({} samples)",
-            self.disk_dir, self.fdatasync_p50_ms, self.fdatasync_p99_ms, self.fdatasync_samples
+            "conditions: load average {load}; CPU reference {:.1} ms (lower is faster); 4 KiB write + fdatasync in \
+             {}: p50 {:.3} ms, p99 {:.3} ms ({} samples)",
+            self.cpu_reference_ms, self.disk_dir, self.fdatasync_p50_ms, self.fdatasync_p99_ms, self.fdatasync_samples
         );
     }
 }
@@ -55,7 +61,84 @@ pub fn measure(dir: &Path, samples: usize) -> std::io::Result<Conditions> {
         fdatasync_samples: took.len(),
         fdatasync_p50_ms: (at(0.5) * 1000.0).round() / 1000.0,
         fdatasync_p99_ms: (at(0.99) * 1000.0).round() / 1000.0,
+        cpu_reference_ms: cpu_reference_ms(5),
     })
+}
+
+/// A fixed piece of single-threaded work of the kind a node does per job:
+/// encode records (allocation, copies), hash them and sort. Returns a value
+/// that depends on every step, so none of it can be optimised away.
+pub fn cpu_reference() -> u64 {
+    #[derive(Serialize)]
+    struct Record<'a> {
+        key: u64,
+        job_type: &'a str,
+        variables: &'a str,
+        attempt: u32,
+    }
+    let variables = "x".repeat(256);
+    let mut digest = 0u64;
+    let mut keys = Vec::with_capacity(20_000);
+    for key in 0..20_000u64 {
+        let encoded = bincode::serialize(&Record { key, job_type: "reference", variables: &variables, attempt: 1 })
+            .unwrap_or_default();
+        let hash = encoded.iter().fold(0xcbf2_9ce4_8422_2325u64, |h, b| (h ^ *b as u64).wrapping_mul(0x100_0000_01b3));
+        keys.push(hash);
+        digest ^= hash;
+    }
+    keys.sort_unstable();
+    digest ^ keys[keys.len() / 2]
+}
+
+/// The fastest of `runs` runs of [`cpu_reference`], in milliseconds.
+pub fn cpu_reference_ms(runs: usize) -> f64 {
+    let mut best = f64::INFINITY;
+    for _ in 0..runs.max(1) {
+        let started = Instant::now();
+        std::hint::black_box(cpu_reference());
+        best = best.min(started.elapsed().as_secs_f64() * 1000.0);
+    }
+    (best * 100.0).round() / 100.0
+}
+
+/// The machine's CPU time counters (Linux `/proc/stat`, in clock ticks):
+/// all of it, and what the hypervisor gave to other guests (steal).
+#[derive(Clone, Copy, Debug, Default, PartialEq)]
+pub struct CpuTimes {
+    pub total: u64,
+    pub steal: u64,
+    pub idle: u64,
+}
+
+impl CpuTimes {
+    pub fn read() -> Option<CpuTimes> {
+        CpuTimes::parse(&std::fs::read_to_string("/proc/stat").ok()?)
+    }
+
+    /// The first (all CPUs) line of `/proc/stat`: user nice system idle
+    /// iowait irq softirq steal ...
+    fn parse(stat: &str) -> Option<CpuTimes> {
+        let line = stat.lines().next()?;
+        let mut fields = line.split_whitespace();
+        if fields.next()? != "cpu" {
+            return None;
+        }
+        let ticks: Vec<u64> = fields.take(8).map(|f| f.parse().ok()).collect::<Option<_>>()?;
+        if ticks.len() < 8 {
+            return None;
+        }
+        Some(CpuTimes { total: ticks.iter().sum(), steal: ticks[7], idle: ticks[3] + ticks[4] })
+    }
+
+    /// Percent of the CPU time since `earlier` that was stolen, and that was
+    /// busy (neither idle nor stolen).
+    pub fn since(&self, earlier: &CpuTimes) -> Option<(f64, f64)> {
+        let total = self.total.checked_sub(earlier.total).filter(|t| *t > 0)? as f64;
+        let steal = self.steal.saturating_sub(earlier.steal) as f64;
+        let idle = self.idle.saturating_sub(earlier.idle) as f64;
+        let round = |x: f64| (x * 10.0).round() / 10.0;
+        Some((round(steal / total * 100.0), round((total - steal - idle).max(0.0) / total * 100.0)))
+    }
 }
 
 #[cfg(test)]
@@ -67,5 +150,16 @@ mod tests {
         assert_eq!(conditions.fdatasync_samples, 5);
         assert!(conditions.fdatasync_p50_ms <= conditions.fdatasync_p99_ms);
         assert_eq!(std::fs::read_dir(dir.path()).unwrap().count(), 0, "the scratch file is removed");
+        assert!(conditions.cpu_reference_ms > 0.0 && conditions.cpu_reference_ms.is_finite());
+    }
+
+    #[test]
+    fn steal_and_busy_shares_come_from_the_difference_of_two_readings() {
+        let before = super::CpuTimes::parse("cpu  100 0 50 800 50 0 0 0 0 0\ncpu0 1 2 3").unwrap();
+        let after = super::CpuTimes::parse("cpu  400 0 150 900 50 0 0 100 0 0\n").unwrap();
+        // 600 ticks: 100 stolen, 100 idle, 400 busy.
+        assert_eq!(after.since(&before), Some((16.7, 66.7)));
+        assert_eq!(before.since(&before), None, "no time passed");
+        assert_eq!(super::CpuTimes::parse("intr 1 2 3"), None);
     }
 }

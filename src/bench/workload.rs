@@ -65,6 +65,11 @@ pub struct Figures {
     pub jobs_per_sync: Option<f64>,
     /// The machine's 1-minute load average just before the workload started.
     pub load_average_before: Option<f64>,
+    /// Of the machine's CPU time during the workload, the percent that was
+    /// busy (everything on it, the bench included) and that the hypervisor
+    /// gave to other guests (steal).
+    pub cpu_busy_percent: Option<f64>,
+    pub cpu_steal_percent: Option<f64>,
     /// Where the time went, by stage, summed over the local nodes.
     pub stages: Vec<super::stages::StageFigure>,
     /// Bytes the local nodes' databases wrote per completed job, summed over
@@ -133,6 +138,9 @@ impl Figures {
         }
         if let Some(load) = self.load_average_before {
             println!("  load average before           {load:.2}");
+        }
+        if let (Some(busy), Some(steal)) = (self.cpu_busy_percent, self.cpu_steal_percent) {
+            println!("  CPU during the run            busy {busy:.1}%, stolen {steal:.1}%");
         }
         super::stages::print(&self.stages);
     }
@@ -643,6 +651,7 @@ async fn run(
     // Let the streams register before the first job, as long-running workers would be.
     tokio::time::sleep(Duration::from_millis(300)).await;
     let load_average_before = super::conditions::load_average();
+    let cpu_before = super::conditions::CpuTimes::read();
     let stages_before = match cluster {
         Some(cluster) => super::stages::read(cluster).await,
         None => Default::default(),
@@ -741,7 +750,13 @@ async fn run(
     let cluster_requests_after = requests_by_method(cluster, crate::gateway::CLUSTER_REQUESTS).await;
     let client_requests_after = requests_by_method(cluster, "drover_grpc_requests_total").await;
 
-    let mut figures = Figures { load_average_before, ..Figures::default() };
+    let cpu = cpu_before.zip(super::conditions::CpuTimes::read()).and_then(|(before, after)| after.since(&before));
+    let mut figures = Figures {
+        load_average_before,
+        cpu_steal_percent: cpu.map(|(steal, _)| steal),
+        cpu_busy_percent: cpu.map(|(_, busy)| busy),
+        ..Figures::default()
+    };
     if let Some(cluster) = cluster {
         figures.stages = super::stages::between(&stages_before, &super::stages::read(cluster).await);
     }
