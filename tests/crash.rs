@@ -110,6 +110,13 @@ async fn a_frozen_node_keeps_its_peer_connections_through_cancelled_calls() {
     peer.clone().status(StatusRequest {}).await.expect("the node answers before the freeze");
 
     node.signal(libc::SIGSTOP);
+    // The signal is delivered asynchronously: wait until the kernel says stopped.
+    let stat = format!("/proc/{}/stat", node.child.id());
+    let deadline = std::time::Instant::now() + Duration::from_secs(5);
+    while !std::fs::read_to_string(&stat).unwrap().rsplit(") ").next().unwrap().starts_with('T') {
+        assert!(std::time::Instant::now() < deadline, "node not stopped 5 s after SIGSTOP");
+        tokio::time::sleep(Duration::from_millis(5)).await;
+    }
     let cancelled: Vec<_> = (0..60)
         .map(|_| {
             let mut peer = peer.clone();
