@@ -792,7 +792,7 @@ async fn each_scope_allows_exactly_its_zeebe_rpcs() {
         for name in std::iter::once(None).chain(NAMES.iter().map(|(name, _)| Some(*name))) {
             // A job activated through the Zeebe gateway: its key is the activation's.
             let created = admin.create_job("t", "{}").await.unwrap();
-            let request = zb::ActivateJobsRequest {
+            let mut request = zb::ActivateJobsRequest {
                 r#type: "t".into(),
                 worker: "admin".into(),
                 timeout: 600_000,
@@ -806,6 +806,8 @@ async fn each_scope_allows_exactly_its_zeebe_rpcs() {
             let mut key = None;
             while key.is_none() && tokio::time::Instant::now() < deadline {
                 let mut answers = admin_zeebe.activate_jobs(request.clone()).await.unwrap().into_inner();
+                // Asking again, wait (up to 1 s) for jobs rather than spin.
+                request.request_timeout = 1_000;
                 while let Some(reply) = answers.message().await.unwrap() {
                     let ours = |j: &&zb::ActivatedJob| {
                         drover::gateway::zeebe::job_of(j.key).is_ok_and(|(k, _)| k.0 == created)

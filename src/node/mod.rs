@@ -34,9 +34,12 @@ const HAND_OVER_LIMIT: Duration = Duration::from_secs(3);
 /// every call that times out, and a node that was frozen (SIGSTOP, a VM
 /// pause) or cut off reads them all at once when it comes back. Closing the
 /// connection then failed every other call on it: Raft appends, and pushes
-/// whose outcome stayed unknown until the jobs' activation timeout. It still
-/// bounds what a stranger on the cluster port can leave pending (a few MiB).
-const PEER_RESET_STREAMS: usize = 10_000;
+/// whose outcome stayed unknown until the jobs' activation timeout. A freeze
+/// long enough for a peer to pile up more than this is past the peers'
+/// keepalive (about 10 s), which drops the connection anyway. Each waiting
+/// stream holds its request headers, so the bound matters on a port strangers
+/// can reach: keep the cluster port private or behind mutual TLS.
+const PEER_RESET_STREAMS: usize = 1_000;
 
 /// A started node. Drop does not stop it; call [`Node::shutdown`].
 pub struct Node {
