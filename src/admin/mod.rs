@@ -111,8 +111,10 @@ pub fn register_metrics() {
         ("drover_partition_term", "Raft term of the partition on this node"),
         ("drover_partition_commit_index", "Committed log index of the partition on this node"),
         ("drover_partition_applied_index", "Applied log index of the partition on this node"),
-        ("drover_rocksdb_memtable_bytes", "RocksDB memtable size"),
-        ("drover_rocksdb_sst_bytes", "RocksDB SST files size"),
+        ("drover_rocksdb_memtable_bytes", "RocksDB memtable size, all column families"),
+        ("drover_rocksdb_sst_bytes", "RocksDB SST files size, all column families"),
+        ("drover_rocksdb_table_readers_bytes", "RocksDB memory held by open table files outside the block cache"),
+        ("drover_rocksdb_block_cache_bytes", "RocksDB block cache in use (one cache for all column families)"),
         ("drover_rocksdb_write_stalled", "1 while RocksDB writes are stopped"),
         ("drover_rocksdb_pending_compaction_bytes", "RocksDB estimated pending compaction bytes"),
         ("drover_storage_wal_syncs", "WAL syncs since start"),
@@ -481,15 +483,20 @@ async fn metrics_text(State(ctx): State<Arc<NodeContext>>) -> String {
     recorder().render()
 }
 
-/// RocksDB's and the WAL writer's figures, as gauges and counters.
+/// RocksDB's and the WAL writer's figures, as gauges and counters. Sizes
+/// are summed over every column family; the stall flag and the block cache
+/// (one cache shared by all) are the database's.
 fn record_storage(store: &crate::storage::Store) {
-    for (name, property) in [
-        ("drover_rocksdb_memtable_bytes", "rocksdb.cur-size-all-mem-tables"),
-        ("drover_rocksdb_sst_bytes", "rocksdb.total-sst-files-size"),
-        ("drover_rocksdb_write_stalled", "rocksdb.is-write-stopped"),
-        ("drover_rocksdb_pending_compaction_bytes", "rocksdb.estimate-pending-compaction-bytes"),
+    for (name, property, summed) in [
+        ("drover_rocksdb_memtable_bytes", "rocksdb.cur-size-all-mem-tables", true),
+        ("drover_rocksdb_sst_bytes", "rocksdb.total-sst-files-size", true),
+        ("drover_rocksdb_table_readers_bytes", "rocksdb.estimate-table-readers-mem", true),
+        ("drover_rocksdb_pending_compaction_bytes", "rocksdb.estimate-pending-compaction-bytes", true),
+        ("drover_rocksdb_block_cache_bytes", "rocksdb.block-cache-usage", false),
+        ("drover_rocksdb_write_stalled", "rocksdb.is-write-stopped", false),
     ] {
-        if let Some(value) = store.property(property) {
+        let value = if summed { store.property_total(property) } else { store.property(property) };
+        if let Some(value) = value {
             metrics::gauge!(name).set(value as f64);
         }
     }

@@ -403,6 +403,17 @@ impl Store {
         self.db.property_int_value(name).ok().flatten()
     }
 
+    /// A per-column-family integer property summed over every table (and
+    /// the default column family): RocksDB answers sizes such as
+    /// `rocksdb.cur-size-all-mem-tables` for one column family at a time.
+    pub fn property_total(&self, name: &str) -> Option<u64> {
+        let mut total = self.property(name)?;
+        for table in Table::ALL {
+            total += self.db.property_int_value_cf(self.cf(table), name).ok().flatten().unwrap_or(0);
+        }
+        Some(total)
+    }
+
     /// Bytes written since the database was opened, from RocksDB's own
     /// statistics.
     pub fn written(&self) -> Written {
