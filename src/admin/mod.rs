@@ -484,18 +484,27 @@ async fn metrics_text(State(ctx): State<Arc<NodeContext>>) -> String {
 }
 
 /// RocksDB's and the WAL writer's figures, as gauges and counters. Sizes
-/// are summed over every column family; the stall flag and the block cache
-/// (one cache shared by all) are the database's.
+/// are summed over every column family; the block cache (one for all tables)
+/// is read through the tables; the stall flag is the database's.
 fn record_storage(store: &crate::storage::Store) {
-    for (name, property, summed) in [
-        ("drover_rocksdb_memtable_bytes", "rocksdb.cur-size-all-mem-tables", true),
-        ("drover_rocksdb_sst_bytes", "rocksdb.total-sst-files-size", true),
-        ("drover_rocksdb_table_readers_bytes", "rocksdb.estimate-table-readers-mem", true),
-        ("drover_rocksdb_pending_compaction_bytes", "rocksdb.estimate-pending-compaction-bytes", true),
-        ("drover_rocksdb_block_cache_bytes", "rocksdb.block-cache-usage", false),
-        ("drover_rocksdb_write_stalled", "rocksdb.is-write-stopped", false),
+    enum Read {
+        Summed,
+        Shared,
+        Database,
+    }
+    for (name, property, read) in [
+        ("drover_rocksdb_memtable_bytes", "rocksdb.cur-size-all-mem-tables", Read::Summed),
+        ("drover_rocksdb_sst_bytes", "rocksdb.total-sst-files-size", Read::Summed),
+        ("drover_rocksdb_table_readers_bytes", "rocksdb.estimate-table-readers-mem", Read::Summed),
+        ("drover_rocksdb_pending_compaction_bytes", "rocksdb.estimate-pending-compaction-bytes", Read::Summed),
+        ("drover_rocksdb_block_cache_bytes", "rocksdb.block-cache-usage", Read::Shared),
+        ("drover_rocksdb_write_stalled", "rocksdb.is-write-stopped", Read::Database),
     ] {
-        let value = if summed { store.property_total(property) } else { store.property(property) };
+        let value = match read {
+            Read::Summed => store.property_total(property),
+            Read::Shared => store.property_shared(property),
+            Read::Database => store.property(property),
+        };
         if let Some(value) = value {
             metrics::gauge!(name).set(value as f64);
         }

@@ -407,11 +407,19 @@ impl Store {
     /// the default column family): RocksDB answers sizes such as
     /// `rocksdb.cur-size-all-mem-tables` for one column family at a time.
     pub fn property_total(&self, name: &str) -> Option<u64> {
-        let mut total = self.property(name)?;
-        for table in Table::ALL {
-            total += self.db.property_int_value_cf(self.cf(table), name).ok().flatten().unwrap_or(0);
-        }
-        Some(total)
+        Some(self.property(name)? + self.table_properties(name).sum::<u64>())
+    }
+
+    /// A property of what the tables share (the block cache), read through
+    /// them: the default column family has no table options of ours.
+    pub fn property_shared(&self, name: &str) -> Option<u64> {
+        self.table_properties(name).max()
+    }
+
+    fn table_properties<'a>(&'a self, name: &'a str) -> impl Iterator<Item = u64> + 'a {
+        Table::ALL
+            .into_iter()
+            .filter_map(move |table| self.db.property_int_value_cf(self.cf(table), name).ok().flatten())
     }
 
     /// Bytes written since the database was opened, from RocksDB's own
