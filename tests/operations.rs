@@ -633,14 +633,8 @@ async fn storage_gauges_count_every_column_family() {
         node.client.create_job("gauges", &format!(r#"{{"n":{n},"pad":"{pad}"}}"#)).await.unwrap();
     }
     let (_, body) = http_get(&node.node().admin_addr.to_string(), "/metrics").await.unwrap();
-    let sum = |name: &str| -> f64 {
-        body.lines()
-            .filter(|l| l.strip_prefix(name).is_some_and(|rest| rest.starts_with([' ', '{'])))
-            .filter_map(|l| l.rsplit(' ').next()?.parse::<f64>().ok())
-            .sum()
-    };
-    let put = sum("drover_storage_put_bytes_total");
-    let memtables = sum("drover_rocksdb_memtable_bytes");
+    let put = common::metric_sum(&body, "drover_storage_put_bytes_total");
+    let memtables = common::metric_sum(&body, "drover_rocksdb_memtable_bytes");
     assert!(put > 150_000.0, "300 jobs of 512-byte variables put {put} bytes");
     assert!(memtables >= put, "the memtables ({memtables} bytes) hold what was put ({put} bytes)");
 }

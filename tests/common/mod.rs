@@ -421,10 +421,7 @@ impl ProcessCluster {
     pub async fn metric(&self, id: usize, name: &str) -> f64 {
         let admin = format!("127.0.0.1:{}", self.ports[id].admin);
         let Ok((_, body)) = http_get(&admin, "/metrics").await else { return 0.0 };
-        body.lines()
-            .filter(|l| l.starts_with(name))
-            .filter_map(|l| l.rsplit(' ').next().and_then(|v| v.parse::<f64>().ok()))
-            .sum()
+        metric_sum(&body, name)
     }
 
     /// The node's view of its partitions, or None if it does not answer.
@@ -496,4 +493,13 @@ pub fn delaying_proxy(target: u16, delay: Duration) -> u16 {
     // Never cut: it lives with the runtime.
     std::mem::forget(link);
     port
+}
+
+/// The sum of the samples of `name` (a family, or one series with its labels)
+/// in a Prometheus exposition.
+pub fn metric_sum(body: &str, name: &str) -> f64 {
+    body.lines()
+        .filter(|l| l.strip_prefix(name).is_some_and(|rest| rest.starts_with([' ', '{'])))
+        .filter_map(|l| l.rsplit(' ').next()?.parse::<f64>().ok())
+        .sum()
 }
