@@ -107,6 +107,12 @@ pub struct ServeArgs {
     /// Deadline of a request that carries none, in ms. [default: 10000]
     #[arg(long, env = "DROVER_REQUEST_TIMEOUT_MS")]
     pub request_timeout_ms: Option<u64>,
+    /// How often the node hands heap memory it has freed back to the kernel
+    /// (glibc's `malloc_trim`), in ms; 0: never. Lowers resident memory
+    /// between RocksDB flushes, not its peaks; each trim holds the allocator
+    /// for up to tens of ms (docs/benchmarks.md). [default: 0]
+    #[arg(long, env = "DROVER_MALLOC_TRIM_MS")]
+    pub malloc_trim_ms: Option<u64>,
     /// Raft heartbeat interval in ms; also how long a follower has to answer
     /// an append (its disk sync included), so keep it above the worst round
     /// trip between nodes. [default: 250]
@@ -267,6 +273,9 @@ pub struct NodeConfig {
     pub replication_factor: u32,
     pub limits: Limits,
     pub request_timeout: Duration,
+    /// How often `drover serve` trims the process's heap; `None`: never.
+    /// Process-wide, so [`crate::node::Node::start`] does not act on it.
+    pub malloc_trim: Option<Duration>,
     pub raft: RaftSettings,
     /// Stamped by this node's partition leaders on the entries they write.
     pub retention: Retention,
@@ -296,6 +305,7 @@ impl NodeConfig {
             replication_factor: 1,
             limits: Limits::default(),
             request_timeout: Duration::from_secs(10),
+            malloc_trim: None,
             raft: RaftSettings::default(),
             retention: Retention::default(),
             dedupe: DedupeWindows::default(),
@@ -517,6 +527,7 @@ impl ServeArgs {
             replication_factor,
             limits,
             request_timeout: Duration::from_millis(pick!(request_timeout_ms).unwrap_or(10_000)),
+            malloc_trim: Some(pick!(malloc_trim_ms).unwrap_or(0)).filter(|ms| *ms > 0).map(Duration::from_millis),
             raft,
             retention,
             dedupe,

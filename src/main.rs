@@ -509,14 +509,19 @@ async fn shutdown_signal() {
 }
 
 async fn serve(args: ServeArgs) -> anyhow::Result<()> {
-    limit_malloc_arenas();
+    drover::node::memory::limit_arenas();
     let config = args.resolve()?;
     let telemetry = drover::telemetry::init(&config.log_format, config.otlp_endpoint.as_deref(), "drover")?;
     let data_dir = config.data_dir.clone();
     let admin_scheme = if config.tls.admin.is_some() { "https" } else { "http" };
     let (partitions, replication, members) =
         (config.partitions, config.replication_factor, config.members.len().max(1));
+    let malloc_trim = config.malloc_trim;
     let node = Node::start(config).await?;
+    let (stop_trimming, trimming) = tokio::sync::watch::channel(false);
+    if let Some(interval) = malloc_trim {
+        tokio::spawn(drover::node::memory::trim_periodically(interval, trimming));
+    }
     println!("drover node {} started", node.ctx.node_id);
     println!("  gateway (gRPC): {}", node.grpc_addr);
     println!("  cluster (gRPC): {}", node.cluster_addr);
@@ -535,6 +540,7 @@ async fn serve(args: ServeArgs) -> anyhow::Result<()> {
         _ = terminate.recv() => {}
     }
     tracing::info!("stopping: no new work, finishing requests in flight");
+    let _ = stop_trimming.send(true);
     node.shutdown().await;
     telemetry.shutdown();
     println!("drover node stopped");
@@ -1019,17 +1025,6 @@ async fn status(target: &Target) -> anyhow::Result<()> {
         bail!("some nodes did not answer");
     }
     Ok(())
-}
-
-/// glibc gives each thread that allocates concurrently its own arena, up to
-/// eight per core, and memory freed in one is not returned while others hold
-/// it: with tokio's and RocksDB's threads, resident memory drifts upward. Two
-/// arenas keep it near what is in use, at no measurable cost here.
-fn limit_malloc_arenas() {
-    #[cfg(target_env = "gnu")]
-    unsafe {
-        libc::mallopt(libc::M_ARENA_MAX, 2);
-    }
 }
 
 #[derive(Subcommand)]

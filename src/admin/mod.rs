@@ -80,6 +80,7 @@ pub fn register_metrics() {
             "Bytes the node's RocksDB wrote, by kind: user (write batches), wal, flush and compaction (table files)",
         ),
         (PUT_METRIC, "Key and value bytes put into each table (column family) of the node's database"),
+        ("drover_malloc_trim_released_bytes_total", "Resident memory handed back to the kernel by heap trims"),
     ];
     for (name, help) in counters {
         describe_counter!(*name, *help);
@@ -135,6 +136,7 @@ pub fn register_metrics() {
         ),
         ("drover_job_create_to_activate_seconds", "A job's creation to its activation (leader clock)"),
         ("drover_job_activate_to_complete_seconds", "A job's activation to its completion (leader clock)"),
+        ("drover_malloc_trim_seconds", "One heap trim (--malloc-trim-ms), the allocator busy throughout"),
     ];
     for (name, help) in histograms {
         describe_histogram!(*name, Unit::Seconds, *help);

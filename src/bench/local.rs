@@ -238,7 +238,7 @@ impl LocalCluster {
 
     /// Resident memory of each node, in bytes (Linux).
     pub fn resident_bytes(&self) -> Vec<u64> {
-        self.nodes.iter().map(|n| resident_bytes(n.child.id())).collect()
+        self.nodes.iter().map(|n| crate::node::memory::resident_bytes(n.child.id())).collect()
     }
 
     pub fn stop(&mut self) {
@@ -271,17 +271,6 @@ impl Drop for LocalCluster {
             let _ = node.child.wait();
         }
     }
-}
-
-pub fn resident_bytes(pid: u32) -> u64 {
-    let status = std::fs::read_to_string(format!("/proc/{pid}/status")).unwrap_or_default();
-    status
-        .lines()
-        .find_map(|l| l.strip_prefix("VmRSS:"))
-        .and_then(|v| v.split_whitespace().next())
-        .and_then(|kb| kb.parse::<u64>().ok())
-        .map(|kb| kb * 1024)
-        .unwrap_or(0)
 }
 
 /// `drover serve ARGS`, its log to `log`, its stdout piped.

@@ -669,7 +669,7 @@ async fn run(
                     let minute = (sampling_since.elapsed().as_secs() / 60) as usize;
                     let (mut peak, mut minutes) = (peak.lock().expect("lock"), minutes.lock().expect("lock"));
                     for (i, pid) in pids.iter().enumerate() {
-                        let rss = super::local::resident_bytes(*pid);
+                        let rss = crate::node::memory::resident_bytes(*pid);
                         peak[i] = peak[i].max(rss);
                         if minutes[i].len() <= minute {
                             minutes[i].resize(minute + 1, 0);

@@ -4,6 +4,7 @@
 
 mod context;
 mod data_dir;
+pub mod memory;
 mod supervisor;
 
 use std::net::SocketAddr;
