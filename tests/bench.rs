@@ -50,3 +50,22 @@ fn tiny_bench(extra: &[&str]) {
         assert!(raft_write["count"].as_u64().unwrap() > 0, "{report}");
     }
 }
+
+#[test]
+fn a_local_node_that_does_not_start_is_reported_with_the_end_of_its_log() {
+    let dir = tempfile::tempdir().expect("temp dir");
+    // A file where node 1's data directory should be: that node cannot start.
+    std::fs::write(dir.path().join("node-1"), b"not a directory").expect("write");
+    let output = Command::new(common::drover_bin())
+        .args(["dev-cluster", "--nodes", "2", "--partitions", "1", "--replication-factor", "1", "--data-dir"])
+        .arg(dir.path())
+        .output()
+        .expect("run drover dev-cluster");
+    let stderr = String::from_utf8_lossy(&output.stderr);
+    assert!(!output.status.success(), "dev-cluster started a node with no data directory:\n{stderr}");
+    assert!(stderr.contains("node 1 did not start (it exited)"), "no reason given:\n{stderr}");
+    assert!(stderr.contains("node-1.log"), "the log is not named:\n{stderr}");
+    let log = std::fs::read_to_string(dir.path().join("node-1.log")).expect("node 1's log");
+    let last = log.lines().rev().find(|l| !l.trim().is_empty()).expect("node 1 logged why it stopped");
+    assert!(stderr.contains(last.trim()), "the end of the log is not shown:\n{stderr}\nlog:\n{log}");
+}

@@ -39,8 +39,21 @@ pub struct LocalCluster {
     _temp: Option<tempfile::TempDir>,
 }
 
-fn free_port() -> anyhow::Result<u16> {
-    Ok(TcpListener::bind("127.0.0.1:0")?.local_addr()?.port())
+/// How often a start is tried again on fresh ports when a node finds one of
+/// its ports taken (by another process between their choice and its bind).
+const START_ATTEMPTS: usize = 3;
+
+/// `count` distinct free ports: each is held until all are chosen.
+fn free_ports(count: usize) -> anyhow::Result<Vec<u16>> {
+    let held = (0..count).map(|_| TcpListener::bind("127.0.0.1:0")).collect::<Result<Vec<_>, _>>()?;
+    held.iter().map(|listener| Ok(listener.local_addr()?.port())).collect()
+}
+
+/// Why a node did not start.
+struct StartFailure {
+    error: anyhow::Error,
+    /// One of its ports was taken: a new choice of ports may succeed.
+    port_taken: bool,
 }
 
 impl LocalCluster {
@@ -109,57 +122,22 @@ impl LocalCluster {
                 extra_args.extend([flag.to_string(), value]);
             }
         }
-        let mut ports = Vec::new();
-        for _ in 0..nodes {
-            ports.push((free_port()?, free_port()?, free_port()?));
-        }
-        let members = |from: usize| -> String {
-            let entries: Vec<String> = ports
-                .iter()
-                .enumerate()
-                .map(|(to, (_, cluster, _))| {
-                    let addr = (topology.dial)(from, to, *cluster);
-                    match topology.locations.get(to) {
-                        Some(at) => format!("{to}={addr}@{at}"),
-                        None => format!("{to}={addr}"),
+        // Only nodes that hold no data yet may be wiped and started again.
+        let fresh = (0..nodes).all(|id| !base.join(format!("node-{id}")).exists());
+        let mut attempt = 1;
+        loop {
+            match launch(&base, nodes, partitions, replication_factor, &extra_args, topology) {
+                Ok(started) => return Ok(LocalCluster { nodes: started, tls, token: None, _temp: temp }),
+                Err(failure) if fresh && failure.port_taken && attempt < START_ATTEMPTS => {
+                    tracing::warn!("{:#}; starting the nodes again on other ports", failure.error);
+                    for id in 0..nodes {
+                        let _ = std::fs::remove_dir_all(base.join(format!("node-{id}")));
                     }
-                })
-                .collect();
-            entries.join(",")
-        };
-        let mut started = Vec::new();
-        for (id, (grpc, cluster, admin)) in ports.iter().enumerate() {
-            let data_dir = base.join(format!("node-{id}"));
-            let mut args: Vec<String> = vec!["serve".into(), "--node-id".into(), id.to_string(), "--data-dir".into()];
-            args.push(data_dir.display().to_string());
-            for (flag, value) in [
-                ("--grpc-addr", format!("127.0.0.1:{grpc}")),
-                ("--cluster-addr", format!("127.0.0.1:{cluster}")),
-                ("--admin-addr", format!("127.0.0.1:{admin}")),
-                ("--members", members(id)),
-                ("--partitions", partitions.to_string()),
-                ("--replication-factor", replication_factor.to_string()),
-            ] {
-                args.extend([flag.to_string(), value]);
+                    attempt += 1;
+                }
+                Err(failure) => return Err(failure.error),
             }
-            args.extend(extra_args.iter().cloned());
-            let log = base.join(format!("node-{id}.log"));
-            started.push(LocalNodeProcess {
-                node_id: id as u64,
-                child: spawn(&args, &log, false)?,
-                grpc: format!("127.0.0.1:{grpc}"),
-                cluster: format!("127.0.0.1:{cluster}"),
-                admin: format!("127.0.0.1:{admin}"),
-                data_dir,
-                args,
-                log,
-            });
         }
-        let mut cluster = LocalCluster { nodes: started, tls, token: None, _temp: temp };
-        for node in &mut cluster.nodes {
-            await_started(node)?;
-        }
-        Ok(cluster)
     }
 
     /// SIGKILLs node `index` and waits for it to be gone.
@@ -287,7 +265,22 @@ fn await_started(node: &mut LocalNodeProcess) -> anyhow::Result<()> {
     let mut lines = BufReader::new(stdout).lines();
     match lines.next() {
         Some(Ok(line)) if line.contains("started") => {}
-        other => bail!("node {} did not start: {other:?}", node.node_id),
+        other => {
+            let why = match other {
+                None => "it exited".to_string(),
+                Some(Ok(line)) => format!("it printed {line:?}"),
+                Some(Err(e)) => format!("its output could not be read: {e}"),
+            };
+            let log = std::fs::read_to_string(&node.log).unwrap_or_default();
+            let tail: Vec<&str> = log.lines().rev().take(10).collect();
+            let tail: Vec<&str> = tail.into_iter().rev().collect();
+            bail!(
+                "node {} did not start ({why}); the end of {}:\n{}",
+                node.node_id,
+                node.log.display(),
+                tail.join("\n")
+            )
+        }
     }
     std::thread::spawn(move || for _ in lines.map_while(Result::ok) {});
     Ok(())
@@ -306,4 +299,83 @@ pub async fn admin_get(addr: &str, path: &str, token: Option<&str>) -> std::io::
     let code = text.split_whitespace().nth(1).and_then(|c| c.parse().ok()).unwrap_or(0);
     let body = text.split_once("\r\n\r\n").map(|(_, b)| b.to_string()).unwrap_or_default();
     Ok((code, body))
+}
+
+/// Starts every node once, on newly chosen ports; on a failure stops the
+/// ones started.
+fn launch(
+    base: &Path,
+    nodes: usize,
+    partitions: u32,
+    replication_factor: u32,
+    extra_args: &[String],
+    topology: &Topology,
+) -> Result<Vec<LocalNodeProcess>, StartFailure> {
+    let fail = |error: anyhow::Error| StartFailure { error, port_taken: false };
+    let chosen = free_ports(nodes * 3).map_err(fail)?;
+    let ports: Vec<(u16, u16, u16)> = chosen.chunks(3).map(|p| (p[0], p[1], p[2])).collect();
+    let members = |from: usize| -> String {
+        let entries: Vec<String> = ports
+            .iter()
+            .enumerate()
+            .map(|(to, (_, cluster, _))| {
+                let addr = (topology.dial)(from, to, *cluster);
+                match topology.locations.get(to) {
+                    Some(at) => format!("{to}={addr}@{at}"),
+                    None => format!("{to}={addr}"),
+                }
+            })
+            .collect();
+        entries.join(",")
+    };
+    let mut started = Vec::new();
+    for (id, (grpc, cluster, admin)) in ports.iter().enumerate() {
+        let data_dir = base.join(format!("node-{id}"));
+        let mut args: Vec<String> = vec!["serve".into(), "--node-id".into(), id.to_string(), "--data-dir".into()];
+        args.push(data_dir.display().to_string());
+        for (flag, value) in [
+            ("--grpc-addr", format!("127.0.0.1:{grpc}")),
+            ("--cluster-addr", format!("127.0.0.1:{cluster}")),
+            ("--admin-addr", format!("127.0.0.1:{admin}")),
+            ("--members", members(id)),
+            ("--partitions", partitions.to_string()),
+            ("--replication-factor", replication_factor.to_string()),
+        ] {
+            args.extend([flag.to_string(), value]);
+        }
+        args.extend(extra_args.iter().cloned());
+        let log = base.join(format!("node-{id}.log"));
+        started.push(LocalNodeProcess {
+            node_id: id as u64,
+            child: match spawn(&args, &log, false) {
+                Ok(child) => child,
+                Err(error) => {
+                    stop_all(&mut started);
+                    return Err(fail(error));
+                }
+            },
+            grpc: format!("127.0.0.1:{grpc}"),
+            cluster: format!("127.0.0.1:{cluster}"),
+            admin: format!("127.0.0.1:{admin}"),
+            data_dir,
+            args,
+            log,
+        });
+    }
+    for index in 0..started.len() {
+        if let Err(error) = await_started(&mut started[index]) {
+            stop_all(&mut started);
+            let log = std::fs::read_to_string(&started[index].log).unwrap_or_default();
+            let port_taken = log.contains("Address already in use");
+            return Err(StartFailure { error, port_taken });
+        }
+    }
+    Ok(started)
+}
+
+fn stop_all(started: &mut [LocalNodeProcess]) {
+    for node in started {
+        let _ = node.child.kill();
+        let _ = node.child.wait();
+    }
 }
