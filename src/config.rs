@@ -113,6 +113,13 @@ pub struct ServeArgs {
     /// for up to tens of ms (docs/benchmarks.md). [default: 0]
     #[arg(long, env = "DROVER_MALLOC_TRIM_MS")]
     pub malloc_trim_ms: Option<u64>,
+    /// RocksDB's memtables, all column families together, in MiB (at least
+    /// 4); past it the largest is flushed. [default: 64]
+    #[arg(long, env = "DROVER_MEMTABLE_MIB")]
+    pub memtable_mib: Option<usize>,
+    /// RocksDB's block cache in MiB. [default: 32]
+    #[arg(long, env = "DROVER_BLOCK_CACHE_MIB")]
+    pub block_cache_mib: Option<usize>,
     /// Raft heartbeat interval in ms; also how long a follower has to answer
     /// an append (its disk sync included), so keep it above the worst round
     /// trip between nodes. [default: 250]
@@ -276,6 +283,7 @@ pub struct NodeConfig {
     /// How often `drover serve` trims the process's heap; `None`: never.
     /// Process-wide, so [`crate::node::Node::start`] does not act on it.
     pub malloc_trim: Option<Duration>,
+    pub storage_memory: crate::storage::MemoryBudget,
     pub raft: RaftSettings,
     /// Stamped by this node's partition leaders on the entries they write.
     pub retention: Retention,
@@ -306,6 +314,7 @@ impl NodeConfig {
             limits: Limits::default(),
             request_timeout: Duration::from_secs(10),
             malloc_trim: None,
+            storage_memory: Default::default(),
             raft: RaftSettings::default(),
             retention: Retention::default(),
             dedupe: DedupeWindows::default(),
@@ -478,6 +487,16 @@ impl ServeArgs {
         if let Some(jobs) = pick!(finished_retention_jobs) {
             retention.max_jobs = jobs;
         }
+        let mut storage_memory = crate::storage::MemoryBudget::default();
+        if let Some(mib) = pick!(memtable_mib) {
+            if mib < 4 {
+                bail!("--memtable-mib must be at least 4 (MiB), not {mib}");
+            }
+            storage_memory.memtables = mib << 20;
+        }
+        if let Some(mib) = pick!(block_cache_mib) {
+            storage_memory.block_cache = mib << 20;
+        }
         let mut dedupe = DedupeWindows::default();
         if let Some(secs) = pick!(request_dedupe_window_secs) {
             if secs < 3 {
@@ -528,6 +547,7 @@ impl ServeArgs {
             limits,
             request_timeout: Duration::from_millis(pick!(request_timeout_ms).unwrap_or(10_000)),
             malloc_trim: Some(pick!(malloc_trim_ms).unwrap_or(0)).filter(|ms| *ms > 0).map(Duration::from_millis),
+            storage_memory,
             raft,
             retention,
             dedupe,
@@ -588,5 +608,21 @@ mod tests {
         let config = args.resolve().unwrap();
         assert_eq!(config.partitions, 2);
         assert_eq!(config.grpc_addr.port(), 1);
+    }
+
+    #[test]
+    fn memory_settings_have_defaults_bounds_and_a_file_form() {
+        let config = ServeArgs::default().resolve().unwrap();
+        assert_eq!(config.storage_memory, crate::storage::MemoryBudget::default());
+        assert_eq!(config.malloc_trim, None, "the heap trim is off unless asked for");
+        let error = ServeArgs { memtable_mib: Some(2), ..Default::default() }.resolve().unwrap_err().to_string();
+        assert!(error.contains("at least 4"), "{error}");
+        let dir = tempfile::tempdir().unwrap();
+        let path = dir.path().join("drover.toml");
+        std::fs::write(&path, "memtable_mib = 24\nblock_cache_mib = 8\nmalloc_trim_ms = 5000\n").unwrap();
+        let config = ServeArgs { config: Some(path), ..Default::default() }.resolve().unwrap();
+        assert_eq!(config.storage_memory.memtables, 24 << 20);
+        assert_eq!(config.storage_memory.block_cache, 8 << 20);
+        assert_eq!(config.malloc_trim, Some(Duration::from_secs(5)));
     }
 }

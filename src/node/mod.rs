@@ -119,7 +119,7 @@ impl Node {
             placement: crate::placement::digest(&placement, &locations),
         };
         let formation = data_dir::open(&config.data_dir, identity, config.join_existing)?;
-        let store = Store::open(&config.data_dir.join("db"))
+        let store = Store::open_with(&config.data_dir.join("db"), config.storage_memory)
             .with_context(|| format!("opening storage in {}", config.data_dir.display()))?;
         // One limit on node-to-node messages, for every client and server.
         let max_cluster_message = config.limits.max_cluster_message_bytes();

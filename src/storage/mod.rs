@@ -203,9 +203,33 @@ impl Batch<'_> {
     }
 }
 
+/// What RocksDB may hold in memory: the two budgets that decide most of a
+/// node's resident memory.
+#[derive(Debug, Clone, Copy, PartialEq, Eq)]
+pub struct MemoryBudget {
+    /// Memtables of every column family together; past it the largest is
+    /// flushed.
+    pub memtables: usize,
+    /// The block cache shared by every column family (data, index and filter
+    /// blocks).
+    pub block_cache: usize,
+}
+
+impl Default for MemoryBudget {
+    fn default() -> Self {
+        MemoryBudget { memtables: 64 << 20, block_cache: 32 << 20 }
+    }
+}
+
 impl Store {
-    /// Opens (creating if needed) the node's database under `dir`.
+    /// Opens (creating if needed) the node's database under `dir`, with the
+    /// default memory budget.
     pub fn open(dir: &Path) -> Result<Arc<Store>, StorageError> {
+        Store::open_with(dir, MemoryBudget::default())
+    }
+
+    /// Opens (creating if needed) the node's database under `dir`.
+    pub fn open_with(dir: &Path, memory: MemoryBudget) -> Result<Arc<Store>, StorageError> {
         std::fs::create_dir_all(dir)?;
         // RocksDB syncs its own directory, not the entry that names it: sync
         // the parent too, so a power failure cannot take the whole database
@@ -227,11 +251,14 @@ impl Store {
         // column family share one budget, and block, index and filter blocks
         // share one cache (by default each column family would get its own
         // cache, and index blocks would sit outside any, growing with files).
-        opts.set_db_write_buffer_size(64 << 20);
+        opts.set_db_write_buffer_size(memory.memtables);
         // Counters only (no histograms or timers): what `written` reports.
         opts.enable_statistics();
         opts.set_statistics_level(rocksdb::statistics::StatsLevel::ExceptHistogramOrTimers);
-        let cache = rocksdb::Cache::new_lru_cache(32 << 20);
+        let cache = rocksdb::Cache::new_lru_cache(memory.block_cache);
+        // One column family's memtable is at most half the budget, so that a
+        // full one is flushed while the next fills.
+        let memtable = (memory.memtables / 2).min(16 << 20);
         let cf = |name: &str| {
             let mut table = rocksdb::BlockBasedOptions::default();
             table.set_block_cache(&cache);
@@ -239,7 +266,7 @@ impl Store {
             table.set_pin_l0_filter_and_index_blocks_in_cache(true);
             let mut cf_opts = Options::default();
             cf_opts.set_compression_type(rocksdb::DBCompressionType::Lz4);
-            cf_opts.set_write_buffer_size(16 << 20);
+            cf_opts.set_write_buffer_size(memtable);
             cf_opts.set_block_based_table_factory(&table);
             ColumnFamilyDescriptor::new(name, cf_opts)
         };
