@@ -63,6 +63,10 @@ pub struct Figures {
     pub rss_peak_per_minute_mib: Vec<Vec<f64>>,
     pub wal_syncs: Vec<u64>,
     pub jobs_per_sync: Option<f64>,
+    /// How many partitions each gateway's node led when the workload began
+    /// and when it ended (empty when the topology did not say): a node that
+    /// leads every partition does all the leaders' work.
+    pub leaders_per_node: Vec<Vec<usize>>,
     /// The machine's 1-minute load average just before the workload started.
     pub load_average_before: Option<f64>,
     /// Of the machine's CPU time during the workload, the percent that was
@@ -119,6 +123,13 @@ impl Figures {
         }
         if let Some(jobs_per_sync) = self.jobs_per_sync {
             println!("  WAL syncs per node {:?}; jobs per sync {:.1}", self.wal_syncs, jobs_per_sync);
+        }
+        match self.leaders_per_node.as_slice() {
+            [start, end] if start != end => {
+                println!("  partitions led per node       {start:?} at the start, {end:?} at the end")
+            }
+            [start, ..] => println!("  partitions led per node       {start:?}"),
+            [] => {}
         }
         if !self.written_per_job.is_empty() {
             let kinds: Vec<String> = self.written_per_job.iter().map(|(k, b)| format!("{k} {b:.0}")).collect();
@@ -698,6 +709,7 @@ async fn run(
         }
         None => gateways.to_vec(),
     };
+    let leaders_at_start = leaders.as_ref().map(|l| l.led_per_gateway());
     let started = Instant::now();
     let mut producer_tasks = Vec::new();
     let per = jobs.div_ceil(producers as u64);
@@ -752,6 +764,7 @@ async fn run(
 
     let cpu = cpu_before.zip(super::conditions::CpuTimes::read()).and_then(|(before, after)| after.since(&before));
     let mut figures = Figures {
+        leaders_per_node: leaders_at_start.into_iter().chain(leaders.map(|l| l.led_per_gateway())).collect(),
         load_average_before,
         cpu_steal_percent: cpu.map(|(steal, _)| steal),
         cpu_busy_percent: cpu.map(|(_, busy)| busy),

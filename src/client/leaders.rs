@@ -81,6 +81,16 @@ impl Leaders {
         indexes.into_iter().map(|i| self.gateways[i].clone()).collect()
     }
 
+    /// How many partitions each gateway's node leads, in the order given to
+    /// [`Leaders::new`]: where a cluster's leader work sits.
+    pub fn led_per_gateway(&self) -> Vec<usize> {
+        let mut led = vec![0; self.gateways.len()];
+        for index in self.by_partition.read().expect("leaders lock").values() {
+            led[*index] += 1;
+        }
+        led
+    }
+
     /// How many partitions have a known leader gateway.
     pub fn known(&self) -> usize {
         self.by_partition.read().expect("leaders lock").len()
@@ -118,6 +128,7 @@ mod tests {
         assert_eq!(leaders.gateway_of_key((3 << 48) | 7), None, "a gateway the caller does not use");
         assert_eq!(leaders.known(), 3);
         assert_eq!(leaders.leading_gateways(), gateways, "both lead something");
+        assert_eq!(leaders.led_per_gateway(), vec![2, 1], "partition 3's gateway is not the caller's");
         leaders
             .learn(&TopologyResponse { brokers: vec![broker(1, "127.0.0.1:7001", &[0], &[])], ..Default::default() });
         assert_eq!(leaders.gateway_of_key(7), Some("127.0.0.1:7001"), "a new leader replaces the old");
