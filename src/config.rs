@@ -75,6 +75,15 @@ pub struct ServeArgs {
     /// [default: none, any replica may lead]
     #[arg(long, env = "DROVER_LEADER_REGIONS", value_delimiter = ',')]
     pub leader_regions: Option<Vec<String>>,
+    /// Move each partition's leadership to its preferred replica (one per
+    /// partition, spread evenly over the nodes, in a leader region if any is
+    /// set) once that replica has caught up, as Kafka's preferred-leader
+    /// election does: after a restart or a failover leadership comes back,
+    /// so no node ends up doing every leader's work. `false`: leadership
+    /// stays where elections put it (leader regions still apply).
+    /// [default: true]
+    #[arg(long, env = "DROVER_BALANCE_LEADERS", num_args = 0..=1, default_missing_value = "true")]
+    pub balance_leaders: Option<bool>,
     /// Raft timing preset: `lan` (heartbeat 250 ms, election timeout
     /// 600-1200 ms) or `wan` (heartbeat 500 ms, election timeout 2500-5000
     /// ms, for round trips up to about 150 ms); --heartbeat-ms and
@@ -270,6 +279,9 @@ pub struct NodeConfig {
     pub location: Location,
     /// Regions partitions prefer their leaders in (empty: any).
     pub leader_regions: Vec<String>,
+    /// Leadership moves to each partition's preferred replica
+    /// ([`crate::placement::preferred_leaders`]).
+    pub balance_leaders: bool,
     /// Creates without an idempotency key go to a partition this node leads
     /// (true) or round-robin over all partitions (false).
     pub local_creates: bool,
@@ -307,6 +319,7 @@ impl NodeConfig {
             locations: BTreeMap::new(),
             location: Location::default(),
             leader_regions: Vec::new(),
+            balance_leaders: true,
             local_creates: true,
             join_existing: false,
             partitions: 1,
@@ -540,6 +553,7 @@ impl ServeArgs {
             locations,
             location,
             leader_regions,
+            balance_leaders: pick!(balance_leaders).unwrap_or(true),
             local_creates,
             join_existing: pick!(join_existing).unwrap_or(false),
             partitions,

@@ -122,6 +122,31 @@ pub fn digest(placement: &[Vec<NodeId>], locations: &BTreeMap<NodeId, Location>)
     hash.max(1)
 }
 
+/// Each partition's preferred leader: one of its replicas that `eligible`
+/// accepts (any replica, when it accepts none of a partition's), chosen so
+/// that leadership spreads evenly: the replica preferred for the fewest
+/// partitions so far, the first in placement order among equals. Without
+/// locations that is node `p mod cluster size` for partition `p`. Every node
+/// computes the same from the same placement.
+pub fn preferred_leaders(placement: &[Vec<NodeId>], eligible: impl Fn(NodeId) -> bool) -> Vec<NodeId> {
+    let mut preferred_for: BTreeMap<NodeId, usize> = BTreeMap::new();
+    let mut leaders = Vec::with_capacity(placement.len());
+    for replicas in placement {
+        let candidates: Vec<NodeId> = match replicas.iter().copied().filter(|n| eligible(*n)).collect::<Vec<_>>() {
+            some if !some.is_empty() => some,
+            _ => replicas.clone(),
+        };
+        // `min_by_key` keeps the first of equals: placement order breaks ties.
+        let leader = candidates
+            .into_iter()
+            .min_by_key(|n| preferred_for.get(n).copied().unwrap_or(0))
+            .expect("every partition has a replica");
+        *preferred_for.entry(leader).or_default() += 1;
+        leaders.push(leader);
+    }
+    leaders
+}
+
 /// The partitions a node's replicas belong to, for tests and tools.
 pub fn partitions_of(placement: &[Vec<NodeId>], node: NodeId) -> Vec<PartitionId> {
     placement.iter().enumerate().filter(|(_, nodes)| nodes.contains(&node)).map(|(p, _)| p as PartitionId).collect()
@@ -172,6 +197,42 @@ mod tests {
         assert!(max - min <= 2, "replicas per node {load:?}");
         assert_eq!(placement, place(10, 3, &locs), "the same on every node");
         assert_ne!(digest(&placement, &locs), 0);
+    }
+
+    #[test]
+    fn preferred_leaders_spread_evenly_over_the_nodes() {
+        let none = |n: u64| -> BTreeMap<NodeId, Location> { (0..n).map(|i| (i, Location::default())).collect() };
+        // The rotation: partition p prefers node p mod size.
+        assert_eq!(preferred_leaders(&place(6, 3, &none(3)), |_| true), vec![0, 1, 2, 0, 1, 2]);
+        assert_eq!(preferred_leaders(&place(5, 3, &none(5)), |_| true), vec![0, 1, 2, 3, 4]);
+        for (nodes, partitions) in [(3, 3), (3, 12), (5, 7), (4, 10)] {
+            let leaders = preferred_leaders(&place(partitions, 3, &none(nodes)), |_| true);
+            let mut led = vec![0; nodes as usize];
+            for leader in &leaders {
+                led[*leader as usize] += 1;
+            }
+            let (min, max) = (led.iter().min().unwrap(), led.iter().max().unwrap());
+            assert!(max - min <= 1, "{nodes} nodes, {partitions} partitions: {led:?}");
+        }
+        // One replica: it leads.
+        assert_eq!(preferred_leaders(&place(2, 1, &none(1)), |_| true), vec![0, 0]);
+    }
+
+    #[test]
+    fn preferred_leaders_stay_in_leader_regions_while_a_replica_is_there() {
+        let locs = locations(&["a/a1", "a/a2", "a/a3", "b/b1", "b/b2"]);
+        let placement = place(10, 3, &locs);
+        let in_a = |n: NodeId| locs[&n].region == "a";
+        let leaders = preferred_leaders(&placement, in_a);
+        for (p, leader) in leaders.iter().enumerate() {
+            assert!(placement[p].contains(leader), "partition {p}: {leader} holds no replica");
+            assert!(in_a(*leader), "partition {p} prefers {leader}, outside a");
+        }
+        let led: BTreeSet<NodeId> = leaders.iter().copied().collect();
+        assert_eq!(led, [0, 1, 2].into(), "every node of a leads something");
+        // No replica in the regions: any replica.
+        let only_b = place(1, 1, &locations(&["b/b1"]));
+        assert_eq!(preferred_leaders(&only_b, |_| false), vec![0]);
     }
 
     #[test]

@@ -414,3 +414,45 @@ async fn a_leader_stopped_with_sigterm_hands_its_partitions_over_before_it_exits
     }
     client.create_job("handover", "{}").await.expect("a create after, under the new leader");
 }
+
+/// Whether node `partition` leads partition `partition` (its preferred
+/// leader in a 3-node cluster of 3 partitions).
+async fn led_by_preferred(cluster: &ProcessCluster, partition: u32) -> bool {
+    cluster.leader_of(partition, Duration::from_secs(30)).await == partition as usize
+}
+
+/// Leader balance: each partition's leadership goes to its preferred replica
+/// (node p for partition p here), and comes back to it after a failover
+/// once it has caught up, so no node ends up leading every partition.
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn leadership_returns_to_each_partitions_preferred_node_after_a_failover() {
+    let mut cluster = ProcessCluster::start(3, 3, 3, &["--balance-leaders", "true"]);
+    cluster.wait_ready().await;
+    let limit = Duration::from_secs(40);
+    for partition in 0..3 {
+        eventually(limit, &format!("node {partition} to lead partition {partition}"), || {
+            led_by_preferred(&cluster, partition)
+        })
+        .await;
+    }
+    let client = Client::connect(&cluster.gateway(0)).await.unwrap();
+    client.create_job("balance", "{}").await.expect("a create before");
+
+    // Node 1 dies: another node takes partition 1 over.
+    cluster.kill(1);
+    let interim = cluster.leader_of(1, Duration::from_secs(30)).await;
+    assert_ne!(interim, 1);
+    for _ in 0..20 {
+        client.create_job("balance", "{}").await.expect("a create while node 1 is down");
+    }
+    // Back, node 1 catches up; the interim leader hands partition 1 back.
+    cluster.start_node(1);
+    cluster.node(1).wait_ready().await;
+    eventually(limit, "node 1 to lead partition 1 again", || led_by_preferred(&cluster, 1)).await;
+    let handovers = cluster.metric(interim, "drover_leader_handovers_total").await;
+    assert!(handovers >= 1.0, "the interim leader counts its hand-over: {handovers}");
+    for partition in [0, 2] {
+        assert_eq!(cluster.leader_of(partition, limit).await, partition as usize, "partition {partition} stayed");
+    }
+    client.create_job("balance", "{}").await.expect("a create after, under the preferred leader");
+}

@@ -214,6 +214,35 @@ impl LocalCluster {
         Ok(())
     }
 
+    /// How many partitions each node leads now, as each node's own replicas
+    /// say (a node that cannot be asked counts none).
+    pub async fn leaders_per_node(&self) -> Vec<usize> {
+        let mut led = Vec::with_capacity(self.nodes.len());
+        for index in 0..self.nodes.len() {
+            let body = self.admin_get(index, "/actuator/partitions").await.map(|(_, body)| body).unwrap_or_default();
+            let status: serde_json::Value = serde_json::from_str(&body).unwrap_or_default();
+            let local = status["local"].as_array().cloned().unwrap_or_default();
+            led.push(local.iter().filter(|p| p["role"] == "leader" && p["cut_off"] != true).count());
+        }
+        led
+    }
+
+    /// Waits up to `limit` until every partition has a leader and no node
+    /// leads more than one partition more than another (leader balance moves
+    /// leadership there a few seconds after the first elections). Answers the
+    /// partitions led per node at the end, balanced or not.
+    pub async fn wait_balanced(&self, partitions: usize, limit: Duration) -> Vec<usize> {
+        let started = Instant::now();
+        loop {
+            let led = self.leaders_per_node().await;
+            let (min, max) = (led.iter().min().copied().unwrap_or(0), led.iter().max().copied().unwrap_or(0));
+            if (led.iter().sum::<usize>() == partitions && max - min <= 1) || started.elapsed() > limit {
+                return led;
+            }
+            tokio::time::sleep(Duration::from_millis(100)).await;
+        }
+    }
+
     /// Resident memory of each node, in bytes (Linux).
     pub fn resident_bytes(&self) -> Vec<u64> {
         self.nodes.iter().map(|n| crate::node::memory::resident_bytes(n.child.id())).collect()

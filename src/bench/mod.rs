@@ -144,6 +144,9 @@ pub struct BenchArgs {
     pub unrouted: bool,
 }
 
+/// How long the bench waits for the local nodes' leadership to balance.
+const BALANCE_WAIT: Duration = Duration::from_secs(20);
+
 #[derive(Serialize)]
 struct Report<'a, F: Serialize> {
     workload: Workload,
@@ -194,6 +197,14 @@ pub async fn run(args: BenchArgs) -> anyhow::Result<bool> {
             )?;
             cluster.token = token.clone();
             cluster.wait_ready(Duration::from_secs(60)).await?;
+            // Figures taken while one node leads every partition are another
+            // cluster's: wait for leader balance (DROVER_BALANCE_LEADERS=false
+            // turns it off, and then this gives up after the limit).
+            let led = cluster.wait_balanced(args.partitions as usize, BALANCE_WAIT).await;
+            let (min, max) = (led.iter().min().copied().unwrap_or(0), led.iter().max().copied().unwrap_or(0));
+            if max - min > 1 {
+                eprintln!("bench: leadership is not balanced after {BALANCE_WAIT:?}: partitions led per node {led:?}");
+            }
             Some(cluster)
         }
         None => None,

@@ -1,7 +1,8 @@
-//! Handing leadership away before a node stops (SIGTERM, as Kubernetes
-//! stops a pod): without it, every partition the node led is leaderless
+//! Handing leadership away: before a node stops (SIGTERM, as Kubernetes
+//! stops a pod), without which every partition the node led is leaderless
 //! until its followers' election timeout runs out, seconds in which no
-//! create or completion on those partitions is acknowledged.
+//! create or completion on those partitions is acknowledged; and to a
+//! partition's preferred replica (leader balance, leader regions).
 
 use std::time::{Duration, Instant};
 
@@ -26,12 +27,15 @@ pub async fn hand_over_leadership(ctx: &NodeContext, limit: Duration) {
     let outcomes = join_all(led.iter().map(|replica| hand_over(ctx, replica, &[], deadline))).await;
     for (replica, outcome) in led.iter().zip(outcomes) {
         match outcome {
-            Ok(to) => tracing::info!(
-                partition = replica.partition,
-                to,
-                ms = started.elapsed().as_millis() as u64,
-                "handed leadership over before stopping"
-            ),
+            Ok(to) => {
+                metrics::counter!("drover_leader_handovers_total", "reason" => "shutdown").increment(1);
+                tracing::info!(
+                    partition = replica.partition,
+                    to,
+                    ms = started.elapsed().as_millis() as u64,
+                    "handed leadership over before stopping"
+                )
+            }
             Err(why) => tracing::warn!(
                 partition = replica.partition,
                 "could not hand leadership over before stopping ({why}); its followers elect a leader after their \
@@ -41,26 +45,21 @@ pub async fn hand_over_leadership(ctx: &NodeContext, limit: Duration) {
     }
 }
 
-/// Hands leadership of `replica`'s partition to a caught-up replica in one of
-/// the partition's leader regions (`--leader-regions`), within `limit`. The
-/// caller has stopped the partition's leader actor, so the log stands still;
-/// when the hand-over fails, the caller starts it again.
-pub async fn hand_over_to_region(ctx: &NodeContext, replica: &Replica, limit: Duration) -> Result<u64, String> {
-    let preferred = leader_region_nodes(ctx, replica.partition);
-    if preferred.is_empty() {
-        return Err("no replica of the partition is in a leader region".into());
+/// Hands leadership of `replica`'s partition to one of `among` (its
+/// preferred replicas, [`NodeContext::preferred_leaders_of`]) once it has
+/// caught up, within `limit`. The caller has stopped the partition's leader
+/// actor, so the log stands still; when the hand-over fails, the caller
+/// starts it again.
+pub async fn hand_over_to_preferred(
+    ctx: &NodeContext,
+    replica: &Replica,
+    among: &[u64],
+    limit: Duration,
+) -> Result<u64, String> {
+    if among.is_empty() {
+        return Err("the partition has no preferred replica to move to".into());
     }
-    hand_over(ctx, replica, &preferred, Instant::now() + limit).await
-}
-
-/// The nodes holding a replica of `partition` in one of the leader regions;
-/// empty when this node is in one itself, or none is set.
-pub fn leader_region_nodes(ctx: &NodeContext, partition: crate::core::PartitionId) -> Vec<u64> {
-    let preferred = |node: u64| ctx.leader_regions.iter().any(|r| r == ctx.region_of(node));
-    if ctx.leader_regions.is_empty() || preferred(ctx.node_id) {
-        return Vec::new();
-    }
-    ctx.replica_nodes(partition).into_iter().filter(|n| preferred(*n)).collect()
+    hand_over(ctx, replica, among, Instant::now() + limit).await
 }
 
 async fn hand_over(ctx: &NodeContext, replica: &Replica, among: &[u64], deadline: Instant) -> Result<u64, String> {

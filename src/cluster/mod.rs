@@ -8,6 +8,6 @@ mod handover;
 mod links;
 mod service;
 
-pub use handover::{hand_over_leadership, hand_over_to_region, leader_region_nodes};
+pub use handover::{hand_over_leadership, hand_over_to_preferred};
 pub use links::{refresh_stream_registrations, register_everywhere, remove_all_everywhere, remove_everywhere, Links};
 pub use service::ClusterService;

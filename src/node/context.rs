@@ -33,6 +33,10 @@ pub struct NodeContext {
     pub location: Location,
     /// Regions partitions prefer their leaders in (empty: any).
     pub leader_regions: Vec<String>,
+    /// Partition -> the node its leadership moves to when `balance_leaders`
+    /// ([`crate::placement::preferred_leaders`]).
+    preferred_leaders: Vec<NodeId>,
+    balance_leaders: bool,
     /// The same regions as this node's partition leaders see them.
     pub locality: Arc<crate::partition::Locality>,
     pub grpc_addr: SocketAddr,
@@ -98,6 +102,11 @@ impl NodeContext {
             replication_factor: config.replication_factor,
             locations: members.keys().map(|n| (*n, config.locations.get(n).cloned().unwrap_or_default())).collect(),
             members,
+            preferred_leaders: crate::placement::preferred_leaders(&placement, |n| {
+                let region = config.locations.get(&n).map_or("", |l| l.region.as_str());
+                config.leader_regions.is_empty() || config.leader_regions.iter().any(|r| r == region)
+            }),
+            balance_leaders: config.balance_leaders,
             placement,
             location: config.location.clone(),
             leader_regions: config.leader_regions.clone(),
@@ -160,6 +169,24 @@ impl NodeContext {
 
     pub fn replica_nodes(&self, partition: PartitionId) -> Vec<NodeId> {
         self.placement.get(partition as usize).cloned().unwrap_or_default()
+    }
+
+    /// The replicas leadership of `partition` should move to from this node,
+    /// if this node leads it: with `--balance-leaders`, the partition's
+    /// preferred leader unless that is this node; without, its replicas in a
+    /// leader region when this node is in none. Empty: it stays here.
+    pub fn preferred_leaders_of(&self, partition: PartitionId) -> Vec<NodeId> {
+        if self.balance_leaders {
+            return match self.preferred_leaders.get(partition as usize) {
+                Some(&preferred) if preferred != self.node_id => vec![preferred],
+                _ => Vec::new(),
+            };
+        }
+        let in_leader_region = |node: NodeId| self.leader_regions.iter().any(|r| r == self.region_of(node));
+        if self.leader_regions.is_empty() || in_leader_region(self.node_id) {
+            return Vec::new();
+        }
+        self.replica_nodes(partition).into_iter().filter(|n| in_leader_region(*n)).collect()
     }
 
     /// The region of node `node` (empty when unknown).

@@ -3,6 +3,11 @@
 //! node still leads. An actor belongs to one term: when the node lost and
 //! regained leadership between two looks, the old actor stops and a new one
 //! starts, so it takes over (timers, pushes) as every new leader does.
+//!
+//! A leader that is not where the partition prefers its leader (leader
+//! balance, leader regions: [`NodeContext::preferred_leaders_of`]) hands
+//! leadership there once it has led for [`SETTLE`] and the preferred replica
+//! is close behind.
 
 use std::sync::Arc;
 use std::time::{Duration, Instant};
@@ -15,23 +20,31 @@ use crate::cluster::Links;
 use crate::partition::{LeaderArgs, PartitionLeader};
 use crate::raft::Replica;
 
-/// How often a leader outside the leader regions looks for a replica there.
-const REGION_CHECK_EVERY: Duration = Duration::from_secs(1);
-/// A replica in a leader region at most this many entries behind is close
-/// enough to hand leadership to (under load a replica a round trip away is
-/// never exactly caught up).
-const REGION_HANDOVER_LAG: u64 = 1_000;
-/// How long a hand-over to a leader region may take before it is given up.
-const REGION_HANDOVER_LIMIT: Duration = Duration::from_secs(2);
+/// How often a leader that is not the preferred one looks at the preferred
+/// replica.
+const PREFERRED_CHECK_EVERY: Duration = Duration::from_secs(1);
+/// How long a node leads before it hands leadership to the preferred
+/// replica: a replica that has just come back (or a leader just elected,
+/// whose followers still honour its lease and would refuse the hand-over)
+/// settles first, and a flapping replica cannot pull leadership back and
+/// forth faster than this.
+pub(super) const SETTLE: Duration = Duration::from_secs(5);
+/// A preferred replica at most this many entries behind is close enough to
+/// hand leadership to (under load a replica a round trip away is never
+/// exactly caught up; the hand-over waits for it to hold the whole log).
+const HANDOVER_LAG: u64 = 1_000;
+/// How long a hand-over to the preferred replica may take before it is
+/// given up.
+const HANDOVER_LIMIT: Duration = Duration::from_secs(2);
 /// After a failed hand-over, the next try waits this long.
-const REGION_RETRY_AFTER: Duration = Duration::from_secs(10);
+const RETRY_AFTER: Duration = Duration::from_secs(10);
 
 pub(super) async fn lead_while_leader(ctx: Arc<NodeContext>, replica: Arc<Replica>, mut stop: watch::Receiver<bool>) {
     let partition = replica.partition;
     let mut metrics = replica.watch();
     let mut running: Option<(ractor::ActorRef<crate::partition::LeaderMsg>, tokio::task::JoinHandle<()>)> = None;
     let mut running_term = 0;
-    let mut next_region_check = Instant::now();
+    let mut next_preferred_check = Instant::now();
     loop {
         let leadership = replica.leadership();
         // A leader cut off from its majority commits nothing: its actor
@@ -72,6 +85,10 @@ pub(super) async fn lead_while_leader(ctx: Arc<NodeContext>, replica: Arc<Replic
                     Ok((actor, handle)) => {
                         ctx.set_local_leader(partition, Some(actor.clone()));
                         running = Some((actor, handle));
+                        if running_term != leadership.term {
+                            // A new term: it settles before handing over.
+                            next_preferred_check = next_preferred_check.max(Instant::now() + SETTLE);
+                        }
                         running_term = leadership.term;
                     }
                     Err(e) => tracing::error!(partition, "starting the partition leader failed: {e}"),
@@ -84,23 +101,26 @@ pub(super) async fn lead_while_leader(ctx: Arc<NodeContext>, replica: Arc<Replic
                     let _ = handle.await;
                 }
             }
-            (true, true) if Instant::now() >= next_region_check => {
-                next_region_check = Instant::now() + REGION_CHECK_EVERY;
-                let preferred = crate::cluster::leader_region_nodes(&ctx, partition);
-                if !preferred.is_empty() && replica.lag_of(&preferred).is_some_and(|lag| lag <= REGION_HANDOVER_LAG) {
-                    // A replica in a leader region close behind: leadership
-                    // moves there. The actor stops first, so the log stands
-                    // still and the replica catches up with all of it.
+            (true, true) if Instant::now() >= next_preferred_check => {
+                next_preferred_check = Instant::now() + PREFERRED_CHECK_EVERY;
+                let preferred = ctx.preferred_leaders_of(partition);
+                if !preferred.is_empty() && replica.lag_of(&preferred).is_some_and(|lag| lag <= HANDOVER_LAG) {
+                    // A preferred replica close behind: leadership moves
+                    // there. The actor stops first, so the log stands still
+                    // and the replica catches up with all of it.
                     ctx.set_local_leader(partition, None);
                     if let Some((actor, handle)) = running.take() {
-                        actor.stop(Some("handing leadership to a leader region".into()));
+                        actor.stop(Some("handing leadership to the preferred replica".into()));
                         let _ = handle.await;
                     }
-                    match crate::cluster::hand_over_to_region(&ctx, &replica, REGION_HANDOVER_LIMIT).await {
-                        Ok(to) => tracing::info!(partition, to, "handed leadership to a leader region"),
+                    match crate::cluster::hand_over_to_preferred(&ctx, &replica, &preferred, HANDOVER_LIMIT).await {
+                        Ok(to) => {
+                            metrics::counter!("drover_leader_handovers_total", "reason" => "preferred").increment(1);
+                            tracing::info!(partition, to, "handed leadership to the partition's preferred replica");
+                        }
                         Err(why) => {
-                            tracing::warn!(partition, "could not hand leadership to a leader region: {why}");
-                            next_region_check = Instant::now() + REGION_RETRY_AFTER;
+                            tracing::warn!(partition, "could not hand leadership to the preferred replica: {why}");
+                            next_preferred_check = Instant::now() + RETRY_AFTER;
                         }
                     }
                     // Still leading (it failed): the next look starts the actor again.

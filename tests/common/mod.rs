@@ -351,6 +351,13 @@ impl ProcessCluster {
                 "--replication-factor".into(),
                 replication_factor.to_string(),
             ];
+            // Leader balance moves leadership a few seconds after an election,
+            // under whatever a test does then; tests that find a leader and act
+            // on it want it to stay. The balance test, the fault suite and the
+            // bench run with it on, as a cluster does by default.
+            if !extra.iter().any(|a| a.starts_with("--balance-leaders")) {
+                args.extend(["--balance-leaders".to_string(), "false".into()]);
+            }
             args.extend(extra.iter().map(|s| s.to_string()));
             let mut cluster = ProcessCluster { nodes: (0..size).map(|_| None).collect(), ports, args, members, dir };
             if (0..size).all(|id| cluster.try_start_node(id).is_ok()) {
