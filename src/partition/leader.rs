@@ -69,15 +69,20 @@ pub const MAX_ENTRY_BYTES: usize = 4 << 20;
 const MAX_IN_FLIGHT: usize = 1;
 /// Commands waiting for a write; beyond this, submitters get RESOURCE_EXHAUSTED.
 const MAX_PENDING_COMMANDS: usize = 100_000;
-/// Jobs activated for one push to one stream.
-const PUSH_BATCH: u32 = 32;
+/// Jobs activated for one push to one stream, at most (and never more than
+/// the stream has room for). With [`MAX_PUSHES_PER_TYPE`] it bounds how fast
+/// a partition hands jobs out while creates run ahead: 32 jobs and 4 pushes
+/// held 1 node to 37,000 jobs/s end to end with the machine a quarter idle,
+/// and 3 nodes to 17,400-17,800; 128 and 8 gave 48,000-50,600 and
+/// 24,700-25,200, with less memory, as the backlog drains (docs/benchmarks.md).
+const PUSH_BATCH: u32 = 128;
 /// Bytes of jobs ([`ActivatedJobData::encoded_len`]) activated for one push,
 /// at most (or one job, whatever its size), so the push fits one message.
 const PUSH_BATCH_BYTES: u64 = 16 << 20;
 /// Pushes of one type in flight at once (each a Raft write, then an RPC to a
 /// gateway). One at a time capped a partition's delivery at one batch per
 /// commit-and-push round trip while creates ran far ahead.
-const MAX_PUSHES_PER_TYPE: usize = 4;
+const MAX_PUSHES_PER_TYPE: usize = 8;
 /// How often a leader offers every activatable type again.
 const REOFFER_EVERY: Duration = Duration::from_secs(1);
 /// How long a stream is skipped after a push to it was not delivered, or its
