@@ -76,7 +76,9 @@ async fn hand_over(ctx: &NodeContext, replica: &Replica, among: &[u64], deadline
         if !replica.leadership().is_leader {
             return Err("leadership moved on its own".into());
         }
-        if let Some(target) = replica.handover_target(among) {
+        // Only a follower that answers now: a stopped one's last position
+        // stays in this leader's view of it.
+        if let Some(target) = replica.handover_target(among, |n| ctx.peers.answered_lately(n)) {
             break target;
         }
         if Instant::now() > deadline {

@@ -262,6 +262,9 @@ impl Cluster for ClusterService {
         let ctx = self.ctx()?;
         let request = request.into_inner();
         let error = match ctx.replica(request.partition_id) {
+            // Leadership handed to a stopping node would be leaderless again
+            // as soon as it stops.
+            Some(_) if *ctx.stopping.borrow() => format!("node {} is stopping", ctx.node_id),
             Some(replica) => match replica.campaign_for(request.leader, request.term).await {
                 Ok(()) => {
                     tracing::info!(

@@ -172,21 +172,25 @@ impl NodeContext {
     }
 
     /// The replicas leadership of `partition` should move to from this node,
-    /// if this node leads it: with `--balance-leaders`, the partition's
-    /// preferred leader unless that is this node; without, its replicas in a
-    /// leader region when this node is in none. Empty: it stays here.
+    /// if this node leads it, best first: with `--balance-leaders`, the
+    /// partition's preferred leader unless that is this node; then (and
+    /// without balance, only) its replicas in a leader region when this node
+    /// is in none, so that a leader outside them still moves in when the
+    /// preferred one is down. Empty: it stays here.
     pub fn preferred_leaders_of(&self, partition: PartitionId) -> Vec<NodeId> {
+        let mut preferred = Vec::new();
         if self.balance_leaders {
-            return match self.preferred_leaders.get(partition as usize) {
-                Some(&preferred) if preferred != self.node_id => vec![preferred],
-                _ => Vec::new(),
-            };
+            match self.preferred_leaders.get(partition as usize) {
+                Some(&node) if node != self.node_id => preferred.push(node),
+                _ => return preferred,
+            }
         }
         let in_leader_region = |node: NodeId| self.leader_regions.iter().any(|r| r == self.region_of(node));
-        if self.leader_regions.is_empty() || in_leader_region(self.node_id) {
-            return Vec::new();
+        if !self.leader_regions.is_empty() && !in_leader_region(self.node_id) {
+            let in_region = self.replica_nodes(partition).into_iter().filter(|n| in_leader_region(*n));
+            preferred.extend(in_region.filter(|n| !preferred.contains(n)).collect::<Vec<_>>());
         }
-        self.replica_nodes(partition).into_iter().filter(|n| in_leader_region(*n)).collect()
+        preferred
     }
 
     /// The region of node `node` (empty when unknown).

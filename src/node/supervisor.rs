@@ -46,6 +46,11 @@ pub(super) async fn lead_while_leader(ctx: Arc<NodeContext>, replica: Arc<Replic
     let mut running_term = 0;
     let mut next_preferred_check = Instant::now();
     loop {
+        // A stopping node starts no leader actor (a failed hand-over below
+        // comes back here): its shutdown hands leadership away.
+        if *stop.borrow() {
+            break;
+        }
         let leadership = replica.leadership();
         // A leader cut off from its majority commits nothing: its actor
         // stops, so requests here fail at once instead of waiting for a
@@ -103,7 +108,10 @@ pub(super) async fn lead_while_leader(ctx: Arc<NodeContext>, replica: Arc<Replic
             }
             (true, true) if Instant::now() >= next_preferred_check => {
                 next_preferred_check = Instant::now() + PREFERRED_CHECK_EVERY;
-                let preferred = ctx.preferred_leaders_of(partition);
+                // Only replicas that answer now: a stopped node's last
+                // position stays in the leader's view of it.
+                let preferred: Vec<_> =
+                    ctx.preferred_leaders_of(partition).into_iter().filter(|n| ctx.peers.answered_lately(*n)).collect();
                 if !preferred.is_empty() && replica.lag_of(&preferred).is_some_and(|lag| lag <= HANDOVER_LAG) {
                     // A preferred replica close behind: leadership moves
                     // there. The actor stops first, so the log stands still
@@ -119,6 +127,8 @@ pub(super) async fn lead_while_leader(ctx: Arc<NodeContext>, replica: Arc<Replic
                             tracing::info!(partition, to, "handed leadership to the partition's preferred replica");
                         }
                         Err(why) => {
+                            metrics::counter!("drover_leader_handovers_failed_total", "reason" => "preferred")
+                                .increment(1);
                             tracing::warn!(partition, "could not hand leadership to the preferred replica: {why}");
                             next_preferred_check = Instant::now() + RETRY_AFTER;
                         }

@@ -376,10 +376,11 @@ impl Replica {
             .min()
     }
 
-    /// A follower of this leader (one of `among`, any when empty) whose log
-    /// holds everything this leader's does, to hand leadership to; `None`
+    /// A follower of this leader whose log holds everything this leader's
+    /// does and that `up` takes for up, to hand leadership to: the first
+    /// such of `among` in its order, or any when `among` is empty. `None`
     /// when this node does not lead or no such follower has caught up.
-    pub fn handover_target(&self, among: &[NodeId]) -> Option<NodeId> {
+    pub fn handover_target(&self, among: &[NodeId], up: impl Fn(NodeId) -> bool) -> Option<NodeId> {
         let metrics = self.raft.metrics();
         let m = metrics.borrow();
         if m.state != ServerState::Leader {
@@ -387,15 +388,16 @@ impl Replica {
         }
         let last = m.last_log_index?;
         let replication = m.replication.as_ref()?;
-        replication
-            .iter()
-            .filter(|(node, matched)| {
-                **node != self.node_id
-                    && (among.is_empty() || among.contains(node))
-                    && matched.is_some_and(|l| l.index >= last)
-            })
-            .map(|(node, _)| *node)
-            .next()
+        let caught_up = |node: NodeId| {
+            node != self.node_id
+                && up(node)
+                && replication.get(&node).is_some_and(|m| m.is_some_and(|l| l.index >= last))
+        };
+        if among.is_empty() {
+            replication.keys().copied().find(|n| caught_up(*n))
+        } else {
+            among.iter().copied().find(|n| caught_up(*n))
+        }
     }
 
     /// Starts an election here at once, when asked by the leader this

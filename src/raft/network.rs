@@ -10,7 +10,7 @@
 
 use std::collections::{BTreeMap, HashMap};
 use std::sync::{Arc, Mutex};
-use std::time::Duration;
+use std::time::{Duration, Instant};
 
 use openraft::error::{
     InstallSnapshotError, NetworkError, PayloadTooLarge, RPCError, RaftError, RemoteError, Unreachable,
@@ -39,7 +39,18 @@ pub struct PeerChannels {
     max_message_bytes: usize,
     /// Mutual TLS to peers, when the cluster port has it.
     tls: Option<Arc<crate::tls::ReloadingClient>>,
+    /// When each peer last answered a Raft RPC of any partition.
+    answered: Answered,
 }
+
+/// When each peer last answered a Raft RPC, shared by every partition's
+/// connections to it.
+type Answered = Arc<Mutex<HashMap<NodeId, Instant>>>;
+
+/// A peer that has answered no Raft RPC for this long is not taken for up:
+/// every leader sends each follower a heartbeat at least every heartbeat
+/// interval (250 ms by default, 500 ms between regions).
+const ANSWERED_LATELY: Duration = Duration::from_secs(2);
 
 impl PeerChannels {
     /// Channels to `addresses`, whose clients encode and decode messages of
@@ -49,7 +60,21 @@ impl PeerChannels {
         max_message_bytes: usize,
         tls: Option<Arc<crate::tls::ReloadingClient>>,
     ) -> Self {
-        PeerChannels { addresses: Arc::new(addresses), channels: Default::default(), max_message_bytes, tls }
+        PeerChannels {
+            addresses: Arc::new(addresses),
+            channels: Default::default(),
+            max_message_bytes,
+            tls,
+            answered: Default::default(),
+        }
+    }
+
+    /// Whether `node` answered a Raft RPC (of any partition this node
+    /// leads) within the last two seconds: a leader's own view of a
+    /// follower's log position is not reset when the follower stops.
+    pub fn answered_lately(&self, node: NodeId) -> bool {
+        let answered = self.answered.lock().expect("peer answers lock poisoned");
+        answered.get(&node).is_some_and(|at| at.elapsed() <= ANSWERED_LATELY)
     }
 
     /// The limit on node-to-node messages, both ways.
@@ -111,6 +136,7 @@ impl RaftNetworkFactory<TypeConfig> for ClusterNetwork {
             target,
             client: self.peers.client(target),
             max_message_bytes: self.peers.max_message_bytes(),
+            answered: Arc::clone(&self.peers.answered),
         }
     }
 }
@@ -120,6 +146,7 @@ pub struct PeerConnection {
     target: NodeId,
     client: Option<ClusterClient<Channel>>,
     max_message_bytes: usize,
+    answered: Answered,
 }
 
 /// Room in a message for the request's framing besides the openraft payload.
@@ -198,7 +225,10 @@ impl PeerConnection {
             crate::admin::stages::record(crate::admin::stages::Stage::Replicate, started.elapsed());
         }
         let reply = match reply {
-            Ok(reply) => reply.into_inner(),
+            Ok(reply) => {
+                self.answered.lock().expect("peer answers lock poisoned").insert(self.target, Instant::now());
+                reply.into_inner()
+            }
             Err(status) => {
                 // A peer with a smaller limit refused it: halve and try again.
                 if let Some(entries) = entries.filter(|n| *n > 1 && too_large(&status)) {
