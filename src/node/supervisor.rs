@@ -29,6 +29,9 @@ const PREFERRED_CHECK_EVERY: Duration = Duration::from_secs(1);
 /// settles first, and a flapping replica cannot pull leadership back and
 /// forth faster than this.
 pub(super) const SETTLE: Duration = Duration::from_secs(5);
+/// How long a preferred replica must have answered without a gap before
+/// leadership moves to it.
+const STEADY: Duration = Duration::from_secs(10);
 /// A preferred replica at most this many entries behind is close enough to
 /// hand leadership to (under load a replica a round trip away is never
 /// exactly caught up; the hand-over waits for it to hold the whole log).
@@ -108,10 +111,15 @@ pub(super) async fn lead_while_leader(ctx: Arc<NodeContext>, replica: Arc<Replic
             }
             (true, true) if Instant::now() >= next_preferred_check => {
                 next_preferred_check = Instant::now() + PREFERRED_CHECK_EVERY;
-                // Only replicas that answer now: a stopped node's last
-                // position stays in the leader's view of it.
-                let preferred: Vec<_> =
-                    ctx.preferred_leaders_of(partition).into_iter().filter(|n| ctx.peers.answered_lately(*n)).collect();
+                // Only replicas that have answered steadily: a stopped
+                // node's last position stays in the leader's view of it, and
+                // one that comes and goes (a flapping link) would pull
+                // leadership into every next fault.
+                let preferred: Vec<_> = ctx
+                    .preferred_leaders_of(partition)
+                    .into_iter()
+                    .filter(|n| ctx.peers.answering_for(*n) >= STEADY)
+                    .collect();
                 if !preferred.is_empty() && replica.lag_of(&preferred).is_some_and(|lag| lag <= HANDOVER_LAG) {
                     // A preferred replica close behind: leadership moves
                     // there. The actor stops first, so the log stands still

@@ -43,9 +43,10 @@ pub struct PeerChannels {
     answered: Answered,
 }
 
-/// When each peer last answered a Raft RPC, shared by every partition's
+/// Since when each peer has answered Raft RPCs without a gap longer than
+/// [`ANSWERED_LATELY`], and when it last did; shared by every partition's
 /// connections to it.
-type Answered = Arc<Mutex<HashMap<NodeId, Instant>>>;
+type Answered = Arc<Mutex<HashMap<NodeId, (Instant, Instant)>>>;
 
 /// A peer that has answered no Raft RPC for this long is not taken for up:
 /// every leader sends each follower a heartbeat at least every heartbeat
@@ -73,8 +74,17 @@ impl PeerChannels {
     /// leads) within the last two seconds: a leader's own view of a
     /// follower's log position is not reset when the follower stops.
     pub fn answered_lately(&self, node: NodeId) -> bool {
+        !self.answering_for(node).is_zero()
+    }
+
+    /// How long `node` has answered Raft RPCs without a gap of more than two
+    /// seconds, up to now; zero when it has not answered lately.
+    pub fn answering_for(&self, node: NodeId) -> Duration {
         let answered = self.answered.lock().expect("peer answers lock poisoned");
-        answered.get(&node).is_some_and(|at| at.elapsed() <= ANSWERED_LATELY)
+        match answered.get(&node) {
+            Some((since, last)) if last.elapsed() <= ANSWERED_LATELY => since.elapsed().max(Duration::from_nanos(1)),
+            _ => Duration::ZERO,
+        }
     }
 
     /// The limit on node-to-node messages, both ways.
@@ -226,7 +236,13 @@ impl PeerConnection {
         }
         let reply = match reply {
             Ok(reply) => {
-                self.answered.lock().expect("peer answers lock poisoned").insert(self.target, Instant::now());
+                let now = Instant::now();
+                let mut answered = self.answered.lock().expect("peer answers lock poisoned");
+                let (since, last) = answered.entry(self.target).or_insert((now, now));
+                if now.duration_since(*last) > ANSWERED_LATELY {
+                    *since = now;
+                }
+                *last = now;
                 reply.into_inner()
             }
             Err(status) => {
