@@ -56,6 +56,12 @@ struct StartFailure {
     port_taken: bool,
 }
 
+/// How many partitions the busiest node leads more than the idlest.
+pub fn imbalance(led_per_node: &[usize]) -> usize {
+    let (min, max) = (led_per_node.iter().min(), led_per_node.iter().max());
+    max.zip(min).map_or(0, |(max, min)| max - min)
+}
+
 impl LocalCluster {
     /// Starts `nodes` nodes. With `base_dir` the data stays there; otherwise a
     /// temporary directory is removed when the cluster is dropped.
@@ -235,8 +241,7 @@ impl LocalCluster {
         let started = Instant::now();
         loop {
             let led = self.leaders_per_node().await;
-            let (min, max) = (led.iter().min().copied().unwrap_or(0), led.iter().max().copied().unwrap_or(0));
-            if (led.iter().sum::<usize>() == partitions && max - min <= 1) || started.elapsed() > limit {
+            if (led.iter().sum::<usize>() == partitions && imbalance(&led) <= 1) || started.elapsed() > limit {
                 return led;
             }
             tokio::time::sleep(Duration::from_millis(100)).await;

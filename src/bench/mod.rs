@@ -201,8 +201,7 @@ pub async fn run(args: BenchArgs) -> anyhow::Result<bool> {
             // cluster's: wait for leader balance (DROVER_BALANCE_LEADERS=false
             // turns it off, and then this gives up after the limit).
             let led = cluster.wait_balanced(args.partitions as usize, BALANCE_WAIT).await;
-            let (min, max) = (led.iter().min().copied().unwrap_or(0), led.iter().max().copied().unwrap_or(0));
-            if max - min > 1 {
+            if local::imbalance(&led) > 1 {
                 eprintln!("bench: leadership is not balanced after {BALANCE_WAIT:?}: partitions led per node {led:?}");
             }
             Some(cluster)
