@@ -13,6 +13,21 @@ use drover::node::Node;
 use drover::proto::gateway::*;
 use tokio::io::AsyncWriteExt;
 
+/// jemalloc, for Rust's allocations and, through the unprefixed `malloc`, for
+/// RocksDB's: it hands freed memory back to the kernel on its own, where
+/// glibc kept what compactions had used (docs/operations.md, "Memory").
+#[global_allocator]
+static ALLOCATOR: tikv_jemallocator::Jemalloc = tikv_jemallocator::Jemalloc;
+
+/// jemalloc's settings, read at its start (`MALLOC_CONF` in the environment
+/// overrides them): a background thread returns freed pages on time, not only
+/// when the program next allocates, and returns them with `MADV_DONTNEED`, so
+/// they leave the resident set at once (lazily freed pages stay in it until
+/// the kernel needs them).
+#[allow(non_upper_case_globals)]
+#[unsafe(export_name = "malloc_conf")]
+pub static malloc_conf: &[u8; 40] = b"background_thread:true,muzzy_decay_ms:0\0";
+
 #[derive(Parser)]
 #[command(name = "drover", version, about = "A clustered, replicated job broker")]
 struct Cli {
@@ -509,7 +524,6 @@ async fn shutdown_signal() {
 }
 
 async fn serve(args: ServeArgs) -> anyhow::Result<()> {
-    drover::node::memory::limit_arenas();
     let config = args.resolve()?;
     let telemetry = drover::telemetry::init(&config.log_format, config.otlp_endpoint.as_deref(), "drover")?;
     let data_dir = config.data_dir.clone();

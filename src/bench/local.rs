@@ -285,9 +285,14 @@ impl Drop for LocalCluster {
     }
 }
 
-/// `drover serve ARGS`, its log to `log`, its stdout piped.
+/// `drover serve ARGS`, its log to `log`, its stdout piped. The nodes run this
+/// binary, or the one at `$DROVER_BENCH_NODE_BIN` (to compare two builds of the
+/// node under the same bench client).
 fn spawn(args: &[String], log: &Path, append: bool) -> anyhow::Result<Child> {
-    let exe = std::env::current_exe().context("finding the drover binary")?;
+    let exe = match std::env::var_os("DROVER_BENCH_NODE_BIN") {
+        Some(path) => std::path::PathBuf::from(path),
+        None => std::env::current_exe().context("finding the drover binary")?,
+    };
     let log = std::fs::OpenOptions::new().create(true).append(append).write(true).truncate(!append).open(log)?;
     Command::new(exe).args(args).stdout(Stdio::piped()).stderr(log).spawn().context("starting drover serve")
 }
