@@ -5,12 +5,15 @@
 //! newcomer's rerun is comparable only beside these.
 
 use std::io::Write;
-use std::path::Path;
+use std::path::{Path, PathBuf};
 use std::time::Instant;
 
 use serde::Serialize;
 
 /// The 1-minute load average (Linux), if it can be read.
+/// Names another build of drover for the bench's local nodes to run.
+pub const NODE_BINARY: &str = "DROVER_BENCH_NODE_BIN";
+
 pub fn load_average() -> Option<f64> {
     std::fs::read_to_string("/proc/loadavg").ok()?.split_whitespace().next()?.parse().ok()
 }
@@ -26,6 +29,10 @@ pub struct Conditions {
     /// The fastest of several runs of [`cpu_reference`] on one core: lower
     /// is a faster core. Figures scale with it on a CPU-bound workload.
     pub cpu_reference_ms: f64,
+    /// The binary local nodes run when it is not the bench's own
+    /// (`$DROVER_BENCH_NODE_BIN`).
+    #[serde(skip_serializing_if = "Option::is_none")]
+    pub node_binary: Option<String>,
 }
 
 impl Conditions {
@@ -36,6 +43,9 @@ impl Conditions {
              {}: p50 {:.3} ms, p99 {:.3} ms ({} samples)",
             self.cpu_reference_ms, self.disk_dir, self.fdatasync_p50_ms, self.fdatasync_p99_ms, self.fdatasync_samples
         );
+        if let Some(binary) = &self.node_binary {
+            println!("conditions: local nodes run {binary} ($DROVER_BENCH_NODE_BIN)");
+        }
     }
 }
 
@@ -62,6 +72,7 @@ pub fn measure(dir: &Path, samples: usize) -> std::io::Result<Conditions> {
         fdatasync_p50_ms: (at(0.5) * 1000.0).round() / 1000.0,
         fdatasync_p99_ms: (at(0.99) * 1000.0).round() / 1000.0,
         cpu_reference_ms: cpu_reference_ms(5),
+        node_binary: std::env::var_os(NODE_BINARY).map(|path| PathBuf::from(path).display().to_string()),
     })
 }
 

@@ -289,7 +289,7 @@ impl Drop for LocalCluster {
 /// binary, or the one at `$DROVER_BENCH_NODE_BIN` (to compare two builds of the
 /// node under the same bench client).
 fn spawn(args: &[String], log: &Path, append: bool) -> anyhow::Result<Child> {
-    let exe = match std::env::var_os("DROVER_BENCH_NODE_BIN") {
+    let exe = match std::env::var_os(super::conditions::NODE_BINARY) {
         Some(path) => std::path::PathBuf::from(path),
         None => std::env::current_exe().context("finding the drover binary")?,
     };
