@@ -116,10 +116,11 @@ pub struct ServeArgs {
     /// Deadline of a request that carries none, in ms. [default: 10000]
     #[arg(long, env = "DROVER_REQUEST_TIMEOUT_MS")]
     pub request_timeout_ms: Option<u64>,
-    /// How often the node hands all heap memory it has freed back to the
-    /// kernel at once (a purge of every jemalloc arena), in ms; 0: never. The
-    /// allocator returns freed memory on its own within seconds, so this
-    /// only shortens that wait (docs/operations.md, "Memory"). [default: 0]
+    /// How often the node hands heap memory it has freed back to the kernel
+    /// (glibc's `malloc_trim`; a purge of every arena in a `jemalloc` build),
+    /// in ms; 0: never. Lowers resident memory between RocksDB flushes, not
+    /// its peaks; each trim holds the allocator for up to tens of ms
+    /// (docs/benchmarks.md). [default: 0]
     #[arg(long, env = "DROVER_MALLOC_TRIM_MS")]
     pub malloc_trim_ms: Option<u64>,
     /// RocksDB's memtables, all column families together, in MiB (at least

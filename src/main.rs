@@ -13,9 +13,11 @@ use drover::node::Node;
 use drover::proto::gateway::*;
 use tokio::io::AsyncWriteExt;
 
-/// jemalloc, for Rust's allocations and, through the unprefixed `malloc`, for
-/// RocksDB's: it hands freed memory back to the kernel on its own, where
-/// glibc kept what compactions had used (docs/operations.md, "Memory").
+/// With the `jemalloc` feature: jemalloc, for Rust's allocations and, through
+/// the unprefixed `malloc`, for RocksDB's. It hands freed memory back to the
+/// kernel on its own, where glibc keeps what compactions used
+/// (docs/operations.md, "Memory").
+#[cfg(feature = "jemalloc")]
 #[global_allocator]
 static ALLOCATOR: tikv_jemallocator::Jemalloc = tikv_jemallocator::Jemalloc;
 
@@ -26,6 +28,7 @@ static ALLOCATOR: tikv_jemallocator::Jemalloc = tikv_jemallocator::Jemalloc;
 /// the kernel needs them). Eight arenas, what jemalloc makes on the 2-core
 /// machine the figures come from: by default it makes four per core of the
 /// host, whatever a pod's CPU limit, and each holds memory of its own.
+#[cfg(feature = "jemalloc")]
 #[allow(non_upper_case_globals)]
 #[unsafe(export_name = "malloc_conf")]
 pub static malloc_conf: &[u8; 50] = b"background_thread:true,muzzy_decay_ms:0,narenas:8\0";
@@ -526,6 +529,7 @@ async fn shutdown_signal() {
 }
 
 async fn serve(args: ServeArgs) -> anyhow::Result<()> {
+    drover::node::memory::limit_arenas();
     let config = args.resolve()?;
     let telemetry = drover::telemetry::init(&config.log_format, config.otlp_endpoint.as_deref(), "drover")?;
     let data_dir = config.data_dir.clone();

@@ -136,7 +136,7 @@ pub fn register_metrics() {
         ),
         ("drover_job_create_to_activate_seconds", "A job's creation to its activation (leader clock)"),
         ("drover_job_activate_to_complete_seconds", "A job's activation to its completion (leader clock)"),
-        ("drover_malloc_trim_seconds", "One heap trim (--malloc-trim-ms): a purge of every jemalloc arena"),
+        ("drover_malloc_trim_seconds", "One heap trim (--malloc-trim-ms), the allocator busy throughout"),
     ];
     for (name, help) in histograms {
         describe_histogram!(*name, Unit::Seconds, *help);
