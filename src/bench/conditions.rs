@@ -10,10 +10,14 @@ use std::time::Instant;
 
 use serde::Serialize;
 
-/// The 1-minute load average (Linux), if it can be read.
-/// Names another build of drover for the bench's local nodes to run.
-pub const NODE_BINARY: &str = "DROVER_BENCH_NODE_BIN";
+/// Another build of drover for the bench's local nodes to run
+/// (`$DROVER_BENCH_NODE_BIN`), to compare two builds of the node under the
+/// same bench client; `None`: the bench's own binary.
+pub fn node_binary() -> Option<PathBuf> {
+    std::env::var_os("DROVER_BENCH_NODE_BIN").map(PathBuf::from)
+}
 
+/// The 1-minute load average (Linux), if it can be read.
 pub fn load_average() -> Option<f64> {
     std::fs::read_to_string("/proc/loadavg").ok()?.split_whitespace().next()?.parse().ok()
 }
@@ -72,7 +76,7 @@ pub fn measure(dir: &Path, samples: usize) -> std::io::Result<Conditions> {
         fdatasync_p50_ms: (at(0.5) * 1000.0).round() / 1000.0,
         fdatasync_p99_ms: (at(0.99) * 1000.0).round() / 1000.0,
         cpu_reference_ms: cpu_reference_ms(5),
-        node_binary: std::env::var_os(NODE_BINARY).map(|path| PathBuf::from(path).display().to_string()),
+        node_binary: node_binary().map(|path| path.display().to_string()),
     })
 }
 

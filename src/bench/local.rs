@@ -285,12 +285,11 @@ impl Drop for LocalCluster {
     }
 }
 
-/// `drover serve ARGS`, its log to `log`, its stdout piped. The nodes run this
-/// binary, or the one at `$DROVER_BENCH_NODE_BIN` (to compare two builds of the
-/// node under the same bench client).
+/// `drover serve ARGS`, its log to `log`, its stdout piped; this binary, or
+/// the one [`super::conditions::node_binary`] names.
 fn spawn(args: &[String], log: &Path, append: bool) -> anyhow::Result<Child> {
-    let exe = match std::env::var_os(super::conditions::NODE_BINARY) {
-        Some(path) => std::path::PathBuf::from(path),
+    let exe = match super::conditions::node_binary() {
+        Some(path) => path,
         None => std::env::current_exe().context("finding the drover binary")?,
     };
     let log = std::fs::OpenOptions::new().create(true).append(append).write(true).truncate(!append).open(log)?;
