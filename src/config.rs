@@ -117,9 +117,9 @@ pub struct ServeArgs {
     #[arg(long, env = "DROVER_REQUEST_TIMEOUT_MS")]
     pub request_timeout_ms: Option<u64>,
     /// How often the node hands heap memory it has freed back to the kernel
-    /// (glibc's `malloc_trim`; a purge of every arena in a `jemalloc` build),
-    /// in ms; 0: never. Lowers resident memory between RocksDB flushes, not
-    /// its peaks; each trim holds the allocator for up to tens of ms
+    /// (a purge of every jemalloc arena; glibc's `malloc_trim` in a build
+    /// without jemalloc), in ms; 0: never. Lowers resident memory between
+    /// RocksDB flushes, not its peaks; each trim holds the allocator for up to tens of ms
     /// (docs/benchmarks.md). [default: 0]
     #[arg(long, env = "DROVER_MALLOC_TRIM_MS")]
     pub malloc_trim_ms: Option<u64>,

@@ -13,7 +13,7 @@ use drover::node::Node;
 use drover::proto::gateway::*;
 use tokio::io::AsyncWriteExt;
 
-/// With the `jemalloc` feature: jemalloc, for Rust's allocations and, through
+/// jemalloc (the default `jemalloc` feature), for Rust's allocations and, through
 /// the unprefixed `malloc`, for RocksDB's. It hands freed memory back to the
 /// kernel on its own, where glibc keeps what compactions used
 /// (docs/operations.md, "Memory").
@@ -22,16 +22,16 @@ use tokio::io::AsyncWriteExt;
 static ALLOCATOR: tikv_jemallocator::Jemalloc = tikv_jemallocator::Jemalloc;
 
 /// jemalloc's settings, read at its start (`MALLOC_CONF` in the environment
-/// overrides them): a background thread returns freed pages on time, not only
-/// when the program next allocates, and returns them with `MADV_DONTNEED`, so
-/// they leave the resident set at once (lazily freed pages stay in it until
+/// overrides them): freed pages are returned with `MADV_DONTNEED`, so they
+/// leave the resident set at once (lazily freed pages stay in it until
 /// the kernel needs them). Eight arenas, what jemalloc makes on the 2-core
 /// machine the figures come from: by default it makes four per core of the
-/// host, whatever a pod's CPU limit, and each holds memory of its own.
+/// host, whatever a pod's CPU limit, and each holds memory of its own. Its
+/// background thread starts with `drover serve` (`memory::setup_allocator`).
 #[cfg(feature = "jemalloc")]
 #[allow(non_upper_case_globals)]
 #[unsafe(export_name = "malloc_conf")]
-pub static malloc_conf: &[u8; 50] = b"background_thread:true,muzzy_decay_ms:0,narenas:8\0";
+pub static malloc_conf: &[u8; 27] = b"muzzy_decay_ms:0,narenas:8\0";
 
 #[derive(Parser)]
 #[command(name = "drover", version, about = "A clustered, replicated job broker")]
@@ -529,7 +529,7 @@ async fn shutdown_signal() {
 }
 
 async fn serve(args: ServeArgs) -> anyhow::Result<()> {
-    drover::node::memory::limit_arenas();
+    drover::node::memory::setup_allocator();
     let config = args.resolve()?;
     let telemetry = drover::telemetry::init(&config.log_format, config.otlp_endpoint.as_deref(), "drover")?;
     let data_dir = config.data_dir.clone();

@@ -12,7 +12,7 @@ mod common;
 
 use std::time::{Duration, Instant};
 
-use common::{eventually, http_get, http_request, ProcessCluster};
+use common::{eventually, faketime, http_get, http_request, ProcessCluster};
 use drover::client::Client;
 use drover::proto::gateway::{ActivateJobsRequest, CreateJobRequest, StreamActivatedJobsRequest};
 use tonic::Code;
@@ -204,8 +204,6 @@ async fn a_leader_killed_right_after_acknowledging_leaves_nothing_stuck() {
     eprintln!("delivered {:?} after the kill", started.elapsed());
 }
 
-const LIBFAKETIME: &str = "/usr/lib/x86_64-linux-gnu/faketime/libfaketimeMT.so.1";
-
 /// Seconds the node's wall clock is ahead of ours, from its HTTP Date header.
 async fn wall_clock_offset(admin: &str) -> Option<i64> {
     use tokio::io::{AsyncReadExt, AsyncWriteExt};
@@ -244,15 +242,14 @@ async fn step_wall_clocks(cluster: &ProcessCluster, file: &std::path::Path, offs
 
 #[tokio::test(flavor = "multi_thread", worker_threads = 2)]
 async fn wall_clock_steps_move_no_deadline() {
-    assert!(std::path::Path::new(LIBFAKETIME).exists(), "{LIBFAKETIME} is missing: run scripts/setup.sh");
     let dir = tempfile::tempdir().unwrap();
     let clock = dir.path().join("faketime");
     std::fs::write(&clock, "+0\n").unwrap();
     // Every node's wall clock (not its monotonic clock) follows the file.
-    std::env::set_var("LD_PRELOAD", LIBFAKETIME);
-    std::env::set_var("FAKETIME_TIMESTAMP_FILE", &clock);
+    for (key, value) in faketime::env(&clock).expect("libfaketime: run scripts/setup.sh") {
+        std::env::set_var(key, value);
+    }
     std::env::set_var("FAKETIME_NO_CACHE", "1");
-    std::env::set_var("FAKETIME_DONT_FAKE_MONOTONIC", "1");
     let cluster = ProcessCluster::start(3, 1, 3, FAST_RAFT);
     for key in ["LD_PRELOAD", "FAKETIME_TIMESTAMP_FILE"] {
         std::env::remove_var(key);
@@ -297,15 +294,14 @@ async fn wall_clock_steps_move_no_deadline() {
 /// deadline would pass at once and every held job be handed out again.
 #[tokio::test(flavor = "multi_thread", worker_threads = 2)]
 async fn a_restarted_leader_whose_wall_clock_is_an_hour_ahead_moves_no_deadline() {
-    assert!(std::path::Path::new(LIBFAKETIME).exists(), "{LIBFAKETIME} is missing: run scripts/setup.sh");
     let dir = tempfile::tempdir().unwrap();
     let (right, ahead) = (dir.path().join("right"), dir.path().join("ahead"));
     std::fs::write(&right, "+0\n").unwrap();
     std::fs::write(&ahead, "+1h\n").unwrap();
-    std::env::set_var("LD_PRELOAD", LIBFAKETIME);
+    for (key, value) in faketime::env(&right).expect("libfaketime: run scripts/setup.sh") {
+        std::env::set_var(key, value);
+    }
     std::env::set_var("FAKETIME_NO_CACHE", "1");
-    std::env::set_var("FAKETIME_DONT_FAKE_MONOTONIC", "1");
-    std::env::set_var("FAKETIME_TIMESTAMP_FILE", &right);
     // Followers wait 10-15 s for a leader that went quiet: the killed leader
     // is back, and leading again, well within that.
     let mut cluster = ProcessCluster::start(3, 1, 3, &["--heartbeat-ms", "100", "--election-timeout-ms", "5000"]);

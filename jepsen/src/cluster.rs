@@ -125,9 +125,6 @@ pub enum Started {
     Refused { status: String, line: String },
 }
 
-/// libfaketime, from Debian's `faketime` package (scripts/setup.sh installs it).
-pub const LIBFAKETIME: &str = "/usr/lib/x86_64-linux-gnu/faketime/libfaketimeMT.so.1";
-
 impl Nodes {
     pub fn from_parts(drover: &Path, dir: &Path, namespaces: &[String], ips: &[String], partitions: u32) -> Nodes {
         let n = ips.len();
@@ -270,20 +267,16 @@ impl Nodes {
         if !self.clocks {
             return Ok(Vec::new());
         }
-        if !std::path::Path::new(LIBFAKETIME).exists() {
-            anyhow::bail!("clock faults need {LIBFAKETIME} (Debian's faketime package; scripts/setup.sh installs it)");
-        }
         if !self.clock_file(i).exists() {
             std::fs::write(self.clock_file(i), "+0\n")?;
         }
-        Ok(vec![
-            ("LD_PRELOAD", LIBFAKETIME.to_string()),
-            ("FAKETIME_TIMESTAMP_FILE", self.clock_file(i).display().to_string()),
-            ("FAKETIME_DONT_FAKE_MONOTONIC", "1".to_string()),
+        let mut env = crate::faketime::env(&self.clock_file(i))?;
+        env.extend([
             ("FAKETIME_CACHE_DURATION", "1".to_string()),
             // A rate change starts from the time it is made, not from the start.
             ("FAKETIME_XRESET", "1".to_string()),
-        ])
+        ]);
+        Ok(env)
     }
 
     pub fn signal(&mut self, i: usize, signal: i32) {

@@ -8,6 +8,7 @@
 mod availability;
 mod checker;
 mod cluster;
+mod faketime;
 mod history;
 mod lossyfs;
 mod nemesis;

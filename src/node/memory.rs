@@ -1,30 +1,60 @@
-//! The process's heap: how many glibc arenas it uses, and handing memory the
+//! The process's heap: how its allocator is set up, and handing memory the
 //! program has freed back to the kernel on a schedule. Both are process-wide,
 //! so `drover serve` sets them up once, not each [`super::Node`].
+//!
+//! The node's allocator is jemalloc (the default `jemalloc` feature, for
+//! Rust's allocations and RocksDB's alike): it returns freed pages on its own
+//! after a decay of seconds, the arena limit does not apply, and a trim purges
+//! every jemalloc arena at once. Built without it, the allocator is glibc's,
+//! and the rest of this note is about that build.
 //!
 //! glibc keeps memory a program frees for its next allocations. Where the free
 //! memory sits between pieces still in use it stays resident: after minutes of
 //! steady load a node held 15% more than it used. `malloc_trim(0)` returns
 //! every whole free page of every arena; it holds each arena's lock while it
 //! walks it, so it is timed (`drover_malloc_trim_seconds`).
-//!
-//! Built with the `jemalloc` feature, the node's allocator is jemalloc (for
-//! Rust's allocations and RocksDB's alike): it returns freed pages on its own
-//! after a decay of seconds, the arena limit does not apply, and a trim purges
-//! every jemalloc arena at once.
 
 use std::time::{Duration, Instant};
 
 use tokio::sync::watch;
 
-/// glibc gives each thread that allocates concurrently its own arena, up to
-/// eight per core, and memory freed in one is not returned while others hold
-/// it: with tokio's and RocksDB's threads, resident memory drifts upward. Two
-/// arenas keep it near what is in use, at no measurable cost here.
-pub fn limit_arenas() {
+/// Sets the allocator up for a node, once, at the start of `drover serve`.
+///
+/// With jemalloc: starts its background thread, which hands pages freed for
+/// about 10 s back to the kernel on time, not only when the program next
+/// allocates (unless `MALLOC_CONF` names `background_thread`, which then
+/// decides). It starts here, not from jemalloc's settings at its start: that
+/// start is the process's first allocation, made while shared libraries are
+/// still starting, and a thread started then reads them half-started
+/// (libfaketime, under the fault suite's clock faults, read the wall clock as
+/// 1970 in one node of three).
+///
+/// With glibc: glibc gives each thread that allocates concurrently its own
+/// arena, up to eight per core, and memory freed in one is not returned while
+/// others hold it: with tokio's and RocksDB's threads, resident memory drifts
+/// upward. Two arenas keep it near what is in use, at no measurable cost here.
+pub fn setup_allocator() {
     #[cfg(all(target_env = "gnu", not(feature = "jemalloc")))]
     unsafe {
         libc::mallopt(libc::M_ARENA_MAX, 2);
+    }
+    #[cfg(feature = "jemalloc")]
+    if !std::env::var("MALLOC_CONF").is_ok_and(|conf| conf.contains("background_thread")) {
+        let mut on = true;
+        // SAFETY: the name is NUL-terminated and the new value is a bool, the
+        // type jemalloc documents for it; no old value is read.
+        let failed = unsafe {
+            tikv_jemalloc_sys::mallctl(
+                c"background_thread".as_ptr(),
+                std::ptr::null_mut(),
+                std::ptr::null_mut(),
+                (&raw mut on).cast(),
+                std::mem::size_of::<bool>(),
+            )
+        };
+        if failed != 0 {
+            tracing::warn!(error = failed, "could not start jemalloc's background thread");
+        }
     }
 }
 

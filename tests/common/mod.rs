@@ -13,6 +13,10 @@ use drover::client::Client;
 use drover::config::NodeConfig;
 use drover::node::Node;
 
+/// Running nodes under libfaketime: the fault suite's module, shared.
+#[path = "../../jepsen/src/faketime.rs"]
+pub mod faketime;
+
 /// Waits for `check` to hold, polling, and panics with `what` after `limit`.
 pub async fn eventually<F, Fut>(limit: Duration, what: &str, mut check: F)
 where
