@@ -637,4 +637,12 @@ async fn storage_gauges_count_every_column_family() {
     let memtables = common::metric_sum(&body, "drover_rocksdb_memtable_bytes");
     assert!(put > 150_000.0, "300 jobs of 512-byte variables put {put} bytes");
     assert!(memtables >= put, "the memtables ({memtables} bytes) hold what was put ({put} bytes)");
+
+    // The allocator's totals (this test binary links the node's jemalloc):
+    // what is allocated includes the memtables' arenas, and fits in what is
+    // resident.
+    let allocated = common::metric_sum(&body, "drover_allocator_allocated_bytes");
+    let resident = common::metric_sum(&body, "drover_allocator_resident_bytes");
+    assert!(allocated >= memtables, "allocated {allocated} bytes, under the memtables' {memtables}");
+    assert!(resident >= allocated, "resident {resident} bytes, under the {allocated} allocated");
 }

@@ -485,7 +485,8 @@ async fn metrics_text(State(ctx): State<Arc<NodeContext>>) -> String {
     recorder().render()
 }
 
-/// RocksDB's and the WAL writer's figures, as gauges and counters. Sizes
+/// RocksDB's, the allocator's and the WAL writer's figures, as gauges and
+/// counters. Sizes
 /// are summed over every column family; the block cache (one for all tables)
 /// is read through the tables; the stall flag is the database's.
 fn record_storage(store: &crate::storage::Store) {
@@ -500,7 +501,10 @@ fn record_storage(store: &crate::storage::Store) {
         ("drover_rocksdb_table_readers_bytes", "rocksdb.estimate-table-readers-mem", Read::Summed),
         ("drover_rocksdb_pending_compaction_bytes", "rocksdb.estimate-pending-compaction-bytes", Read::Summed),
         ("drover_rocksdb_block_cache_bytes", "rocksdb.block-cache-usage", Read::Shared),
+        ("drover_rocksdb_block_cache_pinned_bytes", "rocksdb.block-cache-pinned-usage", Read::Shared),
         ("drover_rocksdb_write_stalled", "rocksdb.is-write-stopped", Read::Database),
+        ("drover_rocksdb_running_flushes", "rocksdb.num-running-flushes", Read::Database),
+        ("drover_rocksdb_running_compactions", "rocksdb.num-running-compactions", Read::Database),
     ] {
         let value = match read {
             Read::Summed => store.property_total(property),
@@ -516,6 +520,11 @@ fn record_storage(store: &crate::storage::Store) {
     }
     for (table, bytes) in store.put_bytes() {
         metrics::counter!(PUT_METRIC, "table" => table.cf_name()).absolute(bytes);
+    }
+    if let Some(heap) = crate::node::memory::allocator_stats() {
+        metrics::gauge!("drover_allocator_allocated_bytes").set(heap.allocated as f64);
+        metrics::gauge!("drover_allocator_resident_bytes").set(heap.resident as f64);
+        metrics::gauge!("drover_allocator_retained_bytes").set(heap.retained as f64);
     }
     let sync = store.sync_stats();
     metrics::gauge!("drover_storage_wal_syncs").set(sync.syncs as f64);

@@ -58,6 +58,61 @@ pub fn setup_allocator() {
     }
 }
 
+/// What the allocator holds, from jemalloc's statistics.
+#[derive(Debug, Clone, Copy, PartialEq, Eq)]
+pub struct AllocatorStats {
+    /// Bytes the program has allocated and not freed.
+    pub allocated: u64,
+    /// Bytes of the allocator's pages that are resident: what is allocated,
+    /// its metadata, and freed pages it has not handed back yet.
+    pub resident: u64,
+    /// Bytes of address space it keeps mapped but has handed back to the
+    /// kernel (not resident).
+    pub retained: u64,
+}
+
+/// jemalloc's totals, fresh (its statistics are cached until an "epoch"
+/// write); `None` in a build without jemalloc.
+pub fn allocator_stats() -> Option<AllocatorStats> {
+    #[cfg(feature = "jemalloc")]
+    {
+        let mut epoch: u64 = 1;
+        // SAFETY: the names are NUL-terminated; "epoch" takes a u64 and the
+        // "stats.*" totals are size_t, each read into a value of that size.
+        unsafe {
+            let refresh = tikv_jemalloc_sys::mallctl(
+                c"epoch".as_ptr(),
+                std::ptr::null_mut(),
+                std::ptr::null_mut(),
+                (&raw mut epoch).cast(),
+                std::mem::size_of::<u64>(),
+            );
+            if refresh != 0 {
+                return None;
+            }
+            let read = |name: &std::ffi::CStr| -> Option<u64> {
+                let mut value: libc::size_t = 0;
+                let mut len = std::mem::size_of::<libc::size_t>();
+                let failed = tikv_jemalloc_sys::mallctl(
+                    name.as_ptr(),
+                    (&raw mut value).cast(),
+                    &raw mut len,
+                    std::ptr::null_mut(),
+                    0,
+                );
+                (failed == 0).then_some(value as u64)
+            };
+            Some(AllocatorStats {
+                allocated: read(c"stats.allocated")?,
+                resident: read(c"stats.resident")?,
+                retained: read(c"stats.retained")?,
+            })
+        }
+    }
+    #[cfg(not(feature = "jemalloc"))]
+    None
+}
+
 /// Resident memory of process `pid` in bytes (its `VmRSS`); 0 where `/proc`
 /// does not say.
 pub fn resident_bytes(pid: u32) -> u64 {
