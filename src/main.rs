@@ -22,16 +22,21 @@ use tokio::io::AsyncWriteExt;
 static ALLOCATOR: tikv_jemallocator::Jemalloc = tikv_jemallocator::Jemalloc;
 
 /// jemalloc's settings, read at its start (`MALLOC_CONF` in the environment
-/// overrides them): freed pages are returned with `MADV_DONTNEED`, so they
-/// leave the resident set at once (lazily freed pages stay in it until
-/// the kernel needs them). Eight arenas, what jemalloc makes on the 2-core
-/// machine the figures come from: by default it makes four per core of the
-/// host, whatever a pod's CPU limit, and each holds memory of its own. Its
-/// background thread starts with `drover serve` (`memory::setup_allocator`).
+/// overrides them): freed pages go back to the kernel after about a second
+/// (jemalloc's default is ten), with `MADV_DONTNEED`, so they leave the
+/// resident set at once (lazily freed pages stay in it until the kernel needs
+/// them). A node's memory is mostly memtables filling and being flushed, and
+/// each flush frees tens of MiB at once: returned within a second, the
+/// highest resident peak of ten minutes at 1,000 jobs/s was 6–7% lower and
+/// the end 8–16% lower, and throughput did not move (docs/benchmarks.md). Eight arenas, what jemalloc
+/// makes on the 2-core machine the figures come from: by default it makes
+/// four per core of the host, whatever a pod's CPU limit, and each holds
+/// memory of its own. Its background thread starts with `drover serve`
+/// (`memory::setup_allocator`).
 #[cfg(feature = "jemalloc")]
 #[allow(non_upper_case_globals)]
 #[unsafe(export_name = "malloc_conf")]
-pub static malloc_conf: &[u8; 27] = b"muzzy_decay_ms:0,narenas:8\0";
+pub static malloc_conf: &[u8; 47] = b"dirty_decay_ms:1000,muzzy_decay_ms:0,narenas:8\0";
 
 #[derive(Parser)]
 #[command(name = "drover", version, about = "A clustered, replicated job broker")]
