@@ -119,8 +119,8 @@ pub struct ServeArgs {
     /// How often the node hands heap memory it has freed back to the kernel
     /// (a purge of every jemalloc arena; glibc's `malloc_trim` in a build
     /// without jemalloc), in ms; 0: never. Lowers resident memory between
-    /// RocksDB flushes, not its peaks; each trim holds the allocator for up to tens of ms
-    /// (docs/benchmarks.md). [default: 0]
+    /// RocksDB flushes, not its peaks; each trim holds the allocator for up
+    /// to tens of ms (docs/benchmarks.md). [default: 0]
     #[arg(long, env = "DROVER_MALLOC_TRIM_MS")]
     pub malloc_trim_ms: Option<u64>,
     /// RocksDB's memtables, all column families together, in MiB (at least

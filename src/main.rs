@@ -28,10 +28,10 @@ static ALLOCATOR: tikv_jemallocator::Jemalloc = tikv_jemallocator::Jemalloc;
 /// them). A node's memory is mostly memtables filling and being flushed, and
 /// each flush frees tens of MiB at once: returned within a second, the
 /// highest resident peak of ten minutes at 1,000 jobs/s was 6–7% lower and
-/// the end 8–16% lower, and throughput did not move (docs/benchmarks.md). Eight arenas, what jemalloc
-/// makes on the 2-core machine the figures come from: by default it makes
-/// four per core of the host, whatever a pod's CPU limit, and each holds
-/// memory of its own. Its background thread starts with `drover serve`
+/// the end 8–16% lower, and throughput did not move (docs/benchmarks.md).
+/// Eight arenas, what jemalloc makes on the 2-core machine the figures come
+/// from: by default it makes four per core of the host, whatever a pod's CPU
+/// limit, and each holds memory of its own. Its background thread starts with `drover serve`
 /// (`memory::setup_allocator`).
 #[cfg(feature = "jemalloc")]
 #[allow(non_upper_case_globals)]

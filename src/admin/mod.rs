@@ -486,9 +486,9 @@ async fn metrics_text(State(ctx): State<Arc<NodeContext>>) -> String {
 }
 
 /// RocksDB's, the allocator's and the WAL writer's figures, as gauges and
-/// counters. Sizes
-/// are summed over every column family; the block cache (one for all tables)
-/// is read through the tables; the stall flag is the database's.
+/// counters. Sizes are summed over every column family; the block cache (one
+/// for all tables) is read through the tables; the stall flag is the
+/// database's.
 fn record_storage(store: &crate::storage::Store) {
     enum Read {
         Summed,

@@ -4,7 +4,7 @@
 //!
 //! The node's allocator is jemalloc (the default `jemalloc` feature, for
 //! Rust's allocations and RocksDB's alike): it returns freed pages on its own
-//! after a decay of seconds, the arena limit does not apply, and a trim purges
+//! after about a second, the arena limit does not apply, and a trim purges
 //! every jemalloc arena at once. Built without it, the allocator is glibc's,
 //! and the rest of this note is about that build.
 //!
@@ -20,9 +20,9 @@ use tokio::sync::watch;
 
 /// Sets the allocator up for a node, once, at the start of `drover serve`.
 ///
-/// With jemalloc: starts its background thread, which hands pages freed for
-/// about 10 s back to the kernel on time, not only when the program next
-/// allocates (unless `MALLOC_CONF` names `background_thread`, which then
+/// With jemalloc: starts its background thread, which hands freed pages back
+/// to the kernel once their decay (about a second, see `malloc_conf` in
+/// main.rs) has passed, not only when the program next allocates (unless `MALLOC_CONF` names `background_thread`, which then
 /// decides). It starts here, not from jemalloc's settings at its start: that
 /// start is the process's first allocation, made while shared libraries are
 /// still starting, and a thread started then reads them half-started
