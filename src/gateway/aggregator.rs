@@ -317,12 +317,16 @@ impl AggregatorState {
                         metrics::counter!("drover_gateway_job_stream_push_fail_try_total").increment(1);
                         continue;
                     }
+                    // Held before it is sent: once sent, the worker may
+                    // finish the job and its release reach this gateway
+                    // before this thread runs again, and a hold recorded
+                    // after that release would keep the slot taken until
+                    // the activation timeout.
+                    self.held.hold(job.key, job.attempt, Arc::clone(credits), expires);
                     match client.try_send(message.take().expect("message present")) {
-                        Ok(()) => {
-                            self.held.hold(job.key, job.attempt, Arc::clone(credits), expires);
-                            break;
-                        }
+                        Ok(()) => break,
                         Err(TrySendError::Full(m) | TrySendError::Closed(m)) => {
+                            self.held.unhold(job.key, job.attempt, credits);
                             credits.give_back();
                             metrics::counter!("drover_gateway_job_stream_push_fail_try_total").increment(1);
                             message = Some(m);

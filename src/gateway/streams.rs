@@ -191,6 +191,16 @@ impl Held {
         }
     }
 
+    /// Takes back a hold whose job did not reach the client (its credit is
+    /// given back by the caller, which took it): only the hold `credits`
+    /// made, never a later push's of the same activation.
+    pub fn unhold(&self, key: JobKey, attempt: u32, credits: &Arc<Credits>) {
+        let mut jobs = self.jobs();
+        if jobs.get(&(key, attempt)).is_some_and(|(held, _)| Arc::ptr_eq(held, credits)) {
+            jobs.remove(&(key, attempt));
+        }
+    }
+
     /// The worker is done with this activation (or it never reached it).
     /// `fence` names it as job commands do ([`fence_admits`]): exactly, by
     /// its tag, or (0) whichever activation of the job is held.
@@ -732,6 +742,25 @@ mod tests {
         assert!(!credits.try_take(), "held until its expiry");
         held.expire(now + Duration::from_millis(60));
         assert!(credits.try_take(), "expired and given back");
+    }
+
+    #[test]
+    fn taking_back_a_hold_leaves_another_clients_hold_of_the_activation() {
+        let held = Held::default();
+        let expires = Instant::now() + Duration::from_secs(60);
+        let (first, second) = (Credits::new(1, Arc::default()), Credits::new(1, Arc::default()));
+        assert!(first.try_take() && second.try_take());
+        held.hold(JobKey(1), 1, Arc::clone(&first), expires);
+        held.unhold(JobKey(1), 1, &second);
+        held.release(JobKey(1), 1);
+        assert!(first.try_take(), "the first client's hold was still there for the worker's release");
+
+        held.hold(JobKey(2), 1, Arc::clone(&second), expires);
+        held.unhold(JobKey(2), 1, &second);
+        second.give_back();
+        held.release(JobKey(2), 1);
+        assert!(second.try_take(), "given back once");
+        assert!(!second.try_take(), "and not twice: the release found nothing held");
     }
 
     #[tokio::test]
