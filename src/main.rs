@@ -31,8 +31,8 @@ static ALLOCATOR: tikv_jemallocator::Jemalloc = tikv_jemallocator::Jemalloc;
 /// the end 8–16% lower, and throughput did not move (docs/benchmarks.md).
 /// Eight arenas, what jemalloc makes on the 2-core machine the figures come
 /// from: by default it makes four per core of the host, whatever a pod's CPU
-/// limit, and each holds memory of its own. Its background thread starts with `drover serve`
-/// (`memory::setup_allocator`).
+/// limit, and each holds memory of its own. Its background thread starts
+/// with `drover serve` (`memory::setup_allocator`).
 #[cfg(feature = "jemalloc")]
 #[allow(non_upper_case_globals)]
 #[unsafe(export_name = "malloc_conf")]

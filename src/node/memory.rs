@@ -22,10 +22,11 @@ use tokio::sync::watch;
 ///
 /// With jemalloc: starts its background thread, which hands freed pages back
 /// to the kernel once their decay (about a second, see `malloc_conf` in
-/// main.rs) has passed, not only when the program next allocates (unless `MALLOC_CONF` names `background_thread`, which then
-/// decides). It starts here, not from jemalloc's settings at its start: that
-/// start is the process's first allocation, made while shared libraries are
-/// still starting, and a thread started then reads them half-started
+/// main.rs) has passed, not only when the program next allocates (unless
+/// `MALLOC_CONF` names `background_thread`, which then decides). It starts
+/// here, not from jemalloc's settings at its start: that start is the
+/// process's first allocation, made while shared libraries are still
+/// starting, and a thread started then reads them half-started
 /// (libfaketime, under the fault suite's clock faults, read the wall clock as
 /// 1970 in one node of three).
 ///
