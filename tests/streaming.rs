@@ -1,8 +1,9 @@
 //! Job streaming across gateways on a three-node cluster: aggregation, random
 //! routing, yield and reroute when a worker is not ready, hand-back of buffered
 //! jobs, streams that survive gateway and leader loss, tenant-aware routing,
-//! restarted gateways, pushes whose outcome is unknown, and credits released
-//! by completions through another gateway.
+//! restarted gateways, pushes whose outcome is unknown (and jobs of pushes
+//! answered too late, handed back), and credits released by completions
+//! through another gateway.
 
 mod common;
 
@@ -408,6 +409,38 @@ async fn a_push_the_gateway_could_not_confirm_reaches_at_most_one_worker() {
     let twice: Vec<_> = deliveries.iter().filter(|(_, attempts)| attempts.len() > 1).collect();
     assert!(twice.is_empty(), "jobs delivered more than once (key, attempts): {twice:?}");
     assert_eq!(deliveries.len(), keys.len(), "every job was delivered: {deliveries:?}");
+}
+
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn jobs_of_a_push_answered_too_late_go_out_again_before_their_timeout() {
+    let node = LocalNode::start().await;
+    let gateway = node.node().grpc_addr.to_string();
+    let mut stream = open(&gateway, request("late", TIMEOUT_MS, &[])).await;
+    // The aggregator comes to the first push after its leader stopped
+    // waiting: the leader cannot tell whether a client took the job.
+    node.node().ctx.gateway_streams.slow_down_next_push(Duration::from_millis(2_500));
+    let mut keys = HashSet::new();
+    for n in 0..5 {
+        keys.insert(node.client.create_job("late", &format!(r#"{{"n":{n}}}"#)).await.unwrap());
+    }
+    let mut deliveries: HashMap<u64, u32> = HashMap::new();
+    while deliveries.len() < keys.len() {
+        let job = match tokio::time::timeout(Duration::from_secs(20), stream.message()).await {
+            Ok(Ok(Some(job))) => job,
+            other => panic!(
+                "{} of {} jobs delivered after 20 s (the activation timeout is {} s): {other:?}",
+                deliveries.len(),
+                keys.len(),
+                TIMEOUT_MS / 1000
+            ),
+        };
+        *deliveries.entry(job.key).or_default() += 1;
+        node.client.complete(job.key, job.attempt, "{}").await.unwrap();
+    }
+    assert!(deliveries.values().all(|n| *n == 1), "each job delivered once: {deliveries:?}");
+    let (_, body) = http_get(&node.node().ctx.admin_addr.to_string(), "/metrics").await.unwrap();
+    let late = common::metric_sum(&body, r#"drover_gateway_job_stream_handed_back_total{reason="late"}"#);
+    assert!(late >= 1.0, "the late push's job was handed back by the gateway ({late})");
 }
 
 #[tokio::test(flavor = "multi_thread", worker_threads = 2)]

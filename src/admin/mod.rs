@@ -59,7 +59,10 @@ pub fn register_metrics() {
         ("drover_jobs_total", "Jobs reaching an outcome (created, activated, completed, failed, timed_out, yielded, incident, cancelled), counted by the partition leader"),
         ("drover_gateway_job_stream_push_total", "Jobs a gateway handed to a stream client"),
         ("drover_gateway_job_stream_push_fail_try_total", "Tries to hand a pushed job to a client that was not ready"),
-        ("drover_gateway_job_stream_handed_back_total", "Jobs buffered for a closed client stream and handed back at once"),
+        (
+            "drover_gateway_job_stream_handed_back_total",
+            "Pushed jobs that never reached a worker, yielded by the gateway at once, by reason: stream_closed (buffered for a client stream that closed) or late (their push was answered after its leader stopped waiting)",
+        ),
         ("drover_broker_jobs_pushed_count_total", "Jobs a partition leader pushed to a stream and a client took"),
         ("drover_broker_jobs_push_fail_try_count_total", "Pushed jobs no client could take (code BLOCKED: not ready), yielded"),
         ("drover_gateway_errors_total", "Client requests answered with an error, by gRPC code"),
@@ -86,10 +89,12 @@ pub fn register_metrics() {
         describe_counter!(*name, *help);
     }
     metrics::counter!("drover_broker_jobs_push_fail_try_count_total", "code" => "BLOCKED").absolute(0);
+    for reason in ["stream_closed", "late"] {
+        metrics::counter!("drover_gateway_job_stream_handed_back_total", "reason" => reason).absolute(0);
+    }
     for name in [
         "drover_gateway_job_stream_push_total",
         "drover_gateway_job_stream_push_fail_try_total",
-        "drover_gateway_job_stream_handed_back_total",
         "drover_broker_jobs_pushed_count_total",
         "drover_gateway_jobs_polled_total",
         "drover_storage_wal_syncs_total",

@@ -12,7 +12,7 @@ use tokio::sync::watch;
 
 use ractor::rpc::CallResult;
 
-use crate::core::{ActivatedJobData, JobKey, PartitionId};
+use crate::core::{ActivatedJobData, JobKey, PartitionId, YieldReason};
 use crate::gateway::streams::{LeaderLink, OfferAnswer};
 use crate::node::NodeContext;
 use crate::partition::streams::{PushOutcome, RemoteStream};
@@ -230,6 +230,13 @@ impl GatewayLink for Links {
 }
 
 impl LeaderLink for Links {
+    fn hand_back(&self, activations: Vec<(JobKey, u32)>) {
+        let Some(ctx) = self.ctx.upgrade() else { return };
+        tokio::spawn(async move {
+            crate::gateway::hand_back(&ctx, activations, YieldReason::Late).await;
+        });
+    }
+
     fn offer_room(
         &self,
         partition: PartitionId,

@@ -44,6 +44,9 @@ pub enum YieldReason {
     NotReady,
     /// It waited in a stream's buffer when the stream closed.
     StreamClosed,
+    /// Its push reached the stream after the leader stopped waiting for the
+    /// answer: no client took it, and the gateway handed it back itself.
+    Late,
 }
 
 impl YieldReason {
@@ -52,6 +55,7 @@ impl YieldReason {
             YieldReason::Unknown => "",
             YieldReason::NotReady => "no client ready",
             YieldReason::StreamClosed => "stream closed",
+            YieldReason::Late => "push answered too late",
         }
     }
 }

@@ -4,7 +4,10 @@
 //! It hands out only jobs of its stream's type and tenants (anything else
 //! went to the wrong stream and is refused), and nothing from a push that
 //! waited in its mailbox past the push's `deliver_by`: the gateway stopped
-//! waiting for that answer and reported the outcome as unknown.
+//! waiting for that answer and reported the outcome as unknown. The jobs of
+//! a push nobody waits for any more that no client took are handed back
+//! (yielded) by the gateway itself: their leader, which could not tell, would
+//! leave them to their activation timeout.
 //!
 //! It also owns the stream's room: every push's answer says how many more
 //! jobs the clients can take, and a partition whose push found the stream
@@ -151,7 +154,7 @@ impl Actor for StreamAggregator {
                 }
                 let rejected = if Instant::now() > deliver_by {
                     metrics::counter!("drover_gateway_job_stream_push_late_total").increment(jobs.len() as u64);
-                    jobs.iter().map(|j| j.key).collect()
+                    jobs.iter().map(|j| (j.key, j.attempt)).collect()
                 } else {
                     state.push(jobs)
                 };
@@ -162,7 +165,15 @@ impl Actor for StreamAggregator {
                 if room == 0 && !state.waiting.contains(&partition) {
                     state.waiting.push(partition);
                 }
-                let _ = reply.send((rejected, room));
+                let keys = rejected.iter().map(|(key, _)| *key).collect();
+                if reply.send((keys, room)).is_err() && !rejected.is_empty() {
+                    // Nobody waits for this answer any more: the leader took the
+                    // push's outcome as unknown and would leave the jobs no
+                    // client took to their activation timeout.
+                    if let Some(leaders) = &state.leaders {
+                        leaders.hand_back(rejected);
+                    }
+                }
                 state.offer_room(&myself);
             }
             AggregatorMsg::Clients { reply } => {
@@ -289,7 +300,7 @@ impl AggregatorState {
     /// Each job goes to a client picked at random; when the pick is not ready
     /// (it holds as many jobs as it allows, or it is gone) the others are tried.
     /// Jobs of another type or tenant are refused.
-    fn push(&self, jobs: Vec<ActivatedJobData>) -> Vec<JobKey> {
+    fn push(&self, jobs: Vec<ActivatedJobData>) -> Vec<(JobKey, u32)> {
         let now = Instant::now();
         self.held.expire(now);
         let expires = now + Duration::from_millis(self.key.timeout_ms.max(0) as u64);
@@ -305,7 +316,7 @@ impl AggregatorState {
                     tenant = %job.spec.tenant,
                     "refused a pushed job this stream does not serve"
                 );
-                rejected.push(job.key);
+                rejected.push((job.key, job.attempt));
                 continue;
             }
             let mut message = Some(Ok(convert::activated_job(&job, &self.key.fetch_variables)));
@@ -335,7 +346,7 @@ impl AggregatorState {
                 }
             }
             if message.is_some() {
-                rejected.push(job.key);
+                rejected.push((job.key, job.attempt));
             } else {
                 metrics::counter!("drover_gateway_job_stream_push_total").increment(1);
             }

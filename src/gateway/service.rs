@@ -284,6 +284,28 @@ fn split_by_bytes(indexes: Vec<usize>, commands: Vec<Command>, max_bytes: usize)
     batches
 }
 
+/// Yields pushed activations that never reached a worker, for `reason`, so
+/// their jobs go to another worker now rather than at their activation
+/// timeout. An activation that ended meanwhile is left as it is (the yield
+/// names its attempt).
+pub(crate) async fn hand_back(ctx: &NodeContext, activations: Vec<(JobKey, u32)>, reason: YieldReason) {
+    if activations.is_empty() {
+        return;
+    }
+    let gateway = ctx.node_id;
+    let commands = activations
+        .into_iter()
+        .map(|(key, attempt)| Ok((key.partition(), Command::Yield { key, attempt, gateway, reason })))
+        .collect();
+    let deadline = Instant::now() + ctx.request_timeout;
+    let yielded = run_chunk(ctx, None, commands, deadline).await.iter().filter(|result| result.is_ok()).count();
+    let reason = match reason {
+        YieldReason::Late => "late",
+        _ => "stream_closed",
+    };
+    metrics::counter!("drover_gateway_job_stream_handed_back_total", "reason" => reason).increment(yielded as u64);
+}
+
 /// Runs a chunk of per-key commands: per partition, batches cut by bytes and
 /// run in order; the partitions concurrently; results back in the chunk's order.
 pub(super) async fn run_chunk(
@@ -622,17 +644,7 @@ impl Gateway for GatewayService {
                 for (key, attempt) in &buffered {
                     ctx.gateway_streams.release(*key, *attempt);
                 }
-                if buffered.is_empty() {
-                    return;
-                }
-                let (gateway, reason) = (ctx.node_id, YieldReason::StreamClosed);
-                let commands = buffered
-                    .into_iter()
-                    .map(|(key, attempt)| Ok((key.partition(), Command::Yield { key, attempt, gateway, reason })))
-                    .collect();
-                let deadline = Instant::now() + ctx.request_timeout;
-                let count = run_chunk(&ctx, None, commands, deadline).await.len();
-                metrics::counter!("drover_gateway_job_stream_handed_back_total").increment(count as u64);
+                hand_back(&ctx, buffered, YieldReason::StreamClosed).await;
             });
         });
         Ok(Response::new(ClientStream::new(opened, on_close).with_job_tokens(&self.ctx.auth)))

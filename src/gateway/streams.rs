@@ -31,7 +31,10 @@
 //! [`PUSH_DELIVER_WITHIN`], and the gateway waits for its answer up to
 //! [`PUSH_ANSWER_WITHIN`]. A push still unanswered then is reported as of
 //! unknown outcome, so its jobs are not yielded to a second worker while the
-//! first may still receive them.
+//! first may still receive them. When the aggregator comes to that push, it
+//! knows which jobs no client took, and the gateway yields those itself
+//! ([`LeaderLink::hand_back`]) instead of leaving them to their activation
+//! timeout.
 
 use std::collections::{BTreeMap, HashMap};
 use std::future::Future;
@@ -70,6 +73,11 @@ pub trait LeaderLink: Send + Sync + 'static {
         stream: &RemoteStream,
         room: u32,
     ) -> Pin<Box<dyn Future<Output = OfferAnswer> + Send>>;
+
+    /// Yields pushed activations that no client took, from a push whose
+    /// leader had stopped waiting for the answer (and so would leave them to
+    /// their activation timeout).
+    fn hand_back(&self, activations: Vec<(JobKey, u32)>);
 }
 
 /// What became of an offer of room.
@@ -680,8 +688,18 @@ mod tests {
         assert_eq!(rejected(outcome), vec![JobKey(12)], "two released by tag and by key alone");
     }
 
-    /// Partition leaders that take every offer of room, noting it.
-    struct Leaders(std::sync::mpsc::Sender<(PartitionId, u32)>);
+    /// Partition leaders that take every offer of room, noting it, and note
+    /// the activations handed back to them.
+    struct Leaders {
+        offers: std::sync::mpsc::Sender<(PartitionId, u32)>,
+        handed_back: std::sync::mpsc::Sender<(JobKey, u32)>,
+    }
+
+    impl Leaders {
+        fn new(offers: std::sync::mpsc::Sender<(PartitionId, u32)>) -> Arc<Leaders> {
+            Arc::new(Leaders { offers, handed_back: std::sync::mpsc::channel().0 })
+        }
+    }
 
     impl LeaderLink for Leaders {
         fn offer_room(
@@ -690,8 +708,14 @@ mod tests {
             _stream: &RemoteStream,
             room: u32,
         ) -> Pin<Box<dyn Future<Output = OfferAnswer> + Send>> {
-            self.0.send((partition, room)).unwrap();
+            self.offers.send((partition, room)).unwrap();
             Box::pin(async { OfferAnswer::Accepted })
+        }
+
+        fn hand_back(&self, activations: Vec<(JobKey, u32)>) {
+            for activation in activations {
+                let _ = self.handed_back.send(activation);
+            }
         }
     }
 
@@ -699,7 +723,7 @@ mod tests {
     async fn a_full_stream_offers_freed_room_to_one_waiting_partition_at_a_time() {
         let streams = GatewayStreams::new(0);
         let (offered, offers) = std::sync::mpsc::channel();
-        streams.connect(Arc::new(Leaders(offered)));
+        streams.connect(Leaders::new(offered));
         let mut opened = streams.open(&spec(60_000, &[]), 2).await.unwrap();
         let t = |n: u64| job(n, "t", crate::core::DEFAULT_TENANT, 0);
         let answer = |outcome| match outcome {
@@ -787,8 +811,10 @@ mod tests {
     }
 
     #[tokio::test]
-    async fn a_push_that_waited_past_its_time_hands_out_nothing() {
+    async fn a_push_that_waited_past_its_time_hands_out_nothing_and_hands_its_jobs_back() {
         let streams = GatewayStreams::new(0);
+        let (handed_back, handed_back_to) = std::sync::mpsc::channel();
+        streams.connect(Arc::new(Leaders { offers: std::sync::mpsc::channel().0, handed_back }));
         let mut opened = streams.open(&spec(60_000, &[]), 8).await.unwrap();
         streams.slow_down_next_push(PUSH_ANSWER_WITHIN + Duration::from_millis(200));
         let outcome = streams.push(opened.stream_id, 0, vec![job(1, "t", crate::core::DEFAULT_TENANT, 0)]).await;
@@ -798,5 +824,8 @@ mod tests {
         assert_eq!(rejected(outcome), vec![]);
         assert_eq!(opened.receiver.try_recv().unwrap().unwrap().key, 2, "only the push in time is delivered");
         assert!(opened.receiver.try_recv().is_err());
+        // Nobody waited for the late push's answer: its job went back to its
+        // leader (the answered push's leader yields what it is told of).
+        assert_eq!(handed_back_to.try_iter().collect::<Vec<_>>(), vec![(JobKey(1), 1)]);
     }
 }
