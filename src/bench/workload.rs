@@ -85,6 +85,12 @@ pub struct Figures {
     pub cluster_requests_per_job: Vec<(String, f64)>,
     /// Client requests the local gateways answered per completed job, by method.
     pub client_requests_per_job: Vec<(String, f64)>,
+    /// Pushed jobs whose leader could not tell whether a worker got them,
+    /// summed over the local nodes; of those, the ones their gateway handed
+    /// back when it came to the push. The rest wait for their activation
+    /// timeout (a run's slowest job then takes that long).
+    pub pushed_outcome_unknown: u64,
+    pub handed_back_late: u64,
 }
 
 impl Figures {
@@ -146,6 +152,12 @@ impl Figures {
                 let each: Vec<String> = requests.iter().map(|(m, n)| format!("{m} {n:.3}")).collect();
                 println!("  {what} per job  {total:.3}: {}", each.join(", "));
             }
+        }
+        if self.pushed_outcome_unknown > 0 || self.handed_back_late > 0 {
+            println!(
+                "  pushed jobs of unknown outcome  {} ({} handed back by their gateway, the rest wait for their activation timeout)",
+                self.pushed_outcome_unknown, self.handed_back_late
+            );
         }
         if let Some(load) = self.load_average_before {
             println!("  load average before           {load:.2}");
@@ -544,6 +556,14 @@ async fn work_one_by_one(
     Ok(latency)
 }
 
+/// Pushed jobs of unknown outcome and jobs handed back late, summed over
+/// the local nodes.
+async fn push_doubts(cluster: Option<&LocalCluster>) -> (f64, f64) {
+    let unknown = "drover_broker_jobs_push_fail_try_count_total{code=\"UNKNOWN\"} ";
+    let late = "drover_gateway_job_stream_handed_back_total{reason=\"late\"} ";
+    (sample_per_node(cluster, unknown).await.iter().sum(), sample_per_node(cluster, late).await.iter().sum())
+}
+
 async fn wal_syncs(cluster: Option<&LocalCluster>) -> Vec<u64> {
     sample_per_node(cluster, "drover_storage_wal_syncs_total ").await.into_iter().map(|v| v as u64).collect()
 }
@@ -632,6 +652,7 @@ async fn run(
     let (stop_tx, stop_rx) = watch::channel(false);
     let rss_start = cluster.map(|c| c.resident_bytes()).unwrap_or_default();
     let syncs_before = wal_syncs(cluster).await;
+    let doubts_before = push_doubts(cluster).await;
     let written_before = written(cluster).await;
     let cluster_requests_before = requests_by_method(cluster, crate::gateway::CLUSTER_REQUESTS).await;
     let client_requests_before = requests_by_method(cluster, "drover_grpc_requests_total").await;
@@ -758,6 +779,7 @@ async fn run(
         let _ = sampler.await;
     }
     let syncs_after = wal_syncs(cluster).await;
+    let doubts_after = push_doubts(cluster).await;
     let written_after = written(cluster).await;
     let cluster_requests_after = requests_by_method(cluster, crate::gateway::CLUSTER_REQUESTS).await;
     let client_requests_after = requests_by_method(cluster, "drover_grpc_requests_total").await;
@@ -768,6 +790,8 @@ async fn run(
         load_average_before,
         cpu_steal_percent: cpu.map(|(steal, _)| steal),
         cpu_busy_percent: cpu.map(|(_, busy)| busy),
+        pushed_outcome_unknown: (doubts_after.0 - doubts_before.0).max(0.0) as u64,
+        handed_back_late: (doubts_after.1 - doubts_before.1).max(0.0) as u64,
         ..Figures::default()
     };
     if let Some(cluster) = cluster {
