@@ -9,7 +9,14 @@
 //! Replication reads at most [`MAX_APPEND_BYTES`] of entries for one append
 //! (at least one entry), so an append ships and syncs within a heartbeat and
 //! fits the cluster's message limit.
+//!
+//! The entries this node appended are also kept, as they were handed over,
+//! until the state machine reads them to apply them ([`Unapplied`]): apply
+//! then takes them instead of reading them back from RocksDB and decoding
+//! them. Anything not kept (after a restart, or past the bound) is read from
+//! the database as before.
 
+use std::collections::BTreeMap;
 use std::fmt::Debug;
 use std::io;
 use std::ops::{Bound, RangeBounds};
@@ -29,13 +36,96 @@ const COMMITTED: &str = "committed";
 /// larger (it then goes alone).
 pub const MAX_APPEND_BYTES: usize = 8 << 20;
 
-#[derive(Clone)]
+/// Entries kept for apply, at most: a state machine that falls further
+/// behind reads the rest from the database.
+const UNAPPLIED_MAX_ENTRIES: usize = 1024;
+/// Bytes (as stored) of entries kept for apply, at most.
+const UNAPPLIED_MAX_BYTES: usize = 32 << 20;
+
 pub struct LogStore {
     partition: PartitionId,
     store: Arc<Store>,
     max_append_bytes: usize,
     /// How far purges have deleted the log.
     purged: DeletedBelow,
+    /// Entries appended here and not yet read for apply (readers, which
+    /// replicate, start without any).
+    unapplied: Unapplied,
+}
+
+impl Clone for LogStore {
+    fn clone(&self) -> Self {
+        LogStore {
+            partition: self.partition,
+            store: Arc::clone(&self.store),
+            max_append_bytes: self.max_append_bytes,
+            purged: self.purged.clone(),
+            unapplied: Unapplied::default(),
+        }
+    }
+}
+
+/// Entries by index, as appended, until apply takes them; bounded by
+/// [`UNAPPLIED_MAX_ENTRIES`] and [`UNAPPLIED_MAX_BYTES`]. It holds only what
+/// the log holds: an append replaces what it overwrites, truncation and
+/// purges drop what they delete.
+#[derive(Default)]
+struct Unapplied {
+    entries: BTreeMap<u64, (Entry<TypeConfig>, usize)>,
+    bytes: usize,
+}
+
+impl Unapplied {
+    /// Keeps `entry` (`bytes` as stored) at `index`, after dropping whatever
+    /// was kept at `index` and after it (an append overwrites the log from its
+    /// first entry on). Past the bound, it is not kept.
+    fn append(&mut self, index: u64, entry: Entry<TypeConfig>, bytes: usize) {
+        self.drop_from(index);
+        if self.entries.len() < UNAPPLIED_MAX_ENTRIES && self.bytes + bytes <= UNAPPLIED_MAX_BYTES {
+            self.bytes += bytes;
+            self.entries.insert(index, (entry, bytes));
+        }
+    }
+
+    /// Takes the entries `start..end` if every one of them is kept, and drops
+    /// anything before `start` (apply has gone past it).
+    fn take(&mut self, start: u64, end: u64) -> Option<Vec<Entry<TypeConfig>>> {
+        let mut rest = self.entries.split_off(&start);
+        for (_, bytes) in self.entries.values() {
+            self.bytes -= bytes;
+        }
+        let complete =
+            end > start && end - start <= rest.len() as u64 && rest.range(start..end).count() as u64 == end - start;
+        if !complete {
+            self.entries = rest;
+            return None;
+        }
+        let after = rest.split_off(&end);
+        self.entries = after;
+        let taken: Vec<Entry<TypeConfig>> = rest
+            .into_values()
+            .map(|(entry, bytes)| {
+                self.bytes -= bytes;
+                entry
+            })
+            .collect();
+        Some(taken)
+    }
+
+    /// Drops the entries from `index` on (the log was truncated there).
+    fn drop_from(&mut self, index: u64) {
+        for (_, bytes) in self.entries.split_off(&index).into_values() {
+            self.bytes -= bytes;
+        }
+    }
+
+    /// Drops the entries up to `index` (purged).
+    fn drop_through(&mut self, index: u64) {
+        let rest = self.entries.split_off(&index.saturating_add(1));
+        for (_, bytes) in std::mem::replace(&mut self.entries, rest).into_values() {
+            self.bytes -= bytes;
+        }
+    }
 }
 
 impl LogStore {
@@ -47,6 +137,7 @@ impl LogStore {
             store,
             max_append_bytes: MAX_APPEND_BYTES.min(max_message_bytes / 2),
             purged: DeletedBelow::default(),
+            unapplied: Unapplied::default(),
         }
     }
 
@@ -75,6 +166,9 @@ impl RaftLogReader<TypeConfig> for LogStore {
             Bound::Excluded(i) => *i,
             Bound::Unbounded => u64::MAX,
         };
+        if let Some(entries) = self.unapplied.take(start, end) {
+            return Ok(entries);
+        }
         let rows = self.store.scan(Table::Log, self.partition, start..end).map_err(read_err)?;
         rows.iter().map(|(_, bytes)| storage::decode("raft log", bytes).map_err(read_err)).collect()
     }
@@ -151,7 +245,11 @@ impl RaftLogStorage<TypeConfig> for LogStore {
         let mut batch = self.store.batch();
         let mut count = 0u64;
         for entry in entries {
-            batch.put(Table::Log, storage::key(self.partition, entry.get_log_id().index), storage::encode(&entry));
+            let index = entry.get_log_id().index;
+            let encoded = storage::encode(&entry);
+            let bytes = encoded.len();
+            batch.put(Table::Log, storage::key(self.partition, index), encoded);
+            self.unapplied.append(index, entry, bytes);
             count += 1;
         }
         metrics::counter!("drover_raft_entries_appended_total").increment(count);
@@ -176,6 +274,7 @@ impl RaftLogStorage<TypeConfig> for LogStore {
         let mut batch = self.store.batch();
         batch.delete_ids(Table::Log, self.partition, log_id.index..u64::MAX);
         self.store.write_synced(batch);
+        self.unapplied.drop_from(log_id.index);
         Ok(())
     }
 
@@ -184,6 +283,74 @@ impl RaftLogStorage<TypeConfig> for LogStore {
         batch.put(Table::Meta, meta_key(self.partition, PURGED), storage::encode(&log_id));
         self.purged.delete_below(&mut batch, Table::Log, self.partition, log_id.index + 1);
         self.store.write(batch);
+        self.unapplied.drop_through(log_id.index);
         Ok(())
+    }
+}
+
+#[cfg(test)]
+mod tests {
+    use openraft::{CommittedLeaderId, EntryPayload};
+
+    use super::*;
+
+    fn entry(term: u64, index: u64) -> Entry<TypeConfig> {
+        Entry { log_id: LogId::new(CommittedLeaderId::new(term, 1), index), payload: EntryPayload::Blank }
+    }
+
+    fn indexes_and_terms(entries: &[Entry<TypeConfig>]) -> Vec<(u64, u64)> {
+        entries.iter().map(|e| (e.log_id.index, e.log_id.leader_id.term)).collect()
+    }
+
+    #[test]
+    fn apply_takes_whole_ranges_of_kept_entries_and_nothing_else() {
+        let mut kept = Unapplied::default();
+        for index in 1..=5 {
+            kept.append(index, entry(1, index), 10);
+        }
+        assert_eq!(kept.take(1, 3).as_deref().map(indexes_and_terms), Some(vec![(1, 1), (2, 1)]));
+        assert_eq!(kept.take(1, 3).map(|e| e.len()), None, "taken once: a second read goes to the database");
+        assert!(kept.take(3, 7).is_none(), "6 was never kept");
+        assert!(kept.take(3, u64::MAX).is_none(), "an open range is never complete");
+        assert_eq!(kept.take(3, 6).as_deref().map(indexes_and_terms), Some(vec![(3, 1), (4, 1), (5, 1)]));
+        assert_eq!((kept.entries.len(), kept.bytes), (0, 0));
+    }
+
+    #[test]
+    fn kept_entries_follow_overwrites_truncation_and_purges() {
+        let mut kept = Unapplied::default();
+        for index in 1..=6 {
+            kept.append(index, entry(1, index), 10);
+        }
+        // A new leader's entry overwrites 4 and everything after it.
+        kept.append(4, entry(2, 4), 10);
+        assert!(!kept.entries.contains_key(&5), "5 of the old term is gone with the overwrite");
+        kept.append(5, entry(2, 5), 10);
+        kept.drop_from(5);
+        kept.drop_through(1);
+        assert_eq!(kept.bytes, 30);
+        assert!(kept.take(1, 3).is_none(), "1 was purged");
+        assert_eq!(kept.take(2, 5).as_deref().map(indexes_and_terms), Some(vec![(2, 1), (3, 1), (4, 2)]));
+        assert_eq!(kept.bytes, 0);
+    }
+
+    #[test]
+    fn a_read_from_an_index_drops_what_was_kept_before_it() {
+        let mut kept = Unapplied::default();
+        for index in 1..=3 {
+            kept.append(index, entry(1, index), 10);
+        }
+        assert!(kept.take(2, 5).is_none());
+        assert_eq!(kept.bytes, 20, "1 dropped: apply has gone past it");
+        assert!(kept.take(1, 2).is_none());
+    }
+
+    #[test]
+    fn entries_past_the_bound_are_not_kept() {
+        let mut kept = Unapplied::default();
+        kept.append(1, entry(1, 1), UNAPPLIED_MAX_BYTES);
+        kept.append(2, entry(1, 2), 1);
+        assert!(kept.take(1, 3).is_none(), "2 did not fit");
+        assert_eq!(kept.take(1, 2).map(|e| e.len()), Some(1), "the failed take dropped nothing at or after its start");
     }
 }
