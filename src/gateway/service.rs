@@ -301,7 +301,9 @@ pub(crate) async fn hand_back(ctx: &NodeContext, activations: Vec<(JobKey, u32)>
     let yielded = run_chunk(ctx, None, commands, deadline).await.iter().filter(|result| result.is_ok()).count();
     let reason = match reason {
         YieldReason::Late => "late",
-        _ => "stream_closed",
+        YieldReason::StreamClosed => "stream_closed",
+        YieldReason::NotReady => "not_ready",
+        YieldReason::Unknown => "unknown",
     };
     metrics::counter!("drover_gateway_job_stream_handed_back_total", "reason" => reason).increment(yielded as u64);
 }
