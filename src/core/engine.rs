@@ -70,8 +70,8 @@ const REQUEST_SEQ_BITS: u32 = 20;
 /// Expiry times fit in the 44 bits above: until the year 2527.
 const MAX_REQUEST_EXPIRY: Millis = (1 << (64 - REQUEST_SEQ_BITS)) - 1;
 
-/// Where a request entry is stored: its expiry time in the high bits, so one
-/// range delete drops every expired entry, and a sequence number below it.
+/// Where a request entry is stored: its expiry time in the high bits, so
+/// entries are stored in the order they expire, and a sequence number below it.
 pub fn request_storage_id(expires_at: Millis, seq: u64) -> u64 {
     let at = expires_at.clamp(0, MAX_REQUEST_EXPIRY) as u64;
     (at << REQUEST_SEQ_BITS) | (seq & ((1 << REQUEST_SEQ_BITS) - 1))
@@ -105,9 +105,9 @@ pub struct ApplyOutput {
     pub activated_to_completed: Vec<Millis>,
     /// Request entries made in this batch, with their storage ids.
     pub requests_added: Vec<(u64, RequestId, Deduped)>,
-    /// How many request entries expired in this batch (every storage id
-    /// below [`request_expiry_bound`] of the batch's time is gone).
-    pub requests_expired: usize,
+    /// Storage ids of the request entries that expired in this batch (every
+    /// one below [`request_expiry_bound`] of the batch's time).
+    pub requests_expired: Vec<u64>,
     /// (job type, stage) of each checkpoint committed in this batch.
     pub checkpoints: Vec<(String, String)>,
     /// (job type, reason, worker) of each failure recorded in this batch.
@@ -327,9 +327,9 @@ impl PartitionState {
             if *entry.key() >= bound {
                 break;
             }
-            let request = entry.remove();
+            let (id, request) = entry.remove_entry();
             self.requests.remove(&request);
-            out.requests_expired += 1;
+            out.requests_expired.push(id);
         }
     }
 

@@ -34,8 +34,8 @@ use tokio::sync::oneshot;
 
 use super::{records, BatchResponse, NodeId, TypeConfig};
 use crate::core::{
-    request_expiry_bound, Deduped, Job, JobFilter, JobKey, JobRef, Millis, PartitionId, PartitionState, Registry,
-    RequestId, Retention, StateSnapshot,
+    Deduped, Job, JobFilter, JobKey, JobRef, Millis, PartitionId, PartitionState, Registry, RequestId, Retention,
+    StateSnapshot,
 };
 use crate::storage::{self, key, meta_key, Store, Table};
 
@@ -175,8 +175,10 @@ impl Finished {
     }
 
     /// Drops the oldest records while there are more than `retention` keeps
-    /// at `now`. The expiry index entries are removed by the caller, as one
-    /// range per apply.
+    /// at `now`, with their expiry index entries. Every deletion names its
+    /// key: a range deletion per apply would leave RocksDB thousands of range
+    /// tombstones per memtable to fragment at each flush (see
+    /// [`storage::Batch::delete_ids`]).
     fn prune(&mut self, batch: &mut storage::Batch<'_>, partition: PartitionId, retention: Retention, now: Millis) {
         let oldest_kept = now.saturating_sub(retention.max_age_ms);
         while let Some(&(at, job)) = self.order.front() {
@@ -185,6 +187,7 @@ impl Finished {
             }
             batch.delete(Table::Done, key(partition, job.0));
             batch.delete(Table::Specs, key(partition, job.0));
+            batch.delete(Table::Expiry, key(partition, self.first));
             self.order.pop_front();
             self.first += 1;
         }
@@ -406,8 +409,6 @@ pub struct StateMachine {
     replayed_until: u64,
     /// Whether openraft has had the snapshot identity it reads at start.
     identity_served: bool,
-    /// How far expiries have deleted request entries.
-    requests_deleted: storage::DeletedBelow,
     store: Arc<Store>,
     shared: Arc<SharedState>,
 }
@@ -501,14 +502,7 @@ impl StateMachine {
             waiters: Mutex::default(),
         });
         Ok((
-            StateMachine {
-                partition,
-                replayed_until,
-                identity_served: false,
-                requests_deleted: Default::default(),
-                store,
-                shared: Arc::clone(&shared),
-            },
+            StateMachine { partition, replayed_until, identity_served: false, store, shared: Arc::clone(&shared) },
             shared,
         ))
     }
@@ -587,9 +581,8 @@ impl RaftStateMachine<TypeConfig> for StateMachine {
                         metrics::counter!("drover_worker_sessions_died_total", "partition" => self.partition.to_string())
                             .increment(1);
                     }
-                    if out.requests_expired > 0 {
-                        let below = request_expiry_bound(now);
-                        self.requests_deleted.delete_below(&mut batch, Table::Requests, self.partition, below);
+                    for id in &out.requests_expired {
+                        batch.delete(Table::Requests, key(self.partition, *id));
                     }
                     for (id, request, entry) in &out.requests_added {
                         batch.put(Table::Requests, key(self.partition, *id), storage::encode(&(request, entry)));
@@ -625,7 +618,6 @@ impl RaftStateMachine<TypeConfig> for StateMachine {
         }
         let pruned_to = inner.finished.first;
         if pruned_to > pruned_from {
-            batch.delete_ids(Table::Expiry, self.partition, pruned_from..pruned_to);
             metrics::counter!("drover_jobs_pruned_total", "partition" => self.partition.to_string())
                 .increment(pruned_to - pruned_from);
         }
@@ -676,7 +668,6 @@ impl RaftStateMachine<TypeConfig> for StateMachine {
         batch.delete_ids(Table::Expiry, self.partition, 0..u64::MAX);
         batch.delete_ids(Table::Requests, self.partition, 0..u64::MAX);
         batch.delete_ids(Table::Specs, self.partition, 0..u64::MAX);
-        self.requests_deleted.reset();
         for (id, request, entry) in &body.requests {
             batch.put(Table::Requests, key(self.partition, *id), storage::encode(&(request, entry)));
         }
@@ -891,6 +882,57 @@ mod tests {
         let (_sm, shared) =
             StateMachine::open(0, Store::open(&dir.path().join("a")).unwrap(), dir.path().join("snap-a")).unwrap();
         assert_eq!(states(&shared), vec![(6, JobState::Cancelled)]);
+    }
+
+    fn stored_ids(store: &Store, table: Table) -> Vec<u64> {
+        let mut ids = Vec::new();
+        store
+            .for_each(table, 0, |id, _| {
+                ids.push(id);
+                Ok(())
+            })
+            .unwrap();
+        ids
+    }
+
+    #[tokio::test]
+    async fn expired_request_entries_and_pruned_expiry_entries_leave_storage_one_by_one() {
+        use crate::core::RequestId;
+        let dir = tempfile::tempdir().unwrap();
+        let store = Store::open(&dir.path().join("a")).unwrap();
+        let (mut sm, _shared) = StateMachine::open(0, Arc::clone(&store), dir.path().join("snap-a")).unwrap();
+        let create_as = |seq: u64, window: Millis| {
+            let Command::Create(mut job) = create() else { unreachable!("create() makes a create") };
+            job.request = Some(RequestId::Gateway { node: 1, epoch: 7, seq });
+            job.dedupe_window_ms = window;
+            Command::Create(job)
+        };
+        // Request 1 is remembered for 5 s, request 2 for a minute.
+        sm.apply([entry(1, 1_000, vec![create_as(1, 5_000), create_as(2, 60_000)])]).await.unwrap();
+        let requests = stored_ids(&store, Table::Requests);
+        assert_eq!(requests.len(), 2);
+        // At 10 s the first has expired: its entry, and only it, leaves storage.
+        sm.apply([entry(2, 10_000, Vec::new())]).await.unwrap();
+        assert_eq!(stored_ids(&store, Table::Requests), vec![requests[1]]);
+
+        // Six final records with three kept: the expiry index keeps the newest three.
+        sm.apply([entry(3, 11_000, (0..4).map(|_| create()).collect())]).await.unwrap();
+        let cancels = (1..=6).map(|c| Command::Cancel { key: JobKey::new(0, c), by: String::new() }).collect();
+        sm.apply([entry(4, 12_000, cancels)]).await.unwrap();
+        assert_eq!(stored_ids(&store, Table::Expiry), vec![3, 4, 5]);
+        assert_eq!(stored_ids(&store, Table::Done).len(), 3);
+        // Each went as a point deletion: range deletions, one or more per
+        // apply, made RocksDB fragment thousands of them at each flush.
+        store.flush_memtables();
+        assert_eq!(store.range_deletions_in_files(Table::Requests), 0);
+        assert_eq!(store.range_deletions_in_files(Table::Expiry), 0);
+
+        // A restart finds the same, and expires what is left as before.
+        drop(sm);
+        let (mut sm, _shared) = StateMachine::open(0, Arc::clone(&store), dir.path().join("snap-a")).unwrap();
+        sm.apply([entry(5, 70_000, Vec::new())]).await.unwrap();
+        assert_eq!(stored_ids(&store, Table::Requests), Vec::<u64>::new());
+        assert_eq!(stored_ids(&store, Table::Expiry), Vec::<u64>::new(), "past their age every final record goes");
     }
 
     fn spec_bytes(store: &Store) -> u64 {

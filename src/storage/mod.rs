@@ -196,7 +196,12 @@ impl Batch<'_> {
         let cf = self.store.cf(table);
         self.inner.delete_cf(cf, key);
     }
-    /// Deletes ids `range` of a partition in a table.
+    /// Deletes ids `range` of a partition in a table, as one range deletion.
+    /// For clearing a table or a stretch too long to name key by key: RocksDB
+    /// fragments every range deletion of a memtable when it flushes and again
+    /// in compactions, and with one per apply that took tens of MiB for a
+    /// moment at each flush (docs/benchmarks.md). Steady deletions name their
+    /// keys ([`Batch::delete`]).
     pub fn delete_ids(&mut self, table: Table, partition: PartitionId, range: Range<u64>) {
         let cf = self.store.cf(table);
         self.inner.delete_range_cf(cf, key(partition, range.start), key(partition, range.end));
@@ -483,6 +488,16 @@ impl Store {
     /// Writes every memtable to table files (on graceful shutdown), so the
     /// next start replays no WAL. A failure is logged: the WAL still holds
     /// everything, synced.
+    /// Range deletions in a table's files, from RocksDB's aggregated table
+    /// properties (memtables not counted: flush them first).
+    #[cfg(test)]
+    pub(crate) fn range_deletions_in_files(&self, table: Table) -> u64 {
+        let properties = self.db.property_value_cf(self.cf(table), "rocksdb.aggregated-table-properties");
+        let properties = properties.expect("read table properties").unwrap_or_default();
+        let count = properties.split(';').find_map(|p| p.trim().strip_prefix("# range deletions="));
+        count.and_then(|n| n.trim().parse().ok()).unwrap_or(0)
+    }
+
     pub fn flush_memtables(&self) {
         for name in COLUMN_FAMILIES {
             let cf = self.db.cf_handle(name).expect("column family exists");
