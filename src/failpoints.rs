@@ -15,6 +15,8 @@
 //!   for `hold_ms` before sending it, as a leader about to crash would.
 //! - `apply_hold`: a replica holds the next batch of committed entries for
 //!   `hold_ms` before applying it, as a slow follower would.
+//! - `wal_sync_hold`: a node's group-commit writer holds its next WAL sync
+//!   for `hold_ms`, as a stalled disk would.
 //!
 //! Production never sets the variable; a check is one read of a flag.
 

@@ -329,3 +329,49 @@ async fn a_restarted_leader_whose_wall_clock_is_an_hour_ahead_moves_no_deadline(
     let job = client.get_job(held).await.unwrap();
     assert_eq!((job.state.as_str(), job.attempt), ("activated", held_attempt), "a held job timed out");
 }
+
+/// A leader replicates its appends while its own sync runs, and counts itself
+/// only once that sync is done: with its disk stalled, its followers alone
+/// commit a create, and when it dies with the sync still held, the job is
+/// theirs.
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn a_leader_whose_disk_stalls_commits_with_its_followers_and_loses_nothing_when_killed() {
+    let mut cluster = cluster_with_failpoints("", 1);
+    cluster.wait_ready().await;
+    let leader = cluster.leader_of(0, Duration::from_secs(20)).await;
+    let client = Client::connect(&cluster.node(leader).grpc).await.unwrap();
+    client.create_job("stall", r#"{"marker":"before"}"#).await.expect("a create before the stall");
+
+    // The leader's next WAL sync, and every one queued behind it, waits a minute.
+    let path = "/actuator/failpoints/wal_sync_hold?count=1&hold_ms=60000";
+    let armed = http_request("PUT", &cluster.node(leader).admin, path).await.unwrap();
+    assert_eq!(armed.0, 200, "{armed:?}");
+    let create = client.create_job("stall", r#"{"marker":"stalled-leader"}"#);
+    let key = tokio::time::timeout(Duration::from_secs(20), create)
+        .await
+        .expect("a create acknowledged within 20 s while the leader's sync is held for 60 s")
+        .expect("the create succeeds");
+    cluster.kill(leader);
+    for node in cluster.live() {
+        eventually(Duration::from_secs(20), "the job on every surviving node", || {
+            let cluster = &cluster;
+            async move { !cluster.jobs_with(node, "stalled-leader").await.is_empty() }
+        })
+        .await;
+    }
+    let survivor = Client::connect(&cluster.node(cluster.live()[0]).grpc).await.unwrap();
+    let started = Instant::now();
+    loop {
+        let activated = survivor.activate("stall", "w", 10, 60_000, 1_000).await;
+        match activated {
+            Ok(jobs) if jobs.iter().any(|j| j.key == key) => break,
+            Ok(_) => {}
+            // No leader yet.
+            Err(_) => tokio::time::sleep(Duration::from_millis(50)).await,
+        }
+        assert!(
+            started.elapsed() < Duration::from_secs(20),
+            "job {key}, acknowledged under the stalled leader, was not activated after its death"
+        );
+    }
+}

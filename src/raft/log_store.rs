@@ -2,7 +2,9 @@
 //!
 //! Appends are durable before openraft hears of them: the write goes to the
 //! storage group-commit writer and `LogFlushed` fires only after the WAL sync
-//! that covers it. Votes are written synced before `save_vote` returns. A
+//! that covers it. Votes are written synced before `save_vote` returns; that
+//! sync covers every append written before it, so a leader that takes another
+//! leader's vote never answers it for entries it had not flushed. A
 //! write or sync that fails ends the process (see [`crate::storage`]), so
 //! none of these report a write error to openraft.
 //!
@@ -255,10 +257,9 @@ impl RaftLogStorage<TypeConfig> for LogStore {
         metrics::counter!("drover_raft_entries_appended_total").increment(count);
         // The entries are written (readable) when this returns; openraft learns
         // they are durable from the callback, after the group sync that covers
-        // them. openraft 0.9 awaits that callback (`append_to_log`) before it
-        // does anything else for the group: a leader replicates the entries,
-        // and a follower answers the leader, only after this node's sync.
-        // Returning early only lets the sync be shared with other partitions.
+        // them. A follower answers its leader only after that callback; a
+        // leader replicates the entries at once and counts itself in the
+        // quorum after it (vendor/openraft/DROVER.md).
         let written = std::time::Instant::now();
         self.store.write_durable(
             batch,

@@ -2,10 +2,12 @@
 //!
 //! Callers write their batch to RocksDB themselves, unsynced (it is readable at
 //! once), then ask this thread to make it durable. The thread takes every
-//! request waiting, syncs the WAL once, and tells each caller. openraft waits
-//! for that answer before it goes on with the group, so a leader sends entries
-//! to its followers only after its own sync; what group commit saves is syncs:
-//! the appends of every partition that arrive during one sync share the next.
+//! request waiting, syncs the WAL once, and tells each caller. A follower
+//! answers its leader only after that answer; a leader replicates its entries
+//! while the sync runs and counts itself in the quorum after it (the change
+//! Drover makes to openraft, `vendor/openraft/DROVER.md`). What group commit
+//! saves is syncs: the appends of every partition that arrive during one sync
+//! share the next.
 //!
 //! A sync that fails ends the process ([`fail_stop`]) before any caller
 //! waiting on it is answered.
@@ -176,6 +178,9 @@ fn run(
         // Every request was written before it was sent, so this one sync
         // covers all of them, and every write up to this sequence.
         let sequence = db.latest_sequence_number();
+        if let Some(hold) = crate::failpoints::fire("wal_sync_hold") {
+            std::thread::sleep(hold);
+        }
         attempt += 1;
         let result = if fail_sync == Some(attempt) {
             Err(format!("injected by {FAILPOINT_SYNC_FAIL_AFTER}={attempt}"))

@@ -1,6 +1,9 @@
+use std::io;
+
 use crate::core::sm;
 use crate::raft::VoteResponse;
 use crate::replication;
+use crate::LogId;
 use crate::MessageSummary;
 use crate::RaftTypeConfig;
 use crate::Vote;
@@ -41,6 +44,15 @@ where C: RaftTypeConfig
 
     /// Result of executing a command sent from state machine worker.
     StateMachine { command_result: sm::CommandResult<C> },
+
+    /// A leader's own append is flushed (or failed): the leader may now count
+    /// itself as holding entries up to `log_id` (Drover's change to 0.9.25).
+    LocalLogFlushed {
+        /// The leader's vote when it appended.
+        vote: Vote<C::NodeId>,
+        log_id: Option<LogId<C::NodeId>>,
+        result: Result<(), io::Error>,
+    },
 
     /// A tick event to wake up RaftCore to check timeout etc.
     Tick {
@@ -84,6 +96,9 @@ where C: RaftTypeConfig
             }
             Self::StateMachine { command_result } => {
                 format!("StateMachine command done: {:?}", command_result)
+            }
+            Self::LocalLogFlushed { vote, log_id, result } => {
+                format!("LocalLogFlushed: vote: {}, upto: {:?}, result: {:?}", vote, log_id, result)
             }
             Self::Tick { i } => {
                 format!("Tick {}", i)

@@ -1278,6 +1278,20 @@ where
                 }
             }
 
+            Notify::LocalLogFlushed { vote, log_id, result } => {
+                if let Err(e) = result {
+                    let e = StorageIOError::write_logs(AnyError::error(e));
+                    return Err(Fatal::from(StorageError::from(e)));
+                }
+                // The leader that appended may be gone; a later leader of this
+                // node starts from what its vote's synced write covered.
+                if self.engine.leader.as_ref().is_some_and(|l| l.vote == vote) {
+                    if let Ok(mut lh) = self.engine.leader_handler() {
+                        lh.replication_handler().update_local_progress(log_id);
+                    }
+                }
+            }
+
             Notify::Tick { i } => {
                 // check every timer
 
@@ -1636,6 +1650,23 @@ where
             Command::AppendInputEntries { vote, entries } => {
                 let last_log_id = entries.last().unwrap().get_log_id().clone();
                 tracing::debug!("AppendInputEntries: {}", DisplaySlice::<_>(&entries),);
+
+                // (Drover's change to 0.9.25.) A leader's own append is not
+                // awaited: the `Replicate` commands after this one send the
+                // entries while they are being flushed, and the leader counts
+                // itself in the quorum only when `Notify::LocalLogFlushed`
+                // arrives. A follower still flushes before it answers.
+                //
+                // A leader that loses its vote to another leader saves the
+                // new vote (a synced write to the same log store) before it
+                // answers that leader, so it never reports entries it has not
+                // flushed.
+                if self.engine.leader.as_ref().is_some_and(|l| l.vote == vote) {
+                    let log_io_id = LogIOId::new(vote.clone(), Some(last_log_id));
+                    let callback = LogFlushed::notify(log_io_id, vote, self.tx_notify.clone());
+                    self.log_store.append(entries, callback).await?;
+                    return Ok(None);
+                }
 
                 self.append_to_log(entries, vote, last_log_id.clone()).await?;
 
