@@ -514,3 +514,32 @@ async fn a_leader_hands_nothing_to_a_preferred_node_that_stopped() {
 async fn replica_status(cluster: &ProcessCluster, node: usize, partition: u32) -> Option<PartitionStatus> {
     cluster.status(node).await?.into_iter().find(|s| s.partition == partition)
 }
+
+/// A leader tells its followers of a commit soon after it, with the next
+/// append or, when none comes, a request of its own a few milliseconds later;
+/// never only with the next heartbeat, here seconds away.
+#[tokio::test]
+async fn followers_apply_a_lone_create_long_before_the_next_heartbeat() {
+    let cluster = ProcessCluster::start(3, 1, 3, &["--heartbeat-ms", "3000", "--election-timeout-ms", "7000"]);
+    cluster.wait_ready().await;
+    let leader = cluster.leader_of(0, Duration::from_secs(60)).await;
+    let client = cluster.node(leader).client().await;
+    for n in 0..3 {
+        let marker = format!("lone-{n}");
+        client.create_job("lone", &format!(r#"{{"marker":"{marker}"}}"#)).await.unwrap();
+        let created = Instant::now();
+        for follower in cluster.live().into_iter().filter(|id| *id != leader) {
+            eventually(
+                Duration::from_millis(1_500),
+                "a follower to apply the create before the next heartbeat",
+                || {
+                    let cluster = &cluster;
+                    let marker = marker.clone();
+                    async move { !cluster.jobs_with(follower, &marker).await.is_empty() }
+                },
+            )
+            .await;
+        }
+        eprintln!("create {n} applied on both followers {:?} after its acknowledgement", created.elapsed());
+    }
+}

@@ -145,7 +145,18 @@ where
     /// Appropriate number of entries to send.
     /// This is only used by AppendEntries RPC.
     entries_hint: ReplicationHint,
+
+    /// (Drover's change to 0.9.25.) When to send a heartbeat that carries a
+    /// new `committed` if no entries go first: set when `committed` moves while
+    /// nothing is to be sent, cleared by the next request of any kind.
+    commit_notice_at: Option<InstantOf<C>>,
 }
+
+/// How long a new `committed` waits for the next entries to carry it before a
+/// heartbeat of its own does. A follower learns of a commit at most this late;
+/// under a steady load the next append carries it, and one request to each
+/// follower per commit is saved.
+const COMMIT_NOTICE_DELAY: Duration = Duration::from_millis(10);
 
 impl<C, N, LS> ReplicationCore<C, N, LS>
 where
@@ -198,6 +209,7 @@ where
             weak_tx_event: tx_event.downgrade(),
             next_action: None,
             entries_hint: Default::default(),
+            commit_notice_at: None,
         };
 
         let join_handle = C::AsyncRuntime::spawn(this.main().instrument(span));
@@ -217,6 +229,9 @@ where
                 self.drain_events_with_backoff().await?;
                 continue;
             };
+            // Whatever is sent now carries `committed`, or is a snapshot, after
+            // which the follower hears it with the next append.
+            self.commit_notice_at = None;
 
             // Backup the log data for retrying.
             let mut log_data = None;
@@ -630,12 +645,27 @@ where
         // If there is next action to run, do not block waiting for events,
         // instead, just try the best to drain all events.
         if self.next_action.is_none() {
-            let event =
-                self.rx_event.recv().await.ok_or(ReplicationClosed::new("rx_repl is closed in drain_event()"))?;
-            self.process_event(event);
+            let received = match self.commit_notice_at {
+                None => Some(self.rx_event.recv().await),
+                Some(at) => {
+                    select! {
+                        _ = C::sleep_until(at) => None,
+                        recv_res = self.rx_event.recv() => Some(recv_res),
+                    }
+                }
+            };
+            match received {
+                Some(recv_res) => {
+                    let event = recv_res.ok_or(ReplicationClosed::new("rx_repl is closed in drain_event()"))?;
+                    self.process_event(event);
+                }
+                // No entries came to carry the new `committed`.
+                None => self.next_action = Some(Data::new_heartbeat()),
+            }
         }
 
-        // Returning from process_event(), next_action is never None.
+        // Returning from here, next_action may be None only while a new
+        // `committed` waits for `commit_notice_at`.
 
         self.try_drain_events().await?;
 
@@ -679,9 +709,10 @@ where
 
                 self.committed = c;
 
-                // If there is no action, fill in an heartbeat action to send committed index.
-                if self.next_action.is_none() {
-                    self.next_action = Some(Data::new_heartbeat());
+                // If there is no action, a heartbeat sends the committed index
+                // unless entries do first (Drover's change: not at once).
+                if self.next_action.is_none() && self.commit_notice_at.is_none() {
+                    self.commit_notice_at = Some(C::now() + COMMIT_NOTICE_DELAY);
                 }
             }
             Replicate::Heartbeat => {
