@@ -1278,6 +1278,7 @@ where
                 }
             }
 
+            // (Drover's change to 0.9.25.) A leader's own append is flushed.
             Notify::LocalLogFlushed { vote, log_id, result } => {
                 if let Err(e) = result {
                     let e = StorageIOError::write_logs(AnyError::error(e));

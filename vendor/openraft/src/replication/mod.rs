@@ -229,8 +229,9 @@ where
                 self.drain_events_with_backoff().await?;
                 continue;
             };
-            // Whatever is sent now carries `committed`, or is a snapshot, after
-            // which the follower hears it with the next append.
+            // (Drover's change to 0.9.25.) Whatever is sent now carries
+            // `committed`, or is a snapshot, after which the follower hears
+            // it with the next append.
             self.commit_notice_at = None;
 
             // Backup the log data for retrying.
@@ -644,6 +645,8 @@ where
 
         // If there is next action to run, do not block waiting for events,
         // instead, just try the best to drain all events.
+        // (Drover's change to 0.9.25.) While a new `committed` waits for
+        // entries to carry it, wait for them only until `commit_notice_at`.
         if self.next_action.is_none() {
             let received = match self.commit_notice_at {
                 None => Some(self.rx_event.recv().await),
