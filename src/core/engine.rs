@@ -37,6 +37,9 @@ pub struct PartitionState {
     due: BTreeSet<(Millis, JobKey)>,
     /// Creates remembered for de-duplication: request id -> the job it made.
     requests: HashMap<RequestId, Deduped>,
+    /// Entries `requests` could hold when it last grew: it is kept at most
+    /// half full of this (see [`PartitionState::remember`]).
+    requests_room: usize,
     /// The same entries by [`request_storage_id`], so the earliest to expire
     /// comes first.
     request_expiry: BTreeMap<u64, RequestId>,
@@ -169,6 +172,8 @@ impl PartitionState {
             state.request_expiry.insert(id, request.clone());
             state.requests.insert(request, entry);
         }
+        state.requests.reserve(state.requests.len());
+        state.requests_room = state.requests.capacity();
         for session in registry.sessions {
             state.session_expiry.insert((session.expires_at(), session.info.id));
             state.sessions.insert(session.info.id, session);
@@ -952,8 +957,27 @@ impl PartitionState {
             // older one rather than keep an entry storage cannot hold.
             self.requests.remove(&displaced);
         }
+        // Every entry expires a window after it came, so the table churns at a
+        // steady size. Left to itself, a hash table that churns grows only when
+        // an insert finds no empty slot, which can be many windows after the
+        // entries outgrew half of it (about seven minutes at 500 creates a
+        // second): a step of memory long after the load began. Kept at most half
+        // full, it reaches its size while the first window fills, and its own
+        // clean-ups of removed entries stay in place. (`capacity()` counts
+        // removed entries' slots as taken until such a clean-up, so the room is
+        // noted when the table grows, the one moment it has none.)
+        if self.requests.len() + 1 > self.requests_room / 2 {
+            self.requests.reserve(self.requests.len() + 1);
+            self.requests_room = self.requests.capacity();
+        }
         self.requests.insert(request.clone(), entry);
         out.requests_added.push((id, request.clone(), entry));
+    }
+
+    /// Entries the dedupe table can hold before it grows (tests).
+    #[cfg(test)]
+    pub(crate) fn dedupe_capacity(&self) -> usize {
+        self.requests.capacity()
     }
 
     fn activate(&mut self, activation: &Activation, out: &mut ApplyOutput) -> Vec<ActivatedJobData> {

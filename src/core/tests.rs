@@ -542,6 +542,28 @@ fn gateway_request(seq: u64) -> RequestId {
 }
 
 #[test]
+fn the_dedupe_table_reaches_its_size_in_the_first_window_and_keeps_it() {
+    // 1,000 creates a window, one a millisecond, for fifty windows: every
+    // entry expires as a new one comes, so the table holds about 1,000.
+    // `capacity()` counts removed entries' slots as taken until the table
+    // cleans them up, so its highest value so far is the table's size: it
+    // equals the size right after each growth.
+    let mut h = Harness::new();
+    let window = 1_000;
+    let (mut size, mut after_first) = (0, 0);
+    for seq in 0..50_000u64 {
+        let now = seq as Millis + 1;
+        h.state.apply(&Batch::at(now, vec![create_as(gateway_request(seq), window, spec(0))]));
+        size = size.max(h.state.dedupe_capacity());
+        if seq == 2 * window as u64 {
+            after_first = size;
+        }
+    }
+    assert!(after_first >= 2_000, "at most half full after the first windows: room for {after_first}");
+    assert_eq!(size, after_first, "the table grew after the first windows");
+}
+
+#[test]
 fn a_repeated_create_answers_with_the_first_job_until_its_window_ends() {
     let mut h = Harness::new();
     let first = h.run(1_000, create_as(gateway_request(1), 30_000, spec(0)));
