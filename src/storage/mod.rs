@@ -169,11 +169,6 @@ impl DeletedBelow {
             self.0 = end;
         }
     }
-
-    /// Forgets the mark (after the whole table was cleared and refilled).
-    pub fn reset(&mut self) {
-        self.0 = 0;
-    }
 }
 
 /// Atomic multi-table writes, built by callers and committed with [`Store::write`]
@@ -485,9 +480,6 @@ impl Store {
         }
     }
 
-    /// Writes every memtable to table files (on graceful shutdown), so the
-    /// next start replays no WAL. A failure is logged: the WAL still holds
-    /// everything, synced.
     /// Range deletions in a table's files, from RocksDB's aggregated table
     /// properties (memtables not counted: flush them first).
     #[cfg(test)]
@@ -498,6 +490,9 @@ impl Store {
         count.and_then(|n| n.trim().parse().ok()).unwrap_or(0)
     }
 
+    /// Writes every memtable to table files (on graceful shutdown), so the
+    /// next start replays no WAL. A failure is logged: the WAL still holds
+    /// everything, synced.
     pub fn flush_memtables(&self) {
         for name in COLUMN_FAMILIES {
             let cf = self.db.cf_handle(name).expect("column family exists");
