@@ -17,6 +17,13 @@ use super::session::*;
 /// (older first): FIFO within a priority.
 type ReadyQueue = BTreeSet<(Reverse<i32>, JobKey)>;
 
+/// A map whose keys the broker makes (job keys) or that every job looks up
+/// (job types and their queues), hashed with foldhash: seeded per process
+/// like the standard hasher, and several times quicker on short keys. The
+/// request table keeps the standard (SipHash) hasher: its keys include
+/// producers' idempotency keys, chosen by clients.
+type FastMap<K, V> = HashMap<K, V, foldhash::fast::RandomState>;
+
 /// The in-memory state of one partition: every job that is not final, plus the
 /// indexes that answer "what is activatable" and "what timer fires next".
 /// Final jobs (completed, cancelled) leave memory through [`ApplyOutput::finished`];
@@ -26,11 +33,11 @@ pub struct PartitionState {
     partition: PartitionId,
     next_counter: u64,
     clock: Millis,
-    jobs: HashMap<JobKey, Job>,
+    jobs: FastMap<JobKey, Job>,
     /// type -> (tenant, routing) -> queue: jobs of one tenant with other
     /// labels wait apart, so an activation skips a whole queue its taker
     /// may not serve instead of job by job.
-    ready: HashMap<String, HashMap<QueueKey, ReadyQueue>>,
+    ready: FastMap<String, FastMap<QueueKey, ReadyQueue>>,
     /// Activated jobs by deadline.
     deadlines: BTreeSet<(Millis, JobKey)>,
     /// Scheduled jobs by due time.
@@ -1147,12 +1154,13 @@ impl PartitionState {
         if !out.available.iter().any(|t| t == job_type) {
             out.available.push(job_type.clone());
         }
-        self.ready
-            .entry(job_type.clone())
-            .or_default()
-            .entry(QueueKey::of(job))
-            .or_default()
-            .insert((Reverse(job.spec.priority), key));
+        let entry = (Reverse(job.spec.priority), key);
+        // The type's queue usually exists: look it up before cloning names.
+        let queue = match self.ready.get_mut(job_type) {
+            Some(queues) => queues.entry(QueueKey::of(job)).or_default(),
+            None => self.ready.entry(job_type.clone()).or_default().entry(QueueKey::of(job)).or_default(),
+        };
+        queue.insert(entry);
         out.touched.push(key);
     }
 
