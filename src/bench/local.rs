@@ -276,6 +276,32 @@ impl LocalCluster {
     }
 }
 
+impl LocalCluster {
+    /// Whether the nodes' logs are in a temporary directory, removed with
+    /// the cluster (no `--local-dir`).
+    pub fn logs_are_temporary(&self) -> bool {
+        self._temp.is_some()
+    }
+
+    /// Copies the nodes' logs into `dir` (made if needed), so that they
+    /// outlive a temporary directory; the copies' paths.
+    pub fn keep_logs(&self, dir: &Path) -> anyhow::Result<Vec<PathBuf>> {
+        copy_logs(self.nodes.iter().map(|node| node.log.as_path()), dir)
+    }
+}
+
+/// Copies each of `logs` into `dir` under its own file name.
+fn copy_logs<'a>(logs: impl Iterator<Item = &'a Path>, dir: &Path) -> anyhow::Result<Vec<PathBuf>> {
+    std::fs::create_dir_all(dir).with_context(|| format!("creating {}", dir.display()))?;
+    logs.map(|log| {
+        let name = log.file_name().with_context(|| format!("{} names no file", log.display()))?;
+        let copy = dir.join(name);
+        std::fs::copy(log, &copy).with_context(|| format!("copying {} to {}", log.display(), copy.display()))?;
+        Ok(copy)
+    })
+    .collect()
+}
+
 impl Drop for LocalCluster {
     fn drop(&mut self) {
         for node in &mut self.nodes {
@@ -415,5 +441,25 @@ fn stop_all(started: &mut [LocalNodeProcess]) {
     for node in started {
         let _ = node.child.kill();
         let _ = node.child.wait();
+    }
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+
+    #[test]
+    fn kept_logs_are_copies_that_outlive_their_directory() {
+        let nodes = tempfile::tempdir().unwrap();
+        let logs: Vec<PathBuf> = (0..2).map(|i| nodes.path().join(format!("node-{i}.log"))).collect();
+        for (i, log) in logs.iter().enumerate() {
+            std::fs::write(log, format!("node {i} voted\n")).unwrap();
+        }
+        let kept = tempfile::tempdir().unwrap();
+        let dir = kept.path().join("drover-bench-logs");
+        let copies = copy_logs(logs.iter().map(PathBuf::as_path), &dir).unwrap();
+        drop(nodes);
+        assert_eq!(copies, vec![dir.join("node-0.log"), dir.join("node-1.log")]);
+        assert_eq!(std::fs::read_to_string(&copies[1]).unwrap(), "node 1 voted\n");
     }
 }

@@ -220,6 +220,7 @@ pub async fn run(args: BenchArgs) -> anyhow::Result<bool> {
     };
     workload::trust(ca);
     let mut clean = true;
+    let mut leadership_changed = false;
     for workload in &args.workload {
         if *workload == Workload::Regions {
             let figures = regions::regions(&args).await?;
@@ -250,6 +251,7 @@ pub async fn run(args: BenchArgs) -> anyhow::Result<bool> {
             _ => workload::latency(&args, &gateways, cluster.as_ref()).await?,
         };
         clean &= figures.lost == 0 && figures.completed_twice == 0;
+        leadership_changed |= figures.leadership_changed();
         if args.json {
             println!("{}", serde_json::to_string(&Report { workload: *workload, parameters: &args, figures })?);
         } else {
@@ -258,6 +260,22 @@ pub async fn run(args: BenchArgs) -> anyhow::Result<bool> {
     }
     if let Some(cluster) = cluster.as_mut() {
         cluster.stop();
+        // An election in a benchmark is a stall to explain: keep what the
+        // nodes logged about it, which a temporary directory would lose.
+        if leadership_changed && cluster.logs_are_temporary() {
+            let stamp = std::time::SystemTime::now().duration_since(std::time::UNIX_EPOCH).unwrap_or_default();
+            let dir = std::env::temp_dir().join(format!("drover-bench-logs-{}", stamp.as_secs()));
+            match cluster.keep_logs(&dir) {
+                Ok(_) => eprintln!(
+                    "bench: a partition's leadership changed during the run (Vote or Campaign requests between \
+                     nodes); the nodes' logs are kept in {}",
+                    dir.display()
+                ),
+                Err(error) => {
+                    eprintln!("bench: a partition's leadership changed, and keeping the logs failed: {error:#}")
+                }
+            }
+        }
     }
     Ok(clean)
 }

@@ -94,6 +94,14 @@ pub struct Figures {
 }
 
 impl Figures {
+    /// Whether a partition's leadership changed during the workload: the
+    /// local nodes asked each other for votes, or a leader handed over.
+    pub fn leadership_changed(&self) -> bool {
+        self.cluster_requests_per_job
+            .iter()
+            .any(|(method, per_job)| matches!(method.as_str(), "Vote" | "Campaign") && *per_job > 0.0)
+    }
+
     pub fn print(&self, workload: Workload) {
         println!("== {workload:?} ==");
         println!("  jobs created (acknowledged)   {}", self.jobs_created);
@@ -853,4 +861,20 @@ pub async fn throughput(
 pub async fn latency(args: &BenchArgs, gateways: &[String], cluster: Option<&LocalCluster>) -> anyhow::Result<Figures> {
     let jobs = args.rate * args.duration;
     run(args, gateways, cluster, jobs, Some(args.rate), 1).await
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+
+    #[test]
+    fn votes_or_hand_overs_between_nodes_are_a_change_of_leadership() {
+        let with = |requests: &[(&str, f64)]| Figures {
+            cluster_requests_per_job: requests.iter().map(|(m, n)| (m.to_string(), *n)).collect(),
+            ..Default::default()
+        };
+        assert!(!with(&[("AppendEntries", 1.5), ("Push", 0.5), ("Vote", 0.0)]).leadership_changed());
+        assert!(with(&[("AppendEntries", 1.5), ("Vote", 0.0004)]).leadership_changed());
+        assert!(with(&[("Campaign", 0.00015)]).leadership_changed());
+    }
 }
