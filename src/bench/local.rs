@@ -274,19 +274,18 @@ impl LocalCluster {
             }
         }
     }
-}
 
-impl LocalCluster {
-    /// Whether the nodes' logs are in a temporary directory, removed with
-    /// the cluster (no `--local-dir`).
-    pub fn logs_are_temporary(&self) -> bool {
-        self._temp.is_some()
-    }
-
-    /// Copies the nodes' logs into `dir` (made if needed), so that they
-    /// outlive a temporary directory; the copies' paths.
-    pub fn keep_logs(&self, dir: &Path) -> anyhow::Result<Vec<PathBuf>> {
-        copy_logs(self.nodes.iter().map(|node| node.log.as_path()), dir)
+    /// Copies the nodes' logs out of the cluster's temporary directory into
+    /// `$TMPDIR/drover-bench-logs-<unix seconds>`, so that they outlive it;
+    /// that directory, or None when the logs are not temporary (`--local-dir`).
+    pub fn keep_temporary_logs(&self) -> anyhow::Result<Option<PathBuf>> {
+        if self._temp.is_none() {
+            return Ok(None);
+        }
+        let stamp = std::time::SystemTime::now().duration_since(std::time::UNIX_EPOCH).unwrap_or_default();
+        let dir = std::env::temp_dir().join(format!("drover-bench-logs-{}", stamp.as_secs()));
+        copy_logs(self.nodes.iter().map(|node| node.log.as_path()), &dir)?;
+        Ok(Some(dir))
     }
 }
 

@@ -262,19 +262,16 @@ pub async fn run(args: BenchArgs) -> anyhow::Result<bool> {
         cluster.stop();
         // An election in a benchmark is a stall to explain: keep what the
         // nodes logged about it, which a temporary directory would lose.
-        if leadership_changed && cluster.logs_are_temporary() {
-            let stamp = std::time::SystemTime::now().duration_since(std::time::UNIX_EPOCH).unwrap_or_default();
-            let dir = std::env::temp_dir().join(format!("drover-bench-logs-{}", stamp.as_secs()));
-            match cluster.keep_logs(&dir) {
-                Ok(_) => eprintln!(
-                    "bench: a partition's leadership changed during the run (Vote or Campaign requests between \
-                     nodes); the nodes' logs are kept in {}",
-                    dir.display()
-                ),
-                Err(error) => {
-                    eprintln!("bench: a partition's leadership changed, and keeping the logs failed: {error:#}")
-                }
+        match leadership_changed.then(|| cluster.keep_temporary_logs()) {
+            Some(Ok(Some(dir))) => eprintln!(
+                "bench: a partition's leadership changed during the run (Vote or Campaign requests between nodes); \
+                 the nodes' logs are kept in {}",
+                dir.display()
+            ),
+            Some(Err(error)) => {
+                eprintln!("bench: a partition's leadership changed; keeping the logs failed: {error:#}")
             }
+            Some(Ok(None)) | None => {}
         }
     }
     Ok(clean)

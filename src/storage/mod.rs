@@ -264,8 +264,7 @@ impl Store {
         // a table's keys mostly arrive in order within a partition (job keys,
         // log indexes, expiry-ordered ids), so most inserts are found in a
         // step or two. It took 2-3% of the CPU off a 3-node throughput run.
-        let column_family_base = Options::default()
-            .get_options_from_string("memtable_insert_with_hint_prefix_extractor=rocksdb.FixedPrefix.4")?;
+        let column_family_base = Options::default().get_options_from_string(MEMTABLE_INSERT_HINT)?;
         let cf = |name: &str| {
             let mut table = rocksdb::BlockBasedOptions::default();
             table.set_block_cache(&cache);
@@ -611,6 +610,10 @@ fn recovery_options() -> Result<Options, StorageError> {
     Ok(opts)
 }
 
+/// Every column family's memtable inserts start from the last insert with
+/// the same partition prefix (see [`Store::open_with`]).
+const MEMTABLE_INSERT_HINT: &str = "memtable_insert_with_hint_prefix_extractor=rocksdb.FixedPrefix.4";
+
 /// See [`Store::point_in_time`].
 pub struct PointInTime<'a> {
     store: &'a Store,
@@ -770,7 +773,7 @@ mod tests {
             assert!(options.contains(option), "{option} is not in\n{options}");
         }
         // Every column family inserts into its memtable from a per-partition hint.
-        let hinted = options.matches("memtable_insert_with_hint_prefix_extractor=rocksdb.FixedPrefix.4").count();
+        let hinted = options.matches(MEMTABLE_INSERT_HINT).count();
         assert_eq!(hinted, COLUMN_FAMILIES.len(), "column families with the insert hint in\n{options}");
     }
 }
