@@ -98,9 +98,9 @@ impl Mutator {
         zeebe: &ZeebeClient<tonic::transport::Channel>,
     ) -> (&'static str, Result<(), tonic::Status>) {
         let mut raw = client.raw();
-        let which = self.rng.random_range(0..35);
-        if which >= 25 {
-            return self.zeebe_call(which - 25, zeebe.clone()).await;
+        let which = self.rng.random_range(0..38);
+        if which >= 28 {
+            return self.zeebe_call(which - 28, zeebe.clone()).await;
         }
         let key = self.key();
         let attempt = self.attempt();
@@ -256,6 +256,46 @@ impl Mutator {
                     })
                     .collect();
                 ("CreateJobs", drain(raw.create_jobs(tokio_stream::iter(requests)).await).await)
+            }
+            24 => {
+                let batches: Vec<CreateJobBatch> = (0..self.rng.random_range(0..3))
+                    .map(|_| CreateJobBatch {
+                        jobs: (0..self.rng.random_range(0..4))
+                            .map(|_| CreateJobRequest {
+                                r#type: self.text(),
+                                variables: self.json(),
+                                retries: Some(self.number() as i32),
+                                ..Default::default()
+                            })
+                            .collect(),
+                    })
+                    .collect();
+                ("CreateJobBatches", drain(raw.create_job_batches(tokio_stream::iter(batches)).await).await)
+            }
+            25 => {
+                let batches: Vec<CompleteJobBatch> = (0..self.rng.random_range(0..3))
+                    .map(|_| CompleteJobBatch {
+                        jobs: (0..self.rng.random_range(0..4))
+                            .map(|_| CompleteJobRequest {
+                                key: self.key(),
+                                attempt: self.attempt(),
+                                variables: self.json(),
+                            })
+                            .collect(),
+                    })
+                    .collect();
+                ("CompleteJobBatches", drain(raw.complete_job_batches(tokio_stream::iter(batches)).await).await)
+            }
+            26 => {
+                let request = StreamActivatedJobsRequest {
+                    r#type: self.text(),
+                    worker: self.text(),
+                    timeout: self.number(),
+                    max_jobs_in_flight: self.number() as i32,
+                    tenant_ids: self.strings(),
+                    ..Default::default()
+                };
+                ("StreamActivatedJobBatches", raw.stream_activated_job_batches(request).await.map(drop))
             }
             _ => {
                 let requests: Vec<CompleteJobRequest> = (0..self.rng.random_range(0..5))

@@ -2,8 +2,8 @@
 //! routing, yield and reroute when a worker is not ready, hand-back of buffered
 //! jobs, streams that survive gateway and leader loss, tenant-aware routing,
 //! restarted gateways, pushes whose outcome is unknown (and jobs of pushes
-//! answered too late, handed back), and credits released by completions
-//! through another gateway.
+//! answered too late, handed back), credits released by completions
+//! through another gateway, and the batch calls (several jobs to a message).
 
 mod common;
 
@@ -635,4 +635,105 @@ async fn jobs_wait_for_room_in_saturated_streams_instead_of_being_pushed_and_yie
         "{activations} activations for {SATURATING_JOBS} jobs (the most for one job: {most}): jobs were pushed \
          to full streams and yielded"
     );
+}
+
+async fn next_answer<T>(answers: &mut Streaming<T>) -> T {
+    match tokio::time::timeout(Duration::from_secs(10), answers.message()).await {
+        Ok(Ok(Some(answer))) => answer,
+        other => panic!(
+            "expected an answer to a batch within 10 s, got {}",
+            if other.is_err() { "nothing" } else { "an error or the end" }
+        ),
+    }
+}
+
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn the_batch_calls_carry_several_jobs_to_a_message_and_answer_each_job() {
+    use drover::proto::gateway::{CompleteJobBatch, CompleteJobRequest, CreateJobBatch};
+    let cluster = ProcessCluster::start(1, 1, 1, FAST_RAFT);
+    cluster.wait_ready().await;
+    let g = cluster.node(0).grpc.clone();
+    let client = Client::connect(&g).await.unwrap();
+    // A worker that does not read yet, with a tiny transport window: what is
+    // pushed waits in the gateway, and leaves together once it reads.
+    let mut worker = small_window_client(&g).await;
+    let mut batched = request("batched", TIMEOUT_MS, &[]);
+    batched.max_jobs_in_flight = 300;
+    let mut messages = worker.stream_activated_job_batches(batched).await.unwrap().into_inner();
+
+    let create = |n: usize| CreateJobRequest {
+        r#type: "batched".into(),
+        variables: format!(r#"{{"n":{n}}}"#),
+        ..Default::default()
+    };
+    let batches = vec![
+        CreateJobBatch { jobs: (0..200).map(create).collect() },
+        CreateJobBatch { jobs: vec![create(200), CreateJobRequest { r#type: String::new(), ..create(201) }] },
+        CreateJobBatch { jobs: vec![] },
+        CreateJobBatch { jobs: (0..1025).map(create).collect() },
+    ];
+    let mut answers = client.raw().create_job_batches(futures::stream::iter(batches)).await.unwrap().into_inner();
+    let first = next_answer(&mut answers).await.jobs;
+    assert_eq!(first.len(), 200, "one answer per job of the batch");
+    assert!(first.iter().all(|a| a.error.is_none() && a.key != 0), "{:?}", first.iter().find(|a| a.error.is_some()));
+    let second = next_answer(&mut answers).await.jobs;
+    assert_eq!(second.len(), 2);
+    assert!(second[0].error.is_none(), "{:?}", second[0]);
+    let refused = second[1].error.as_ref().expect("a job without a type is refused");
+    assert_eq!(refused.code, tonic::Code::InvalidArgument as i32, "{refused:?}");
+    assert!(next_answer(&mut answers).await.jobs.is_empty(), "an empty batch is answered with an empty batch");
+    let too_large = next_answer(&mut answers).await.jobs;
+    assert_eq!(too_large.len(), 1025);
+    assert!(
+        too_large
+            .iter()
+            .all(|a| a.error.as_ref().is_some_and(
+                |e| e.code == tonic::Code::InvalidArgument as i32 && e.message.contains("at most 1024 jobs")
+            )),
+        "every job of a batch over the limit is refused: {:?}",
+        too_large[0]
+    );
+    let mut created: HashSet<u64> = first.iter().map(|a| a.key).collect();
+    created.insert(second[0].key);
+
+    common::eventually(Duration::from_secs(10), "201 jobs pushed to the worker's gateway", || {
+        let cluster = &cluster;
+        async move { cluster.metric(0, "drover_gateway_job_stream_push_total").await >= 201.0 }
+    })
+    .await;
+    let (mut received, mut count) = (Vec::new(), 0);
+    while received.len() < created.len() {
+        match tokio::time::timeout(Duration::from_secs(10), messages.message()).await {
+            Ok(Ok(Some(batch))) => {
+                assert!(!batch.jobs.is_empty(), "a message carries at least one job");
+                received.extend(batch.jobs);
+                count += 1;
+            }
+            other => panic!("expected jobs within 10 s, got {other:?} after {} jobs", received.len()),
+        }
+    }
+    let keys: HashSet<u64> = received.iter().map(|j| j.key).collect();
+    assert_eq!(keys, created, "every job created, once each");
+    assert!(count < received.len() / 4, "{} jobs came in {count} messages", received.len());
+
+    let mut completions: Vec<CompleteJobRequest> = received
+        .iter()
+        .map(|j| CompleteJobRequest { key: j.key, attempt: j.attempt, variables: "{}".into() })
+        .collect();
+    let unknown = drover::core::JobKey::new(0, 999_999).0;
+    completions.insert(7, CompleteJobRequest { key: unknown, attempt: 1, variables: "{}".into() });
+    let batch = CompleteJobBatch { jobs: completions };
+    let mut answers = client.raw().complete_job_batches(futures::stream::iter([batch])).await.unwrap().into_inner();
+    let answer = answers.message().await.unwrap().expect("an answer").jobs;
+    assert_eq!(answer.len(), received.len() + 1);
+    assert_eq!(answer[7].key, unknown, "answers keep the batch's order");
+    assert_eq!(answer[7].error.as_ref().map(|e| e.code), Some(tonic::Code::NotFound as i32), "{:?}", answer[7]);
+    let failed: Vec<_> = answer.iter().enumerate().filter(|(i, a)| *i != 7 && a.error.is_some()).collect();
+    assert!(failed.is_empty(), "completions refused: {failed:?}");
+    let job = client.get_job(received[0].key).await.unwrap();
+    assert_eq!(job.state, "completed", "{job:?}");
+    // Every message counted, both ways: four create batches and their
+    // answers, the pushed messages, one completion batch and its answer.
+    let messages = cluster.metric(0, "drover_gateway_stream_messages_total").await;
+    assert_eq!(messages, (8 + count + 2) as f64, "messages counted on the job streams");
 }

@@ -22,7 +22,7 @@ use std::time::{Duration, Instant};
 
 pub use convert::Limits;
 pub use error::ApiError;
-pub use observe::{Observe, CLUSTER_REQUESTS};
+pub use observe::{Observe, CLUSTER_REQUESTS, STREAM_MESSAGES};
 pub(crate) use service::hand_back;
 pub use service::{cluster_status, cluster_status_json, GatewayService};
 pub use zeebe::ZeebeService;

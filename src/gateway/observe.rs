@@ -33,6 +33,10 @@ impl<S> Observe<S> {
 
 /// Requests a node's cluster service answered, by method and code.
 pub const CLUSTER_REQUESTS: &str = "drover_cluster_requests_total";
+/// Messages on the job streams of drover.v1 (CreateJobs, CompleteJobs,
+/// StreamActivatedJobs and their batch forms), both ways, by method: with
+/// the jobs they carried, what a job costs in messages.
+pub const STREAM_MESSAGES: &str = "drover_gateway_stream_messages_total";
 
 impl<S: tonic::server::NamedService> tonic::server::NamedService for Observe<S> {
     const NAME: &'static str = S::NAME;

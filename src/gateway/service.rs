@@ -15,7 +15,7 @@ use super::convert::{self, WorkerSpec};
 use super::error::ApiError;
 use super::router;
 use super::sessions;
-use super::streams::ClientStream;
+use super::streams::{ClientBatches, ClientStream};
 use crate::auth::{Principal, Verb, CLUSTER_READ, WORKERS_MANAGE};
 use crate::core::{
     ActivatedJobData, Command, CommandResult, FailReason, Job, JobKey, JobRef, JobState, PartitionId, RequestId,
@@ -85,6 +85,121 @@ impl GatewayService {
     /// Who sent `request` (its bearer token), or UNAUTHENTICATED.
     fn principal<T>(&self, request: &Request<T>) -> Result<Arc<Principal>, ApiError> {
         principal_of(&self.ctx, request)
+    }
+
+    /// Who completes jobs over a CompleteJobs stream: a job token's holder
+    /// (checked per job), or a principal allowed to work on some type.
+    fn completing_principal<T>(&self, request: &Request<T>) -> Result<Arc<Principal>, ApiError> {
+        let principal = self.principal(request)?;
+        if principal.job.is_none() {
+            principal.require_some(Verb::Work)?;
+        }
+        Ok(principal)
+    }
+
+    /// Opens a worker's stream of pushed jobs (`StreamActivatedJobs` and its
+    /// batch form): checks, registers it with the aggregate, and hands back on
+    /// close what never reached the worker.
+    async fn open_client_stream(&self, request: Request<StreamActivatedJobsRequest>) -> Result<ClientStream, Status> {
+        let principal = self.principal(&request)?;
+        let request = request.into_inner();
+        principal.require_job(Verb::Work, &request.r#type)?;
+        principal.require_tenants(&request.tenant_ids)?;
+        let permit = self.ctx.auth.open_stream(&principal)?;
+        let max_in_flight = convert::max_jobs_in_flight(request.max_jobs_in_flight)?;
+        let mut spec = convert::worker_spec(
+            request.r#type,
+            request.worker,
+            request.timeout,
+            request.fetch_variable,
+            request.tenant_ids,
+            request.session_id,
+            request.labels,
+        )?;
+        if spec.session != 0 {
+            // An ended session's stream would never be offered a job: say so
+            // now. The stream has the session's labels too.
+            let session_labels = sessions::known(&self.ctx, spec.session, self.default_deadline()).await?;
+            spec.labels.extend(session_labels);
+            spec.labels.sort_unstable();
+            spec.labels.dedup();
+        }
+        let opened = self.ctx.gateway_streams.open(&spec, max_in_flight).await?;
+        if let Some(stream) = &opened.new_stream {
+            crate::cluster::register_everywhere(&self.ctx, stream);
+        }
+        let ctx = Arc::clone(&self.ctx);
+        let (stream_id, client_id) = (opened.stream_id, opened.client_id);
+        let on_close = Box::new(move |buffered: Vec<(JobKey, u32)>| {
+            // The principal's stream slot is free again.
+            drop(permit);
+            // Jobs that never reached the worker go back at once instead of
+            // waiting for their activation timeout.
+            let ctx = Arc::clone(&ctx);
+            tokio::spawn(async move {
+                if let Some(stream) = ctx.gateway_streams.close(stream_id, client_id).await {
+                    crate::cluster::remove_everywhere(&ctx, &stream);
+                }
+                for (key, attempt) in &buffered {
+                    ctx.gateway_streams.release(*key, *attempt);
+                }
+                hand_back(&ctx, buffered, YieldReason::StreamClosed).await;
+            });
+        });
+        Ok(ClientStream::new(opened, on_close).with_job_tokens(&self.ctx.auth))
+    }
+
+    /// Creates a chunk of a create stream's jobs: one answer per request, in order.
+    async fn create_chunk(
+        self: Arc<Self>,
+        principal: Arc<Principal>,
+        traceparent: String,
+        requests: Vec<CreateJobRequest>,
+    ) -> Vec<CreateJobResponse> {
+        let started = Instant::now();
+        let commands: Vec<_> =
+            requests.into_iter().map(|r| self.create_command(&principal, r, traceparent.clone())).collect();
+        let partitions: Vec<Option<PartitionId>> = commands.iter().map(|c| c.as_ref().ok().map(|(p, _)| *p)).collect();
+        let deadline = Instant::now() + self.ctx.request_timeout;
+        let results = run_chunk(&self.ctx, None, commands, deadline).await;
+        metrics::histogram!("drover_create_ack_seconds").record(started.elapsed().as_secs_f64());
+        let mut out = Vec::with_capacity(results.len());
+        for (result, partition) in results.into_iter().zip(partitions) {
+            out.push(match result {
+                Ok(CommandResult::Created { key, created, state }) => {
+                    self.created(partition.unwrap_or_default(), key, created, state, deadline).await
+                }
+                Ok(other) => CreateJobResponse {
+                    error: Some(ApiError::Internal(format!("unexpected {other:?}")).to_proto()),
+                    ..Default::default()
+                },
+                Err(e) => CreateJobResponse { error: Some(e.to_proto()), ..Default::default() },
+            });
+        }
+        out
+    }
+
+    /// Completes a chunk of a complete stream's jobs: one answer per request, in order.
+    async fn complete_chunk(
+        self: Arc<Self>,
+        principal: Arc<Principal>,
+        requests: Vec<CompleteJobRequest>,
+    ) -> Vec<CompleteJobsResponse> {
+        let keys: Vec<u64> = requests.iter().map(|r| r.key).collect();
+        let commands: Vec<_> = requests.into_iter().map(|r| self.complete_command(r)).collect();
+        let repeats: Vec<Option<Repeat>> =
+            commands.iter().map(|c| c.as_ref().ok().and_then(|(_, c)| Repeat::of(c))).collect();
+        let deadline = Instant::now() + self.ctx.request_timeout;
+        let results = run_chunk(&self.ctx, Some(&principal), commands, deadline).await;
+        let mut out = Vec::with_capacity(results.len());
+        for ((result, key), repeat) in results.into_iter().zip(keys).zip(repeats) {
+            let result = match result {
+                Err(error) => settle(&self.ctx, repeat, error, deadline).await,
+                ok => ok,
+            };
+            out.push(CompleteJobsResponse { key, error: result.err().map(|e| e.to_proto()) });
+        }
+        out
     }
 
     /// The answer to a create: the job's key, whether this request made it,
@@ -224,23 +339,49 @@ fn key_of(key: u64) -> Result<JobKey, ApiError> {
     Ok(JobKey(key))
 }
 
-/// Answers a client stream in chunks: the requests waiting are read together
-/// (at most [`STREAM_CHUNK`] of them and about [`STREAM_CHUNK_BYTES`]),
-/// handled as one batch per partition by `handle`, and answered in order. A
-/// broken inbound stream ends the answers with its status.
-fn chunked<In, Req, Resp, F, Fut>(inbound: In, handle: F) -> BoxStream<Resp>
+/// A message of a client stream that the gateway reads in chunks: one
+/// request, or a batch of them.
+trait Carries: prost::Message + Send + 'static {
+    /// The requests the message carries.
+    fn requests(&self) -> usize {
+        1
+    }
+}
+
+impl Carries for CreateJobRequest {}
+impl Carries for CompleteJobRequest {}
+
+impl Carries for CreateJobBatch {
+    fn requests(&self) -> usize {
+        self.jobs.len()
+    }
+}
+
+impl Carries for CompleteJobBatch {
+    fn requests(&self) -> usize {
+        self.jobs.len()
+    }
+}
+
+/// Answers a client stream in chunks: the messages waiting are read together
+/// (whole messages carrying about [`STREAM_CHUNK`] requests, or about
+/// [`STREAM_CHUNK_BYTES`]), handled as one batch per partition by `handle`,
+/// which answers each message, and answered in order. A broken inbound
+/// stream ends the answers with its status. `method` names the call in
+/// [`super::STREAM_MESSAGES`].
+fn chunked<In, Msg, Resp, F, Fut>(method: &'static str, inbound: In, handle: F) -> BoxStream<Resp>
 where
-    In: Stream<Item = Result<Req, Status>> + Unpin + Send + 'static,
-    Req: prost::Message + Send + 'static,
+    In: Stream<Item = Result<Msg, Status>> + Unpin + Send + 'static,
+    Msg: Carries,
     Resp: Send + 'static,
-    F: Fn(Vec<Req>) -> Fut + Send + 'static,
+    F: Fn(Vec<Msg>) -> Fut + Send + 'static,
     Fut: std::future::Future<Output = Vec<Resp>> + Send + 'static,
 {
-    let size = |item: &Result<Req, Status>| item.as_ref().map_or(0, prost::Message::encoded_len);
-    let responses = BudgetChunks::new(inbound, STREAM_CHUNK, STREAM_CHUNK_BYTES, size)
+    let weigh = |item: &Result<Msg, Status>| item.as_ref().map_or((1, 0), |m| (m.requests(), m.encoded_len()));
+    let responses = BudgetChunks::new(inbound, STREAM_CHUNK, STREAM_CHUNK_BYTES, weigh)
         .map(move |chunk| {
             let mut failed_read = None;
-            let requests: Vec<Req> = chunk
+            let requests: Vec<Msg> = chunk
                 .into_iter()
                 .filter_map(|item| match item {
                     Ok(request) => Some(request),
@@ -250,9 +391,11 @@ where
                     }
                 })
                 .collect();
+            let received = requests.len() as u64;
             let answers = handle(requests);
             async move {
                 let mut out: Vec<Result<Resp, Status>> = answers.await.into_iter().map(Ok).collect();
+                metrics::counter!(super::STREAM_MESSAGES, "method" => method).increment(received + out.len() as u64);
                 out.extend(failed_read.map(Err));
                 futures::stream::iter(out)
             }
@@ -260,6 +403,49 @@ where
         .buffered(STREAM_CHUNKS_IN_FLIGHT)
         .flatten();
     Box::pin(responses)
+}
+
+/// The jobs of a chunk of batches, for handling as one chunk of requests,
+/// and how to answer each batch: `Ok(n)` with the next `n` answers, or
+/// `Err(n)` when it carried `n` jobs, more than a batch may (it is refused
+/// whole).
+fn unbatch<Req>(batches: Vec<Vec<Req>>) -> (Vec<Req>, Vec<Result<usize, usize>>) {
+    let mut requests = Vec::with_capacity(batches.iter().map(Vec::len).sum());
+    let shapes = batches
+        .into_iter()
+        .map(|batch| match batch.len() {
+            n if n > STREAM_CHUNK => Err(n),
+            n => {
+                requests.extend(batch);
+                Ok(n)
+            }
+        })
+        .collect();
+    (requests, shapes)
+}
+
+/// The answers of [`unbatch`]'s requests, grouped back into one answer per
+/// batch; a refused batch gets `refused(n)` for each of its jobs.
+fn rebatch<Resp>(
+    answers: Vec<Resp>,
+    shapes: Vec<Result<usize, usize>>,
+    refused: impl Fn(usize) -> Resp,
+) -> Vec<Vec<Resp>> {
+    let mut answers = answers.into_iter();
+    shapes
+        .into_iter()
+        .map(|shape| match shape {
+            Ok(n) => answers.by_ref().take(n).collect(),
+            Err(n) => (0..n).map(|_| refused(n)).collect(),
+        })
+        .collect()
+}
+
+/// What each job of a batch over [`STREAM_CHUNK`] jobs is answered.
+fn batch_too_large(jobs: usize) -> ApiError {
+    ApiError::InvalidArgument(format!(
+        "a batch carries at most {STREAM_CHUNK} jobs, this one carried {jobs}: nothing of it was done; send it as smaller batches"
+    ))
 }
 
 /// Cuts one partition's commands into batches of at most `max_bytes` as
@@ -452,6 +638,9 @@ impl Gateway for GatewayService {
     type ActivateJobsStream = BoxStream<ActivateJobsResponse>;
     type StreamActivatedJobsStream = ClientStream;
     type CompleteJobsStream = BoxStream<CompleteJobsResponse>;
+    type CreateJobBatchesStream = BoxStream<CreateJobBatchResponse>;
+    type CompleteJobBatchesStream = BoxStream<CompleteJobBatchResponse>;
+    type StreamActivatedJobBatchesStream = ClientBatches;
     type AwaitJobStream = BoxStream<AwaitJobResponse>;
 
     async fn create_job(&self, request: Request<CreateJobRequest>) -> Result<Response<CreateJobResponse>, Status> {
@@ -495,31 +684,28 @@ impl Gateway for GatewayService {
         let traceparent = traceparent(&request);
         let principal = self.principal(&request)?;
         let service = Arc::new(GatewayService { ctx: Arc::clone(&self.ctx) });
-        Ok(Response::new(chunked(request.into_inner(), move |requests| {
-            let (service, traceparent, principal) = (Arc::clone(&service), traceparent.clone(), Arc::clone(&principal));
+        Ok(Response::new(chunked("CreateJobs", request.into_inner(), move |requests| {
+            Arc::clone(&service).create_chunk(Arc::clone(&principal), traceparent.clone(), requests)
+        })))
+    }
+
+    async fn create_job_batches(
+        &self,
+        request: Request<Streaming<CreateJobBatch>>,
+    ) -> Result<Response<Self::CreateJobBatchesStream>, Status> {
+        let traceparent = traceparent(&request);
+        let principal = self.principal(&request)?;
+        let service = Arc::new(GatewayService { ctx: Arc::clone(&self.ctx) });
+        Ok(Response::new(chunked("CreateJobBatches", request.into_inner(), move |batches: Vec<CreateJobBatch>| {
+            let (requests, shapes) = unbatch(batches.into_iter().map(|b| b.jobs).collect());
+            let answers = Arc::clone(&service).create_chunk(Arc::clone(&principal), traceparent.clone(), requests);
             async move {
-                let started = Instant::now();
-                let commands: Vec<_> =
-                    requests.into_iter().map(|r| service.create_command(&principal, r, traceparent.clone())).collect();
-                let partitions: Vec<Option<PartitionId>> =
-                    commands.iter().map(|c| c.as_ref().ok().map(|(p, _)| *p)).collect();
-                let deadline = Instant::now() + service.ctx.request_timeout;
-                let results = run_chunk(&service.ctx, None, commands, deadline).await;
-                metrics::histogram!("drover_create_ack_seconds").record(started.elapsed().as_secs_f64());
-                let mut out = Vec::with_capacity(results.len());
-                for (result, partition) in results.into_iter().zip(partitions) {
-                    out.push(match result {
-                        Ok(CommandResult::Created { key, created, state }) => {
-                            service.created(partition.unwrap_or_default(), key, created, state, deadline).await
-                        }
-                        Ok(other) => CreateJobResponse {
-                            error: Some(ApiError::Internal(format!("unexpected {other:?}")).to_proto()),
-                            ..Default::default()
-                        },
-                        Err(e) => CreateJobResponse { error: Some(e.to_proto()), ..Default::default() },
-                    });
-                }
-                out
+                let refused =
+                    |n| CreateJobResponse { error: Some(batch_too_large(n).to_proto()), ..Default::default() };
+                rebatch(answers.await, shapes, refused)
+                    .into_iter()
+                    .map(|jobs| CreateJobBatchResponse { jobs })
+                    .collect()
             }
         })))
     }
@@ -604,52 +790,14 @@ impl Gateway for GatewayService {
         &self,
         request: Request<StreamActivatedJobsRequest>,
     ) -> Result<Response<Self::StreamActivatedJobsStream>, Status> {
-        let principal = self.principal(&request)?;
-        let request = request.into_inner();
-        principal.require_job(Verb::Work, &request.r#type)?;
-        principal.require_tenants(&request.tenant_ids)?;
-        let permit = self.ctx.auth.open_stream(&principal)?;
-        let max_in_flight = convert::max_jobs_in_flight(request.max_jobs_in_flight)?;
-        let mut spec = convert::worker_spec(
-            request.r#type,
-            request.worker,
-            request.timeout,
-            request.fetch_variable,
-            request.tenant_ids,
-            request.session_id,
-            request.labels,
-        )?;
-        if spec.session != 0 {
-            // An ended session's stream would never be offered a job: say so
-            // now. The stream has the session's labels too.
-            let session_labels = sessions::known(&self.ctx, spec.session, self.default_deadline()).await?;
-            spec.labels.extend(session_labels);
-            spec.labels.sort_unstable();
-            spec.labels.dedup();
-        }
-        let opened = self.ctx.gateway_streams.open(&spec, max_in_flight).await?;
-        if let Some(stream) = &opened.new_stream {
-            crate::cluster::register_everywhere(&self.ctx, stream);
-        }
-        let ctx = Arc::clone(&self.ctx);
-        let (stream_id, client_id) = (opened.stream_id, opened.client_id);
-        let on_close = Box::new(move |buffered: Vec<(JobKey, u32)>| {
-            // The principal's stream slot is free again.
-            drop(permit);
-            // Jobs that never reached the worker go back at once instead of
-            // waiting for their activation timeout.
-            let ctx = Arc::clone(&ctx);
-            tokio::spawn(async move {
-                if let Some(stream) = ctx.gateway_streams.close(stream_id, client_id).await {
-                    crate::cluster::remove_everywhere(&ctx, &stream);
-                }
-                for (key, attempt) in &buffered {
-                    ctx.gateway_streams.release(*key, *attempt);
-                }
-                hand_back(&ctx, buffered, YieldReason::StreamClosed).await;
-            });
-        });
-        Ok(Response::new(ClientStream::new(opened, on_close).with_job_tokens(&self.ctx.auth)))
+        Ok(Response::new(self.open_client_stream(request).await?))
+    }
+
+    async fn stream_activated_job_batches(
+        &self,
+        request: Request<StreamActivatedJobsRequest>,
+    ) -> Result<Response<Self::StreamActivatedJobBatchesStream>, Status> {
+        Ok(Response::new(ClientBatches::new(self.open_client_stream(request).await?)))
     }
 
     async fn complete_job(
@@ -675,29 +823,33 @@ impl Gateway for GatewayService {
         &self,
         request: Request<Streaming<CompleteJobRequest>>,
     ) -> Result<Response<Self::CompleteJobsStream>, Status> {
-        let principal = self.principal(&request)?;
-        if principal.job.is_none() {
-            principal.require_some(Verb::Work)?;
-        }
+        let principal = self.completing_principal(&request)?;
         let service = Arc::new(GatewayService { ctx: Arc::clone(&self.ctx) });
-        Ok(Response::new(chunked(request.into_inner(), move |requests| {
-            let (service, principal) = (Arc::clone(&service), Arc::clone(&principal));
+        Ok(Response::new(chunked("CompleteJobs", request.into_inner(), move |requests| {
+            Arc::clone(&service).complete_chunk(Arc::clone(&principal), requests)
+        })))
+    }
+
+    async fn complete_job_batches(
+        &self,
+        request: Request<Streaming<CompleteJobBatch>>,
+    ) -> Result<Response<Self::CompleteJobBatchesStream>, Status> {
+        let principal = self.completing_principal(&request)?;
+        let service = Arc::new(GatewayService { ctx: Arc::clone(&self.ctx) });
+        Ok(Response::new(chunked("CompleteJobBatches", request.into_inner(), move |batches: Vec<CompleteJobBatch>| {
+            let keys: Vec<Vec<u64>> = batches.iter().map(|b| b.jobs.iter().map(|j| j.key).collect()).collect();
+            let (requests, shapes) = unbatch(batches.into_iter().map(|b| b.jobs).collect());
+            let answers = Arc::clone(&service).complete_chunk(Arc::clone(&principal), requests);
             async move {
-                let keys: Vec<u64> = requests.iter().map(|r| r.key).collect();
-                let commands: Vec<_> = requests.into_iter().map(|r| service.complete_command(r)).collect();
-                let repeats: Vec<Option<Repeat>> =
-                    commands.iter().map(|c| c.as_ref().ok().and_then(|(_, c)| Repeat::of(c))).collect();
-                let deadline = Instant::now() + service.ctx.request_timeout;
-                let results = run_chunk(&service.ctx, Some(&principal), commands, deadline).await;
-                let mut out = Vec::with_capacity(results.len());
-                for ((result, key), repeat) in results.into_iter().zip(keys).zip(repeats) {
-                    let result = match result {
-                        Err(error) => settle(&service.ctx, repeat, error, deadline).await,
-                        ok => ok,
-                    };
-                    out.push(CompleteJobsResponse { key, error: result.err().map(|e| e.to_proto()) });
+                let refused = |n| CompleteJobsResponse { key: 0, error: Some(batch_too_large(n).to_proto()) };
+                let mut batches = rebatch(answers.await, shapes, refused);
+                // A refused batch's answers name their keys too.
+                for (batch, keys) in batches.iter_mut().zip(keys) {
+                    for (answer, key) in batch.iter_mut().zip(keys) {
+                        answer.key = key;
+                    }
                 }
-                out
+                batches.into_iter().map(|jobs| CompleteJobBatchResponse { jobs }).collect()
             }
         })))
     }
@@ -1133,7 +1285,7 @@ mod tests {
         let requests = futures::stream::iter((0..40).map(move |_| Ok(big.clone())));
         let chunk_bytes = Arc::new(Mutex::new(Vec::new()));
         let seen = Arc::clone(&chunk_bytes);
-        let answers: Vec<_> = chunked(requests, move |chunk: Vec<CreateJobRequest>| {
+        let answers: Vec<_> = chunked("CreateJobs", requests, move |chunk: Vec<CreateJobRequest>| {
             seen.lock().unwrap().push(chunk.iter().map(Message::encoded_len).sum::<usize>());
             async move { chunk.into_iter().map(|r| r.r#type).collect::<Vec<_>>() }
         })
@@ -1147,5 +1299,19 @@ mod tests {
         for bytes in chunk_bytes.iter() {
             assert!(*bytes < STREAM_CHUNK_BYTES + one, "a chunk of {bytes} bytes; the budget is {STREAM_CHUNK_BYTES}");
         }
+    }
+
+    #[test]
+    fn batches_are_answered_in_their_shape_and_one_over_the_limit_is_refused_whole() {
+        let batches = vec![vec![1, 2], vec![], vec![0; STREAM_CHUNK + 1], vec![3]];
+        let (requests, shapes) = unbatch(batches);
+        assert_eq!(requests, [1, 2, 3], "the refused batch's jobs are not handled");
+        let answers: Vec<i64> = requests.iter().map(|r| r * 10).collect();
+        let answered = rebatch(answers, shapes, |n| -(n as i64));
+        assert_eq!(answered.len(), 4, "one answer per batch");
+        assert_eq!(answered[0], [10, 20]);
+        assert!(answered[1].is_empty());
+        assert_eq!(answered[2], vec![-((STREAM_CHUNK + 1) as i64); STREAM_CHUNK + 1], "every job refused");
+        assert_eq!(answered[3], [30]);
     }
 }
