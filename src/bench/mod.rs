@@ -1,9 +1,12 @@
 //! `drover bench`: throughput and latency of a cluster, measured through the
 //! public gRPC API the way users compare brokers.
 //!
-//! - `throughput`: producers create `--jobs` jobs over `CreateJobs` streams with
-//!   up to `--in-flight` unacknowledged creates each, while workers receive them
-//!   over `StreamActivatedJobs` and complete each one over `CompleteJobs`.
+//! - `throughput`: producers create `--jobs` jobs over `CreateJobBatches`
+//!   streams with up to `--in-flight` unacknowledged creates each (the creates
+//!   the window allows leave together in one message), while workers receive
+//!   them over `StreamActivatedJobBatches` and complete the jobs of each message
+//!   together over `CompleteJobBatches`. `--one-job-per-message` uses the
+//!   one-job forms (`CreateJobs`, `StreamActivatedJobs`, `CompleteJobs`).
 //!   Every payload carries a sequence number, so lost and doubly completed jobs
 //!   are counted, not assumed.
 //! - `latency`: a fixed `--rate` of creates for `--duration`; the latency is
@@ -113,6 +116,11 @@ pub struct BenchArgs {
     /// gets. Producers still create through drover.v1.
     #[arg(long)]
     pub zeebe: bool,
+    /// Producers and workers send and receive one job per message
+    /// (CreateJobs, StreamActivatedJobs, CompleteJobs) instead of the batch
+    /// forms (CreateJobBatches, StreamActivatedJobBatches, CompleteJobBatches).
+    #[arg(long)]
+    pub one_job_per_message: bool,
     /// Workers work as Zeebe's clients do (as with --zeebe: the default
     /// per-stream limit, a CompleteJob call per job) but through drover.v1,
     /// so that the two runs differ only in the service.

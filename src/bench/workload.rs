@@ -6,7 +6,8 @@ use std::sync::{Arc, Mutex};
 use std::time::{Duration, Instant, SystemTime, UNIX_EPOCH};
 
 use anyhow::Context;
-use futures::StreamExt;
+use futures::stream::BoxStream;
+use futures::{StreamExt, TryStreamExt};
 use hdrhistogram::Histogram;
 use serde::{Deserialize, Serialize};
 use tokio::sync::{mpsc, watch, Semaphore};
@@ -16,7 +17,10 @@ use super::local::LocalCluster;
 use super::{BenchArgs, Workload};
 use crate::client::leaders::Leaders;
 use crate::client::Client;
-use crate::proto::gateway::{ActivatedJob, CompleteJobRequest, CreateJobRequest, StreamActivatedJobsRequest};
+use crate::proto::gateway::{
+    ActivatedJob, CompleteJobBatch, CompleteJobRequest, CompleteJobsResponse, CreateJobBatch, CreateJobRequest,
+    CreateJobResponse, StreamActivatedJobsRequest,
+};
 
 /// Give up waiting for completions after this long without progress.
 const STALL_LIMIT: Duration = Duration::from_secs(30);
@@ -85,6 +89,9 @@ pub struct Figures {
     pub cluster_requests_per_job: Vec<(String, f64)>,
     /// Client requests the local gateways answered per completed job, by method.
     pub client_requests_per_job: Vec<(String, f64)>,
+    /// Messages both ways on the local gateways' job streams per completed
+    /// job, by method.
+    pub client_messages_per_job: Vec<(String, f64)>,
     /// Pushed jobs whose leader could not tell whether a worker got them,
     /// summed over the local nodes; of those, the ones their gateway handed
     /// back when it came to the push. The rest wait for their activation
@@ -154,6 +161,7 @@ impl Figures {
         for (what, requests) in [
             ("requests between nodes", &self.cluster_requests_per_job),
             ("client requests", &self.client_requests_per_job),
+            ("client stream messages", &self.client_messages_per_job),
         ] {
             if !requests.is_empty() {
                 let total: f64 = requests.iter().map(|(_, n)| n).sum();
@@ -213,6 +221,8 @@ pub(super) async fn next_job(
 
 /// Jobs each bench worker's stream may hold before it completes some.
 const WORKER_JOBS_IN_FLIGHT: i32 = 256;
+/// Creates in one CreateJobBatches message, at most (the gateway's limit).
+const MAX_CREATE_BATCH: u64 = 1024;
 
 /// Per-sequence-number bookkeeping shared by producers and workers.
 struct Tracker {
@@ -278,6 +288,8 @@ struct CreateShape {
     payload_bytes: usize,
     /// Every create carries an idempotency key.
     keyed: bool,
+    /// Creates travel several to a message (CreateJobBatches).
+    batched: bool,
 }
 
 /// Creates `seqs` over one CreateJobs stream with at most `in_flight` waiting.
@@ -291,33 +303,54 @@ async fn produce(
     rate: Option<u64>,
     tracker: Arc<Tracker>,
 ) -> anyhow::Result<Histogram<u64>> {
-    let CreateShape { payload_bytes, keyed } = shape;
+    let CreateShape { payload_bytes, keyed, batched } = shape;
     let client = connect(&gateway).await?;
-    let (tx, rx) = mpsc::channel::<CreateJobRequest>(in_flight);
+    let (tx, rx) = mpsc::channel::<Vec<CreateJobRequest>>(in_flight);
     let permits = Arc::new(Semaphore::new(in_flight));
     let sent_at: Arc<Mutex<VecDeque<Instant>>> = Arc::default();
-    let mut responses = client.raw().create_jobs(ReceiverStream::new(rx)).await?.into_inner();
+    let mut responses: BoxStream<'static, Result<CreateJobResponse, tonic::Status>> = if batched {
+        let batches = ReceiverStream::new(rx).map(|jobs| CreateJobBatch { jobs });
+        let answers = client.raw().create_job_batches(batches).await?.into_inner();
+        answers.map_ok(|batch| futures::stream::iter(batch.jobs.into_iter().map(Ok))).try_flatten().boxed()
+    } else {
+        let requests = ReceiverStream::new(rx).flat_map(futures::stream::iter);
+        client.raw().create_jobs(requests).await?.into_inner().boxed()
+    };
     let sender = {
-        let (permits, sent_at, seqs) = (Arc::clone(&permits), Arc::clone(&sent_at), seqs.clone());
+        let (permits, sent_at, mut seqs) = (Arc::clone(&permits), Arc::clone(&sent_at), seqs.clone());
         tokio::spawn(async move {
             let mut ticker = rate.map(|r| {
                 let mut t = tokio::time::interval(Duration::from_nanos(1_000_000_000 / r.max(1)));
                 t.set_missed_tick_behavior(tokio::time::MissedTickBehavior::Burst);
                 t
             });
-            for seq in seqs {
+            let create = |seq: u64| CreateJobRequest {
+                r#type: job_type.clone(),
+                variables: payload(seq, payload_bytes),
+                idempotency_key: if keyed { format!("{job_type}-{seq}") } else { String::new() },
+                ..Default::default()
+            };
+            while let Some(first) = seqs.next() {
                 if let Some(t) = ticker.as_mut() {
                     t.tick().await;
                 }
                 permits.acquire().await.expect("open").forget();
-                let request = CreateJobRequest {
-                    r#type: job_type.clone(),
-                    variables: payload(seq, payload_bytes),
-                    idempotency_key: if keyed { format!("{job_type}-{seq}") } else { String::new() },
-                    ..Default::default()
+                // Unpaced, every create the window allows leaves together
+                // (in one message when batched), as a busy producer's would.
+                let more = match rate {
+                    Some(_) => 0,
+                    None => (permits.available_permits() as u64).min(seqs.end - seqs.start).min(MAX_CREATE_BATCH - 1),
                 };
-                sent_at.lock().expect("lock").push_back(Instant::now());
-                if tx.send(request).await.is_err() {
+                if more > 0 {
+                    permits.try_acquire_many(more as u32).expect("only this task takes permits").forget();
+                }
+                let batch: Vec<CreateJobRequest> =
+                    std::iter::once(first).chain(seqs.by_ref().take(more as usize)).map(create).collect();
+                {
+                    let (mut sent_at, now) = (sent_at.lock().expect("lock"), Instant::now());
+                    sent_at.extend(std::iter::repeat_n(now, batch.len()));
+                }
+                if tx.send(batch).await.is_err() {
                     break;
                 }
             }
@@ -326,7 +359,7 @@ async fn produce(
     let mut ack_latency = Histogram::<u64>::new(3)?;
     let mut seq = seqs.start;
     while seq < seqs.end {
-        let Some(response) = responses.message().await? else { break };
+        let Some(response) = responses.next().await.transpose()? else { break };
         let sent = sent_at.lock().expect("lock").pop_front();
         if let Some(sent) = sent {
             let _ = ack_latency.record(sent.elapsed().as_micros() as u64);
@@ -344,13 +377,16 @@ async fn produce(
     Ok(ack_latency)
 }
 
-/// A worker's CompleteJobs streams: one per gateway, opened when first
-/// needed. Each completion goes to the gateway on its partition's leader
-/// when that is known (no forward), else through the worker's own gateway.
+/// A worker's CompleteJobs (or CompleteJobBatches) streams: one per gateway,
+/// opened when first needed. Each completion goes to the gateway on its
+/// partition's leader when that is known (no forward), else through the
+/// worker's own gateway.
 struct Completer {
     own: String,
     leaders: Option<Arc<Leaders>>,
-    streams: HashMap<String, mpsc::Sender<CompleteJobRequest>>,
+    /// Completions travel several to a message.
+    batched: bool,
+    streams: HashMap<String, mpsc::Sender<Vec<CompleteJobRequest>>>,
     /// Gateways whose stream could not be opened or broke: not routed to
     /// again in this run.
     unusable: std::collections::HashSet<String>,
@@ -363,11 +399,18 @@ struct Completer {
 impl Completer {
     async fn open(&mut self, gateway: &str) -> anyhow::Result<()> {
         let client = connect(gateway).await?;
-        let (tx, rx) = mpsc::channel::<CompleteJobRequest>(4096);
-        let mut completions = client.raw().complete_jobs(ReceiverStream::new(rx)).await?.into_inner();
+        let (tx, rx) = mpsc::channel::<Vec<CompleteJobRequest>>(4096);
+        let mut answers: BoxStream<'static, Result<CompleteJobsResponse, tonic::Status>> = if self.batched {
+            let batches = ReceiverStream::new(rx).map(|jobs| CompleteJobBatch { jobs });
+            let answers = client.raw().complete_job_batches(batches).await?.into_inner();
+            answers.map_ok(|batch| futures::stream::iter(batch.jobs.into_iter().map(Ok))).try_flatten().boxed()
+        } else {
+            let requests = ReceiverStream::new(rx).flat_map(futures::stream::iter);
+            client.raw().complete_jobs(requests).await?.into_inner().boxed()
+        };
         let (pending, tracker) = (Arc::clone(&self.pending), Arc::clone(&self.tracker));
         self.readers.push(tokio::spawn(async move {
-            while let Ok(Some(response)) = completions.message().await {
+            while let Some(Ok(response)) = answers.next().await {
                 let seq = pending.lock().expect("lock").remove(&response.key);
                 if let (Some(seq), None) = (seq, response.error) {
                     if tracker.completions[seq as usize].fetch_add(1, Ordering::Relaxed) == 0 {
@@ -380,25 +423,45 @@ impl Completer {
         Ok(())
     }
 
-    /// Sends a completion; false when not even the worker's own gateway takes it.
-    async fn complete(&mut self, request: CompleteJobRequest, seq: u64) -> bool {
-        let routed = self.leaders.as_ref().and_then(|l| l.gateway_of_key(request.key).map(str::to_string));
-        let mut gateway = routed.filter(|g| !self.unusable.contains(g)).unwrap_or_else(|| self.own.clone());
+    /// Sends completions (each with its job's sequence number), together per
+    /// gateway; false when not even the worker's own gateway takes them.
+    async fn complete(&mut self, completions: Vec<(CompleteJobRequest, u64)>) -> bool {
+        let mut by_gateway: Vec<(String, Vec<CompleteJobRequest>)> = Vec::new();
+        {
+            let mut pending = self.pending.lock().expect("lock");
+            for (request, seq) in completions {
+                pending.insert(request.key, seq);
+                let routed = self.leaders.as_ref().and_then(|l| l.gateway_of_key(request.key));
+                let gateway = routed.filter(|g| !self.unusable.contains(*g)).unwrap_or(&self.own);
+                match by_gateway.iter_mut().find(|(g, _)| g == gateway) {
+                    Some((_, requests)) => requests.push(request),
+                    None => by_gateway.push((gateway.to_string(), vec![request])),
+                }
+            }
+        }
+        for (gateway, requests) in by_gateway {
+            if !self.send(gateway, requests).await {
+                return false;
+            }
+        }
+        true
+    }
+
+    async fn send(&mut self, mut gateway: String, requests: Vec<CompleteJobRequest>) -> bool {
         if !self.streams.contains_key(&gateway) && self.open(&gateway).await.is_err() {
             self.unusable.insert(gateway);
             gateway = self.own.clone();
         }
-        self.pending.lock().expect("lock").insert(request.key, seq);
         let Some(stream) = self.streams.get(&gateway) else { return false };
-        match stream.send(request).await {
+        match stream.send(requests).await {
             Ok(()) => true,
-            Err(mpsc::error::SendError(request)) if gateway != self.own => {
+            Err(mpsc::error::SendError(requests)) if gateway != self.own => {
                 // That gateway's stream broke: its completions go through
                 // the worker's own gateway from now on.
                 self.streams.remove(&gateway);
                 self.unusable.insert(gateway);
                 match self.streams.get(&self.own) {
-                    Some(own) => own.send(request).await.is_ok(),
+                    Some(own) => own.send(requests).await.is_ok(),
                     None => false,
                 }
             }
@@ -414,19 +477,22 @@ impl Completer {
     }
 }
 
-/// Receives jobs over a stream and completes each over a CompleteJobs stream,
-/// routed by `leaders` when given.
+/// Receives jobs over a stream and completes them over a CompleteJobs
+/// stream, routed by `leaders` when given; with `batched`, the batch forms of
+/// both, each received message's completions together.
 async fn work(
     gateway: String,
     job_type: String,
     tracker: Arc<Tracker>,
     leaders: Option<Arc<Leaders>>,
+    batched: bool,
     mut stop: watch::Receiver<bool>,
 ) -> anyhow::Result<Histogram<u64>> {
     let client = connect(&gateway).await?;
     let mut completer = Completer {
         own: gateway.clone(),
         leaders,
+        batched,
         streams: HashMap::new(),
         unusable: Default::default(),
         readers: Vec::new(),
@@ -442,14 +508,30 @@ async fn work(
         max_jobs_in_flight: WORKER_JOBS_IN_FLIGHT,
         ..Default::default()
     };
-    let mut jobs = client.raw().stream_activated_jobs(request).await?.into_inner();
+    let mut messages: BoxStream<'static, Result<Vec<ActivatedJob>, tonic::Status>> = if batched {
+        client.raw().stream_activated_job_batches(request).await?.into_inner().map_ok(|batch| batch.jobs).boxed()
+    } else {
+        client.raw().stream_activated_jobs(request).await?.into_inner().map_ok(|job| vec![job]).boxed()
+    };
     let mut latency = Histogram::<u64>::new(3)?;
-    while let Some((job, received)) = next_job(&mut jobs, &mut stop).await {
-        let Ok(payload) = serde_json::from_str::<Payload>(&job.variables) else { continue };
-        let _ = latency.record(received.saturating_sub(payload.sent));
-        tracker.deliveries[payload.seq as usize].fetch_add(1, Ordering::Relaxed);
-        let complete = CompleteJobRequest { key: job.key, attempt: job.attempt, variables: String::new() };
-        if !completer.complete(complete, payload.seq).await {
+    loop {
+        let jobs = tokio::select! {
+            jobs = messages.next() => jobs,
+            _ = stop.wait_for(|s| *s) => break,
+        };
+        let Some(Ok(jobs)) = jobs else { break };
+        let received = now_micros();
+        let mut completions = Vec::with_capacity(jobs.len());
+        for job in jobs {
+            let Ok(payload) = serde_json::from_str::<Payload>(&job.variables) else { continue };
+            let _ = latency.record(received.saturating_sub(payload.sent));
+            tracker.deliveries[payload.seq as usize].fetch_add(1, Ordering::Relaxed);
+            completions.push((
+                CompleteJobRequest { key: job.key, attempt: job.attempt, variables: String::new() },
+                payload.seq,
+            ));
+        }
+        if !completer.complete(completions).await {
             break;
         }
     }
@@ -664,6 +746,7 @@ async fn run(
     let written_before = written(cluster).await;
     let cluster_requests_before = requests_by_method(cluster, crate::gateway::CLUSTER_REQUESTS).await;
     let client_requests_before = requests_by_method(cluster, "drover_grpc_requests_total").await;
+    let client_messages_before = requests_by_method(cluster, crate::gateway::STREAM_MESSAGES).await;
 
     let leaders = match args.unrouted {
         true => None,
@@ -685,7 +768,9 @@ async fn run(
         workers.push(match (args.zeebe, args.one_by_one) {
             (true, _) => tokio::spawn(work_one_by_one(gateway, job_type, tracker, stop, Protocol::Zeebe)),
             (false, true) => tokio::spawn(work_one_by_one(gateway, job_type, tracker, stop, Protocol::Drover)),
-            (false, false) => tokio::spawn(work(gateway, job_type, tracker, leaders.clone(), stop)),
+            (false, false) => {
+                tokio::spawn(work(gateway, job_type, tracker, leaders.clone(), !args.one_job_per_message, stop))
+            }
         });
     }
     // Let the streams register before the first job, as long-running workers would be.
@@ -750,7 +835,11 @@ async fn run(
             gateway,
             job_type.clone(),
             range,
-            CreateShape { payload_bytes: args.payload_bytes, keyed: args.idempotency_keys },
+            CreateShape {
+                payload_bytes: args.payload_bytes,
+                keyed: args.idempotency_keys,
+                batched: !args.one_job_per_message,
+            },
             args.in_flight,
             producer_rate,
             Arc::clone(&tracker),
@@ -791,6 +880,7 @@ async fn run(
     let written_after = written(cluster).await;
     let cluster_requests_after = requests_by_method(cluster, crate::gateway::CLUSTER_REQUESTS).await;
     let client_requests_after = requests_by_method(cluster, "drover_grpc_requests_total").await;
+    let client_messages_after = requests_by_method(cluster, crate::gateway::STREAM_MESSAGES).await;
 
     let cpu = cpu_before.zip(super::conditions::CpuTimes::read()).and_then(|(before, after)| after.since(&before));
     let mut figures = Figures {
@@ -846,6 +936,7 @@ async fn run(
         let jobs = figures.jobs_completed_unique;
         figures.cluster_requests_per_job = per_job_by_method(&cluster_requests_before, &cluster_requests_after, jobs);
         figures.client_requests_per_job = per_job_by_method(&client_requests_before, &client_requests_after, jobs);
+        figures.client_messages_per_job = per_job_by_method(&client_messages_before, &client_messages_after, jobs);
     }
     Ok(figures)
 }
