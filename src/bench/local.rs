@@ -43,6 +43,9 @@ pub struct LocalCluster {
 /// its ports taken (by another process between their choice and its bind).
 const START_ATTEMPTS: usize = 3;
 
+/// How long leadership must stay balanced, and unmoved, before a run starts.
+const BALANCED_FOR: Duration = Duration::from_secs(2);
+
 /// `count` distinct free ports: each is held until all are chosen.
 fn free_ports(count: usize) -> anyhow::Result<Vec<u16>> {
     let held = (0..count).map(|_| TcpListener::bind("127.0.0.1:0")).collect::<Result<Vec<_>, _>>()?;
@@ -233,15 +236,27 @@ impl LocalCluster {
         led
     }
 
-    /// Waits up to `limit` until every partition has a leader and no node
-    /// leads more than one partition more than another (leader balance moves
-    /// leadership there a few seconds after the first elections). Answers the
-    /// partitions led per node at the end, balanced or not.
+    /// Waits up to `limit` until every partition has a leader, no node leads
+    /// more than one partition more than another (leader balance moves
+    /// leadership there a few seconds after the first elections), and that
+    /// has held, unmoved, for [`BALANCED_FOR`]: while leader balance moves
+    /// partitions to their preferred replicas the counts can look balanced
+    /// half-way, and the moves left would then happen during the run.
+    /// Answers the partitions led per node at the end, balanced or not.
     pub async fn wait_balanced(&self, partitions: usize, limit: Duration) -> Vec<usize> {
         let started = Instant::now();
+        let mut balanced_since: Option<(Instant, Vec<usize>)> = None;
         loop {
             let led = self.leaders_per_node().await;
-            if (led.iter().sum::<usize>() == partitions && imbalance(&led) <= 1) || started.elapsed() > limit {
+            let balanced = led.iter().sum::<usize>() == partitions && imbalance(&led) <= 1;
+            balanced_since = match balanced_since {
+                Some((since, was)) if balanced && was == led => Some((since, was)),
+                _ if balanced => Some((Instant::now(), led.clone())),
+                _ => None,
+            };
+            if balanced_since.as_ref().is_some_and(|(since, _)| since.elapsed() >= BALANCED_FOR)
+                || started.elapsed() > limit
+            {
                 return led;
             }
             tokio::time::sleep(Duration::from_millis(100)).await;
