@@ -292,8 +292,9 @@ struct CreateShape {
     batched: bool,
 }
 
-/// Creates `seqs` over one CreateJobs stream with at most `in_flight` waiting.
-/// With `rate`, paces sends; records acknowledgement latency.
+/// Creates `seqs` over one CreateJobBatches stream (CreateJobs unless
+/// `shape.batched`) with at most `in_flight` waiting. With `rate`, paces
+/// sends, one create at a time; records acknowledgement latency.
 async fn produce(
     gateway: String,
     job_type: String,
