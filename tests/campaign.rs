@@ -134,17 +134,7 @@ impl Mutator {
                 };
                 ("ActivateJobs", raw.activate_jobs(request).await.map(drop))
             }
-            2 => {
-                let request = StreamActivatedJobsRequest {
-                    r#type: self.text(),
-                    worker: self.text(),
-                    timeout: self.number(),
-                    max_jobs_in_flight: self.number() as i32,
-                    tenant_ids: self.strings(),
-                    ..Default::default()
-                };
-                ("StreamActivatedJobs", raw.stream_activated_jobs(request).await.map(drop))
-            }
+            2 => ("StreamActivatedJobs", raw.stream_activated_jobs(self.stream_request()).await.map(drop)),
             3 => (
                 "CompleteJob",
                 raw.complete_job(CompleteJobRequest { key, attempt, variables: self.json() }).await.map(drop),
@@ -287,14 +277,7 @@ impl Mutator {
                 ("CompleteJobBatches", drain(raw.complete_job_batches(tokio_stream::iter(batches)).await).await)
             }
             26 => {
-                let request = StreamActivatedJobsRequest {
-                    r#type: self.text(),
-                    worker: self.text(),
-                    timeout: self.number(),
-                    max_jobs_in_flight: self.number() as i32,
-                    tenant_ids: self.strings(),
-                    ..Default::default()
-                };
+                let request = self.stream_request();
                 ("StreamActivatedJobBatches", raw.stream_activated_job_batches(request).await.map(drop))
             }
             _ => {
@@ -309,6 +292,18 @@ impl Mutator {
 }
 
 impl Mutator {
+    /// A mutated request for a stream of pushed jobs (either form).
+    fn stream_request(&mut self) -> StreamActivatedJobsRequest {
+        StreamActivatedJobsRequest {
+            r#type: self.text(),
+            worker: self.text(),
+            timeout: self.number(),
+            max_jobs_in_flight: self.number() as i32,
+            tenant_ids: self.strings(),
+            ..Default::default()
+        }
+    }
+
     /// A Zeebe job key: one of Drover's (with or without an activation tag) or a wild one.
     fn zeebe_key(&mut self) -> i64 {
         match self.rng.random_range(0..4) {

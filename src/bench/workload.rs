@@ -282,6 +282,14 @@ async fn connect(gateway: &str) -> anyhow::Result<Client> {
     }
 }
 
+/// A batch stream's answers one job at a time, in order.
+fn each_answer<B: Send + 'static, A: Send + 'static>(
+    batches: tonic::Streaming<B>,
+    jobs: fn(B) -> Vec<A>,
+) -> BoxStream<'static, Result<A, tonic::Status>> {
+    batches.map_ok(move |batch| futures::stream::iter(jobs(batch).into_iter().map(Ok))).try_flatten().boxed()
+}
+
 /// What each create of a producer looks like.
 #[derive(Clone, Copy)]
 struct CreateShape {
@@ -312,7 +320,7 @@ async fn produce(
     let mut responses: BoxStream<'static, Result<CreateJobResponse, tonic::Status>> = if batched {
         let batches = ReceiverStream::new(rx).map(|jobs| CreateJobBatch { jobs });
         let answers = client.raw().create_job_batches(batches).await?.into_inner();
-        answers.map_ok(|batch| futures::stream::iter(batch.jobs.into_iter().map(Ok))).try_flatten().boxed()
+        each_answer(answers, |batch| batch.jobs)
     } else {
         let requests = ReceiverStream::new(rx).flat_map(futures::stream::iter);
         client.raw().create_jobs(requests).await?.into_inner().boxed()
@@ -404,7 +412,7 @@ impl Completer {
         let mut answers: BoxStream<'static, Result<CompleteJobsResponse, tonic::Status>> = if self.batched {
             let batches = ReceiverStream::new(rx).map(|jobs| CompleteJobBatch { jobs });
             let answers = client.raw().complete_job_batches(batches).await?.into_inner();
-            answers.map_ok(|batch| futures::stream::iter(batch.jobs.into_iter().map(Ok))).try_flatten().boxed()
+            each_answer(answers, |batch| batch.jobs)
         } else {
             let requests = ReceiverStream::new(rx).flat_map(futures::stream::iter);
             client.raw().complete_jobs(requests).await?.into_inner().boxed()
