@@ -14,7 +14,7 @@ use std::time::{Duration, Instant};
 
 use common::{eventually, faketime, http_get, http_request, ProcessCluster};
 use drover::client::Client;
-use drover::proto::gateway::{ActivateJobsRequest, CreateJobRequest, StreamActivatedJobsRequest};
+use drover::proto::gateway::{ActivateJobsRequest, CreateJobRequest, GetJobRequest, StreamActivatedJobsRequest};
 use tonic::Code;
 
 const FAST_RAFT: &[&str] = &["--heartbeat-ms", "50", "--election-timeout-ms", "300"];
@@ -202,6 +202,100 @@ async fn a_leader_killed_right_after_acknowledging_leaves_nothing_stuck() {
     assert!(job.attempt >= 2, "delivered by the next leader after the first activation timed out: {job:?}");
     client.complete(job.key, job.attempt, "{}").await.unwrap();
     eprintln!("delivered {:?} after the kill", started.elapsed());
+}
+
+/// A leader stopped with SIGTERM while a push is on its way finishes it
+/// first: the push reaches a gateway whose stream has closed, and the job it
+/// carried is yielded before leadership moves, so the next worker has it at
+/// once, not at the end of its activation timeout (a minute here).
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn a_leader_stopping_with_a_push_in_flight_yields_what_the_gateway_refused() {
+    let mut cluster = cluster_with_failpoints("", 1);
+    cluster.wait_ready().await;
+    // A hand-over needs a leader that has held its term past its followers'
+    // lease (the longest election timeout).
+    let leader = held_leader(&cluster, Duration::from_secs(1)).await;
+    let gateway = other_than(&cluster, leader);
+    let grpc = cluster.node(gateway).grpc.clone();
+    let worker = |name: &str| StreamActivatedJobsRequest {
+        r#type: "drain".into(),
+        worker: name.into(),
+        timeout: 60_000,
+        ..Default::default()
+    };
+    let client = Client::connect(&grpc).await.unwrap();
+    let first = client.raw().stream_activated_jobs(worker("first")).await.unwrap().into_inner();
+    let registered = |at: usize, yes: bool| {
+        let admin = cluster.node(at).admin.clone();
+        async move {
+            let Ok((_, body)) = http_get(&admin, "/actuator/jobstreams").await else { return false };
+            body.contains("\"drain\"") == yes
+        }
+    };
+    eventually(Duration::from_secs(10), "the first worker's stream to register with the leader", || {
+        registered(leader, true)
+    })
+    .await;
+
+    // The create commits with the activation for the first worker's stream;
+    // the leader holds the push 1.5 s, in which the worker goes away and the
+    // leader is told to stop.
+    let path = "/actuator/failpoints/leader_push_hold?count=1&hold_ms=1500";
+    let armed = http_request("PUT", &cluster.node(leader).admin, path).await.unwrap();
+    assert_eq!(armed.0, 200, "{armed:?}");
+    let key = client.create_job("drain", "{}").await.unwrap();
+    drop(first);
+    eventually(Duration::from_secs(1), "the gateway to drop the first worker's stream", || registered(gateway, false))
+        .await;
+    let node = cluster.nodes[leader].as_mut().expect("started");
+    node.signal(libc::SIGTERM);
+    let status = node.exited(Duration::from_secs(30)).await;
+    assert!(status.success(), "a SIGTERMed node exits cleanly: {status}");
+    cluster.nodes[leader] = None;
+
+    let mut second = client.raw().stream_activated_jobs(worker("second")).await.unwrap().into_inner();
+    let job = tokio::time::timeout(Duration::from_secs(15), second.message())
+        .await
+        .unwrap_or_else(|_| panic!("job {key} was not delivered within 15 s: left for its activation timeout"))
+        .expect("the stream stays open")
+        .expect("a job arrives");
+    assert_eq!(job.key, key);
+    let history = client.raw().get_job_history(GetJobRequest { key, ..Default::default() }).await.unwrap();
+    let kinds: Vec<(String, String)> = history.into_inner().events.into_iter().map(|e| (e.kind, e.reason)).collect();
+    assert!(
+        kinds.iter().any(|(kind, reason)| kind == "yielded" && reason == "no client ready"),
+        "the stopping leader yielded the job the gateway refused: {kinds:?}"
+    );
+    assert!(!kinds.iter().any(|(kind, _)| kind == "timed_out"), "no activation timed out: {kinds:?}");
+    client.complete(job.key, job.attempt, "{}").await.unwrap();
+}
+
+/// The node that leads partition 0, once it has led it in one term for
+/// longer than `held`.
+async fn held_leader(cluster: &ProcessCluster, held: Duration) -> usize {
+    let deadline = Instant::now() + Duration::from_secs(30);
+    let mut seen: Option<(usize, u64, Instant)> = None;
+    loop {
+        assert!(Instant::now() < deadline, "no node held partition 0's leadership for {held:?} within 30 s");
+        let leader = cluster.leader_of(0, Duration::from_secs(20)).await;
+        let term = cluster
+            .status(leader)
+            .await
+            .unwrap_or_default()
+            .into_iter()
+            .find(|s| s.partition == 0 && s.role == "leader")
+            .map(|s| s.term);
+        match (term, seen) {
+            (Some(term), Some((l, t, since))) if l == leader && t == term => {
+                if since.elapsed() > held {
+                    return leader;
+                }
+            }
+            (Some(term), _) => seen = Some((leader, term, Instant::now())),
+            (None, _) => seen = None,
+        }
+        tokio::time::sleep(Duration::from_millis(100)).await;
+    }
 }
 
 /// Seconds the node's wall clock is ahead of ours, from its HTTP Date header.

@@ -12,7 +12,7 @@ use tokio::sync::watch;
 
 use ractor::rpc::CallResult;
 
-use crate::core::{ActivatedJobData, JobKey, PartitionId, YieldReason};
+use crate::core::{ActivatedJobData, Command, JobKey, PartitionId, YieldReason};
 use crate::gateway::streams::{LeaderLink, OfferAnswer};
 use crate::node::NodeContext;
 use crate::partition::streams::{PushOutcome, RemoteStream};
@@ -225,6 +225,23 @@ impl GatewayLink for Links {
             request.set_timeout(Duration::from_secs(2));
             // Best effort: a gateway that misses it frees the slots at the activation timeout.
             let _ = client.release_jobs(request).await;
+        });
+    }
+
+    fn yield_elsewhere(&self, partition: PartitionId, yields: Vec<Command>) {
+        let Some(ctx) = self.ctx.upgrade() else { return };
+        let count = yields.len() as u64;
+        tokio::spawn(async move {
+            let deadline = Instant::now() + ctx.request_timeout;
+            match crate::gateway::router::submit(&ctx, partition, yields, deadline).await {
+                Ok(_) => metrics::counter!("drover_broker_jobs_yielded_elsewhere_total").increment(count),
+                // Left to their activation timeout, as a push of unknown outcome is.
+                Err(e) => tracing::warn!(
+                    partition,
+                    "could not yield {count} refused pushed jobs at the partition's leader ({e}); they become \
+                     activatable again at their activation timeout"
+                ),
+            }
         });
     }
 }

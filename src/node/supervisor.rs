@@ -8,16 +8,23 @@
 //! balance, leader regions: [`NodeContext::preferred_leaders_of`]) hands
 //! leadership there once it has led for [`SETTLE`] and the preferred replica
 //! is close behind.
+//!
+//! Before leadership moves on purpose (that hand-over, or the node
+//! stopping), the actor drains first ([`LeaderMsg::Drain`]): its writes in
+//! flight commit and their pushes are answered, so no job it activated is left
+//! for its activation timeout because the push came back refused after the
+//! actor had gone.
 
 use std::sync::Arc;
 use std::time::{Duration, Instant};
 
-use ractor::Actor;
+use ractor::rpc::CallResult;
+use ractor::{Actor, ActorRef};
 use tokio::sync::watch;
 
 use super::NodeContext;
 use crate::cluster::Links;
-use crate::partition::{LeaderArgs, PartitionLeader};
+use crate::partition::{LeaderArgs, LeaderMsg, PartitionLeader};
 use crate::raft::Replica;
 
 /// How often a leader that is not the preferred one looks at the preferred
@@ -41,11 +48,43 @@ const HANDOVER_LAG: u64 = 1_000;
 const HANDOVER_LIMIT: Duration = Duration::from_secs(2);
 /// After a failed hand-over, the next try waits this long.
 const RETRY_AFTER: Duration = Duration::from_secs(10);
+/// How long a leader actor may take to drain (its writes in flight and
+/// their pushes) before a planned stop stops it anyway. A push waits at most
+/// a few seconds for its gateway; a drain usually takes a commit and a push,
+/// a few milliseconds.
+const DRAIN_WITHIN: Duration = Duration::from_secs(2);
+
+type Running = (ActorRef<LeaderMsg>, tokio::task::JoinHandle<()>);
+
+/// Stops a leader actor. When leadership is about to move on purpose
+/// (`drain`), the actor first finishes what it started, for at most
+/// [`DRAIN_WITHIN`], while requests on this node still reach it (it refuses
+/// them, and they are tried again); otherwise it stops at once.
+async fn stop_leader(ctx: &NodeContext, partition: u32, (actor, handle): Running, why: &str, drain: bool) {
+    if drain {
+        let started = Instant::now();
+        match actor.call(|reply| LeaderMsg::Drain { reply }, Some(DRAIN_WITHIN)).await {
+            Ok(CallResult::Success(())) => {
+                metrics::histogram!("drover_partition_leader_drain_seconds").record(started.elapsed().as_secs_f64())
+            }
+            Ok(CallResult::Timeout) => tracing::warn!(
+                partition,
+                "the leader did not finish its writes and pushes in flight within {DRAIN_WITHIN:?}; it stops anyway \
+                 (jobs a gateway refuses after this are yielded by the next leader)"
+            ),
+            // The actor stopped on its own (it lost leadership).
+            _ => {}
+        }
+    }
+    ctx.set_local_leader(partition, None);
+    actor.stop(Some(why.into()));
+    let _ = handle.await;
+}
 
 pub(super) async fn lead_while_leader(ctx: Arc<NodeContext>, replica: Arc<Replica>, mut stop: watch::Receiver<bool>) {
     let partition = replica.partition;
     let mut metrics = replica.watch();
-    let mut running: Option<(ractor::ActorRef<crate::partition::LeaderMsg>, tokio::task::JoinHandle<()>)> = None;
+    let mut running: Option<Running> = None;
     let mut running_term = 0;
     let mut next_preferred_check = Instant::now();
     loop {
@@ -74,10 +113,8 @@ pub(super) async fn lead_while_leader(ctx: Arc<NodeContext>, replica: Arc<Replic
             }
         }
         if running.is_some() && leadership.term != running_term {
-            ctx.set_local_leader(partition, None);
-            if let Some((actor, handle)) = running.take() {
-                actor.stop(Some("a new term began".into()));
-                let _ = handle.await;
+            if let Some(running) = running.take() {
+                stop_leader(&ctx, partition, running, "a new term began", false).await;
             }
         }
         match (leads, running.is_some()) {
@@ -103,10 +140,8 @@ pub(super) async fn lead_while_leader(ctx: Arc<NodeContext>, replica: Arc<Replic
                 }
             }
             (false, true) => {
-                ctx.set_local_leader(partition, None);
-                if let Some((actor, handle)) = running.take() {
-                    actor.stop(Some("leadership moved".into()));
-                    let _ = handle.await;
+                if let Some(running) = running.take() {
+                    stop_leader(&ctx, partition, running, "leadership moved", false).await;
                 }
             }
             (true, true) if Instant::now() >= next_preferred_check => {
@@ -122,12 +157,11 @@ pub(super) async fn lead_while_leader(ctx: Arc<NodeContext>, replica: Arc<Replic
                     .collect();
                 if !preferred.is_empty() && replica.lag_of(&preferred).is_some_and(|lag| lag <= HANDOVER_LAG) {
                     // A preferred replica close behind: leadership moves
-                    // there. The actor stops first, so the log stands still
-                    // and the replica catches up with all of it.
-                    ctx.set_local_leader(partition, None);
-                    if let Some((actor, handle)) = running.take() {
-                        actor.stop(Some("handing leadership to the preferred replica".into()));
-                        let _ = handle.await;
+                    // there. The actor drains and stops first, so the log
+                    // stands still and the replica catches up with all of it.
+                    if let Some(running) = running.take() {
+                        stop_leader(&ctx, partition, running, "handing leadership to the preferred replica", true)
+                            .await;
                     }
                     match crate::cluster::hand_over_to_preferred(&ctx, &replica, &preferred, HANDOVER_LIMIT).await {
                         Ok(to) => {
@@ -154,9 +188,9 @@ pub(super) async fn lead_while_leader(ctx: Arc<NodeContext>, replica: Arc<Replic
             _ = tokio::time::sleep(Duration::from_millis(500)) => {}
         }
     }
-    ctx.set_local_leader(partition, None);
-    if let Some((actor, handle)) = running.take() {
-        actor.stop(Some("node stopping".into()));
-        let _ = handle.await;
+    match running.take() {
+        // Its shutdown hands leadership away once the actor has stopped.
+        Some(running) => stop_leader(&ctx, partition, running, "node stopping", true).await,
+        None => ctx.set_local_leader(partition, None),
     }
 }

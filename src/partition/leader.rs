@@ -31,6 +31,17 @@
 //! waiting partition when a client frees a slot ([`LeaderMsg::RoomOffered`]).
 //! Yields remain for races: another partition took the room first, or the
 //! stream is not what its registration said.
+//!
+//! **Stopping.** Before leadership moves on purpose (a hand-over to the
+//! preferred replica, a node stopping), the node drains the actor
+//! ([`LeaderMsg::Drain`]): it activates nothing more and takes no new
+//! commands but hand-backs, and answers once its writes in flight have
+//! committed and their pushes have been answered, the jobs a gateway refused
+//! yielded. Otherwise a push answered after the actor stopped would leave its
+//! refused jobs activated, waiting for their activation timeout. Yields this
+//! leader can no longer write (it lost leadership, or it stopped before a
+//! push was answered) go to whichever replica leads, as a gateway's
+//! hand-backs do ([`GatewayLink::yield_elsewhere`]).
 
 use std::collections::{HashMap, HashSet, VecDeque};
 use std::future::Future;
@@ -128,6 +139,10 @@ pub trait GatewayLink: Send + Sync + 'static {
     /// Tells a gateway that workers finished these pushed (key, attempt)
     /// activations, wherever they reported it (best effort).
     fn release(&self, gateway: NodeId, activations: Vec<(JobKey, u32)>);
+    /// Runs `yields` ([`Command::Yield`] of this partition's jobs) on
+    /// whichever replica leads the partition now, in the background: for
+    /// yields this leader can no longer write itself.
+    fn yield_elsewhere(&self, partition: PartitionId, yields: Vec<Command>);
     /// The clocks of those of `nodes` that answer within `limit`: each one's
     /// wall clock and its estimate of `partition`'s time, if it has one.
     fn peer_clocks(
@@ -174,6 +189,10 @@ pub enum LeaderMsg {
     /// a stream that went away (closed, expired, its session quiet) may have
     /// been the better tier some jobs waited for, and nothing else tells.
     Reoffer,
+    /// Activate nothing more, take no new commands but hand-backs, and answer
+    /// once every write in flight has committed and every push has been
+    /// answered (refused jobs yielded): leadership is about to move.
+    Drain { reply: RpcReplyPort<()> },
 }
 
 /// A push on its way: the stream, its claim on the stream's room, and the
@@ -221,6 +240,9 @@ enum ReplyTo {
     Push(PushTicket),
     /// The leader's first entry.
     TakeOver,
+    /// Yields (a copy of them) of jobs a push's gateway refused: when this
+    /// leader cannot write them, the partition's next leader does.
+    Yields(Vec<Command>),
     Ignore,
 }
 
@@ -318,6 +340,8 @@ pub struct LeaderState {
     releases: HashMap<NodeId, Vec<(JobKey, u32)>>,
     /// Whether this leader's take-over entry has applied.
     took_over: bool,
+    /// Set by [`LeaderMsg::Drain`]: who waits for the drain to finish.
+    draining: Option<Vec<RpcReplyPort<()>>>,
 }
 
 /// The time a leader that has seen no entry apply since it started takes up
@@ -447,6 +471,7 @@ impl Actor for PartitionLeader {
             pushed: PushedActivations::default(),
             releases: HashMap::new(),
             took_over: false,
+            draining: None,
         };
         // A new leader resumes the timers the replicated state holds, and offers
         // what is already activatable to streams and long polls; again once its
@@ -476,6 +501,12 @@ impl Actor for PartitionLeader {
     ) -> Result<(), ActorProcessingErr> {
         match message {
             LeaderMsg::Submit { commands, reply } => {
+                if state.draining.is_some() && !commands.iter().all(|c| matches!(c, Command::Yield { .. })) {
+                    // Leadership is about to move: the submitter tries again,
+                    // here (if it stays) or at the next leader.
+                    let _ = reply.send(Err(SubmitError::NotLeader { partition: state.partition, leader: None }));
+                    return Ok(());
+                }
                 if state.pending_commands + commands.len() > MAX_PENDING_COMMANDS {
                     let _ = reply.send(Err(SubmitError::Overloaded {
                         partition: state.partition,
@@ -519,7 +550,7 @@ impl Actor for PartitionLeader {
                 state.flush(&myself);
             }
             LeaderMsg::TimerFired { generation } => {
-                if generation == state.timer_generation {
+                if generation == state.timer_generation && state.draining.is_none() {
                     state.timer_at = None;
                     state.enqueue(Vec::new(), ReplyTo::Ignore);
                     state.flush(&myself);
@@ -566,14 +597,10 @@ impl Actor for PartitionLeader {
                         // A full stream waits for its gateway's offer instead.
                         state.block(&stream);
                     }
-                    let (gateway, reason) = (stream.gateway, YieldReason::NotReady);
-                    let yields = rejected
-                        .into_iter()
-                        .map(|(key, attempt)| Command::Yield { key, attempt, gateway, reason })
-                        .collect();
+                    let yields = refused(&stream, &rejected);
                     // Yielding makes the jobs available again, which pushes them
                     // to a stream with room, if any (this one has none now).
-                    state.enqueue(yields, ReplyTo::Ignore);
+                    state.enqueue(yields.clone(), ReplyTo::Yields(yields));
                     state.flush(&myself);
                 } else if activated > 0 {
                     // There may be more waiting: the batch was full, or cut
@@ -596,7 +623,11 @@ impl Actor for PartitionLeader {
                 state.resume(&myself);
             }
             LeaderMsg::Reoffer => state.offer_waiting(&myself, false),
+            LeaderMsg::Drain { reply } => {
+                state.draining.get_or_insert_with(Vec::new).push(reply);
+            }
         }
+        state.answer_if_drained();
         Ok(())
     }
 
@@ -717,6 +748,9 @@ impl LeaderState {
         job_type: &str,
         created: &[(String, Routing)],
     ) -> Option<(Command, PushTicket)> {
+        if self.draining.is_some() {
+            return None;
+        }
         if self.pushing.get(job_type).copied().unwrap_or(0) >= MAX_PUSHES_PER_TYPE {
             self.push_again.insert(job_type.to_string());
             return None;
@@ -757,6 +791,9 @@ impl LeaderState {
         let live = self.streams.live(job_type);
         let offered = Arc::clone(live.iter().find(|s| s.gateway == gateway && s.stream_id == stream_id)?);
         self.rooms.offered(&offered, room);
+        if self.draining.is_some() {
+            return None;
+        }
         if self.pushing.get(job_type).copied().unwrap_or(0) >= MAX_PUSHES_PER_TYPE {
             // The type is tried again once a push of it finishes.
             self.push_again.insert(job_type.to_string());
@@ -868,6 +905,16 @@ impl LeaderState {
         }
     }
 
+    /// Answers whoever waits for the drain once nothing is queued, no write
+    /// is in flight and every push has been answered.
+    fn answer_if_drained(&mut self) {
+        if self.pending.is_empty() && self.in_flight == 0 && self.pushing.is_empty() {
+            for reply in self.draining.as_mut().map(std::mem::take).unwrap_or_default() {
+                let _ = reply.send(());
+            }
+        }
+    }
+
     /// Skips `stream` for [`BLOCKED_FOR`].
     fn block(&mut self, stream: &RemoteStream) {
         self.blocked.insert((stream.gateway, stream.stream_id), Instant::now() + BLOCKED_FOR);
@@ -878,6 +925,12 @@ impl LeaderState {
             self.link.release(gateway, activations);
         }
     }
+}
+
+/// The yields of a push's activations that `stream`'s gateway refused.
+fn refused(stream: &RemoteStream, rejected: &[(JobKey, u32)]) -> Vec<Command> {
+    let (gateway, reason) = (stream.gateway, YieldReason::NotReady);
+    rejected.iter().map(|&(key, attempt)| Command::Yield { key, attempt, gateway, reason }).collect()
 }
 
 /// The tenants and labels of the jobs each type gets in `commands`.
@@ -923,7 +976,7 @@ async fn write(
                     ReplyTo::TakeOver => {
                         let _ = leader.cast(LeaderMsg::TookOver);
                     }
-                    ReplyTo::Ignore => {}
+                    ReplyTo::Yields(_) | ReplyTo::Ignore => {}
                 }
             }
             let p = partition.to_string();
@@ -973,6 +1026,8 @@ async fn write(
                         }
                         let _ = leader.cast(LeaderMsg::PushDone(PushReport::empty(stream, reservation)));
                     }
+                    // Not written here: the partition's next leader yields them.
+                    ReplyTo::Yields(yields) => link.yield_elsewhere(partition, yields),
                     ReplyTo::TakeOver | ReplyTo::Ignore => {}
                 }
             }
@@ -1039,7 +1094,12 @@ async fn push(
             report.handed += 1;
         }
     }
-    let _ = leader.cast(LeaderMsg::PushDone(report));
+    let orphans = refused(&stream, &report.rejected);
+    if leader.cast(LeaderMsg::PushDone(report)).is_err() && !orphans.is_empty() {
+        // The actor stopped before the gateway answered: nobody here yields
+        // them, so the partition's leader, wherever it is, does.
+        link.yield_elsewhere(partition, orphans);
+    }
 }
 
 #[cfg(test)]
