@@ -98,6 +98,17 @@ pub struct ServeArgs {
     /// load balancer). [default: local]
     #[arg(long, env = "DROVER_CREATE_PLACEMENT")]
     pub create_placement: Option<String>,
+    /// Which stream a partition leader pushes activated jobs to: `random`,
+    /// one picked at random among those that may take them and have room, so
+    /// jobs spread evenly over the gateways' workers; or `local`, a stream on
+    /// this node's own gateway whenever one may take them and has room (at
+    /// random otherwise), which saves a request between nodes per push and
+    /// another per completion reported elsewhere, at the price of jobs
+    /// following partition leadership: workers on a gateway whose node leads
+    /// no partition get jobs only when the others' streams are full.
+    /// [default: random]
+    #[arg(long, env = "DROVER_PUSH_PLACEMENT")]
+    pub push_placement: Option<String>,
     /// Replicas per partition; fixed when the cluster first forms. [default: 1,
     /// or min(3, members) when members are given]
     #[arg(long, env = "DROVER_REPLICATION_FACTOR")]
@@ -286,6 +297,9 @@ pub struct NodeConfig {
     /// Creates without an idempotency key go to a partition this node leads
     /// (true) or round-robin over all partitions (false).
     pub local_creates: bool,
+    /// Partition leaders push to a stream on this node's gateway when one
+    /// may take the jobs (true), or pick among all at random (false).
+    pub local_pushes: bool,
     /// Join the existing cluster instead of forming it, if the data directory
     /// has formed nothing yet (see [`crate::raft::Formation`]).
     pub join_existing: bool,
@@ -322,6 +336,7 @@ impl NodeConfig {
             leader_regions: Vec::new(),
             balance_leaders: true,
             local_creates: true,
+            local_pushes: false,
             join_existing: false,
             partitions: 1,
             replication_factor: 1,
@@ -461,6 +476,11 @@ impl ServeArgs {
             Some("round-robin") => false,
             Some(other) => bail!("--create-placement {other:?} is not `local` or `round-robin`"),
         };
+        let local_pushes = match pick!(push_placement).as_deref() {
+            None | Some("random") => false,
+            Some("local") => true,
+            Some(other) => bail!("--push-placement {other:?} is not `random` or `local`"),
+        };
         let leader_regions = pick!(leader_regions).unwrap_or_default();
         if let Some(region) = leader_regions.iter().find(|r| !locations.values().any(|l| l.region == **r)) {
             if !locations.is_empty() {
@@ -556,6 +576,7 @@ impl ServeArgs {
             leader_regions,
             balance_leaders: pick!(balance_leaders).unwrap_or(true),
             local_creates,
+            local_pushes,
             join_existing: pick!(join_existing).unwrap_or(false),
             partitions,
             replication_factor,
@@ -605,6 +626,15 @@ mod tests {
         assert!(!args.resolve().unwrap().local_creates);
         let args = ServeArgs { create_placement: Some("nearest".into()), ..Default::default() };
         assert!(args.resolve().unwrap_err().to_string().contains("not `local` or `round-robin`"));
+    }
+
+    #[test]
+    fn push_placement_is_random_unless_local_is_asked_for() {
+        assert!(!ServeArgs::default().resolve().unwrap().local_pushes);
+        let args = ServeArgs { push_placement: Some("local".into()), ..Default::default() };
+        assert!(args.resolve().unwrap().local_pushes);
+        let args = ServeArgs { push_placement: Some("nearest".into()), ..Default::default() };
+        assert!(args.resolve().unwrap_err().to_string().contains("not `random` or `local`"));
     }
 
     #[test]

@@ -130,6 +130,65 @@ async fn workers_on_two_gateways_both_receive_jobs() {
     assert!(a.len() >= 20 && b.len() >= 20, "neither gateway starves: {} / {}", a.len(), b.len());
 }
 
+/// `--push-placement local`: a partition's leader pushes to the stream on
+/// its own node's gateway while that stream has room (none of the jobs go to
+/// the two other gateways' workers, where at random two thirds would), and to
+/// the others once it is full.
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn with_local_push_placement_a_leader_serves_its_own_gateway_first() {
+    let args = [FAST_RAFT, &["--push-placement", "local"]].concat();
+    let cluster = ProcessCluster::start(3, 1, 3, &args);
+    cluster.wait_ready().await;
+    let leader = cluster.leader_of(0, Duration::from_secs(20)).await;
+    let gateways: Vec<String> = (0..3).map(|n| cluster.node(n).grpc.clone()).collect();
+    let registered = |job_type: &'static str| {
+        let cluster = &cluster;
+        async move {
+            let view = jobstreams(cluster, leader).await;
+            view["remote"].as_array().unwrap().iter().filter(|s| s["jobType"] == job_type).count() == 3
+        }
+    };
+
+    let mut workers = Vec::new();
+    for g in &gateways {
+        workers.push(complete_all(g.clone(), open(g, request("near", TIMEOUT_MS, &[])).await));
+    }
+    common::eventually(Duration::from_secs(10), "three streams registered with the leader", || registered("near"))
+        .await;
+    let producer = Client::connect(&gateways[leader]).await.unwrap();
+    for n in 0..30 {
+        producer.create_job("near", &format!(r#"{{"n":{n}}}"#)).await.unwrap();
+    }
+    let mut done = Vec::new();
+    for worker in workers {
+        done.push(worker.await.unwrap().len());
+    }
+    assert_eq!(done[leader], 30, "every job went to node {leader}'s own gateway (jobs per gateway {done:?})");
+
+    // The leader's own stream takes two jobs at most and finishes none.
+    let mut full = request("near-full", TIMEOUT_MS, &[]);
+    full.max_jobs_in_flight = 2;
+    let mut own = open(&gateways[leader], full).await;
+    let mut others = Vec::new();
+    for g in gateways.iter().enumerate().filter(|(n, _)| *n != leader).map(|(_, g)| g) {
+        others.push(complete_all(g.clone(), open(g, request("near-full", TIMEOUT_MS, &[])).await));
+    }
+    common::eventually(Duration::from_secs(10), "three streams registered with the leader", || registered("near-full"))
+        .await;
+    for n in 0..10 {
+        producer.create_job("near-full", &format!(r#"{{"n":{n}}}"#)).await.unwrap();
+    }
+    let mut elsewhere = 0;
+    for worker in others {
+        elsewhere += worker.await.unwrap().len();
+    }
+    assert_eq!(elsewhere, 8, "the jobs the full stream had no room for went to the other gateways");
+    for _ in 0..2 {
+        let job = tokio::time::timeout(Duration::from_secs(5), own.message()).await;
+        assert!(matches!(job, Ok(Ok(Some(_)))), "the leader's own stream holds two jobs: {job:?}");
+    }
+}
+
 /// Jobs a stuck worker may hold beyond the gateway's buffer: one in the
 /// encoder plus the two or three padded jobs that fit in a 1 KiB HTTP/2 window.
 const IN_TRANSPORT: usize = 5;

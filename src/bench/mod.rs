@@ -150,6 +150,11 @@ pub struct BenchArgs {
     /// completing on the job's partition leader (which saves the forwards).
     #[arg(long)]
     pub unrouted: bool,
+    /// With --local-nodes: the nodes' `--push-placement` (`random`, the
+    /// nodes' default, or `local`: a leader pushes to its own gateway's
+    /// stream whenever that stream can take the jobs).
+    #[arg(long)]
+    pub push_placement: Option<String>,
 }
 
 /// How long the bench waits for the local nodes' leadership to balance.
@@ -191,10 +196,13 @@ pub async fn run(args: BenchArgs) -> anyhow::Result<bool> {
     }
     let mut cluster = match args.local_nodes {
         Some(n) => {
-            let extra: Vec<String> = match &token {
+            let mut extra: Vec<String> = match &token {
                 Some(_) => vec!["--tokens-file".into(), tokens_dir.path().join("tokens.toml").display().to_string()],
                 None => Vec::new(),
             };
+            if let Some(placement) = &args.push_placement {
+                extra.extend(["--push-placement".to_string(), placement.clone()]);
+            }
             let mut cluster = LocalCluster::start_with(
                 n,
                 args.partitions,

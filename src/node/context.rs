@@ -113,6 +113,7 @@ impl NodeContext {
             locality: Arc::new(crate::partition::Locality {
                 own: config.location.region.clone(),
                 regions: config.locations.iter().map(|(n, l)| (*n, l.region.clone())).collect(),
+                node: config.local_pushes.then_some(config.node_id),
             }),
             grpc_addr,
             admin_addr,

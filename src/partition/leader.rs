@@ -295,6 +295,9 @@ pub struct Locality {
     pub own: String,
     /// Node id -> region.
     pub regions: HashMap<NodeId, String>,
+    /// This node, when its leaders push to a stream on its own gateway
+    /// whenever one may take the jobs (`--push-placement local`).
+    pub node: Option<NodeId>,
 }
 
 impl Locality {
@@ -739,7 +742,8 @@ impl LeaderState {
     /// [`MAX_PUSHES_PER_TYPE`] pushes of it are in flight and a stream can take
     /// a job: it may take an activatable job or one of `created` (jobs
     /// created in the entry the activation joins), and has room. The stream is picked at random among those that are not
-    /// blocked; when the only ones with room are, the type is tried again once
+    /// blocked (among those on this node's gateway, if any, with
+    /// `--push-placement local`); when the only ones with room are, the type is tried again once
     /// they unblock. When none has room, nothing is activated: the jobs wait,
     /// activatable, for a stream's gateway to offer room.
     fn push_activation(
@@ -762,8 +766,14 @@ impl LeaderState {
         self.blocked.retain(|_, until| *until > now);
         let with_room: Vec<&(Arc<RemoteStream>, Vec<Taker>)> =
             serving.iter().filter(|(s, _)| self.rooms.room(s) > 0).collect();
-        let open: Vec<&(Arc<RemoteStream>, Vec<Taker>)> =
+        let mut open: Vec<&(Arc<RemoteStream>, Vec<Taker>)> =
             with_room.iter().copied().filter(|(s, _)| !self.blocked.contains_key(&(s.gateway, s.stream_id))).collect();
+        if let Some(node) = self.locality.node {
+            // `--push-placement local`: this node's own gateway first.
+            if open.iter().any(|(s, _)| s.gateway == node) {
+                open.retain(|(s, _)| s.gateway == node);
+            }
+        }
         let Some((stream, rivals)) = open.choose(&mut rand::rng()).map(|(s, r)| (Arc::clone(s), r.clone())) else {
             if !with_room.is_empty() && self.retry_scheduled.insert(job_type.to_string()) {
                 let me = myself.clone();
