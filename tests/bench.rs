@@ -51,6 +51,35 @@ fn tiny_bench(extra: &[&str]) {
     }
 }
 
+/// The latency workload splits its rate over one producer per gateway that
+/// leads a partition, so its creates land on every partition (with the
+/// default `--create-placement local`, one producer would put them all on
+/// its own gateway's partition).
+#[test]
+fn the_latency_workload_spreads_its_rate_over_the_leading_gateways() {
+    let output = Command::new(common::drover_bin())
+        .args(["bench", "--local-nodes", "3", "--replication-factor", "3", "--partitions", "3"])
+        .args(["--workload", "latency", "--rate", "300", "--duration", "2", "--json"])
+        .output()
+        .expect("run drover bench");
+    let stdout = String::from_utf8_lossy(&output.stdout);
+    assert!(output.status.success(), "bench failed:\n{stdout}\n{}", String::from_utf8_lossy(&output.stderr));
+    let report: serde_json::Value =
+        serde_json::from_str(stdout.lines().filter(|l| l.starts_with('{')).nth(1).expect("the latency report"))
+            .unwrap();
+    let figures = &report["figures"];
+    assert_eq!(figures["jobs_completed_unique"], 600, "{report}");
+    let led_at_start: Vec<u64> = figures["leaders_per_node"][0]
+        .as_array()
+        .expect("leaders at start")
+        .iter()
+        .map(|n| n.as_u64().unwrap())
+        .collect();
+    let leading = led_at_start.iter().filter(|n| **n > 0).count();
+    assert!(leading >= 2, "leadership was not spread at the start, so nothing to spread over: {led_at_start:?}");
+    assert_eq!(figures["producers"], leading as u64, "one producer per leading gateway: {report}");
+}
+
 #[test]
 fn a_local_node_that_does_not_start_is_reported_with_the_end_of_its_log() {
     let dir = tempfile::tempdir().expect("temp dir");

@@ -10,7 +10,11 @@
 //!   Every payload carries a sequence number, so lost and doubly completed jobs
 //!   are counted, not assumed.
 //! - `latency`: a fixed `--rate` of creates for `--duration`; the latency is
-//!   "worker received - create sent", in an HDR histogram.
+//!   "worker received - create sent", in an HDR histogram. The rate is split
+//!   over one paced producer per gateway that leads a partition (per gateway
+//!   given, without the topology), so the creates spread over the partitions
+//!   as a fleet of producers' would; `--latency-producers 1` puts them all on
+//!   one gateway, and so, with `--create-placement local`, on its partition.
 //!
 //! - `failover` and `rolling-restart` (with `--local-nodes` ≥ 3): what
 //!   clients wait while a leader is killed, and while every node is
@@ -87,6 +91,10 @@ pub struct BenchArgs {
     /// Concurrent producers.
     #[arg(long, default_value_t = 4)]
     pub producers: usize,
+    /// Producers of the latency workload, each at --rate divided by their
+    /// number. [default: one per gateway that leads a partition]
+    #[arg(long)]
+    pub latency_producers: Option<usize>,
     /// Unacknowledged creates per producer.
     #[arg(long, default_value_t = 256)]
     pub in_flight: usize,
@@ -168,8 +176,13 @@ struct Report<'a, F: Serialize> {
 }
 
 pub async fn run(args: BenchArgs) -> anyhow::Result<bool> {
-    if args.jobs == 0 || args.producers == 0 || args.workers == 0 || args.in_flight == 0 {
-        bail!("--jobs, --producers, --workers and --in-flight must be at least 1");
+    if args.jobs == 0
+        || args.producers == 0
+        || args.latency_producers == Some(0)
+        || args.workers == 0
+        || args.in_flight == 0
+    {
+        bail!("--jobs, --producers, --latency-producers, --workers and --in-flight must be at least 1");
     }
     let tokens_dir = tempfile::Builder::new().prefix("drover-bench-tokens-").tempdir()?;
     let token = match (args.tokens, args.local_nodes) {

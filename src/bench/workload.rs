@@ -49,6 +49,9 @@ impl Percentiles {
 
 #[derive(Debug, Default, Serialize)]
 pub struct Figures {
+    /// Producers that created the jobs, each on its own gateway while there
+    /// are gateways enough (the latency workload's rate is split over them).
+    pub producers: usize,
     pub jobs_created: u64,
     pub create_errors: u64,
     pub jobs_completed_unique: u64,
@@ -111,6 +114,7 @@ impl Figures {
 
     pub fn print(&self, workload: Workload) {
         println!("== {workload:?} ==");
+        println!("  producers                     {}", self.producers);
         println!("  jobs created (acknowledged)   {}", self.jobs_created);
         println!("  create errors                 {}", self.create_errors);
         println!("  jobs completed (unique)       {}", self.jobs_completed_unique);
@@ -744,7 +748,7 @@ async fn run(
     cluster: Option<&LocalCluster>,
     jobs: u64,
     rate: Option<u64>,
-    producers: usize,
+    producers: Option<usize>,
 ) -> anyhow::Result<Figures> {
     let job_type = format!("bench-{}", rand::random::<u32>());
     let tracker = Arc::new(Tracker::new(jobs));
@@ -833,6 +837,8 @@ async fn run(
         None => gateways.to_vec(),
     };
     let leaders_at_start = leaders.as_ref().map(|l| l.led_per_gateway());
+    // Without a number, one producer per gateway they use.
+    let producers = producers.unwrap_or(producer_gateways.len()).max(1);
     let started = Instant::now();
     let mut producer_tasks = Vec::new();
     let per = jobs.div_ceil(producers as u64);
@@ -893,6 +899,7 @@ async fn run(
 
     let cpu = cpu_before.zip(super::conditions::CpuTimes::read()).and_then(|(before, after)| after.since(&before));
     let mut figures = Figures {
+        producers,
         leaders_per_node: leaders_at_start.into_iter().chain(leaders.map(|l| l.led_per_gateway())).collect(),
         load_average_before,
         cpu_steal_percent: cpu.map(|(steal, _)| steal),
@@ -955,12 +962,12 @@ pub async fn throughput(
     gateways: &[String],
     cluster: Option<&LocalCluster>,
 ) -> anyhow::Result<Figures> {
-    run(args, gateways, cluster, args.jobs, None, args.producers).await
+    run(args, gateways, cluster, args.jobs, None, Some(args.producers)).await
 }
 
 pub async fn latency(args: &BenchArgs, gateways: &[String], cluster: Option<&LocalCluster>) -> anyhow::Result<Figures> {
     let jobs = args.rate * args.duration;
-    run(args, gateways, cluster, jobs, Some(args.rate), 1).await
+    run(args, gateways, cluster, jobs, Some(args.rate), args.latency_producers).await
 }
 
 #[cfg(test)]
