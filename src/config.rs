@@ -100,9 +100,9 @@ pub struct ServeArgs {
     pub create_placement: Option<String>,
     /// Which stream a partition leader pushes activated jobs to: `random`,
     /// one picked at random among those that may take them and have room, so
-    /// jobs spread evenly over the gateways' workers; or `local`, a stream on
-    /// this node's own gateway whenever one may take them and has room (at
-    /// random otherwise), which saves a request between nodes per push and
+    /// jobs spread evenly over the gateways' workers; or `local`: the stream
+    /// picked at random is swapped for one on this node's own gateway that
+    /// takes the same jobs (tenants, labels) and has room, if any, which saves a request between nodes per push and
     /// another per completion reported elsewhere, at the price of jobs
     /// following partition leadership: workers on a gateway whose node leads
     /// no partition get jobs only when the others' streams are full.

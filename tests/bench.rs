@@ -78,6 +78,15 @@ fn the_latency_workload_spreads_its_rate_over_the_leading_gateways() {
     let leading = led_at_start.iter().filter(|n| **n > 0).count();
     assert!(leading >= 2, "leadership was not spread at the start, so nothing to spread over: {led_at_start:?}");
     assert_eq!(figures["producers"], leading as u64, "one producer per leading gateway: {report}");
+    // Each through its own gateway, and so onto that gateway's partition.
+    let created: Vec<u64> = figures["created_per_producer"]
+        .as_array()
+        .expect("creates per producer")
+        .iter()
+        .map(|n| n.as_u64().unwrap())
+        .collect();
+    assert_eq!(created.iter().sum::<u64>(), 600, "{report}");
+    assert!(created.iter().all(|n| *n >= 600 / leading as u64), "the rate is split evenly: {created:?}");
 }
 
 #[test]

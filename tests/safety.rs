@@ -214,7 +214,7 @@ async fn a_leader_stopping_with_a_push_in_flight_yields_what_the_gateway_refused
     cluster.wait_ready().await;
     // A hand-over needs a leader that has held its term past its followers'
     // lease (the longest election timeout).
-    let leader = held_leader(&cluster, Duration::from_secs(1)).await;
+    let leader = cluster.held_leader(0, Duration::from_secs(1)).await;
     let gateway = other_than(&cluster, leader);
     let grpc = cluster.node(gateway).grpc.clone();
     let worker = |name: &str| StreamActivatedJobsRequest {
@@ -244,9 +244,13 @@ async fn a_leader_stopping_with_a_push_in_flight_yields_what_the_gateway_refused
     let armed = http_request("PUT", &cluster.node(leader).admin, path).await.unwrap();
     assert_eq!(armed.0, 200, "{armed:?}");
     let key = client.create_job("drain", "{}").await.unwrap();
+    let held_since = Instant::now();
     drop(first);
     eventually(Duration::from_secs(1), "the gateway to drop the first worker's stream", || registered(gateway, false))
         .await;
+    // Otherwise the push went out to a closed stream before the stop, and
+    // this test would show nothing about stopping.
+    assert!(held_since.elapsed() < Duration::from_millis(1_500), "the stop came after the held push went out");
     let node = cluster.nodes[leader].as_mut().expect("started");
     node.signal(libc::SIGTERM);
     let status = node.exited(Duration::from_secs(30)).await;
@@ -268,34 +272,6 @@ async fn a_leader_stopping_with_a_push_in_flight_yields_what_the_gateway_refused
     );
     assert!(!kinds.iter().any(|(kind, _)| kind == "timed_out"), "no activation timed out: {kinds:?}");
     client.complete(job.key, job.attempt, "{}").await.unwrap();
-}
-
-/// The node that leads partition 0, once it has led it in one term for
-/// longer than `held`.
-async fn held_leader(cluster: &ProcessCluster, held: Duration) -> usize {
-    let deadline = Instant::now() + Duration::from_secs(30);
-    let mut seen: Option<(usize, u64, Instant)> = None;
-    loop {
-        assert!(Instant::now() < deadline, "no node held partition 0's leadership for {held:?} within 30 s");
-        let leader = cluster.leader_of(0, Duration::from_secs(20)).await;
-        let term = cluster
-            .status(leader)
-            .await
-            .unwrap_or_default()
-            .into_iter()
-            .find(|s| s.partition == 0 && s.role == "leader")
-            .map(|s| s.term);
-        match (term, seen) {
-            (Some(term), Some((l, t, since))) if l == leader && t == term => {
-                if since.elapsed() > held {
-                    return leader;
-                }
-            }
-            (Some(term), _) => seen = Some((leader, term, Instant::now())),
-            (None, _) => seen = None,
-        }
-        tokio::time::sleep(Duration::from_millis(100)).await;
-    }
 }
 
 /// Seconds the node's wall clock is ahead of ours, from its HTTP Date header.

@@ -163,7 +163,11 @@ async fn with_local_push_placement_a_leader_serves_its_own_gateway_first() {
     for worker in workers {
         done.push(worker.await.unwrap().len());
     }
-    assert_eq!(done[leader], 30, "every job went to node {leader}'s own gateway (jobs per gateway {done:?})");
+    // While a push to the leader's own stream is in flight its room is
+    // claimed, so a job created then may go elsewhere: nearly all, not all.
+    // At random, about ten of the thirty would.
+    assert!(done[leader] >= 24, "the jobs went to node {leader}'s own gateway (jobs per gateway {done:?})");
+    assert_eq!(done.iter().sum::<usize>(), 30, "every job completed once (jobs per gateway {done:?})");
 
     // The leader's own stream takes two jobs at most and finishes none.
     let mut full = request("near-full", TIMEOUT_MS, &[]);

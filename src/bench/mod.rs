@@ -92,7 +92,8 @@ pub struct BenchArgs {
     #[arg(long, default_value_t = 4)]
     pub producers: usize,
     /// Producers of the latency workload, each at --rate divided by their
-    /// number. [default: one per gateway that leads a partition]
+    /// number. [default: one per gateway that leads a partition, or per
+    /// gateway given when the topology is not known or with --unrouted]
     #[arg(long)]
     pub latency_producers: Option<usize>,
     /// Unacknowledged creates per producer.

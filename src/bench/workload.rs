@@ -52,6 +52,8 @@ pub struct Figures {
     /// Producers that created the jobs, each on its own gateway while there
     /// are gateways enough (the latency workload's rate is split over them).
     pub producers: usize,
+    /// Creates each producer had acknowledged.
+    pub created_per_producer: Vec<u64>,
     pub jobs_created: u64,
     pub create_errors: u64,
     pub jobs_completed_unique: u64,
@@ -114,7 +116,7 @@ impl Figures {
 
     pub fn print(&self, workload: Workload) {
         println!("== {workload:?} ==");
-        println!("  producers                     {}", self.producers);
+        println!("  producers (jobs each)         {} {:?}", self.producers, self.created_per_producer);
         println!("  jobs created (acknowledged)   {}", self.jobs_created);
         println!("  create errors                 {}", self.create_errors);
         println!("  jobs completed (unique)       {}", self.jobs_completed_unique);
@@ -841,11 +843,14 @@ async fn run(
     let producers = producers.unwrap_or(producer_gateways.len()).max(1);
     let started = Instant::now();
     let mut producer_tasks = Vec::new();
-    let per = jobs.div_ceil(producers as u64);
+    let mut first = 0;
     for p in 0..producers as u64 {
-        let range = (p * per).min(jobs)..((p + 1) * per).min(jobs);
+        // The jobs and the rate are split evenly, the first producers taking
+        // one more of each while there is a remainder.
+        let range = first..first + share(jobs, producers as u64, p);
+        first = range.end;
         let gateway = producer_gateways[p as usize % producer_gateways.len()].clone();
-        let producer_rate = rate.map(|r| (r / producers as u64).max(1));
+        let producer_rate = rate.map(|r| share(r, producers as u64, p).max(1));
         producer_tasks.push(tokio::spawn(produce(
             gateway,
             job_type.clone(),
@@ -861,8 +866,10 @@ async fn run(
         )));
     }
     let mut ack_latency = Histogram::<u64>::new(3)?;
+    let mut created_per_producer = Vec::new();
     for task in producer_tasks {
         let histogram = task.await??;
+        created_per_producer.push(histogram.len());
         ack_latency.add(histogram)?;
     }
     let produced_in = started.elapsed();
@@ -900,6 +907,7 @@ async fn run(
     let cpu = cpu_before.zip(super::conditions::CpuTimes::read()).and_then(|(before, after)| after.since(&before));
     let mut figures = Figures {
         producers,
+        created_per_producer,
         leaders_per_node: leaders_at_start.into_iter().chain(leaders.map(|l| l.led_per_gateway())).collect(),
         load_average_before,
         cpu_steal_percent: cpu.map(|(steal, _)| steal),
@@ -955,6 +963,11 @@ async fn run(
         figures.client_messages_per_job = per_job_by_method(&client_messages_before, &client_messages_after, jobs);
     }
     Ok(figures)
+}
+
+/// Producer `p`'s share of `total` split over `producers`.
+fn share(total: u64, producers: u64, p: u64) -> u64 {
+    total / producers + u64::from(p < total % producers)
 }
 
 pub async fn throughput(

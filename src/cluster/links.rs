@@ -229,18 +229,26 @@ impl GatewayLink for Links {
     }
 
     fn yield_elsewhere(&self, partition: PartitionId, yields: Vec<Command>) {
-        let Some(ctx) = self.ctx.upgrade() else { return };
-        let count = yields.len() as u64;
-        tokio::spawn(async move {
-            let deadline = Instant::now() + ctx.request_timeout;
-            match crate::gateway::router::submit(&ctx, partition, yields, deadline).await {
-                Ok(_) => metrics::counter!("drover_broker_jobs_yielded_elsewhere_total").increment(count),
-                // Left to their activation timeout, as a push of unknown outcome is.
-                Err(e) => tracing::warn!(
+        let count = yields.len();
+        let (Some(ctx), Ok(runtime)) = (self.ctx.upgrade(), tokio::runtime::Handle::try_current()) else {
+            tracing::warn!(
+                partition,
+                "the node is stopping: {count} pushed jobs a gateway refused become activatable again at their \
+                 activation timeout"
+            );
+            return;
+        };
+        runtime.spawn(async move {
+            let yielded = crate::gateway::run_yields(&ctx, yields).await;
+            metrics::counter!("drover_broker_jobs_yielded_elsewhere_total").increment(yielded as u64);
+            if yielded < count {
+                // Moved on (nothing to do), or no leader answered in time
+                // (left to their activation timeout, as after a crash).
+                tracing::info!(
                     partition,
-                    "could not yield {count} refused pushed jobs at the partition's leader ({e}); they become \
-                     activatable again at their activation timeout"
-                ),
+                    "yielded {yielded} of {count} refused pushed jobs at the partition's leader; the others had \
+                     moved on or wait for their activation timeout"
+                );
             }
         });
     }

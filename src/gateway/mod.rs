@@ -23,8 +23,8 @@ use std::time::{Duration, Instant};
 pub use convert::Limits;
 pub use error::ApiError;
 pub use observe::{Observe, CLUSTER_REQUESTS, STREAM_MESSAGES};
-pub(crate) use service::hand_back;
 pub use service::{cluster_status, cluster_status_json, GatewayService};
+pub(crate) use service::{hand_back, run_yields};
 pub use zeebe::ZeebeService;
 
 /// Parses a `grpc-timeout` header value (`100m`, `5S`, ...) as gRPC defines it:

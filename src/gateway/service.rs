@@ -479,12 +479,9 @@ pub(crate) async fn hand_back(ctx: &NodeContext, activations: Vec<(JobKey, u32)>
         return;
     }
     let gateway = ctx.node_id;
-    let commands = activations
-        .into_iter()
-        .map(|(key, attempt)| Ok((key.partition(), Command::Yield { key, attempt, gateway, reason })))
-        .collect();
-    let deadline = Instant::now() + ctx.request_timeout;
-    let yielded = run_chunk(ctx, None, commands, deadline).await.iter().filter(|result| result.is_ok()).count();
+    let yields =
+        activations.into_iter().map(|(key, attempt)| Command::Yield { key, attempt, gateway, reason }).collect();
+    let yielded = run_yields(ctx, yields).await;
     let reason = match reason {
         YieldReason::Late => "late",
         YieldReason::StreamClosed => "stream_closed",
@@ -492,6 +489,25 @@ pub(crate) async fn hand_back(ctx: &NodeContext, activations: Vec<(JobKey, u32)>
         YieldReason::Unknown => "unknown",
     };
     metrics::counter!("drover_gateway_job_stream_handed_back_total", "reason" => reason).increment(yielded as u64);
+}
+
+/// Runs `yields` ([`Command::Yield`]; other commands are skipped) at their
+/// partitions' leaders, wherever those are, within the request timeout: how
+/// many made their job activatable again. A yield of an activation that has
+/// moved on (completed, timed out, activated again) is refused, and not counted.
+pub(crate) async fn run_yields(ctx: &NodeContext, yields: Vec<Command>) -> usize {
+    let commands = yields
+        .into_iter()
+        .filter_map(|command| {
+            let partition = match &command {
+                Command::Yield { key, .. } => key.partition(),
+                _ => return None,
+            };
+            Some(Ok((partition, command)))
+        })
+        .collect();
+    let deadline = Instant::now() + ctx.request_timeout;
+    run_chunk(ctx, None, commands, deadline).await.iter().filter(|result| result.is_ok()).count()
 }
 
 /// Runs a chunk of per-key commands: per partition, batches cut by bytes and

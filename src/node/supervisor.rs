@@ -49,9 +49,10 @@ const HANDOVER_LIMIT: Duration = Duration::from_secs(2);
 /// After a failed hand-over, the next try waits this long.
 const RETRY_AFTER: Duration = Duration::from_secs(10);
 /// How long a leader actor may take to drain (its writes in flight and
-/// their pushes) before a planned stop stops it anyway. A push waits at most
-/// a few seconds for its gateway; a drain usually takes a commit and a push,
-/// a few milliseconds.
+/// their pushes) before a planned stop stops it anyway. A drain usually takes
+/// a commit and a push, a few milliseconds; a push to a gateway that does not
+/// answer can take longer (up to 4 s), and the hand-over that follows has
+/// 3 s in all before a SIGTERMed node gives up on it, so the drain gets 2.
 const DRAIN_WITHIN: Duration = Duration::from_secs(2);
 
 type Running = (ActorRef<LeaderMsg>, tokio::task::JoinHandle<()>);
@@ -70,7 +71,8 @@ async fn stop_leader(ctx: &NodeContext, partition: u32, (actor, handle): Running
             Ok(CallResult::Timeout) => tracing::warn!(
                 partition,
                 "the leader did not finish its writes and pushes in flight within {DRAIN_WITHIN:?}; it stops anyway \
-                 (jobs a gateway refuses after this are yielded by the next leader)"
+                 (jobs a gateway refuses after this are yielded at the partition's next leader, from this node \
+                 while it runs)"
             ),
             // The actor stopped on its own (it lost leadership).
             _ => {}

@@ -211,7 +211,7 @@ pub struct PushReport {
     room: Option<u32>,
     activated: usize,
     /// Activations no client took, for certain: yielded.
-    rejected: Vec<(JobKey, u32)>,
+    rejected: Refused,
     /// Activations a client took, or may have.
     handed: usize,
     /// The gateway holds no such stream any more.
@@ -227,7 +227,7 @@ impl PushReport {
             reservation,
             room: None,
             activated: 0,
-            rejected: Vec::new(),
+            rejected: Refused::none(),
             handed: 0,
             unknown_stream: false,
             outcome_unknown: false,
@@ -240,9 +240,9 @@ enum ReplyTo {
     Push(PushTicket),
     /// The leader's first entry.
     TakeOver,
-    /// Yields (a copy of them) of jobs a push's gateway refused: when this
-    /// leader cannot write them, the partition's next leader does.
-    Yields(Vec<Command>),
+    /// Yields of jobs a push's gateway refused: when this leader cannot
+    /// write them, the partition's current leader does.
+    Yields(Refused),
     Ignore,
 }
 
@@ -591,19 +591,18 @@ impl Actor for PartitionLeader {
                 } else {
                     metrics::counter!("drover_broker_jobs_pushed_count_total").increment(handed as u64);
                 }
-                if !rejected.is_empty() {
+                if !rejected.yields.is_empty() {
                     metrics::counter!("drover_broker_jobs_push_fail_try_count_total", "code" => "BLOCKED")
-                        .increment(rejected.len() as u64);
+                        .increment(rejected.yields.len() as u64);
                     if room != Some(0) {
                         // Not delivered, refused though the stream had room, or
                         // a gateway that does not say its room: skipped a while.
                         // A full stream waits for its gateway's offer instead.
                         state.block(&stream);
                     }
-                    let yields = refused(&stream, &rejected);
                     // Yielding makes the jobs available again, which pushes them
                     // to a stream with room, if any (this one has none now).
-                    state.enqueue(yields.clone(), ReplyTo::Yields(yields));
+                    state.enqueue(rejected.yields.clone(), ReplyTo::Yields(rejected));
                     state.flush(&myself);
                 } else if activated > 0 {
                     // There may be more waiting: the batch was full, or cut
@@ -636,9 +635,18 @@ impl Actor for PartitionLeader {
 
     async fn post_stop(&self, _myself: ActorRef<LeaderMsg>, state: &mut LeaderState) -> Result<(), ActorProcessingErr> {
         let leader = state.replica.leadership().leader;
+        // Yields still queued are dropped here, and so go to the partition's
+        // current leader (see `Refused`).
         for (_, reply, _) in state.pending.drain(..) {
-            if let ReplyTo::Client(port) = reply {
-                let _ = port.send(Err(SubmitError::NotLeader { partition: state.partition, leader }));
+            match reply {
+                ReplyTo::Client(port) => {
+                    let _ = port.send(Err(SubmitError::NotLeader { partition: state.partition, leader }));
+                }
+                ReplyTo::Push(PushTicket { offer: Some(offer), .. }) => {
+                    // Nothing will be pushed: the gateway offers the room elsewhere.
+                    let _ = offer.send(false);
+                }
+                _ => {}
             }
         }
         tracing::info!(partition = state.partition, "partition leader stopped");
@@ -742,8 +750,8 @@ impl LeaderState {
     /// [`MAX_PUSHES_PER_TYPE`] pushes of it are in flight and a stream can take
     /// a job: it may take an activatable job or one of `created` (jobs
     /// created in the entry the activation joins), and has room. The stream is picked at random among those that are not
-    /// blocked (among those on this node's gateway, if any, with
-    /// `--push-placement local`); when the only ones with room are, the type is tried again once
+    /// blocked (then swapped for an equivalent on this node's gateway with
+    /// `--push-placement local`: [`LeaderState::own_equivalent`]); when the only ones with room are, the type is tried again once
     /// they unblock. When none has room, nothing is activated: the jobs wait,
     /// activatable, for a stream's gateway to offer room.
     fn push_activation(
@@ -766,15 +774,10 @@ impl LeaderState {
         self.blocked.retain(|_, until| *until > now);
         let with_room: Vec<&(Arc<RemoteStream>, Vec<Taker>)> =
             serving.iter().filter(|(s, _)| self.rooms.room(s) > 0).collect();
-        let mut open: Vec<&(Arc<RemoteStream>, Vec<Taker>)> =
+        let open: Vec<&(Arc<RemoteStream>, Vec<Taker>)> =
             with_room.iter().copied().filter(|(s, _)| !self.blocked.contains_key(&(s.gateway, s.stream_id))).collect();
-        if let Some(node) = self.locality.node {
-            // `--push-placement local`: this node's own gateway first.
-            if open.iter().any(|(s, _)| s.gateway == node) {
-                open.retain(|(s, _)| s.gateway == node);
-            }
-        }
-        let Some((stream, rivals)) = open.choose(&mut rand::rng()).map(|(s, r)| (Arc::clone(s), r.clone())) else {
+        let picked = open.choose(&mut rand::rng()).map(|picked| self.own_equivalent(picked, &open));
+        let Some((stream, rivals)) = picked.map(|(s, r)| (Arc::clone(s), r.clone())) else {
             if !with_room.is_empty() && self.retry_scheduled.insert(job_type.to_string()) {
                 let me = myself.clone();
                 let job_type = job_type.to_string();
@@ -786,6 +789,25 @@ impl LeaderState {
             return None;
         };
         Some(self.activation(stream, rivals))
+    }
+
+    /// With `--push-placement local`, a stream of `open` on this node's
+    /// gateway that takes the same jobs as `picked` (the same tenants, labels
+    /// and nearness), if there is one; `picked` otherwise. Only equivalents
+    /// are swapped, so jobs that only other streams may take still get their
+    /// turn at random.
+    fn own_equivalent<'a>(
+        &self,
+        picked: &'a (Arc<RemoteStream>, Vec<Taker>),
+        open: &[&'a (Arc<RemoteStream>, Vec<Taker>)],
+    ) -> &'a (Arc<RemoteStream>, Vec<Taker>) {
+        let Some(node) = self.locality.node else { return picked };
+        if picked.0.gateway == node {
+            return picked;
+        }
+        let kind = |s: &RemoteStream| (s.tenants.clone(), self.locality.taker(s));
+        let wanted = kind(&picked.0);
+        open.iter().copied().find(|(s, _)| s.gateway == node && kind(s) == wanted).unwrap_or(picked)
     }
 
     /// Notes `room` in the stream `(gateway, stream id)` of `job_type`, which
@@ -937,10 +959,34 @@ impl LeaderState {
     }
 }
 
-/// The yields of a push's activations that `stream`'s gateway refused.
-fn refused(stream: &RemoteStream, rejected: &[(JobKey, u32)]) -> Vec<Command> {
-    let (gateway, reason) = (stream.gateway, YieldReason::NotReady);
-    rejected.iter().map(|&(key, attempt)| Command::Yield { key, attempt, gateway, reason }).collect()
+/// The yields of a push's activations that its stream's gateway refused,
+/// until they are written. Dropped unwritten (the actor stopped before it
+/// handled the push's report, or with the yields queued, or their write
+/// failed), they go to the partition's current leader
+/// ([`GatewayLink::yield_elsewhere`]), so no refused job waits for its
+/// activation timeout because this leader went away.
+pub struct Refused {
+    yields: Vec<Command>,
+    to: Option<(PartitionId, Arc<dyn GatewayLink>)>,
+}
+
+impl Refused {
+    fn none() -> Self {
+        Refused { yields: Vec::new(), to: None }
+    }
+
+    /// Written: nothing is left to yield elsewhere.
+    fn written(mut self) {
+        self.yields.clear();
+    }
+}
+
+impl Drop for Refused {
+    fn drop(&mut self) {
+        if let (false, Some((partition, link))) = (self.yields.is_empty(), &self.to) {
+            link.yield_elsewhere(*partition, std::mem::take(&mut self.yields));
+        }
+    }
 }
 
 /// The tenants and labels of the jobs each type gets in `commands`.
@@ -986,7 +1032,8 @@ async fn write(
                     ReplyTo::TakeOver => {
                         let _ = leader.cast(LeaderMsg::TookOver);
                     }
-                    ReplyTo::Yields(_) | ReplyTo::Ignore => {}
+                    ReplyTo::Yields(refused) => refused.written(),
+                    ReplyTo::Ignore => {}
                 }
             }
             let p = partition.to_string();
@@ -1036,9 +1083,8 @@ async fn write(
                         }
                         let _ = leader.cast(LeaderMsg::PushDone(PushReport::empty(stream, reservation)));
                     }
-                    // Not written here: the partition's next leader yields them.
-                    ReplyTo::Yields(yields) => link.yield_elsewhere(partition, yields),
-                    ReplyTo::TakeOver | ReplyTo::Ignore => {}
+                    // Not written here: dropped, the partition's leader yields them.
+                    ReplyTo::Yields(_) | ReplyTo::TakeOver | ReplyTo::Ignore => {}
                 }
             }
             let _ = leader.cast(LeaderMsg::Written { available: Vec::new(), next_timer: None, error: Some(error) });
@@ -1097,19 +1143,18 @@ async fn push(
             HashSet::new()
         }
     };
+    let (gateway, reason) = (stream.gateway, YieldReason::NotReady);
     for (key, attempt, _) in activations {
         if rejected.contains(&key) {
-            report.rejected.push((key, attempt));
+            report.rejected.yields.push(Command::Yield { key, attempt, gateway, reason });
         } else {
             report.handed += 1;
         }
     }
-    let orphans = refused(&stream, &report.rejected);
-    if leader.cast(LeaderMsg::PushDone(report)).is_err() && !orphans.is_empty() {
-        // The actor stopped before the gateway answered: nobody here yields
-        // them, so the partition's leader, wherever it is, does.
-        link.yield_elsewhere(partition, orphans);
-    }
+    report.rejected.to = Some((partition, link));
+    // If the actor has stopped, or stops before it comes to this report, the
+    // report is dropped, and the refused jobs are yielded elsewhere.
+    let _ = leader.cast(LeaderMsg::PushDone(report));
 }
 
 #[cfg(test)]

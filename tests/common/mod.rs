@@ -446,6 +446,30 @@ impl ProcessCluster {
         serde_json::from_value(value.get("local")?.clone()).ok()
     }
 
+    /// The node that leads `partition`, once it has led it in one term for
+    /// longer than `held` (a hand-over needs a leader that has held its term
+    /// past its followers' lease).
+    pub async fn held_leader(&self, partition: u32, held: Duration) -> usize {
+        let deadline = Instant::now() + Duration::from_secs(30);
+        let mut seen: Option<(usize, u64, Instant)> = None;
+        loop {
+            assert!(Instant::now() < deadline, "no node held partition {partition} for {held:?} within 30 s");
+            let leader = self.leader_of(partition, Duration::from_secs(20)).await;
+            let statuses = self.status(leader).await.unwrap_or_default();
+            let term = statuses.into_iter().find(|s| s.partition == partition && s.role == "leader").map(|s| s.term);
+            match (term, seen) {
+                (Some(term), Some((l, t, since))) if l == leader && t == term => {
+                    if since.elapsed() > held {
+                        return leader;
+                    }
+                }
+                (Some(term), _) => seen = Some((leader, term, Instant::now())),
+                (None, _) => seen = None,
+            }
+            tokio::time::sleep(Duration::from_millis(100)).await;
+        }
+    }
+
     /// Waits until a live node leads `partition` and every live replica agrees.
     pub async fn leader_of(&self, partition: u32, limit: Duration) -> usize {
         let started = Instant::now();
