@@ -295,8 +295,8 @@ pub struct Locality {
     pub own: String,
     /// Node id -> region.
     pub regions: HashMap<NodeId, String>,
-    /// This node, when its leaders push to a stream on its own gateway
-    /// whenever one may take the jobs (`--push-placement local`).
+    /// This node, when its leaders prefer an equivalent stream on its own
+    /// gateway to the one picked at random (`--push-placement local`).
     pub node: Option<NodeId>,
 }
 
