@@ -160,10 +160,27 @@ pub struct BenchArgs {
     #[arg(long)]
     pub unrouted: bool,
     /// With --local-nodes: the nodes' `--push-placement` (`random`, the
-    /// nodes' default, or `local`: a leader pushes to its own gateway's
-    /// stream whenever that stream can take the jobs).
-    #[arg(long)]
-    pub push_placement: Option<String>,
+    /// nodes' default, or `local`: a leader prefers an equivalent stream on
+    /// its own gateway to the one picked at random).
+    #[arg(long, value_enum)]
+    pub push_placement: Option<PushPlacement>,
+}
+
+/// The nodes' `--push-placement`, for `drover bench --local-nodes`.
+#[derive(Clone, Copy, Debug, PartialEq, Eq, clap::ValueEnum, Serialize)]
+#[serde(rename_all = "lowercase")]
+pub enum PushPlacement {
+    Random,
+    Local,
+}
+
+impl PushPlacement {
+    fn as_str(self) -> &'static str {
+        match self {
+            PushPlacement::Random => "random",
+            PushPlacement::Local => "local",
+        }
+    }
 }
 
 /// How long the bench waits for the local nodes' leadership to balance.
@@ -214,8 +231,8 @@ pub async fn run(args: BenchArgs) -> anyhow::Result<bool> {
                 Some(_) => vec!["--tokens-file".into(), tokens_dir.path().join("tokens.toml").display().to_string()],
                 None => Vec::new(),
             };
-            if let Some(placement) = &args.push_placement {
-                extra.extend(["--push-placement".to_string(), placement.clone()]);
+            if let Some(placement) = args.push_placement {
+                extra.extend(["--push-placement".to_string(), placement.as_str().to_string()]);
             }
             let mut cluster = LocalCluster::start_with(
                 n,
