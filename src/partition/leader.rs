@@ -805,9 +805,9 @@ impl LeaderState {
         if picked.0.gateway == node {
             return picked;
         }
-        let kind = |s: &RemoteStream| (s.tenants.clone(), self.locality.taker(s));
-        let wanted = kind(&picked.0);
-        open.iter().copied().find(|(s, _)| s.gateway == node && kind(s) == wanted).unwrap_or(picked)
+        let taker = self.locality.taker(&picked.0);
+        let equivalent = |s: &RemoteStream| s.tenants == picked.0.tenants && self.locality.taker(s) == taker;
+        open.iter().copied().find(|(s, _)| s.gateway == node && equivalent(s)).unwrap_or(picked)
     }
 
     /// Notes `room` in the stream `(gateway, stream id)` of `job_type`, which
