@@ -17,6 +17,8 @@
 //!   `hold_ms` before applying it, as a slow follower would.
 //! - `wal_sync_hold`: a node's group-commit writer holds its next WAL sync
 //!   for `hold_ms`, as a stalled disk would.
+//! - `append_stream_unimplemented`: a node answers an append stream's
+//!   opening with UNIMPLEMENTED, as a node of a version without it would.
 //!
 //! Production never sets the variable; a check is one read of a flag.
 

@@ -543,3 +543,79 @@ async fn followers_apply_a_lone_create_long_before_the_next_heartbeat() {
         eprintln!("create {n} applied on both followers {:?} after its acknowledgement", created.elapsed());
     }
 }
+
+/// The cluster requests node `id` answered for `method`, by any code.
+async fn answered(cluster: &ProcessCluster, id: usize, method: &str) -> f64 {
+    let admin = cluster.node(id).admin.clone();
+    let Ok((_, body)) = common::http_get(&admin, "/metrics").await else { return 0.0 };
+    let label = format!("method=\"{method}\"");
+    body.lines()
+        .filter(|l| l.starts_with("drover_cluster_requests_total{") && l.contains(&label))
+        .filter_map(|l| l.rsplit(' ').next()?.parse::<f64>().ok())
+        .sum()
+}
+
+/// Creates `count` jobs through `gateway` and waits until node `id` has
+/// applied the last of them.
+async fn create_and_see_applied(cluster: &ProcessCluster, gateway: usize, id: usize, marker: &str, count: usize) {
+    let client = cluster.node(gateway).client().await;
+    for n in 0..count {
+        client.create_job("appends", &format!(r#"{{"marker":"{marker}-{n}"}}"#)).await.unwrap();
+    }
+    let last = format!("{marker}-{}", count - 1);
+    eventually(Duration::from_secs(10), "the follower to apply the last create", || {
+        let cluster = &cluster;
+        let last = last.clone();
+        async move { !cluster.jobs_with(id, &last).await.is_empty() }
+    })
+    .await;
+}
+
+/// A leader sends a follower its appends as messages on one long-lived
+/// stream, not a request each; after the follower is killed and restarted,
+/// the leader's stream to the old process fails and a new one carries on.
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn appends_go_over_one_stream_per_follower_and_resume_after_it_restarts() {
+    let mut cluster = ProcessCluster::start(3, 1, 3, FAST_RAFT);
+    cluster.wait_ready().await;
+    let leader = cluster.leader_of(0, Duration::from_secs(20)).await;
+    let follower = other_than(&cluster, leader);
+    create_and_see_applied(&cluster, leader, follower, "streamed", 40).await;
+    let streams = answered(&cluster, follower, "AppendEntriesStream").await;
+    let appends = answered(&cluster, follower, "AppendEntries").await;
+    assert!(streams >= 1.0, "the follower was sent no append stream");
+    assert!(streams <= 3.0, "{streams} append streams opened for one leader's appends");
+    assert!(appends >= 40.0, "only {appends} appends reached the follower for 40 creates");
+
+    cluster.kill(follower);
+    cluster.start_node(follower);
+    cluster.node(follower).wait_ready().await;
+    let leader = cluster.leader_of(0, Duration::from_secs(20)).await;
+    create_and_see_applied(&cluster, leader, follower, "after-restart", 10).await;
+    assert!(answered(&cluster, follower, "AppendEntriesStream").await >= 1.0, "the restarted follower got no stream");
+}
+
+/// A node that has no append stream (an older version, here a failpoint on
+/// every node) answers its opening UNIMPLEMENTED; its peers then send their
+/// appends unary, and the cluster commits as before.
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn appends_go_unary_to_a_peer_without_the_append_stream() {
+    // Each test runs in its own process (nextest), and nodes inherit its environment.
+    std::env::set_var("DROVER_FAILPOINTS", "append_stream_unimplemented=1000000");
+    let cluster = ProcessCluster::start(3, 1, 3, FAST_RAFT);
+    cluster.wait_ready().await;
+    let leader = cluster.leader_of(0, Duration::from_secs(20)).await;
+    let follower = other_than(&cluster, leader);
+    create_and_see_applied(&cluster, leader, follower, "unary", 20).await;
+    assert_eq!(
+        answered(&cluster, follower, "AppendEntriesStream").await,
+        0.0,
+        "a refused stream was counted as opened"
+    );
+    assert!(answered(&cluster, follower, "unknown").await >= 1.0, "the follower refused no stream");
+    assert!(answered(&cluster, follower, "AppendEntries").await >= 20.0, "the appends did not arrive unary");
+}
+
+fn other_than(cluster: &ProcessCluster, node: usize) -> usize {
+    cluster.live().into_iter().find(|id| *id != node).expect("another live node")
+}

@@ -34,23 +34,51 @@ impl ClusterService {
 
     async fn raft(&self, kind: RpcKind, request: Request<RaftRequest>) -> Result<Response<RaftReply>, Status> {
         let ctx = self.ctx()?;
-        let request = request.into_inner();
-        let Some(replica) = ctx.replica(request.partition_id) else {
-            return Ok(Response::new(RaftReply {
-                payload: Default::default(),
-                error: format!("node {} hosts no replica of partition {}", ctx.node_id, request.partition_id),
-            }));
-        };
-        match replica.handle_rpc(kind, &request.payload).await {
-            Ok(payload) => Ok(Response::new(RaftReply { payload: payload.into(), error: String::new() })),
-            Err(error) => Ok(Response::new(RaftReply { payload: Default::default(), error })),
-        }
+        Ok(Response::new(raft_reply(ctx, kind, request.into_inner()).await))
     }
 }
 
-/// The deadline a peer's gateway set (`grpc-timeout`). Peers are Drover nodes,
-/// which always send a valid header; anything else gets the default rather
-/// than an error, and never a deadline the clock cannot hold.
+/// This node's answer to a Raft RPC for one of its replicas.
+async fn raft_reply(ctx: &NodeContext, kind: RpcKind, request: RaftRequest) -> RaftReply {
+    let Some(replica) = ctx.replica(request.partition_id) else {
+        return RaftReply {
+            payload: Default::default(),
+            error: format!("node {} hosts no replica of partition {}", ctx.node_id, request.partition_id),
+        };
+    };
+    match replica.handle_rpc(kind, &request.payload).await {
+        Ok(payload) => RaftReply { payload: payload.into(), error: String::new() },
+        Err(error) => RaftReply { payload: Default::default(), error },
+    }
+}
+
+/// The replies of an append stream: each request is read, handled and
+/// answered before the next is read, all while the reply stream is polled
+/// (no task or channel of its own). The stream ends when the peer closes its
+/// side, or after telling it why a request could not be read; a peer that drops it mid-append drops that append's
+/// wait, not the append (openraft's core carries it out either way).
+/// Each message counts as an `AppendEntries` request between nodes.
+fn append_replies(
+    ctx: Arc<NodeContext>,
+    requests: tonic::Streaming<RaftRequest>,
+) -> impl futures::Stream<Item = Result<RaftReply, Status>> + Send + 'static {
+    futures::stream::unfold(Some((ctx, requests)), |state| async move {
+        let (ctx, mut requests) = state?;
+        match requests.message().await {
+            Ok(Some(request)) => {
+                let reply = raft_reply(&ctx, RpcKind::AppendEntries, request).await;
+                metrics::counter!(crate::gateway::CLUSTER_REQUESTS, "method" => "AppendEntries", "code" => "Ok")
+                    .increment(1);
+                Some((Ok(reply), Some((ctx, requests))))
+            }
+            Ok(None) => None,
+            // Said to the peer (a message over the size limit is how it
+            // learns to send fewer entries), and the stream ends.
+            Err(status) => Some((Err(status), None)),
+        }
+    })
+}
+
 /// This node's replica of `partition` when this node leads it; otherwise
 /// the code and message of a reply that tells the caller to look elsewhere.
 fn led_replica(ctx: &NodeContext, partition: u32) -> Result<&Arc<crate::raft::Replica>, (i32, String)> {
@@ -62,6 +90,9 @@ fn led_replica(ctx: &NodeContext, partition: u32) -> Result<&Arc<crate::raft::Re
     }
 }
 
+/// The deadline a peer's gateway set (`grpc-timeout`). Peers are Drover nodes,
+/// which always send a valid header; anything else gets the default rather
+/// than an error, and never a deadline the clock cannot hold.
 fn deadline_of<T>(request: &Request<T>, default: Duration) -> Instant {
     let timeout = request
         .metadata()
@@ -76,6 +107,19 @@ fn deadline_of<T>(request: &Request<T>, default: Duration) -> Instant {
 impl Cluster for ClusterService {
     async fn append_entries(&self, request: Request<RaftRequest>) -> Result<Response<RaftReply>, Status> {
         self.raft(RpcKind::AppendEntries, request).await
+    }
+
+    type AppendEntriesStreamStream = std::pin::Pin<Box<dyn futures::Stream<Item = Result<RaftReply, Status>> + Send>>;
+
+    async fn append_entries_stream(
+        &self,
+        request: Request<tonic::Streaming<RaftRequest>>,
+    ) -> Result<Response<Self::AppendEntriesStreamStream>, Status> {
+        let ctx = Arc::clone(self.ctx()?);
+        if crate::failpoints::fire("append_stream_unimplemented").is_some() {
+            return Err(Status::unimplemented("append streams are refused here (failpoint)"));
+        }
+        Ok(Response::new(Box::pin(append_replies(ctx, request.into_inner()))))
     }
 
     async fn vote(&self, request: Request<RaftRequest>) -> Result<Response<RaftReply>, Status> {

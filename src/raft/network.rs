@@ -1,6 +1,13 @@
 //! Raft RPCs over the cluster gRPC service: one lazily connected channel per
 //! peer, shared by every partition's group; each request names its partition.
 //!
+//! A leader's appends to a follower go as messages on one long-lived
+//! `AppendEntriesStream` call per partition and follower ([`AppendStream`]),
+//! instead of a unary call each: an append then costs one message each way,
+//! without a new HTTP/2 stream, its headers and the tasks around it. Votes
+//! and snapshots stay unary, and so do appends to a peer that has no such
+//! stream (UNIMPLEMENTED, an older node).
+//!
 //! Every cluster client encodes and decodes messages up to one limit, the same
 //! the cluster server applies ([`PeerChannels::max_message_bytes`]). An append
 //! that would not fit, or that a peer refuses as too large, is answered with
@@ -28,7 +35,7 @@ use tonic::transport::{Channel, Endpoint};
 use super::{NodeId, TypeConfig};
 use crate::core::PartitionId;
 use crate::proto::cluster::cluster_client::ClusterClient;
-use crate::proto::cluster::RaftRequest;
+use crate::proto::cluster::{RaftReply, RaftRequest};
 
 /// One gRPC channel per peer node, created on first use and reused by every
 /// partition and every caller (Raft, forwarding, stream registration, pushes).
@@ -147,6 +154,8 @@ impl RaftNetworkFactory<TypeConfig> for ClusterNetwork {
             client: self.peers.client(target),
             max_message_bytes: self.peers.max_message_bytes(),
             answered: Arc::clone(&self.peers.answered),
+            appends: None,
+            unary_until: None,
         }
     }
 }
@@ -157,6 +166,46 @@ pub struct PeerConnection {
     client: Option<ClusterClient<Channel>>,
     max_message_bytes: usize,
     answered: Answered,
+    /// The append stream to the target, once opened; dropped after any
+    /// failure or timeout, so a late reply is never taken for the next one's.
+    appends: Option<AppendStream>,
+    /// Until when appends go unary: the target answered UNIMPLEMENTED for the
+    /// stream (a node of an older version, until it is upgraded).
+    unary_until: Option<Instant>,
+}
+
+/// How long appends go unary after a peer said it has no append stream.
+const UNARY_AFTER_UNIMPLEMENTED: Duration = Duration::from_secs(60);
+
+/// One long-lived `AppendEntriesStream` call: a request goes out, and its
+/// reply is the next message back (the peer answers in order, one each).
+/// openraft sends a follower one append at a time, so one exchange runs at a
+/// time and the replies need no ids.
+struct AppendStream {
+    requests: tokio::sync::mpsc::Sender<RaftRequest>,
+    replies: tonic::Streaming<RaftReply>,
+}
+
+impl AppendStream {
+    /// Opens the stream with `first` as its first request; the stream and
+    /// that request's reply.
+    async fn open(client: &mut ClusterClient<Channel>, first: RaftRequest) -> Result<(Self, RaftReply), tonic::Status> {
+        let (requests, outgoing) = tokio::sync::mpsc::channel(1);
+        requests.try_send(first).expect("a new channel has room for one request");
+        let response = client.append_entries_stream(tokio_stream::wrappers::ReceiverStream::new(outgoing)).await?;
+        let mut stream = AppendStream { requests, replies: response.into_inner() };
+        let reply = stream.next_reply().await?;
+        Ok((stream, reply))
+    }
+
+    async fn exchange(&mut self, request: RaftRequest) -> Result<RaftReply, tonic::Status> {
+        self.requests.send(request).await.map_err(|_| tonic::Status::unavailable("append stream closed"))?;
+        self.next_reply().await
+    }
+
+    async fn next_reply(&mut self) -> Result<RaftReply, tonic::Status> {
+        self.replies.message().await?.ok_or_else(|| tonic::Status::unavailable("the peer ended the append stream"))
+    }
 }
 
 /// Room in a message for the request's framing besides the openraft payload.
@@ -213,22 +262,30 @@ impl PeerConnection {
         Resp: DeserializeOwned,
         E: std::error::Error + DeserializeOwned,
     {
-        let Some(client) = self.client.as_mut() else {
+        if self.client.is_none() {
             let e = TransportError(format!("node {} is not a cluster member", self.target));
             return Err(RPCError::Unreachable(Unreachable::new(&e)));
-        };
+        }
         let payload = bincode::serialize(request).map_err(|e| RPCError::Network(NetworkError::new(&e)))?;
         if let Some(hint) = entries.and_then(|n| split_append(n, payload.len(), self.max_message_bytes)) {
             metrics::counter!("drover_raft_appends_too_large_total").increment(1);
             return Err(PayloadTooLarge::new_entries_hint(hint).into());
         }
-        let mut grpc = tonic::Request::new(RaftRequest { partition_id: self.partition, payload: payload.into() });
-        grpc.set_timeout(option.hard_ttl());
+        let request = RaftRequest { partition_id: self.partition, payload: payload.into() };
         let started = std::time::Instant::now();
-        let reply = match kind {
-            super::RpcKind::AppendEntries => client.append_entries(grpc).await,
-            super::RpcKind::Vote => client.vote(grpc).await,
-            super::RpcKind::InstallSnapshot => client.install_snapshot(grpc).await,
+        let streamed = kind == super::RpcKind::AppendEntries && self.unary_until.is_none_or(|until| until <= started);
+        let reply = if streamed {
+            self.append_on_stream(request, option.hard_ttl()).await
+        } else {
+            let client = self.client.as_mut().expect("checked above");
+            let mut grpc = tonic::Request::new(request);
+            grpc.set_timeout(option.hard_ttl());
+            match kind {
+                super::RpcKind::AppendEntries => client.append_entries(grpc).await,
+                super::RpcKind::Vote => client.vote(grpc).await,
+                super::RpcKind::InstallSnapshot => client.install_snapshot(grpc).await,
+            }
+            .map(tonic::Response::into_inner)
         };
         metrics::histogram!("drover_raft_rpc_seconds", "rpc" => kind.as_str()).record(started.elapsed().as_secs_f64());
         if kind == super::RpcKind::AppendEntries {
@@ -243,7 +300,7 @@ impl PeerConnection {
                     *since = now;
                 }
                 *last = now;
-                reply.into_inner()
+                reply
             }
             Err(status) => {
                 // A peer with a smaller limit refused it: halve and try again.
@@ -261,6 +318,48 @@ impl PeerConnection {
         let result: Result<Resp, E> =
             bincode::deserialize(&reply.payload).map_err(|e| RPCError::Network(NetworkError::new(&e)))?;
         result.map_err(|e| RPCError::RemoteError(RemoteError::new(self.target, e)))
+    }
+}
+
+impl PeerConnection {
+    /// Sends an append on the append stream, opening it if need be, within
+    /// `ttl`. A stream used before may have died with its connection (the
+    /// peer restarted) without a word: failing, it is replaced once by a new
+    /// one (appends are idempotent). A peer without the stream (UNIMPLEMENTED)
+    /// gets this append and the next minute's unary.
+    async fn append_on_stream(&mut self, request: RaftRequest, ttl: Duration) -> Result<RaftReply, tonic::Status> {
+        let deadline = tokio::time::Instant::now() + ttl;
+        let timed_out = || tonic::Status::deadline_exceeded(format!("no append reply within {ttl:?}"));
+        if let Some(stream) = self.appends.as_mut() {
+            match tokio::time::timeout_at(deadline, stream.exchange(request.clone())).await {
+                Ok(Ok(reply)) => return Ok(reply),
+                Ok(Err(status)) if too_large(&status) => {
+                    self.appends = None;
+                    return Err(status);
+                }
+                Ok(Err(_)) => self.appends = None,
+                Err(_) => {
+                    self.appends = None;
+                    return Err(timed_out());
+                }
+            }
+        }
+        let client = self.client.as_mut().expect("checked by the caller");
+        match tokio::time::timeout_at(deadline, AppendStream::open(client, request.clone())).await {
+            Ok(Ok((stream, reply))) => {
+                self.appends = Some(stream);
+                Ok(reply)
+            }
+            Ok(Err(status)) if status.code() == tonic::Code::Unimplemented => {
+                tracing::info!(peer = self.target, "peer has no append stream; appends to it go unary for a while");
+                self.unary_until = Some(Instant::now() + UNARY_AFTER_UNIMPLEMENTED);
+                let mut grpc = tonic::Request::new(request);
+                grpc.set_timeout(deadline.saturating_duration_since(tokio::time::Instant::now()));
+                client.append_entries(grpc).await.map(tonic::Response::into_inner)
+            }
+            Ok(Err(status)) => Err(status),
+            Err(_) => Err(timed_out()),
+        }
     }
 }
 
