@@ -19,6 +19,8 @@
 //!   for `hold_ms`, as a stalled disk would.
 //! - `append_stream_unimplemented`: a node answers an append stream's
 //!   opening with UNIMPLEMENTED, as a node of a version without it would.
+//! - `deliver_unimplemented`: the same for a delivery stream (pushes and
+//!   releases to this node's gateway).
 //!
 //! Production never sets the variable; a check is one read of a flag.
 

@@ -544,17 +544,6 @@ async fn followers_apply_a_lone_create_long_before_the_next_heartbeat() {
     }
 }
 
-/// The cluster requests node `id` answered for `method`, by any code.
-async fn answered(cluster: &ProcessCluster, id: usize, method: &str) -> f64 {
-    let admin = cluster.node(id).admin.clone();
-    let Ok((_, body)) = common::http_get(&admin, "/metrics").await else { return 0.0 };
-    let label = format!("method=\"{method}\"");
-    body.lines()
-        .filter(|l| l.starts_with("drover_cluster_requests_total{") && l.contains(&label))
-        .filter_map(|l| l.rsplit(' ').next()?.parse::<f64>().ok())
-        .sum()
-}
-
 /// Creates `count` jobs through `gateway` and waits until node `id` has
 /// applied the last of them.
 async fn create_and_see_applied(cluster: &ProcessCluster, gateway: usize, id: usize, marker: &str, count: usize) {
@@ -581,8 +570,8 @@ async fn appends_go_over_one_stream_per_follower_and_resume_after_it_restarts() 
     let leader = cluster.leader_of(0, Duration::from_secs(20)).await;
     let follower = other_than(&cluster, leader);
     create_and_see_applied(&cluster, leader, follower, "streamed", 40).await;
-    let streams = answered(&cluster, follower, "AppendEntriesStream").await;
-    let appends = answered(&cluster, follower, "AppendEntries").await;
+    let streams = cluster.answered(follower, "AppendEntriesStream").await;
+    let appends = cluster.answered(follower, "AppendEntries").await;
     assert!(streams >= 1.0, "the follower was sent no append stream");
     assert!(streams <= 3.0, "{streams} append streams opened for one leader's appends");
     assert!(appends >= 40.0, "only {appends} appends reached the follower for 40 creates");
@@ -592,7 +581,7 @@ async fn appends_go_over_one_stream_per_follower_and_resume_after_it_restarts() 
     cluster.node(follower).wait_ready().await;
     let leader = cluster.leader_of(0, Duration::from_secs(20)).await;
     create_and_see_applied(&cluster, leader, follower, "after-restart", 10).await;
-    assert!(answered(&cluster, follower, "AppendEntriesStream").await >= 1.0, "the restarted follower got no stream");
+    assert!(cluster.answered(follower, "AppendEntriesStream").await >= 1.0, "the restarted follower got no stream");
 }
 
 /// A node that has no append stream (an older version, here a failpoint on
@@ -607,13 +596,9 @@ async fn appends_go_unary_to_a_peer_without_the_append_stream() {
     let leader = cluster.leader_of(0, Duration::from_secs(20)).await;
     let follower = other_than(&cluster, leader);
     create_and_see_applied(&cluster, leader, follower, "unary", 20).await;
-    assert_eq!(
-        answered(&cluster, follower, "AppendEntriesStream").await,
-        0.0,
-        "a refused stream was counted as opened"
-    );
-    assert!(answered(&cluster, follower, "unknown").await >= 1.0, "the follower refused no stream");
-    assert!(answered(&cluster, follower, "AppendEntries").await >= 20.0, "the appends did not arrive unary");
+    assert_eq!(cluster.answered(follower, "AppendEntriesStream").await, 0.0, "a refused stream was counted as opened");
+    assert!(cluster.answered(follower, "unknown").await >= 1.0, "the follower refused no stream");
+    assert!(cluster.answered(follower, "AppendEntries").await >= 20.0, "the appends did not arrive unary");
 }
 
 fn other_than(cluster: &ProcessCluster, node: usize) -> usize {

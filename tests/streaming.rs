@@ -800,3 +800,58 @@ async fn the_batch_calls_carry_several_jobs_to_a_message_and_answer_each_job() {
     let messages = cluster.metric(0, "drover_gateway_stream_messages_total").await;
     assert_eq!(messages, (8 + count + 2) as f64, "messages counted on the job streams");
 }
+
+/// Runs ten jobs through a worker on a gateway that does not lead the
+/// partition, allowing two in flight, with completions through a third node
+/// (so each completion's release of the worker's slot goes between nodes);
+/// the worker's gateway node.
+async fn pushed_and_released_across_nodes(cluster: &ProcessCluster, job_type: &str) -> usize {
+    let leader = cluster.leader_of(0, Duration::from_secs(20)).await;
+    let others: Vec<usize> = cluster.live().into_iter().filter(|id| *id != leader).collect();
+    let (gateway, completer) = (others[0], others[1]);
+    let mut limited = request(job_type, TIMEOUT_MS, &[]);
+    limited.max_jobs_in_flight = 2;
+    let mut stream = open(&cluster.node(gateway).grpc, limited).await;
+    wait_for_registration(cluster, gateway, leader).await;
+    let completer = Client::connect(&cluster.node(completer).grpc).await.unwrap();
+    let producer = Client::connect(&cluster.node(leader).grpc).await.unwrap();
+    for n in 0..10 {
+        producer.create_job(job_type, &format!(r#"{{"n":{n}}}"#)).await.unwrap();
+    }
+    for n in 0..10 {
+        let job = match tokio::time::timeout(Duration::from_secs(10), stream.message()).await {
+            Ok(Ok(Some(job))) => job,
+            other => panic!("job {n} not pushed within 10 s (the stream allows 2 in flight): {other:?}"),
+        };
+        completer.complete(job.key, job.attempt, "{}").await.unwrap();
+    }
+    gateway
+}
+
+/// A leader's pushes and releases to another node's gateway go as messages
+/// on one delivery stream, not a call each.
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn pushes_and_releases_to_another_node_go_on_one_delivery_stream() {
+    let cluster = ProcessCluster::start(3, 1, 3, FAST_RAFT);
+    cluster.wait_ready().await;
+    let gateway = pushed_and_released_across_nodes(&cluster, "delivered").await;
+    let streams = cluster.answered(gateway, "Deliver").await;
+    assert!((1.0..=3.0).contains(&streams), "{streams} delivery streams opened to the worker's gateway");
+    assert!(cluster.answered(gateway, "Push").await >= 5.0, "ten jobs, two at a time, came in under five pushes");
+    assert!(cluster.answered(gateway, "ReleaseJobs").await >= 1.0, "no release reached the worker's gateway");
+}
+
+/// A gateway without delivery streams (an older node, here a failpoint on
+/// every node) answers UNIMPLEMENTED; leaders then push and release with
+/// calls, and jobs flow as before.
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn pushes_go_as_calls_to_a_gateway_without_delivery_streams() {
+    // Each test runs in its own process (nextest), and nodes inherit its environment.
+    std::env::set_var("DROVER_FAILPOINTS", "deliver_unimplemented=1000000");
+    let cluster = ProcessCluster::start(3, 1, 3, FAST_RAFT);
+    cluster.wait_ready().await;
+    let gateway = pushed_and_released_across_nodes(&cluster, "called").await;
+    assert_eq!(cluster.answered(gateway, "Deliver").await, 0.0, "a refused stream was counted as opened");
+    assert!(cluster.answered(gateway, "unknown").await >= 1.0, "the gateway refused no stream");
+    assert!(cluster.answered(gateway, "Push").await >= 5.0, "the pushes did not arrive as calls");
+}

@@ -12,6 +12,7 @@ use tokio::sync::watch;
 
 use ractor::rpc::CallResult;
 
+use super::deliveries::Delivered;
 use crate::core::{ActivatedJobData, Command, JobKey, PartitionId, YieldReason};
 use crate::gateway::streams::{LeaderLink, OfferAnswer};
 use crate::node::NodeContext;
@@ -138,21 +139,27 @@ impl GatewayLink for Links {
                 Ok(encoded) => encoded,
                 Err(e) => return not_sent(format!("encoding the jobs: {e}")),
             };
-            let mut request =
-                tonic::Request::new(PushRequest { stream_id, partition_id: partition, jobs: encoded.into() });
-            request.set_timeout(PUSH_RPC_TIMEOUT);
-            match client.push(request).await {
+            let request = PushRequest { stream_id, partition_id: partition, jobs: encoded.into() };
+            let reply = match ctx.deliveries.push(&ctx.peers, gateway, request.clone(), PUSH_RPC_TIMEOUT).await {
+                Delivered::Reply(reply) => Ok(reply),
+                Delivered::Failed(status) => Err(status),
+                Delivered::UseCall => {
+                    let mut request = tonic::Request::new(request);
+                    request.set_timeout(PUSH_RPC_TIMEOUT);
+                    client.push(request).await.map(tonic::Response::into_inner)
+                }
+            };
+            match reply {
+                Ok(reply) if reply.outcome_unknown => {
+                    PushOutcome::Unknown { reason: format!("gateway {gateway} could not tell") }
+                }
+                Ok(reply) if reply.unknown_stream => {
+                    let reason = format!("gateway {gateway} has no stream {stream_id}");
+                    PushOutcome::NotDelivered { reason, unknown_stream: true }
+                }
                 Ok(reply) => {
-                    let reply = reply.into_inner();
-                    if reply.outcome_unknown {
-                        PushOutcome::Unknown { reason: format!("gateway {gateway} could not tell") }
-                    } else if reply.unknown_stream {
-                        let reason = format!("gateway {gateway} has no stream {stream_id}");
-                        PushOutcome::NotDelivered { reason, unknown_stream: true }
-                    } else {
-                        let rejected = reply.rejected.into_iter().map(JobKey).collect();
-                        PushOutcome::Answered { rejected, room: reply.room }
-                    }
+                    let rejected = reply.rejected.into_iter().map(JobKey).collect();
+                    PushOutcome::Answered { rejected, room: reply.room }
                 }
                 Err(status) if never_sent(&status) => not_sent(status.to_string()),
                 Err(status) => PushOutcome::Unknown { reason: status.to_string() },
@@ -217,11 +224,14 @@ impl GatewayLink for Links {
             }
             return;
         }
-        let Some(mut client) = ctx.peers.client(gateway) else { return };
         let activations =
             activations.into_iter().map(|(key, attempt)| ReleasedActivation { key: key.0, attempt }).collect();
+        let Err(request) = ctx.deliveries.release(&ctx.peers, gateway, ReleaseJobsRequest { activations }) else {
+            return;
+        };
+        let Some(mut client) = ctx.peers.client(gateway) else { return };
         tokio::spawn(async move {
-            let mut request = tonic::Request::new(ReleaseJobsRequest { activations });
+            let mut request = tonic::Request::new(request);
             request.set_timeout(Duration::from_secs(2));
             // Best effort: a gateway that misses it frees the slots at the activation timeout.
             let _ = client.release_jobs(request).await;

@@ -4,10 +4,12 @@
 //! partition leader reaches gateways and a gateway's streams reach partition
 //! leaders, and the hand-over of leadership by a stopping node.
 
+mod deliveries;
 mod handover;
 mod links;
 mod service;
 
+pub use deliveries::Deliveries;
 pub use handover::{hand_over_leadership, hand_over_to_preferred};
 pub use links::{refresh_stream_registrations, register_everywhere, remove_all_everywhere, remove_everywhere, Links};
 pub use service::ClusterService;

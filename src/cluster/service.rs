@@ -38,6 +38,41 @@ impl ClusterService {
     }
 }
 
+/// Counts a message on a stream between nodes as the request it stands for
+/// (an append, a push, a release), so a job's messages between nodes read the
+/// same whether they came as calls or on streams.
+fn count_request(method: &'static str) {
+    metrics::counter!(crate::gateway::CLUSTER_REQUESTS, "method" => method, "code" => "Ok").increment(1);
+}
+
+/// A gateway's answer to a push of jobs to one of its streams. A node still
+/// starting (`None`) holds no streams: whatever the caller registered was its
+/// previous run's.
+async fn push_reply(ctx: Option<&Arc<NodeContext>>, request: PushRequest) -> Result<PushReply, Status> {
+    let Some(ctx) = ctx else {
+        return Ok(PushReply { unknown_stream: true, ..Default::default() });
+    };
+    let jobs: Vec<ActivatedJobData> = bincode::deserialize(&request.jobs)
+        .map_err(|e| Status::invalid_argument(format!("malformed pushed jobs: {e}")))?;
+    let keys: Vec<u64> = jobs.iter().map(|j| j.key.0).collect();
+    Ok(match ctx.gateway_streams.push(request.stream_id, request.partition_id, jobs).await {
+        PushOutcome::Answered { rejected, room } => {
+            PushReply { rejected: rejected.into_iter().map(|k| k.0).collect(), room, ..Default::default() }
+        }
+        PushOutcome::NotDelivered { unknown_stream, .. } => {
+            PushReply { rejected: keys, unknown_stream, ..Default::default() }
+        }
+        PushOutcome::Unknown { .. } => PushReply { outcome_unknown: true, ..Default::default() },
+    })
+}
+
+/// Frees the released activations' slots in this gateway's streams.
+fn release(ctx: &NodeContext, request: ReleaseJobsRequest) {
+    for activation in request.activations {
+        ctx.gateway_streams.release(JobKey(activation.key), activation.attempt);
+    }
+}
+
 /// This node's answer to a Raft RPC for one of its replicas.
 async fn raft_reply(ctx: &NodeContext, kind: RpcKind, request: RaftRequest) -> RaftReply {
     let Some(replica) = ctx.replica(request.partition_id) else {
@@ -67,8 +102,7 @@ fn append_replies(
         match requests.message().await {
             Ok(Some(request)) => {
                 let reply = raft_reply(&ctx, RpcKind::AppendEntries, request).await;
-                metrics::counter!(crate::gateway::CLUSTER_REQUESTS, "method" => "AppendEntries", "code" => "Ok")
-                    .increment(1);
+                count_request("AppendEntries");
                 Some((Ok(reply), Some((ctx, requests))))
             }
             Ok(None) => None,
@@ -228,33 +262,47 @@ impl Cluster for ClusterService {
     }
 
     async fn push(&self, request: Request<PushRequest>) -> Result<Response<PushReply>, Status> {
-        // A node still starting holds no streams: whatever the caller registered
-        // was its previous run's.
-        let Ok(ctx) = self.ctx() else {
-            return Ok(Response::new(PushReply { unknown_stream: true, ..Default::default() }));
-        };
-        let request = request.into_inner();
-        let jobs: Vec<ActivatedJobData> = bincode::deserialize(&request.jobs)
-            .map_err(|e| Status::invalid_argument(format!("malformed pushed jobs: {e}")))?;
-        let keys: Vec<u64> = jobs.iter().map(|j| j.key.0).collect();
-        let reply = match ctx.gateway_streams.push(request.stream_id, request.partition_id, jobs).await {
-            PushOutcome::Answered { rejected, room } => {
-                PushReply { rejected: rejected.into_iter().map(|k| k.0).collect(), room, ..Default::default() }
-            }
-            PushOutcome::NotDelivered { unknown_stream, .. } => {
-                PushReply { rejected: keys, unknown_stream, ..Default::default() }
-            }
-            PushOutcome::Unknown { .. } => PushReply { outcome_unknown: true, ..Default::default() },
-        };
-        Ok(Response::new(reply))
+        push_reply(self.ctx().ok(), request.into_inner()).await.map(Response::new)
     }
 
     async fn release_jobs(&self, request: Request<ReleaseJobsRequest>) -> Result<Response<ReleaseJobsReply>, Status> {
-        let ctx = self.ctx()?;
-        for activation in request.into_inner().activations {
-            ctx.gateway_streams.release(JobKey(activation.key), activation.attempt);
-        }
+        release(self.ctx()?, request.into_inner());
         Ok(Response::new(ReleaseJobsReply {}))
+    }
+
+    type DeliverStream = std::pin::Pin<Box<dyn futures::Stream<Item = Result<DeliverReply, Status>> + Send>>;
+
+    async fn deliver(
+        &self,
+        request: Request<tonic::Streaming<DeliverRequest>>,
+    ) -> Result<Response<Self::DeliverStream>, Status> {
+        if crate::failpoints::fire("deliver_unimplemented").is_some() {
+            return Err(Status::unimplemented("delivery streams are refused here (failpoint)"));
+        }
+        let ctx = self.ctx().ok().cloned();
+        let mut requests = request.into_inner();
+        let (replies, out) = tokio::sync::mpsc::unbounded_channel();
+        // Pushes wait for the gateway's clients, so each runs on its own and
+        // its reply goes when it is ready; releases are done at once.
+        tokio::spawn(async move {
+            while let Ok(Some(request)) = requests.message().await {
+                if let Some(push) = request.push {
+                    count_request("Push");
+                    let (ctx, replies) = (ctx.clone(), replies.clone());
+                    tokio::spawn(async move {
+                        // A push this node cannot read is answered "unknown", as a call's error would be.
+                        let reply = push_reply(ctx.as_ref(), push)
+                            .await
+                            .unwrap_or(PushReply { outcome_unknown: true, ..Default::default() });
+                        let _ = replies.send(Ok(DeliverReply { id: request.id, push: Some(reply) }));
+                    });
+                } else if let (Some(released), Some(ctx)) = (request.release, &ctx) {
+                    count_request("ReleaseJobs");
+                    release(ctx, released);
+                }
+            }
+        });
+        Ok(Response::new(Box::pin(tokio_stream::wrappers::UnboundedReceiverStream::new(out))))
     }
 
     async fn offer_room(&self, request: Request<OfferRoomRequest>) -> Result<Response<OfferRoomReply>, Status> {

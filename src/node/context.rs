@@ -45,6 +45,8 @@ pub struct NodeContext {
     /// The replicas this node hosts.
     pub replicas: BTreeMap<PartitionId, Arc<Replica>>,
     pub peers: PeerChannels,
+    /// Streams carrying this node's partition leaders' pushes and releases to other nodes' gateways.
+    pub deliveries: crate::cluster::Deliveries,
     pub limits: Limits,
     pub request_timeout: Duration,
     /// What this node's partition leaders stamp on their entries.
@@ -120,6 +122,7 @@ impl NodeContext {
             store,
             replicas,
             peers,
+            deliveries: Default::default(),
             limits: config.limits.clone(),
             request_timeout: config.request_timeout,
             retention: config.retention,

@@ -435,6 +435,19 @@ impl ProcessCluster {
         metric_sum(&body, name)
     }
 
+    /// The cluster requests node `id` answered for `method`, by any code
+    /// (a message on a stream between nodes counts as the request it
+    /// carries; a stream's opening counts under the stream's method).
+    pub async fn answered(&self, id: usize, method: &str) -> f64 {
+        let admin = format!("127.0.0.1:{}", self.ports[id].admin);
+        let Ok((_, body)) = http_get(&admin, "/metrics").await else { return 0.0 };
+        let label = format!("method=\"{method}\"");
+        body.lines()
+            .filter(|l| l.starts_with("drover_cluster_requests_total{") && l.contains(&label))
+            .filter_map(|l| l.rsplit(' ').next()?.parse::<f64>().ok())
+            .sum()
+    }
+
     /// The node's view of its partitions, or None if it does not answer.
     pub async fn status(&self, id: usize) -> Option<Vec<PartitionStatus>> {
         let admin = format!("127.0.0.1:{}", self.ports[id].admin);

@@ -1,0 +1,169 @@
+//! Pushes and releases from this node's partition leaders to gateways on
+//! other nodes, as messages on one long-lived `Deliver` stream per peer
+//! instead of a `Push` or `ReleaseJobs` call each: a message each way, without
+//! a new HTTP/2 stream, its headers and the tasks around it.
+//!
+//! Pushes run concurrently on a stream, each reply naming its push. A stream
+//! that ends or fails answers every push still waiting with the reason: one
+//! that never connected counts as not sent (the caller yields the jobs), any
+//! other as an unknown outcome (their activation timeout returns what was not
+//! delivered), as for a call. The next push opens a new stream. A peer that
+//! answers UNIMPLEMENTED (an older node) gets calls for a minute.
+
+use std::collections::HashMap;
+use std::sync::atomic::{AtomicU64, Ordering};
+use std::sync::{Arc, Mutex};
+use std::time::{Duration, Instant};
+
+use tokio::sync::{mpsc, oneshot};
+use tonic::Status;
+
+use crate::proto::cluster::{DeliverRequest, PushReply, PushRequest, ReleaseJobsRequest};
+use crate::raft::{NodeId, PeerChannels};
+
+/// How long a peer that has no `Deliver` stream gets calls before it is asked again.
+const CALLS_AFTER_UNIMPLEMENTED: Duration = Duration::from_secs(60);
+
+/// This node's delivery streams, one per peer, opened on first use.
+#[derive(Default)]
+pub struct Deliveries {
+    peers: Mutex<HashMap<NodeId, Arc<PeerStream>>>,
+    /// Peers that said they have no `Deliver` stream, and until when they get calls.
+    calls_until: Arc<Mutex<HashMap<NodeId, Instant>>>,
+}
+
+/// What a push on a stream came to.
+pub enum Delivered {
+    Reply(PushReply),
+    Failed(Status),
+    /// The peer has no stream (or was not asked lately): push with a call.
+    UseCall,
+}
+
+/// One open `Deliver` call and the pushes waiting for their replies.
+struct PeerStream {
+    requests: mpsc::UnboundedSender<DeliverRequest>,
+    next_id: AtomicU64,
+    waiting: Mutex<Waiting>,
+}
+
+#[derive(Default)]
+struct Waiting {
+    replies: HashMap<u64, oneshot::Sender<Result<PushReply, Status>>>,
+    /// The stream ended: nothing more is sent on it.
+    closed: bool,
+}
+
+impl Deliveries {
+    /// Pushes `request` to `node` and waits up to `within` for its reply.
+    pub async fn push(&self, peers: &PeerChannels, node: NodeId, request: PushRequest, within: Duration) -> Delivered {
+        let Some(stream) = self.stream(peers, node) else { return Delivered::UseCall };
+        let id = stream.next_id.fetch_add(1, Ordering::Relaxed) + 1;
+        let (reply, replied) = oneshot::channel();
+        {
+            let mut waiting = stream.waiting.lock().expect("delivery lock poisoned");
+            if waiting.closed {
+                // Ended since it was looked up: the next push opens another.
+                return Delivered::Failed(Status::unavailable("the delivery stream to the gateway ended"));
+            }
+            waiting.replies.insert(id, reply);
+        }
+        // Sent in order with every other message to the peer; a stream whose
+        // task has ended has answered (or will answer) every waiting push.
+        let _ = stream.requests.send(DeliverRequest { id, push: Some(request), release: None });
+        match tokio::time::timeout(within, replied).await {
+            Ok(Ok(Ok(reply))) => Delivered::Reply(reply),
+            Ok(Ok(Err(status))) if status.code() == tonic::Code::Unimplemented => Delivered::UseCall,
+            Ok(Ok(Err(status))) => Delivered::Failed(status),
+            Ok(Err(_)) => Delivered::Failed(Status::unknown("the delivery stream to the gateway was dropped")),
+            Err(_) => {
+                stream.waiting.lock().expect("delivery lock poisoned").replies.remove(&id);
+                Delivered::Failed(Status::deadline_exceeded(format!("no push reply within {within:?}")))
+            }
+        }
+    }
+
+    /// Sends a release to `node` on its stream; handed back when it must go
+    /// as a call (the peer has no stream, or the stream has ended). Like the
+    /// call, best effort: a release lost with its stream frees the slots at
+    /// the activation timeout.
+    pub fn release(
+        &self,
+        peers: &PeerChannels,
+        node: NodeId,
+        request: ReleaseJobsRequest,
+    ) -> Result<(), ReleaseJobsRequest> {
+        let Some(stream) = self.stream(peers, node) else { return Err(request) };
+        if stream.waiting.lock().expect("delivery lock poisoned").closed {
+            return Err(request);
+        }
+        let message = DeliverRequest { id: 0, push: None, release: Some(request) };
+        stream.requests.send(message).map_err(|unsent| unsent.0.release.unwrap_or_default())
+    }
+
+    /// The open stream to `node`, opened now if there is none; `None` when
+    /// the peer gets calls.
+    fn stream(&self, peers: &PeerChannels, node: NodeId) -> Option<Arc<PeerStream>> {
+        if self.calls_until.lock().expect("delivery lock poisoned").get(&node).is_some_and(|t| *t > Instant::now()) {
+            return None;
+        }
+        let mut streams = self.peers.lock().expect("delivery lock poisoned");
+        if let Some(stream) = streams.get(&node) {
+            if !stream.waiting.lock().expect("delivery lock poisoned").closed {
+                return Some(Arc::clone(stream));
+            }
+        }
+        let client = peers.client(node)?;
+        let (requests, outgoing) = mpsc::unbounded_channel();
+        let stream = Arc::new(PeerStream { requests, next_id: AtomicU64::new(0), waiting: Default::default() });
+        streams.insert(node, Arc::clone(&stream));
+        tokio::spawn(run(Arc::clone(&stream), client, outgoing, node, Arc::clone(&self.calls_until)));
+        Some(stream)
+    }
+}
+
+/// Runs one `Deliver` call: hands each reply to its push, and when the call
+/// ends answers every push still waiting with why.
+async fn run(
+    stream: Arc<PeerStream>,
+    mut client: crate::proto::cluster::cluster_client::ClusterClient<tonic::transport::Channel>,
+    outgoing: mpsc::UnboundedReceiver<DeliverRequest>,
+    node: NodeId,
+    calls_until: Arc<Mutex<HashMap<NodeId, Instant>>>,
+) {
+    let ended = match client.deliver(tokio_stream::wrappers::UnboundedReceiverStream::new(outgoing)).await {
+        Ok(response) => {
+            let mut replies = response.into_inner();
+            loop {
+                match replies.message().await {
+                    Ok(Some(reply)) => {
+                        let waiting = stream.waiting.lock().expect("delivery lock poisoned").replies.remove(&reply.id);
+                        if let Some(waiting) = waiting {
+                            let _ = waiting.send(Ok(reply.push.unwrap_or_default()));
+                        }
+                    }
+                    Ok(None) => break Status::unavailable("the gateway ended the delivery stream"),
+                    Err(status) => break status,
+                }
+            }
+        }
+        Err(status) => {
+            if status.code() == tonic::Code::Unimplemented {
+                tracing::info!(peer = node, "peer has no delivery stream; pushes to it go as calls for a while");
+                calls_until
+                    .lock()
+                    .expect("delivery lock poisoned")
+                    .insert(node, Instant::now() + CALLS_AFTER_UNIMPLEMENTED);
+            }
+            status
+        }
+    };
+    let waiting = {
+        let mut waiting = stream.waiting.lock().expect("delivery lock poisoned");
+        waiting.closed = true;
+        std::mem::take(&mut waiting.replies)
+    };
+    for (_, reply) in waiting {
+        let _ = reply.send(Err(ended.clone()));
+    }
+}
