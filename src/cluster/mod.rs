@@ -2,7 +2,9 @@
 //! partition, forwarded commands, job-stream registration, pushes, releases
 //! and offers of room, status, campaigns), [`Links`], through which a
 //! partition leader reaches gateways and a gateway's streams reach partition
-//! leaders, and the hand-over of leadership by a stopping node.
+//! leaders, [`Deliveries`], the streams that carry a node's pushes and
+//! releases to other nodes' gateways, and the hand-over of leadership by a
+//! stopping node.
 
 mod deliveries;
 mod handover;
