@@ -601,6 +601,31 @@ async fn appends_go_unary_to_a_peer_without_the_append_stream() {
     assert!(cluster.answered(follower, "AppendEntries").await >= 20.0, "the appends did not arrive unary");
 }
 
+/// A follower whose appends outlast the leader's append timeout (its WAL
+/// syncs held) answers them late on the stream. No late reply is taken for a
+/// later append's, which would have the leader count the follower as holding
+/// entries it had not yet written; and the follower ends with every entry.
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn a_late_append_reply_is_never_taken_for_a_later_append() {
+    // Failpoints may be armed at run time (each test is its own process).
+    std::env::set_var("DROVER_FAILPOINTS", "");
+    let cluster = ProcessCluster::start(3, 1, 3, FAST_RAFT);
+    cluster.wait_ready().await;
+    let leader = cluster.leader_of(0, Duration::from_secs(20)).await;
+    let follower = other_than(&cluster, leader);
+    create_and_see_applied(&cluster, leader, follower, "before-hold", 5).await;
+    // Appends time out after a heartbeat (50 ms); each held sync lasts 400 ms.
+    let path = "/actuator/failpoints/wal_sync_hold?count=4&hold_ms=400";
+    let armed = common::http_request("PUT", &cluster.node(follower).admin, path).await.unwrap();
+    assert_eq!(armed.0, 200, "{armed:?}");
+    create_and_see_applied(&cluster, leader, follower, "during-hold", 30).await;
+    let appends = cluster.metric(leader, r#"drover_raft_rpc_seconds_count{rpc="append_entries"}"#).await;
+    let quick = cluster.metric(leader, r#"drover_raft_rpc_seconds_bucket{rpc="append_entries",le="0.05"}"#).await;
+    assert!(appends > quick, "no append outlasted the 50 ms timeout: the held syncs did not hold them");
+    let mismatches = cluster.metric(leader, "drover_raft_append_stream_mismatches_total").await;
+    assert_eq!(mismatches, 0.0, "the leader read {mismatches} append replies meant for earlier appends");
+}
+
 fn other_than(cluster: &ProcessCluster, node: usize) -> usize {
     cluster.live().into_iter().find(|id| *id != node).expect("another live node")
 }

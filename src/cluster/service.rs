@@ -77,13 +77,13 @@ fn release(ctx: &NodeContext, request: ReleaseJobsRequest) {
 async fn raft_reply(ctx: &NodeContext, kind: RpcKind, request: RaftRequest) -> RaftReply {
     let Some(replica) = ctx.replica(request.partition_id) else {
         return RaftReply {
-            payload: Default::default(),
             error: format!("node {} hosts no replica of partition {}", ctx.node_id, request.partition_id),
+            ..Default::default()
         };
     };
     match replica.handle_rpc(kind, &request.payload).await {
-        Ok(payload) => RaftReply { payload: payload.into(), error: String::new() },
-        Err(error) => RaftReply { payload: Default::default(), error },
+        Ok(payload) => RaftReply { payload: payload.into(), ..Default::default() },
+        Err(error) => RaftReply { error, ..Default::default() },
     }
 }
 
@@ -101,7 +101,8 @@ fn append_replies(
         let (ctx, mut requests) = state?;
         match requests.message().await {
             Ok(Some(request)) => {
-                let reply = raft_reply(&ctx, RpcKind::AppendEntries, request).await;
+                let seq = request.seq;
+                let reply = RaftReply { seq, ..raft_reply(&ctx, RpcKind::AppendEntries, request).await };
                 count_request("AppendEntries");
                 Some((Ok(reply), Some((ctx, requests))))
             }

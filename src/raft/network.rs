@@ -180,31 +180,59 @@ const UNARY_AFTER_UNIMPLEMENTED: Duration = Duration::from_secs(60);
 /// One long-lived `AppendEntriesStream` call: a request goes out, and its
 /// reply is the next message back (the peer answers in order, one each).
 /// openraft sends a follower one append at a time, so one exchange runs at a
-/// time and the replies need no ids.
+/// time.
+///
+/// An exchange that does not finish (it failed, timed out, or openraft
+/// dropped it at its own deadline) leaves its reply on the way: the stream
+/// is then never used again, or that reply would be read as the next
+/// append's, and a leader would count a follower as holding entries it has
+/// not yet written. [`PeerConnection`] takes the stream out for each exchange
+/// and puts it back only after a whole one; each reply also carries its
+/// request's number, and a stream whose reply does not match is dropped.
 struct AppendStream {
     requests: tokio::sync::mpsc::Sender<RaftRequest>,
     replies: tonic::Streaming<RaftReply>,
+    /// The number of the last request sent.
+    seq: u64,
 }
 
 impl AppendStream {
     /// Opens the stream with `first` as its first request; the stream and
     /// that request's reply.
-    async fn open(client: &mut ClusterClient<Channel>, first: RaftRequest) -> Result<(Self, RaftReply), tonic::Status> {
+    async fn open(
+        client: &mut ClusterClient<Channel>,
+        mut first: RaftRequest,
+    ) -> Result<(Self, RaftReply), tonic::Status> {
         let (requests, outgoing) = tokio::sync::mpsc::channel(1);
+        first.seq = 1;
         requests.try_send(first).expect("a new channel has room for one request");
         let response = client.append_entries_stream(tokio_stream::wrappers::ReceiverStream::new(outgoing)).await?;
-        let mut stream = AppendStream { requests, replies: response.into_inner() };
+        let mut stream = AppendStream { requests, replies: response.into_inner(), seq: 1 };
         let reply = stream.next_reply().await?;
         Ok((stream, reply))
     }
 
-    async fn exchange(&mut self, request: RaftRequest) -> Result<RaftReply, tonic::Status> {
+    async fn exchange(&mut self, mut request: RaftRequest) -> Result<RaftReply, tonic::Status> {
+        self.seq += 1;
+        request.seq = self.seq;
         self.requests.send(request).await.map_err(|_| tonic::Status::unavailable("append stream closed"))?;
         self.next_reply().await
     }
 
     async fn next_reply(&mut self) -> Result<RaftReply, tonic::Status> {
-        self.replies.message().await?.ok_or_else(|| tonic::Status::unavailable("the peer ended the append stream"))
+        let reply = self
+            .replies
+            .message()
+            .await?
+            .ok_or_else(|| tonic::Status::unavailable("the peer ended the append stream"))?;
+        if reply.seq != self.seq {
+            metrics::counter!("drover_raft_append_stream_mismatches_total").increment(1);
+            return Err(tonic::Status::internal(format!(
+                "append stream reply {} answers no request in flight (expected {})",
+                reply.seq, self.seq
+            )));
+        }
+        Ok(reply)
     }
 }
 
@@ -271,7 +299,7 @@ impl PeerConnection {
             metrics::counter!("drover_raft_appends_too_large_total").increment(1);
             return Err(PayloadTooLarge::new_entries_hint(hint).into());
         }
-        let request = RaftRequest { partition_id: self.partition, payload: payload.into() };
+        let request = RaftRequest { partition_id: self.partition, payload: payload.into(), seq: 0 };
         let started = std::time::Instant::now();
         let streamed = kind == super::RpcKind::AppendEntries && self.unary_until.is_none_or(|until| until <= started);
         let reply = if streamed {
@@ -330,18 +358,17 @@ impl PeerConnection {
     async fn append_on_stream(&mut self, request: RaftRequest, ttl: Duration) -> Result<RaftReply, tonic::Status> {
         let deadline = tokio::time::Instant::now() + ttl;
         let timed_out = || tonic::Status::deadline_exceeded(format!("no append reply within {ttl:?}"));
-        if let Some(stream) = self.appends.as_mut() {
+        // Out for the exchange: if this future is dropped before it ends, the
+        // stream goes with it (see `AppendStream`).
+        if let Some(mut stream) = self.appends.take() {
             match tokio::time::timeout_at(deadline, stream.exchange(request.clone())).await {
-                Ok(Ok(reply)) => return Ok(reply),
-                Ok(Err(status)) if too_large(&status) => {
-                    self.appends = None;
-                    return Err(status);
+                Ok(Ok(reply)) => {
+                    self.appends = Some(stream);
+                    return Ok(reply);
                 }
-                Ok(Err(_)) => self.appends = None,
-                Err(_) => {
-                    self.appends = None;
-                    return Err(timed_out());
-                }
+                Ok(Err(status)) if too_large(&status) => return Err(status),
+                Ok(Err(_)) => {}
+                Err(_) => return Err(timed_out()),
             }
         }
         let client = self.client.as_mut().expect("checked by the caller");
