@@ -35,6 +35,10 @@ pub struct Deliveries {
 /// What a push on a stream came to.
 pub enum Delivered {
     Reply(PushReply),
+    /// It never left this node: no job of it reached the gateway.
+    NotSent(String),
+    /// It may have reached the gateway (the stream ended or the reply did
+    /// not come in time).
     Failed(Status),
     /// The peer has no stream (or was not asked lately): push with a call.
     UseCall,
@@ -57,20 +61,31 @@ struct Waiting {
 impl Deliveries {
     /// Pushes `request` to `node` and waits up to `within` for its reply.
     pub async fn push(&self, peers: &PeerChannels, node: NodeId, request: PushRequest, within: Duration) -> Delivered {
-        let Some(stream) = self.stream(peers, node) else { return Delivered::UseCall };
-        let id = stream.next_id.fetch_add(1, Ordering::Relaxed) + 1;
-        let (reply, replied) = oneshot::channel();
-        {
+        let mut open = None;
+        // A stream may end between its lookup and this push's turn on it:
+        // then once more, on a new one.
+        for _ in 0..2 {
+            let Some(stream) = self.stream(peers, node) else { return Delivered::UseCall };
+            let id = stream.next_id.fetch_add(1, Ordering::Relaxed) + 1;
+            let (reply, replied) = oneshot::channel();
             let mut waiting = stream.waiting.lock().expect("delivery lock poisoned");
-            if waiting.closed {
-                // Ended since it was looked up: the next push opens another.
-                return Delivered::Failed(Status::unavailable("the delivery stream to the gateway ended"));
+            if !waiting.closed {
+                waiting.replies.insert(id, reply);
+                drop(waiting);
+                open = Some((stream, id, replied));
+                break;
             }
-            waiting.replies.insert(id, reply);
         }
-        // Sent in order with every other message to the peer; a stream whose
-        // task has ended has answered (or will answer) every waiting push.
-        let _ = stream.requests.send(DeliverRequest { id, push: Some(request), release: None });
+        let Some((stream, id, replied)) = open else {
+            return Delivered::NotSent("the delivery stream to the gateway ended as it opened".into());
+        };
+        let message = DeliverRequest { id, push: Some(request), release: None };
+        if stream.requests.send(message).is_err() {
+            // The stream's task has ended (and answers, or has answered, the
+            // waiting push): this one never left.
+            stream.waiting.lock().expect("delivery lock poisoned").replies.remove(&id);
+            return Delivered::NotSent("the delivery stream to the gateway ended".into());
+        }
         match tokio::time::timeout(within, replied).await {
             Ok(Ok(Ok(reply))) => Delivered::Reply(reply),
             Ok(Ok(Err(status))) if status.code() == tonic::Code::Unimplemented => Delivered::UseCall,

@@ -142,6 +142,7 @@ impl GatewayLink for Links {
             let request = PushRequest { stream_id, partition_id: partition, jobs: encoded.into() };
             let reply = match ctx.deliveries.push(&ctx.peers, gateway, request.clone(), PUSH_RPC_TIMEOUT).await {
                 Delivered::Reply(reply) => Ok(reply),
+                Delivered::NotSent(reason) => return not_sent(format!("to gateway {gateway}: {reason}")),
                 Delivered::Failed(status) => Err(status),
                 Delivered::UseCall => {
                     let mut request = tonic::Request::new(request);
