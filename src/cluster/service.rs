@@ -88,11 +88,12 @@ async fn raft_reply(ctx: &NodeContext, kind: RpcKind, request: RaftRequest) -> R
 }
 
 /// The replies of an append stream: each request is read, handled and
-/// answered before the next is read, all while the reply stream is polled
-/// (no task or channel of its own). The stream ends when the peer closes its
-/// side, or after telling it why a request could not be read; a peer that drops it mid-append drops that append's
-/// wait, not the append (openraft's core carries it out either way).
-/// Each message counts as an `AppendEntries` request between nodes.
+/// answered (with its number) before the next is read, all while the reply
+/// stream is polled (no task or channel of its own). The stream ends when
+/// the peer closes its side, or after telling it why a request could not be
+/// read. A peer that drops it mid-append drops that append's wait, not the
+/// append (openraft's core carries it out either way). Each message counts
+/// as an `AppendEntries` request between nodes.
 fn append_replies(
     ctx: Arc<NodeContext>,
     requests: tonic::Streaming<RaftRequest>,
