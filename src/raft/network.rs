@@ -166,8 +166,9 @@ pub struct PeerConnection {
     client: Option<ClusterClient<Channel>>,
     max_message_bytes: usize,
     answered: Answered,
-    /// The append stream to the target, once opened; dropped after any
-    /// failure or timeout, so a late reply is never taken for the next one's.
+    /// The append stream to the target, once opened; out of here while an
+    /// exchange runs on it, and back only after a whole one (see
+    /// [`AppendStream`]), so a late reply is never taken for the next one's.
     appends: Option<AppendStream>,
     /// Until when appends go unary: the target answered UNIMPLEMENTED for the
     /// stream (a node of an older version, until it is upgraded).
