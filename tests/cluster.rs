@@ -568,7 +568,7 @@ async fn appends_go_over_one_stream_per_follower_and_resume_after_it_restarts() 
     let mut cluster = ProcessCluster::start(3, 1, 3, FAST_RAFT);
     cluster.wait_ready().await;
     let leader = cluster.leader_of(0, Duration::from_secs(20)).await;
-    let follower = other_than(&cluster, leader);
+    let follower = cluster.other_than(leader);
     create_and_see_applied(&cluster, leader, follower, "streamed", 40).await;
     let streams = cluster.answered(follower, "AppendEntriesStream").await;
     let appends = cluster.answered(follower, "AppendEntries").await;
@@ -589,12 +589,10 @@ async fn appends_go_over_one_stream_per_follower_and_resume_after_it_restarts() 
 /// appends unary, and the cluster commits as before.
 #[tokio::test(flavor = "multi_thread", worker_threads = 2)]
 async fn appends_go_unary_to_a_peer_without_the_append_stream() {
-    // Each test runs in its own process (nextest), and nodes inherit its environment.
-    std::env::set_var("DROVER_FAILPOINTS", "append_stream_unimplemented=1000000");
-    let cluster = ProcessCluster::start(3, 1, 3, FAST_RAFT);
+    let cluster = ProcessCluster::start_with_failpoints("append_stream_unimplemented=1000000", 1, FAST_RAFT);
     cluster.wait_ready().await;
     let leader = cluster.leader_of(0, Duration::from_secs(20)).await;
-    let follower = other_than(&cluster, leader);
+    let follower = cluster.other_than(leader);
     create_and_see_applied(&cluster, leader, follower, "unary", 20).await;
     assert_eq!(cluster.answered(follower, "AppendEntriesStream").await, 0.0, "a refused stream was counted as opened");
     assert!(cluster.answered(follower, "unknown").await >= 1.0, "the follower refused no stream");
@@ -607,12 +605,11 @@ async fn appends_go_unary_to_a_peer_without_the_append_stream() {
 /// entries it had not yet written; and the follower ends with every entry.
 #[tokio::test(flavor = "multi_thread", worker_threads = 2)]
 async fn a_late_append_reply_is_never_taken_for_a_later_append() {
-    // Failpoints may be armed at run time (each test is its own process).
-    std::env::set_var("DROVER_FAILPOINTS", "");
-    let cluster = ProcessCluster::start(3, 1, 3, FAST_RAFT);
+    // None armed at start: the test arms one on a follower.
+    let cluster = ProcessCluster::start_with_failpoints("", 1, FAST_RAFT);
     cluster.wait_ready().await;
     let leader = cluster.leader_of(0, Duration::from_secs(20)).await;
-    let follower = other_than(&cluster, leader);
+    let follower = cluster.other_than(leader);
     create_and_see_applied(&cluster, leader, follower, "before-hold", 5).await;
     // Appends time out after a heartbeat (50 ms); each held sync lasts 400 ms.
     let path = "/actuator/failpoints/wal_sync_hold?count=4&hold_ms=400";
@@ -624,8 +621,4 @@ async fn a_late_append_reply_is_never_taken_for_a_later_append() {
     assert!(appends > quick, "no append outlasted the 50 ms timeout: the held syncs did not hold them");
     let mismatches = cluster.metric(leader, "drover_raft_append_stream_mismatches_total").await;
     assert_eq!(mismatches, 0.0, "the leader read {mismatches} append replies meant for earlier appends");
-}
-
-fn other_than(cluster: &ProcessCluster, node: usize) -> usize {
-    cluster.live().into_iter().find(|id| *id != node).expect("another live node")
 }

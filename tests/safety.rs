@@ -21,13 +21,7 @@ const FAST_RAFT: &[&str] = &["--heartbeat-ms", "50", "--election-timeout-ms", "3
 
 /// Starts a cluster whose nodes have `failpoints` armed.
 fn cluster_with_failpoints(failpoints: &str, partitions: u32) -> ProcessCluster {
-    // Each test runs in its own process (nextest), and nodes inherit its environment.
-    std::env::set_var("DROVER_FAILPOINTS", failpoints);
-    ProcessCluster::start(3, partitions, 3, FAST_RAFT)
-}
-
-fn other_than(cluster: &ProcessCluster, node: usize) -> usize {
-    cluster.live().into_iter().find(|id| *id != node).expect("another live node")
+    ProcessCluster::start_with_failpoints(failpoints, partitions, FAST_RAFT)
 }
 
 #[tokio::test(flavor = "multi_thread", worker_threads = 2)]
@@ -36,7 +30,7 @@ async fn a_create_whose_answer_is_lost_while_its_leader_dies_makes_one_job() {
     let mut cluster = cluster_with_failpoints("forward_lose_reply=1@3000", 1);
     cluster.wait_ready().await;
     let leader = cluster.leader_of(0, Duration::from_secs(20)).await;
-    let gateway = other_than(&cluster, leader);
+    let gateway = cluster.other_than(leader);
     let client = Client::connect(&cluster.node(gateway).grpc).await.unwrap();
 
     let create = tokio::spawn(async move {
@@ -71,7 +65,7 @@ async fn repeated_completions_and_failures_answer_as_the_first_did() {
     cluster.wait_ready().await;
     let leader = cluster.leader_of(0, Duration::from_secs(20)).await;
     let direct = Client::connect(&cluster.node(leader).grpc).await.unwrap();
-    let through = Client::connect(&cluster.node(other_than(&cluster, leader)).grpc).await.unwrap();
+    let through = Client::connect(&cluster.node(cluster.other_than(leader)).grpc).await.unwrap();
     for n in 0..2 {
         direct.create_job("repeat", &format!(r#"{{"n":{n}}}"#)).await.unwrap();
     }
@@ -98,7 +92,7 @@ async fn a_create_whose_every_answer_is_lost_answers_outcome_unknown() {
     let cluster = cluster_with_failpoints("forward_lose_reply=1000", 1);
     cluster.wait_ready().await;
     let leader = cluster.leader_of(0, Duration::from_secs(20)).await;
-    let through = Client::connect(&cluster.node(other_than(&cluster, leader)).grpc).await.unwrap();
+    let through = Client::connect(&cluster.node(cluster.other_than(leader)).grpc).await.unwrap();
     let mut request = tonic::Request::new(CreateJobRequest {
         r#type: "unknown".into(),
         variables: r#"{"marker":"every-answer-lost"}"#.into(),
@@ -120,7 +114,7 @@ async fn an_activation_whose_answer_is_lost_is_sent_again_and_its_jobs_come_back
     cluster.wait_ready().await;
     let leader = cluster.leader_of(0, Duration::from_secs(20)).await;
     let direct = Client::connect(&cluster.node(leader).grpc).await.unwrap();
-    let through = Client::connect(&cluster.node(other_than(&cluster, leader)).grpc).await.unwrap();
+    let through = Client::connect(&cluster.node(cluster.other_than(leader)).grpc).await.unwrap();
     let first = direct.create_job("lost-activation", "{}").await.unwrap();
     let second = direct.create_job("lost-activation", "{}").await.unwrap();
 
@@ -153,7 +147,7 @@ async fn a_leader_killed_right_after_acknowledging_leaves_nothing_stuck() {
     .await
     .unwrap();
     assert_eq!(armed.0, 200, "{armed:?}");
-    let gateway = other_than(&cluster, leader);
+    let gateway = cluster.other_than(leader);
     let address = cluster.node(gateway).grpc.clone();
     let client = Client::connect(&address).await.unwrap();
     let mut stream = client
@@ -216,7 +210,7 @@ async fn a_leader_stopping_with_a_push_in_flight_yields_what_the_gateway_refused
     // A hand-over needs a leader that has held its term past its followers'
     // lease (the longest election timeout).
     let leader = cluster.held_leader(0, Duration::from_secs(1)).await;
-    let gateway = other_than(&cluster, leader);
+    let gateway = cluster.other_than(leader);
     let grpc = cluster.node(gateway).grpc.clone();
     let worker = |name: &str| StreamActivatedJobsRequest {
         r#type: "drain".into(),

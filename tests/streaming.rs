@@ -846,9 +846,7 @@ async fn pushes_and_releases_to_another_node_go_on_one_delivery_stream() {
 /// calls, and jobs flow as before.
 #[tokio::test(flavor = "multi_thread", worker_threads = 2)]
 async fn pushes_go_as_calls_to_a_gateway_without_delivery_streams() {
-    // Each test runs in its own process (nextest), and nodes inherit its environment.
-    std::env::set_var("DROVER_FAILPOINTS", "deliver_unimplemented=1000000");
-    let cluster = ProcessCluster::start(3, 1, 3, FAST_RAFT);
+    let cluster = ProcessCluster::start_with_failpoints("deliver_unimplemented=1000000", 1, FAST_RAFT);
     cluster.wait_ready().await;
     let gateway = pushed_and_released_across_nodes(&cluster, "called").await;
     assert_eq!(cluster.answered(gateway, "Deliver").await, 0.0, "a refused stream was counted as opened");

@@ -306,6 +306,19 @@ impl ProcessCluster {
         Self::start_with(size, partitions, replication_factor, extra, &|_, port| format!("127.0.0.1:{port}"))
     }
 
+    /// Three nodes, every partition on each, whose nodes have `failpoints`
+    /// armed (`DROVER_FAILPOINTS`; empty: none, but armable at run time).
+    pub fn start_with_failpoints(failpoints: &str, partitions: u32, extra: &[&str]) -> ProcessCluster {
+        // Each test runs in its own process (nextest), and nodes inherit its environment.
+        std::env::set_var("DROVER_FAILPOINTS", failpoints);
+        Self::start(3, partitions, 3, extra)
+    }
+
+    /// A live node other than `node`.
+    pub fn other_than(&self, node: usize) -> usize {
+        self.live().into_iter().find(|id| *id != node).expect("another live node")
+    }
+
     /// Like [`ProcessCluster::start`], but nodes dial node i at
     /// `dial(i, its cluster port)` (a proxy in front of it, say).
     pub fn start_with(
