@@ -599,6 +599,47 @@ async fn appends_go_unary_to_a_peer_without_the_append_stream() {
     assert!(cluster.answered(follower, "AppendEntries").await >= 20.0, "the appends did not arrive unary");
 }
 
+/// Creates `count` jobs of `job_type` through the gateway of a node that does
+/// not lead partition 0 (the only one), so each is forwarded to the leader
+/// (one that has held its term a second, past any hand-over to the preferred
+/// replica); the leader's node, once every job reads back as created.
+async fn create_through_another_gateway(cluster: &ProcessCluster, job_type: &str, count: usize) -> usize {
+    let leader = cluster.held_leader(0, Duration::from_secs(1)).await;
+    let gateway = Client::connect(&cluster.node(cluster.other_than(leader)).grpc).await.unwrap();
+    for n in 0..count {
+        let key = gateway.create_job(job_type, &format!(r#"{{"n":{n}}}"#)).await.unwrap();
+        assert_eq!(gateway.get_job(key).await.unwrap().state, "activatable", "job {n} was created");
+    }
+    leader
+}
+
+/// Commands a gateway forwards to another node's leader go as messages on
+/// the node's one delivery stream to it, not a call each.
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn forwards_go_on_one_delivery_stream_to_the_leader() {
+    let cluster = ProcessCluster::start(3, 1, 3, FAST_RAFT);
+    cluster.wait_ready().await;
+    let leader = create_through_another_gateway(&cluster, "forwarded", 20).await;
+    // Nothing else opens one to the leader: it leads the only partition, and
+    // no worker's stream is there for it to be pushed to.
+    let streams = cluster.answered(leader, "Deliver").await;
+    assert!((1.0..=2.0).contains(&streams), "{streams} delivery streams opened to the leader");
+    assert!(cluster.answered(leader, "Forward").await >= 20.0, "the 20 creates were not forwarded");
+}
+
+/// A leader without delivery streams (an older node, here a failpoint on
+/// every node) answers UNIMPLEMENTED; gateways then forward with calls, and
+/// the commands run as before.
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn forwards_go_as_calls_to_a_leader_without_delivery_streams() {
+    let cluster = ProcessCluster::start_with_failpoints("deliver_unimplemented=1000000", 1, FAST_RAFT);
+    cluster.wait_ready().await;
+    let leader = create_through_another_gateway(&cluster, "called", 20).await;
+    assert_eq!(cluster.answered(leader, "Deliver").await, 0.0, "a refused stream was counted as opened");
+    assert!(cluster.answered(leader, "unknown").await >= 1.0, "the leader refused no stream");
+    assert!(cluster.answered(leader, "Forward").await >= 20.0, "the forwards did not arrive as calls");
+}
+
 /// A follower whose appends outlast the leader's append timeout (its WAL
 /// syncs held) answers them late on the stream. No late reply is taken for a
 /// later append's, which would have the leader count the follower as holding

@@ -1,14 +1,16 @@
-//! Pushes and releases from this node's partition leaders to gateways on
-//! other nodes, as messages on one long-lived `Deliver` stream per peer
-//! instead of a `Push` or `ReleaseJobs` call each: a message each way, without
-//! a new HTTP/2 stream, its headers and the tasks around it.
+//! Messages between this node and another on one long-lived `Deliver`
+//! stream per peer, instead of a call each: pushes and releases from this
+//! node's partition leaders to the peer's gateway, and command batches this
+//! node's gateway forwards to a partition leader there. A message each way,
+//! without a new HTTP/2 stream, its headers and the tasks around it.
 //!
-//! Pushes run concurrently on a stream, each reply naming its push. A stream
-//! that ends or fails answers every push still waiting with the reason: one
-//! that never connected counts as not sent (the caller yields the jobs), any
-//! other as an unknown outcome (their activation timeout returns what was not
-//! delivered), as for a call. The next push opens a new stream. A peer that
-//! answers UNIMPLEMENTED (an older node) gets calls for a minute.
+//! Pushes and forwards run concurrently on a stream, each reply naming its
+//! request. A stream that ends or fails answers every request still waiting
+//! with the reason: one that never connected counts as not sent (the caller
+//! knows nothing reached the peer), any other as an unknown outcome, as for
+//! a call. The next request opens a new stream. A peer that answers
+//! UNIMPLEMENTED (an older node) gets calls for a minute; one that answers a
+//! request as of a kind it does not know gets that request as a call.
 
 use std::collections::HashMap;
 use std::sync::atomic::{AtomicU64, Ordering};
@@ -18,7 +20,9 @@ use std::time::{Duration, Instant};
 use tokio::sync::{mpsc, oneshot};
 use tonic::Status;
 
-use crate::proto::cluster::{DeliverRequest, PushReply, PushRequest, ReleaseJobsRequest};
+use crate::proto::cluster::{
+    DeliverReply, DeliverRequest, ForwardReply, ForwardRequest, PushReply, PushRequest, ReleaseJobsRequest,
+};
 use crate::raft::{NodeId, PeerChannels};
 
 /// How long a peer that has no `Deliver` stream gets calls before it is asked again.
@@ -32,19 +36,20 @@ pub struct Deliveries {
     calls_until: Arc<Mutex<HashMap<NodeId, Instant>>>,
 }
 
-/// What a push on a stream came to.
-pub enum Delivered {
-    Reply(PushReply),
-    /// It never left this node: no job of it reached the gateway.
+/// What a push or a forward on a stream came to.
+pub enum Delivered<R> {
+    Reply(R),
+    /// It never left this node: nothing of it reached the peer.
     NotSent(String),
-    /// It may have reached the gateway (the stream ended or the reply did
-    /// not come in time).
+    /// It may have reached the peer (the stream ended or the reply did not
+    /// come in time).
     Failed(Status),
-    /// The peer has no stream (or was not asked lately): push with a call.
+    /// The peer has no stream (or was not asked lately), or does not know
+    /// this kind of request: make it as a call.
     UseCall,
 }
 
-/// One open `Deliver` call and the pushes waiting for their replies.
+/// One open `Deliver` call and the requests waiting for their replies.
 struct PeerStream {
     requests: mpsc::UnboundedSender<DeliverRequest>,
     next_id: AtomicU64,
@@ -53,17 +58,50 @@ struct PeerStream {
 
 #[derive(Default)]
 struct Waiting {
-    replies: HashMap<u64, oneshot::Sender<Result<PushReply, Status>>>,
+    replies: HashMap<u64, oneshot::Sender<Result<DeliverReply, Status>>>,
     /// The stream ended: nothing more is sent on it.
     closed: bool,
 }
 
 impl Deliveries {
-    /// Pushes `request` to `node` and waits up to `within` for its reply.
-    pub async fn push(&self, peers: &PeerChannels, node: NodeId, request: PushRequest, within: Duration) -> Delivered {
+    /// Pushes `request` to `node`'s gateway and waits up to `within` for its reply.
+    pub async fn push(
+        &self,
+        peers: &PeerChannels,
+        node: NodeId,
+        request: PushRequest,
+        within: Duration,
+    ) -> Delivered<PushReply> {
+        let message = |id| DeliverRequest { id, push: Some(request), ..Default::default() };
+        self.exchange(peers, node, message, within, |reply| reply.push.unwrap_or_default()).await
+    }
+
+    /// Forwards a command batch to `node`, which leads its partition, and
+    /// waits up to `within` (the batch's own deadline) for the outcome.
+    pub async fn forward(
+        &self,
+        peers: &PeerChannels,
+        node: NodeId,
+        request: ForwardRequest,
+        within: Duration,
+    ) -> Delivered<ForwardReply> {
+        let message = |id| DeliverRequest { id, forward: Some(request), ..Default::default() };
+        self.exchange(peers, node, message, within, |reply| reply.forward.unwrap_or_default()).await
+    }
+
+    /// Sends the message `message(id)` makes to `node` and waits up to
+    /// `within` for the reply that names it, read with `take`.
+    async fn exchange<R>(
+        &self,
+        peers: &PeerChannels,
+        node: NodeId,
+        message: impl FnOnce(u64) -> DeliverRequest,
+        within: Duration,
+        take: impl FnOnce(DeliverReply) -> R,
+    ) -> Delivered<R> {
         let mut open = None;
-        // A stream may end between its lookup and this push's turn on it:
-        // then once more, on a new one.
+        // A stream may end between its lookup and this request's turn on
+        // it: then once more, on a new one.
         for _ in 0..2 {
             let Some(stream) = self.stream(peers, node) else { return Delivered::UseCall };
             let id = stream.next_id.fetch_add(1, Ordering::Relaxed) + 1;
@@ -77,23 +115,23 @@ impl Deliveries {
             }
         }
         let Some((stream, id, replied)) = open else {
-            return Delivered::NotSent("the delivery stream to the gateway ended as it opened".into());
+            return Delivered::NotSent("the delivery stream to the peer ended as it opened".into());
         };
-        let message = DeliverRequest { id, push: Some(request), release: None };
-        if stream.requests.send(message).is_err() {
+        if stream.requests.send(message(id)).is_err() {
             // The stream's task has ended (and answers, or has answered, the
-            // waiting push): this one never left.
+            // waiting requests): this one never left.
             stream.waiting.lock().expect("delivery lock poisoned").replies.remove(&id);
-            return Delivered::NotSent("the delivery stream to the gateway ended".into());
+            return Delivered::NotSent("the delivery stream to the peer ended".into());
         }
         match tokio::time::timeout(within, replied).await {
-            Ok(Ok(Ok(reply))) => Delivered::Reply(reply),
+            Ok(Ok(Ok(reply))) if reply.unsupported => Delivered::UseCall,
+            Ok(Ok(Ok(reply))) => Delivered::Reply(take(reply)),
             Ok(Ok(Err(status))) if status.code() == tonic::Code::Unimplemented => Delivered::UseCall,
             Ok(Ok(Err(status))) => Delivered::Failed(status),
-            Ok(Err(_)) => Delivered::Failed(Status::unknown("the delivery stream to the gateway was dropped")),
+            Ok(Err(_)) => Delivered::Failed(Status::unknown("the delivery stream to the peer was dropped")),
             Err(_) => {
                 stream.waiting.lock().expect("delivery lock poisoned").replies.remove(&id);
-                Delivered::Failed(Status::deadline_exceeded(format!("no push reply within {within:?}")))
+                Delivered::Failed(Status::deadline_exceeded(format!("no reply within {within:?}")))
             }
         }
     }
@@ -112,7 +150,7 @@ impl Deliveries {
         if stream.waiting.lock().expect("delivery lock poisoned").closed {
             return Err(request);
         }
-        let message = DeliverRequest { id: 0, push: None, release: Some(request) };
+        let message = DeliverRequest { release: Some(request), ..Default::default() };
         stream.requests.send(message).map_err(|unsent| unsent.0.release.unwrap_or_default())
     }
 
@@ -137,8 +175,8 @@ impl Deliveries {
     }
 }
 
-/// Runs one `Deliver` call: hands each reply to its push, and when the call
-/// ends answers every push still waiting with why.
+/// Runs one `Deliver` call: hands each reply to its request, and when the
+/// call ends answers every request still waiting with why.
 async fn run(
     stream: Arc<PeerStream>,
     mut client: crate::proto::cluster::cluster_client::ClusterClient<tonic::transport::Channel>,
@@ -154,17 +192,20 @@ async fn run(
                     Ok(Some(reply)) => {
                         let waiting = stream.waiting.lock().expect("delivery lock poisoned").replies.remove(&reply.id);
                         if let Some(waiting) = waiting {
-                            let _ = waiting.send(Ok(reply.push.unwrap_or_default()));
+                            let _ = waiting.send(Ok(reply));
                         }
                     }
-                    Ok(None) => break Status::unavailable("the gateway ended the delivery stream"),
+                    Ok(None) => break Status::unavailable("the peer ended the delivery stream"),
                     Err(status) => break status,
                 }
             }
         }
         Err(status) => {
             if status.code() == tonic::Code::Unimplemented {
-                tracing::info!(peer = node, "peer has no delivery stream; pushes to it go as calls for a while");
+                tracing::info!(
+                    peer = node,
+                    "peer has no delivery stream; pushes and forwards to it go as calls for a while"
+                );
                 calls_until
                     .lock()
                     .expect("delivery lock poisoned")

@@ -73,6 +73,56 @@ fn release(ctx: &NodeContext, request: ReleaseJobsRequest) {
     }
 }
 
+/// This node's answer to a command batch another node's gateway forwarded:
+/// the batch runs only if this node leads its partition (a forward is never
+/// forwarded again), and the reply says the outcome or why it did not run.
+async fn forward_reply(ctx: &NodeContext, request: ForwardRequest, deadline: Instant) -> Result<ForwardReply, Status> {
+    let commands: Vec<Command> = bincode::deserialize(&request.commands)
+        .map_err(|e| Status::invalid_argument(format!("malformed forwarded commands: {e}")))?;
+    let principal: Option<Arc<crate::auth::Principal>> = if request.principal.is_empty() {
+        None
+    } else {
+        Some(Arc::new(
+            bincode::deserialize(&request.principal)
+                .map_err(|e| Status::invalid_argument(format!("malformed forwarded principal: {e}")))?,
+        ))
+    };
+    Ok(match router::submit_here(ctx, principal.as_ref(), request.partition_id, commands, deadline).await {
+        Ok(Ok(results)) => ForwardReply {
+            results: bincode::serialize(&results).map_err(|e| Status::internal(e.to_string()))?.into(),
+            ..Default::default()
+        },
+        Ok(Err(leader_hint)) => ForwardReply {
+            code: tonic::Code::Unavailable as i32,
+            message: format!("node {} does not lead partition {}", ctx.node_id, request.partition_id),
+            leader_hint,
+            ..Default::default()
+        },
+        Err(error) => ForwardReply { code: error.code() as i32, message: error.to_string(), ..Default::default() },
+    })
+}
+
+/// [`forward_reply`] for a forward on a `Deliver` stream: its deadline is in
+/// the message, and what a call would have failed with is in the reply (a
+/// node still starting answers UNAVAILABLE, so the gateway tries again).
+async fn forwarded_on_stream(ctx: Option<&Arc<NodeContext>>, request: ForwardRequest) -> ForwardReply {
+    let Some(ctx) = ctx else {
+        let message = "node is starting".to_string();
+        return ForwardReply { code: tonic::Code::Unavailable as i32, message, ..Default::default() };
+    };
+    let _running = ctx.request_started("forward");
+    let timeout = match request.timeout_ms {
+        0 => ctx.request_timeout,
+        ms => Duration::from_millis(ms),
+    };
+    let deadline = crate::gateway::deadline_after(timeout).unwrap_or_else(|| Instant::now() + ctx.request_timeout);
+    forward_reply(ctx, request, deadline).await.unwrap_or_else(|status| ForwardReply {
+        code: status.code() as i32,
+        message: status.message().to_string(),
+        ..Default::default()
+    })
+}
+
 /// This node's answer to a Raft RPC for one of its replicas.
 async fn raft_reply(ctx: &NodeContext, kind: RpcKind, request: RaftRequest) -> RaftReply {
     let Some(replica) = ctx.replica(request.partition_id) else {
@@ -172,31 +222,7 @@ impl Cluster for ClusterService {
         // in the log would leave its gateway with an unknown outcome.
         let _running = ctx.request_started("forward");
         let deadline = deadline_of(&request, ctx.request_timeout);
-        let request = request.into_inner();
-        let commands: Vec<Command> = bincode::deserialize(&request.commands)
-            .map_err(|e| Status::invalid_argument(format!("malformed forwarded commands: {e}")))?;
-        let principal: Option<Arc<crate::auth::Principal>> = if request.principal.is_empty() {
-            None
-        } else {
-            Some(Arc::new(
-                bincode::deserialize(&request.principal)
-                    .map_err(|e| Status::invalid_argument(format!("malformed forwarded principal: {e}")))?,
-            ))
-        };
-        let reply = match router::submit_here(ctx, principal.as_ref(), request.partition_id, commands, deadline).await {
-            Ok(Ok(results)) => ForwardReply {
-                results: bincode::serialize(&results).map_err(|e| Status::internal(e.to_string()))?.into(),
-                ..Default::default()
-            },
-            Ok(Err(leader_hint)) => ForwardReply {
-                code: tonic::Code::Unavailable as i32,
-                message: format!("node {} does not lead partition {}", ctx.node_id, request.partition_id),
-                leader_hint,
-                ..Default::default()
-            },
-            Err(error) => ForwardReply { code: error.code() as i32, message: error.to_string(), ..Default::default() },
-        };
-        Ok(Response::new(reply))
+        forward_reply(ctx, request.into_inner(), deadline).await.map(Response::new)
     }
 
     async fn describe(&self, request: Request<DescribeRequest>) -> Result<Response<DescribeReply>, Status> {
@@ -284,10 +310,12 @@ impl Cluster for ClusterService {
         let ctx = self.ctx().ok().cloned();
         let mut requests = request.into_inner();
         let (replies, out) = tokio::sync::mpsc::unbounded_channel();
-        // Pushes wait for the gateway's clients, so each runs on its own and
-        // its reply goes when it is ready; releases are done at once.
+        // Pushes wait for the gateway's clients and forwards for their
+        // commit, so each runs on its own and its reply goes when it is
+        // ready; releases are done at once.
         tokio::spawn(async move {
             while let Ok(Some(request)) = requests.message().await {
+                let id = request.id;
                 if let Some(push) = request.push {
                     count_request("Push");
                     let (ctx, replies) = (ctx.clone(), replies.clone());
@@ -296,11 +324,23 @@ impl Cluster for ClusterService {
                         let reply = push_reply(ctx.as_ref(), push)
                             .await
                             .unwrap_or(PushReply { outcome_unknown: true, ..Default::default() });
-                        let _ = replies.send(Ok(DeliverReply { id: request.id, push: Some(reply) }));
+                        let _ = replies.send(Ok(DeliverReply { id, push: Some(reply), ..Default::default() }));
                     });
-                } else if let (Some(released), Some(ctx)) = (request.release, &ctx) {
-                    count_request("ReleaseJobs");
-                    release(ctx, released);
+                } else if let Some(forward) = request.forward {
+                    count_request("Forward");
+                    let (ctx, replies) = (ctx.clone(), replies.clone());
+                    tokio::spawn(async move {
+                        let reply = forwarded_on_stream(ctx.as_ref(), forward).await;
+                        let _ = replies.send(Ok(DeliverReply { id, forward: Some(reply), ..Default::default() }));
+                    });
+                } else if let Some(released) = request.release {
+                    if let Some(ctx) = &ctx {
+                        count_request("ReleaseJobs");
+                        release(ctx, released);
+                    }
+                } else if id != 0 {
+                    // A newer node's kind of request: it makes it as a call.
+                    let _ = replies.send(Ok(DeliverReply { id, unsupported: true, ..Default::default() }));
                 }
             }
         });

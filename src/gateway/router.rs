@@ -30,6 +30,7 @@ use tonic::transport::Channel;
 use super::error::ApiError;
 use crate::admin::stages::{self, Stage};
 use crate::auth::{Principal, Verb};
+use crate::cluster::Delivered;
 use crate::core::{Command, CommandError, CommandResult, ErrorKind, Job, JobFilter, JobKey, JobRef, PartitionId};
 use crate::node::NodeContext;
 use crate::partition::{LeaderMsg, SubmitError};
@@ -234,14 +235,32 @@ async fn forward(
         Some(principal) => bincode::serialize(&**principal).map_err(|e| ApiError::Internal(e.to_string()))?.into(),
         None => Default::default(),
     };
-    let mut request =
-        tonic::Request::new(ForwardRequest { partition_id: partition, commands: encoded.into(), principal });
-    request.set_timeout(deadline.saturating_duration_since(Instant::now()).max(Duration::from_millis(1)));
+    let within = deadline.saturating_duration_since(Instant::now()).max(Duration::from_millis(1));
+    let request = ForwardRequest {
+        partition_id: partition,
+        commands: encoded.into(),
+        principal,
+        timeout_ms: within.as_millis().max(1) as u64,
+    };
     let sent = Instant::now();
-    let reply = client.forward(request).await;
+    // On the node's delivery stream to the leader when it has one, as a call otherwise.
+    let reply = match ctx.deliveries.forward(&ctx.peers, node, request.clone(), within).await {
+        Delivered::Reply(reply) => Ok(reply),
+        Delivered::NotSent(reason) => {
+            stages::record(Stage::GatewayForward, sent.elapsed());
+            tracing::debug!(partition, node, "forward not sent: {reason}");
+            return Ok(Attempt::NotConnected(node));
+        }
+        Delivered::Failed(status) => Err(status),
+        Delivered::UseCall => {
+            let mut request = tonic::Request::new(ForwardRequest { timeout_ms: 0, ..request });
+            request.set_timeout(within);
+            client.forward(request).await.map(tonic::Response::into_inner)
+        }
+    };
     stages::record(Stage::GatewayForward, sent.elapsed());
     let reply = match reply {
-        Ok(reply) => reply.into_inner(),
+        Ok(reply) => reply,
         Err(status) if never_connected(&status) => {
             tracing::debug!(partition, node, "forward not sent: {status}");
             return Ok(Attempt::NotConnected(node));
