@@ -8,7 +8,7 @@ use std::time::Duration;
 
 use common::{http_get, LocalNode, NodeProcess};
 use drover::proto::cluster::cluster_client::ClusterClient;
-use drover::proto::cluster::ForwardRequest;
+use drover::proto::cluster::{DeliverReply, DeliverRequest, ForwardRequest};
 use drover::proto::gateway::*;
 use tonic::metadata::MetadataValue;
 use tonic::Code;
@@ -124,6 +124,44 @@ fn activate_request(tenants: usize) -> ActivateJobsRequest {
         tenant_ids: (0..tenants).map(|i| format!("tenant-{i}")).collect(),
         ..Default::default()
     }
+}
+
+/// The next reply on a delivery stream, within 10 s.
+async fn next_reply(replies: &mut tonic::Streaming<DeliverReply>) -> DeliverReply {
+    let reply = tokio::time::timeout(Duration::from_secs(10), replies.message()).await;
+    reply.expect("a reply within 10 s").expect("a reply, not an error").expect("the stream goes on")
+}
+
+/// On the delivery stream between nodes, a message of a kind this node does
+/// not know (a newer node's) is answered as unsupported, under its id, so its
+/// sender makes it a call; a forward this node cannot read is answered with
+/// INVALID_ARGUMENT, as the call is; and the stream and the node go on.
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn the_delivery_stream_answers_unknown_kinds_and_malformed_forwards() {
+    let node = LocalNode::start().await;
+    let mut cluster = ClusterClient::connect(format!("http://{}", node.node().cluster_addr)).await.unwrap();
+    let (requests, outgoing) = tokio::sync::mpsc::unbounded_channel();
+    let opened = cluster.deliver(tokio_stream::wrappers::UnboundedReceiverStream::new(outgoing)).await;
+    let mut replies = opened.expect("the node opens a delivery stream").into_inner();
+    requests.send(DeliverRequest { id: 7, ..Default::default() }).unwrap();
+    let reply = next_reply(&mut replies).await;
+    assert_eq!(reply.id, 7, "{reply:?}");
+    assert!(reply.unsupported && reply.push.is_none() && reply.forward.is_none(), "{reply:?}");
+
+    let forward = ForwardRequest {
+        partition_id: 0,
+        commands: b"not bincode".to_vec().into(),
+        timeout_ms: 5_000,
+        ..Default::default()
+    };
+    requests.send(DeliverRequest { id: 8, forward: Some(forward), ..Default::default() }).unwrap();
+    let reply = next_reply(&mut replies).await;
+    assert_eq!(reply.id, 8, "{reply:?}");
+    assert!(!reply.unsupported, "a forward is a kind the node knows: {reply:?}");
+    let answer = reply.forward.expect("the forward's reply");
+    assert_eq!(answer.code, Code::InvalidArgument as i32, "{answer:?}");
+    assert!(answer.message.contains("malformed forwarded commands"), "{}", answer.message);
+    node.client.create_job("t", "{}").await.expect("the node still serves");
 }
 
 #[tokio::test(flavor = "multi_thread", worker_threads = 2)]
