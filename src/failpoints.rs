@@ -20,7 +20,7 @@
 //! - `append_stream_unimplemented`: a node answers an append stream's
 //!   opening with UNIMPLEMENTED, as a node of a version without it would.
 //! - `deliver_unimplemented`: the same for a delivery stream (pushes and
-//!   releases to this node's gateway).
+//!   releases to this node's gateway, forwards to its leaders).
 //!
 //! Production never sets the variable; a check is one read of a flag.
 

@@ -45,7 +45,8 @@ pub struct NodeContext {
     /// The replicas this node hosts.
     pub replicas: BTreeMap<PartitionId, Arc<Replica>>,
     pub peers: PeerChannels,
-    /// Streams carrying this node's partition leaders' pushes and releases to other nodes' gateways.
+    /// Streams to other nodes carrying this node's partition leaders' pushes
+    /// and releases to their gateways, and its gateway's forwards to their leaders.
     pub deliveries: crate::cluster::Deliveries,
     pub limits: Limits,
     pub request_timeout: Duration,
