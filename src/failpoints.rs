@@ -21,6 +21,9 @@
 //!   opening with UNIMPLEMENTED, as a node of a version without it would.
 //! - `deliver_unimplemented`: the same for a delivery stream (pushes and
 //!   releases to this node's gateway, forwards to its leaders).
+//! - `start_hold`: a starting node holds for `hold_ms` just before it
+//!   serves, its cluster port open and answering "node is starting", as a
+//!   node slow to open its data would.
 //!
 //! Production never sets the variable; a check is one read of a flag.
 

@@ -164,6 +164,57 @@ async fn the_delivery_stream_answers_unknown_kinds_and_malformed_forwards() {
     node.client.create_job("t", "{}").await.expect("the node still serves");
 }
 
+/// A delivery stream a peer opened while this node was still starting (its
+/// cluster port answers before the node serves, and a peer whose stream
+/// broke with this node's restart opens the next one at once) serves once
+/// the node has started: each message is answered by the node as it is when
+/// the message arrives, never as it was when the stream opened.
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn a_delivery_stream_opened_while_the_node_starts_serves_once_it_has() {
+    // Each test runs in its own process (nextest): only this node holds.
+    std::env::set_var("DROVER_FAILPOINTS", "start_hold=1@3000");
+    let port = common::free_port();
+    let starting = tokio::spawn(LocalNode::start_with(move |config| {
+        config.cluster_addr = format!("127.0.0.1:{port}").parse().expect("literal");
+    }));
+    let address = format!("http://127.0.0.1:{port}");
+    let mut cluster = None;
+    for _ in 0..100 {
+        if let Ok(client) = ClusterClient::connect(address.clone()).await {
+            cluster = Some(client);
+            break;
+        }
+        tokio::time::sleep(Duration::from_millis(20)).await;
+    }
+    let mut cluster = cluster.expect("the starting node's cluster port accepts within 2 s");
+    let (requests, outgoing) = tokio::sync::mpsc::unbounded_channel();
+    let opened = cluster.deliver(tokio_stream::wrappers::UnboundedReceiverStream::new(outgoing)).await;
+    let mut replies = opened.expect("a starting node opens a delivery stream").into_inner();
+    let list_sessions = || ForwardRequest {
+        partition_id: 0,
+        commands: bincode::serialize(&vec![drover::core::Command::ListSessions]).unwrap().into(),
+        timeout_ms: 5_000,
+        ..Default::default()
+    };
+
+    requests.send(DeliverRequest { id: 1, forward: Some(list_sessions()), ..Default::default() }).unwrap();
+    let early = next_reply(&mut replies).await.forward.expect("the forward's reply");
+    assert!(
+        early.code == Code::Unavailable as i32 && early.message.contains("starting"),
+        "the stream did not open while the node was starting (the start-up hold did not hold): {early:?}"
+    );
+
+    let node = starting.await.expect("the node's start-up task");
+    requests.send(DeliverRequest { id: 2, forward: Some(list_sessions()), ..Default::default() }).unwrap();
+    let reply = next_reply(&mut replies).await;
+    assert_eq!(reply.id, 2, "{reply:?}");
+    let answer = reply.forward.expect("the forward's reply");
+    assert_eq!(answer.code, Code::Ok as i32, "the node has started, yet its stream still says: {answer:?}");
+    let results: Vec<drover::core::CommandResult> = bincode::deserialize(&answer.results).unwrap();
+    assert!(matches!(results.as_slice(), [drover::core::CommandResult::Sessions(s)] if s.is_empty()), "{results:?}");
+    node.client.create_job("t", "{}").await.expect("the node serves");
+}
+
 #[tokio::test(flavor = "multi_thread", worker_threads = 2)]
 async fn tenant_lists_and_tenant_ids_are_bounded() {
     let node = LocalNode::start().await;

@@ -307,7 +307,10 @@ impl Cluster for ClusterService {
         if crate::failpoints::fire("deliver_unimplemented").is_some() {
             return Err(Status::unimplemented("delivery streams are refused here (failpoint)"));
         }
-        let ctx = self.ctx().ok().cloned();
+        // The stream outlives the start-up it may have opened in: each
+        // message reads the context as it is when it arrives, so a stream a
+        // peer opened while this node was starting serves once it has started.
+        let late_ctx = Arc::clone(&self.ctx);
         let mut requests = request.into_inner();
         let (replies, out) = tokio::sync::mpsc::unbounded_channel();
         // Pushes wait for the gateway's clients and forwards for their
@@ -316,9 +319,10 @@ impl Cluster for ClusterService {
         tokio::spawn(async move {
             while let Ok(Some(request)) = requests.message().await {
                 let id = request.id;
+                let ctx = late_ctx.get().cloned();
                 if let Some(push) = request.push {
                     count_request("Push");
-                    let (ctx, replies) = (ctx.clone(), replies.clone());
+                    let replies = replies.clone();
                     tokio::spawn(async move {
                         // A push this node cannot read is answered "unknown", as a call's error would be.
                         let reply = push_reply(ctx.as_ref(), push)
@@ -328,7 +332,7 @@ impl Cluster for ClusterService {
                     });
                 } else if let Some(forward) = request.forward {
                     count_request("Forward");
-                    let (ctx, replies) = (ctx.clone(), replies.clone());
+                    let replies = replies.clone();
                     tokio::spawn(async move {
                         let reply = forwarded_on_stream(ctx.as_ref(), forward).await;
                         let _ = replies.send(Ok(DeliverReply { id, forward: Some(reply), ..Default::default() }));

@@ -205,6 +205,9 @@ impl Node {
             stop_rx.clone(),
             auth,
         ));
+        if let Some(hold) = crate::failpoints::fire("start_hold") {
+            tokio::time::sleep(hold).await;
+        }
         let _ = late_ctx.set(Arc::clone(&ctx));
         ctx.gateway_streams.connect(Arc::new(crate::cluster::Links::new(Arc::downgrade(&ctx))));
 

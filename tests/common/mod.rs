@@ -265,7 +265,7 @@ fn dechunk(body: &str) -> String {
     out
 }
 
-fn free_port() -> u16 {
+pub fn free_port() -> u16 {
     std::net::TcpListener::bind("127.0.0.1:0").unwrap().local_addr().unwrap().port()
 }
 
