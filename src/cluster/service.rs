@@ -23,13 +23,17 @@ pub struct ClusterService {
     ctx: Arc<OnceLock<Arc<NodeContext>>>,
 }
 
+/// What the cluster port answers before the node serves: calls, and each
+/// message on a stream, whenever it arrives in that time.
+const STARTING: &str = "node is starting";
+
 impl ClusterService {
     pub fn new(ctx: Arc<OnceLock<Arc<NodeContext>>>) -> Self {
         ClusterService { ctx }
     }
 
     fn ctx(&self) -> Result<&Arc<NodeContext>, Status> {
-        self.ctx.get().ok_or_else(|| Status::unavailable("node is starting"))
+        self.ctx.get().ok_or_else(|| Status::unavailable(STARTING))
     }
 
     async fn raft(&self, kind: RpcKind, request: Request<RaftRequest>) -> Result<Response<RaftReply>, Status> {
@@ -107,7 +111,7 @@ async fn forward_reply(ctx: &NodeContext, request: ForwardRequest, deadline: Ins
 /// node still starting answers UNAVAILABLE, so the gateway tries again).
 async fn forwarded_on_stream(ctx: Option<&Arc<NodeContext>>, request: ForwardRequest) -> ForwardReply {
     let Some(ctx) = ctx else {
-        let message = "node is starting".to_string();
+        let message = STARTING.to_string();
         return ForwardReply { code: tonic::Code::Unavailable as i32, message, ..Default::default() };
     };
     let _running = ctx.request_started("forward");
