@@ -17,3 +17,7 @@ pub mod cluster {
 pub mod zeebe {
     tonic::include_proto!("gateway_protocol");
 }
+
+/// Every contract above as an encoded `FileDescriptorSet`: what the services
+/// and their RPCs are, for tests that walk each RPC a port serves.
+pub const DESCRIPTORS: &[u8] = include_bytes!(concat!(env!("OUT_DIR"), "/descriptors.bin"));

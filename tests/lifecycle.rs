@@ -209,7 +209,7 @@ async fn a_long_poll_wakes_on_create_and_returns_empty_when_time_is_up() {
     let ctx = node.node().ctx.clone();
     common::eventually(Duration::from_secs(10), "the poll to park", || {
         let ctx = ctx.clone();
-        async move { ctx.available.receiver_count() > 0 }
+        async move { ctx.gateway.available.receiver_count() > 0 }
     })
     .await;
     let key = create(&node, "wake", "{}").await;

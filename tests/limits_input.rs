@@ -268,7 +268,7 @@ async fn invented_job_types_and_methods_do_not_grow_the_metrics_without_bound() 
     let node = NodeProcess::start(dir.path(), &[]);
     node.wait_ready().await;
     let client = node.client().await;
-    let limit = drover::admin::MAX_JOB_TYPE_LABELS;
+    let limit = drover::metrics::MAX_JOB_TYPE_LABELS;
     let extra = 25;
 
     let requests: Vec<CreateJobRequest> = (0..limit + extra)

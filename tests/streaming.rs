@@ -256,7 +256,7 @@ async fn next_job(stream: &mut Streaming<ActivatedJob>) -> ActivatedJob {
 
 /// What a stream that names no limit holds at most.
 fn streams_buffer() -> usize {
-    drover::gateway::streams::DEFAULT_MAX_IN_FLIGHT
+    drover::streams::DEFAULT_MAX_IN_FLIGHT
 }
 
 #[tokio::test(flavor = "multi_thread", worker_threads = 2)]
@@ -445,7 +445,7 @@ async fn a_push_the_gateway_could_not_confirm_reaches_at_most_one_worker() {
         open(&gateway, request("unconfirmed", 3_000, &[])).await,
     );
     // The aggregator takes longer over the first push than anyone waits for it.
-    node.node().ctx.gateway_streams.slow_down_next_push(Duration::from_secs(6));
+    node.node().ctx.gateway.streams.slow_down_next_push(Duration::from_secs(6));
     let mut keys = HashSet::new();
     for n in 0..5 {
         keys.insert(node.client.create_job("unconfirmed", &format!(r#"{{"n":{n}}}"#)).await.unwrap());
@@ -481,7 +481,7 @@ async fn jobs_of_a_push_answered_too_late_go_out_again_before_their_timeout() {
     let mut stream = open(&gateway, request("late", TIMEOUT_MS, &[])).await;
     // The aggregator comes to the first push after its leader stopped
     // waiting: the leader cannot tell whether a client took the job.
-    node.node().ctx.gateway_streams.slow_down_next_push(Duration::from_millis(2_500));
+    node.node().ctx.gateway.streams.slow_down_next_push(Duration::from_millis(2_500));
     let mut keys = HashSet::new();
     for n in 0..5 {
         keys.insert(node.client.create_job("late", &format!(r#"{{"n":{n}}}"#)).await.unwrap());
@@ -501,7 +501,7 @@ async fn jobs_of_a_push_answered_too_late_go_out_again_before_their_timeout() {
         node.client.complete(job.key, job.attempt, "{}").await.unwrap();
     }
     assert!(deliveries.values().all(|n| *n == 1), "each job delivered once: {deliveries:?}");
-    let (_, body) = http_get(&node.node().ctx.admin_addr.to_string(), "/metrics").await.unwrap();
+    let (_, body) = http_get(&node.node().ctx.topology.admin_addr.to_string(), "/metrics").await.unwrap();
     let late = common::metric_sum(&body, r#"drover_gateway_job_stream_handed_back_total{reason="late"}"#);
     assert!(late >= 1.0, "the late push's job was handed back by the gateway ({late})");
 }

@@ -276,7 +276,7 @@ async fn zeebe_streams_join_drovers_aggregation_and_their_completions_give_credi
 
     // More jobs than a stream may hold at once: they all arrive only if each
     // completion through the Zeebe service gives its credit back.
-    let total = 3 * drover::gateway::streams::DEFAULT_MAX_IN_FLIGHT;
+    let total = 3 * drover::streams::DEFAULT_MAX_IN_FLIGHT;
     for n in 0..total {
         node.client.create_job("shared", &format!(r#"{{"n":{n}}}"#)).await.unwrap();
     }

@@ -1,8 +1,9 @@
 //! Admin HTTP: `/health`, `/ready`, `/metrics` (Prometheus text format) and JSON
-//! views under `/actuator/*`. Owns the process's metrics recorder.
+//! views under `/actuator/*`, and the web console. The metrics themselves
+//! (recorder, names, stages) are [`crate::metrics`]'s.
 
 use std::collections::{BTreeMap, BTreeSet};
-use std::sync::{Arc, OnceLock};
+use std::sync::Arc;
 use std::time::Duration;
 
 use axum::extract::State;
@@ -10,151 +11,13 @@ use axum::http::StatusCode;
 use axum::response::{IntoResponse, Json};
 use axum::routing::get;
 use axum::Router;
-use metrics_exporter_prometheus::{Matcher, PrometheusBuilder, PrometheusHandle};
 use serde_json::json;
 use tokio::net::TcpListener;
 use tokio::sync::watch;
 
-use crate::node::NodeContext;
+use crate::context::NodeContext;
 
 mod console;
-mod labels;
-pub mod stages;
-pub use labels::{job_type_label, MAX_JOB_TYPE_LABELS, OTHER_JOB_TYPES};
-
-static RECORDER: OnceLock<PrometheusHandle> = OnceLock::new();
-
-/// The process-wide Prometheus recorder (installed on first use; several nodes
-/// in one test process share it).
-pub fn recorder() -> &'static PrometheusHandle {
-    RECORDER.get_or_init(|| {
-        let latency = [0.0005, 0.001, 0.002, 0.005, 0.01, 0.025, 0.05, 0.1, 0.25, 0.5, 1.0, 2.5, 5.0, 10.0];
-        let counts = [1.0, 2.0, 5.0, 10.0, 20.0, 50.0, 100.0, 200.0, 500.0, 1000.0, 2000.0, 5000.0];
-        PrometheusBuilder::new()
-            .set_buckets_for_metric(Matcher::Suffix("_seconds".into()), &latency)
-            .and_then(|b| b.set_buckets_for_metric(Matcher::Full(stages::STAGE_METRIC.into()), stages::STAGE_BUCKETS))
-            .and_then(|b| b.set_buckets_for_metric(Matcher::Prefix("drover_raft_commands_per".into()), &counts))
-            .and_then(|b| b.set_buckets_for_metric(Matcher::Prefix("drover_storage_appends_per".into()), &counts))
-            .expect("valid buckets")
-            .install_recorder()
-            .unwrap_or_else(|_| {
-                // Another recorder is installed (an embedding application's):
-                // build one we can still render, though nothing records into it.
-                PrometheusBuilder::new().build_recorder().handle()
-            })
-    })
-}
-
-/// Bytes written by the node's database, from RocksDB's statistics.
-pub const WRITTEN_METRIC: &str = "drover_rocksdb_written_bytes_total";
-/// Key and value bytes put into each table (column family).
-pub const PUT_METRIC: &str = "drover_storage_put_bytes_total";
-
-/// Registers every metric family with its help text, so dashboards and alerts
-/// see each one (at zero) before its first event.
-pub fn register_metrics() {
-    use metrics::{describe_counter, describe_gauge, describe_histogram, Unit};
-    recorder();
-    let counters: &[(&str, &str)] = &[
-        ("drover_jobs_total", "Jobs reaching an outcome (created, activated, completed, failed, timed_out, yielded, incident, cancelled), counted by the partition leader"),
-        ("drover_gateway_job_stream_push_total", "Jobs a gateway handed to a stream client"),
-        ("drover_gateway_job_stream_push_fail_try_total", "Tries to hand a pushed job to a client that was not ready"),
-        (
-            "drover_gateway_job_stream_handed_back_total",
-            "Pushed jobs that never reached a worker, yielded by the gateway at once, by reason: stream_closed (buffered for a client stream that closed) or late (their push was answered after its leader stopped waiting)",
-        ),
-        ("drover_broker_jobs_pushed_count_total", "Jobs a partition leader pushed to a stream and a client took"),
-        ("drover_broker_jobs_push_fail_try_count_total", "Pushed jobs no client could take (code BLOCKED: not ready), yielded"),
-        ("drover_gateway_errors_total", "Client requests answered with an error, by gRPC code"),
-        ("drover_gateway_jobs_polled_total", "Jobs activated by ActivateJobs"),
-        ("drover_grpc_requests_total", "Client gRPC requests by method and status code"),
-        (
-            crate::gateway::CLUSTER_REQUESTS,
-            "Requests from other nodes (Raft, forwards, pushes, stream registrations) by method and status code",
-        ),
-        ("drover_partition_leader_changes_total", "Times this node became leader of a partition"),
-        ("drover_raft_snapshots_built_total", "Snapshots built"),
-        ("drover_raft_snapshots_installed_total", "Snapshots installed from a leader"),
-        ("drover_jobs_pruned_total", "Records of completed and cancelled jobs removed after their retention, by partition"),
-        ("drover_raft_entries_appended_total", "Raft log entries appended on this node"),
-        ("drover_storage_wal_syncs_total", "WAL syncs (each covers every log append waiting)"),
-        (
-            WRITTEN_METRIC,
-            "Bytes the node's RocksDB wrote, by kind: user (write batches), wal, flush and compaction (table files)",
-        ),
-        (PUT_METRIC, "Key and value bytes put into each table (column family) of the node's database"),
-        ("drover_malloc_trim_released_bytes_total", "Resident memory handed back to the kernel by heap trims"),
-    ];
-    for (name, help) in counters {
-        describe_counter!(*name, *help);
-    }
-    metrics::counter!("drover_broker_jobs_push_fail_try_count_total", "code" => "BLOCKED").absolute(0);
-    for reason in ["stream_closed", "late"] {
-        metrics::counter!("drover_gateway_job_stream_handed_back_total", "reason" => reason).absolute(0);
-    }
-    for name in [
-        "drover_gateway_job_stream_push_total",
-        "drover_gateway_job_stream_push_fail_try_total",
-        "drover_broker_jobs_pushed_count_total",
-        "drover_gateway_jobs_polled_total",
-        "drover_storage_wal_syncs_total",
-    ] {
-        metrics::counter!(name).absolute(0);
-    }
-    let gauges: &[(&str, &str)] = &[
-        ("drover_gateway_job_stream_clients", "Worker streams connected to this gateway"),
-        ("drover_gateway_job_stream_streams", "Aggregated streams on this gateway"),
-        ("drover_gateway_job_stream_servers", "Brokers this gateway's streams are registered with"),
-        ("drover_broker_open_job_stream_count", "Aggregated streams registered with this broker"),
-        ("drover_gateway_parked_long_polls", "ActivateJobs requests waiting for jobs"),
-        ("drover_jobs_activatable", "Activatable jobs per partition and type (on the leader)"),
-        (
-            "drover_jobs_unroutable",
-            "Activatable jobs no open stream may take, by the labels they require (+) and prefer (~) (on the leader)",
-        ),
-        ("drover_partition_role_leader", "1 when this node leads the partition"),
-        ("drover_partition_has_leader", "1 when this node knows a leader for the partition"),
-        ("drover_partition_term", "Raft term of the partition on this node"),
-        ("drover_partition_commit_index", "Committed log index of the partition on this node"),
-        ("drover_partition_applied_index", "Applied log index of the partition on this node"),
-        ("drover_rocksdb_memtable_bytes", "RocksDB memtable size, all column families"),
-        ("drover_rocksdb_sst_bytes", "RocksDB SST files size, all column families"),
-        ("drover_rocksdb_table_readers_bytes", "RocksDB memory held by open table files outside the block cache"),
-        ("drover_rocksdb_block_cache_bytes", "RocksDB block cache in use (one cache for all column families)"),
-        ("drover_rocksdb_write_stalled", "1 while RocksDB writes are stopped"),
-        ("drover_rocksdb_pending_compaction_bytes", "RocksDB estimated pending compaction bytes"),
-        ("drover_storage_wal_syncs", "WAL syncs since start"),
-        ("drover_storage_appends_synced", "Log appends covered by WAL syncs since start"),
-    ];
-    for (name, help) in gauges {
-        describe_gauge!(*name, *help);
-        metrics::gauge!(*name).increment(0.0);
-    }
-    let histograms: &[(&str, &str)] = &[
-        ("drover_create_ack_seconds", "CreateJob received to acknowledged"),
-        ("drover_raft_append_to_commit_seconds", "Raft write submitted to committed and applied"),
-        ("drover_storage_write_sync_seconds", "One group-commit WAL sync"),
-        ("drover_raft_rpc_seconds", "Raft RPCs sent to peers, by rpc, from send to reply"),
-        (
-            "drover_raft_rpc_handled_seconds",
-            "Raft RPCs from peers, by rpc, from receipt to reply (includes the log sync)",
-        ),
-        ("drover_job_create_to_activate_seconds", "A job's creation to its activation (leader clock)"),
-        ("drover_job_activate_to_complete_seconds", "A job's activation to its completion (leader clock)"),
-        ("drover_malloc_trim_seconds", "One heap trim (--malloc-trim-ms), the allocator busy throughout"),
-    ];
-    for (name, help) in histograms {
-        describe_histogram!(*name, Unit::Seconds, *help);
-    }
-    describe_histogram!(
-        stages::STAGE_METRIC,
-        Unit::Seconds,
-        "Where a job's time goes, by stage (gateway_forward, leader_call, leader_queue, raft_write, log_sync, \
-         replicate, follower_append, apply, push); see docs/benchmarks.md"
-    );
-    describe_histogram!("drover_raft_commands_per_entry", "Commands batched into one Raft entry");
-    describe_histogram!("drover_storage_appends_per_sync", "Log appends covered by one WAL sync");
-}
 
 pub async fn serve(
     ctx: Arc<NodeContext>,
@@ -162,8 +25,9 @@ pub async fn serve(
     tls: Option<Arc<crate::tls::ReloadingServer>>,
     mut stop: watch::Receiver<bool>,
 ) {
-    register_metrics();
-    tokio::spawn(console::sample_metrics(stop.clone()));
+    crate::metrics::register_metrics();
+    let samples = stop.clone();
+    ctx.tasks.spawn(crate::tasks::named("console samples", move |status| console::sample_metrics(samples, status)));
     let local = listener.local_addr().ok();
     let admin_tls = console::AdminTls(tls.is_some());
     let app = Router::new()
@@ -172,6 +36,7 @@ pub async fn serve(
         .route("/metrics", get(metrics_text))
         .route("/actuator/partitions", get(partitions))
         .route("/actuator/jobstreams", get(jobstreams))
+        .route("/actuator/tasks", get(tasks))
         .route("/actuator/jobs", get(local_jobs))
         .route("/actuator/workers", get(workers))
         .route("/actuator/workers/{state}", axum::routing::post(direct_workers))
@@ -275,7 +140,7 @@ async fn arm_failpoint(
 }
 
 async fn ready(State(ctx): State<Arc<NodeContext>>) -> impl IntoResponse {
-    if ctx.ready() {
+    if ctx.routing.ready() {
         (StatusCode::OK, "ready")
     } else {
         (StatusCode::SERVICE_UNAVAILABLE, "not ready: a partition on this node has no known leader")
@@ -285,11 +150,11 @@ async fn ready(State(ctx): State<Arc<NodeContext>>) -> impl IntoResponse {
 async fn partitions(State(ctx): State<Arc<NodeContext>>) -> impl IntoResponse {
     let brokers = crate::gateway::cluster_status_json(&ctx).await;
     Json(json!({
-        "nodeId": ctx.node_id,
-        "clusterSize": ctx.cluster_size(),
-        "partitionsCount": ctx.partition_count(),
-        "replicationFactor": ctx.replication_factor,
-        "local": ctx.replicas.values().map(|r| r.status()).collect::<Vec<_>>(),
+        "nodeId": ctx.topology.node_id,
+        "clusterSize": ctx.topology.cluster_size(),
+        "partitionsCount": ctx.topology.partition_count(),
+        "replicationFactor": ctx.topology.replication_factor,
+        "local": ctx.routing.replicas.values().map(|r| r.status()).collect::<Vec<_>>(),
         "brokers": brokers,
     }))
 }
@@ -302,7 +167,7 @@ async fn local_jobs(
     axum::Extension(principal): axum::Extension<Arc<crate::auth::Principal>>,
 ) -> impl IntoResponse {
     let mut jobs = Vec::new();
-    for replica in ctx.replicas.values() {
+    for replica in ctx.routing.replicas.values() {
         match replica.state().all_jobs() {
             Ok(all) => jobs.extend(all.iter().filter(|j| principal.sees(crate::auth::Verb::Read, j)).map(|j| {
                 json!({
@@ -321,7 +186,7 @@ async fn local_jobs(
             Err(e) => return (StatusCode::INTERNAL_SERVER_ERROR, Json(json!({ "error": e.to_string() }))),
         }
     }
-    (StatusCode::OK, Json(json!({ "nodeId": ctx.node_id, "jobs": jobs })))
+    (StatusCode::OK, Json(json!({ "nodeId": ctx.topology.node_id, "jobs": jobs })))
 }
 
 /// A job's timer events in the partition's time: when it was created, each
@@ -374,8 +239,9 @@ fn worker_json(w: &crate::proto::gateway::WorkerSession) -> serde_json::Value {
     })
 }
 
-fn api_error(error: crate::gateway::ApiError) -> (StatusCode, Json<serde_json::Value>) {
+fn api_error(error: impl Into<crate::gateway::ApiError>) -> (StatusCode, Json<serde_json::Value>) {
     use crate::gateway::ApiError;
+    let error = error.into();
     let status = match &error {
         ApiError::InvalidArgument(_) => StatusCode::BAD_REQUEST,
         ApiError::NotFound(_) => StatusCode::NOT_FOUND,
@@ -391,6 +257,16 @@ fn api_error(error: crate::gateway::ApiError) -> (StatusCode, Json<serde_json::V
     (status, Json(json!({ "error": error.to_string() })))
 }
 
+/// The job API and a call as the request's principal: the actuator's worker
+/// routes are adapters over it, as the console is.
+fn job_api(
+    ctx: &Arc<NodeContext>,
+    principal: Arc<crate::auth::Principal>,
+) -> (crate::gateway::JobApi, crate::gateway::Call) {
+    let call = crate::gateway::Call::internal(principal, ctx.settings.request_timeout);
+    (crate::gateway::JobApi::new(Arc::clone(ctx)), call)
+}
+
 /// Every live worker session (`?label=name:value` for some) that takes jobs
 /// of one of the principal's tenants.
 async fn workers(
@@ -398,10 +274,10 @@ async fn workers(
     axum::Extension(principal): axum::Extension<Arc<crate::auth::Principal>>,
     axum::extract::Query(query): axum::extract::Query<WorkersQuery>,
 ) -> impl IntoResponse {
-    let deadline = std::time::Instant::now() + ctx.request_timeout;
-    match crate::gateway::sessions::list(&ctx, &query.label, deadline).await {
-        Ok(mut workers) => {
-            workers.retain(|w| principal.shares_tenant(&w.tenant_ids));
+    let (api, call) = job_api(&ctx, principal);
+    let request = crate::proto::gateway::ListWorkersRequest { label: query.label };
+    match api.list_workers(&call, request).await {
+        Ok(workers) => {
             (StatusCode::OK, Json(json!({ "workers": workers.iter().map(worker_json).collect::<Vec<_>>() })))
         }
         Err(error) => api_error(error),
@@ -411,6 +287,7 @@ async fn workers(
 /// `POST /actuator/workers/{running|quiet|terminate}?session=ID|label=L|all=true`.
 async fn direct_workers(
     State(ctx): State<Arc<NodeContext>>,
+    axum::Extension(principal): axum::Extension<Arc<crate::auth::Principal>>,
     axum::extract::Path(state): axum::extract::Path<String>,
     axum::extract::Query(query): axum::extract::Query<WorkersQuery>,
 ) -> impl IntoResponse {
@@ -427,13 +304,18 @@ async fn direct_workers(
     };
     let request =
         crate::proto::gateway::SetWorkerStateRequest { session_id, label: query.label, all: query.all, state };
-    let deadline = std::time::Instant::now() + ctx.request_timeout;
-    match crate::gateway::sessions::direct(&ctx, request, deadline).await {
+    let (api, call) = job_api(&ctx, principal);
+    match api.set_worker_state(&call, request).await {
         Ok(workers) => {
             (StatusCode::OK, Json(json!({ "workers": workers.iter().map(worker_json).collect::<Vec<_>>() })))
         }
         Err(error) => api_error(error),
     }
+}
+
+/// The node's background loops: name, state, status and last error.
+async fn tasks(State(ctx): State<Arc<NodeContext>>) -> impl IntoResponse {
+    Json(json!({ "nodeId": ctx.topology.node_id, "tasks": ctx.tasks.list() }))
 }
 
 /// Only streams that serve one of the principal's tenants.
@@ -442,7 +324,8 @@ async fn jobstreams(
     axum::Extension(principal): axum::Extension<Arc<crate::auth::Principal>>,
 ) -> impl IntoResponse {
     let remote: Vec<_> = ctx
-        .broker_streams
+        .broker
+        .streams
         .all()
         .iter()
         .filter(|s| principal.shares_tenant(&s.tenants))
@@ -459,7 +342,7 @@ async fn jobstreams(
             })
         })
         .collect();
-    let mut client = ctx.gateway_streams.view().await;
+    let mut client = ctx.gateway.streams.view().await;
     client.retain(|view| principal.shares_tenant(&view.key.tenants));
     Json(json!({ "client": client, "remote": remote }))
 }
@@ -471,7 +354,7 @@ fn unroutable_jobs(ctx: &NodeContext, replica: &crate::raft::Replica) -> Vec<(St
     replica.state().read(|s| {
         let mut found = Vec::new();
         for (job_type, _) in s.activatable_by_type() {
-            let streams = ctx.broker_streams.live(&job_type);
+            let streams = ctx.broker.streams.live(&job_type);
             for (routing, count) in s.activatable_by_routing(&job_type) {
                 let takers = streams.iter().map(|st| crate::core::Taker::new(st.labels.clone(), false));
                 if !routing.required.is_empty() && !takers.into_iter().any(|t| routing.allows(&t)) {
@@ -487,7 +370,7 @@ fn unroutable_jobs(ctx: &NodeContext, replica: &crate::raft::Replica) -> Vec<(St
 /// divides bytes written by jobs over runs of a few seconds).
 async fn metrics_text(State(ctx): State<Arc<NodeContext>>) -> String {
     record_storage(&ctx.store);
-    recorder().render()
+    crate::metrics::recorder().render()
 }
 
 /// RocksDB's, the allocator's and the WAL writer's figures, as gauges and
@@ -521,12 +404,12 @@ fn record_storage(store: &crate::storage::Store) {
         }
     }
     for (kind, bytes) in store.written().kinds() {
-        metrics::counter!(WRITTEN_METRIC, "kind" => kind).absolute(bytes);
+        metrics::counter!(crate::metrics::WRITTEN_METRIC, "kind" => kind).absolute(bytes);
     }
     for (table, bytes) in store.put_bytes() {
-        metrics::counter!(PUT_METRIC, "table" => table.cf_name()).absolute(bytes);
+        metrics::counter!(crate::metrics::PUT_METRIC, "table" => table.cf_name()).absolute(bytes);
     }
-    if let Some(heap) = crate::node::memory::allocator_stats() {
+    if let Some(heap) = crate::memory::allocator_stats() {
         metrics::gauge!("drover_allocator_allocated_bytes").set(heap.allocated as f64);
         metrics::gauge!("drover_allocator_resident_bytes").set(heap.resident as f64);
         metrics::gauge!("drover_allocator_retained_bytes").set(heap.retained as f64);
@@ -538,12 +421,12 @@ fn record_storage(store: &crate::storage::Store) {
 
 /// Publishes gauges that are read rather than counted: partition roles and
 /// progress, activatable jobs per type, storage figures.
-pub async fn record_gauges(ctx: Arc<NodeContext>, mut stop: watch::Receiver<bool>) {
+pub async fn record_gauges(ctx: Arc<NodeContext>, mut stop: watch::Receiver<bool>, status: crate::tasks::LoopStatus) {
     // Series of `drover_jobs_unroutable` set last time, so they drop to 0.
     let mut unroutable_before: BTreeSet<(String, String)> = BTreeSet::new();
     loop {
         let mut unroutable: BTreeMap<(String, String), usize> = BTreeMap::new();
-        for replica in ctx.replicas.values() {
+        for replica in ctx.routing.replicas.values() {
             let status = replica.status();
             let p = status.partition.to_string();
             let leader = if status.role == "leader" { 1.0 } else { 0.0 };
@@ -561,14 +444,14 @@ pub async fn record_gauges(ctx: Arc<NodeContext>, mut stop: watch::Receiver<bool
                 // Types beyond the label limit share one series: sum them before setting it.
                 let mut by_label: std::collections::BTreeMap<String, usize> = Default::default();
                 for (job_type, count) in replica.state().read(|s| s.activatable_by_type()) {
-                    *by_label.entry(job_type_label(job_type)).or_default() += count;
+                    *by_label.entry(crate::metrics::job_type_label(job_type)).or_default() += count;
                 }
                 for (label, count) in by_label {
                     metrics::gauge!("drover_jobs_activatable", "partition" => p.clone(), "type" => label)
                         .set(count as f64);
                 }
                 for (routing, count) in unroutable_jobs(&ctx, replica) {
-                    *unroutable.entry((p.clone(), job_type_label(routing))).or_default() += count;
+                    *unroutable.entry((p.clone(), crate::metrics::job_type_label(routing))).or_default() += count;
                 }
             }
         }
@@ -583,7 +466,8 @@ pub async fn record_gauges(ctx: Arc<NodeContext>, mut stop: watch::Receiver<bool
             unroutable_before.insert((partition, labels));
         }
         record_storage(&ctx.store);
-        recorder().run_upkeep();
+        crate::metrics::recorder().run_upkeep();
+        status.set(format!("gauges of {} partitions read", ctx.routing.replicas.len()));
         tokio::select! {
             _ = tokio::time::sleep(Duration::from_secs(1)) => {}
             _ = stop.wait_for(|s| *s) => return,

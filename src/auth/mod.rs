@@ -15,6 +15,7 @@
 //! With neither file configured, authentication is off: every request is
 //! [`Principal::anonymous`], as before, and the start-up log says so.
 
+mod error;
 pub mod job_tokens;
 pub mod keys;
 pub mod scopes;
@@ -30,7 +31,7 @@ use jsonwebtoken::jwk::JwkSet;
 use jsonwebtoken::{Algorithm, DecodingKey, Validation};
 use serde::Deserialize;
 
-use crate::gateway::ApiError;
+pub use error::AuthError;
 pub use scopes::{Principal, Verb, CLUSTER_ADMIN, CLUSTER_READ, WORKERS_MANAGE};
 
 /// How often the tokens and JWKS files are checked for changes.
@@ -261,7 +262,7 @@ impl Authenticator {
 
     /// Counts one call of `principal` against its per-second limit:
     /// RESOURCE_EXHAUSTED past it.
-    pub fn admit(&self, principal: &Principal) -> Result<(), ApiError> {
+    pub fn admit(&self, principal: &Principal) -> Result<(), AuthError> {
         let rate = self.settings.requests_per_second;
         if rate == 0 || !self.enabled() {
             return Ok(());
@@ -277,7 +278,7 @@ impl Authenticator {
         *filled = now;
         if *tokens < 1.0 {
             metrics::counter!("drover_auth_limited_total", "limit" => "requests").increment(1);
-            return Err(ApiError::ResourceExhausted(format!(
+            return Err(AuthError::Limited(format!(
                 "{} started more than {rate} calls a second on this node; slow down and retry with back-off \
                  (the limit is --principal-requests-per-second)",
                 principal.name
@@ -289,7 +290,7 @@ impl Authenticator {
 
     /// A slot for one more job stream of `principal`, held until the permit
     /// drops: RESOURCE_EXHAUSTED when it holds as many as allowed.
-    pub fn open_stream(&self, principal: &Principal) -> Result<Option<StreamPermit>, ApiError> {
+    pub fn open_stream(&self, principal: &Principal) -> Result<Option<StreamPermit>, AuthError> {
         let limit = self.settings.streams;
         if limit == 0 || !self.enabled() {
             return Ok(None);
@@ -298,7 +299,7 @@ impl Authenticator {
         let count = streams.entry(principal.name.clone()).or_insert(0);
         if *count >= limit {
             metrics::counter!("drover_auth_limited_total", "limit" => "streams").increment(1);
-            return Err(ApiError::ResourceExhausted(format!(
+            return Err(AuthError::Limited(format!(
                 "{} holds {limit} job streams on this node, as many as allowed; close one, or raise \
                  --principal-streams",
                 principal.name
@@ -311,17 +312,17 @@ impl Authenticator {
     /// The principal `authorization` (the header's value) names. No header
     /// with authentication on, an unknown secret, or a JWT that does not
     /// verify: UNAUTHENTICATED, saying which.
-    pub fn authenticate(&self, authorization: Option<&str>) -> Result<Arc<Principal>, ApiError> {
+    pub fn authenticate(&self, authorization: Option<&str>) -> Result<Arc<Principal>, AuthError> {
         if !self.enabled() {
             return Ok(Arc::new(Principal::anonymous()));
         }
         let Some(header) = authorization else {
-            return Err(ApiError::Unauthenticated(
+            return Err(AuthError::Unauthenticated(
                 "this request carries no token: send `authorization: Bearer <token>`".into(),
             ));
         };
         let Some(token) = header.strip_prefix("Bearer ").or_else(|| header.strip_prefix("bearer ")) else {
-            return Err(ApiError::Unauthenticated("the authorization header must be `Bearer <token>`".into()));
+            return Err(AuthError::Unauthenticated("the authorization header must be `Bearer <token>`".into()));
         };
         let token = token.trim();
         if job_tokens::JobTokens::is_job_token(token) {
@@ -336,18 +337,20 @@ impl Authenticator {
             .tokens
             .get(&hash_secret(token))
             .cloned()
-            .ok_or_else(|| ApiError::Unauthenticated("the token is not one this cluster knows".into()))
+            .ok_or_else(|| AuthError::Unauthenticated("the token is not one this cluster knows".into()))
     }
 
-    fn job_principal(&self, token: &str) -> Result<Arc<Principal>, ApiError> {
+    fn job_principal(&self, token: &str) -> Result<Arc<Principal>, AuthError> {
         let Some(tokens) = &self.job_tokens else {
-            return Err(ApiError::Unauthenticated("this cluster hands out no job tokens (no --job-token-key)".into()));
+            return Err(AuthError::Unauthenticated("this cluster hands out no job tokens (no --job-token-key)".into()));
         };
         let grant = tokens.verify(token).ok_or_else(|| {
-            ApiError::Unauthenticated("the job token does not verify: it was altered or is from another cluster".into())
+            AuthError::Unauthenticated(
+                "the job token does not verify: it was altered or is from another cluster".into(),
+            )
         })?;
         if now_ms() as i64 > grant.expires_ms {
-            return Err(ApiError::Unauthenticated(format!(
+            return Err(AuthError::Unauthenticated(format!(
                 "the job token for job {} attempt {} has expired; the worker's own token still works, or renew it \
                  with UpdateJobTimeout or a heartbeat before it runs out",
                 grant.key, grant.attempt
@@ -371,8 +374,8 @@ impl Authenticator {
         self.job_tokens.is_some()
     }
 
-    fn verify_jwt(&self, loaded: &Loaded, token: &str) -> Result<Arc<Principal>, ApiError> {
-        let refused = |why: String| ApiError::Unauthenticated(format!("the JWT was refused: {why}"));
+    fn verify_jwt(&self, loaded: &Loaded, token: &str) -> Result<Arc<Principal>, AuthError> {
+        let refused = |why: String| AuthError::Unauthenticated(format!("the JWT was refused: {why}"));
         let now = now_ms() / 1000;
         if let Some((principal, exp)) = loaded.verified.lock().expect("verified JWTs").get(token) {
             if now <= exp.saturating_add(LEEWAY_SECS) {

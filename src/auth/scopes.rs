@@ -8,8 +8,8 @@
 
 use serde::{Deserialize, Serialize};
 
+use super::AuthError;
 use crate::core::{Job, DEFAULT_TENANT};
-use crate::gateway::ApiError;
 
 /// What a job scope allows, by verb.
 #[derive(Clone, Copy, Debug, PartialEq, Eq)]
@@ -124,7 +124,7 @@ impl Principal {
         })
     }
 
-    pub fn require(&self, scope: &str) -> Result<(), ApiError> {
+    pub fn require(&self, scope: &str) -> Result<(), AuthError> {
         if self.has(scope) {
             return Ok(());
         }
@@ -133,22 +133,22 @@ impl Principal {
 
     /// Holds `jobs:<verb>:` for some job type (the worker session RPCs,
     /// which name no type).
-    pub fn require_some(&self, verb: Verb) -> Result<(), ApiError> {
+    pub fn require_some(&self, verb: Verb) -> Result<(), AuthError> {
         if self.may_some(verb) {
             return Ok(());
         }
         Err(self.denied(&format!("jobs:{}:<some type>", verb.as_str())))
     }
 
-    pub fn require_job(&self, verb: Verb, job_type: &str) -> Result<(), ApiError> {
+    pub fn require_job(&self, verb: Verb, job_type: &str) -> Result<(), AuthError> {
         if self.may(verb, job_type) {
             return Ok(());
         }
         Err(self.denied(&format!("jobs:{}:{job_type}", verb.as_str())))
     }
 
-    fn denied(&self, scope: &str) -> ApiError {
-        ApiError::PermissionDenied(format!(
+    fn denied(&self, scope: &str) -> AuthError {
+        AuthError::PermissionDenied(format!(
             "{} lacks the scope {scope} this request needs (it holds {})",
             self.name,
             if self.scopes.is_empty() { "none".to_string() } else { self.scopes.join(", ") }
@@ -171,12 +171,12 @@ impl Principal {
     }
 
     /// A request that names `tenant` (empty: the default tenant).
-    pub fn require_tenant(&self, tenant: &str) -> Result<(), ApiError> {
+    pub fn require_tenant(&self, tenant: &str) -> Result<(), AuthError> {
         if self.in_tenant(tenant) {
             return Ok(());
         }
         let tenant = if tenant.is_empty() { DEFAULT_TENANT } else { tenant };
-        Err(ApiError::PermissionDenied(format!(
+        Err(AuthError::PermissionDenied(format!(
             "{} may not act for tenant {tenant:?} (its tenants: {})",
             self.name,
             if self.tenants.is_empty() { "none".to_string() } else { self.tenants.join(", ") }
@@ -184,7 +184,7 @@ impl Principal {
     }
 
     /// Every tenant a request names (none: the default tenant).
-    pub fn require_tenants(&self, tenants: &[String]) -> Result<(), ApiError> {
+    pub fn require_tenants(&self, tenants: &[String]) -> Result<(), AuthError> {
         if tenants.is_empty() {
             return self.require_tenant("");
         }
@@ -207,10 +207,10 @@ impl Principal {
         job_type: &str,
         key: u64,
         attempt: Option<u32>,
-    ) -> Result<(), ApiError> {
+    ) -> Result<(), AuthError> {
         match self.job {
             Some((own, own_attempt)) if verb == Verb::Work && own == key && attempt == Some(own_attempt) => Ok(()),
-            Some((own, own_attempt)) => Err(ApiError::PermissionDenied(format!(
+            Some((own, own_attempt)) => Err(AuthError::PermissionDenied(format!(
                 "a job token acts only on its own job and attempt (job {own} attempt {own_attempt}), and only to \
                  work it; this request is for job {key}{}",
                 attempt.map(|a| format!(" attempt {a}")).unwrap_or_default()
@@ -221,9 +221,9 @@ impl Principal {
 
     /// Reading `job`: another tenant's job is NOT_FOUND, as if it did not
     /// exist; one of its tenants without the scope is PERMISSION_DENIED.
-    pub fn check_job(&self, verb: Verb, job_tenant: &str, job_type: &str, key: u64) -> Result<(), ApiError> {
+    pub fn check_job(&self, verb: Verb, job_tenant: &str, job_type: &str, key: u64) -> Result<(), AuthError> {
         if !self.in_tenant(job_tenant) {
-            return Err(ApiError::NotFound(format!("no job with key {key}")));
+            return Err(AuthError::NotFound(format!("no job with key {key}")));
         }
         self.require_job(verb, job_type)
     }
@@ -273,7 +273,7 @@ mod tests {
         let d = Principal { tenants: vec![DEFAULT_TENANT.into()], ..holding(&[]) };
         assert!(d.in_tenant("") && d.require_tenants(&[]).is_ok());
         let error = p.require_tenant("globex").unwrap_err();
-        assert_eq!(error.code(), tonic::Code::PermissionDenied);
+        assert!(matches!(error, AuthError::PermissionDenied(_)), "{error}");
         assert!(error.to_string().contains("\"globex\""), "{error}");
         let missing = p.require_job(Verb::Create, "orders").unwrap_err();
         assert!(missing.to_string().contains("jobs:create:orders"), "{missing}");

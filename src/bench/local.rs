@@ -265,7 +265,7 @@ impl LocalCluster {
 
     /// Resident memory of each node, in bytes (Linux).
     pub fn resident_bytes(&self) -> Vec<u64> {
-        self.nodes.iter().map(|n| crate::node::memory::resident_bytes(n.child.id())).collect()
+        self.nodes.iter().map(|n| crate::memory::resident_bytes(n.child.id())).collect()
     }
 
     pub fn stop(&mut self) {

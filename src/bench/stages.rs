@@ -2,14 +2,14 @@
 //! every local node's `drover_stage_seconds` read before and after the
 //! workload, the difference summed over nodes, and quantiles estimated from
 //! the buckets (linear within a bucket, as Prometheus' `histogram_quantile`
-//! does). See `crate::admin::stages` for what each stage covers.
+//! does). See `crate::metrics::stages` for what each stage covers.
 
 use std::collections::BTreeMap;
 
 use serde::Serialize;
 
 use super::local::LocalCluster;
-use crate::admin::stages::{Stage, STAGE_METRIC};
+use crate::metrics::stages::{Stage, STAGE_METRIC};
 
 /// One stage's histogram: cumulative counts by upper bound (seconds), and the sum.
 #[derive(Clone, Debug, Default, PartialEq)]

@@ -8,7 +8,7 @@ use std::time::{Duration, Instant};
 
 use futures::future::join_all;
 
-use crate::node::NodeContext;
+use crate::context::NodeContext;
 use crate::proto::cluster::CampaignRequest;
 use crate::raft::Replica;
 
@@ -18,7 +18,8 @@ use crate::raft::Replica;
 /// waits for leadership to move, all within `limit`. A partition whose
 /// hand-over fails within it is left to its election timeout, as before.
 pub async fn hand_over_leadership(ctx: &NodeContext, limit: Duration) {
-    let led: Vec<&std::sync::Arc<Replica>> = ctx.replicas.values().filter(|r| r.leadership().is_leader).collect();
+    let led: Vec<&std::sync::Arc<Replica>> =
+        ctx.routing.replicas.values().filter(|r| r.leadership().is_leader).collect();
     if led.is_empty() {
         return;
     }
@@ -66,7 +67,7 @@ async fn hand_over(ctx: &NodeContext, replica: &Replica, among: &[u64], deadline
     let partition = replica.partition;
     let term = replica.leadership().term;
     // No new entries once the leader actor has stopped.
-    while ctx.local_leader(partition).is_some() {
+    while ctx.routing.local_leader(partition).is_some() {
         if Instant::now() > deadline {
             return Err("the leader actor did not stop in time".into());
         }
@@ -78,7 +79,7 @@ async fn hand_over(ctx: &NodeContext, replica: &Replica, among: &[u64], deadline
         }
         // Only a follower that answers now: a stopped one's last position
         // stays in this leader's view of it.
-        if let Some(target) = replica.handover_target(among, |n| ctx.peers.answered_lately(n)) {
+        if let Some(target) = replica.handover_target(among, |n| ctx.transport.peers.answered_lately(n)) {
             break target;
         }
         if Instant::now() > deadline {
@@ -86,10 +87,11 @@ async fn hand_over(ctx: &NodeContext, replica: &Replica, among: &[u64], deadline
         }
         tokio::time::sleep(Duration::from_millis(5)).await;
     };
-    let Some(mut client) = ctx.peers.client(target) else {
+    let Some(mut client) = ctx.transport.peers.client(target) else {
         return Err(format!("no connection to node {target}"));
     };
-    let mut request = tonic::Request::new(CampaignRequest { partition_id: partition, leader: ctx.node_id, term });
+    let mut request =
+        tonic::Request::new(CampaignRequest { partition_id: partition, leader: ctx.topology.node_id, term });
     request.set_timeout(deadline.saturating_duration_since(Instant::now()).max(Duration::from_millis(1)));
     let reply = client.campaign(request).await.map_err(|s| format!("node {target}: {}", s.message()))?.into_inner();
     if !reply.error.is_empty() {

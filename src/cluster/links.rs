@@ -12,25 +12,25 @@ use tokio::sync::watch;
 
 use ractor::rpc::CallResult;
 
-use super::deliveries::Delivered;
+use crate::context::NodeContext;
 use crate::core::{ActivatedJobData, Command, JobKey, PartitionId, YieldReason};
-use crate::gateway::streams::{LeaderLink, OfferAnswer};
-use crate::node::NodeContext;
-use crate::partition::streams::{PushOutcome, RemoteStream};
 use crate::partition::{GatewayLink, LeaderMsg, PeerClock};
 use crate::proto::cluster::{
     NotifyAvailableRequest, OfferRoomRequest, PushRequest, RegisterStreamRequest, ReleaseJobsRequest,
     ReleasedActivation, RemoveStreamRequest, StatusRequest, StreamSpec,
 };
 use crate::raft::NodeId;
+use crate::streams::{LeaderLink, OfferAnswer, PushOutcome, RemoteStream};
+use crate::tasks::LoopStatus;
+use crate::transport::Delivered;
 
 /// How often gateways re-register their streams with every broker (brokers
-/// forget registrations after [`crate::partition::streams::STREAM_TTL`]).
+/// forget registrations after [`crate::streams::STREAM_TTL`]).
 const REFRESH_EVERY: Duration = Duration::from_secs(3);
 /// How long a broker waits for a gateway's answer to a push: longer than the
 /// gateway waits for its aggregator, so a gateway's answer (even "unknown")
 /// arrives before the broker gives up.
-const PUSH_RPC_TIMEOUT: Duration = Duration::from_secs(crate::gateway::streams::PUSH_ANSWER_WITHIN.as_secs() + 2);
+const PUSH_RPC_TIMEOUT: Duration = Duration::from_secs(crate::streams::PUSH_ANSWER_WITHIN.as_secs() + 2);
 /// How long a stopping gateway waits for brokers to drop its streams.
 const REMOVE_ON_SHUTDOWN_WITHIN: Duration = Duration::from_secs(1);
 /// How long a gateway waits for a partition leader's answer to an offer of
@@ -129,10 +129,10 @@ impl GatewayLink for Links {
         let gateway = stream.gateway;
         let stream_id = stream.stream_id;
         Box::pin(async move {
-            if gateway == ctx.node_id {
-                return ctx.gateway_streams.push(stream_id, partition, jobs).await;
+            if gateway == ctx.topology.node_id {
+                return ctx.gateway.streams.push(stream_id, partition, jobs).await;
             }
-            let Some(mut client) = ctx.peers.client(gateway) else {
+            let Some(mut client) = ctx.transport.peers.client(gateway) else {
                 return not_sent(format!("unknown gateway {gateway}"));
             };
             let encoded = match bincode::serialize(&jobs) {
@@ -140,7 +140,12 @@ impl GatewayLink for Links {
                 Err(e) => return not_sent(format!("encoding the jobs: {e}")),
             };
             let request = PushRequest { stream_id, partition_id: partition, jobs: encoded.into() };
-            let reply = match ctx.deliveries.push(&ctx.peers, gateway, request.clone(), PUSH_RPC_TIMEOUT).await {
+            let reply = match ctx
+                .transport
+                .deliveries
+                .push(&ctx.transport.peers, gateway, request.clone(), PUSH_RPC_TIMEOUT)
+                .await
+            {
                 Delivered::Reply(reply) => Ok(reply),
                 Delivered::NotSent(reason) => return not_sent(format!("to gateway {gateway}: {reason}")),
                 Delivered::Failed(status) => Err(status),
@@ -171,10 +176,10 @@ impl GatewayLink for Links {
     fn jobs_available(&self, partition: PartitionId, job_type: &str) {
         let Some(ctx) = self.ctx.upgrade() else { return };
         let job_type: Arc<str> = Arc::from(job_type);
-        let _ = ctx.available.send((partition, Arc::clone(&job_type)));
+        let _ = ctx.gateway.available.send((partition, Arc::clone(&job_type)));
         let now = Instant::now();
-        for (node, _) in ctx.members.iter().filter(|(id, _)| **id != ctx.node_id) {
-            let Some(mut client) = ctx.peers.client(*node) else { continue };
+        for (node, _) in ctx.topology.members.iter().filter(|(id, _)| **id != ctx.topology.node_id) {
+            let Some(mut client) = ctx.transport.peers.client(*node) else { continue };
             let key = (*node, partition, Arc::clone(&job_type));
             let when = self.notices.lock().expect("notice lock poisoned").admit(key.clone(), now);
             let at = match when {
@@ -204,33 +209,36 @@ impl GatewayLink for Links {
     ) -> Pin<Box<dyn Future<Output = Vec<PeerClock>> + Send>> {
         let Some(ctx) = self.ctx.upgrade() else { return Box::pin(async { Vec::new() }) };
         Box::pin(async move {
-            let asks = nodes.into_iter().filter_map(|node| ctx.peers.client(node)).map(|mut client| async move {
-                let mut request = tonic::Request::new(StatusRequest {});
-                request.set_timeout(limit);
-                let answer = tokio::time::timeout(limit, client.status(request)).await;
-                let reply = answer.ok()?.ok()?.into_inner();
-                let estimate =
-                    reply.partition_clocks.iter().find(|c| c.partition_id == partition).map(|c| c.estimate_ms);
-                Some(PeerClock { wall: reply.wall_ms, estimate })
-            });
+            let asks =
+                nodes.into_iter().filter_map(|node| ctx.transport.peers.client(node)).map(|mut client| async move {
+                    let mut request = tonic::Request::new(StatusRequest {});
+                    request.set_timeout(limit);
+                    let answer = tokio::time::timeout(limit, client.status(request)).await;
+                    let reply = answer.ok()?.ok()?.into_inner();
+                    let estimate =
+                        reply.partition_clocks.iter().find(|c| c.partition_id == partition).map(|c| c.estimate_ms);
+                    Some(PeerClock { wall: reply.wall_ms, estimate })
+                });
             futures::future::join_all(asks).await.into_iter().flatten().collect()
         })
     }
 
     fn release(&self, gateway: NodeId, activations: Vec<(JobKey, u32)>) {
         let Some(ctx) = self.ctx.upgrade() else { return };
-        if gateway == ctx.node_id {
+        if gateway == ctx.topology.node_id {
             for (key, attempt) in activations {
-                ctx.gateway_streams.release(key, attempt);
+                ctx.gateway.streams.release(key, attempt);
             }
             return;
         }
         let activations =
             activations.into_iter().map(|(key, attempt)| ReleasedActivation { key: key.0, attempt }).collect();
-        let Err(request) = ctx.deliveries.release(&ctx.peers, gateway, ReleaseJobsRequest { activations }) else {
+        let Err(request) =
+            ctx.transport.deliveries.release(&ctx.transport.peers, gateway, ReleaseJobsRequest { activations })
+        else {
             return;
         };
-        let Some(mut client) = ctx.peers.client(gateway) else { return };
+        let Some(mut client) = ctx.transport.peers.client(gateway) else { return };
         tokio::spawn(async move {
             let mut request = tonic::Request::new(request);
             request.set_timeout(Duration::from_secs(2));
@@ -250,7 +258,7 @@ impl GatewayLink for Links {
             return;
         };
         runtime.spawn(async move {
-            let yielded = crate::gateway::run_yields(&ctx, yields).await;
+            let yielded = crate::gateway::yields::run_yields(&ctx, yields).await;
             metrics::counter!("drover_broker_jobs_yielded_elsewhere_total").increment(yielded as u64);
             if yielded < count {
                 // Moved on (nothing to do), or no leader answered in time
@@ -269,8 +277,20 @@ impl LeaderLink for Links {
     fn hand_back(&self, activations: Vec<(JobKey, u32)>) {
         let Some(ctx) = self.ctx.upgrade() else { return };
         tokio::spawn(async move {
-            crate::gateway::hand_back(&ctx, activations, YieldReason::Late).await;
+            crate::gateway::yields::hand_back(&ctx, activations, YieldReason::Late).await;
         });
+    }
+
+    fn register(&self, stream: &RemoteStream) {
+        if let Some(ctx) = self.ctx.upgrade() {
+            register_everywhere(&ctx, stream);
+        }
+    }
+
+    fn remove(&self, stream: &RemoteStream) {
+        if let Some(ctx) = self.ctx.upgrade() {
+            remove_everywhere(&ctx, stream);
+        }
     }
 
     fn offer_room(
@@ -284,17 +304,17 @@ impl LeaderLink for Links {
         Box::pin(async move {
             // The partition's leader as the router finds it: here, the last
             // hint, or each replica in turn.
-            for rotation in 0..=ctx.replica_nodes(partition).len() {
+            for rotation in 0..=ctx.topology.replica_nodes(partition).len() {
                 let named = (stream.gateway, stream.stream_id, stream.job_type.clone());
-                if ctx.local_leader(partition).is_some() {
+                if ctx.routing.local_leader(partition).is_some() {
                     return match offer_local_leader(&ctx, partition, named, room).await {
                         Some(true) => OfferAnswer::Accepted,
                         Some(false) => OfferAnswer::Declined,
                         None => OfferAnswer::Unreachable,
                     };
                 }
-                let target = ctx.leader_hint(partition, rotation).filter(|node| *node != ctx.node_id);
-                let Some(mut client) = target.and_then(|node| ctx.peers.client(node)) else { continue };
+                let target = ctx.routing.leader_hint(partition, rotation).filter(|node| *node != ctx.topology.node_id);
+                let Some(mut client) = target.and_then(|node| ctx.transport.peers.client(node)) else { continue };
                 let (gateway_node_id, stream_id, r#type) = named;
                 let offer = OfferRoomRequest { partition_id: partition, gateway_node_id, stream_id, r#type, room };
                 let mut request = tonic::Request::new(offer);
@@ -305,7 +325,7 @@ impl LeaderLink for Links {
                         if !reply.not_leader {
                             return if reply.accepted { OfferAnswer::Accepted } else { OfferAnswer::Declined };
                         }
-                        ctx.set_leader_hint(partition, reply.leader_hint);
+                        ctx.routing.set_leader_hint(partition, reply.leader_hint);
                     }
                     Err(status) if never_sent(&status) => {}
                     // Perhaps taken after all: offering it again later costs
@@ -327,7 +347,7 @@ pub async fn offer_local_leader(
     (gateway, stream_id, job_type): (NodeId, u64, String),
     room: u32,
 ) -> Option<bool> {
-    let leader = ctx.local_leader(partition)?;
+    let leader = ctx.routing.local_leader(partition)?;
     let offer = |reply| LeaderMsg::RoomOffered { gateway, stream_id, job_type, room, reply };
     match leader.call(offer, Some(OFFER_ANSWER_WITHIN)).await {
         Ok(CallResult::Success(accepted)) => Some(accepted),
@@ -381,8 +401,8 @@ pub fn from_spec(spec: StreamSpec) -> RemoteStream {
 /// refresh retries the ones that failed).
 pub fn register_everywhere(ctx: &Arc<NodeContext>, stream: &RemoteStream) {
     ctx.broker_register(stream.clone());
-    for (node, _) in ctx.members.iter().filter(|(id, _)| **id != ctx.node_id) {
-        let Some(mut client) = ctx.peers.client(*node) else { continue };
+    for (node, _) in ctx.topology.members.iter().filter(|(id, _)| **id != ctx.topology.node_id) {
+        let Some(mut client) = ctx.transport.peers.client(*node) else { continue };
         let spec = to_spec(stream);
         tokio::spawn(async move {
             let mut request = tonic::Request::new(RegisterStreamRequest { stream: Some(spec) });
@@ -399,9 +419,9 @@ pub fn register_everywhere(ctx: &Arc<NodeContext>, stream: &RemoteStream) {
 pub async fn remove_all_everywhere(ctx: &Arc<NodeContext>, streams: &[RemoteStream]) {
     let mut calls = Vec::new();
     for stream in streams {
-        ctx.broker_streams.remove(stream.gateway, stream.stream_id);
-        for (node, _) in ctx.members.iter().filter(|(id, _)| **id != ctx.node_id) {
-            let Some(mut client) = ctx.peers.client(*node) else { continue };
+        ctx.broker.streams.remove(stream.gateway, stream.stream_id);
+        for (node, _) in ctx.topology.members.iter().filter(|(id, _)| **id != ctx.topology.node_id) {
+            let Some(mut client) = ctx.transport.peers.client(*node) else { continue };
             let request = RemoveStreamRequest { gateway_node_id: stream.gateway, stream_id: stream.stream_id };
             calls.push(async move {
                 let mut request = tonic::Request::new(request);
@@ -414,9 +434,9 @@ pub async fn remove_all_everywhere(ctx: &Arc<NodeContext>, streams: &[RemoteStre
 }
 
 pub fn remove_everywhere(ctx: &Arc<NodeContext>, stream: &RemoteStream) {
-    ctx.broker_streams.remove(stream.gateway, stream.stream_id);
-    for (node, _) in ctx.members.iter().filter(|(id, _)| **id != ctx.node_id) {
-        let Some(mut client) = ctx.peers.client(*node) else { continue };
+    ctx.broker.streams.remove(stream.gateway, stream.stream_id);
+    for (node, _) in ctx.topology.members.iter().filter(|(id, _)| **id != ctx.topology.node_id) {
+        let Some(mut client) = ctx.transport.peers.client(*node) else { continue };
         let request = RemoveStreamRequest { gateway_node_id: stream.gateway, stream_id: stream.stream_id };
         tokio::spawn(async move {
             let mut request = tonic::Request::new(request);
@@ -428,21 +448,21 @@ pub fn remove_everywhere(ctx: &Arc<NodeContext>, stream: &RemoteStream) {
 
 /// Re-registers this gateway's streams everywhere, so brokers that restarted
 /// or missed a registration learn of them.
-pub async fn refresh_stream_registrations(ctx: Arc<NodeContext>, mut stop: watch::Receiver<bool>) {
+pub async fn refresh_stream_registrations(ctx: Arc<NodeContext>, mut stop: watch::Receiver<bool>, status: LoopStatus) {
     loop {
         tokio::select! {
             _ = tokio::time::sleep(REFRESH_EVERY) => {}
             _ = stop.wait_for(|s| *s) => return,
         }
-        let streams = ctx.gateway_streams.registrations().await;
+        let streams = ctx.gateway.streams.registrations().await;
         for stream in &streams {
             ctx.broker_register(stream.clone());
         }
         // Re-register with every other broker; count the brokers that have
         // all of this gateway's streams.
         let mut servers = 1;
-        for (node, _) in ctx.members.iter().filter(|(id, _)| **id != ctx.node_id) {
-            let Some(mut client) = ctx.peers.client(*node) else { continue };
+        for (node, _) in ctx.topology.members.iter().filter(|(id, _)| **id != ctx.topology.node_id) {
+            let Some(mut client) = ctx.transport.peers.client(*node) else { continue };
             let mut all = true;
             for stream in &streams {
                 let mut request = tonic::Request::new(RegisterStreamRequest { stream: Some(to_spec(stream)) });
@@ -453,6 +473,11 @@ pub async fn refresh_stream_registrations(ctx: Arc<NodeContext>, mut stop: watch
         }
         let servers = if streams.is_empty() { 0 } else { servers };
         metrics::gauge!("drover_gateway_job_stream_servers").set(servers as f64);
+        let members = ctx.topology.cluster_size() as usize;
+        if !streams.is_empty() && servers < members {
+            status.error(format!("{} of {members} brokers did not take every registration", members - servers));
+        }
+        status.set(format!("{} streams registered with {servers} of {members} brokers", streams.len()));
     }
 }
 

@@ -6,13 +6,13 @@ use std::time::{Duration, Instant};
 use tonic::{Request, Response, Status};
 
 use super::links::from_spec;
+use crate::context::NodeContext;
 use crate::core::{ActivatedJobData, Command, JobKey, JobRef};
 use crate::gateway::router;
-use crate::node::NodeContext;
-use crate::partition::streams::PushOutcome;
 use crate::proto::cluster::cluster_server::Cluster;
 use crate::proto::cluster::*;
 use crate::raft::RpcKind;
+use crate::streams::PushOutcome;
 
 /// The longest a peer's read waits for a job to become final.
 const MAX_DESCRIBE_WAIT_MS: u64 = 600_000;
@@ -46,7 +46,7 @@ impl ClusterService {
 /// (an append, a push, a release), so a job's messages between nodes read the
 /// same whether they came as calls or on streams.
 fn count_request(method: &'static str) {
-    metrics::counter!(crate::gateway::CLUSTER_REQUESTS, "method" => method, "code" => "Ok").increment(1);
+    metrics::counter!(crate::metrics::CLUSTER_REQUESTS, "method" => method, "code" => "Ok").increment(1);
 }
 
 /// A gateway's answer to a push of jobs to one of its streams. A node still
@@ -59,7 +59,7 @@ async fn push_reply(ctx: Option<&Arc<NodeContext>>, request: PushRequest) -> Res
     let jobs: Vec<ActivatedJobData> = bincode::deserialize(&request.jobs)
         .map_err(|e| Status::invalid_argument(format!("malformed pushed jobs: {e}")))?;
     let keys: Vec<u64> = jobs.iter().map(|j| j.key.0).collect();
-    Ok(match ctx.gateway_streams.push(request.stream_id, request.partition_id, jobs).await {
+    Ok(match ctx.gateway.streams.push(request.stream_id, request.partition_id, jobs).await {
         PushOutcome::Answered { rejected, room } => {
             PushReply { rejected: rejected.into_iter().map(|k| k.0).collect(), room, ..Default::default() }
         }
@@ -73,7 +73,7 @@ async fn push_reply(ctx: Option<&Arc<NodeContext>>, request: PushRequest) -> Res
 /// Frees the released activations' slots in this gateway's streams.
 fn release(ctx: &NodeContext, request: ReleaseJobsRequest) {
     for activation in request.activations {
-        ctx.gateway_streams.release(JobKey(activation.key), activation.attempt);
+        ctx.gateway.streams.release(JobKey(activation.key), activation.attempt);
     }
 }
 
@@ -98,7 +98,7 @@ async fn forward_reply(ctx: &NodeContext, request: ForwardRequest, deadline: Ins
         },
         Ok(Err(leader_hint)) => ForwardReply {
             code: tonic::Code::Unavailable as i32,
-            message: format!("node {} does not lead partition {}", ctx.node_id, request.partition_id),
+            message: format!("node {} does not lead partition {}", ctx.topology.node_id, request.partition_id),
             leader_hint,
             ..Default::default()
         },
@@ -114,12 +114,13 @@ async fn forwarded_on_stream(ctx: Option<&Arc<NodeContext>>, request: ForwardReq
         let message = STARTING.to_string();
         return ForwardReply { code: tonic::Code::Unavailable as i32, message, ..Default::default() };
     };
-    let _running = ctx.request_started("forward");
+    let _running = ctx.gateway.request_started();
     let timeout = match request.timeout_ms {
-        0 => ctx.request_timeout,
+        0 => ctx.settings.request_timeout,
         ms => Duration::from_millis(ms),
     };
-    let deadline = crate::gateway::deadline_after(timeout).unwrap_or_else(|| Instant::now() + ctx.request_timeout);
+    let deadline =
+        crate::gateway::deadline_after(timeout).unwrap_or_else(|| Instant::now() + ctx.settings.request_timeout);
     forward_reply(ctx, request, deadline).await.unwrap_or_else(|status| ForwardReply {
         code: status.code() as i32,
         message: status.message().to_string(),
@@ -129,9 +130,9 @@ async fn forwarded_on_stream(ctx: Option<&Arc<NodeContext>>, request: ForwardReq
 
 /// This node's answer to a Raft RPC for one of its replicas.
 async fn raft_reply(ctx: &NodeContext, kind: RpcKind, request: RaftRequest) -> RaftReply {
-    let Some(replica) = ctx.replica(request.partition_id) else {
+    let Some(replica) = ctx.routing.replica(request.partition_id) else {
         return RaftReply {
-            error: format!("node {} hosts no replica of partition {}", ctx.node_id, request.partition_id),
+            error: format!("node {} hosts no replica of partition {}", ctx.topology.node_id, request.partition_id),
             ..Default::default()
         };
     };
@@ -172,11 +173,12 @@ fn append_replies(
 /// This node's replica of `partition` when this node leads it; otherwise
 /// the code and message of a reply that tells the caller to look elsewhere.
 fn led_replica(ctx: &NodeContext, partition: u32) -> Result<&Arc<crate::raft::Replica>, (i32, String)> {
-    match (ctx.replica(partition), ctx.local_leader(partition).is_some()) {
+    match (ctx.routing.replica(partition), ctx.routing.local_leader(partition).is_some()) {
         (Some(replica), true) => Ok(replica),
-        _ => {
-            Err((tonic::Code::Unavailable as i32, format!("node {} does not lead partition {partition}", ctx.node_id)))
-        }
+        _ => Err((
+            tonic::Code::Unavailable as i32,
+            format!("node {} does not lead partition {partition}", ctx.topology.node_id),
+        )),
     }
 }
 
@@ -224,8 +226,8 @@ impl Cluster for ClusterService {
         let ctx = self.ctx()?;
         // Shutdown waits for this: cutting a forwarded batch that is already
         // in the log would leave its gateway with an unknown outcome.
-        let _running = ctx.request_started("forward");
-        let deadline = deadline_of(&request, ctx.request_timeout);
+        let _running = ctx.gateway.request_started();
+        let deadline = deadline_of(&request, ctx.settings.request_timeout);
         forward_reply(ctx, request.into_inner(), deadline).await.map(Response::new)
     }
 
@@ -267,7 +269,7 @@ impl Cluster for ClusterService {
         let limit = (request.limit as usize).min(MAX_LIST_LIMIT);
         let jobs = replica
             .state()
-            .list(&filter, JobKey(request.after), limit, ctx.limits.max_request_bytes())
+            .list(&filter, JobKey(request.after), limit, ctx.settings.limits.max_request_bytes())
             .map_err(|e| Status::internal(e.to_string()))?;
         let encoded = bincode::serialize(&jobs).map_err(|e| Status::internal(e.to_string()))?;
         Ok(Response::new(ListJobsReply { jobs: encoded.into(), ..Default::default() }))
@@ -289,7 +291,7 @@ impl Cluster for ClusterService {
     ) -> Result<Response<RemoveStreamReply>, Status> {
         let ctx = self.ctx()?;
         let request = request.into_inner();
-        ctx.broker_streams.remove(request.gateway_node_id, request.stream_id);
+        ctx.broker.streams.remove(request.gateway_node_id, request.stream_id);
         Ok(Response::new(RemoveStreamReply {}))
     }
 
@@ -363,7 +365,10 @@ impl Cluster for ClusterService {
             Some(accepted) => OfferRoomReply { accepted, ..Default::default() },
             None => OfferRoomReply {
                 not_leader: true,
-                leader_hint: ctx.known_leader(request.partition_id).filter(|node| *node != ctx.node_id),
+                leader_hint: ctx
+                    .routing
+                    .known_leader(request.partition_id)
+                    .filter(|node| *node != ctx.topology.node_id),
                 ..Default::default()
             },
         };
@@ -376,20 +381,21 @@ impl Cluster for ClusterService {
     ) -> Result<Response<NotifyAvailableReply>, Status> {
         let ctx = self.ctx()?;
         let request = request.into_inner();
-        let _ = ctx.available.send((request.partition_id, Arc::from(request.r#type.as_str())));
+        let _ = ctx.gateway.available.send((request.partition_id, Arc::from(request.r#type.as_str())));
         Ok(Response::new(NotifyAvailableReply {}))
     }
 
     async fn status(&self, _request: Request<StatusRequest>) -> Result<Response<StatusReply>, Status> {
         let ctx = self.ctx()?;
-        let statuses: Vec<_> = ctx.replicas.values().map(|r| r.status()).collect();
+        let statuses: Vec<_> = ctx.routing.replicas.values().map(|r| r.status()).collect();
         Ok(Response::new(StatusReply {
-            node_id: ctx.node_id,
+            node_id: ctx.topology.node_id,
             partitions: bincode::serialize(&statuses).map_err(|e| Status::internal(e.to_string()))?.into(),
-            gateway_address: ctx.grpc_addr.to_string(),
-            admin_address: ctx.admin_addr.to_string(),
+            gateway_address: ctx.topology.grpc_addr.to_string(),
+            admin_address: ctx.topology.admin_addr.to_string(),
             wall_ms: crate::partition::now_millis(),
             partition_clocks: ctx
+                .routing
                 .replicas
                 .iter()
                 .filter_map(|(partition, r)| {
@@ -403,10 +409,10 @@ impl Cluster for ClusterService {
     async fn campaign(&self, request: Request<CampaignRequest>) -> Result<Response<CampaignReply>, Status> {
         let ctx = self.ctx()?;
         let request = request.into_inner();
-        let error = match ctx.replica(request.partition_id) {
+        let error = match ctx.routing.replica(request.partition_id) {
             // Leadership handed to a stopping node would be leaderless again
             // as soon as it stops.
-            Some(_) if *ctx.stopping.borrow() => format!("node {} is stopping", ctx.node_id),
+            Some(_) if *ctx.stopping.borrow() => format!("node {} is stopping", ctx.topology.node_id),
             Some(replica) => match replica.campaign_for(request.leader, request.term).await {
                 Ok(()) => {
                     tracing::info!(
@@ -418,7 +424,7 @@ impl Cluster for ClusterService {
                 }
                 Err(error) => error,
             },
-            None => format!("node {} hosts no replica of partition {}", ctx.node_id, request.partition_id),
+            None => format!("node {} hosts no replica of partition {}", ctx.topology.node_id, request.partition_id),
         };
         Ok(Response::new(CampaignReply { error }))
     }

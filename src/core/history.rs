@@ -11,7 +11,8 @@ use std::collections::VecDeque;
 
 use serde::{Deserialize, Serialize};
 
-use super::job::{FailReason, Millis};
+use super::failure::FailReason;
+use super::ids::Millis;
 use super::session::SessionId;
 
 /// Events kept from a job's start.

@@ -7,14 +7,20 @@
 //!
 //! It must never name RocksDB, openraft or tonic types.
 
+mod command;
 mod engine;
+mod failure;
 mod history;
+mod ids;
 mod job;
 mod routing;
 mod session;
 
+pub use command::*;
 pub use engine::{request_expiry_bound, request_storage_id, ApplyOutput, PartitionState, StateSnapshot};
+pub use failure::*;
 pub use history::*;
+pub use ids::*;
 pub use job::*;
 pub use routing::*;
 pub use session::*;

@@ -14,7 +14,7 @@ use std::sync::Arc;
 use bytes::Bytes;
 use serde::{Deserialize, Serialize};
 
-use super::job::Millis;
+use super::ids::Millis;
 
 /// A session's id, drawn at random by the gateway that registered it; never 0
 /// (0 on a job or stream means "no session").

@@ -3,70 +3,15 @@
 use std::sync::Arc;
 
 use bytes::Bytes;
-use serde_json::value::RawValue;
 
 use super::error::ApiError;
-use crate::config::DedupeWindows;
+use crate::config::{DedupeWindows, Limits};
 use crate::core::{
-    ActivatedJobData, Activation, EventKind, Job, JobEvent, JobFilter, JobSpec, JobState, NewJob, RequestId, Routing,
-    SessionId, Taker, Via, DEFAULT_TENANT, MAX_JOB_LABELS,
+    Activation, EventKind, Job, JobEvent, JobFilter, JobSpec, JobState, NewJob, RequestId, Routing, SessionId, Taker,
+    Via, DEFAULT_TENANT, MAX_JOB_LABELS,
 };
 use crate::proto::gateway as pb;
-
-/// Room in a request for a job's fields besides its payload (type, tenant,
-/// trace context, header framing).
-const REQUEST_OVERHEAD: usize = 1 << 20;
-/// The smallest limit on node-to-node messages.
-const MIN_CLUSTER_MESSAGE: usize = 64 << 20;
-
-/// Limits applied before anything is replicated, and the message sizes that
-/// follow from them.
-///
-/// Every size follows from `max_payload_bytes`, so that one job always fits
-/// one message anywhere: a client request and a stored job are at most
-/// [`Limits::max_request_bytes`]; a node-to-node message (a Raft append, a
-/// forwarded batch, a push, a job record with its result, error and worker
-/// name) at most [`Limits::max_cluster_message_bytes`]. Batches of several
-/// jobs are cut by bytes to stay within these, never beyond one job.
-#[derive(Clone, Debug)]
-pub struct Limits {
-    /// Largest variables + custom headers of one job, in bytes.
-    pub max_payload_bytes: usize,
-    /// Longest long poll a worker may ask for.
-    pub max_request_timeout_ms: i64,
-    /// Most jobs one ActivateJobs call may ask for.
-    pub max_jobs_to_activate: i32,
-    /// The long poll of a Zeebe ActivateJobs that asks for the default.
-    pub zeebe_long_poll_ms: i64,
-}
-
-impl Default for Limits {
-    fn default() -> Self {
-        Limits {
-            max_payload_bytes: 4 << 20,
-            max_request_timeout_ms: 600_000,
-            max_jobs_to_activate: 1000,
-            zeebe_long_poll_ms: 10_000,
-        }
-    }
-}
-
-impl Limits {
-    /// The largest request a gateway accepts, and the largest job as stored
-    /// ([`JobSpec::encoded_len`]): one job's payload and room for the rest.
-    /// Also the byte budget of one ActivateJobs reply.
-    pub fn max_request_bytes(&self) -> usize {
-        self.max_payload_bytes.saturating_add(REQUEST_OVERHEAD)
-    }
-
-    /// The limit on every node-to-node message, encoded and decoded, on every
-    /// cluster client and server, and on gateway replies: room for the
-    /// largest record of one job (its variables, result, error message and
-    /// worker name can each be as large as a request).
-    pub fn max_cluster_message_bytes(&self) -> usize {
-        self.max_request_bytes().saturating_mul(4).max(MIN_CLUSTER_MESSAGE)
-    }
-}
+use crate::streams::WorkerSpec;
 
 pub const MAX_TYPE_LEN: usize = 255;
 /// Longest tenant id, in bytes.
@@ -332,23 +277,9 @@ fn stored_size(spec: &JobSpec, limits: &Limits) -> Result<(), ApiError> {
     Ok(())
 }
 
-/// What a worker asked for, shared by polling and streaming.
-#[derive(Clone, Debug)]
-pub struct WorkerSpec {
-    pub job_type: String,
-    pub worker: String,
-    pub timeout_ms: i64,
-    pub fetch_variables: Vec<String>,
-    pub tenants: Vec<String>,
-    /// The worker's session (0: none).
-    pub session: SessionId,
-    /// The worker's `name:value` labels, sorted, without repeats.
-    pub labels: Vec<String>,
-}
-
 /// A stream's `max_jobs_in_flight`: 0 means the default.
 pub fn max_jobs_in_flight(requested: i32) -> Result<usize, ApiError> {
-    use super::streams::{DEFAULT_MAX_IN_FLIGHT, MAX_IN_FLIGHT_LIMIT};
+    use crate::streams::{DEFAULT_MAX_IN_FLIGHT, MAX_IN_FLIGHT_LIMIT};
     match requested {
         0 => Ok(DEFAULT_MAX_IN_FLIGHT),
         n if n > 0 && n as usize <= MAX_IN_FLIGHT_LIMIT => Ok(n as usize),
@@ -445,40 +376,6 @@ pub fn activation(spec: &WorkerSpec, max_jobs: u32, max_bytes: u64, gateway: u64
         // and which other takers are open.
         taker: Taker::new(spec.labels.clone(), false),
         rivals: Vec::new(),
-    }
-}
-
-/// Keeps only the named top-level variables; all of them when `names` is empty.
-pub fn filter_variables(variables: &Bytes, names: &[String]) -> String {
-    let text = std::str::from_utf8(variables).unwrap_or("{}");
-    if names.is_empty() {
-        return text.to_string();
-    }
-    let Ok(all) = serde_json::from_str::<std::collections::BTreeMap<&str, &RawValue>>(text) else {
-        return text.to_string();
-    };
-    let kept: std::collections::BTreeMap<&str, &RawValue> =
-        all.into_iter().filter(|(name, _)| names.iter().any(|n| n == name)).collect();
-    serde_json::to_string(&kept).unwrap_or_else(|_| "{}".into())
-}
-
-pub fn activated_job(job: &ActivatedJobData, fetch_variables: &[String]) -> pb::ActivatedJob {
-    pb::ActivatedJob {
-        key: job.key.0,
-        r#type: job.spec.job_type.clone(),
-        variables: filter_variables(&job.spec.variables, fetch_variables),
-        custom_headers: job.spec.custom_headers.iter().cloned().collect(),
-        worker: job.worker.clone(),
-        retries: job.retries,
-        deadline: job.deadline,
-        attempt: job.attempt,
-        tenant_id: job.spec.tenant.clone(),
-        priority: job.spec.priority,
-        traceparent: job.spec.traceparent.clone(),
-        created_at: job.created_at,
-        stage: job.stage.clone(),
-        // Minted where the job leaves for its worker, if tokens are on.
-        job_token: String::new(),
     }
 }
 
@@ -587,13 +484,7 @@ fn job_event(event: &JobEvent) -> pb::JobEvent {
 #[cfg(test)]
 mod tests {
     use super::*;
-
-    #[test]
-    fn fetch_variables_keep_only_named_ones() {
-        let vars = Bytes::from_static(br#"{"a":1,"b":{"c":[1,2]},"d":"x"}"#);
-        assert_eq!(filter_variables(&vars, &["b".into(), "d".into()]), r#"{"b":{"c":[1,2]},"d":"x"}"#);
-        assert_eq!(filter_variables(&vars, &[]), r#"{"a":1,"b":{"c":[1,2]},"d":"x"}"#);
-    }
+    use crate::core::ActivatedJobData;
 
     #[test]
     fn variables_must_be_an_object() {

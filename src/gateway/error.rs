@@ -3,6 +3,7 @@
 
 use tonic::{Code, Status};
 
+use crate::auth::AuthError;
 use crate::core::{CommandError, ErrorKind, PartitionId};
 use crate::partition::SubmitError;
 
@@ -88,6 +89,23 @@ impl From<ApiError> for Status {
     fn from(e: ApiError) -> Status {
         metrics::counter!("drover_gateway_errors_total", "code" => format!("{:?}", e.code())).increment(1);
         Status::new(e.code(), e.to_string())
+    }
+}
+
+impl From<AuthError> for ApiError {
+    fn from(e: AuthError) -> Self {
+        match e {
+            AuthError::Unauthenticated(message) => ApiError::Unauthenticated(message),
+            AuthError::PermissionDenied(message) => ApiError::PermissionDenied(message),
+            AuthError::NotFound(message) => ApiError::NotFound(message),
+            AuthError::Limited(message) => ApiError::ResourceExhausted(message),
+        }
+    }
+}
+
+impl From<AuthError> for Status {
+    fn from(e: AuthError) -> Status {
+        ApiError::from(e).into()
     }
 }
 

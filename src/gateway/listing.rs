@@ -7,11 +7,11 @@ use std::time::Instant;
 
 use super::convert;
 use super::error::ApiError;
+use super::fanout::run_chunk;
 use super::router;
-use super::service::run_chunk;
 use crate::auth::{Principal, Verb};
+use crate::context::NodeContext;
 use crate::core::{Command, CommandResult, Job, JobFilter, JobKey, JobState, PartitionId};
-use crate::node::NodeContext;
 use crate::proto::gateway as pb;
 
 pub const DEFAULT_PAGE_SIZE: usize = 100;
@@ -42,8 +42,8 @@ pub async fn page(
     size: usize,
     deadline: Instant,
 ) -> Result<(Vec<Job>, Option<JobKey>), ApiError> {
-    let partitions = ctx.partition_count();
-    let budget = ctx.limits.max_request_bytes();
+    let partitions = ctx.topology.partition_count();
+    let budget = ctx.settings.limits.max_request_bytes();
     let mut jobs: Vec<Job> = Vec::new();
     let mut bytes = 0;
     while from.partition() < partitions {

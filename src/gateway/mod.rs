@@ -1,30 +1,52 @@
-//! The client-facing gRPC API: validation, routing to partition leaders,
-//! aggregation of worker streams, and long polling.
+//! The client-facing API: one call layer, one typed job API, and the
+//! protocols that are adapters over it.
 //!
 //! A gateway owns no job state. It validates input (so nothing malformed is
-//! replicated), picks a partition for new jobs (one this node leads, or round-robin:
-//! `--create-placement`) or reads it from a
-//! job's key, and sends commands to that partition's leader wherever it runs.
+//! replicated), picks a partition for new jobs (one this node leads, or
+//! round-robin: `--create-placement`) or reads it from a job's key, and sends
+//! commands to that partition's leader wherever it runs.
+//!
+//! The layers, top down:
+//! - [`call`]: every RPC on the client port passes it: authentication,
+//!   admission, the deadline, the in-flight count, the trace.
+//! - [`v1`] (`drover.v1.Gateway`), [`zeebe`] (Zeebe's job-worker RPCs), and
+//!   the console in [`crate::admin`]: adapters that translate and call
+//! - [`jobs::JobApi`], the typed job API, which authorizes each request's
+//!   body (job types, tenants) and runs it through
+//! - [`router`] (to the partition's leader, here or on another node),
+//!   [`fanout`] (chunks of commands over partitions), [`listing`],
+//!   [`sessions`], [`yields`] and [`status`].
+//!
+//! Below it: [`crate::context`], [`crate::streams`], [`crate::partition`].
+//! It must not import the admin server, the cluster service or the node's
+//! start-up.
 
-mod aggregator;
+mod activation;
+pub mod call;
 mod chunks;
+pub mod client_streams;
 pub mod convert;
 pub mod error;
+pub mod fanout;
+pub mod jobs;
 mod listing;
 mod observe;
 pub mod router;
-mod service;
 pub mod sessions;
-pub mod streams;
+pub mod status;
+pub mod v1;
+mod workers;
+pub mod yields;
 pub mod zeebe;
 
 use std::time::{Duration, Instant};
 
-pub use convert::Limits;
+pub use call::{Call, CallLayer};
 pub use error::ApiError;
-pub use observe::{Observe, CLUSTER_REQUESTS, STREAM_MESSAGES};
-pub use service::{cluster_status, cluster_status_json, GatewayService};
-pub(crate) use service::{hand_back, run_yields};
+pub use jobs::JobApi;
+pub use observe::Observe;
+pub use status::{cluster_status, cluster_status_json};
+pub use v1::GatewayService;
 pub use zeebe::ZeebeService;
 
 /// Parses a `grpc-timeout` header value (`100m`, `5S`, ...) as gRPC defines it:

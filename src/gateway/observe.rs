@@ -22,21 +22,14 @@ pub struct Observe<S> {
 impl<S> Observe<S> {
     /// Counts a client service's requests.
     pub fn new(inner: S) -> Self {
-        Observe { inner, metric: "drover_grpc_requests_total" }
+        Observe { inner, metric: crate::metrics::GRPC_REQUESTS }
     }
 
     /// Counts the cluster service's requests (from other nodes).
     pub fn cluster(inner: S) -> Self {
-        Observe { inner, metric: CLUSTER_REQUESTS }
+        Observe { inner, metric: crate::metrics::CLUSTER_REQUESTS }
     }
 }
-
-/// Requests a node's cluster service answered, by method and code.
-pub const CLUSTER_REQUESTS: &str = "drover_cluster_requests_total";
-/// Messages on the job streams of drover.v1 (CreateJobs, CompleteJobs,
-/// StreamActivatedJobs and their batch forms), both ways, by method: with
-/// the jobs they carried, what a job costs in messages.
-pub const STREAM_MESSAGES: &str = "drover_gateway_stream_messages_total";
 
 impl<S: tonic::server::NamedService> tonic::server::NamedService for Observe<S> {
     const NAME: &'static str = S::NAME;

@@ -28,15 +28,15 @@ use ractor::rpc::CallResult;
 use tonic::transport::Channel;
 
 use super::error::ApiError;
-use crate::admin::stages::{self, Stage};
-use crate::auth::{Principal, Verb};
-use crate::cluster::Delivered;
+use crate::auth::{AuthError, Principal, Verb};
+use crate::context::NodeContext;
 use crate::core::{Command, CommandError, CommandResult, ErrorKind, Job, JobFilter, JobKey, JobRef, PartitionId};
-use crate::node::NodeContext;
+use crate::metrics::stages::{self, Stage};
 use crate::partition::{LeaderMsg, SubmitError};
 use crate::proto::cluster::cluster_client::ClusterClient;
 use crate::proto::cluster::{DescribeRequest, ForwardRequest, ListJobsRequest};
 use crate::raft::{NodeId, Replica};
+use crate::transport::Delivered;
 
 const FIRST_BACK_OFF: Duration = Duration::from_millis(10);
 const MAX_BACK_OFF: Duration = Duration::from_millis(250);
@@ -82,7 +82,7 @@ pub async fn submit_as(
     // the first send and the last re-send apply well inside it, even with
     // some clock skew between leaders. Waiting for a commit is not limited.
     let resend_until = if commands.iter().any(|c| matches!(c, Command::Create(_))) {
-        started + ctx.dedupe.request / 3
+        started + ctx.settings.dedupe.request / 3
     } else {
         deadline
     };
@@ -91,7 +91,7 @@ pub async fn submit_as(
     let mut rotation = 0usize;
     let mut refused: BTreeMap<NodeId, u32> = BTreeMap::new();
     loop {
-        let attempt = match ctx.local_leader(partition) {
+        let attempt = match ctx.routing.local_leader(partition) {
             Some(leader) => {
                 let called = Instant::now();
                 let attempt = submit_local(ctx, &leader, principal, partition, commands.clone(), deadline).await;
@@ -99,10 +99,10 @@ pub async fn submit_as(
                 attempt?
             }
             None => {
-                let target = ctx.leader_hint(partition, rotation);
+                let target = ctx.routing.leader_hint(partition, rotation);
                 rotation += 1;
                 match target {
-                    Some(node) if node != ctx.node_id => {
+                    Some(node) if node != ctx.topology.node_id => {
                         forward(ctx, node, principal, partition, commands.clone(), deadline).await?
                     }
                     _ => Attempt::Retry(None),
@@ -111,9 +111,9 @@ pub async fn submit_as(
         };
         match attempt {
             Attempt::Done(results) => return Ok(results),
-            Attempt::Retry(hint) => ctx.set_leader_hint(partition, hint),
+            Attempt::Retry(hint) => ctx.routing.set_leader_hint(partition, hint),
             Attempt::NotConnected(node) => {
-                ctx.set_leader_hint(partition, None);
+                ctx.routing.set_leader_hint(partition, None);
                 *refused.entry(node).or_default() += 1;
                 // A majority of the replicas cannot be reached from here (a
                 // region cut off): say so now rather than at the deadline.
@@ -132,7 +132,7 @@ pub async fn submit_as(
             Attempt::Unknown { hint, why } => {
                 tracing::debug!(partition, "outcome unknown, sending again: {why}");
                 metrics::counter!("drover_gateway_resent_total").increment(1);
-                ctx.set_leader_hint(partition, hint);
+                ctx.routing.set_leader_hint(partition, hint);
                 unknown = Some(why);
             }
         }
@@ -142,7 +142,7 @@ pub async fn submit_as(
                 None => ApiError::no_leader(partition, started.elapsed().as_millis()),
             });
         }
-        ctx.back_off_for_leader(partition, back_off).await;
+        ctx.routing.back_off_for_leader(partition, back_off).await;
         back_off = (back_off * 2).min(MAX_BACK_OFF);
     }
 }
@@ -151,8 +151,9 @@ pub async fn submit_as(
 /// each, so one dropped connection does not count) leave fewer than a
 /// majority it might reach, itself included when it holds a replica.
 fn majority_unreachable(ctx: &NodeContext, partition: PartitionId, refused: &BTreeMap<NodeId, u32>) -> bool {
-    let replicas = ctx.replica_nodes(partition);
-    let out = replicas.iter().filter(|n| **n != ctx.node_id && refused.get(n).is_some_and(|c| *c >= 2)).count();
+    let replicas = ctx.topology.replica_nodes(partition);
+    let out =
+        replicas.iter().filter(|n| **n != ctx.topology.node_id && refused.get(n).is_some_and(|c| *c >= 2)).count();
     replicas.len() - out < replicas.len() / 2 + 1
 }
 
@@ -165,8 +166,8 @@ pub async fn submit_here(
     commands: Vec<Command>,
     deadline: Instant,
 ) -> Result<Result<Vec<CommandResult>, Option<NodeId>>, ApiError> {
-    let Some(leader) = ctx.local_leader(partition) else {
-        return Ok(Err(ctx.known_leader(partition)));
+    let Some(leader) = ctx.routing.local_leader(partition) else {
+        return Ok(Err(ctx.routing.known_leader(partition)));
     };
     match submit_local(ctx, &leader, principal, partition, commands, deadline).await? {
         Attempt::Done(results) => Ok(Ok(results)),
@@ -184,7 +185,7 @@ async fn submit_local(
     commands: Vec<Command>,
     deadline: Instant,
 ) -> Result<Attempt<Vec<CommandResult>>, ApiError> {
-    let (commands, mut refused) = match (principal, ctx.replicas.get(&partition)) {
+    let (commands, mut refused) = match (principal, ctx.routing.replicas.get(&partition)) {
         (Some(principal), Some(replica)) => screen(replica, principal, commands)?,
         _ => (commands, Vec::new()),
     };
@@ -206,16 +207,16 @@ async fn submit_local(
         Ok(CallResult::Success(Err(SubmitError::NotLeader { leader, .. }))) => Ok(Attempt::Retry(leader)),
         Ok(CallResult::Success(Err(error @ SubmitError::Overloaded { .. }))) => Err(error.into()),
         Ok(CallResult::Success(Err(SubmitError::Stopped { message, .. }))) => Ok(Attempt::Unknown {
-            hint: ctx.known_leader(partition),
+            hint: ctx.routing.known_leader(partition),
             why: format!("the leader stopped with the batch in flight: {message}"),
         }),
         Ok(CallResult::Timeout) => {
             Err(ApiError::outcome_unknown(partition, "the request's deadline passed before the batch committed"))
         }
         // The leader actor was gone before it took the batch.
-        Err(_) => Ok(Attempt::Retry(ctx.known_leader(partition))),
+        Err(_) => Ok(Attempt::Retry(ctx.routing.known_leader(partition))),
         Ok(CallResult::SenderError) => Ok(Attempt::Unknown {
-            hint: ctx.known_leader(partition),
+            hint: ctx.routing.known_leader(partition),
             why: "the leader actor stopped with the batch in flight".into(),
         }),
     }
@@ -229,7 +230,7 @@ async fn forward(
     commands: Vec<Command>,
     deadline: Instant,
 ) -> Result<Attempt<Vec<CommandResult>>, ApiError> {
-    let Some(mut client) = ctx.peers.client(node) else { return Ok(Attempt::Retry(None)) };
+    let Some(mut client) = ctx.transport.peers.client(node) else { return Ok(Attempt::Retry(None)) };
     let encoded = bincode::serialize(&commands).map_err(|e| ApiError::Internal(e.to_string()))?;
     let principal = match principal {
         Some(principal) => bincode::serialize(&**principal).map_err(|e| ApiError::Internal(e.to_string()))?.into(),
@@ -244,7 +245,7 @@ async fn forward(
     };
     let sent = Instant::now();
     // On the node's delivery stream to the leader when it has one, as a call otherwise.
-    let reply = match ctx.deliveries.forward(&ctx.peers, node, request.clone(), within).await {
+    let reply = match ctx.transport.deliveries.forward(&ctx.transport.peers, node, request.clone(), within).await {
         Delivered::Reply(reply) => Ok(reply),
         Delivered::NotSent(reason) => {
             stages::record(Stage::GatewayForward, sent.elapsed());
@@ -347,8 +348,8 @@ fn screen(
             }
             Err(error) => {
                 any_refused = true;
-                let kind = match error.code() {
-                    tonic::Code::NotFound => ErrorKind::NotFound,
+                let kind = match error {
+                    AuthError::NotFound(_) => ErrorKind::NotFound,
                     _ => ErrorKind::PermissionDenied,
                 };
                 results.push(Some(CommandResult::Rejected(CommandError { kind, message: error.to_string() })));
@@ -392,8 +393,8 @@ pub async fn read(
     final_by: Option<Instant>,
     deadline: Instant,
 ) -> Result<Job, ApiError> {
-    let partition = job.partition(ctx.partition_count());
-    if partition >= ctx.partition_count() {
+    let partition = job.partition(ctx.topology.partition_count());
+    if partition >= ctx.topology.partition_count() {
         return Err(ApiError::NotFound(format!(
             "no job with {job} (it names partition {partition}, which does not exist)"
         )));
@@ -441,7 +442,7 @@ pub async fn list(
     deadline: Instant,
 ) -> Result<Vec<Job>, ApiError> {
     let encoded: bytes::Bytes = bincode::serialize(filter).map_err(|e| ApiError::Internal(e.to_string()))?.into();
-    let max_bytes = ctx.limits.max_request_bytes();
+    let max_bytes = ctx.settings.limits.max_request_bytes();
     let local = |replica: Arc<Replica>| async move { Ok(replica.state().list(filter, after, limit, max_bytes)?) };
     let remote = |mut client: ClusterClient<Channel>, timeout: Duration| {
         let filter = encoded.clone();
@@ -485,15 +486,15 @@ where
     let mut back_off = FIRST_BACK_OFF;
     let mut rotation = 0usize;
     loop {
-        if ctx.local_leader(partition).is_some() {
-            if let Some(replica) = ctx.replica(partition) {
+        if ctx.routing.local_leader(partition).is_some() {
+            if let Some(replica) = ctx.routing.replica(partition) {
                 return local(Arc::clone(replica)).await;
             }
         }
-        let target = ctx.leader_hint(partition, rotation);
+        let target = ctx.routing.leader_hint(partition, rotation);
         rotation += 1;
-        if let Some(node) = target.filter(|n| *n != ctx.node_id) {
-            if let Some(client) = ctx.peers.client(node) {
+        if let Some(node) = target.filter(|n| *n != ctx.topology.node_id) {
+            if let Some(client) = ctx.transport.peers.client(node) {
                 let timeout = deadline.saturating_duration_since(Instant::now()).max(Duration::from_millis(1));
                 if let Some(result) = remote(client, timeout).await {
                     return result;
@@ -503,7 +504,7 @@ where
         if Instant::now() + back_off >= deadline {
             return Err(ApiError::no_leader(partition, started.elapsed().as_millis()));
         }
-        ctx.back_off_for_leader(partition, back_off).await;
+        ctx.routing.back_off_for_leader(partition, back_off).await;
         back_off = (back_off * 2).min(MAX_BACK_OFF);
     }
 }

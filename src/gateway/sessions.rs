@@ -18,10 +18,10 @@ use futures::future::join_all;
 use super::convert;
 use super::error::ApiError;
 use super::router;
+use crate::context::NodeContext;
 use crate::core::{
     Command, CommandResult, JobKey, PartitionId, Schema, Session, SessionId, SessionInfo, SessionTarget, WorkerState,
 };
-use crate::node::NodeContext;
 use crate::proto::gateway as pb;
 
 /// How often a worker beats unless it asks otherwise.
@@ -40,7 +40,7 @@ async fn everywhere(
     mut command: impl FnMut(PartitionId) -> Command,
     deadline: Instant,
 ) -> Vec<Result<CommandResult, ApiError>> {
-    let runs = (0..ctx.partition_count()).map(|partition| {
+    let runs = (0..ctx.topology.partition_count()).map(|partition| {
         let command = command(partition);
         async move {
             match router::submit(ctx, partition, vec![command], deadline).await?.pop() {
@@ -58,7 +58,7 @@ async fn everywhere(
 fn end_in_background(ctx: &Arc<NodeContext>, session: SessionId) {
     let ctx = Arc::clone(ctx);
     tokio::spawn(async move {
-        let deadline = Instant::now() + ctx.request_timeout;
+        let deadline = Instant::now() + ctx.settings.request_timeout;
         for result in everywhere(&ctx, |_| Command::EndSession { session }, deadline).await {
             if let Err(error) = result {
                 tracing::debug!(session = %format!("{session:x}"), "ending the session failed: {error}");
@@ -155,7 +155,7 @@ pub async fn heartbeat(
             ApiError::InvalidArgument(format!("state must be running, quiet or terminate, got {name:?}"))
         })?,
     };
-    let partitions = ctx.partition_count();
+    let partitions = ctx.topology.partition_count();
     let mut held: Vec<Vec<(JobKey, u32)>> = vec![Vec::new(); partitions as usize];
     let mut revoked = Vec::new();
     for job in request.jobs {
@@ -324,11 +324,11 @@ pub async fn set_schema(ctx: &NodeContext, request: pb::SetSchemaRequest, deadli
     convert::job_type(&request.r#type)?;
     let schema = Bytes::from(request.schema);
     if !schema.is_empty() {
-        if schema.len() > ctx.limits.max_payload_bytes {
+        if schema.len() > ctx.settings.limits.max_payload_bytes {
             return Err(ApiError::ResourceExhausted(format!(
                 "the schema is {} bytes; at most {} (max_payload_bytes) are accepted",
                 schema.len(),
-                ctx.limits.max_payload_bytes
+                ctx.settings.limits.max_payload_bytes
             )));
         }
         Schema::compile(schema.clone()).map_err(ApiError::InvalidArgument)?;

@@ -1,10 +1,10 @@
 //! A running node: the wiring of storage, partition replicas, leader actors,
 //! the gateway, the cluster service and the admin HTTP server, and its orderly
-//! shutdown. [`NodeContext`] is what every request handler shares.
+//! shutdown. What the running parts share is [`crate::context::NodeContext`];
+//! this module only puts it together, starts the servers and loops around
+//! it, and stops them.
 
-mod context;
 mod data_dir;
-pub mod memory;
 mod supervisor;
 
 use std::net::SocketAddr;
@@ -16,7 +16,7 @@ use tokio::net::TcpListener;
 use tokio::sync::watch;
 use tokio::task::JoinHandle;
 
-pub use context::NodeContext;
+pub use crate::context::NodeContext;
 
 use crate::config::NodeConfig;
 use crate::proto::cluster::cluster_server::ClusterServer;
@@ -24,8 +24,10 @@ use crate::proto::gateway::gateway_server::GatewayServer;
 use crate::proto::zeebe::gateway_server::GatewayServer as ZeebeServer;
 use crate::raft::{Formation, PeerChannels, Replica};
 use crate::storage::Store;
+use crate::tasks::named;
 use tonic::codec::CompressionEncoding;
 use tonic::server::NamedService;
+use tower::Layer as _;
 
 /// The longest a stopping node spends handing its partitions' leadership over.
 const HAND_OVER_LIMIT: Duration = Duration::from_secs(3);
@@ -59,7 +61,8 @@ impl Node {
     pub async fn start(config: NodeConfig) -> anyhow::Result<Node> {
         // Before anything records: a counter bumped before the recorder is
         // installed (a leader elected during start-up, say) is lost.
-        crate::admin::register_metrics();
+        crate::metrics::register_metrics();
+        let tasks = crate::tasks::Tasks::new();
         let cluster_listener = TcpListener::bind(config.cluster_addr)
             .await
             .with_context(|| format!("binding the cluster address {}", config.cluster_addr))?;
@@ -186,41 +189,48 @@ impl Node {
                     "joining the cluster with an empty data directory: each partition's leader copies it here; \
                      a partition votes once it has caught up"
                 );
-                background.push(tokio::spawn(record_formed_once_caught_up(
-                    config.data_dir.clone(),
-                    identity,
-                    Arc::clone(&store),
-                    replicas.values().cloned().collect(),
-                )));
+                let (dir, store, joining) =
+                    (config.data_dir.clone(), Arc::clone(&store), replicas.values().cloned().collect());
+                background.push(tasks.spawn(named("join", move |status| {
+                    record_formed_once_caught_up(dir, identity, store, joining, status)
+                })));
             }
         }
 
+        let topology = Arc::new(crate::context::Topology::new(&config, members, placement, (grpc_addr, admin_addr)));
         let ctx = Arc::new(NodeContext::new(
             &config,
-            (members, placement),
-            Arc::clone(&store),
-            replicas,
+            topology,
+            (Arc::clone(&store), replicas),
             peers,
-            (grpc_addr, admin_addr),
             stop_rx.clone(),
             auth,
+            Arc::clone(&tasks),
         ));
         if let Some(hold) = crate::failpoints::fire("start_hold") {
             tokio::time::sleep(hold).await;
         }
         let _ = late_ctx.set(Arc::clone(&ctx));
-        ctx.gateway_streams.connect(Arc::new(crate::cluster::Links::new(Arc::downgrade(&ctx))));
+        ctx.gateway.streams.connect(Arc::new(crate::cluster::Links::new(Arc::downgrade(&ctx))));
 
-        for replica in ctx.replicas.values() {
-            background.push(tokio::spawn(supervisor::lead_while_leader(
-                Arc::clone(&ctx),
-                Arc::clone(replica),
-                stop_rx.clone(),
-            )));
+        for replica in ctx.routing.replicas.values() {
+            let (ctx, replica, stopping) = (Arc::clone(&ctx), Arc::clone(replica), stop_rx.clone());
+            let name = format!("leadership p{}", replica.partition);
+            background.push(
+                tasks.spawn(named(name, move |status| supervisor::lead_while_leader(ctx, replica, stopping, status))),
+            );
         }
-        background.push(tokio::spawn(crate::cluster::refresh_stream_registrations(Arc::clone(&ctx), stop_rx.clone())));
-        background.push(tokio::spawn(crate::admin::record_gauges(Arc::clone(&ctx), stop_rx.clone())));
+        let (refresh, stopping) = (Arc::clone(&ctx), stop_rx.clone());
+        background.push(tasks.spawn(named("stream registrations", move |status| {
+            crate::cluster::refresh_stream_registrations(refresh, stopping, status)
+        })));
+        let (gauges, stopping) = (Arc::clone(&ctx), stop_rx.clone());
+        background
+            .push(tasks.spawn(named("gauges", move |status| crate::admin::record_gauges(gauges, stopping, status))));
 
+        // Every client service answers through the call layer: who calls, by
+        // when, counted in flight, traced (crate::gateway::call).
+        let calls = crate::gateway::CallLayer::new(Arc::clone(&ctx));
         let gateway = crate::gateway::GatewayService::new(Arc::clone(&ctx));
         let zeebe = crate::gateway::ZeebeService::new(Arc::clone(&ctx));
         let (health, health_service) = tonic_health::server::health_reporter();
@@ -244,19 +254,25 @@ impl Node {
                 .tcp_nodelay(true)
                 .http2_keepalive_interval(Some(Duration::from_secs(30)))
                 .add_service(crate::gateway::Observe::new(
-                    GatewayServer::new(gateway)
-                        .accept_compressed(CompressionEncoding::Gzip)
-                        .send_compressed(CompressionEncoding::Gzip)
-                        .max_decoding_message_size(config.limits.max_request_bytes())
-                        .max_encoding_message_size(max_cluster_message),
+                    calls.layer(
+                        GatewayServer::new(gateway)
+                            .accept_compressed(CompressionEncoding::Gzip)
+                            .send_compressed(CompressionEncoding::Gzip)
+                            .max_decoding_message_size(config.limits.max_request_bytes())
+                            .max_encoding_message_size(max_cluster_message),
+                    ),
                 ))
                 .add_service(crate::gateway::Observe::new(
-                    ZeebeServer::new(zeebe)
-                        .accept_compressed(CompressionEncoding::Gzip)
-                        .send_compressed(CompressionEncoding::Gzip)
-                        .max_decoding_message_size(config.limits.max_request_bytes())
-                        .max_encoding_message_size(crate::gateway::zeebe::MAX_MESSAGE_BYTES),
+                    calls.layer(
+                        ZeebeServer::new(zeebe)
+                            .accept_compressed(CompressionEncoding::Gzip)
+                            .send_compressed(CompressionEncoding::Gzip)
+                            .max_decoding_message_size(config.limits.max_request_bytes())
+                            .max_encoding_message_size(crate::gateway::zeebe::MAX_MESSAGE_BYTES),
+                    ),
                 ))
+                // Probes carry no token: the health service is the one open
+                // service (crate::gateway::call::OPEN_SERVICES).
                 .add_service(health_service),
             grpc_listener,
             grpc_tls,
@@ -271,7 +287,7 @@ impl Node {
     /// actors and Raft groups, and syncs storage.
     pub async fn shutdown(self) {
         let _ = self.stop.send(true);
-        let streams = self.ctx.gateway_streams.close_all().await;
+        let streams = self.ctx.gateway.streams.close_all().await;
         // Brokers stop pushing to this gateway at once, instead of yielding
         // their pushes until the registrations expire.
         crate::cluster::remove_all_everywhere(&self.ctx, &streams).await;
@@ -282,8 +298,8 @@ impl Node {
         // Servers stop accepting at once; requests already running may finish
         // (bounded by the request timeout). Idle client connections are not
         // waited for.
-        let grace = Instant::now() + self.ctx.request_timeout;
-        while self.ctx.requests_in_flight() > 0 && Instant::now() < grace {
+        let grace = Instant::now() + self.ctx.settings.request_timeout;
+        while self.ctx.gateway.requests_in_flight() > 0 && Instant::now() < grace {
             tokio::time::sleep(Duration::from_millis(10)).await;
         }
         for server in self.servers {
@@ -292,8 +308,8 @@ impl Node {
         for task in self.background {
             task.abort();
         }
-        self.ctx.stop_leaders().await;
-        for replica in self.ctx.replicas.values() {
+        self.ctx.routing.stop_leaders().await;
+        for replica in self.ctx.routing.replicas.values() {
             replica.shutdown().await;
         }
         let _ = self.cluster_stop.send(true);
@@ -310,16 +326,24 @@ async fn record_formed_once_caught_up(
     identity: data_dir::Identity,
     store: Arc<Store>,
     replicas: Vec<Arc<Replica>>,
+    status: crate::tasks::LoopStatus,
 ) {
     for replica in &replicas {
+        status.set(format!("waiting for partition {} to catch up with its leader", replica.partition));
         if !replica.caught_up().await {
             return; // stopped before it caught up; the next start goes on joining
         }
     }
     store.flush();
     match data_dir::record_formed(&dir, identity) {
-        Ok(()) => tracing::info!("every partition on this node has caught up with its leader: joined"),
-        Err(e) => tracing::error!("recording that this node joined: {e:#}; it will try again at its next start"),
+        Ok(()) => {
+            status.set("joined: every partition here has caught up");
+            tracing::info!("every partition on this node has caught up with its leader: joined")
+        }
+        Err(e) => {
+            status.error(format!("recording that this node joined: {e:#}"));
+            tracing::error!("recording that this node joined: {e:#}; it will try again at its next start")
+        }
     }
 }
 

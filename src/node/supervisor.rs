@@ -5,7 +5,7 @@
 //! starts, so it takes over (timers, pushes) as every new leader does.
 //!
 //! A leader that is not where the partition prefers its leader (leader
-//! balance, leader regions: [`NodeContext::preferred_leaders_of`]) hands
+//! balance, leader regions: [`crate::context::Topology::preferred_leaders_of`]) hands
 //! leadership there once it has led for [`SETTLE`] and the preferred replica
 //! is close behind.
 //!
@@ -22,10 +22,11 @@ use ractor::rpc::CallResult;
 use ractor::{Actor, ActorRef};
 use tokio::sync::watch;
 
-use super::NodeContext;
 use crate::cluster::Links;
+use crate::context::NodeContext;
 use crate::partition::{LeaderArgs, LeaderMsg, PartitionLeader};
 use crate::raft::Replica;
+use crate::tasks::LoopStatus;
 
 /// How often a leader that is not the preferred one looks at the preferred
 /// replica.
@@ -78,12 +79,17 @@ async fn stop_leader(ctx: &NodeContext, partition: u32, (actor, handle): Running
             _ => {}
         }
     }
-    ctx.set_local_leader(partition, None);
+    ctx.routing.set_local_leader(partition, None);
     actor.stop(Some(why.into()));
     let _ = handle.await;
 }
 
-pub(super) async fn lead_while_leader(ctx: Arc<NodeContext>, replica: Arc<Replica>, mut stop: watch::Receiver<bool>) {
+pub(super) async fn lead_while_leader(
+    ctx: Arc<NodeContext>,
+    replica: Arc<Replica>,
+    mut stop: watch::Receiver<bool>,
+    status: LoopStatus,
+) {
     let partition = replica.partition;
     let mut metrics = replica.watch();
     let mut running: Option<Running> = None;
@@ -110,7 +116,7 @@ pub(super) async fn lead_while_leader(ctx: Arc<NodeContext>, replica: Arc<Replic
         let leads = leadership.is_leader && !cut_off;
         if let Some((_, handle)) = &running {
             if handle.is_finished() {
-                ctx.set_local_leader(partition, None);
+                ctx.routing.set_local_leader(partition, None);
                 running = None;
             }
         }
@@ -123,14 +129,14 @@ pub(super) async fn lead_while_leader(ctx: Arc<NodeContext>, replica: Arc<Replic
             (true, false) => {
                 let args = LeaderArgs {
                     replica: Arc::clone(&replica),
-                    streams: Arc::clone(&ctx.broker_streams),
+                    streams: Arc::clone(&ctx.broker.streams),
                     link: Arc::new(Links::new(Arc::downgrade(&ctx))),
-                    retention: ctx.retention,
-                    locality: Arc::clone(&ctx.locality),
+                    retention: ctx.settings.retention,
+                    locality: Arc::clone(&ctx.broker.locality),
                 };
                 match Actor::spawn(None, PartitionLeader, args).await {
                     Ok((actor, handle)) => {
-                        ctx.set_local_leader(partition, Some(actor.clone()));
+                        ctx.routing.set_local_leader(partition, Some(actor.clone()));
                         running = Some((actor, handle));
                         if running_term != leadership.term {
                             // A new term: it settles before handing over.
@@ -138,7 +144,10 @@ pub(super) async fn lead_while_leader(ctx: Arc<NodeContext>, replica: Arc<Replic
                         }
                         running_term = leadership.term;
                     }
-                    Err(e) => tracing::error!(partition, "starting the partition leader failed: {e}"),
+                    Err(e) => {
+                        tracing::error!(partition, "starting the partition leader failed: {e}");
+                        status.error(format!("starting the partition leader failed: {e}"));
+                    }
                 }
             }
             (false, true) => {
@@ -153,9 +162,10 @@ pub(super) async fn lead_while_leader(ctx: Arc<NodeContext>, replica: Arc<Replic
                 // one that comes and goes (a flapping link) would pull
                 // leadership into every next fault.
                 let preferred: Vec<_> = ctx
+                    .topology
                     .preferred_leaders_of(partition)
                     .into_iter()
-                    .filter(|n| ctx.peers.answering_for(*n) >= STEADY)
+                    .filter(|n| ctx.transport.peers.answering_for(*n) >= STEADY)
                     .collect();
                 if !preferred.is_empty() && replica.lag_of(&preferred).is_some_and(|lag| lag <= HANDOVER_LAG) {
                     // A preferred replica close behind: leadership moves
@@ -174,6 +184,7 @@ pub(super) async fn lead_while_leader(ctx: Arc<NodeContext>, replica: Arc<Replic
                             metrics::counter!("drover_leader_handovers_failed_total", "reason" => "preferred")
                                 .increment(1);
                             tracing::warn!(partition, "could not hand leadership to the preferred replica: {why}");
+                            status.error(format!("could not hand leadership to the preferred replica: {why}"));
                             next_preferred_check = Instant::now() + RETRY_AFTER;
                         }
                     }
@@ -183,6 +194,12 @@ pub(super) async fn lead_while_leader(ctx: Arc<NodeContext>, replica: Arc<Replic
             }
             _ => {}
         }
+        status.set(match (&running, leadership.leader) {
+            (Some(_), _) => format!("leading in term {running_term}"),
+            (None, _) if cut_off => "leader cut off from its majority: taking no requests".to_string(),
+            (None, Some(leader)) => format!("following node {leader} in term {}", leadership.term),
+            (None, None) => format!("no leader known in term {}", leadership.term),
+        });
         tokio::select! {
             changed = metrics.changed() => if changed.is_err() { break },
             _ = stop.wait_for(|s| *s) => break,
@@ -193,6 +210,6 @@ pub(super) async fn lead_while_leader(ctx: Arc<NodeContext>, replica: Arc<Replic
     match running.take() {
         // Its shutdown hands leadership away once the actor has stopped.
         Some(running) => stop_leader(&ctx, partition, running, "node stopping", true).await,
-        None => ctx.set_local_leader(partition, None),
+        None => ctx.routing.set_local_leader(partition, None),
     }
 }

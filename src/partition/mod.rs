@@ -1,4 +1,4 @@
-//! Partition leadership: the `PartitionLeader` actor and the broker's stream registry.
+//! Partition leadership: the `PartitionLeader` actor.
 //!
 //! On the node that leads a partition, one [`PartitionLeader`] actor owns the
 //! path into Raft: it batches every waiting command into one entry, runs the
@@ -14,7 +14,6 @@
 //! read-only looks at [`crate::raft::SharedState`].
 
 mod leader;
-pub mod streams;
 
 pub use leader::{
     now_millis, GatewayLink, LeaderArgs, LeaderMsg, Locality, PartitionLeader, PeerClock, SubmitError, SubmitReply,

@@ -264,7 +264,7 @@ impl RaftLogStorage<TypeConfig> for LogStore {
         self.store.write_durable(
             batch,
             Box::new(move |result: Result<(), String>| {
-                crate::admin::stages::record(crate::admin::stages::Stage::LogSync, written.elapsed());
+                crate::metrics::stages::record(crate::metrics::stages::Stage::LogSync, written.elapsed());
                 callback.log_io_completed(result.map_err(io::Error::other));
             }),
         );

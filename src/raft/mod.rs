@@ -31,16 +31,16 @@ use openraft::{BasicNode, Config, LogId, Raft, RaftMetrics, ServerState, Snapsho
 use serde::{Deserialize, Serialize};
 use tokio::sync::watch;
 
+pub use crate::transport::PeerChannels;
 use formation::CatchUp;
 pub use formation::Formation;
-pub use network::{ClusterNetwork, PeerChannels};
+pub use network::ClusterNetwork;
 pub use state_machine::{check_snapshot, snapshot_bytes, SharedState};
 
 use crate::core::{Batch, CommandResult, Millis, Outcome, PartitionId};
 use crate::storage::Store;
 
-/// A node's id in the cluster, `0..cluster_size`.
-pub type NodeId = u64;
+pub use crate::core::NodeId;
 
 /// What applying one Raft entry produced, returned to the writer.
 #[derive(Clone, Debug, Default, PartialEq, Serialize, Deserialize)]
@@ -492,7 +492,7 @@ impl Replica {
         metrics::histogram!("drover_raft_rpc_handled_seconds", "rpc" => kind.as_str())
             .record(started.elapsed().as_secs_f64());
         if kind == RpcKind::AppendEntries {
-            crate::admin::stages::record(crate::admin::stages::Stage::FollowerAppend, started.elapsed());
+            crate::metrics::stages::record(crate::metrics::stages::Stage::FollowerAppend, started.elapsed());
         }
         encoded.map_err(|e| format!("encode raft reply: {e}"))
     }

@@ -1,5 +1,5 @@
-//! Raft RPCs over the cluster gRPC service: one lazily connected channel per
-//! peer, shared by every partition's group; each request names its partition.
+//! Raft RPCs over the cluster gRPC service, on this node's channels to its
+//! peers ([`crate::transport`]); each request names its partition.
 //!
 //! A leader's appends to a follower go as messages on one long-lived
 //! `AppendEntriesStream` call per partition and follower ([`AppendStream`]),
@@ -15,8 +15,6 @@
 //! fewer entries at once instead of backing off and resending the same range
 //! for ever.
 
-use std::collections::{BTreeMap, HashMap};
-use std::sync::{Arc, Mutex};
 use std::time::{Duration, Instant};
 
 use openraft::error::{
@@ -30,107 +28,13 @@ use openraft::raft::{
 use openraft::BasicNode;
 use serde::de::DeserializeOwned;
 use serde::Serialize;
-use tonic::transport::{Channel, Endpoint};
+use tonic::transport::Channel;
 
 use super::{NodeId, TypeConfig};
 use crate::core::PartitionId;
 use crate::proto::cluster::cluster_client::ClusterClient;
 use crate::proto::cluster::{RaftReply, RaftRequest};
-
-/// One gRPC channel per peer node, created on first use and reused by every
-/// partition and every caller (Raft, forwarding, stream registration, pushes).
-#[derive(Clone)]
-pub struct PeerChannels {
-    addresses: Arc<BTreeMap<NodeId, String>>,
-    channels: Arc<Mutex<HashMap<NodeId, Channel>>>,
-    max_message_bytes: usize,
-    /// Mutual TLS to peers, when the cluster port has it.
-    tls: Option<Arc<crate::tls::ReloadingClient>>,
-    /// When each peer last answered a Raft RPC of any partition.
-    answered: Answered,
-}
-
-/// Since when each peer has answered Raft RPCs without a gap longer than
-/// [`ANSWERED_LATELY`], and when it last did; shared by every partition's
-/// connections to it.
-type Answered = Arc<Mutex<HashMap<NodeId, (Instant, Instant)>>>;
-
-/// A peer that has answered no Raft RPC for this long is not taken for up:
-/// every leader sends each follower a heartbeat at least every heartbeat
-/// interval (250 ms by default, 500 ms between regions).
-const ANSWERED_LATELY: Duration = Duration::from_secs(2);
-
-impl PeerChannels {
-    /// Channels to `addresses`, whose clients encode and decode messages of
-    /// up to `max_message_bytes` (the cluster server's limit too).
-    pub fn new(
-        addresses: BTreeMap<NodeId, String>,
-        max_message_bytes: usize,
-        tls: Option<Arc<crate::tls::ReloadingClient>>,
-    ) -> Self {
-        PeerChannels {
-            addresses: Arc::new(addresses),
-            channels: Default::default(),
-            max_message_bytes,
-            tls,
-            answered: Default::default(),
-        }
-    }
-
-    /// Whether `node` answered a Raft RPC (of any partition this node
-    /// leads) within the last two seconds: a leader's own view of a
-    /// follower's log position is not reset when the follower stops.
-    pub fn answered_lately(&self, node: NodeId) -> bool {
-        !self.answering_for(node).is_zero()
-    }
-
-    /// How long `node` has answered Raft RPCs without a gap of more than two
-    /// seconds, up to now; zero when it has not answered lately.
-    pub fn answering_for(&self, node: NodeId) -> Duration {
-        let answered = self.answered.lock().expect("peer answers lock poisoned");
-        match answered.get(&node) {
-            Some((since, last)) if last.elapsed() <= ANSWERED_LATELY => since.elapsed().max(Duration::from_nanos(1)),
-            _ => Duration::ZERO,
-        }
-    }
-
-    /// The limit on node-to-node messages, both ways.
-    pub fn max_message_bytes(&self) -> usize {
-        self.max_message_bytes
-    }
-
-    /// The cluster-service client for `node`, if it is a member.
-    pub fn client(&self, node: NodeId) -> Option<ClusterClient<Channel>> {
-        let channel = self.channel(node)?;
-        Some(
-            ClusterClient::new(channel)
-                .max_decoding_message_size(self.max_message_bytes)
-                .max_encoding_message_size(self.max_message_bytes),
-        )
-    }
-
-    fn channel(&self, node: NodeId) -> Option<Channel> {
-        let mut channels = self.channels.lock().expect("peer channel lock poisoned");
-        if let Some(channel) = channels.get(&node) {
-            return Some(channel.clone());
-        }
-        let address = self.addresses.get(&node)?;
-        let endpoint = Endpoint::from_shared(format!("http://{address}"))
-            .ok()?
-            .connect_timeout(Duration::from_millis(500))
-            .tcp_nodelay(true)
-            .http2_keep_alive_interval(Duration::from_secs(5))
-            .keep_alive_timeout(Duration::from_secs(5))
-            .initial_connection_window_size(Some(4 << 20))
-            .initial_stream_window_size(Some(1 << 20));
-        let channel = match &self.tls {
-            Some(tls) => endpoint.connect_with_connector_lazy(crate::tls::cluster_connector(Arc::clone(tls))),
-            None => endpoint.connect_lazy(),
-        };
-        channels.insert(node, channel.clone());
-        Some(channel)
-    }
-}
+use crate::transport::{Answers, PeerChannels};
 
 /// The openraft network factory of one partition.
 pub struct ClusterNetwork {
@@ -153,7 +57,7 @@ impl RaftNetworkFactory<TypeConfig> for ClusterNetwork {
             target,
             client: self.peers.client(target),
             max_message_bytes: self.peers.max_message_bytes(),
-            answered: Arc::clone(&self.peers.answered),
+            answered: self.peers.answers(),
             appends: None,
             unary_until: None,
         }
@@ -165,7 +69,7 @@ pub struct PeerConnection {
     target: NodeId,
     client: Option<ClusterClient<Channel>>,
     max_message_bytes: usize,
-    answered: Answered,
+    answered: Answers,
     /// The append stream to the target, once opened; out of here while an
     /// exchange runs on it, and back only after a whole one (see
     /// [`AppendStream`]), so a late reply is never taken for the next one's.
@@ -318,17 +222,11 @@ impl PeerConnection {
         };
         metrics::histogram!("drover_raft_rpc_seconds", "rpc" => kind.as_str()).record(started.elapsed().as_secs_f64());
         if kind == super::RpcKind::AppendEntries {
-            crate::admin::stages::record(crate::admin::stages::Stage::Replicate, started.elapsed());
+            crate::metrics::stages::record(crate::metrics::stages::Stage::Replicate, started.elapsed());
         }
         let reply = match reply {
             Ok(reply) => {
-                let now = Instant::now();
-                let mut answered = self.answered.lock().expect("peer answers lock poisoned");
-                let (since, last) = answered.entry(self.target).or_insert((now, now));
-                if now.duration_since(*last) > ANSWERED_LATELY {
-                    *since = now;
-                }
-                *last = now;
+                self.answered.record(self.target);
                 reply
             }
             Err(status) => {

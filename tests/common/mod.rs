@@ -60,7 +60,7 @@ impl LocalNode {
         let ctx = node.ctx.clone();
         eventually(Duration::from_secs(20), "the node to lead its partitions", || {
             let ctx = ctx.clone();
-            async move { (0..ctx.partition_count()).all(|p| ctx.local_leader(p).is_some()) }
+            async move { (0..ctx.topology.partition_count()).all(|p| ctx.routing.local_leader(p).is_some()) }
         })
         .await;
         let client = Client::connect(&node.grpc_addr.to_string()).await.expect("client connects");

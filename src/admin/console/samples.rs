@@ -27,7 +27,7 @@ struct Reading {
 }
 
 /// The create-ack histogram's bucket bounds (seconds), as the recorder is
-/// configured in `admin::recorder`.
+/// configured in `metrics::recorder`.
 const ACK_BOUNDS: [f64; 14] = [0.0005, 0.001, 0.002, 0.005, 0.01, 0.025, 0.05, 0.1, 0.25, 0.5, 1.0, 2.5, 5.0, 10.0];
 
 /// One interval's rates and latencies.
@@ -60,19 +60,20 @@ pub fn samples() -> Vec<Sample> {
 
 /// Takes a reading every [`INTERVAL`] until `stop`. Several nodes in one
 /// process share the recorder, and so the samples: one sampler is enough.
-pub async fn run(mut stop: watch::Receiver<bool>) {
+pub async fn run(mut stop: watch::Receiver<bool>, status: crate::tasks::LoopStatus) {
     static RUNNING: std::sync::atomic::AtomicBool = std::sync::atomic::AtomicBool::new(false);
     if RUNNING.swap(true, std::sync::atomic::Ordering::SeqCst) {
+        status.set("another node in this process samples the metrics");
         return;
     }
-    let mut last = read(&super::super::recorder().render());
+    let mut last = read(&crate::metrics::recorder().render());
     let mut last_at = std::time::Instant::now();
     loop {
         tokio::select! {
             _ = tokio::time::sleep(INTERVAL) => {}
             _ = stop.wait_for(|s| *s) => break,
         }
-        let now = read(&super::super::recorder().render());
+        let now = read(&crate::metrics::recorder().render());
         let seconds = last_at.elapsed().as_secs_f64();
         last_at = std::time::Instant::now();
         let sample = between(&last, &now, seconds, crate::auth::now_ms());
@@ -82,6 +83,7 @@ pub async fn run(mut stop: watch::Receiver<bool>) {
             samples.pop_front();
         }
         samples.push_back(sample);
+        status.set(format!("{} samples kept", samples.len()));
     }
     RUNNING.store(false, std::sync::atomic::Ordering::SeqCst);
 }

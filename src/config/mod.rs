@@ -10,8 +10,11 @@ use std::time::Duration;
 use anyhow::{bail, Context};
 use serde::Deserialize;
 
+mod limits;
+
+pub use limits::Limits;
+
 use crate::core::Retention;
-use crate::gateway::Limits;
 use crate::placement::Location;
 use crate::raft::{NodeId, RaftSettings};
 

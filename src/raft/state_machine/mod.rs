@@ -18,26 +18,32 @@
 //! [`Retention`] the leader stamped on each entry. Every replica prunes after
 //! the same entry, so replicas at one applied index hold the same records; and
 //! memory, storage and snapshot size stay bounded however long the node runs.
+//!
+//! This file is the apply side (openraft's `RaftStateMachine`); the snapshot
+//! format is [`snapshot`]'s, the reads other parts of the node make
+//! ([`SharedState`]) are [`reads`]'s, and the pruning order of final records
+//! is [`retention`]'s.
 
-use std::collections::{HashMap, VecDeque};
-use std::io::{BufReader, BufWriter, Read, Seek, Write};
+mod reads;
+mod retention;
+mod snapshot;
+
+use std::collections::VecDeque;
+use std::io::{BufReader, Seek};
 use std::path::PathBuf;
-use std::sync::{Arc, Mutex, MutexGuard};
-use std::time::Duration;
+use std::sync::{Arc, Mutex};
 
 use openraft::storage::{RaftStateMachine, Snapshot, SnapshotMeta};
-use openraft::{
-    BasicNode, Entry, EntryPayload, LogId, RaftSnapshotBuilder, StorageError, StorageIOError, StoredMembership,
-};
+use openraft::{BasicNode, Entry, EntryPayload, LogId, StorageError, StorageIOError, StoredMembership};
 use serde::{Deserialize, Serialize};
-use tokio::sync::oneshot;
 
 use super::{records, BatchResponse, NodeId, TypeConfig};
-use crate::core::{
-    Deduped, Job, JobFilter, JobKey, JobRef, Millis, PartitionId, PartitionState, Registry, RequestId, Retention,
-    StateSnapshot,
-};
+use crate::core::{Deduped, Job, JobKey, Millis, PartitionId, PartitionState, Registry, RequestId, StateSnapshot};
 use crate::storage::{self, key, meta_key, Store, Table};
+pub use reads::SharedState;
+use retention::{expiry_value, parse_expiry, Finished};
+pub use snapshot::{check_snapshot, snapshot_bytes, SnapshotBuilder};
+use snapshot::{next_frame, snapshot_file, snapshot_meta, SnapshotHeader};
 
 const APPLIED: &str = "applied";
 /// The partition's worker sessions, rewritten whenever an entry changes them
@@ -57,156 +63,6 @@ struct AppliedMeta {
     finished_next: u64,
 }
 
-/// A snapshot is this header (bincode), then one frame per final record:
-/// job key (u64 LE), length (u32 LE), the whole job (its spec and progress
-/// joined, as `records` stores them apart). Final records stream between
-/// storage and snapshot one at a time, never gathered into a second buffer.
-#[derive(Serialize, Deserialize)]
-struct SnapshotHeader {
-    engine: StateSnapshot,
-    jobs: Vec<Job>,
-    /// Remembered creates with their storage ids.
-    requests: Vec<(u64, RequestId, Deduped)>,
-    registry: Registry,
-    /// The pruning order of the final records: the first one's sequence
-    /// number, then (finished at, job key) oldest first.
-    finished_first: u64,
-    finished: Vec<(Millis, u64)>,
-}
-
-fn push_frame(out: &mut impl Write, job_key: u64, record: &[u8]) -> std::io::Result<()> {
-    out.write_all(&job_key.to_le_bytes())?;
-    out.write_all(&(record.len() as u32).to_le_bytes())?;
-    out.write_all(record)
-}
-
-/// The next frame of `input`; `None` at its end.
-/// No job record is near this large (records are bounded by the request
-/// limit); a frame that claims more is corrupt.
-const MAX_FRAME_BYTES: usize = 256 << 20;
-
-fn next_frame(input: &mut impl Read) -> Result<Option<(u64, Vec<u8>)>, std::io::Error> {
-    let mut head = [0u8; 12];
-    let mut filled = 0;
-    while filled < head.len() {
-        match input.read(&mut head[filled..])? {
-            0 if filled == 0 => return Ok(None),
-            0 => return Err(std::io::Error::other("snapshot ends inside a job record")),
-            n => filled += n,
-        }
-    }
-    let job_key = u64::from_le_bytes(head[..8].try_into().expect("8 bytes"));
-    let len = u32::from_le_bytes(head[8..].try_into().expect("4 bytes")) as usize;
-    if len > MAX_FRAME_BYTES {
-        return Err(std::io::Error::other(format!("a job record in the snapshot claims {len} bytes; it is corrupt")));
-    }
-    // Read through `take`: the buffer grows with what arrives, so a length
-    // that lies costs no more memory than the snapshot holds.
-    let mut record = Vec::new();
-    input.take(len as u64).read_to_end(&mut record)?;
-    if record.len() != len {
-        return Err(std::io::Error::other("snapshot ends inside a job record"));
-    }
-    Ok(Some((job_key, record)))
-}
-
-/// Reads a snapshot as a follower installing it would, without storing it:
-/// the header, every final record's frame (decoded as a later read would),
-/// and the engine restored from them. Returns the records read. The entry
-/// point of the snapshot fuzz target.
-pub fn check_snapshot(bytes: &[u8]) -> Result<usize, String> {
-    let mut rest = bytes;
-    let body: SnapshotHeader =
-        storage::decode_bounded("snapshot header", &mut rest, bytes.len() as u64).map_err(|e| e.to_string())?;
-    let mut records = body.jobs.len();
-    while let Some((_, record)) = next_frame(&mut rest).map_err(|e| e.to_string())? {
-        storage::decode::<Job>("job", &record).map_err(|e| e.to_string())?;
-        records += 1;
-    }
-    PartitionState::restore(body.engine, body.jobs, body.requests, body.registry);
-    Ok(records)
-}
-
-/// A snapshot of `state` holding `finished` as its final records, in the
-/// format [`check_snapshot`] reads: the fuzz target's seeds.
-pub fn snapshot_bytes(state: &PartitionState, finished: &[Job]) -> Vec<u8> {
-    let header = SnapshotHeader {
-        engine: state.meta(),
-        jobs: state.jobs().cloned().collect(),
-        requests: Vec::new(),
-        registry: Registry::default(),
-        finished_first: 0,
-        finished: finished.iter().map(|j| (0, j.key.0)).collect(),
-    };
-    let mut out = storage::encode(&header);
-    for job in finished {
-        let record = storage::encode(job);
-        out.extend_from_slice(&job.key.0.to_le_bytes());
-        out.extend_from_slice(&(record.len() as u32).to_le_bytes());
-        out.extend_from_slice(&record);
-    }
-    out
-}
-
-/// An unnamed file in `dir` for a snapshot: gone when closed.
-fn snapshot_file(dir: &std::path::Path) -> Result<std::fs::File, StorageError<NodeId>> {
-    std::fs::create_dir_all(dir).map_err(sm_write_err)?;
-    tempfile::tempfile_in(dir).map_err(sm_write_err)
-}
-
-/// Final records in the order they finished, oldest first: what pruning takes
-/// next. It mirrors [`Table::Expiry`] so deciding what to prune reads nothing.
-#[derive(Default)]
-struct Finished {
-    /// The sequence number of `order.front()`.
-    first: u64,
-    order: VecDeque<(Millis, JobKey)>,
-}
-
-impl Finished {
-    fn next(&self) -> u64 {
-        self.first + self.order.len() as u64
-    }
-
-    /// Records `job`, finished at `at`, as the newest final record.
-    fn push(&mut self, batch: &mut storage::Batch<'_>, partition: PartitionId, at: Millis, job: JobKey) {
-        batch.put(Table::Expiry, key(partition, self.next()), expiry_value(at, job));
-        self.order.push_back((at, job));
-    }
-
-    /// Drops the oldest records while there are more than `retention` keeps
-    /// at `now`, with their expiry index entries. Every deletion names its
-    /// key: a range deletion per apply would leave RocksDB thousands of range
-    /// tombstones per memtable to fragment at each flush (see
-    /// [`storage::Batch::delete_ids`]).
-    fn prune(&mut self, batch: &mut storage::Batch<'_>, partition: PartitionId, retention: Retention, now: Millis) {
-        let oldest_kept = now.saturating_sub(retention.max_age_ms);
-        while let Some(&(at, job)) = self.order.front() {
-            if self.order.len() as u64 <= retention.max_jobs && at >= oldest_kept {
-                break;
-            }
-            batch.delete(Table::Done, key(partition, job.0));
-            batch.delete(Table::Specs, key(partition, job.0));
-            batch.delete(Table::Expiry, key(partition, self.first));
-            self.order.pop_front();
-            self.first += 1;
-        }
-    }
-}
-
-fn expiry_value(at: Millis, job: JobKey) -> [u8; 16] {
-    let mut value = [0u8; 16];
-    value[..8].copy_from_slice(&at.to_be_bytes());
-    value[8..].copy_from_slice(&job.0.to_be_bytes());
-    value
-}
-
-fn parse_expiry(value: &[u8]) -> Option<(Millis, JobKey)> {
-    let at = Millis::from_be_bytes(value.get(..8)?.try_into().ok()?);
-    let job = u64::from_be_bytes(value.get(8..16)?.try_into().ok()?);
-    Some((at, JobKey(job)))
-}
-
 struct Inner {
     engine: PartitionState,
     last_applied: Option<LogId<NodeId>>,
@@ -216,190 +72,6 @@ struct Inner {
     /// after this process started, and when it was applied (see
     /// [`SharedState::clock_estimate`]).
     observed: Option<(Millis, std::time::Instant)>,
-}
-
-/// Removes a finished or abandoned wait's entry (see [`SharedState::await_final`]).
-struct ForgetWait<'a> {
-    state: &'a SharedState,
-    key: JobKey,
-}
-
-impl Drop for ForgetWait<'_> {
-    fn drop(&mut self) {
-        let mut waiters = self.state.waiting();
-        if let Some(senders) = waiters.get_mut(&self.key) {
-            senders.retain(|s| !s.is_closed());
-            if senders.is_empty() {
-                waiters.remove(&self.key);
-            }
-        }
-    }
-}
-
-/// The partition's state, shared between the Raft state machine (the only
-/// writer) and readers on this node: `GetJob`, the leader's push decisions,
-/// metrics. Lock holds are short and never span an await.
-pub struct SharedState {
-    partition: PartitionId,
-    store: Arc<Store>,
-    /// Where snapshot files are made.
-    snapshot_dir: PathBuf,
-    inner: Mutex<Inner>,
-    /// Readers waiting for a job to become final ([`SharedState::await_final`]).
-    waiters: Mutex<HashMap<JobKey, Vec<oneshot::Sender<()>>>>,
-}
-
-impl SharedState {
-    fn lock(&self) -> MutexGuard<'_, Inner> {
-        self.inner.lock().expect("state machine lock poisoned")
-    }
-
-    /// The partition's leader time now, from this process's own steady clock:
-    /// the time of the last live entry applied here plus the time since it
-    /// was applied. `None` until this process has applied an entry written
-    /// since it started (entries replayed from its own log tell nothing of
-    /// how long it was down).
-    pub fn clock_estimate(&self) -> Option<Millis> {
-        let inner = self.lock();
-        let (at, seen) = inner.observed?;
-        Some(at.saturating_add(seen.elapsed().as_millis() as Millis).max(inner.engine.clock()))
-    }
-
-    /// Reads the engine state.
-    pub fn read<R>(&self, f: impl FnOnce(&PartitionState) -> R) -> R {
-        f(&self.lock().engine)
-    }
-
-    /// A job's record, live or final.
-    pub fn lookup(&self, job: JobKey) -> Result<Option<Job>, storage::StorageError> {
-        if let Some(live) = self.lock().engine.job(job).cloned() {
-            return Ok(Some(live));
-        }
-        match self.store.get(Table::Done, key(self.partition, job.0))? {
-            Some(bytes) => self.final_record(job.0, &bytes),
-            None => Ok(None),
-        }
-    }
-
-    /// A final job from its `jobs_done` record and its spec; `None` when it
-    /// was pruned after its record was read (a prune deletes both records in
-    /// one batch, so a spec gone with its final record still there is damage).
-    fn final_record(&self, job: u64, progress: &[u8]) -> Result<Option<Job>, storage::StorageError> {
-        let k = key(self.partition, job);
-        let spec = match self.store.get(Table::Specs, k)? {
-            None if self.store.get(Table::Done, k)?.is_none() => return Ok(None),
-            spec => records::decode_spec(job, spec)?,
-        };
-        records::decode_progress(spec, progress).map(Some)
-    }
-
-    /// The job a reference names: by key, or by the create request this
-    /// replica remembers (`None` once the request's window has passed).
-    pub fn resolve(&self, job: &JobRef) -> Option<JobKey> {
-        match job {
-            JobRef::Key(key) => Some(*key),
-            JobRef::Request(request) => self.lock().engine.request(request).map(|seen| seen.job),
-        }
-    }
-
-    /// A job's record once it is final, or as it is when `wait` has passed
-    /// (or at once, when it is final already or unknown).
-    pub async fn await_final(&self, key: JobKey, wait: Duration) -> Result<Option<Job>, storage::StorageError> {
-        if wait.is_zero() {
-            return self.lookup(key);
-        }
-        // Dropped when this read ends, however it ends (a caller that goes
-        // away included), after the receiver below: forgets the wait.
-        let _forget = ForgetWait { state: self, key };
-        let (sender, finished) = oneshot::channel();
-        self.waiting().entry(key).or_default().push(sender);
-        // Registered first: a job that finishes after this read wakes us.
-        match self.lookup(key) {
-            Ok(Some(job)) if !job.state.is_final() => {
-                let _ = tokio::time::timeout(wait, finished).await;
-                self.lookup(key)
-            }
-            other => other,
-        }
-    }
-
-    fn waiting(&self) -> MutexGuard<'_, HashMap<JobKey, Vec<oneshot::Sender<()>>>> {
-        self.waiters.lock().expect("waiters lock poisoned")
-    }
-
-    /// Wakes the readers waiting for these jobs, which just became final.
-    fn wake(&self, finished: &[JobKey]) {
-        let mut waiters = self.waiting();
-        if waiters.is_empty() {
-            return;
-        }
-        for key in finished {
-            for sender in waiters.remove(key).unwrap_or_default() {
-                let _ = sender.send(());
-            }
-        }
-    }
-
-    /// Up to `limit` jobs matching `filter` with keys after `after`, in key
-    /// order, live and final, and no more than about `max_bytes` of them (at
-    /// least one). A job that finishes during the read is listed once, as final.
-    pub fn list(
-        &self,
-        filter: &JobFilter,
-        after: JobKey,
-        limit: usize,
-        max_bytes: usize,
-    ) -> Result<Vec<Job>, storage::StorageError> {
-        let mut live: Vec<Job> = if filter.covers_live() {
-            let inner = self.lock();
-            let mut keys: Vec<JobKey> =
-                inner.engine.jobs().filter(|j| j.key > after && filter.matches(j)).map(|j| j.key).collect();
-            keys.sort_unstable();
-            keys.truncate(limit);
-            keys.iter().filter_map(|k| inner.engine.job(*k).cloned()).collect()
-        } else {
-            Vec::new()
-        };
-        let mut done = Vec::new();
-        if filter.covers_final() && limit > 0 {
-            let mut bytes_read = 0;
-            self.store.scan_while(Table::Done, self.partition, after.0.saturating_add(1), |id, bytes| {
-                let Some(job) = self.final_record(id, bytes)? else { return Ok(true) };
-                if filter.matches(&job) {
-                    bytes_read += bytes.len() + job.spec.encoded_len();
-                    done.push(job);
-                }
-                Ok(done.len() < limit && bytes_read < max_bytes)
-            })?;
-        }
-        live.retain(|job| !done.iter().any(|d| d.key == job.key));
-        live.extend(done);
-        live.sort_unstable_by_key(|job| job.key);
-        live.truncate(limit);
-        let mut total = 0;
-        let within = live
-            .iter()
-            .position(|job| {
-                total += job.spec.encoded_len() + job.result.len() + job.error_message.len() + job.worker.len();
-                total > max_bytes
-            })
-            .unwrap_or(live.len());
-        live.truncate(within.max(1));
-        Ok(live)
-    }
-
-    /// Every job this replica holds, live and final (for fault-test
-    /// verification and operators; reads the whole partition).
-    pub fn all_jobs(&self) -> Result<Vec<Job>, storage::StorageError> {
-        let inner = self.lock();
-        let mut jobs: Vec<Job> = inner.engine.jobs().cloned().collect();
-        self.store.for_each(Table::Done, self.partition, |id, bytes| {
-            // Read under the lock apply holds: nothing is pruned meanwhile.
-            jobs.extend(self.final_record(id, bytes)?);
-            Ok(())
-        })?;
-        Ok(jobs)
-    }
 }
 
 pub struct StateMachine {
@@ -639,7 +311,7 @@ impl RaftStateMachine<TypeConfig> for StateMachine {
         self.store.write(batch);
         drop(inner);
         self.shared.wake(&finished_keys);
-        crate::admin::stages::record(crate::admin::stages::Stage::Apply, started.elapsed());
+        crate::metrics::stages::record(crate::metrics::stages::Stage::Apply, started.elapsed());
         Ok(responses)
     }
 
@@ -723,69 +395,6 @@ impl RaftStateMachine<TypeConfig> for StateMachine {
             return Ok(Some(Snapshot { meta, snapshot: Box::new(empty) }));
         }
         self.shared.snapshot()
-    }
-}
-
-fn snapshot_meta(inner: &Inner) -> SnapshotMeta<NodeId, BasicNode> {
-    let snapshot_id = match inner.last_applied {
-        Some(id) => format!("{}-{}", id.leader_id, id.index),
-        None => "empty".to_string(),
-    };
-    SnapshotMeta { last_log_id: inner.last_applied, last_membership: inner.membership.clone(), snapshot_id }
-}
-
-impl SharedState {
-    /// Serialises the state as of now: the live jobs, counters and pruning
-    /// order under the lock apply holds, then the final records from a
-    /// point-in-time view taken under the same lock, without blocking apply.
-    fn snapshot(&self) -> Result<Option<Snapshot<TypeConfig>>, StorageError<NodeId>> {
-        let (header, meta, view) = {
-            let inner = self.lock();
-            if inner.last_applied.is_none() {
-                return Ok(None);
-            }
-            let header = SnapshotHeader {
-                engine: inner.engine.meta(),
-                jobs: inner.engine.jobs().cloned().collect(),
-                requests: inner.engine.requests().map(|(id, r, e)| (id, r.clone(), *e)).collect(),
-                registry: inner.engine.registry(),
-                finished_first: inner.finished.first,
-                finished: inner.finished.order.iter().map(|(at, job)| (*at, job.0)).collect(),
-            };
-            (header, snapshot_meta(&inner), self.store.point_in_time())
-        };
-        let mut out = BufWriter::with_capacity(1 << 20, snapshot_file(&self.snapshot_dir)?);
-        bincode::serialize_into(&mut out, &header).map_err(sm_write_err)?;
-        drop(header);
-        // A frame carries the whole job, its spec and progress joined.
-        view.for_each(Table::Done, self.partition, |job_key, progress| {
-            let spec = records::decode_spec(job_key, view.get(Table::Specs, key(self.partition, job_key))?)?;
-            let job = records::decode_progress(spec, progress)?;
-            Ok(push_frame(&mut out, job_key, &storage::encode(&job))?)
-        })
-        .map_err(sm_read_err)?;
-        let mut file = out.into_inner().map_err(|e| sm_write_err(e.into_error()))?;
-        file.rewind().map_err(sm_write_err)?;
-        Ok(Some(Snapshot { meta, snapshot: Box::new(tokio::fs::File::from_std(file)) }))
-    }
-}
-
-pub struct SnapshotBuilder {
-    shared: Arc<SharedState>,
-}
-
-impl RaftSnapshotBuilder<TypeConfig> for SnapshotBuilder {
-    /// Marks the applied index as snapshotted so openraft may purge the log
-    /// behind it. Everything a snapshot holds is already in storage, so
-    /// nothing is copied here; the data is made when a follower needs it
-    /// ([`RaftStateMachine::get_current_snapshot`]). openraft keeps only the
-    /// meta of what this returns.
-    async fn build_snapshot(&mut self) -> Result<Snapshot<TypeConfig>, StorageError<NodeId>> {
-        let meta = snapshot_meta(&self.shared.lock());
-        metrics::counter!("drover_raft_snapshots_built_total", "partition" => self.shared.partition.to_string())
-            .increment(1);
-        let empty = tokio::fs::File::from_std(snapshot_file(&self.shared.snapshot_dir)?);
-        Ok(Snapshot { meta, snapshot: Box::new(empty) })
     }
 }
 

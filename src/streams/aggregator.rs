@@ -27,10 +27,10 @@ use rand::Rng;
 use tokio::sync::mpsc::{self, error::TrySendError};
 use tonic::Status;
 
-use super::convert;
-use super::streams::{Credits, Held, LeaderLink, OfferAnswer, RoomSignal, StreamKey};
+use super::broker::RemoteStream;
+use super::flow::{Credits, Held, LeaderLink, OfferAnswer, RoomSignal, StreamKey};
+use super::spec::activated_job;
 use crate::core::{ActivatedJobData, JobKey, PartitionId};
-use crate::partition::streams::RemoteStream;
 use crate::proto::gateway as pb;
 
 /// How long an accepted offer of room holds the stream's other waiting
@@ -319,7 +319,7 @@ impl AggregatorState {
                 rejected.push((job.key, job.attempt));
                 continue;
             }
-            let mut message = Some(Ok(convert::activated_job(&job, &self.key.fetch_variables)));
+            let mut message = Some(Ok(activated_job(&job, &self.key.fetch_variables)));
             if count > 0 {
                 let start = rng.random_range(0..count);
                 for offset in 0..count {

@@ -20,10 +20,11 @@ use std::time::{Duration, Instant};
 use tokio::sync::{mpsc, oneshot};
 use tonic::Status;
 
+use super::PeerChannels;
+use crate::core::NodeId;
 use crate::proto::cluster::{
     DeliverReply, DeliverRequest, ForwardReply, ForwardRequest, PushReply, PushRequest, ReleaseJobsRequest,
 };
-use crate::raft::{NodeId, PeerChannels};
 
 /// How long a peer that has no `Deliver` stream gets calls before it is asked again.
 const CALLS_AFTER_UNIMPLEMENTED: Duration = Duration::from_secs(60);

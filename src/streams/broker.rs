@@ -23,8 +23,7 @@ use std::time::{Duration, Instant};
 
 use serde::Serialize;
 
-use crate::core::{JobKey, Millis, SessionId};
-use crate::raft::NodeId;
+use crate::core::{JobKey, Millis, NodeId, SessionId};
 
 /// How long a registration lives without a refresh.
 pub const STREAM_TTL: Duration = Duration::from_secs(15);

@@ -1,6 +1,6 @@
 //! The process's heap: how its allocator is set up, and handing memory the
 //! program has freed back to the kernel on a schedule. Both are process-wide,
-//! so `drover serve` sets them up once, not each [`super::Node`].
+//! so `drover serve` sets them up once, not each [`crate::node::Node`].
 //!
 //! The node's allocator is jemalloc (the default `jemalloc` feature, for
 //! Rust's allocations and RocksDB's alike): it returns freed pages on its own
@@ -176,7 +176,7 @@ fn purge_jemalloc() {
 
 /// Trims the heap every `interval` until `stop` turns true, recording each
 /// trim's duration and what it released.
-pub async fn trim_periodically(interval: Duration, mut stop: watch::Receiver<bool>) {
+pub async fn trim_periodically(interval: Duration, mut stop: watch::Receiver<bool>, status: crate::tasks::LoopStatus) {
     let mut ticks = tokio::time::interval(interval);
     ticks.set_missed_tick_behavior(tokio::time::MissedTickBehavior::Delay);
     ticks.tick().await;
@@ -189,6 +189,7 @@ pub async fn trim_periodically(interval: Duration, mut stop: watch::Receiver<boo
         let Ok(done) = tokio::task::spawn_blocking(trim).await else { return };
         metrics::histogram!("drover_malloc_trim_seconds").record(done.took.as_secs_f64());
         metrics::counter!("drover_malloc_trim_released_bytes_total").increment(done.released);
+        status.set(format!("the last trim released {} KiB in {:?}", done.released >> 10, done.took));
     }
 }
 

@@ -1,292 +1,25 @@
-//! The gateway's side of job streaming: worker streams aggregated by
-//! equivalence, and the hand-off of pushed jobs to a ready client.
-//!
-//! Two worker streams are equivalent when they ask for the same job type,
-//! worker name, activation timeout, set of fetch variables and set of tenants
-//! (order and repeats do not matter). Equivalent streams share one aggregated
-//! stream id, registered once with every broker, and one
-//! [`StreamAggregator`](super::aggregator::StreamAggregator) actor that owns
-//! their clients and hands out pushed jobs.
-//!
-//! A client is ready while it holds fewer jobs than its `max_jobs_in_flight`:
-//! a job pushed to it is held until the worker completes or fails it (through
-//! this gateway, or through another one whose partition leader then tells this
-//! gateway), or its activation timeout has passed on this gateway's own clock
-//! ([`Held`]). HTTP/2 flow control alone cannot say a worker is busy: a
-//! client's receive window holds thousands of small jobs, which would sit there
-//! past their timeout.
-//!
-//! Stream ids carry a per-start epoch in their high 32 bits, so a restarted
-//! gateway never answers to a registration its previous run left at a broker.
-//!
-//! Every push's answer also says how many more jobs the stream's clients can
-//! take, so partition leaders push no more than that. A partition whose push
-//! found the stream full is offered the room once a client frees a slot
-//! ([`LeaderLink::offer_room`]; see the aggregator for the order of offers):
-//! the leader keeps its jobs activatable meanwhile, rather than activating
-//! them for a stream that would answer "not ready".
-//!
-//! A pushed job is reported as rejected only when no client certainly got it:
-//! the aggregator hands out nothing from a push older than
-//! [`PUSH_DELIVER_WITHIN`], and the gateway waits for its answer up to
-//! [`PUSH_ANSWER_WITHIN`]. A push still unanswered then is reported as of
-//! unknown outcome, so its jobs are not yielded to a second worker while the
-//! first may still receive them. When the aggregator comes to that push, it
-//! knows which jobs no client took, and the gateway yields those itself
-//! ([`LeaderLink::hand_back`]) instead of leaving them to their activation
-//! timeout.
+//! The gateway's registry of its aggregated streams: equivalence key to
+//! stream id to its aggregator actor. Opening and closing a worker's stream,
+//! handing pushed jobs to the aggregator, and the stream's registration with
+//! brokers go through it.
 
-use std::collections::{BTreeMap, HashMap};
-use std::future::Future;
-use std::pin::Pin;
-use std::sync::atomic::{AtomicBool, AtomicU64, AtomicUsize, Ordering};
-use std::sync::{Arc, Mutex, OnceLock};
-use std::task::{Context, Poll};
+use std::collections::HashMap;
+use std::sync::atomic::{AtomicU64, Ordering};
+use std::sync::{Arc, OnceLock};
 use std::time::{Duration, Instant};
 
 use ractor::rpc::CallResult;
 use ractor::{Actor, ActorRef};
 use serde::Serialize;
 use tokio::sync::mpsc;
-use tokio_stream::Stream;
 use tonic::Status;
 
 use super::aggregator::{AggregatorArgs, AggregatorMsg, StreamAggregator};
-use super::convert::WorkerSpec;
-use crate::core::{fence_admits, ActivatedJobData, JobKey, PartitionId, SessionId, TAGGED_ATTEMPT};
-use crate::partition::streams::{PushOutcome, RemoteStream};
+use super::broker::{PushOutcome, RemoteStream};
+use super::flow::{Credits, Held, LeaderLink, RoomSignal, StreamKey};
+use super::spec::WorkerSpec;
+use crate::core::{ActivatedJobData, JobKey, NodeId, PartitionId};
 use crate::proto::gateway as pb;
-use crate::raft::NodeId;
-
-/// Jobs a worker stream holds at once when it names no limit.
-pub const DEFAULT_MAX_IN_FLIGHT: usize = 32;
-/// The largest `max_jobs_in_flight` a stream may ask for.
-pub const MAX_IN_FLIGHT_LIMIT: usize = 1000;
-
-/// How a gateway reaches partition leaders (its own node's or another's).
-pub trait LeaderLink: Send + Sync + 'static {
-    /// Offers `partition`'s leader `room` for jobs in `stream`, whose push it
-    /// found full.
-    fn offer_room(
-        &self,
-        partition: PartitionId,
-        stream: &RemoteStream,
-        room: u32,
-    ) -> Pin<Box<dyn Future<Output = OfferAnswer> + Send>>;
-
-    /// Yields pushed activations that no client took, from a push whose
-    /// leader had stopped waiting for the answer (and so would leave them to
-    /// their activation timeout).
-    fn hand_back(&self, activations: Vec<(JobKey, u32)>);
-}
-
-/// What became of an offer of room.
-#[derive(Clone, Copy, Debug, PartialEq, Eq)]
-pub enum OfferAnswer {
-    /// The leader activated jobs and pushes them into the stream.
-    Accepted,
-    /// The leader has no jobs for the stream now (it knows the room is there).
-    Declined,
-    /// No leader of the partition answered: it is offered the room again later.
-    Unreachable,
-}
-
-/// Tells a stream's aggregator that one of its clients may take another job
-/// (a slot freed, or a job left its buffer), once per arming: the aggregator
-/// arms it while partitions wait for room, so room made while nobody waits
-/// costs no message.
-#[derive(Default)]
-pub struct RoomSignal {
-    armed: AtomicBool,
-    aggregator: OnceLock<ActorRef<AggregatorMsg>>,
-}
-
-impl RoomSignal {
-    pub(super) fn attach(&self, aggregator: ActorRef<AggregatorMsg>) {
-        let _ = self.aggregator.set(aggregator);
-    }
-
-    pub(super) fn arm(&self) {
-        self.armed.store(true, Ordering::Release);
-    }
-
-    fn freed(&self) {
-        if self.armed.swap(false, Ordering::AcqRel) {
-            if let Some(aggregator) = self.aggregator.get() {
-                let _ = aggregator.cast(AggregatorMsg::Freed);
-            }
-        }
-    }
-}
-
-/// A client's jobs in hand, against its limit.
-pub struct Credits {
-    held: AtomicUsize,
-    max: usize,
-    /// The client's stream's signal, told when a slot frees.
-    signal: Arc<RoomSignal>,
-}
-
-impl Credits {
-    pub fn new(max: usize, signal: Arc<RoomSignal>) -> Arc<Credits> {
-        Arc::new(Credits { held: AtomicUsize::new(0), max, signal })
-    }
-
-    /// Takes one if the client is under its limit.
-    pub fn try_take(&self) -> bool {
-        self.held.fetch_update(Ordering::AcqRel, Ordering::Acquire, |h| (h < self.max).then_some(h + 1)).is_ok()
-    }
-
-    /// Gives back one taken for a job that did not reach the client.
-    pub fn give_back(&self) {
-        let _ = self.held.fetch_update(Ordering::AcqRel, Ordering::Acquire, |h| h.checked_sub(1));
-    }
-
-    /// Gives back the slot of a job the client held: its stream has room.
-    fn release(&self) {
-        self.give_back();
-        self.signal.freed();
-    }
-
-    /// Jobs the client can take before its limit.
-    pub fn free(&self) -> usize {
-        self.max.saturating_sub(self.held.load(Ordering::Acquire))
-    }
-}
-
-/// Activations held by clients: (key, attempt) -> (the client's credits, expiry).
-/// Ordered, so the activations of one key are found without the attempt.
-type HeldJobs = BTreeMap<(JobKey, u32), (Arc<Credits>, Instant)>;
-
-/// Jobs pushed to this gateway's clients, by (key, attempt), until the worker
-/// finishes them or their activation timeout passes.
-///
-/// Expiry runs on this gateway's monotonic clock: a job expires its timeout
-/// after it was handed to the client, which is never before the leader's
-/// deadline for it. Comparing the leader's deadline with this node's wall
-/// clock would free slots early (or late) by the clocks' skew.
-pub struct Held {
-    jobs: Mutex<HeldJobs>,
-    /// The origin of `earliest_expiry`.
-    base: Instant,
-    /// No held expiry is earlier than this many ms after `base` (it may be
-    /// earlier than needed after releases): expiry scans only once it passed.
-    earliest_expiry: AtomicU64,
-}
-
-impl Default for Held {
-    fn default() -> Self {
-        Held { jobs: Mutex::default(), base: Instant::now(), earliest_expiry: AtomicU64::new(u64::MAX) }
-    }
-}
-
-impl Held {
-    fn jobs(&self) -> std::sync::MutexGuard<'_, HeldJobs> {
-        self.jobs.lock().expect("held jobs lock poisoned")
-    }
-
-    fn millis(&self, at: Instant) -> u64 {
-        at.saturating_duration_since(self.base).as_millis() as u64
-    }
-
-    pub fn hold(&self, key: JobKey, attempt: u32, credits: Arc<Credits>, expires: Instant) {
-        let mut jobs = self.jobs();
-        self.earliest_expiry.fetch_min(self.millis(expires), Ordering::AcqRel);
-        let previous = jobs.insert((key, attempt), (credits, expires));
-        drop(jobs);
-        if let Some((previous, _)) = previous {
-            previous.release();
-        }
-    }
-
-    /// Takes back a hold whose job did not reach the client (its credit is
-    /// given back by the caller, which took it): only the hold `credits`
-    /// made, never a later push's of the same activation.
-    pub fn unhold(&self, key: JobKey, attempt: u32, credits: &Arc<Credits>) {
-        let mut jobs = self.jobs();
-        if jobs.get(&(key, attempt)).is_some_and(|(held, _)| Arc::ptr_eq(held, credits)) {
-            jobs.remove(&(key, attempt));
-        }
-    }
-
-    /// The worker is done with this activation (or it never reached it).
-    /// `fence` names it as job commands do ([`fence_admits`]): exactly, by
-    /// its tag, or (0) whichever activation of the job is held.
-    pub fn release(&self, key: JobKey, fence: u32) {
-        let released = {
-            let mut jobs = self.jobs();
-            let held = if fence != 0 && fence & TAGGED_ATTEMPT == 0 {
-                Some((key, fence))
-            } else {
-                jobs.range((key, 0)..=(key, u32::MAX))
-                    .map(|(k, _)| *k)
-                    .find(|(_, attempt)| fence_admits(fence, *attempt))
-            };
-            held.and_then(|held| jobs.remove(&held))
-        };
-        if let Some((credits, _)) = released {
-            credits.release();
-        }
-    }
-
-    /// Lets go of activations past their expiry (the job is no longer the
-    /// worker's). Scans only when the earliest held expiry has passed.
-    pub fn expire(&self, now: Instant) {
-        if self.millis(now) < self.earliest_expiry.load(Ordering::Acquire) {
-            return;
-        }
-        let mut jobs = self.jobs();
-        let mut earliest = u64::MAX;
-        jobs.retain(|_, (credits, expires)| {
-            let keep = *expires > now;
-            if keep {
-                earliest = earliest.min(self.millis(*expires));
-            } else {
-                credits.release();
-            }
-            keep
-        });
-        self.earliest_expiry.store(earliest, Ordering::Release);
-    }
-
-    /// When [`Held::expire`] may next let an activation go (possibly earlier
-    /// than needed); `None` while nothing is held.
-    pub fn next_expiry(&self) -> Option<Instant> {
-        let earliest = self.earliest_expiry.load(Ordering::Acquire);
-        // A millisecond on: the stored expiry is rounded down.
-        (earliest != u64::MAX).then(|| self.base + Duration::from_millis(earliest.saturating_add(1)))
-    }
-}
-
-/// The equivalence key of worker streams.
-#[derive(Clone, Debug, PartialEq, Eq, Hash, Serialize)]
-pub struct StreamKey {
-    pub job_type: String,
-    pub worker: String,
-    pub timeout_ms: i64,
-    pub fetch_variables: Vec<String>,
-    pub tenants: Vec<String>,
-    /// Streams of different sessions are never one stream: a quiet session's
-    /// stream must not be offered jobs while another's is.
-    pub session: SessionId,
-    /// The workers' labels: jobs are routed by them.
-    pub labels: Vec<String>,
-}
-
-impl From<&WorkerSpec> for StreamKey {
-    fn from(spec: &WorkerSpec) -> Self {
-        // WorkerSpec already holds fetch variables and tenants sorted and deduplicated.
-        StreamKey {
-            job_type: spec.job_type.clone(),
-            worker: spec.worker.clone(),
-            timeout_ms: spec.timeout_ms,
-            fetch_variables: spec.fetch_variables.clone(),
-            tenants: spec.tenants.clone(),
-            session: spec.session,
-            labels: spec.labels.clone(),
-        }
-    }
-}
 
 struct Entry {
     key: StreamKey,
@@ -320,7 +53,8 @@ pub struct Opened {
     pub stream_id: u64,
     pub client_id: u64,
     pub receiver: mpsc::Receiver<Result<pb::ActivatedJob, Status>>,
-    /// Set when this client created the aggregated stream: register it.
+    /// Set when this client created the aggregated stream (registered with
+    /// the brokers through the [`LeaderLink`]).
     pub new_stream: Option<RemoteStream>,
     /// The stream's signal, for the client's end to say its buffer has room.
     pub signal: Arc<RoomSignal>,
@@ -428,13 +162,18 @@ impl GatewayStreams {
             .call(|reply| AggregatorMsg::AddClient { client_id, sender, credits, reply }, Some(CALL_TIMEOUT))
             .await
         {
-            Ok(CallResult::Success(())) => Ok(Opened { stream_id, client_id, receiver, new_stream, signal }),
+            Ok(CallResult::Success(())) => {
+                if let (Some(stream), Some(leaders)) = (&new_stream, self.leaders.get()) {
+                    leaders.register(stream);
+                }
+                Ok(Opened { stream_id, client_id, receiver, new_stream, signal })
+            }
             _ => Err(Status::unavailable("the stream aggregator did not answer; reconnect")),
         }
     }
 
-    /// Removes a client; returns the stream when it was the last one, to be
-    /// removed from the brokers.
+    /// Removes a client; when it was the last one, the stream is removed
+    /// from the brokers, and returned.
     pub async fn close(&self, stream_id: u64, client_id: u64) -> Option<RemoteStream> {
         let mut inner = self.inner.lock().await;
         let entry = inner.streams.get(&stream_id)?;
@@ -449,7 +188,11 @@ impl GatewayStreams {
         inner.by_key.remove(&entry.key);
         entry.actor.stop(Some("last client left".into()));
         metrics::gauge!("drover_gateway_job_stream_streams").decrement(1.0);
-        Some(self.remote(stream_id, &entry.key))
+        let stream = self.remote(stream_id, &entry.key);
+        if let Some(leaders) = self.leaders.get() {
+            leaders.remove(&stream);
+        }
+        Some(stream)
     }
 
     /// Hands jobs `partition`'s leader pushed to the stream's aggregator.
@@ -519,165 +262,28 @@ impl GatewayStreams {
     }
 }
 
-/// A worker's end of an aggregated stream. Dropping it (the worker went away)
-/// leaves the aggregate and hands back every job still buffered for it, so
-/// those jobs do not wait for their activation timeout.
-pub struct ClientStream {
-    receiver: mpsc::Receiver<Result<pb::ActivatedJob, Status>>,
-    /// Told when jobs leave the buffer: a buffer that was full has room
-    /// (its jobs' slots may have been freed while they waited in it).
-    signal: Arc<RoomSignal>,
-    on_close: Option<OnClose>,
-    /// Set after handing out a message: the next poll says Pending once, so
-    /// the encoder sends each message in its own chunk instead of draining
-    /// the buffer into a write it cannot take back. Jobs left in the buffer
-    /// can then be handed back when the client goes away.
-    just_yielded: bool,
-    /// An error that ended a batch, for the next poll.
-    failed: Option<Status>,
-    /// Mints each job's job token as it leaves, when job tokens are on.
-    job_tokens: Option<Arc<crate::auth::Authenticator>>,
-    /// The call, for [`super::STREAM_MESSAGES`].
-    method: &'static str,
-}
-
-/// Jobs in one message of `StreamActivatedJobBatches`, at most.
-pub const BATCH_MESSAGE_JOBS: usize = 1024;
-/// Bytes of jobs in one such message, about: the job that reaches it is the last.
-pub const BATCH_MESSAGE_BYTES: usize = 1 << 20;
-
-impl ClientStream {
-    pub fn new(opened: Opened, on_close: OnClose) -> Self {
-        ClientStream {
-            receiver: opened.receiver,
-            signal: opened.signal,
-            on_close: Some(on_close),
-            just_yielded: false,
-            failed: None,
-            job_tokens: None,
-            method: "StreamActivatedJobs",
-        }
-    }
-
-    /// Jobs leave with a job token from `auth`, if it mints them.
-    pub fn with_job_tokens(mut self, auth: &Arc<crate::auth::Authenticator>) -> Self {
-        self.job_tokens = auth.mints_job_tokens().then(|| Arc::clone(auth));
-        self
-    }
-
-    /// The next message's jobs: those ready now, at least one, at most
-    /// `max_jobs`, until their encoded bytes reach `max_bytes`.
-    fn poll_jobs(
-        &mut self,
-        cx: &mut Context<'_>,
-        max_jobs: usize,
-        max_bytes: usize,
-    ) -> Poll<Option<Result<Vec<pb::ActivatedJob>, Status>>> {
-        if self.just_yielded {
-            self.just_yielded = false;
-            cx.waker().wake_by_ref();
-            return Poll::Pending;
-        }
-        if let Some(status) = self.failed.take() {
-            return Poll::Ready(Some(Err(status)));
-        }
-        let mut jobs = Vec::new();
-        let mut bytes = 0;
-        while jobs.len() < max_jobs && bytes < max_bytes {
-            match self.receiver.poll_recv(cx) {
-                Poll::Ready(Some(Ok(mut job))) => {
-                    if let Some(auth) = &self.job_tokens {
-                        job.job_token = auth.job_token(job.key, job.attempt, job.deadline);
-                    }
-                    if max_bytes < usize::MAX {
-                        bytes += prost::Message::encoded_len(&job);
-                    }
-                    jobs.push(job);
-                }
-                Poll::Ready(Some(Err(status))) if jobs.is_empty() => return Poll::Ready(Some(Err(status))),
-                Poll::Ready(Some(Err(status))) => {
-                    self.failed = Some(status);
-                    break;
-                }
-                Poll::Ready(None) if jobs.is_empty() => return Poll::Ready(None),
-                Poll::Pending if jobs.is_empty() => return Poll::Pending,
-                Poll::Ready(None) | Poll::Pending => break,
-            }
-        }
-        self.just_yielded = true;
-        self.signal.freed();
-        metrics::counter!(super::STREAM_MESSAGES, "method" => self.method).increment(1);
-        Poll::Ready(Some(Ok(jobs)))
-    }
-}
-
-/// Runs when a client stream ends, with the (key, attempt) of every job still
-/// buffered for it.
-pub type OnClose = Box<dyn FnOnce(Vec<(JobKey, u32)>) + Send>;
-
-impl Stream for ClientStream {
-    type Item = Result<pb::ActivatedJob, Status>;
-
-    fn poll_next(mut self: Pin<&mut Self>, cx: &mut Context<'_>) -> Poll<Option<Self::Item>> {
-        self.poll_jobs(cx, 1, usize::MAX)
-            .map(|next| next.map(|jobs| jobs.map(|mut jobs| jobs.pop().expect("a message holds a job"))))
-    }
-}
-
-/// A worker's end of an aggregated stream, several jobs to a message
-/// (`StreamActivatedJobBatches`): each message takes what is ready, up to
-/// [`BATCH_MESSAGE_JOBS`] and about [`BATCH_MESSAGE_BYTES`].
-pub struct ClientBatches(ClientStream);
-
-impl ClientBatches {
-    pub fn new(mut stream: ClientStream) -> Self {
-        stream.method = "StreamActivatedJobBatches";
-        ClientBatches(stream)
-    }
-}
-
-impl Stream for ClientBatches {
-    type Item = Result<pb::ActivatedJobBatch, Status>;
-
-    fn poll_next(mut self: Pin<&mut Self>, cx: &mut Context<'_>) -> Poll<Option<Self::Item>> {
-        let next = self.0.poll_jobs(cx, BATCH_MESSAGE_JOBS, BATCH_MESSAGE_BYTES);
-        next.map(|next| next.map(|jobs| jobs.map(|jobs| pb::ActivatedJobBatch { jobs })))
-    }
-}
-
-impl Drop for ClientStream {
-    fn drop(&mut self) {
-        self.receiver.close();
-        let mut buffered = Vec::new();
-        while let Ok(item) = self.receiver.try_recv() {
-            if let Ok(job) = item {
-                buffered.push((JobKey(job.key), job.attempt));
-            }
-        }
-        if let Some(on_close) = self.on_close.take() {
-            on_close(buffered);
-        }
-    }
-}
-
 #[cfg(test)]
 mod tests {
+    use std::future::Future;
+    use std::pin::Pin;
     use std::sync::Arc;
 
     use super::*;
-    use crate::gateway::convert;
+    use crate::streams::flow::OfferAnswer;
 
     fn spec(timeout_ms: i64, fetch: &[&str]) -> WorkerSpec {
-        convert::worker_spec(
-            "t".into(),
-            "w".into(),
+        let mut fetch_variables: Vec<String> = fetch.iter().map(|s| s.to_string()).collect();
+        fetch_variables.sort();
+        fetch_variables.dedup();
+        WorkerSpec {
+            job_type: "t".into(),
+            worker: "w".into(),
             timeout_ms,
-            fetch.iter().map(|s| s.to_string()).collect(),
-            vec![],
-            0,
-            vec![],
-        )
-        .unwrap()
+            fetch_variables,
+            tenants: vec![crate::core::DEFAULT_TENANT.into()],
+            session: 0,
+            labels: vec![],
+        }
     }
 
     #[tokio::test]
@@ -777,6 +383,10 @@ mod tests {
             Box::pin(async { OfferAnswer::Accepted })
         }
 
+        fn register(&self, _stream: &RemoteStream) {}
+
+        fn remove(&self, _stream: &RemoteStream) {}
+
         fn hand_back(&self, activations: Vec<(JobKey, u32)>) {
             for activation in activations {
                 let _ = self.handed_back.send(activation);
@@ -856,7 +466,7 @@ mod tests {
     async fn a_stream_takes_only_jobs_of_its_type_and_tenants() {
         let streams = GatewayStreams::new(0);
         let tenants = vec!["t1".to_string()];
-        let spec = convert::worker_spec("a".into(), "w".into(), 60_000, vec![], tenants, 0, vec![]).unwrap();
+        let spec = WorkerSpec { job_type: "a".into(), tenants, ..spec(60_000, &[]) };
         let mut opened = streams.open(&spec, 8).await.unwrap();
         let jobs = vec![job(1, "a", "t1", 0), job(2, "a", "t2", 0), job(3, "b", "t1", 0)];
         let outcome = streams.push(opened.stream_id, 0, jobs).await;

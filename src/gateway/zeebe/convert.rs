@@ -1,100 +1,19 @@
-//! Zeebe's `gateway_protocol.Gateway`, its job-worker RPCs, served beside
-//! `drover.v1.Gateway` on the same port so that existing Zeebe job workers
-//! run on Drover unmodified (docs/zeebe.md).
-//!
-//! This module owns the translation only. Every call becomes the native call
-//! that does the same, so both services share one set of rules, one
-//! aggregation of worker streams and one set of credits. Where Zeebe's
-//! documented semantics differ from Drover's, Zeebe's win here:
-//! - `requestTimeout` 0 is the configured default long poll, a negative one
-//!   none; `maxJobsToActivate` above the limit is clamped, not refused;
-//! - `FailJob`'s negative retries and back-off count as 0; a blank worker
-//!   name is accepted;
-//! - an activated job's variables and custom headers are always JSON object
-//!   strings, and its process fields are zero or empty;
-//! - a completed or cancelled job answers NOT_FOUND, as Zeebe deletes them;
-//! - `ThrowError` raises an incident whose message starts with the error code;
-//! - no reply message exceeds [`MAX_MESSAGE_BYTES`]: activations are cut
-//!   into several messages, and a job too large for one message alone
-//!   raises an incident instead of breaking the client;
-//! - every RPC that needs a process engine answers UNIMPLEMENTED.
-//!
-//! Fencing, which Zeebe lacks: a job key handed out here is the job's key
-//! with its attempt's tag ([`crate::core::attempt_tag`]) in bits 60..62,
-//! which no Drover key uses. Complete, fail, throw and timeout updates with
-//! such a key act only on an activation with that tag, so a stale worker's
-//! call after the job was activated again is refused with
-//! FAILED_PRECONDITION. A key without a tag, as `drover job create` prints
-//! it, names whichever activation the job has.
+//! Translation between Zeebe's `gateway_protocol` messages and drover.v1's:
+//! job keys with their attempt's tag, Zeebe's defaults and clamps, replies
+//! cut to a Zeebe client's message size, and the topology.
 
-use std::pin::Pin;
-use std::sync::Arc;
-use std::time::Instant;
-
-use futures::{Stream, StreamExt};
-use prost::Message;
-use tonic::{Code, Request, Response, Status};
-
-use super::convert::Limits;
-use super::service::cluster_status;
-use super::{router, ApiError, GatewayService};
+use crate::config::Limits;
 use crate::core::{attempt_tag, FailReason, JobKey, TAGGED_ATTEMPT};
-use crate::node::NodeContext;
+use crate::gateway::ApiError;
 use crate::proto::gateway as pb;
-use crate::proto::gateway::gateway_server::Gateway as Native;
 use crate::proto::zeebe as zb;
-use crate::proto::zeebe::gateway_server::Gateway;
-
-type BoxStream<T> = Pin<Box<dyn Stream<Item = Result<T, Status>> + Send>>;
-
-/// The largest message a Zeebe client accepts by default (gRPC's 4 MiB).
-pub const MAX_MESSAGE_BYTES: usize = 4 << 20;
-
-/// Where a Zeebe job key carries its activation's tag.
-const TAG_SHIFT: u32 = 60;
-const TAG_BITS: u64 = 0b111 << TAG_SHIFT;
 
 /// The version Topology reports for the gateway and every broker.
 const VERSION: &str = env!("CARGO_PKG_VERSION");
 
-pub struct ZeebeService {
-    native: GatewayService,
-    ctx: Arc<NodeContext>,
-}
-
-impl ZeebeService {
-    pub fn new(ctx: Arc<NodeContext>) -> Self {
-        ZeebeService { native: GatewayService::new(Arc::clone(&ctx)), ctx }
-    }
-
-    /// A call the native service failed with FAILED_PRECONDITION: NOT_FOUND
-    /// if the job is finished (Zeebe deletes completed and cancelled jobs),
-    /// as it was otherwise. Reads the job only on this error path.
-    async fn gone_if_finished(&self, key: JobKey, status: Status) -> Status {
-        if status.code() != Code::FailedPrecondition {
-            return status;
-        }
-        let deadline = Instant::now() + self.ctx.request_timeout;
-        match router::describe(&self.ctx, key, deadline).await {
-            Ok(job) if job.state.is_final() => Status::not_found(format!(
-                "job {key} is already {}: a finished job is gone for Zeebe clients",
-                job.state.as_str()
-            )),
-            Err(ApiError::NotFound(message)) => Status::not_found(message),
-            _ => status,
-        }
-    }
-
-    /// Answers every RPC that needs a process engine.
-    fn no_engine<T>(rpc: &str) -> Result<Response<T>, Status> {
-        Err(Status::unimplemented(format!(
-            "{rpc} is not served: Drover is a job broker and has no BPMN engine (no processes, messages, \
-             decisions, signals or deployments); it serves the job-worker RPCs of gateway_protocol.Gateway \
-             (ActivateJobs, StreamActivatedJobs, CompleteJob, FailJob, ThrowError, UpdateJobRetries, \
-             UpdateJobTimeout, Topology)"
-        )))
-    }
-}
+/// Where a Zeebe job key carries its activation's tag.
+const TAG_SHIFT: u32 = 60;
+const TAG_BITS: u64 = 0b111 << TAG_SHIFT;
 
 /// The key a Zeebe client gets for an activation: the job's key with the
 /// attempt's tag in bits 60..62.
@@ -169,18 +88,8 @@ pub fn activated_job(job: pb::ActivatedJob) -> zb::ActivatedJob {
     }
 }
 
-/// The native request a Zeebe request becomes, with its metadata (deadline,
-/// trace context) and extensions.
-fn native_request<Z, N>(
-    request: Request<Z>,
-    convert: impl FnOnce(Z) -> Result<N, ApiError>,
-) -> Result<Request<N>, ApiError> {
-    let (metadata, extensions, message) = request.into_parts();
-    Ok(Request::from_parts(metadata, extensions, convert(message)?))
-}
-
 /// `labels`: what a Zeebe worker, which names none, is labelled with here
-/// ([`crate::node::NodeContext::default_worker_labels`]).
+/// ([`crate::context::Topology::default_worker_labels`]).
 pub fn activate_request(
     r: zb::ActivateJobsRequest,
     limits: &Limits,
@@ -291,39 +200,6 @@ pub fn split_replies(
     (replies, too_large)
 }
 
-/// Whether a job's fields could add up to more than a message; the other
-/// fields (type, worker, tenant, numbers) take well under 64 KiB.
-fn may_exceed_a_message(job: &zb::ActivatedJob) -> bool {
-    job.variables.len() + job.custom_headers.len() > MAX_MESSAGE_BYTES - (64 << 10)
-}
-
-/// Raises an incident on an activation too large for a Zeebe client's
-/// message, instead of sending what the client cannot read.
-fn incident_for_too_large(ctx: &Arc<NodeContext>, job: &zb::ActivatedJob) {
-    let Ok((key, fence)) = job_of(job.key) else { return };
-    let bytes = job.encoded_len();
-    let request = pb::FailJobRequest {
-        key: key.0,
-        attempt: fence,
-        retries: 0,
-        error_message: format!(
-            "the job is {bytes} bytes as a Zeebe ActivatedJob, more than the {MAX_MESSAGE_BYTES} bytes a Zeebe \
-             client reads in one message; make its variables smaller, or work it through drover.v1"
-        ),
-        reason: FailReason::MalformedPayload.as_str().into(),
-        ..Default::default()
-    };
-    let native = GatewayService::new(Arc::clone(ctx));
-    // The broker's own action, not the client's: it needs no token.
-    let mut request = Request::new(request);
-    request.extensions_mut().insert(Arc::new(crate::auth::Principal::system()));
-    tokio::spawn(async move {
-        if let Err(status) = Native::fail_job(&native, request).await {
-            tracing::warn!(%key, %status, "could not raise the incident of a job too large for a Zeebe client");
-        }
-    });
-}
-
 fn role(role: &str) -> zb::partition::PartitionBrokerRole {
     use zb::partition::PartitionBrokerRole as Role;
     match role {
@@ -379,211 +255,11 @@ pub fn topology(
     }
 }
 
-#[tonic::async_trait]
-impl Gateway for ZeebeService {
-    type ActivateJobsStream = BoxStream<zb::ActivateJobsResponse>;
-    type StreamActivatedJobsStream = BoxStream<zb::ActivatedJob>;
-
-    async fn activate_jobs(
-        &self,
-        request: Request<zb::ActivateJobsRequest>,
-    ) -> Result<Response<Self::ActivateJobsStream>, Status> {
-        let request =
-            native_request(request, |r| activate_request(r, &self.ctx.limits, self.ctx.default_worker_labels()))?;
-        let mut answers = Native::activate_jobs(&self.native, request).await?.into_inner();
-        let mut jobs = Vec::new();
-        while let Some(answer) = answers.next().await {
-            jobs.extend(answer?.jobs.into_iter().map(activated_job));
-        }
-        // No jobs: the stream ends with no message, as Zeebe's gateway ends a
-        // long poll that timed out.
-        let (replies, too_large) = split_replies(jobs, MAX_MESSAGE_BYTES);
-        for job in &too_large {
-            incident_for_too_large(&self.ctx, job);
-        }
-        Ok(Response::new(Box::pin(futures::stream::iter(replies.into_iter().map(Ok)))))
-    }
-
-    async fn stream_activated_jobs(
-        &self,
-        request: Request<zb::StreamActivatedJobsRequest>,
-    ) -> Result<Response<Self::StreamActivatedJobsStream>, Status> {
-        let request = native_request(request, |r| Ok(stream_request(r, self.ctx.default_worker_labels())))?;
-        let jobs = Native::stream_activated_jobs(&self.native, request).await?.into_inner();
-        let ctx = Arc::clone(&self.ctx);
-        let jobs = jobs.filter_map(move |item| {
-            let out = match item.map(activated_job) {
-                Ok(job) if may_exceed_a_message(&job) && job.encoded_len() > MAX_MESSAGE_BYTES => {
-                    incident_for_too_large(&ctx, &job);
-                    None
-                }
-                other => Some(other),
-            };
-            futures::future::ready(out)
-        });
-        Ok(Response::new(Box::pin(jobs)))
-    }
-
-    async fn complete_job(
-        &self,
-        request: Request<zb::CompleteJobRequest>,
-    ) -> Result<Response<zb::CompleteJobResponse>, Status> {
-        let request = native_request(request, complete_request)?;
-        let key = JobKey(request.get_ref().key);
-        match Native::complete_job(&self.native, request).await {
-            Ok(_) => Ok(Response::new(zb::CompleteJobResponse {})),
-            Err(status) => Err(self.gone_if_finished(key, status).await),
-        }
-    }
-
-    async fn fail_job(&self, request: Request<zb::FailJobRequest>) -> Result<Response<zb::FailJobResponse>, Status> {
-        let request = native_request(request, fail_request)?;
-        let key = JobKey(request.get_ref().key);
-        match Native::fail_job(&self.native, request).await {
-            Ok(_) => Ok(Response::new(zb::FailJobResponse {})),
-            Err(status) => Err(self.gone_if_finished(key, status).await),
-        }
-    }
-
-    async fn throw_error(
-        &self,
-        request: Request<zb::ThrowErrorRequest>,
-    ) -> Result<Response<zb::ThrowErrorResponse>, Status> {
-        let request = native_request(request, throw_request)?;
-        let key = JobKey(request.get_ref().key);
-        match Native::fail_job(&self.native, request).await {
-            Ok(_) => Ok(Response::new(zb::ThrowErrorResponse {})),
-            Err(status) => Err(self.gone_if_finished(key, status).await),
-        }
-    }
-
-    async fn update_job_retries(
-        &self,
-        request: Request<zb::UpdateJobRetriesRequest>,
-    ) -> Result<Response<zb::UpdateJobRetriesResponse>, Status> {
-        let request = native_request(request, retries_request)?;
-        let key = JobKey(request.get_ref().key);
-        match Native::update_job_retries(&self.native, request).await {
-            Ok(_) => Ok(Response::new(zb::UpdateJobRetriesResponse {})),
-            Err(status) => Err(self.gone_if_finished(key, status).await),
-        }
-    }
-
-    async fn update_job_timeout(
-        &self,
-        request: Request<zb::UpdateJobTimeoutRequest>,
-    ) -> Result<Response<zb::UpdateJobTimeoutResponse>, Status> {
-        let request = native_request(request, timeout_request)?;
-        let key = JobKey(request.get_ref().key);
-        match Native::update_job_timeout(&self.native, request).await {
-            Ok(_) => Ok(Response::new(zb::UpdateJobTimeoutResponse {})),
-            Err(status) => Err(self.gone_if_finished(key, status).await),
-        }
-    }
-
-    async fn topology(&self, request: Request<zb::TopologyRequest>) -> Result<Response<zb::TopologyResponse>, Status> {
-        let _running = self.ctx.request_started("topology");
-        // Any principal: clients read the cluster's shape to connect.
-        super::service::principal_of(&self.ctx, &request)?;
-        let brokers = cluster_status(&self.ctx).await;
-        let ctx = &self.ctx;
-        Ok(Response::new(topology(brokers, ctx.cluster_size(), ctx.partition_count(), ctx.replication_factor)))
-    }
-
-    async fn cancel_process_instance(
-        &self,
-        _: Request<zb::CancelProcessInstanceRequest>,
-    ) -> Result<Response<zb::CancelProcessInstanceResponse>, Status> {
-        Self::no_engine("CancelProcessInstance")
-    }
-
-    async fn create_process_instance(
-        &self,
-        _: Request<zb::CreateProcessInstanceRequest>,
-    ) -> Result<Response<zb::CreateProcessInstanceResponse>, Status> {
-        Self::no_engine("CreateProcessInstance")
-    }
-
-    async fn create_process_instance_with_result(
-        &self,
-        _: Request<zb::CreateProcessInstanceWithResultRequest>,
-    ) -> Result<Response<zb::CreateProcessInstanceWithResultResponse>, Status> {
-        Self::no_engine("CreateProcessInstanceWithResult")
-    }
-
-    async fn evaluate_decision(
-        &self,
-        _: Request<zb::EvaluateDecisionRequest>,
-    ) -> Result<Response<zb::EvaluateDecisionResponse>, Status> {
-        Self::no_engine("EvaluateDecision")
-    }
-
-    async fn deploy_process(
-        &self,
-        _: Request<zb::DeployProcessRequest>,
-    ) -> Result<Response<zb::DeployProcessResponse>, Status> {
-        Self::no_engine("DeployProcess")
-    }
-
-    async fn deploy_resource(
-        &self,
-        _: Request<zb::DeployResourceRequest>,
-    ) -> Result<Response<zb::DeployResourceResponse>, Status> {
-        Self::no_engine("DeployResource")
-    }
-
-    async fn publish_message(
-        &self,
-        _: Request<zb::PublishMessageRequest>,
-    ) -> Result<Response<zb::PublishMessageResponse>, Status> {
-        Self::no_engine("PublishMessage")
-    }
-
-    async fn resolve_incident(
-        &self,
-        _: Request<zb::ResolveIncidentRequest>,
-    ) -> Result<Response<zb::ResolveIncidentResponse>, Status> {
-        Self::no_engine("ResolveIncident")
-    }
-
-    async fn set_variables(
-        &self,
-        _: Request<zb::SetVariablesRequest>,
-    ) -> Result<Response<zb::SetVariablesResponse>, Status> {
-        Self::no_engine("SetVariables")
-    }
-
-    async fn modify_process_instance(
-        &self,
-        _: Request<zb::ModifyProcessInstanceRequest>,
-    ) -> Result<Response<zb::ModifyProcessInstanceResponse>, Status> {
-        Self::no_engine("ModifyProcessInstance")
-    }
-
-    async fn migrate_process_instance(
-        &self,
-        _: Request<zb::MigrateProcessInstanceRequest>,
-    ) -> Result<Response<zb::MigrateProcessInstanceResponse>, Status> {
-        Self::no_engine("MigrateProcessInstance")
-    }
-
-    async fn delete_resource(
-        &self,
-        _: Request<zb::DeleteResourceRequest>,
-    ) -> Result<Response<zb::DeleteResourceResponse>, Status> {
-        Self::no_engine("DeleteResource")
-    }
-
-    async fn broadcast_signal(
-        &self,
-        _: Request<zb::BroadcastSignalRequest>,
-    ) -> Result<Response<zb::BroadcastSignalResponse>, Status> {
-        Self::no_engine("BroadcastSignal")
-    }
-}
-
 #[cfg(test)]
 mod tests {
+    use prost::Message;
+
+    use super::super::MAX_MESSAGE_BYTES;
     use super::*;
     use crate::core::{fence_admits, MAX_PARTITIONS};
 

@@ -1,0 +1,149 @@
+//! Who leads each partition, as this node knows it, and where new work goes.
+
+use std::collections::{BTreeMap, HashMap};
+use std::sync::atomic::{AtomicU32, Ordering};
+use std::sync::{Arc, Mutex, RwLock};
+use std::time::Duration;
+
+use ractor::ActorRef;
+
+use super::Topology;
+use crate::core::PartitionId;
+use crate::partition::LeaderMsg;
+use crate::raft::{NodeId, Replica};
+
+/// The replicas this node hosts, the leader actors it runs for the partitions
+/// it leads, hints of the leaders elsewhere, and the turns of round-robins.
+pub struct Routing {
+    topology: Arc<Topology>,
+    /// The replicas this node hosts.
+    pub replicas: BTreeMap<PartitionId, Arc<Replica>>,
+    leaders: RwLock<HashMap<PartitionId, ActorRef<LeaderMsg>>>,
+    hints: Mutex<HashMap<PartitionId, NodeId>>,
+    next_partition: AtomicU32,
+    /// The turn of creates without a key, apart from `next_partition` so that
+    /// polls between creates do not skew where creates go.
+    next_create: AtomicU32,
+    /// See [`Routing::next_create_partition`].
+    local_creates: bool,
+}
+
+impl Routing {
+    pub fn new(topology: Arc<Topology>, replicas: BTreeMap<PartitionId, Arc<Replica>>, local_creates: bool) -> Self {
+        Routing {
+            topology,
+            replicas,
+            leaders: RwLock::new(HashMap::new()),
+            hints: Mutex::new(HashMap::new()),
+            next_partition: AtomicU32::new(rand::random::<u32>()),
+            next_create: AtomicU32::new(rand::random::<u32>()),
+            local_creates,
+        }
+    }
+
+    /// The next partition of a round-robin over all of them.
+    pub fn next_partition(&self) -> PartitionId {
+        self.next_partition.fetch_add(1, Ordering::Relaxed) % self.topology.partitions
+    }
+
+    /// The partition for a new job that may go anywhere (no idempotency key).
+    /// With `--create-placement local` (the default): round-robin over the
+    /// partitions this node leads, so that the create needs no forward to
+    /// another node, or over all of them when it leads none; clients spread
+    /// over the gateways thereby spread over the leaders. Otherwise
+    /// round-robin over all partitions.
+    pub fn next_create_partition(&self) -> PartitionId {
+        let turn = self.next_create.fetch_add(1, Ordering::Relaxed);
+        let partitions = self.topology.partitions;
+        if !self.local_creates {
+            return turn % partitions;
+        }
+        // The map's order holds while leadership does not change.
+        let leaders = self.leaders.read().expect("leaders lock");
+        match leaders.len() {
+            0 => turn % partitions,
+            led => *leaders.keys().nth(turn as usize % led).expect("within the map"),
+        }
+    }
+
+    pub fn replica(&self, partition: PartitionId) -> Option<&Arc<Replica>> {
+        self.replicas.get(&partition)
+    }
+
+    pub fn local_leader(&self, partition: PartitionId) -> Option<ActorRef<LeaderMsg>> {
+        self.leaders.read().expect("leaders lock").get(&partition).cloned()
+    }
+
+    pub fn local_leaders(&self) -> Vec<ActorRef<LeaderMsg>> {
+        self.leaders.read().expect("leaders lock").values().cloned().collect()
+    }
+
+    pub fn set_local_leader(&self, partition: PartitionId, leader: Option<ActorRef<LeaderMsg>>) {
+        let mut leaders = self.leaders.write().expect("leaders lock");
+        match leader {
+            Some(actor) => leaders.insert(partition, actor),
+            None => leaders.remove(&partition),
+        };
+    }
+
+    pub async fn stop_leaders(&self) {
+        let leaders: Vec<_> = self.leaders.write().expect("leaders lock").drain().map(|(_, a)| a).collect();
+        for leader in leaders {
+            let _ = leader.stop_and_wait(None, Some(Duration::from_secs(5))).await;
+        }
+    }
+
+    /// The leader this node knows of: its replica's view, else the last hint.
+    pub fn known_leader(&self, partition: PartitionId) -> Option<NodeId> {
+        if let Some(replica) = self.replicas.get(&partition) {
+            if let Some(leader) = replica.leadership().leader {
+                return Some(leader);
+            }
+        }
+        self.hints.lock().expect("hints lock").get(&partition).copied()
+    }
+
+    /// Waits `back_off`, or less when this node hosts a replica of the
+    /// partition and it learns of a new leader first: a gateway retrying a
+    /// leaderless partition follows the election's winner at once.
+    pub async fn back_off_for_leader(&self, partition: PartitionId, back_off: Duration) {
+        match self.replicas.get(&partition) {
+            Some(replica) => {
+                let known = replica.leadership().leader;
+                replica.new_leader(known, back_off).await;
+            }
+            None => tokio::time::sleep(back_off).await,
+        }
+    }
+
+    /// Where to send a partition's commands on attempt `rotation`: the known
+    /// leader, else each replica in turn.
+    pub fn leader_hint(&self, partition: PartitionId, rotation: usize) -> Option<NodeId> {
+        if rotation == 0 || rotation % 2 == 0 {
+            if let Some(leader) = self.known_leader(partition) {
+                return Some(leader);
+            }
+        }
+        let nodes = self.topology.replica_nodes(partition);
+        let others: Vec<NodeId> = nodes.into_iter().filter(|n| *n != self.topology.node_id).collect();
+        if others.is_empty() {
+            return None;
+        }
+        // Odd attempts (the even ones went to a known leader) go round every
+        // other replica in turn, not only those at odd positions.
+        Some(others[(rotation / 2) % others.len()])
+    }
+
+    pub fn set_leader_hint(&self, partition: PartitionId, hint: Option<NodeId>) {
+        let mut hints = self.hints.lock().expect("hints lock");
+        match hint {
+            Some(node) => hints.insert(partition, node),
+            None => hints.remove(&partition),
+        };
+    }
+
+    /// True when every partition this node hosts has a known leader.
+    pub fn ready(&self) -> bool {
+        self.replicas.values().all(|r| r.leadership().leader.is_some())
+    }
+}

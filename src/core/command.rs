@@ -1,0 +1,312 @@
+//! The commands that change a partition, the batches they are replicated
+//! in, and what each one answers.
+
+use std::sync::Arc;
+
+use bytes::Bytes;
+use serde::{Deserialize, Serialize};
+
+use super::failure::FailReason;
+use super::history::{Via, YieldReason};
+use super::ids::{JobKey, Millis};
+use super::job::{field_len, ActivatedJobData, JobState, NewJob};
+use super::routing::Taker;
+use super::session::{Session, SessionId, SessionInfo, SessionTarget, WorkerState};
+
+/// Who an activation is for.
+#[derive(Clone, Debug, PartialEq, Serialize, Deserialize)]
+pub struct Activation {
+    pub job_type: String,
+    /// Tenants whose jobs may be activated; never empty after validation.
+    pub tenants: Vec<String>,
+    pub worker: String,
+    pub timeout_ms: i64,
+    pub max_jobs: u32,
+    /// The activated jobs' [`ActivatedJobData::encoded_len`] together stay
+    /// within this, so they fit one message; the first job is taken whatever
+    /// its size (the payload limit makes one job always fit).
+    pub max_bytes: u64,
+    /// The worker's session (0: none). A session that is quiet or told to
+    /// terminate gets no jobs; one the partition does not know is refused.
+    pub session: SessionId,
+    /// How the activation reaches its worker, for the jobs' histories.
+    pub via: Via,
+    /// Who takes the jobs: only jobs whose routing admits it while
+    /// `rivals` are open too are activated (see [`super::routing`]).
+    pub taker: Taker,
+    /// The other open takers of the type, as the leader knows them.
+    pub rivals: Vec<Taker>,
+}
+
+/// One change requested of a partition. Commands are replicated in batches.
+#[derive(Clone, Debug, PartialEq, Serialize, Deserialize)]
+pub enum Command {
+    Create(NewJob),
+    Activate(Activation),
+    Complete {
+        key: JobKey,
+        attempt: u32,
+        variables: Bytes,
+    },
+    /// A failed attempt. `variables` (a JSON object; empty for none) are
+    /// merged into the job's: their top-level keys replace the job's, so the
+    /// next attempt and `GetJob` see them. The merged variables and custom
+    /// headers must fit `max_payload_bytes`, the gateway's limit when it built
+    /// the command (so every replica judges alike).
+    Fail {
+        key: JobKey,
+        attempt: u32,
+        retries: i32,
+        error_message: String,
+        back_off_ms: i64,
+        variables: Bytes,
+        max_payload_bytes: u64,
+        /// Overrides `retries` and `back_off_ms` for some reasons: see [`FailReason`].
+        reason: FailReason,
+    },
+    UpdateTimeout {
+        key: JobKey,
+        attempt: u32,
+        timeout_ms: i64,
+    },
+    UpdateRetries {
+        key: JobKey,
+        retries: i32,
+        /// Who asked (the principal's name), for the job's history.
+        by: String,
+    },
+    Cancel {
+        key: JobKey,
+        /// Who asked (the principal's name), for the job's history.
+        by: String,
+    },
+    /// A pushed activation no client could take: activatable again, no retry used.
+    Yield {
+        key: JobKey,
+        attempt: u32,
+        /// The gateway that handed it back, and why: for the job's history.
+        gateway: u64,
+        reason: YieldReason,
+    },
+    /// A worker committed `stage` of an activated job (fenced by `attempt`):
+    /// `variables` merge into the job's as with [`Command::Fail`], the stage
+    /// becomes the job's recovery point, and the deadline moves to now + the
+    /// activation's timeout. Stages only move forward along the declared chain.
+    Checkpoint {
+        key: JobKey,
+        attempt: u32,
+        stage: String,
+        variables: Bytes,
+        max_payload_bytes: u64,
+    },
+    /// A worker session starts (a repeat of a known id only renews its lease).
+    Register(Arc<SessionInfo>),
+    /// A session's heartbeat: renews its lease, records the state it reports,
+    /// and extends the deadline of each listed job it still holds by the
+    /// job's activation timeout. Answers [`CommandResult::Beat`].
+    Beat {
+        session: SessionId,
+        state: WorkerState,
+        /// (job, attempt) the worker holds on this partition.
+        held: Vec<(JobKey, u32)>,
+    },
+    /// An operator directs sessions to a state. Answers the sessions it covered.
+    Direct {
+        target: SessionTarget,
+        state: WorkerState,
+    },
+    /// A session ends: jobs it still holds are activatable again at once,
+    /// no retry used. Ending an unknown session does nothing.
+    EndSession {
+        session: SessionId,
+    },
+    /// Reads every session (answers [`CommandResult::Sessions`]).
+    ListSessions,
+    /// Registers (or, with an empty schema, removes) the JSON Schema that
+    /// creates of a job type must satisfy.
+    SetSchema {
+        job_type: String,
+        schema: Bytes,
+    },
+    /// Reads a job type's schema (answers [`CommandResult::Schema`]).
+    GetSchema {
+        job_type: String,
+    },
+}
+
+/// One Raft entry's worth of commands, stamped with the leader's clock.
+/// Applying a batch first fires every timer due at `now`, then runs the commands.
+#[derive(Clone, Debug, PartialEq, Serialize, Deserialize)]
+pub struct Batch {
+    pub now: Millis,
+    /// The leader's retention of final records when it wrote this entry; every
+    /// replica prunes by the entry's own value, so they prune alike.
+    pub retention: Retention,
+    pub commands: Vec<Command>,
+    /// Set on a new leader's entries until its first one has applied:
+    /// every session's lease restarts from `now` before timers fire. While the partition had no leader, no beat
+    /// could commit, and a worker that kept beating must not be declared dead
+    /// for it.
+    pub renew_sessions: bool,
+}
+
+impl Batch {
+    /// A batch under the default retention.
+    pub fn at(now: Millis, commands: Vec<Command>) -> Self {
+        Batch { now, retention: Retention::default(), commands, renew_sessions: false }
+    }
+}
+
+/// How long a partition keeps the records of completed and cancelled jobs
+/// readable (`GetJob`, fencing answers) after they finish: until they are
+/// older than `max_age_ms`, or until more than `max_jobs` newer ones finished,
+/// whichever comes first. Pruning happens as entries apply, so a record may
+/// outlive its age on a partition that sees no writes.
+#[derive(Clone, Copy, Debug, PartialEq, Eq, Serialize, Deserialize)]
+pub struct Retention {
+    pub max_age_ms: Millis,
+    pub max_jobs: u64,
+}
+
+impl Default for Retention {
+    fn default() -> Self {
+        Retention { max_age_ms: 10 * 60 * 1000, max_jobs: 100_000 }
+    }
+}
+
+/// Why a command was refused. Maps to a gRPC status at the edge.
+#[derive(Clone, Copy, Debug, PartialEq, Eq, Serialize, Deserialize)]
+pub enum ErrorKind {
+    InvalidArgument,
+    NotFound,
+    FailedPrecondition,
+    /// A limit of the node was reached (a payload grew too large).
+    ResourceExhausted,
+    /// The request's principal may not touch this job (never in the log:
+    /// decided before a batch is proposed).
+    PermissionDenied,
+}
+
+#[derive(Clone, Debug, PartialEq, Eq, Serialize, Deserialize)]
+pub struct CommandError {
+    pub kind: ErrorKind,
+    pub message: String,
+}
+
+impl CommandError {
+    pub fn not_found(key: JobKey) -> Self {
+        CommandError { kind: ErrorKind::NotFound, message: format!("no job with key {key}") }
+    }
+    pub fn precondition(message: impl Into<String>) -> Self {
+        CommandError { kind: ErrorKind::FailedPrecondition, message: message.into() }
+    }
+    pub fn invalid(message: impl Into<String>) -> Self {
+        CommandError { kind: ErrorKind::InvalidArgument, message: message.into() }
+    }
+    pub fn exhausted(message: impl Into<String>) -> Self {
+        CommandError { kind: ErrorKind::ResourceExhausted, message: message.into() }
+    }
+}
+
+impl Command {
+    /// The bytes this command takes when encoded, within a few.
+    pub fn encoded_len(&self) -> usize {
+        let body = match self {
+            Command::Create(job) => job.spec.encoded_len() + 32,
+            Command::Activate(a) => {
+                let tenants: usize = a.tenants.iter().map(|t| field_len(t.len())).sum();
+                let takers: usize = std::iter::once(&a.taker).chain(&a.rivals).map(Taker::encoded_len).sum();
+                field_len(a.job_type.len()) + field_len(tenants) + field_len(a.worker.len()) + field_len(takers) + 32
+            }
+            Command::Complete { variables, .. } => field_len(variables.len()) + 16,
+            Command::Fail { error_message, variables, .. } => {
+                field_len(error_message.len()) + field_len(variables.len()) + 32
+            }
+            Command::Checkpoint { stage, variables, .. } => field_len(stage.len()) + field_len(variables.len()) + 32,
+            Command::Register(info) => {
+                let strings = [&info.worker, &info.hostname].iter().map(|s| field_len(s.len())).sum::<usize>();
+                let lists: usize = [&info.job_types, &info.labels, &info.tenants]
+                    .iter()
+                    .map(|list| field_len(list.iter().map(|s| field_len(s.len())).sum()))
+                    .sum();
+                strings + lists + 48
+            }
+            Command::Beat { held, .. } => field_len(held.len() * 12) + 16,
+            Command::Direct { target: SessionTarget::Label(label), .. } => field_len(label.len()) + 16,
+            Command::SetSchema { job_type, schema } => field_len(job_type.len()) + field_len(schema.len()),
+            Command::GetSchema { job_type } => field_len(job_type.len()),
+            Command::UpdateTimeout { .. }
+            | Command::UpdateRetries { .. }
+            | Command::Cancel { .. }
+            | Command::Yield { .. }
+            | Command::Direct { .. }
+            | Command::EndSession { .. }
+            | Command::ListSessions => 32,
+        };
+        4 + body
+    }
+}
+
+/// The outcome of one command, in the order of the batch.
+#[derive(Clone, Debug, PartialEq, Serialize, Deserialize)]
+pub enum CommandResult {
+    /// The job a create made, or, for a repeat of a create the partition
+    /// remembers (same request id or idempotency key), the job the first one
+    /// made (`created: false`).
+    Created {
+        key: JobKey,
+        created: bool,
+        /// The job's state now; `None` for a repeat whose job is final and
+        /// out of memory (its record is in storage).
+        state: Option<JobState>,
+    },
+    Activated(Vec<ActivatedJobData>),
+    Done,
+    /// The new deadline after `UpdateTimeout`.
+    Deadline(Millis),
+    /// A heartbeat's answer: the state the server wants the worker in, the
+    /// listed jobs the worker no longer holds (cancelled, timed out,
+    /// reassigned, or finished through another activation): it stops them;
+    /// and the listed jobs this session holds under the listed attempt (the
+    /// only ones a beat renews, and the only ones it may get job tokens for).
+    Beat {
+        directed: WorkerState,
+        revoked: Vec<JobKey>,
+        renewed: Vec<JobKey>,
+    },
+    /// Sessions, each with how many jobs of this partition it holds.
+    Sessions(Vec<(Session, u32)>),
+    /// A job type's schema; empty when it has none.
+    Schema(Bytes),
+    Rejected(CommandError),
+}
+
+/// What happened to a job, for counting.
+#[derive(Clone, Copy, Debug, PartialEq, Eq, Serialize, Deserialize)]
+pub enum Outcome {
+    Created,
+    Activated,
+    Completed,
+    Failed,
+    TimedOut,
+    Yielded,
+    Incident,
+    Cancelled,
+    Checkpointed,
+}
+
+impl Outcome {
+    pub fn as_str(self) -> &'static str {
+        match self {
+            Outcome::Created => "created",
+            Outcome::Activated => "activated",
+            Outcome::Completed => "completed",
+            Outcome::Failed => "failed",
+            Outcome::TimedOut => "timed_out",
+            Outcome::Yielded => "yielded",
+            Outcome::Incident => "incident",
+            Outcome::Cancelled => "cancelled",
+            Outcome::Checkpointed => "checkpointed",
+        }
+    }
+}

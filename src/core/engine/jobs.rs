@@ -1,0 +1,539 @@
+//! The job lifecycle on one partition: create, activate, complete, fail,
+//! retries, timeouts, cancel, yield and checkpoints, and the one path every
+//! failed attempt takes (a worker's failure or its death): retries left
+//! decide between an incident, a back-off and activatable at once.
+
+use std::collections::BTreeMap;
+use std::sync::Arc;
+
+use bytes::Bytes;
+use serde_json::value::RawValue;
+
+use super::sessions::unknown_session;
+use super::{ApplyOutput, PartitionState, QueueKey};
+use crate::core::{
+    describe_fence, fence_admits, payload_fingerprint, ActivatedJobData, Activation, Checkpoint, CommandError,
+    CommandResult, EventKind, FailReason, History, Job, JobKey, JobSpec, JobState, NewJob, Outcome, RequestId,
+    YieldReason, TAGGED_ATTEMPT,
+};
+
+/// A worker's failure of an attempt, as [`crate::core::Command::Fail`] carries it.
+pub(super) struct Failure<'a> {
+    pub key: JobKey,
+    pub attempt: u32,
+    pub retries: i32,
+    pub message: &'a str,
+    pub back_off_ms: i64,
+    pub variables: &'a Bytes,
+    pub max_payload_bytes: u64,
+    pub reason: FailReason,
+}
+
+impl PartitionState {
+    /// Activates jobs for a poll or a push, unless the worker's session is
+    /// unknown here (refused) or takes no jobs now (none).
+    pub(super) fn activate_for(
+        &mut self,
+        activation: &Activation,
+        out: &mut ApplyOutput,
+    ) -> Result<CommandResult, CommandError> {
+        if activation.session != 0 {
+            match self.sessions.get(&activation.session) {
+                None => return Err(unknown_session(activation.session)),
+                Some(session) if !session.takes_jobs() => return Ok(CommandResult::Activated(Vec::new())),
+                Some(_) => {}
+            }
+        }
+        Ok(CommandResult::Activated(self.activate(activation, out)))
+    }
+
+    pub(super) fn complete(
+        &mut self,
+        key: JobKey,
+        attempt: u32,
+        variables: &Bytes,
+        out: &mut ApplyOutput,
+    ) -> Result<CommandResult, CommandError> {
+        self.activation_of(key, attempt, "complete")?;
+        let mut job = self.remove(key);
+        job.state = JobState::Completed;
+        job.history.record(self.clock, EventKind::Completed { attempt: job.attempt });
+        job.result = variables.clone();
+        out.activated_to_completed.push(self.clock - job.activated_at);
+        out.count(&job.spec.job_type, Outcome::Completed);
+        out.finished.push(job);
+        Ok(CommandResult::Done)
+    }
+
+    pub(super) fn fail(&mut self, failure: Failure<'_>, out: &mut ApplyOutput) -> Result<CommandResult, CommandError> {
+        let Failure { key, attempt, retries, message, back_off_ms, variables, max_payload_bytes, reason } = failure;
+        if retries < 0 || back_off_ms < 0 {
+            return Err(CommandError::invalid("retries and retry_back_off must be zero or more"));
+        }
+        if self.already_failed(key, attempt) {
+            // A retried request whose first send took effect.
+            return Ok(CommandResult::Done);
+        }
+        self.activation_of(key, attempt, "fail")?;
+        // Decide everything that can refuse the failure before changing the job.
+        if !variables.is_empty() {
+            let spec = self.spec_with_variables(key, variables, max_payload_bytes, "fail")?;
+            self.jobs.get_mut(&key).expect("checked by activation_of").spec = spec;
+            out.specs.push(key);
+        }
+        let job = &self.jobs[&key];
+        let (retries, back_off_ms) = match reason {
+            FailReason::MalformedPayload | FailReason::BusinessError => (0, 0),
+            FailReason::WorkerShutdown => (job.retries, 0),
+            _ => (retries, back_off_ms),
+        };
+        self.fail_attempt(key, reason, message.to_string(), retries, back_off_ms, out);
+        Ok(CommandResult::Done)
+    }
+
+    /// The one path of a failed attempt, whoever ended it (its worker, or
+    /// the broker when its session died): the activation ends, the failure
+    /// is recorded, and with `retries` left the job is due again after
+    /// `back_off_ms` (at once without one); with none it is an incident.
+    pub(super) fn fail_attempt(
+        &mut self,
+        key: JobKey,
+        reason: FailReason,
+        message: String,
+        retries: i32,
+        back_off_ms: i64,
+        out: &mut ApplyOutput,
+    ) {
+        let now = self.clock;
+        let job = self.jobs.get_mut(&key).expect("the caller checked the job is activated");
+        self.deadlines.remove(&(job.deadline, key));
+        self.held.remove(&(job.session, key));
+        job.deadline = 0;
+        job.retries = retries;
+        job.failed_attempt = job.attempt;
+        job.fail_reason = reason;
+        let back_off_ms = if retries == 0 { 0 } else { back_off_ms };
+        job.history.record(
+            now,
+            EventKind::Failed { attempt: job.attempt, reason, message: message.clone(), retries, back_off_ms },
+        );
+        job.error_message = message;
+        out.count(&job.spec.job_type, Outcome::Failed);
+        out.failures.push((job.spec.job_type.clone(), reason, job.worker.clone()));
+        if retries == 0 {
+            out.count(&job.spec.job_type, Outcome::Incident);
+            job.history.record(now, EventKind::Incident);
+            job.state = JobState::Incident;
+        } else if back_off_ms > 0 {
+            job.state = JobState::Scheduled;
+            job.due_at = now.saturating_add(back_off_ms);
+            self.due.insert((job.due_at, key));
+        } else {
+            job.state = JobState::Activatable;
+            self.make_ready(key, out);
+        }
+        out.touched.push(key);
+    }
+
+    pub(super) fn update_timeout(
+        &mut self,
+        key: JobKey,
+        attempt: u32,
+        timeout_ms: i64,
+        out: &mut ApplyOutput,
+    ) -> Result<CommandResult, CommandError> {
+        if timeout_ms <= 0 {
+            return Err(CommandError::invalid("timeout must be greater than zero"));
+        }
+        self.activation_of(key, attempt, "update the timeout of")?;
+        let deadline = self.clock.saturating_add(timeout_ms);
+        let job = self.jobs.get_mut(&key).expect("checked by activation_of");
+        self.deadlines.remove(&(job.deadline, key));
+        job.deadline = deadline;
+        // Later checkpoints extend by the timeout the worker asked for last.
+        job.timeout_ms = timeout_ms;
+        job.history.record(self.clock, EventKind::Extended { attempt: job.attempt, deadline, count: 1 });
+        self.deadlines.insert((deadline, key));
+        out.touched.push(key);
+        Ok(CommandResult::Deadline(deadline))
+    }
+
+    pub(super) fn update_retries(
+        &mut self,
+        key: JobKey,
+        retries: i32,
+        by: &str,
+        out: &mut ApplyOutput,
+    ) -> Result<CommandResult, CommandError> {
+        if retries < 0 {
+            return Err(CommandError::invalid("retries must be zero or more"));
+        }
+        let now = self.clock;
+        let job = self.live_job(key)?;
+        job.retries = retries;
+        job.history.record(now, EventKind::RetriesUpdated { retries, by: by.to_string() });
+        let revive = job.state == JobState::Incident && retries > 0;
+        if revive {
+            job.state = JobState::Activatable;
+            job.error_message.clear();
+            self.make_ready(key, out);
+        }
+        out.touched.push(key);
+        Ok(CommandResult::Done)
+    }
+
+    pub(super) fn cancel(
+        &mut self,
+        key: JobKey,
+        by: &str,
+        out: &mut ApplyOutput,
+    ) -> Result<CommandResult, CommandError> {
+        self.live_job(key)?;
+        let mut job = self.remove(key);
+        job.state = JobState::Cancelled;
+        job.history.record(self.clock, EventKind::Cancelled { by: by.to_string() });
+        out.count(&job.spec.job_type, Outcome::Cancelled);
+        out.finished.push(job);
+        Ok(CommandResult::Done)
+    }
+
+    /// A pushed activation no client could take: activatable again, no retry used.
+    pub(super) fn yield_job(
+        &mut self,
+        key: JobKey,
+        attempt: u32,
+        gateway: u64,
+        reason: YieldReason,
+        out: &mut ApplyOutput,
+    ) -> Result<CommandResult, CommandError> {
+        self.activation_of(key, attempt, "yield")?;
+        let job = self.jobs.get_mut(&key).expect("checked by activation_of");
+        self.deadlines.remove(&(job.deadline, key));
+        self.held.remove(&(job.session, key));
+        job.deadline = 0;
+        job.state = JobState::Activatable;
+        job.history.record(self.clock, EventKind::Yielded { attempt: job.attempt, gateway, reason });
+        out.count(&job.spec.job_type, Outcome::Yielded);
+        self.make_ready(key, out);
+        out.touched.push(key);
+        Ok(CommandResult::Done)
+    }
+
+    pub(super) fn checkpoint(
+        &mut self,
+        key: JobKey,
+        attempt: u32,
+        stage: &str,
+        variables: &Bytes,
+        max_payload_bytes: u64,
+        out: &mut ApplyOutput,
+    ) -> Result<CommandResult, CommandError> {
+        if attempt == 0 {
+            return Err(CommandError::invalid(format!(
+                "cannot checkpoint job {key} without the activation's attempt: a checkpoint is fenced by it"
+            )));
+        }
+        self.activation_of(key, attempt, "checkpoint")?;
+        // The fence may name the activation by its tag; record the attempt itself.
+        let attempt = self.jobs[&key].attempt;
+        // A retried checkpoint whose first send took effect extends the lease again.
+        let repeat = self.jobs[&key].checkpoints.last().is_some_and(|c| c.stage == stage && c.attempt == attempt);
+        if !repeat {
+            self.check_stage_order(key, stage)?;
+        }
+        let spec = if variables.is_empty() || repeat {
+            None
+        } else {
+            Some(self.spec_with_variables(key, variables, max_payload_bytes, "checkpoint")?)
+        };
+        let now = self.clock;
+        let job = self.jobs.get_mut(&key).expect("checked by activation_of");
+        if let Some(spec) = spec {
+            job.spec = spec;
+            out.specs.push(key);
+        }
+        if !repeat {
+            job.checkpoints.push(Checkpoint { stage: stage.to_string(), attempt, at: now });
+            job.history.record(now, EventKind::Checkpointed { attempt, stage: stage.to_string() });
+            out.checkpoints.push((job.spec.job_type.clone(), stage.to_string()));
+            out.count(&job.spec.job_type, Outcome::Checkpointed);
+        }
+        // A checkpoint is a sign of life: the lease runs a full timeout from now.
+        self.deadlines.remove(&(job.deadline, key));
+        job.deadline = now.saturating_add(job.timeout_ms.max(1));
+        self.deadlines.insert((job.deadline, key));
+        out.touched.push(key);
+        Ok(CommandResult::Deadline(job.deadline))
+    }
+    /// Checks that `stage` is declared by the job and after its last committed one.
+    pub(super) fn check_stage_order(&self, key: JobKey, stage: &str) -> Result<(), CommandError> {
+        let job = &self.jobs[&key];
+        let declared = &job.spec.stages;
+        if declared.is_empty() {
+            return Err(CommandError::precondition(format!(
+                "cannot checkpoint job {key}: it declares no stages (give stages when creating the job)"
+            )));
+        }
+        let Some(position) = declared.iter().position(|s| s == stage) else {
+            return Err(CommandError::invalid(format!(
+                "cannot checkpoint job {key} at stage {stage:?}: its stages are {declared:?}"
+            )));
+        };
+        if let Some(last) = job.checkpoints.last() {
+            let reached = declared.iter().position(|s| *s == last.stage).unwrap_or(0);
+            if position <= reached {
+                return Err(CommandError::precondition(format!(
+                    "cannot checkpoint job {key} at stage {stage:?}: stage {:?} is already committed (by attempt \
+                     {}), and stages only move forward along {declared:?}; resume after it",
+                    last.stage, last.attempt
+                )));
+            }
+        }
+        Ok(())
+    }
+    /// The job's spec with `update` merged into its variables (see
+    /// [`Command::Fail`]); refused when the result outgrows the payload limit.
+    pub(super) fn spec_with_variables(
+        &self,
+        key: JobKey,
+        update: &[u8],
+        max_payload_bytes: u64,
+        verb: &str,
+    ) -> Result<Arc<JobSpec>, CommandError> {
+        let spec = &self.jobs[&key].spec;
+        let merged = merge_variables(&spec.variables, update).map_err(|e| {
+            CommandError::invalid(format!("cannot {verb} job {key}: variables must be a JSON object ({e})"))
+        })?;
+        let headers: usize = spec.custom_headers.iter().map(|(k, v)| k.len() + v.len()).sum();
+        let payload = (merged.len() + headers) as u64;
+        // A job created under a larger limit may keep its size, never grow past this one.
+        if payload > max_payload_bytes && merged.len() > spec.variables.len() {
+            return Err(CommandError::exhausted(format!(
+                "cannot {verb} job {key} with these variables: merged into the job's, its variables and custom \
+                 headers would be {payload} bytes; this node accepts at most {max_payload_bytes} (setting \
+                 max_payload_bytes); send fewer or smaller variables, or none"
+            )));
+        }
+        Ok(Arc::new(JobSpec { variables: merged, ..JobSpec::clone(spec) }))
+    }
+    pub(super) fn create(&mut self, new_job: &NewJob, out: &mut ApplyOutput) -> Result<CommandResult, CommandError> {
+        if let Some(request) = &new_job.request {
+            if let Some(seen) = self.requests.get(request) {
+                if matches!(request, RequestId::Key { .. }) && seen.fingerprint != payload_fingerprint(&new_job.spec) {
+                    return Err(CommandError::precondition(format!(
+                        "{request} was used for job {} with another type, variables or custom headers; \
+                         an idempotency key names one job's content for its whole window",
+                        seen.job
+                    )));
+                }
+                let state = self.jobs.get(&seen.job).map(|job| job.state);
+                return Ok(CommandResult::Created { key: seen.job, created: false, state });
+            }
+        }
+        if let Some(schema) = self.schemas.get(&new_job.spec.job_type) {
+            schema.check(&new_job.spec.variables).map_err(|e| {
+                CommandError::invalid(format!(
+                    "the variables do not match the schema of job type {:?} {e}",
+                    new_job.spec.job_type
+                ))
+            })?;
+        }
+        let now = self.clock;
+        let key = JobKey::new(self.partition, self.next_counter);
+        self.next_counter += 1;
+        let due_at = match new_job.run_at {
+            Some(at) => at,
+            None => now.saturating_add(new_job.delay_ms.max(0)),
+        };
+        let state = if due_at > now { JobState::Scheduled } else { JobState::Activatable };
+        let mut job = Job {
+            key,
+            spec: Arc::clone(&new_job.spec),
+            state,
+            retries: new_job.retries,
+            attempt: 0,
+            worker: String::new(),
+            deadline: 0,
+            due_at: due_at.max(now),
+            created_at: now,
+            error_message: String::new(),
+            result: Default::default(),
+            activated_at: 0,
+            failed_attempt: 0,
+            timeout_ms: 0,
+            fail_reason: FailReason::Failed,
+            checkpoints: Vec::new(),
+            session: 0,
+            history: History::default(),
+        };
+        let gateway = match &new_job.request {
+            Some(RequestId::Gateway { node, .. }) => *node,
+            _ => 0,
+        };
+        job.history.record(
+            now,
+            EventKind::Created {
+                user: new_job.spec.user.clone(),
+                gateway,
+                idempotency_key: new_job.spec.idempotency_key.clone(),
+            },
+        );
+        out.count(&new_job.spec.job_type, Outcome::Created);
+        self.jobs.insert(key, job);
+        if state == JobState::Scheduled {
+            self.due.insert((due_at, key));
+        } else {
+            self.make_ready(key, out);
+        }
+        out.touched.push(key);
+        out.specs.push(key);
+        if let Some(request) = &new_job.request {
+            self.remember(request, key, &new_job.spec, new_job.dedupe_window_ms, out);
+        }
+        Ok(CommandResult::Created { key, created: true, state: Some(state) })
+    }
+    pub(super) fn activate(&mut self, activation: &Activation, out: &mut ApplyOutput) -> Vec<ActivatedJobData> {
+        let mut activated = Vec::new();
+        let timeout_ms = activation.timeout_ms.max(1);
+        let deadline = self.clock.saturating_add(timeout_ms);
+        let mut bytes = 0u64;
+        // The queues this taker may serve, decided once per queue.
+        let queues: Vec<QueueKey> = self.ready.get(&activation.job_type).map_or_else(Vec::new, |queues| {
+            queues
+                .keys()
+                .filter(|k| {
+                    activation.tenants.contains(&k.tenant)
+                        && k.routing.admits(&k.tenant, &activation.taker, &activation.rivals)
+                })
+                .cloned()
+                .collect()
+        });
+        while (activated.len() as u32) < activation.max_jobs {
+            let Some((queue, key)) = self.best_ready(&activation.job_type, &queues) else { break };
+            let size = ActivatedJobData::encoded_len(&self.jobs[&key].spec, &activation.worker) as u64;
+            // The first job is taken whatever its size: one job always fits a
+            // message, and a job that never fit the budget would never run.
+            if !activated.is_empty() && bytes.saturating_add(size) > activation.max_bytes {
+                break;
+            }
+            bytes = bytes.saturating_add(size);
+            let popped = self.pop_ready(&activation.job_type, &queues[queue]);
+            debug_assert_eq!(popped, Some(key));
+            let job = self.jobs.get_mut(&key).expect("ready jobs are in memory");
+            job.state = JobState::Activated;
+            job.attempt += 1;
+            job.activated_at = self.clock;
+            out.created_to_activated.push(self.clock - job.created_at);
+            job.worker.clone_from(&activation.worker);
+            job.deadline = deadline;
+            job.timeout_ms = timeout_ms;
+            job.session = activation.session;
+            job.history.record(
+                self.clock,
+                EventKind::Activated {
+                    attempt: job.attempt,
+                    worker: activation.worker.clone(),
+                    session: activation.session,
+                    via: activation.via,
+                },
+            );
+            if activation.session != 0 {
+                self.held.insert((activation.session, key));
+            }
+            self.deadlines.insert((deadline, key));
+            out.touched.push(key);
+            out.count(&activation.job_type, Outcome::Activated);
+            activated.push(ActivatedJobData {
+                key,
+                spec: Arc::clone(&job.spec),
+                worker: job.worker.clone(),
+                retries: job.retries,
+                deadline,
+                attempt: job.attempt,
+                created_at: job.created_at,
+                stage: job.stage().unwrap_or_default().to_string(),
+            });
+        }
+        activated
+    }
+    /// The best ready job of a type over the queues (highest priority, then
+    /// oldest), with the index of its queue in `queues`.
+    pub(super) fn best_ready(&self, job_type: &str, queues: &[QueueKey]) -> Option<(usize, JobKey)> {
+        let ready = self.ready.get(job_type)?;
+        queues
+            .iter()
+            .enumerate()
+            .filter_map(|(i, k)| ready.get(k).and_then(|q| q.first()).map(|first| (*first, i)))
+            .min_by_key(|(first, _)| *first)
+            .map(|((_, key), i)| (i, key))
+    }
+    /// Takes the first job off one of a type's ready queues (the one
+    /// [`Self::best_ready`] named).
+    pub(super) fn pop_ready(&mut self, job_type: &str, queue_key: &QueueKey) -> Option<JobKey> {
+        let queues = self.ready.get_mut(job_type)?;
+        let queue = queues.get_mut(queue_key)?;
+        let (_, key) = queue.pop_first()?;
+        if queue.is_empty() {
+            queues.remove(queue_key);
+            if queues.is_empty() {
+                self.ready.remove(job_type);
+            }
+        }
+        Some(key)
+    }
+    /// Whether attempt `attempt` of `key` already failed, by a worker's own
+    /// failure, and nothing has activated the job since. An attempt the
+    /// broker ended because its session died or ended is not: the worker's
+    /// failure (and its back-off) did not take effect, and it is told so
+    /// rather than answered OK.
+    pub(super) fn already_failed(&self, key: JobKey, attempt: u32) -> bool {
+        attempt != 0
+            && self.jobs.get(&key).is_some_and(|job| {
+                job.state != JobState::Activated
+                    && fence_admits(attempt, job.attempt)
+                    && job.failed_attempt == job.attempt
+                    && !job.fail_reason.by_broker()
+            })
+    }
+    /// Checks that `key` is activated under the fence `attempt` (see [`fence_admits`]).
+    pub(super) fn activation_of(&self, key: JobKey, attempt: u32, verb: &str) -> Result<(), CommandError> {
+        let Some(job) = self.jobs.get(&key) else {
+            return Err(self.absent(key));
+        };
+        if job.state != JobState::Activated {
+            let over =
+                if attempt & TAGGED_ATTEMPT != 0 { job.attempt > 0 } else { attempt != 0 && job.attempt >= attempt };
+            if over {
+                return Err(CommandError::precondition(format!(
+                    "cannot {verb} job {key}: {} is over (it timed out or was handed back; the job is {}); \
+                     the job is no longer yours",
+                    describe_fence(attempt),
+                    job.state.as_str()
+                )));
+            }
+            return Err(CommandError::precondition(format!(
+                "cannot {verb} job {key}: it is {}, not activated",
+                job.state.as_str()
+            )));
+        }
+        if !fence_admits(attempt, job.attempt) {
+            return Err(CommandError::precondition(format!(
+                "cannot {verb} job {key}: {} was superseded by attempt {} (it timed out and was activated \
+                 again); the job is no longer yours",
+                describe_fence(attempt),
+                job.attempt
+            )));
+        }
+        Ok(())
+    }
+}
+
+/// `update`'s top-level keys written over `current`'s (both JSON objects).
+/// Values keep the bytes they were sent as; the top level is written anew,
+/// keys in order.
+fn merge_variables(current: &[u8], update: &[u8]) -> Result<Bytes, serde_json::Error> {
+    let mut merged: BTreeMap<String, &RawValue> = serde_json::from_slice(current)?;
+    let update: BTreeMap<String, &RawValue> = serde_json::from_slice(update)?;
+    merged.extend(update);
+    Ok(Bytes::from(serde_json::to_vec(&merged)?))
+}

@@ -1,0 +1,367 @@
+//! One partition's job state and the transition function over it.
+//!
+//! [`PartitionState`] is one type whose operations are split by what they
+//! act on, each file its own `impl` block (as TiKV's raftstore gives each
+//! peer operation its own): this file holds the state, [`PartitionState::apply`]
+//! and the dispatch of commands, and the indexes every operation keeps;
+//! [`jobs`] the job lifecycle (create, activate, complete, fail, retries,
+//! timeouts, yields, checkpoints) with the one failed-attempt path;
+//! [`sessions`] worker sessions and schemas; [`dedupe`] the table of
+//! creates remembered for their window; [`timers`] what fires at the batch's
+//! time; [`reads`] the read-only views.
+
+mod dedupe;
+mod jobs;
+mod reads;
+mod sessions;
+mod timers;
+
+use std::cmp::Reverse;
+use std::collections::{BTreeMap, BTreeSet, HashMap};
+use std::sync::Arc;
+
+use serde::{Deserialize, Serialize};
+
+pub use dedupe::{request_expiry_bound, request_storage_id};
+use jobs::Failure;
+
+use super::command::*;
+use super::failure::*;
+use super::ids::*;
+use super::job::*;
+use super::routing::*;
+use super::session::*;
+
+/// Jobs waiting for a worker, ordered by priority (higher first), then key
+/// (older first): FIFO within a priority.
+type ReadyQueue = BTreeSet<(Reverse<i32>, JobKey)>;
+
+/// A map whose keys the broker makes (job keys) or that every job looks up
+/// (job types and their queues), hashed with foldhash: seeded per process
+/// like the standard hasher, and several times quicker on short keys. The
+/// request table keeps the standard (SipHash) hasher: its keys include
+/// producers' idempotency keys, chosen by clients.
+type FastMap<K, V> = HashMap<K, V, foldhash::fast::RandomState>;
+
+/// The in-memory state of one partition: every job that is not final, plus the
+/// indexes that answer "what is activatable" and "what timer fires next".
+/// Final jobs (completed, cancelled) leave memory through [`ApplyOutput::finished`];
+/// storage keeps their records.
+#[derive(Debug, Default)]
+pub struct PartitionState {
+    partition: PartitionId,
+    next_counter: u64,
+    clock: Millis,
+    jobs: FastMap<JobKey, Job>,
+    /// type -> (tenant, routing) -> queue: jobs of one tenant with other
+    /// labels wait apart, so an activation skips a whole queue its taker
+    /// may not serve instead of job by job.
+    ready: FastMap<String, FastMap<QueueKey, ReadyQueue>>,
+    /// Activated jobs by deadline.
+    deadlines: BTreeSet<(Millis, JobKey)>,
+    /// Scheduled jobs by due time.
+    due: BTreeSet<(Millis, JobKey)>,
+    /// Creates remembered for de-duplication: request id -> the job it made.
+    requests: HashMap<RequestId, Deduped>,
+    /// Entries `requests` could hold when it last grew: it is kept at most
+    /// half full of this (see [`PartitionState::remember`]).
+    requests_room: usize,
+    /// The same entries by [`request_storage_id`], so the earliest to expire
+    /// comes first.
+    request_expiry: BTreeMap<u64, RequestId>,
+    /// Mixed into storage ids, so entries that expire in the same ms differ.
+    next_request_seq: u64,
+    /// Worker sessions (see [`super::session`]).
+    sessions: BTreeMap<SessionId, Session>,
+    /// The same sessions by when their lease runs out.
+    session_expiry: BTreeSet<(Millis, SessionId)>,
+    /// Activated jobs by the session that holds them.
+    held: BTreeSet<(SessionId, JobKey)>,
+    /// JSON Schemas creates must satisfy, by job type.
+    schemas: BTreeMap<String, Schema>,
+}
+
+/// One ready queue of a type: its jobs' tenant and labels.
+#[derive(Clone, Debug, PartialEq, Eq, Hash)]
+struct QueueKey {
+    tenant: String,
+    routing: Routing,
+}
+
+impl QueueKey {
+    fn of(job: &Job) -> Self {
+        QueueKey { tenant: job.spec.tenant.clone(), routing: job.spec.routing.clone() }
+    }
+}
+
+/// What applying a batch did, for the caller to persist and act on.
+#[derive(Debug, Default)]
+pub struct ApplyOutput {
+    /// One result per command, in order.
+    pub results: Vec<CommandResult>,
+    /// Keys of non-final jobs whose record changed (may repeat).
+    pub touched: Vec<JobKey>,
+    /// Keys of jobs whose spec is new (created) or replaced (variables set by
+    /// a failure or checkpoint) in this batch, final or not (may repeat): the
+    /// spec is stored apart from the rest of the record, and only then.
+    pub specs: Vec<JobKey>,
+    /// Jobs that reached a final state in this batch, moved out of memory.
+    pub finished: Vec<Job>,
+    /// Job types that gained an activatable job in this batch (no repeats).
+    pub available: Vec<String>,
+    /// How many jobs of each type reached each outcome in this batch.
+    pub outcomes: Vec<(String, Outcome, u64)>,
+    /// Per job activated here: ms since it was created.
+    pub created_to_activated: Vec<Millis>,
+    /// Per job completed here: ms since its activation.
+    pub activated_to_completed: Vec<Millis>,
+    /// Request entries made in this batch, with their storage ids.
+    pub requests_added: Vec<(u64, RequestId, Deduped)>,
+    /// Storage ids of the request entries that expired in this batch (every
+    /// one below [`request_expiry_bound`] of the batch's time).
+    pub requests_expired: Vec<u64>,
+    /// (job type, stage) of each checkpoint committed in this batch.
+    pub checkpoints: Vec<(String, String)>,
+    /// (job type, reason, worker) of each failure recorded in this batch.
+    pub failures: Vec<(String, FailReason, String)>,
+    /// Whether sessions changed: [`PartitionState::registry`]'s sessions are to be stored.
+    pub sessions_changed: bool,
+    /// Whether schemas changed: its schemas are to be stored.
+    pub schemas_changed: bool,
+    /// Sessions this partition declared dead in this batch.
+    pub sessions_died: Vec<Arc<SessionInfo>>,
+}
+
+impl ApplyOutput {
+    fn count(&mut self, job_type: &str, outcome: Outcome) {
+        match self.outcomes.iter_mut().find(|(t, o, _)| *o == outcome && t == job_type) {
+            Some((_, _, n)) => *n += 1,
+            None => self.outcomes.push((job_type.to_string(), outcome, 1)),
+        }
+    }
+}
+
+/// The compact state a snapshot carries besides the job records.
+#[derive(Clone, Debug, Default, PartialEq, Serialize, Deserialize)]
+pub struct StateSnapshot {
+    pub partition: PartitionId,
+    pub next_counter: u64,
+    pub clock: Millis,
+    pub next_request_seq: u64,
+}
+
+impl PartitionState {
+    pub fn new(partition: PartitionId) -> Self {
+        PartitionState { partition, next_counter: 1, ..Default::default() }
+    }
+
+    /// Rebuilds the state from its persisted parts: the counters, every
+    /// non-final job record and the request entries with their storage ids.
+    pub fn restore(
+        meta: StateSnapshot,
+        jobs: impl IntoIterator<Item = Job>,
+        requests: impl IntoIterator<Item = (u64, RequestId, Deduped)>,
+        registry: Registry,
+    ) -> Self {
+        let mut state = PartitionState {
+            partition: meta.partition,
+            next_counter: meta.next_counter.max(1),
+            clock: meta.clock,
+            next_request_seq: meta.next_request_seq,
+            ..Default::default()
+        };
+        for job in jobs {
+            if job.state.is_final() {
+                continue;
+            }
+            state.index(&job);
+            state.jobs.insert(job.key, job);
+        }
+        for (id, request, entry) in requests {
+            state.request_expiry.insert(id, request.clone());
+            state.requests.insert(request, entry);
+        }
+        state.requests.reserve(state.requests.len());
+        state.requests_room = state.requests.capacity();
+        for session in registry.sessions {
+            state.session_expiry.insert((session.expires_at(), session.info.id));
+            state.sessions.insert(session.info.id, session);
+        }
+        for (job_type, source) in registry.schemas {
+            match Schema::compile(source) {
+                Ok(schema) => {
+                    state.schemas.insert(job_type, schema);
+                }
+                // It compiled when it was set; the same build compiles it again.
+                Err(error) => tracing::error!(job_type, "a stored schema does not compile: {error}"),
+            }
+        }
+        state
+    }
+
+    /// Applies one replicated batch: first the timers due at `batch.now`, then
+    /// every command in order.
+    pub fn apply(&mut self, batch: &Batch) -> ApplyOutput {
+        let mut out = ApplyOutput { results: Vec::with_capacity(batch.commands.len()), ..Default::default() };
+        // Leaders' clocks differ; never let time run backwards within a partition.
+        self.clock = self.clock.max(batch.now);
+        self.expire_requests(&mut out);
+        if batch.renew_sessions {
+            self.renew_sessions(&mut out);
+        }
+        self.fire_timers(&mut out);
+        for command in &batch.commands {
+            let result = match self.execute(command, &mut out) {
+                Ok(result) => result,
+                Err(error) => CommandResult::Rejected(error),
+            };
+            out.results.push(result);
+        }
+        out
+    }
+
+    fn execute(&mut self, command: &Command, out: &mut ApplyOutput) -> Result<CommandResult, CommandError> {
+        match command {
+            Command::Create(new_job) => self.create(new_job, out),
+            Command::Activate(activation) => self.activate_for(activation, out),
+            Command::Complete { key, attempt, variables } => self.complete(*key, *attempt, variables, out),
+            Command::Fail {
+                key,
+                attempt,
+                retries,
+                error_message,
+                back_off_ms,
+                variables,
+                max_payload_bytes,
+                reason,
+            } => self.fail(
+                Failure {
+                    key: *key,
+                    attempt: *attempt,
+                    retries: *retries,
+                    message: error_message,
+                    back_off_ms: *back_off_ms,
+                    variables,
+                    max_payload_bytes: *max_payload_bytes,
+                    reason: *reason,
+                },
+                out,
+            ),
+            Command::UpdateTimeout { key, attempt, timeout_ms } => {
+                self.update_timeout(*key, *attempt, *timeout_ms, out)
+            }
+            Command::UpdateRetries { key, retries, by } => self.update_retries(*key, *retries, by, out),
+            Command::Cancel { key, by } => self.cancel(*key, by, out),
+            Command::Checkpoint { key, attempt, stage, variables, max_payload_bytes } => {
+                self.checkpoint(*key, *attempt, stage, variables, *max_payload_bytes, out)
+            }
+            Command::Yield { key, attempt, gateway, reason } => self.yield_job(*key, *attempt, *gateway, *reason, out),
+            Command::Register(info) => {
+                self.register(info, out);
+                Ok(CommandResult::Done)
+            }
+            Command::Beat { session, state, held } => self.beat(*session, *state, held, out),
+            Command::Direct { target, state } => Ok(CommandResult::Sessions(self.direct(target, *state, out))),
+            Command::EndSession { session } => {
+                self.end_session(*session, out);
+                Ok(CommandResult::Done)
+            }
+            Command::ListSessions => {
+                let sessions = self.sessions.values().map(|s| (s.clone(), self.held_by(s.info.id) as u32)).collect();
+                Ok(CommandResult::Sessions(sessions))
+            }
+            Command::SetSchema { job_type, schema } => self.set_schema(job_type, schema, out),
+            Command::GetSchema { job_type } => {
+                Ok(CommandResult::Schema(self.schemas.get(job_type).map(|s| s.source.clone()).unwrap_or_default()))
+            }
+        }
+    }
+
+    fn live_job(&mut self, key: JobKey) -> Result<&mut Job, CommandError> {
+        if !self.jobs.contains_key(&key) {
+            return Err(self.absent(key));
+        }
+        Ok(self.jobs.get_mut(&key).expect("just checked"))
+    }
+
+    fn absent(&self, key: JobKey) -> CommandError {
+        if self.was_created(key) {
+            CommandError::precondition(format!("job {key} is already completed or cancelled"))
+        } else {
+            CommandError::not_found(key)
+        }
+    }
+
+    /// Removes a job from memory and every index.
+    fn remove(&mut self, key: JobKey) -> Job {
+        let job = self.jobs.remove(&key).expect("caller checked the job exists");
+        self.unindex(&job);
+        job
+    }
+
+    fn make_ready(&mut self, key: JobKey, out: &mut ApplyOutput) {
+        let job = &self.jobs[&key];
+        let job_type = &job.spec.job_type;
+        if !out.available.iter().any(|t| t == job_type) {
+            out.available.push(job_type.clone());
+        }
+        let entry = (Reverse(job.spec.priority), key);
+        // The type's queue usually exists: look it up before cloning names.
+        let queue = match self.ready.get_mut(job_type) {
+            Some(queues) => queues.entry(QueueKey::of(job)).or_default(),
+            None => self.ready.entry(job_type.clone()).or_default().entry(QueueKey::of(job)).or_default(),
+        };
+        queue.insert(entry);
+        out.touched.push(key);
+    }
+
+    fn index(&mut self, job: &Job) {
+        match job.state {
+            JobState::Activatable => {
+                self.ready
+                    .entry(job.spec.job_type.clone())
+                    .or_default()
+                    .entry(QueueKey::of(job))
+                    .or_default()
+                    .insert((Reverse(job.spec.priority), job.key));
+            }
+            JobState::Activated => {
+                self.deadlines.insert((job.deadline, job.key));
+                if job.session != 0 {
+                    self.held.insert((job.session, job.key));
+                }
+            }
+            JobState::Scheduled => {
+                self.due.insert((job.due_at, job.key));
+            }
+            JobState::Incident | JobState::Completed | JobState::Cancelled => {}
+        }
+    }
+
+    fn unindex(&mut self, job: &Job) {
+        match job.state {
+            JobState::Activatable => {
+                if let Some(queues) = self.ready.get_mut(&job.spec.job_type) {
+                    let key = QueueKey::of(job);
+                    if let Some(queue) = queues.get_mut(&key) {
+                        queue.remove(&(Reverse(job.spec.priority), job.key));
+                        if queue.is_empty() {
+                            queues.remove(&key);
+                        }
+                    }
+                    if queues.is_empty() {
+                        self.ready.remove(&job.spec.job_type);
+                    }
+                }
+            }
+            JobState::Activated => {
+                self.deadlines.remove(&(job.deadline, job.key));
+                self.held.remove(&(job.session, job.key));
+            }
+            JobState::Scheduled => {
+                self.due.remove(&(job.due_at, job.key));
+            }
+            JobState::Incident | JobState::Completed | JobState::Cancelled => {}
+        }
+    }
+}

@@ -1,0 +1,483 @@
+//! The typed job API: every operation on jobs, worker sessions and schemas a
+//! client can ask for, taking the [`Call`] (who, by when) and typed
+//! arguments, answering typed results or an [`ApiError`].
+//!
+//! Its arguments and answers are drover.v1's messages, the one vocabulary of
+//! the client API: the protocols built on it translate into them.
+//! `drover.v1` ([`super::v1`]), the Zeebe facade ([`super::zeebe`]) and the
+//! console are adapters over this API; none of them checks what a principal
+//! may do. This API does, per body, in one place: the job type and tenant a
+//! create or an activation names, and for commands on an existing job, the
+//! job's own type and tenant, checked where the job lives (see
+//! [`super::router`]'s screen). Authentication and admission happened in the
+//! call layer before.
+//!
+//! This file holds the operations on single jobs and listings; activations
+//! and streams are in [`super::activation`], sessions and schemas in
+//! [`super::workers`].
+
+use std::sync::Arc;
+use std::time::{Duration, Instant};
+
+use super::call::Call;
+use super::convert;
+use super::error::ApiError;
+use super::fanout::run_chunk;
+use super::listing;
+use super::router;
+use crate::auth::{Principal, Verb};
+use crate::context::NodeContext;
+use crate::core::{Command, CommandResult, FailReason, Job, JobKey, JobRef, JobState, PartitionId, RequestId};
+use crate::proto::gateway as pb;
+
+/// AwaitJob's wait when the request names none, and the longest it may name.
+const DEFAULT_AWAIT_MS: i64 = 60_000;
+const MAX_AWAIT_MS: i64 = 600_000;
+/// How long before the caller's own deadline a wait answers without what it
+/// waited for (AwaitJob "not final yet", a long poll with no jobs).
+pub(super) const AWAIT_MARGIN: Duration = Duration::from_millis(200);
+
+/// The job API of one node's gateway.
+#[derive(Clone)]
+pub struct JobApi {
+    pub(super) ctx: Arc<NodeContext>,
+}
+
+impl JobApi {
+    pub fn new(ctx: Arc<NodeContext>) -> Self {
+        JobApi { ctx }
+    }
+
+    /// The node this API serves on.
+    pub fn context(&self) -> &Arc<NodeContext> {
+        &self.ctx
+    }
+
+    pub async fn create(&self, call: &Call, request: pb::CreateJobRequest) -> Result<pb::CreateJobResponse, ApiError> {
+        let started = Instant::now();
+        let (mut partition, command) = self.create_command(&call.principal, request, call.traceparent.clone())?;
+        let keyless = matches!(&command, Command::Create(job) if !matches!(job.request, Some(RequestId::Key { .. })));
+        let partitions = self.ctx.topology.partition_count();
+        let mut submitted = router::submit(&self.ctx, partition, vec![command.clone()], call.deadline).await;
+        // A create without an idempotency key may be made on any partition:
+        // one out of this node's reach (its region cut off) sent nothing, so
+        // the create goes to the next partition instead.
+        for _ in 1..partitions {
+            if !(keyless && matches!(submitted, Err(ApiError::OutOfReach(_)))) {
+                break;
+            }
+            partition = (partition + 1) % partitions;
+            submitted = router::submit(&self.ctx, partition, vec![command.clone()], call.deadline).await;
+        }
+        match submitted?.pop() {
+            Some(CommandResult::Created { key, created, state }) => {
+                tracing::Span::current().record("key", key.0);
+                metrics::histogram!("drover_create_ack_seconds").record(started.elapsed().as_secs_f64());
+                Ok(self.created(partition, key, created, state, call.deadline).await)
+            }
+            Some(CommandResult::Rejected(error)) => Err(error.into()),
+            other => Err(ApiError::Internal(format!("unexpected create result {other:?}"))),
+        }
+    }
+
+    /// Creates a chunk of a create stream's jobs: one answer per request, in order.
+    pub async fn create_many(&self, call: &Call, requests: Vec<pb::CreateJobRequest>) -> Vec<pb::CreateJobResponse> {
+        let started = Instant::now();
+        let commands: Vec<_> =
+            requests.into_iter().map(|r| self.create_command(&call.principal, r, call.traceparent.clone())).collect();
+        let partitions: Vec<Option<PartitionId>> = commands.iter().map(|c| c.as_ref().ok().map(|(p, _)| *p)).collect();
+        let deadline = Instant::now() + self.ctx.settings.request_timeout;
+        let results = run_chunk(&self.ctx, None, commands, deadline).await;
+        metrics::histogram!("drover_create_ack_seconds").record(started.elapsed().as_secs_f64());
+        let mut out = Vec::with_capacity(results.len());
+        for (result, partition) in results.into_iter().zip(partitions) {
+            out.push(match result {
+                Ok(CommandResult::Created { key, created, state }) => {
+                    self.created(partition.unwrap_or_default(), key, created, state, deadline).await
+                }
+                Ok(other) => pb::CreateJobResponse {
+                    error: Some(ApiError::Internal(format!("unexpected {other:?}")).to_proto()),
+                    ..Default::default()
+                },
+                Err(e) => pb::CreateJobResponse { error: Some(e.to_proto()), ..Default::default() },
+            });
+        }
+        out
+    }
+
+    /// Whether the call may complete jobs over a stream: a job token's holder
+    /// (checked per job), or a principal allowed to work on some type.
+    pub fn may_complete_many(&self, call: &Call) -> Result<(), ApiError> {
+        if call.principal.job.is_none() {
+            call.principal.require_some(Verb::Work)?;
+        }
+        Ok(())
+    }
+
+    pub async fn complete(&self, call: &Call, request: pb::CompleteJobRequest) -> Result<(), ApiError> {
+        let (_, command) = self.complete_command(request)?;
+        let Command::Complete { key, .. } = &command else { unreachable!("complete_command builds a Complete") };
+        self.one(&call.principal, *key, command, call.deadline).await?;
+        Ok(())
+    }
+
+    /// Completes a chunk of a complete stream's jobs: one answer per request, in order.
+    pub async fn complete_many(
+        &self,
+        call: &Call,
+        requests: Vec<pb::CompleteJobRequest>,
+    ) -> Vec<pb::CompleteJobsResponse> {
+        let keys: Vec<u64> = requests.iter().map(|r| r.key).collect();
+        let commands: Vec<_> = requests.into_iter().map(|r| self.complete_command(r)).collect();
+        let repeats: Vec<Option<Repeat>> =
+            commands.iter().map(|c| c.as_ref().ok().and_then(|(_, c)| Repeat::of(c))).collect();
+        let deadline = Instant::now() + self.ctx.settings.request_timeout;
+        let results = run_chunk(&self.ctx, Some(&call.principal), commands, deadline).await;
+        let mut out = Vec::with_capacity(results.len());
+        for ((result, key), repeat) in results.into_iter().zip(keys).zip(repeats) {
+            let result = match result {
+                Err(error) => settle(&self.ctx, repeat, error, deadline).await,
+                ok => ok,
+            };
+            out.push(pb::CompleteJobsResponse { key, error: result.err().map(|e| e.to_proto()) });
+        }
+        out
+    }
+
+    pub async fn fail(&self, call: &Call, request: pb::FailJobRequest) -> Result<(), ApiError> {
+        let key = key_of(request.key)?;
+        self.ctx.gateway.streams.release(key, request.attempt);
+        if request.retries < 0 {
+            return Err(ApiError::InvalidArgument(format!("retries must be zero or more, got {}", request.retries)));
+        }
+        if request.retry_back_off < 0 {
+            return Err(ApiError::InvalidArgument(format!(
+                "retry_back_off must be zero or more ms, got {}",
+                request.retry_back_off
+            )));
+        }
+        let limits = &self.ctx.settings.limits;
+        let variables = convert::merged_variables("failure", request.variables, limits)?;
+        let reason = FailReason::parse(&request.reason).ok_or_else(|| {
+            let names: Vec<&str> = FailReason::ALL.iter().filter(|r| !r.by_broker()).map(|r| r.as_str()).collect();
+            ApiError::InvalidArgument(format!("reason {:?} is not one of {}", request.reason, names.join(", ")))
+        })?;
+        let command = Command::Fail {
+            reason,
+            key,
+            attempt: request.attempt,
+            retries: request.retries,
+            error_message: request.error_message,
+            back_off_ms: request.retry_back_off,
+            variables,
+            max_payload_bytes: limits.max_payload_bytes as u64,
+        };
+        self.one(&call.principal, key, command, call.deadline).await?;
+        Ok(())
+    }
+
+    pub async fn update_timeout(
+        &self,
+        call: &Call,
+        request: pb::UpdateJobTimeoutRequest,
+    ) -> Result<pb::UpdateJobTimeoutResponse, ApiError> {
+        let key = key_of(request.key)?;
+        if request.timeout <= 0 {
+            return Err(ApiError::InvalidArgument(format!(
+                "timeout must be greater than zero (the new deadline is now + timeout ms), got {}",
+                request.timeout
+            )));
+        }
+        let command = Command::UpdateTimeout { key, attempt: request.attempt, timeout_ms: request.timeout };
+        match self.one(&call.principal, key, command, call.deadline).await? {
+            CommandResult::Deadline(deadline) => {
+                let job_token = self.ctx.auth.job_token(key.0, request.attempt, deadline);
+                Ok(pb::UpdateJobTimeoutResponse { deadline, job_token })
+            }
+            other => Err(ApiError::Internal(format!("unexpected result {other:?}"))),
+        }
+    }
+
+    pub async fn update_retries(&self, call: &Call, request: pb::UpdateJobRetriesRequest) -> Result<(), ApiError> {
+        let principal = &call.principal;
+        let key = key_of(request.key)?;
+        if request.retries < 0 {
+            return Err(ApiError::InvalidArgument(format!("retries must be zero or more, got {}", request.retries)));
+        }
+        let command = Command::UpdateRetries { key, retries: request.retries, by: principal.name.clone() };
+        self.one(principal, key, command, call.deadline).await?;
+        crate::auth::audit(
+            principal,
+            "update_job_retries",
+            serde_json::json!({"jobs": [key.0], "retries": request.retries}),
+        );
+        Ok(())
+    }
+
+    pub async fn cancel(&self, call: &Call, request: pb::CancelJobRequest) -> Result<(), ApiError> {
+        let principal = &call.principal;
+        let key = key_of(request.key)?;
+        self.one(principal, key, Command::Cancel { key, by: principal.name.clone() }, call.deadline).await?;
+        crate::auth::audit(principal, "cancel_job", serde_json::json!({"jobs": [key.0]}));
+        Ok(())
+    }
+
+    pub async fn checkpoint(
+        &self,
+        call: &Call,
+        request: pb::CheckpointJobRequest,
+    ) -> Result<pb::CheckpointJobResponse, ApiError> {
+        let key = key_of(request.key)?;
+        convert::stage_name(&request.stage)?;
+        if request.attempt == 0 {
+            return Err(ApiError::InvalidArgument(
+                "attempt is required: a checkpoint is fenced by the activation's attempt (ActivatedJob.attempt)".into(),
+            ));
+        }
+        let limits = &self.ctx.settings.limits;
+        let variables = convert::merged_variables("checkpoint", request.variables, limits)?;
+        let command = Command::Checkpoint {
+            key,
+            attempt: request.attempt,
+            stage: request.stage,
+            variables,
+            max_payload_bytes: limits.max_payload_bytes as u64,
+        };
+        let attempt = request.attempt;
+        match self.one(&call.principal, key, command, call.deadline).await? {
+            CommandResult::Deadline(deadline) => {
+                let job_token = self.ctx.auth.job_token(key.0, attempt, deadline);
+                Ok(pb::CheckpointJobResponse { deadline, job_token })
+            }
+            other => Err(ApiError::Internal(format!("unexpected result {other:?}"))),
+        }
+    }
+
+    /// A job, with its history when the request asks for it.
+    pub async fn get(&self, call: &Call, request: pb::GetJobRequest) -> Result<pb::Job, ApiError> {
+        let include_history = request.include_history;
+        let job = self.read_job(&call.principal, request, call.deadline).await?;
+        let mut answer = convert::job(&job);
+        if include_history {
+            answer.history = convert::history(&job);
+            answer.history_dropped = job.history.dropped();
+        }
+        Ok(answer)
+    }
+
+    pub async fn history(
+        &self,
+        call: &Call,
+        request: pb::GetJobRequest,
+    ) -> Result<pb::GetJobHistoryResponse, ApiError> {
+        let job = self.read_job(&call.principal, request, call.deadline).await?;
+        Ok(pb::GetJobHistoryResponse { key: job.key.0, events: convert::history(&job), dropped: job.history.dropped() })
+    }
+
+    /// A job once it is final, or as it is when the wait ends.
+    pub async fn await_job(&self, call: &Call, request: pb::AwaitJobRequest) -> Result<pb::AwaitJobResponse, ApiError> {
+        let principal = &call.principal;
+        if !request.tenant_id.is_empty() {
+            principal.require_tenant(&request.tenant_id)?;
+        }
+        let wait = match request.timeout {
+            0 => DEFAULT_AWAIT_MS,
+            ms if (1..=MAX_AWAIT_MS).contains(&ms) => ms,
+            ms => {
+                return Err(ApiError::InvalidArgument(format!(
+                    "timeout must be between 1 and {MAX_AWAIT_MS} ms (0 for {DEFAULT_AWAIT_MS}), got {ms}"
+                )))
+            }
+        };
+        let job = job_ref(request.key, request.idempotency_key, request.tenant_id, request.user)?;
+        let mut final_by = Instant::now() + Duration::from_millis(wait as u64);
+        if let Some(caller) = call.caller_deadline {
+            // Answer "not final yet" in time for the caller to hear it.
+            final_by = final_by.min(caller.checked_sub(AWAIT_MARGIN).unwrap_or_else(Instant::now));
+        }
+        let deadline = final_by.max(Instant::now() + self.ctx.settings.request_timeout);
+        let deadline = call.caller_deadline.map_or(deadline, |caller| deadline.min(caller));
+        let found = router::read(&self.ctx, &job, Some(final_by), deadline).await?;
+        // A producer awaits the jobs it may create; a reader, those it may read.
+        if !principal.may(Verb::Create, &found.spec.job_type) {
+            principal.check_job(Verb::Read, &found.spec.tenant, &found.spec.job_type, found.key.0)?;
+        } else if !principal.in_tenant(&found.spec.tenant) {
+            return Err(ApiError::NotFound(format!("no job with key {}", found.key)));
+        }
+        Ok(pb::AwaitJobResponse { r#final: found.state.is_final(), job: Some(convert::job(&found)) })
+    }
+
+    pub async fn list(&self, call: &Call, request: pb::ListJobsRequest) -> Result<pb::ListJobsResponse, ApiError> {
+        listing::list(&self.ctx, &call.principal, request, call.deadline).await
+    }
+
+    pub async fn retry_jobs(
+        &self,
+        call: &Call,
+        request: pb::RetryJobsRequest,
+    ) -> Result<pb::BulkJobsResponse, ApiError> {
+        listing::retry(&self.ctx, &call.principal, request, call.deadline).await
+    }
+
+    pub async fn cancel_jobs(
+        &self,
+        call: &Call,
+        request: pb::CancelJobsRequest,
+    ) -> Result<pb::BulkJobsResponse, ApiError> {
+        listing::cancel(&self.ctx, &call.principal, request, call.deadline).await
+    }
+
+    fn create_command(
+        &self,
+        principal: &Principal,
+        request: pb::CreateJobRequest,
+        traceparent: String,
+    ) -> Result<(PartitionId, Command), ApiError> {
+        principal.require_job(Verb::Create, &request.r#type)?;
+        principal.require_tenant(&request.tenant_id)?;
+        let ctx = &self.ctx;
+        let settings = &ctx.settings;
+        let job = convert::new_job(request, traceparent, &settings.limits, &settings.dedupe, || {
+            ctx.gateway.next_request_id()
+        })?;
+        // Every repeat of an idempotency key must reach the partition that
+        // remembers it; other creates go to a partition led here if any.
+        let partition = match &job.request {
+            Some(request @ RequestId::Key { .. }) => {
+                JobRef::Request(request.clone()).partition(ctx.topology.partition_count())
+            }
+            _ => ctx.routing.next_create_partition(),
+        };
+        Ok((partition, Command::Create(job)))
+    }
+
+    fn complete_command(&self, request: pb::CompleteJobRequest) -> Result<(PartitionId, Command), ApiError> {
+        let key = key_of(request.key)?;
+        // The worker is done with this activation, however the completion fares.
+        self.ctx.gateway.streams.release(key, request.attempt);
+        if key.partition() >= self.ctx.topology.partition_count() {
+            return Err(ApiError::NotFound(format!("no job with key {key}")));
+        }
+        let variables = convert::json_object("variables", request.variables)?;
+        Ok((key.partition(), Command::Complete { key, attempt: request.attempt, variables }))
+    }
+
+    /// The answer to a create: the job's key, whether this request made it,
+    /// and its state (read from its partition for a repeat whose job is final).
+    async fn created(
+        &self,
+        partition: PartitionId,
+        key: JobKey,
+        created: bool,
+        state: Option<JobState>,
+        deadline: Instant,
+    ) -> pb::CreateJobResponse {
+        let state = match state {
+            Some(state) => state.as_str().to_string(),
+            None => match router::describe(&self.ctx, key, deadline).await {
+                Ok(job) => job.state.as_str().to_string(),
+                // The job exists (the partition remembered it); only its state
+                // could not be read in time.
+                Err(_) => String::new(),
+            },
+        };
+        pb::CreateJobResponse { key: key.0, partition_id: partition, error: None, created, state }
+    }
+
+    /// The job a `GetJobRequest` names, read from its partition's leader, if
+    /// `principal` may read it.
+    async fn read_job(
+        &self,
+        principal: &Principal,
+        request: pb::GetJobRequest,
+        deadline: Instant,
+    ) -> Result<Job, ApiError> {
+        if !request.tenant_id.is_empty() {
+            principal.require_tenant(&request.tenant_id)?;
+        }
+        let job = job_ref(request.key, request.idempotency_key, request.tenant_id, request.user)?;
+        let found = router::read(&self.ctx, &job, None, deadline).await?;
+        principal.check_job(Verb::Read, &found.spec.tenant, &found.spec.job_type, found.key.0)?;
+        Ok(found)
+    }
+
+    /// Runs one command on the partition of `key`, for `principal`.
+    async fn one(
+        &self,
+        principal: &Arc<Principal>,
+        key: JobKey,
+        command: Command,
+        deadline: Instant,
+    ) -> Result<CommandResult, ApiError> {
+        if key.partition() >= self.ctx.topology.partition_count() || key.counter() == 0 {
+            return Err(ApiError::NotFound(format!("no job with key {key}")));
+        }
+        let repeat = Repeat::of(&command);
+        let mut results =
+            router::submit_as(&self.ctx, Some(principal), key.partition(), vec![command], deadline).await?;
+        match results.pop() {
+            Some(CommandResult::Rejected(error)) => settle(&self.ctx, repeat, error.into(), deadline).await,
+            Some(result) => Ok(result),
+            None => Err(ApiError::Internal("partition returned no result".into())),
+        }
+    }
+}
+
+/// The job a read names: `key`, or an idempotency key with its scope.
+fn job_ref(key: u64, idempotency_key: String, tenant: String, user: String) -> Result<JobRef, ApiError> {
+    match (key, idempotency_key.is_empty()) {
+        (0, true) => Err(ApiError::InvalidArgument("give the job's key or its idempotency_key".into())),
+        (0, false) => Ok(JobRef::Request(convert::idempotency_request(idempotency_key, tenant, user)?)),
+        (key, true) => Ok(JobRef::Key(key_of(key)?)),
+        (_, false) => Err(ApiError::InvalidArgument("give the job's key or its idempotency_key, not both".into())),
+    }
+}
+
+pub(super) fn key_of(key: u64) -> Result<JobKey, ApiError> {
+    if key == 0 {
+        return Err(ApiError::InvalidArgument("key is required".into()));
+    }
+    Ok(JobKey(key))
+}
+
+/// A completion or cancellation that may repeat one that already ended the
+/// job (a client's retry, or the gateway's own re-send after a lost answer).
+#[derive(Clone, Copy)]
+struct Repeat {
+    key: JobKey,
+    state: JobState,
+    /// The attempt the completion was for; 0 for a cancellation.
+    attempt: u32,
+}
+
+impl Repeat {
+    fn of(command: &Command) -> Option<Repeat> {
+        match command {
+            // Attempt 0 is an operator's override: nothing tells its repeat apart.
+            Command::Complete { key, attempt, .. } if *attempt != 0 => {
+                Some(Repeat { key: *key, state: JobState::Completed, attempt: *attempt })
+            }
+            Command::Cancel { key, .. } => Some(Repeat { key: *key, state: JobState::Cancelled, attempt: 0 }),
+            _ => None,
+        }
+    }
+}
+
+/// Turns the refusal of a repeated completion or cancellation into success
+/// when the job already ended the way it asked: completed by that very
+/// attempt, or cancelled. The partition keeps final records only in storage,
+/// so this reads the job; it runs only on a refusal.
+async fn settle(
+    ctx: &NodeContext,
+    repeat: Option<Repeat>,
+    error: ApiError,
+    deadline: Instant,
+) -> Result<CommandResult, ApiError> {
+    let (Some(repeat), ApiError::FailedPrecondition(_)) = (repeat, &error) else { return Err(error) };
+    match router::describe(ctx, repeat.key, deadline).await {
+        Ok(job) if job.state == repeat.state && crate::core::fence_admits(repeat.attempt, job.attempt) => {
+            Ok(CommandResult::Done)
+        }
+        _ => Err(error),
+    }
+}

@@ -1,0 +1,198 @@
+//! What other parts of the node read of a partition's state: jobs by key or
+//! request, waits for a job to become final, listings, the leader's view of
+//! its engine. Lock holds are short and never span an await.
+
+use std::collections::HashMap;
+use std::path::PathBuf;
+use std::sync::{Arc, Mutex, MutexGuard};
+use std::time::Duration;
+
+use tokio::sync::oneshot;
+
+use super::{records, Inner};
+use crate::core::{Job, JobFilter, JobKey, JobRef, Millis, PartitionId, PartitionState};
+use crate::storage::{self, key, Store, Table};
+
+/// Removes a finished or abandoned wait's entry (see [`SharedState::await_final`]).
+struct ForgetWait<'a> {
+    state: &'a SharedState,
+    key: JobKey,
+}
+
+impl Drop for ForgetWait<'_> {
+    fn drop(&mut self) {
+        let mut waiters = self.state.waiting();
+        if let Some(senders) = waiters.get_mut(&self.key) {
+            senders.retain(|s| !s.is_closed());
+            if senders.is_empty() {
+                waiters.remove(&self.key);
+            }
+        }
+    }
+}
+
+/// The partition's state, shared between the Raft state machine (the only
+/// writer) and readers on this node: `GetJob`, the leader's push decisions,
+/// metrics. Lock holds are short and never span an await.
+pub struct SharedState {
+    pub(super) partition: PartitionId,
+    pub(super) store: Arc<Store>,
+    /// Where snapshot files are made.
+    pub(super) snapshot_dir: PathBuf,
+    pub(super) inner: Mutex<Inner>,
+    /// Readers waiting for a job to become final ([`SharedState::await_final`]).
+    pub(super) waiters: Mutex<HashMap<JobKey, Vec<oneshot::Sender<()>>>>,
+}
+
+impl SharedState {
+    pub(super) fn lock(&self) -> MutexGuard<'_, Inner> {
+        self.inner.lock().expect("state machine lock poisoned")
+    }
+
+    /// The partition's leader time now, from this process's own steady clock:
+    /// the time of the last live entry applied here plus the time since it
+    /// was applied. `None` until this process has applied an entry written
+    /// since it started (entries replayed from its own log tell nothing of
+    /// how long it was down).
+    pub fn clock_estimate(&self) -> Option<Millis> {
+        let inner = self.lock();
+        let (at, seen) = inner.observed?;
+        Some(at.saturating_add(seen.elapsed().as_millis() as Millis).max(inner.engine.clock()))
+    }
+
+    /// Reads the engine state.
+    pub fn read<R>(&self, f: impl FnOnce(&PartitionState) -> R) -> R {
+        f(&self.lock().engine)
+    }
+
+    /// A job's record, live or final.
+    pub fn lookup(&self, job: JobKey) -> Result<Option<Job>, storage::StorageError> {
+        if let Some(live) = self.lock().engine.job(job).cloned() {
+            return Ok(Some(live));
+        }
+        match self.store.get(Table::Done, key(self.partition, job.0))? {
+            Some(bytes) => self.final_record(job.0, &bytes),
+            None => Ok(None),
+        }
+    }
+
+    /// A final job from its `jobs_done` record and its spec; `None` when it
+    /// was pruned after its record was read (a prune deletes both records in
+    /// one batch, so a spec gone with its final record still there is damage).
+    pub(super) fn final_record(&self, job: u64, progress: &[u8]) -> Result<Option<Job>, storage::StorageError> {
+        let k = key(self.partition, job);
+        let spec = match self.store.get(Table::Specs, k)? {
+            None if self.store.get(Table::Done, k)?.is_none() => return Ok(None),
+            spec => records::decode_spec(job, spec)?,
+        };
+        records::decode_progress(spec, progress).map(Some)
+    }
+
+    /// The job a reference names: by key, or by the create request this
+    /// replica remembers (`None` once the request's window has passed).
+    pub fn resolve(&self, job: &JobRef) -> Option<JobKey> {
+        match job {
+            JobRef::Key(key) => Some(*key),
+            JobRef::Request(request) => self.lock().engine.request(request).map(|seen| seen.job),
+        }
+    }
+
+    /// A job's record once it is final, or as it is when `wait` has passed
+    /// (or at once, when it is final already or unknown).
+    pub async fn await_final(&self, key: JobKey, wait: Duration) -> Result<Option<Job>, storage::StorageError> {
+        if wait.is_zero() {
+            return self.lookup(key);
+        }
+        // Dropped when this read ends, however it ends (a caller that goes
+        // away included), after the receiver below: forgets the wait.
+        let _forget = ForgetWait { state: self, key };
+        let (sender, finished) = oneshot::channel();
+        self.waiting().entry(key).or_default().push(sender);
+        // Registered first: a job that finishes after this read wakes us.
+        match self.lookup(key) {
+            Ok(Some(job)) if !job.state.is_final() => {
+                let _ = tokio::time::timeout(wait, finished).await;
+                self.lookup(key)
+            }
+            other => other,
+        }
+    }
+
+    fn waiting(&self) -> MutexGuard<'_, HashMap<JobKey, Vec<oneshot::Sender<()>>>> {
+        self.waiters.lock().expect("waiters lock poisoned")
+    }
+
+    /// Wakes the readers waiting for these jobs, which just became final.
+    pub(super) fn wake(&self, finished: &[JobKey]) {
+        let mut waiters = self.waiting();
+        if waiters.is_empty() {
+            return;
+        }
+        for key in finished {
+            for sender in waiters.remove(key).unwrap_or_default() {
+                let _ = sender.send(());
+            }
+        }
+    }
+
+    /// Up to `limit` jobs matching `filter` with keys after `after`, in key
+    /// order, live and final, and no more than about `max_bytes` of them (at
+    /// least one). A job that finishes during the read is listed once, as final.
+    pub fn list(
+        &self,
+        filter: &JobFilter,
+        after: JobKey,
+        limit: usize,
+        max_bytes: usize,
+    ) -> Result<Vec<Job>, storage::StorageError> {
+        let mut live: Vec<Job> = if filter.covers_live() {
+            let inner = self.lock();
+            let mut keys: Vec<JobKey> =
+                inner.engine.jobs().filter(|j| j.key > after && filter.matches(j)).map(|j| j.key).collect();
+            keys.sort_unstable();
+            keys.truncate(limit);
+            keys.iter().filter_map(|k| inner.engine.job(*k).cloned()).collect()
+        } else {
+            Vec::new()
+        };
+        let mut done = Vec::new();
+        if filter.covers_final() && limit > 0 {
+            let mut bytes_read = 0;
+            self.store.scan_while(Table::Done, self.partition, after.0.saturating_add(1), |id, bytes| {
+                let Some(job) = self.final_record(id, bytes)? else { return Ok(true) };
+                if filter.matches(&job) {
+                    bytes_read += bytes.len() + job.spec.encoded_len();
+                    done.push(job);
+                }
+                Ok(done.len() < limit && bytes_read < max_bytes)
+            })?;
+        }
+        live.retain(|job| !done.iter().any(|d| d.key == job.key));
+        live.extend(done);
+        live.sort_unstable_by_key(|job| job.key);
+        live.truncate(limit);
+        let mut total = 0;
+        let within = live
+            .iter()
+            .position(|job| {
+                total += job.spec.encoded_len() + job.result.len() + job.error_message.len() + job.worker.len();
+                total > max_bytes
+            })
+            .unwrap_or(live.len());
+        live.truncate(within.max(1));
+        Ok(live)
+    }
+
+    /// Every job this replica holds, live and final (for fault-test
+    /// verification and operators; reads the whole partition).
+    pub fn all_jobs(&self) -> Result<Vec<Job>, storage::StorageError> {
+        let inner = self.lock();
+        let mut jobs: Vec<Job> = inner.engine.jobs().cloned().collect();
+        self.store.for_each(Table::Done, self.partition, |id, bytes| {
+            // Read under the lock apply holds: nothing is pruned meanwhile.
+            jobs.extend(self.final_record(id, bytes)?);
+            Ok(())
+        })?;
+        Ok(jobs)
+    }
+}

@@ -1,0 +1,175 @@
+//! The snapshot format: a header (bincode) with the engine's compact state,
+//! its live jobs, remembered creates, sessions and schemas and the pruning
+//! order, then one frame per final record, streamed between storage and the
+//! snapshot file one at a time.
+
+use std::io::{BufWriter, Read, Seek, Write};
+use std::sync::Arc;
+
+use openraft::storage::{Snapshot, SnapshotMeta};
+use openraft::{BasicNode, RaftSnapshotBuilder, StorageError};
+use serde::{Deserialize, Serialize};
+
+use super::{records, sm_read_err, sm_write_err, Inner, NodeId, SharedState, TypeConfig};
+use crate::core::{Deduped, Job, Millis, PartitionState, Registry, RequestId, StateSnapshot};
+use crate::storage::{self, key, Table};
+
+/// A snapshot is this header (bincode), then one frame per final record:
+/// job key (u64 LE), length (u32 LE), the whole job (its spec and progress
+/// joined, as `records` stores them apart). Final records stream between
+/// storage and snapshot one at a time, never gathered into a second buffer.
+#[derive(Serialize, Deserialize)]
+pub(super) struct SnapshotHeader {
+    pub engine: StateSnapshot,
+    pub jobs: Vec<Job>,
+    /// Remembered creates with their storage ids.
+    pub requests: Vec<(u64, RequestId, Deduped)>,
+    pub registry: Registry,
+    /// The pruning order of the final records: the first one's sequence
+    /// number, then (finished at, job key) oldest first.
+    pub finished_first: u64,
+    pub finished: Vec<(Millis, u64)>,
+}
+
+fn push_frame(out: &mut impl Write, job_key: u64, record: &[u8]) -> std::io::Result<()> {
+    out.write_all(&job_key.to_le_bytes())?;
+    out.write_all(&(record.len() as u32).to_le_bytes())?;
+    out.write_all(record)
+}
+
+/// The next frame of `input`; `None` at its end.
+/// No job record is near this large (records are bounded by the request
+/// limit); a frame that claims more is corrupt.
+const MAX_FRAME_BYTES: usize = 256 << 20;
+
+pub(super) fn next_frame(input: &mut impl Read) -> Result<Option<(u64, Vec<u8>)>, std::io::Error> {
+    let mut head = [0u8; 12];
+    let mut filled = 0;
+    while filled < head.len() {
+        match input.read(&mut head[filled..])? {
+            0 if filled == 0 => return Ok(None),
+            0 => return Err(std::io::Error::other("snapshot ends inside a job record")),
+            n => filled += n,
+        }
+    }
+    let job_key = u64::from_le_bytes(head[..8].try_into().expect("8 bytes"));
+    let len = u32::from_le_bytes(head[8..].try_into().expect("4 bytes")) as usize;
+    if len > MAX_FRAME_BYTES {
+        return Err(std::io::Error::other(format!("a job record in the snapshot claims {len} bytes; it is corrupt")));
+    }
+    // Read through `take`: the buffer grows with what arrives, so a length
+    // that lies costs no more memory than the snapshot holds.
+    let mut record = Vec::new();
+    input.take(len as u64).read_to_end(&mut record)?;
+    if record.len() != len {
+        return Err(std::io::Error::other("snapshot ends inside a job record"));
+    }
+    Ok(Some((job_key, record)))
+}
+
+/// Reads a snapshot as a follower installing it would, without storing it:
+/// the header, every final record's frame (decoded as a later read would),
+/// and the engine restored from them. Returns the records read. The entry
+/// point of the snapshot fuzz target.
+pub fn check_snapshot(bytes: &[u8]) -> Result<usize, String> {
+    let mut rest = bytes;
+    let body: SnapshotHeader =
+        storage::decode_bounded("snapshot header", &mut rest, bytes.len() as u64).map_err(|e| e.to_string())?;
+    let mut records = body.jobs.len();
+    while let Some((_, record)) = next_frame(&mut rest).map_err(|e| e.to_string())? {
+        storage::decode::<Job>("job", &record).map_err(|e| e.to_string())?;
+        records += 1;
+    }
+    PartitionState::restore(body.engine, body.jobs, body.requests, body.registry);
+    Ok(records)
+}
+
+/// A snapshot of `state` holding `finished` as its final records, in the
+/// format [`check_snapshot`] reads: the fuzz target's seeds.
+pub fn snapshot_bytes(state: &PartitionState, finished: &[Job]) -> Vec<u8> {
+    let header = SnapshotHeader {
+        engine: state.meta(),
+        jobs: state.jobs().cloned().collect(),
+        requests: Vec::new(),
+        registry: Registry::default(),
+        finished_first: 0,
+        finished: finished.iter().map(|j| (0, j.key.0)).collect(),
+    };
+    let mut out = storage::encode(&header);
+    for job in finished {
+        let record = storage::encode(job);
+        out.extend_from_slice(&job.key.0.to_le_bytes());
+        out.extend_from_slice(&(record.len() as u32).to_le_bytes());
+        out.extend_from_slice(&record);
+    }
+    out
+}
+
+/// An unnamed file in `dir` for a snapshot: gone when closed.
+pub(super) fn snapshot_file(dir: &std::path::Path) -> Result<std::fs::File, StorageError<NodeId>> {
+    std::fs::create_dir_all(dir).map_err(sm_write_err)?;
+    tempfile::tempfile_in(dir).map_err(sm_write_err)
+}
+
+pub(super) fn snapshot_meta(inner: &Inner) -> SnapshotMeta<NodeId, BasicNode> {
+    let snapshot_id = match inner.last_applied {
+        Some(id) => format!("{}-{}", id.leader_id, id.index),
+        None => "empty".to_string(),
+    };
+    SnapshotMeta { last_log_id: inner.last_applied, last_membership: inner.membership.clone(), snapshot_id }
+}
+
+impl SharedState {
+    /// Serialises the state as of now: the live jobs, counters and pruning
+    /// order under the lock apply holds, then the final records from a
+    /// point-in-time view taken under the same lock, without blocking apply.
+    pub(super) fn snapshot(&self) -> Result<Option<Snapshot<TypeConfig>>, StorageError<NodeId>> {
+        let (header, meta, view) = {
+            let inner = self.lock();
+            if inner.last_applied.is_none() {
+                return Ok(None);
+            }
+            let header = SnapshotHeader {
+                engine: inner.engine.meta(),
+                jobs: inner.engine.jobs().cloned().collect(),
+                requests: inner.engine.requests().map(|(id, r, e)| (id, r.clone(), *e)).collect(),
+                registry: inner.engine.registry(),
+                finished_first: inner.finished.first,
+                finished: inner.finished.order.iter().map(|(at, job)| (*at, job.0)).collect(),
+            };
+            (header, snapshot_meta(&inner), self.store.point_in_time())
+        };
+        let mut out = BufWriter::with_capacity(1 << 20, snapshot_file(&self.snapshot_dir)?);
+        bincode::serialize_into(&mut out, &header).map_err(sm_write_err)?;
+        drop(header);
+        // A frame carries the whole job, its spec and progress joined.
+        view.for_each(Table::Done, self.partition, |job_key, progress| {
+            let spec = records::decode_spec(job_key, view.get(Table::Specs, key(self.partition, job_key))?)?;
+            let job = records::decode_progress(spec, progress)?;
+            Ok(push_frame(&mut out, job_key, &storage::encode(&job))?)
+        })
+        .map_err(sm_read_err)?;
+        let mut file = out.into_inner().map_err(|e| sm_write_err(e.into_error()))?;
+        file.rewind().map_err(sm_write_err)?;
+        Ok(Some(Snapshot { meta, snapshot: Box::new(tokio::fs::File::from_std(file)) }))
+    }
+}
+
+pub struct SnapshotBuilder {
+    pub(super) shared: Arc<SharedState>,
+}
+
+impl RaftSnapshotBuilder<TypeConfig> for SnapshotBuilder {
+    /// Marks the applied index as snapshotted so openraft may purge the log
+    /// behind it. Everything a snapshot holds is already in storage, so
+    /// nothing is copied here; the data is made when a follower needs it
+    /// ([`RaftStateMachine::get_current_snapshot`]). openraft keeps only the
+    /// meta of what this returns.
+    async fn build_snapshot(&mut self) -> Result<Snapshot<TypeConfig>, StorageError<NodeId>> {
+        let meta = snapshot_meta(&self.shared.lock());
+        metrics::counter!("drover_raft_snapshots_built_total", "partition" => self.shared.partition.to_string())
+            .increment(1);
+        let empty = tokio::fs::File::from_std(snapshot_file(&self.shared.snapshot_dir)?);
+        Ok(Snapshot { meta, snapshot: Box::new(empty) })
+    }
+}
