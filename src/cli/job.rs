@@ -10,6 +10,7 @@ use drover::proto::gateway::*;
 
 use super::{print_json, status_error, Target};
 
+/// Which jobs a listing or bulk command covers.
 #[derive(clap::Args)]
 pub(crate) struct FilterArgs {
     /// scheduled, activatable, activated, completed, incident or cancelled.

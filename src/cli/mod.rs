@@ -122,8 +122,6 @@ pub(crate) enum ClusterCommand {
     Status,
 }
 
-/// Which jobs a listing or bulk command covers.
-
 pub(crate) async fn run(cli: Cli) -> anyhow::Result<()> {
     match cli.command {
         Command::Serve(args) => serve::serve(*args).await,
@@ -159,8 +157,6 @@ pub(crate) async fn run(cli: Cli) -> anyhow::Result<()> {
         }
     }
 }
-
-/// Resolves at the first SIGTERM or SIGINT.
 
 pub(crate) fn print_json(value: &serde_json::Value) {
     println!("{}", serde_json::to_string_pretty(value).expect("json"));

@@ -5,6 +5,7 @@ use std::time::Duration;
 use drover::config::ServeArgs;
 use drover::node::Node;
 
+/// Resolves at the first SIGTERM or SIGINT.
 pub(crate) async fn shutdown_signal() {
     match tokio::signal::unix::signal(tokio::signal::unix::SignalKind::terminate()) {
         Ok(mut terminate) => {

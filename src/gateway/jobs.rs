@@ -48,11 +48,6 @@ impl JobApi {
         JobApi { ctx }
     }
 
-    /// The node this API serves on.
-    pub fn context(&self) -> &Arc<NodeContext> {
-        &self.ctx
-    }
-
     pub async fn create(&self, call: &Call, request: pb::CreateJobRequest) -> Result<pb::CreateJobResponse, ApiError> {
         let started = Instant::now();
         let (mut partition, command) = self.create_command(&call.principal, request, call.traceparent.clone())?;
