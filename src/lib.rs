@@ -24,6 +24,8 @@ pub mod bench;
 #[cfg(feature = "server")]
 pub mod cluster;
 #[cfg(feature = "server")]
+pub mod codec;
+#[cfg(feature = "server")]
 pub mod config;
 #[cfg(feature = "server")]
 pub mod context;

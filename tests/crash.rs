@@ -97,7 +97,6 @@ async fn a_data_directory_formed_with_other_settings_is_refused() {
 /// timeout).
 #[tokio::test]
 async fn a_frozen_node_keeps_its_peer_connections_through_cancelled_calls() {
-    use drover::proto::cluster::cluster_client::ClusterClient;
     use drover::proto::cluster::StatusRequest;
 
     let dir = tempfile::tempdir().unwrap();
@@ -106,7 +105,7 @@ async fn a_frozen_node_keeps_its_peer_connections_through_cancelled_calls() {
     // One connection, as a peer has.
     let channel =
         tonic::transport::Endpoint::from_shared(format!("http://{}", node.cluster)).unwrap().connect().await.unwrap();
-    let peer = ClusterClient::new(channel);
+    let peer = common::peer_of(channel);
     peer.clone().status(StatusRequest {}).await.expect("the node answers before the freeze");
 
     node.signal(libc::SIGSTOP);

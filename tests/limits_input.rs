@@ -7,7 +7,6 @@ use std::collections::BTreeSet;
 use std::time::Duration;
 
 use common::{http_get, LocalNode, NodeProcess};
-use drover::proto::cluster::cluster_client::ClusterClient;
 use drover::proto::cluster::{DeliverReply, DeliverRequest, ForwardRequest};
 use drover::proto::gateway::*;
 use tonic::metadata::MetadataValue;
@@ -108,7 +107,7 @@ async fn an_overflowing_grpc_timeout_is_refused_and_the_node_keeps_serving() {
 
     // Node-to-node forwarding reads the header too; it falls back to the
     // default and goes on to judge the request itself.
-    let mut cluster = ClusterClient::connect(format!("http://{}", node.node().cluster_addr)).await.unwrap();
+    let mut cluster = common::peer(format!("http://{}", node.node().cluster_addr)).await.unwrap();
     let forward = ForwardRequest { partition_id: 0, commands: b"not bincode".to_vec().into(), ..Default::default() };
     let status = cluster.forward(with_grpc_timeout(forward, "18446744073709551615S")).await.unwrap_err();
     assert_eq!(status.code(), Code::InvalidArgument, "{status:?}");
@@ -139,7 +138,7 @@ async fn next_reply(replies: &mut tonic::Streaming<DeliverReply>) -> DeliverRepl
 #[tokio::test(flavor = "multi_thread", worker_threads = 2)]
 async fn the_delivery_stream_answers_unknown_kinds_and_malformed_forwards() {
     let node = LocalNode::start().await;
-    let mut cluster = ClusterClient::connect(format!("http://{}", node.node().cluster_addr)).await.unwrap();
+    let mut cluster = common::peer(format!("http://{}", node.node().cluster_addr)).await.unwrap();
     let (requests, outgoing) = tokio::sync::mpsc::unbounded_channel();
     let opened = cluster.deliver(tokio_stream::wrappers::UnboundedReceiverStream::new(outgoing)).await;
     let mut replies = opened.expect("the node opens a delivery stream").into_inner();
@@ -180,7 +179,7 @@ async fn a_delivery_stream_opened_while_the_node_starts_serves_once_it_has() {
     let address = format!("http://127.0.0.1:{port}");
     let mut cluster = None;
     for _ in 0..100 {
-        if let Ok(client) = ClusterClient::connect(address.clone()).await {
+        if let Ok(client) = common::peer(address.clone()).await {
             cluster = Some(client);
             break;
         }

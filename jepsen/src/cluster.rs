@@ -9,6 +9,10 @@ use anyhow::Context;
 
 pub struct Nodes {
     pub drover: PathBuf,
+    /// The build the upgrade nemesis moves nodes to.
+    pub next: Option<PathBuf>,
+    /// Nodes moved to `next`: they start on it from now on.
+    upgraded: Vec<bool>,
     pub dir: PathBuf,
     pub ips: Vec<String>,
     pub namespaces: Vec<String>,
@@ -130,6 +134,8 @@ impl Nodes {
         let n = ips.len();
         Nodes {
             drover: drover.to_path_buf(),
+            next: None,
+            upgraded: vec![false; n],
             dir: dir.to_path_buf(),
             ips: ips.to_vec(),
             namespaces: namespaces.to_vec(),
@@ -208,6 +214,29 @@ impl Nodes {
         }
     }
 
+    /// The build node `i` runs: the next one once it was upgraded.
+    fn binary(&self, i: usize) -> &Path {
+        match &self.next {
+            Some(next) if self.upgraded[i] => next,
+            _ => &self.drover,
+        }
+    }
+
+    /// Node `i` starts on the next build from now on; false when it already
+    /// runs it (or there is none).
+    pub fn upgrade(&mut self, i: usize) -> bool {
+        if self.next.is_none() || self.upgraded[i] {
+            return false;
+        }
+        self.upgraded[i] = true;
+        true
+    }
+
+    /// How many nodes run the next build.
+    pub fn upgraded(&self) -> usize {
+        self.upgraded.iter().filter(|u| **u).count()
+    }
+
     pub fn start(&mut self, i: usize) -> anyhow::Result<()> {
         // Peers are dialled through this node's proxy (see `proxy.rs`); the
         // node still listens on its own address.
@@ -230,7 +259,7 @@ impl Nodes {
         }
         let child = command
             .args(["netns", "exec", &self.namespaces[i]])
-            .arg(&self.drover)
+            .arg(self.binary(i))
             .arg("serve")
             .args(["--node-id", &i.to_string()])
             .args(["--members", &members.join(",")])

@@ -66,6 +66,10 @@ enum Nemesis {
     /// writes in memory: SIGKILLs one node, a minority or all of them (a
     /// power failure) and drops what they had not synced.
     Power,
+    /// A rolling upgrade: SIGTERMs the nodes in turn, as `rolling` does, and
+    /// starts each again on `--drover-next`, so the cluster runs two builds
+    /// until every node was replaced. Not in the suite: it needs two builds.
+    Upgrade,
 }
 
 impl Nemesis {
@@ -104,6 +108,10 @@ struct RunArgs {
     /// The drover binary.
     #[arg(long, default_value = "target/release/drover")]
     drover: PathBuf,
+    /// The build the `upgrade` nemesis moves each node to.
+    #[arg(long)]
+    #[serde(default)]
+    drover_next: Option<PathBuf>,
     /// Where run directories go.
     #[arg(long, default_value = "jepsen/runs")]
     out: PathBuf,
@@ -249,6 +257,8 @@ struct InnerConfig {
     namespaces: Vec<String>,
     ips: Vec<String>,
     drover: PathBuf,
+    #[serde(default)]
+    drover_next: Option<PathBuf>,
 }
 
 fn main() -> anyhow::Result<()> {
@@ -403,6 +413,14 @@ fn run(args: RunArgs) -> anyhow::Result<(bool, PathBuf)> {
     let bin = dir.join("bin");
     std::fs::create_dir_all(&bin)?;
     let drover = keep(&drover, &bin.join("drover"))?;
+    let drover_next = match &args.drover_next {
+        Some(next) => {
+            let next = std::fs::canonicalize(next).with_context(|| format!("the next build {}", next.display()))?;
+            Some(keep(&next, &bin.join("drover-next"))?)
+        }
+        None if args.nemesis.contains(&Nemesis::Upgrade) => bail!("the upgrade nemesis needs --drover-next"),
+        None => None,
+    };
     let runner = keep(&std::env::current_exe()?, &bin.join("drover-jepsen"))?;
     let prefix = format!("drj{:05}", seed % 100_000);
     let net = net::Network::create(&prefix, args.nodes).context("creating the test network (run as root)")?;
@@ -445,6 +463,7 @@ fn run(args: RunArgs) -> anyhow::Result<(bool, PathBuf)> {
         namespaces: (0..args.nodes).map(|i| net.node_ns(i)).collect(),
         ips: (0..args.nodes).map(|i| net.node_ip(i)).collect(),
         drover,
+        drover_next,
         args: args.clone(),
     };
     std::fs::write(dir.join("config.json"), serde_json::to_string_pretty(&config)?)?;
@@ -512,6 +531,7 @@ async fn inner(dir: &Path) -> anyhow::Result<bool> {
         proxies.set_base(base, REGION_DELAY_MS.1)?;
     }
     let mut nodes = cluster::Nodes::from_parts(&config.drover, dir, &config.namespaces, &config.ips, args.partitions);
+    nodes.next = config.drover_next.clone();
     nodes.locations = locations.clone();
     if args.tls {
         let certificates = dir.join("tls");

@@ -468,6 +468,28 @@ impl Faults<'_> {
                     fault
                 }
             }
+            Nemesis::Upgrade => {
+                // The next node in order, as `rolling`; it starts again at
+                // the heal, on the next build.
+                let victim = schedule.rolling % n;
+                schedule.rolling += 1;
+                let stopped = self.nodes.stop(victim, libc::SIGTERM, GRACEFUL_STOP).await?;
+                let moved = self.nodes.upgrade(victim);
+                let escalated = if stopped.escalated { ", then SIGKILL" } else { "" };
+                let onto = if moved { "the next build" } else { "the build it runs" };
+                let description = format!(
+                    "SIGTERM{escalated} node {victim} (rolling upgrade), exited after {} ms ({}); starts again at the \
+                     heal on {onto} ({} of {n} nodes on it)",
+                    stopped.after.as_millis(),
+                    stopped.status,
+                    self.nodes.upgraded()
+                );
+                let detail = serde_json::json!({
+                    "node": victim, "stopped_ms": stopped.after.as_millis() as u64,
+                    "escalated": stopped.escalated, "status": stopped.status, "upgraded": moved,
+                });
+                Fault::new("upgrade", description, detail).stopping_nodes()
+            }
             Nemesis::Rolling => {
                 // The next node in order, as an upgrade goes through a
                 // StatefulSet's pods; it starts again at the heal.

@@ -175,12 +175,20 @@ pub(crate) async fn status(target: &Target) -> anyhow::Result<()> {
         .context("the node did not answer within 10 s")?
         .map_err(status_error)?;
     println!(
-        "cluster: {} nodes, {} partitions, replication factor {} (answered by node {})",
-        topology.cluster_size, topology.partitions_count, topology.replication_factor, topology.gateway_node_id
+        "cluster: {} nodes, {} partitions, replication factor {}, data version {} (answered by node {})",
+        topology.cluster_size,
+        topology.partitions_count,
+        topology.replication_factor,
+        topology.cluster_version,
+        topology.gateway_node_id
     );
     for broker in &topology.brokers {
         let address = if broker.address.is_empty() { "unreachable" } else { broker.address.as_str() };
-        println!("node {} ({address})", broker.node_id);
+        let version = match broker.data_version {
+            0 => "data version unknown".to_string(),
+            v => format!("data version {v}"),
+        };
+        println!("node {} ({address}, {version})", broker.node_id);
         for p in &broker.partitions {
             let leader = p.leader_id.map(|l| l.to_string()).unwrap_or_else(|| "none".into());
             println!(

@@ -106,7 +106,7 @@ mod tests {
         let info = |id: u32, role: &str| PartitionInfo { partition_id: id, role: role.into(), ..Default::default() };
         let mut partitions: Vec<PartitionInfo> = leads.iter().map(|p| info(*p, "leader")).collect();
         partitions.extend(follows.iter().map(|p| info(*p, "follower")));
-        BrokerInfo { node_id, address: address.into(), partitions }
+        BrokerInfo { node_id, address: address.into(), partitions, data_version: 0 }
     }
 
     #[test]

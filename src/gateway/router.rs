@@ -25,7 +25,6 @@ use std::sync::Arc;
 use std::time::{Duration, Instant};
 
 use ractor::rpc::CallResult;
-use tonic::transport::Channel;
 
 use super::error::ApiError;
 use crate::auth::{AuthError, Principal, Verb};
@@ -33,10 +32,10 @@ use crate::context::NodeContext;
 use crate::core::{Command, CommandError, CommandResult, ErrorKind, Job, JobFilter, JobKey, JobRef, PartitionId};
 use crate::metrics::stages::{self, Stage};
 use crate::partition::{LeaderMsg, SubmitError};
-use crate::proto::cluster::cluster_client::ClusterClient;
+
 use crate::proto::cluster::{DescribeRequest, ForwardRequest, ListJobsRequest};
 use crate::raft::{NodeId, Replica};
-use crate::transport::Delivered;
+use crate::transport::{Delivered, PeerClient};
 
 const FIRST_BACK_OFF: Duration = Duration::from_millis(10);
 const MAX_BACK_OFF: Duration = Duration::from_millis(250);
@@ -413,7 +412,7 @@ pub async fn read(
         let Some(key) = state.resolve(job) else { return Err(no_record(job)) };
         state.await_final(key, wait()).await?.ok_or_else(|| no_record(job))
     };
-    let remote = |mut client: ClusterClient<Channel>, timeout: Duration| {
+    let remote = |mut client: PeerClient, timeout: Duration| {
         let request_bytes = request_bytes.clone();
         async move {
             let wait_ms = wait().as_millis() as u64;
@@ -444,7 +443,7 @@ pub async fn list(
     let encoded: bytes::Bytes = bincode::serialize(filter).map_err(|e| ApiError::Internal(e.to_string()))?.into();
     let max_bytes = ctx.settings.limits.max_request_bytes();
     let local = |replica: Arc<Replica>| async move { Ok(replica.state().list(filter, after, limit, max_bytes)?) };
-    let remote = |mut client: ClusterClient<Channel>, timeout: Duration| {
+    let remote = |mut client: PeerClient, timeout: Duration| {
         let filter = encoded.clone();
         async move {
             let mut request = tonic::Request::new(ListJobsRequest {
@@ -479,7 +478,7 @@ async fn on_leader<T, L, LF, R, RF>(
 where
     L: Fn(Arc<Replica>) -> LF,
     LF: Future<Output = Result<T, ApiError>>,
-    R: Fn(ClusterClient<Channel>, Duration) -> RF,
+    R: Fn(PeerClient, Duration) -> RF,
     RF: Future<Output = Option<Result<T, ApiError>>>,
 {
     let started = Instant::now();

@@ -26,16 +26,19 @@ fn partition_info(status: &ReplicaStatus) -> PartitionInfo {
 /// Every node's view of its partitions; unreachable nodes appear with none.
 pub async fn cluster_status(ctx: &Arc<NodeContext>) -> Vec<BrokerInfo> {
     let mut brokers = Vec::new();
+    let versions = ctx.transport.peers.versions().members();
+    let data_version = |node: u64| versions.iter().find(|(n, _)| *n == node).and_then(|(_, v)| *v).map_or(0, u32::from);
     for (node, _) in ctx.topology.members.iter() {
         if *node == ctx.topology.node_id {
             brokers.push(BrokerInfo {
                 node_id: *node,
                 address: ctx.topology.grpc_addr.to_string(),
                 partitions: ctx.routing.replicas.values().map(|r| partition_info(&r.status())).collect(),
+                data_version: data_version(*node),
             });
             continue;
         }
-        let mut info = BrokerInfo { node_id: *node, address: String::new(), partitions: Vec::new() };
+        let mut info = BrokerInfo { node_id: *node, address: String::new(), partitions: Vec::new(), data_version: 0 };
         if let Some(mut client) = ctx.transport.peers.client(*node) {
             let mut request = Request::new(StatusRequest {});
             request.set_timeout(Duration::from_millis(1500));
@@ -46,6 +49,8 @@ pub async fn cluster_status(ctx: &Arc<NodeContext>) -> Vec<BrokerInfo> {
                 info.partitions = statuses.iter().map(partition_info).collect();
             }
         }
+        // Read after the call: its answer told this node the peer's version.
+        info.data_version = data_version(*node);
         brokers.push(info);
     }
     brokers
@@ -61,6 +66,7 @@ pub async fn cluster_status_json(ctx: &Arc<NodeContext>) -> serde_json::Value {
                 serde_json::json!({
                     "nodeId": b.node_id,
                     "address": b.address,
+                    "dataVersion": b.data_version,
                     "partitions": b.partitions.iter().map(|p| serde_json::json!({
                         "partitionId": p.partition_id,
                         "role": p.role,

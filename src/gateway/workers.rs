@@ -123,6 +123,7 @@ impl JobApi {
             partitions_count: topology.partition_count(),
             replication_factor: topology.replication_factor,
             gateway_node_id: topology.node_id,
+            cluster_version: u32::from(self.ctx.transport.peers.versions().cluster_version()),
         }
     }
 }

@@ -126,12 +126,15 @@ pub fn register_metrics() {
         ("drover_rocksdb_write_stalled", "1 while RocksDB writes are stopped"),
         ("drover_rocksdb_pending_compaction_bytes", "RocksDB estimated pending compaction bytes"),
         ("drover_storage_wal_syncs", "WAL syncs since start"),
+        ("drover_cluster_version", "The data version every member speaks, as this node knows it (docs/upgrades.md)"),
+        ("drover_node_data_version", "The data version this node's build writes"),
         ("drover_storage_appends_synced", "Log appends covered by WAL syncs since start"),
     ];
     for (name, help) in gauges {
         describe_gauge!(*name, *help);
         metrics::gauge!(*name).increment(0.0);
     }
+    metrics::gauge!("drover_node_data_version").set(f64::from(crate::codec::DATA_VERSION));
     let histograms: &[(&str, &str)] = &[
         ("drover_create_ack_seconds", "CreateJob received to acknowledged"),
         ("drover_raft_append_to_commit_seconds", "Raft write submitted to committed and applied"),

@@ -24,7 +24,12 @@ const RECORD: &str = "cluster.json";
 /// yielded an activation and why.
 /// 5: jobs carry required and preferred labels; activations their taker.
 /// 6: a job's spec is stored apart from its progress (`job_specs`), once.
-pub const FORMAT: u32 = 6;
+/// 7: every record carries its data version ([`crate::codec`]); a directory
+/// of format 6 is migrated in place at start.
+pub const FORMAT: u32 = 7;
+/// The format this build migrates from (every older one went through the
+/// build of the format after it).
+pub const MIGRATES_FROM: u32 = 6;
 
 /// Records written before the format was recorded.
 fn first_format() -> u32 {
@@ -56,49 +61,109 @@ struct Record {
     formation: Formation,
     #[serde(default = "first_format")]
     format: u32,
+    /// Set while the records are migrated from this format to `format`: a
+    /// build of the old format refuses the directory (it names the new
+    /// one), and this build resumes the migration.
+    #[serde(default, skip_serializing_if = "Option::is_none")]
+    migrating_from: Option<u32>,
+    /// The cluster version this node saw every member reach (0: none yet):
+    /// it never speaks down to an older one again (`transport::Versions`).
+    #[serde(default)]
+    cluster_version: u16,
+}
+
+/// What the data directory says this start must do, besides forming.
+#[derive(Clone, Copy, Debug, PartialEq, Eq)]
+pub struct Opened {
+    pub formation: Formation,
+    /// The format the records are to be migrated from before the database
+    /// serves, when they are.
+    pub migrate_from: Option<u32>,
+    /// The cluster version recorded as reached (0: none).
+    pub cluster_version: u16,
 }
 
 /// Checks the data directory against this node's settings, creating its record
-/// on first start, and says what this start may do to form groups.
-/// `join_existing` turns a data directory that has not formed its groups into
-/// a joining one; it changes nothing once the groups are formed or joined.
-pub fn open(dir: &Path, identity: Identity, join_existing: bool) -> anyhow::Result<Formation> {
+/// on first start, and says what this start may do to form groups and
+/// whether the records need migrating first. `join_existing` turns a data
+/// directory that has not formed its groups into a joining one; it changes
+/// nothing once the groups are formed or joined.
+pub fn open(dir: &Path, identity: Identity, join_existing: bool) -> anyhow::Result<Opened> {
     std::fs::create_dir_all(dir).with_context(|| format!("creating data directory {}", dir.display()))?;
-    let path = dir.join(RECORD);
-    let stored = match std::fs::read_to_string(&path) {
-        Ok(text) => {
-            let record: Record = serde_json::from_str(&text).with_context(|| format!("reading {}", path.display()))?;
-            check_identity(dir, &record.identity, &identity)?;
-            check_format(dir, record.format)?;
-            Some(record.formation)
-        }
-        Err(e) if e.kind() == std::io::ErrorKind::NotFound => None,
-        Err(e) => return Err(e).with_context(|| format!("reading {}", path.display())),
-    };
-    let formation = match stored {
+    let stored = read_record(dir)?;
+    if let Some(record) = &stored {
+        check_identity(dir, &record.identity, &identity)?;
+        check_format(dir, record.format)?;
+    }
+    let formation = match stored.as_ref().map(|r| r.formation) {
         Some(Formation::Formed) => Formation::Formed,
         _ if join_existing => Formation::Joining,
         stored => stored.unwrap_or(Formation::New),
     };
-    if stored != Some(formation) {
-        write_record(dir, &Record { identity, formation, format: FORMAT })?;
+    let migrate_from = match &stored {
+        Some(record) if record.format == MIGRATES_FROM => Some(MIGRATES_FROM),
+        Some(record) => record.migrating_from,
+        None => None,
+    };
+    let cluster_version = stored.as_ref().map_or(0, |r| r.cluster_version);
+    let record = Record { identity, formation, format: FORMAT, migrating_from: migrate_from, cluster_version };
+    if stored
+        .as_ref()
+        .is_none_or(|s| s.formation != formation || s.format != FORMAT || s.migrating_from != migrate_from)
+    {
+        // Before any record is rewritten: an older build now refuses the
+        // directory instead of misreading a half-migrated one.
+        write_record(dir, &record)?;
     }
-    Ok(formation)
+    Ok(Opened { formation, migrate_from, cluster_version })
+}
+
+fn read_record(dir: &Path) -> anyhow::Result<Option<Record>> {
+    let path = dir.join(RECORD);
+    match std::fs::read_to_string(&path) {
+        Ok(text) => Ok(Some(serde_json::from_str(&text).with_context(|| format!("reading {}", path.display()))?)),
+        Err(e) if e.kind() == std::io::ErrorKind::NotFound => Ok(None),
+        Err(e) => Err(e).with_context(|| format!("reading {}", path.display())),
+    }
+}
+
+/// Rewrites the record with `change` made to it.
+fn update(dir: &Path, change: impl FnOnce(&mut Record)) -> anyhow::Result<()> {
+    let mut record = read_record(dir)?.with_context(|| format!("{} has no {RECORD}", dir.display()))?;
+    change(&mut record);
+    write_record(dir, &record)
 }
 
 /// Records that every group this node hosts has its Raft state here; from now
 /// on a group without it is refused, never formed again. The caller syncs the
 /// database first.
 pub fn record_formed(dir: &Path, identity: Identity) -> anyhow::Result<()> {
-    write_record(dir, &Record { identity, formation: Formation::Formed, format: FORMAT })
+    update(dir, |record| {
+        record.identity = identity;
+        record.formation = Formation::Formed;
+    })
+}
+
+/// Records that the records' migration finished (the caller synced them).
+pub fn record_migrated(dir: &Path) -> anyhow::Result<()> {
+    update(dir, |record| record.migrating_from = None)
+}
+
+/// Records that every member of the cluster reached data version `version`.
+pub fn record_cluster_version(dir: &Path, version: u16) -> anyhow::Result<()> {
+    update(dir, |record| record.cluster_version = record.cluster_version.max(version))
 }
 
 fn check_format(dir: &Path, format: u32) -> anyhow::Result<()> {
-    if format != FORMAT {
+    if format > FORMAT {
         bail!(
-            "data directory {} holds records of storage format {format}, and this build of Drover reads format \
-             {FORMAT} only. Run the build that wrote it, or start this node on an empty data directory (move \
-             this one away) and let it copy its partitions from the other nodes.",
+            "data directory {} holds records of storage format {format}, written by a newer build of Drover; this              build reads formats {MIGRATES_FROM} (migrating them) and {FORMAT}. Run a build of format {format} or              later; going back to an older build after an upgrade is not possible (docs/upgrades.md).",
+            dir.display()
+        );
+    }
+    if format < MIGRATES_FROM {
+        bail!(
+            "data directory {} holds records of storage format {format}; this build migrates format              {MIGRATES_FROM} and reads {FORMAT}. Upgrade through the builds in between, one format at a time (each              migrates the one before it), or start this node on an empty data directory and let it copy its              partitions from the other nodes.",
             dir.display()
         );
     }
@@ -161,21 +226,23 @@ mod tests {
     #[test]
     fn a_data_directory_forms_once_and_join_existing_changes_nothing_after() {
         let dir = tempfile::tempdir().unwrap();
-        assert_eq!(open(dir.path(), identity(), false).unwrap(), Formation::New);
-        assert_eq!(open(dir.path(), identity(), false).unwrap(), Formation::New, "not formed until recorded");
+        let formation = |join| open(dir.path(), identity(), join).unwrap().formation;
+        assert_eq!(formation(false), Formation::New);
+        assert_eq!(formation(false), Formation::New, "not formed until recorded");
         record_formed(dir.path(), identity()).unwrap();
-        assert_eq!(open(dir.path(), identity(), false).unwrap(), Formation::Formed);
-        assert_eq!(open(dir.path(), identity(), true).unwrap(), Formation::Formed);
+        assert_eq!(formation(false), Formation::Formed);
+        assert_eq!(formation(true), Formation::Formed);
     }
 
     #[test]
     fn an_empty_data_directory_joins_with_join_existing_and_stays_joining_until_formed() {
         let dir = tempfile::tempdir().unwrap();
-        assert_eq!(open(dir.path(), identity(), true).unwrap(), Formation::Joining);
+        let formation = |join| open(dir.path(), identity(), join).unwrap().formation;
+        assert_eq!(formation(true), Formation::Joining);
         // Restarted without the flag before it caught up: still joining.
-        assert_eq!(open(dir.path(), identity(), false).unwrap(), Formation::Joining);
+        assert_eq!(formation(false), Formation::Joining);
         record_formed(dir.path(), identity()).unwrap();
-        assert_eq!(open(dir.path(), identity(), false).unwrap(), Formation::Formed);
+        assert_eq!(formation(false), Formation::Formed);
     }
 
     #[test]
@@ -184,16 +251,41 @@ mod tests {
         let old =
             format!(r#"{{"node_id":1,"partitions":3,"replication_factor":3,"cluster_size":3,"format":{FORMAT}}}"#);
         std::fs::write(dir.path().join(RECORD), old).unwrap();
-        assert_eq!(open(dir.path(), identity(), false).unwrap(), Formation::New);
+        assert_eq!(open(dir.path(), identity(), false).unwrap().formation, Formation::New);
     }
 
     #[test]
-    fn a_data_directory_of_another_storage_format_is_refused() {
+    fn a_data_directory_of_the_previous_format_migrates_until_recorded_and_older_ones_are_refused() {
         let dir = tempfile::tempdir().unwrap();
+        let six =
+            r#"{"node_id":1,"partitions":3,"replication_factor":3,"cluster_size":3,"formation":"formed","format":6}"#;
+        std::fs::write(dir.path().join(RECORD), six).unwrap();
+        let opened = open(dir.path(), identity(), false).unwrap();
+        assert_eq!((opened.formation, opened.migrate_from), (Formation::Formed, Some(6)));
+        let record = std::fs::read_to_string(dir.path().join(RECORD)).unwrap();
+        assert!(
+            record.contains(&format!("\"format\": {FORMAT}")) && record.contains("\"migrating_from\": 6"),
+            "{record}"
+        );
+        // Interrupted: the next start migrates again, resuming.
+        assert_eq!(open(dir.path(), identity(), false).unwrap().migrate_from, Some(6));
+        record_migrated(dir.path()).unwrap();
+        assert_eq!(open(dir.path(), identity(), false).unwrap().migrate_from, None);
+        record_cluster_version(dir.path(), 7).unwrap();
+        record_formed(dir.path(), identity()).unwrap();
+        assert_eq!(open(dir.path(), identity(), false).unwrap().cluster_version, 7, "kept by later records");
+
         let old = r#"{"node_id":1,"partitions":3,"replication_factor":3,"cluster_size":3,"formation":"formed"}"#;
         std::fs::write(dir.path().join(RECORD), old).unwrap();
         let error = open(dir.path(), identity(), false).unwrap_err().to_string();
-        assert!(error.contains("storage format 1") && error.contains(&format!("format {FORMAT} only")), "{error}");
+        assert!(error.contains("storage format 1") && error.contains("one format at a time"), "{error}");
+        let newer = format!(
+            r#"{{"node_id":1,"partitions":3,"replication_factor":3,"cluster_size":3,"format":{}}}"#,
+            FORMAT + 1
+        );
+        std::fs::write(dir.path().join(RECORD), newer).unwrap();
+        let error = open(dir.path(), identity(), false).unwrap_err().to_string();
+        assert!(error.contains("written by a newer build"), "{error}");
     }
 
     #[test]

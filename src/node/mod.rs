@@ -121,12 +121,21 @@ impl Node {
             cluster_size: members.len() as u32,
             placement: crate::placement::digest(&placement, &locations),
         };
-        let formation = data_dir::open(&config.data_dir, identity, config.join_existing)?;
+        let opened = data_dir::open(&config.data_dir, identity, config.join_existing)?;
+        let formation = opened.formation;
         let store = Store::open_with(&config.data_dir.join("db"), config.storage_memory)
             .with_context(|| format!("opening storage in {}", config.data_dir.display()))?;
+        if let Some(from) = opened.migrate_from {
+            migrate(&config.data_dir, &store, from)?;
+        }
         // One limit on node-to-node messages, for every client and server.
         let max_cluster_message = config.limits.max_cluster_message_bytes();
-        let peers = PeerChannels::new(members.clone(), max_cluster_message, peer_tls);
+        let versions = Arc::new(crate::transport::Versions::new(
+            config.node_id,
+            members.keys().copied().collect(),
+            opened.cluster_version,
+        ));
+        let peers = PeerChannels::new(members.clone(), max_cluster_message, peer_tls, Arc::clone(&versions));
         let (stop, stop_rx) = watch::channel(false);
         // The cluster port stops last: a stopping node still hands its
         // leadership over and answers its groups' Raft RPCs until they stop.
@@ -144,11 +153,12 @@ impl Node {
                 .initial_connection_window_size(Some(4 << 20))
                 .initial_stream_window_size(Some(1 << 20))
                 .http2_max_pending_accept_reset_streams(Some(PEER_RESET_STREAMS))
-                .add_service(crate::gateway::Observe::cluster(
+                .add_service(crate::gateway::Observe::cluster(crate::transport::Admit::new(
                     ClusterServer::new(cluster_service)
                         .max_decoding_message_size(max_cluster_message)
                         .max_encoding_message_size(max_cluster_message),
-                )),
+                    Arc::clone(&versions),
+                ))),
             cluster_listener,
             cluster_tls,
             cluster_stop_rx,
@@ -224,6 +234,11 @@ impl Node {
         background.push(tasks.spawn(named("stream registrations", move |status| {
             crate::cluster::refresh_stream_registrations(refresh, stopping, status)
         })));
+        let (dir, stopping) = (config.data_dir.clone(), stop_rx.clone());
+        background
+            .push(tasks.spawn(named("cluster version", move |status| {
+                record_cluster_version(dir, versions, stopping, status)
+            })));
         let (gauges, stopping) = (Arc::clone(&ctx), stop_rx.clone());
         background
             .push(tasks.spawn(named("gauges", move |status| crate::admin::record_gauges(gauges, stopping, status))));
@@ -316,6 +331,63 @@ impl Node {
         self.cluster_server.abort();
         self.ctx.store.flush();
         self.ctx.store.flush_memtables();
+    }
+}
+
+/// Migrates the records of a data directory of format `from` in place (an
+/// interrupted migration resumes), then records the directory as migrated.
+fn migrate(dir: &std::path::Path, store: &Store, from: u32) -> anyhow::Result<()> {
+    tracing::warn!(
+        from,
+        to = data_dir::FORMAT,
+        "migrating the data directory's records in place; an older build refuses the directory from now on"
+    );
+    let started = Instant::now();
+    let migrated = store.migrate_from_6().with_context(|| format!("migrating {} from format {from}", dir.display()))?;
+    data_dir::record_migrated(dir)?;
+    tracing::info!(
+        records = migrated.records,
+        bytes = migrated.bytes,
+        resumed = migrated.resumed,
+        elapsed_ms = started.elapsed().as_millis() as u64,
+        "migrated the data directory to format {}",
+        data_dir::FORMAT
+    );
+    Ok(())
+}
+
+/// Records in the data directory each cluster version every member reached,
+/// so the node never speaks down to an older build again, even after a
+/// restart (see [`crate::transport::versions`]).
+async fn record_cluster_version(
+    dir: std::path::PathBuf,
+    versions: Arc<crate::transport::Versions>,
+    mut stop: watch::Receiver<bool>,
+    status: crate::tasks::LoopStatus,
+) {
+    let mut cluster = versions.watch();
+    loop {
+        let version = *cluster.borrow_and_update();
+        metrics::gauge!("drover_cluster_version").set(f64::from(version));
+        if version > versions.floor() {
+            match data_dir::record_cluster_version(&dir, version) {
+                Ok(()) => {
+                    versions.raise_floor(version);
+                    tracing::info!(version, "every member of the cluster speaks data version {version}");
+                }
+                Err(e) => status.error(format!("recording cluster version {version}: {e:#}")),
+            }
+        }
+        let members = versions.members();
+        let heard: Vec<String> =
+            members.iter().map(|(n, v)| format!("{n}={}", v.map_or("?".to_string(), |v| v.to_string()))).collect();
+        status.set(format!("cluster version {} (members {})", versions.cluster_version(), heard.join(" ")));
+        tokio::select! {
+            changed = cluster.changed() => if changed.is_err() { return },
+            _ = stop.wait_for(|s| *s) => return,
+            // The members' versions change without the cluster version.
+            _ = tokio::time::sleep(Duration::from_secs(5)) => {}
+        }
     }
 }
 

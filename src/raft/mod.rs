@@ -195,8 +195,12 @@ impl Replica {
         };
         let config = Arc::new(config.validate()?);
         let log = log_store::LogStore::new(partition, Arc::clone(&store), peers.max_message_bytes());
-        let (state_machine, shared) =
-            state_machine::StateMachine::open(partition, store, settings.snapshot_dir.clone())?;
+        let (state_machine, shared) = state_machine::StateMachine::open(
+            partition,
+            store,
+            settings.snapshot_dir.clone(),
+            Arc::clone(peers.versions()),
+        )?;
         let network = ClusterNetwork::new(partition, peers);
         let raft = Raft::new(node_id, config, network, log, state_machine).await?;
         // A vote or any log entry (or a purge point) is Raft state.

@@ -28,13 +28,12 @@ use openraft::raft::{
 use openraft::BasicNode;
 use serde::de::DeserializeOwned;
 use serde::Serialize;
-use tonic::transport::Channel;
 
 use super::{NodeId, TypeConfig};
 use crate::core::PartitionId;
-use crate::proto::cluster::cluster_client::ClusterClient;
+
 use crate::proto::cluster::{RaftReply, RaftRequest};
-use crate::transport::{Answers, PeerChannels};
+use crate::transport::{Answers, PeerChannels, PeerClient};
 
 /// The openraft network factory of one partition.
 pub struct ClusterNetwork {
@@ -67,7 +66,7 @@ impl RaftNetworkFactory<TypeConfig> for ClusterNetwork {
 pub struct PeerConnection {
     partition: PartitionId,
     target: NodeId,
-    client: Option<ClusterClient<Channel>>,
+    client: Option<PeerClient>,
     max_message_bytes: usize,
     answered: Answers,
     /// The append stream to the target, once opened; out of here while an
@@ -104,10 +103,7 @@ struct AppendStream {
 impl AppendStream {
     /// Opens the stream with `first` as its first request; the stream and
     /// that request's reply.
-    async fn open(
-        client: &mut ClusterClient<Channel>,
-        mut first: RaftRequest,
-    ) -> Result<(Self, RaftReply), tonic::Status> {
+    async fn open(client: &mut PeerClient, mut first: RaftRequest) -> Result<(Self, RaftReply), tonic::Status> {
         let (requests, outgoing) = tokio::sync::mpsc::channel(1);
         first.seq = 1;
         requests.try_send(first).expect("a new channel has room for one request");

@@ -21,6 +21,7 @@
 //! groups is worse than one its supervisor restarts.
 
 mod mark;
+mod migrate;
 mod open;
 mod writer;
 
@@ -31,6 +32,7 @@ use std::sync::Arc;
 
 use rocksdb::{Direction, IteratorMode, Options, WriteBatch, WriteOptions, DB};
 
+pub use migrate::Migrated;
 pub use open::MemoryBudget;
 use open::COLUMN_FAMILIES;
 pub use writer::SyncWriter;
@@ -58,8 +60,8 @@ pub enum StorageError {
         dir.display()
     )]
     Corrupt { dir: PathBuf, damage: String },
-    #[error("corrupt record in {what}: {source}")]
-    Decode { what: &'static str, source: bincode::Error },
+    #[error("{0}")]
+    Codec(#[from] crate::codec::CodecError),
     #[error("{0}")]
     Io(#[from] std::io::Error),
 }
@@ -458,12 +460,13 @@ where
     Ok(())
 }
 
+/// `value` as records are stored: versioned bincode ([`crate::codec`]).
 pub fn encode<T: serde::Serialize>(value: &T) -> Vec<u8> {
-    bincode::serialize(value).expect("in-memory values always serialize")
+    crate::codec::encode(value)
 }
 
 pub fn decode<T: serde::de::DeserializeOwned>(what: &'static str, bytes: &[u8]) -> Result<T, StorageError> {
-    bincode::deserialize(bytes).map_err(|source| StorageError::Decode { what, source })
+    Ok(crate::codec::decode(what, bytes)?)
 }
 
 /// Decodes a value from `reader`, reading at most `limit` bytes (what the
@@ -474,18 +477,12 @@ pub fn decode_bounded<T: serde::de::DeserializeOwned>(
     reader: impl std::io::Read,
     limit: u64,
 ) -> Result<T, StorageError> {
-    use bincode::Options;
-    bincode::DefaultOptions::new()
-        .with_fixint_encoding()
-        .allow_trailing_bytes()
-        .with_limit(limit)
-        .deserialize_from(reader)
-        .map_err(|source| StorageError::Decode { what, source })
+    Ok(crate::codec::decode_bounded(what, reader, limit)?)
 }
 
 /// Decodes a value from the front of `bytes` and advances past it.
 pub fn decode_from<T: serde::de::DeserializeOwned>(what: &'static str, bytes: &mut &[u8]) -> Result<T, StorageError> {
-    bincode::deserialize_from(bytes).map_err(|source| StorageError::Decode { what, source })
+    Ok(crate::codec::decode_from(what, bytes)?)
 }
 
 #[cfg(test)]

@@ -180,7 +180,7 @@ impl Deliveries {
 /// call ends answers every request still waiting with why.
 async fn run(
     stream: Arc<PeerStream>,
-    mut client: crate::proto::cluster::cluster_client::ClusterClient<tonic::transport::Channel>,
+    mut client: super::PeerClient,
     outgoing: mpsc::UnboundedReceiver<DeliverRequest>,
     node: NodeId,
     calls_until: Arc<Mutex<HashMap<NodeId, Instant>>>,

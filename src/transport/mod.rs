@@ -3,11 +3,17 @@
 //! other caller, and the long-lived delivery streams on them
 //! ([`Deliveries`]).
 //!
+//! Every call names its sender and data version, and every answer the
+//! answering node's ([`stamp`]); [`Versions`] keeps what each member speaks
+//! and the cluster version that follows from it.
+//!
 //! Below raft, the gateway and the cluster service, which all send through
 //! it; it knows the cluster service's client and messages, nothing of what
 //! they mean.
 
 mod deliveries;
+pub mod stamp;
+pub mod versions;
 
 use std::collections::{BTreeMap, HashMap};
 use std::sync::{Arc, Mutex};
@@ -16,6 +22,8 @@ use std::time::{Duration, Instant};
 use tonic::transport::{Channel, Endpoint};
 
 pub use deliveries::{Delivered, Deliveries};
+pub use stamp::{Admit, Stamped};
+pub use versions::Versions;
 
 use crate::core::NodeId;
 use crate::proto::cluster::cluster_client::ClusterClient;
@@ -31,7 +39,13 @@ pub struct PeerChannels {
     tls: Option<Arc<crate::tls::ReloadingClient>>,
     /// When each peer last answered a Raft RPC of any partition.
     answered: Answers,
+    /// What each peer speaks, and the cluster version.
+    versions: Arc<Versions>,
 }
+
+/// A client of a peer's cluster service: its calls carry this node's id and
+/// data version ([`Stamped`]).
+pub type PeerClient = ClusterClient<Stamped>;
 
 /// Since when each peer has answered Raft RPCs without a gap longer than
 /// [`ANSWERED_LATELY`], and when it last did; shared by every partition's
@@ -64,6 +78,7 @@ impl PeerChannels {
         addresses: BTreeMap<NodeId, String>,
         max_message_bytes: usize,
         tls: Option<Arc<crate::tls::ReloadingClient>>,
+        versions: Arc<Versions>,
     ) -> Self {
         PeerChannels {
             addresses: Arc::new(addresses),
@@ -71,7 +86,13 @@ impl PeerChannels {
             max_message_bytes,
             tls,
             answered: Default::default(),
+            versions,
         }
+    }
+
+    /// What each peer speaks, and the cluster version.
+    pub fn versions(&self) -> &Arc<Versions> {
+        &self.versions
     }
 
     /// Whether `node` answered a Raft RPC (of any partition this node
@@ -102,8 +123,8 @@ impl PeerChannels {
     }
 
     /// The cluster-service client for `node`, if it is a member.
-    pub fn client(&self, node: NodeId) -> Option<ClusterClient<Channel>> {
-        let channel = self.channel(node)?;
+    pub fn client(&self, node: NodeId) -> Option<PeerClient> {
+        let channel = Stamped::new(self.channel(node)?, node, Arc::clone(&self.versions));
         Some(
             ClusterClient::new(channel)
                 .max_decoding_message_size(self.max_message_bytes)

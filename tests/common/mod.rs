@@ -564,3 +564,32 @@ pub fn metric_sum(body: &str, name: &str) -> f64 {
         .filter_map(|l| l.rsplit(' ').next()?.parse::<f64>().ok())
         .sum()
 }
+
+/// A client of a node's cluster service that calls as a peer of this build
+/// does: naming its data version (`drover-data-version`), which the node
+/// admits. A client without it speaks the oldest version, which a node
+/// refuses once its cluster has moved past it.
+pub type PeerClient = drover::proto::cluster::cluster_client::ClusterClient<
+    tonic::service::interceptor::InterceptedService<tonic::transport::Channel, PeerStamp>,
+>;
+
+#[derive(Clone, Copy)]
+pub struct PeerStamp;
+
+impl tonic::service::Interceptor for PeerStamp {
+    fn call(&mut self, mut request: tonic::Request<()>) -> Result<tonic::Request<()>, tonic::Status> {
+        let version = drover::codec::DATA_VERSION.to_string().parse().expect("a number");
+        request.metadata_mut().insert(drover::transport::versions::VERSION_HEADER, version);
+        Ok(request)
+    }
+}
+
+/// [`PeerClient`] on `channel`.
+pub fn peer_of(channel: tonic::transport::Channel) -> PeerClient {
+    drover::proto::cluster::cluster_client::ClusterClient::with_interceptor(channel, PeerStamp)
+}
+
+/// [`PeerClient`] connected to `address` (`http://host:port`).
+pub async fn peer(address: String) -> Result<PeerClient, tonic::transport::Error> {
+    Ok(peer_of(tonic::transport::Endpoint::from_shared(address)?.connect().await?))
+}

@@ -457,11 +457,13 @@ mod tests {
                 node_id: 2,
                 address: "10.0.0.2:26500".into(),
                 partitions: vec![part(0, "follower", "healthy"), part(1, "candidate", "unhealthy")],
+                data_version: 7,
             },
             pb::BrokerInfo {
                 node_id: 3,
                 address: "[::1]:26501".into(),
                 partitions: vec![part(0, "leader", "healthy")],
+                data_version: 7,
             },
         ];
         let roles =

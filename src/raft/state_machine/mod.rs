@@ -38,12 +38,12 @@ use openraft::{BasicNode, Entry, EntryPayload, LogId, StorageError, StorageIOErr
 use serde::{Deserialize, Serialize};
 
 use super::{records, BatchResponse, NodeId, TypeConfig};
-use crate::core::{Deduped, Job, JobKey, Millis, PartitionId, PartitionState, Registry, RequestId, StateSnapshot};
+use crate::core::{Deduped, JobKey, Millis, PartitionId, PartitionState, Registry, RequestId, StateSnapshot};
 use crate::storage::{self, key, meta_key, Store, Table};
 pub use reads::SharedState;
 use retention::{expiry_value, parse_expiry, Finished};
 pub use snapshot::{check_snapshot, snapshot_bytes, SnapshotBuilder};
-use snapshot::{next_frame, snapshot_file, snapshot_meta, SnapshotHeader};
+use snapshot::{decode_record, next_frame, read_header, snapshot_file, snapshot_meta};
 
 const APPLIED: &str = "applied";
 /// The partition's worker sessions, rewritten whenever an entry changes them
@@ -83,6 +83,8 @@ pub struct StateMachine {
     identity_served: bool,
     store: Arc<Store>,
     shared: Arc<SharedState>,
+    /// The cluster version: what a snapshot is written at.
+    versions: Arc<crate::transport::Versions>,
 }
 
 fn sm_read_err(e: impl std::error::Error + 'static) -> StorageError<NodeId> {
@@ -100,6 +102,7 @@ impl StateMachine {
         partition: PartitionId,
         store: Arc<Store>,
         snapshot_dir: PathBuf,
+        versions: Arc<crate::transport::Versions>,
     ) -> anyhow::Result<(StateMachine, Arc<SharedState>)> {
         let meta: Option<AppliedMeta> = store
             .get(Table::Meta, meta_key(partition, APPLIED))?
@@ -174,7 +177,14 @@ impl StateMachine {
             waiters: Mutex::default(),
         });
         Ok((
-            StateMachine { partition, replayed_until, identity_served: false, store, shared: Arc::clone(&shared) },
+            StateMachine {
+                partition,
+                replayed_until,
+                identity_served: false,
+                store,
+                shared: Arc::clone(&shared),
+                versions,
+            },
             shared,
         ))
     }
@@ -333,7 +343,7 @@ impl RaftStateMachine<TypeConfig> for StateMachine {
         let size = file.metadata().map_err(sm_read_err)?.len();
         let mut rest = BufReader::with_capacity(1 << 20, file);
         // Bounded by the file: a corrupt length inside is an error, not an allocation.
-        let body: SnapshotHeader = storage::decode_bounded("snapshot header", &mut rest, size).map_err(sm_read_err)?;
+        let (version, body) = read_header(&mut rest, size).map_err(sm_read_err)?;
         let mut batch = self.store.batch();
         batch.delete_ids(Table::Jobs, self.partition, 0..u64::MAX);
         batch.delete_ids(Table::Done, self.partition, 0..u64::MAX);
@@ -356,7 +366,7 @@ impl RaftStateMachine<TypeConfig> for StateMachine {
         }
         // Frames carry whole jobs; stored, each is split in two again.
         while let Some((job_key, record)) = next_frame(&mut rest).map_err(sm_read_err)? {
-            let job: Job = storage::decode("job record in the snapshot", &record).map_err(sm_read_err)?;
+            let job = decode_record(version, &record).map_err(sm_read_err)?;
             batch.put(Table::Done, key(self.partition, job_key), records::encode_progress(&job));
             batch.put(Table::Specs, key(self.partition, job_key), storage::encode(&*job.spec));
         }
@@ -394,7 +404,7 @@ impl RaftStateMachine<TypeConfig> for StateMachine {
             let empty = tokio::fs::File::from_std(snapshot_file(&self.shared.snapshot_dir)?);
             return Ok(Some(Snapshot { meta, snapshot: Box::new(empty) }));
         }
-        self.shared.snapshot()
+        self.shared.snapshot(self.versions.cluster_version())
     }
 }
 
@@ -402,12 +412,25 @@ impl RaftStateMachine<TypeConfig> for StateMachine {
 mod tests {
     use std::sync::Arc;
 
+    use std::io::Read;
+
     use openraft::{CommittedLeaderId, Entry, EntryPayload, LogId};
 
     use super::*;
     use crate::core::{Batch, Command, CommandResult, JobSpec, JobState, NewJob, Retention, DEFAULT_TENANT};
 
     const RETENTION: Retention = Retention { max_age_ms: 10_000, max_jobs: 3 };
+
+    /// A one-node cluster's versions: it speaks its own.
+    fn versions() -> Arc<crate::transport::Versions> {
+        Arc::new(crate::transport::Versions::new(0, vec![0], 0))
+    }
+
+    /// A cluster whose other member has not been heard from: it runs at the
+    /// oldest version this build reads.
+    fn mixed_versions() -> Arc<crate::transport::Versions> {
+        Arc::new(crate::transport::Versions::new(0, vec![0, 1], 0))
+    }
 
     fn entry(index: u64, now: Millis, commands: Vec<Command>) -> Entry<TypeConfig> {
         Entry {
@@ -444,7 +467,8 @@ mod tests {
     async fn final_records_are_pruned_alike_after_restart_and_snapshot_install() {
         let dir = tempfile::tempdir().unwrap();
         let (mut sm, shared) =
-            StateMachine::open(0, Store::open(&dir.path().join("a")).unwrap(), dir.path().join("snap-a")).unwrap();
+            StateMachine::open(0, Store::open(&dir.path().join("a")).unwrap(), dir.path().join("snap-a"), versions())
+                .unwrap();
         sm.apply([entry(1, 1_000, (0..6).map(|_| create()).collect())]).await.unwrap();
         // Five of six finish: only the newest three final records stay.
         let cancels = (1..=5).map(|c| Command::Cancel { key: JobKey::new(0, c), by: String::new() }).collect();
@@ -466,14 +490,16 @@ mod tests {
         let snapshot = sm.get_current_snapshot().await.unwrap().expect("entries were applied");
         assert!(snapshot.snapshot.metadata().await.unwrap().len() > 0);
         let (mut follower, follower_shared) =
-            StateMachine::open(0, Store::open(&dir.path().join("b")).unwrap(), dir.path().join("snap-b")).unwrap();
+            StateMachine::open(0, Store::open(&dir.path().join("b")).unwrap(), dir.path().join("snap-b"), versions())
+                .unwrap();
         follower.install_snapshot(&snapshot.meta, snapshot.snapshot).await.unwrap();
         assert_eq!(states(&follower_shared), expected);
 
         // A restart restores the pruning order from storage.
         drop((sm, shared));
         let (mut sm, shared) =
-            StateMachine::open(0, Store::open(&dir.path().join("a")).unwrap(), dir.path().join("snap-a")).unwrap();
+            StateMachine::open(0, Store::open(&dir.path().join("a")).unwrap(), dir.path().join("snap-a"), versions())
+                .unwrap();
         assert_eq!(states(&shared), expected);
 
         // Past their age, every final record goes, on both, and only those.
@@ -489,8 +515,39 @@ mod tests {
             .unwrap();
         drop((sm, shared));
         let (_sm, shared) =
-            StateMachine::open(0, Store::open(&dir.path().join("a")).unwrap(), dir.path().join("snap-a")).unwrap();
+            StateMachine::open(0, Store::open(&dir.path().join("a")).unwrap(), dir.path().join("snap-a"), versions())
+                .unwrap();
         assert_eq!(states(&shared), vec![(6, JobState::Cancelled)]);
+    }
+
+    #[tokio::test]
+    async fn a_snapshot_is_written_at_the_cluster_version_and_either_version_installs() {
+        let dir = tempfile::tempdir().unwrap();
+        let store = Store::open(&dir.path().join("a")).unwrap();
+        let (mut sm, shared) = StateMachine::open(0, store, dir.path().join("snap-a"), mixed_versions()).unwrap();
+        sm.apply([entry(1, 1_000, (0..4).map(|_| create()).collect())]).await.unwrap();
+        sm.apply([entry(2, 2_000, vec![Command::Cancel { key: JobKey::new(0, 1), by: String::new() }])]).await.unwrap();
+        let expected = states(&shared);
+        sm.get_current_snapshot().await.unwrap(); // the identity, asked at start
+        for (name, cluster, written_at) in
+            [("older member", mixed_versions(), crate::codec::OLDEST_VERSION), ("one version", versions(), 7)]
+        {
+            sm.versions = cluster;
+            let snapshot = sm.get_current_snapshot().await.unwrap().expect("entries were applied");
+            let meta = snapshot.meta.clone();
+            let mut file = snapshot.snapshot.into_std().await;
+            let mut bytes = Vec::new();
+            file.read_to_end(&mut bytes).unwrap();
+            let versioned = bytes.starts_with(&crate::codec::header(written_at)[..2]);
+            assert_eq!(versioned, written_at >= 7, "{name}: a version-{written_at} snapshot");
+            assert_eq!(check_snapshot(&bytes).unwrap(), 4, "{name}: every record reads");
+            file.rewind().unwrap();
+            let follower_store = Store::open(&dir.path().join(format!("follower-{written_at}"))).unwrap();
+            let (mut follower, follower_shared) =
+                StateMachine::open(0, follower_store, dir.path().join("snap-f"), versions()).unwrap();
+            follower.install_snapshot(&meta, Box::new(tokio::fs::File::from_std(file))).await.unwrap();
+            assert_eq!(states(&follower_shared), expected, "{name}: the follower holds what the leader holds");
+        }
     }
 
     fn stored_ids(store: &Store, table: Table) -> Vec<u64> {
@@ -509,7 +566,8 @@ mod tests {
         use crate::core::RequestId;
         let dir = tempfile::tempdir().unwrap();
         let store = Store::open(&dir.path().join("a")).unwrap();
-        let (mut sm, _shared) = StateMachine::open(0, Arc::clone(&store), dir.path().join("snap-a")).unwrap();
+        let (mut sm, _shared) =
+            StateMachine::open(0, Arc::clone(&store), dir.path().join("snap-a"), versions()).unwrap();
         let create_as = |seq: u64, window: Millis| {
             let Command::Create(mut job) = create() else { unreachable!("create() makes a create") };
             job.request = Some(RequestId::Gateway { node: 1, epoch: 7, seq });
@@ -538,7 +596,8 @@ mod tests {
 
         // A restart finds the same, and expires what is left as before.
         drop(sm);
-        let (mut sm, _shared) = StateMachine::open(0, Arc::clone(&store), dir.path().join("snap-a")).unwrap();
+        let (mut sm, _shared) =
+            StateMachine::open(0, Arc::clone(&store), dir.path().join("snap-a"), versions()).unwrap();
         sm.apply([entry(5, 70_000, Vec::new())]).await.unwrap();
         assert_eq!(stored_ids(&store, Table::Requests), Vec::<u64>::new());
         assert_eq!(stored_ids(&store, Table::Expiry), Vec::<u64>::new(), "past their age every final record goes");
@@ -553,7 +612,8 @@ mod tests {
         use crate::core::{Activation, FailReason, Via};
         let dir = tempfile::tempdir().unwrap();
         let store = Store::open(&dir.path().join("a")).unwrap();
-        let (mut sm, shared) = StateMachine::open(0, Arc::clone(&store), dir.path().join("snap-a")).unwrap();
+        let (mut sm, shared) =
+            StateMachine::open(0, Arc::clone(&store), dir.path().join("snap-a"), versions()).unwrap();
         // Job 2 is created and cancelled in one batch: its spec is stored all the same.
         let cancel_2 = Command::Cancel { key: JobKey::new(0, 2), by: String::new() };
         sm.apply([entry(1, 1_000, vec![create(), create(), cancel_2])]).await.unwrap();
@@ -599,14 +659,15 @@ mod tests {
         check(&shared);
         // The same after a restart, and on a follower that installs a snapshot.
         drop((sm, shared));
-        let (mut sm, shared) = StateMachine::open(0, Arc::clone(&store), dir.path().join("snap-a")).unwrap();
+        let (mut sm, shared) =
+            StateMachine::open(0, Arc::clone(&store), dir.path().join("snap-a"), versions()).unwrap();
         check(&shared);
         let snapshot = sm.get_current_snapshot().await.unwrap().expect("identity");
         assert_eq!(snapshot.snapshot.metadata().await.unwrap().len(), 0);
         let snapshot = sm.get_current_snapshot().await.unwrap().expect("entries were applied");
         let follower_store = Store::open(&dir.path().join("b")).unwrap();
         let (mut follower, follower_shared) =
-            StateMachine::open(0, Arc::clone(&follower_store), dir.path().join("snap-b")).unwrap();
+            StateMachine::open(0, Arc::clone(&follower_store), dir.path().join("snap-b"), versions()).unwrap();
         follower.install_snapshot(&snapshot.meta, snapshot.snapshot).await.unwrap();
         check(&follower_shared);
 

@@ -2,8 +2,15 @@
 //! its live jobs, remembered creates, sessions and schemas and the pruning
 //! order, then one frame per final record, streamed between storage and the
 //! snapshot file one at a time.
+//!
+//! A snapshot is a message between nodes too: it is written at the cluster
+//! version, so every member reads it. At data version 7 and later the header
+//! and each frame's record carry the version ([`crate::codec`]); at 6 they are
+//! bare bincode, as a build of version 6 wrote and reads them. A reader tells
+//! them apart by the header's first bytes (the magic cannot begin a version-6
+//! header: that begins with a partition id, below 4096).
 
-use std::io::{BufWriter, Read, Seek, Write};
+use std::io::{BufRead, BufWriter, Read, Seek, Write};
 use std::sync::Arc;
 
 use openraft::storage::{Snapshot, SnapshotMeta};
@@ -73,11 +80,10 @@ pub(super) fn next_frame(input: &mut impl Read) -> Result<Option<(u64, Vec<u8>)>
 /// point of the snapshot fuzz target.
 pub fn check_snapshot(bytes: &[u8]) -> Result<usize, String> {
     let mut rest = bytes;
-    let body: SnapshotHeader =
-        storage::decode_bounded("snapshot header", &mut rest, bytes.len() as u64).map_err(|e| e.to_string())?;
+    let (version, body) = read_header(&mut rest, bytes.len() as u64).map_err(|e| e.to_string())?;
     let mut records = body.jobs.len();
     while let Some((_, record)) = next_frame(&mut rest).map_err(|e| e.to_string())? {
-        storage::decode::<Job>("job", &record).map_err(|e| e.to_string())?;
+        decode_record(version, &record).map_err(|e| e.to_string())?;
         records += 1;
     }
     PartitionState::restore(body.engine, body.jobs, body.requests, body.registry);
@@ -105,6 +111,46 @@ pub fn snapshot_bytes(state: &PartitionState, finished: &[Job]) -> Vec<u8> {
     out
 }
 
+/// A snapshot's header and the data version it was written at, from
+/// `input` holding at most `size` bytes (a corrupt length inside is an error,
+/// not an allocation).
+pub(super) fn read_header(input: &mut impl BufRead, size: u64) -> Result<(u16, SnapshotHeader), storage::StorageError> {
+    let versioned = input.fill_buf()?.starts_with(&crate::codec::header(0)[..2]);
+    if versioned {
+        let head = input.fill_buf()?;
+        let (version, _) =
+            crate::codec::split("snapshot header", head.get(..crate::codec::HEADER_LEN).unwrap_or(head))?;
+        return Ok((version, storage::decode_bounded("snapshot header", input, size)?));
+    }
+    use bincode::Options;
+    let header = bincode::DefaultOptions::new()
+        .with_fixint_encoding()
+        .allow_trailing_bytes()
+        .with_limit(size)
+        .deserialize_from(input)
+        .map_err(|source| crate::codec::CodecError::Malformed { what: "snapshot header", source })?;
+    Ok((crate::codec::OLDEST_VERSION, header))
+}
+
+/// A final record of a snapshot written at `version`.
+pub(super) fn decode_record(version: u16, record: &[u8]) -> Result<Job, storage::StorageError> {
+    let what = "job record in the snapshot";
+    if version >= 7 {
+        storage::decode(what, record)
+    } else {
+        Ok(crate::codec::decode_unversioned(what, record)?)
+    }
+}
+
+/// `value` as a snapshot written at `version` holds it.
+fn encode_at<T: serde::Serialize>(version: u16, value: &T) -> Vec<u8> {
+    if version >= 7 {
+        storage::encode(value)
+    } else {
+        bincode::serialize(value).expect("in-memory values always serialize")
+    }
+}
+
 /// An unnamed file in `dir` for a snapshot: gone when closed.
 pub(super) fn snapshot_file(dir: &std::path::Path) -> Result<std::fs::File, StorageError<NodeId>> {
     std::fs::create_dir_all(dir).map_err(sm_write_err)?;
@@ -120,10 +166,11 @@ pub(super) fn snapshot_meta(inner: &Inner) -> SnapshotMeta<NodeId, BasicNode> {
 }
 
 impl SharedState {
-    /// Serialises the state as of now: the live jobs, counters and pruning
-    /// order under the lock apply holds, then the final records from a
-    /// point-in-time view taken under the same lock, without blocking apply.
-    pub(super) fn snapshot(&self) -> Result<Option<Snapshot<TypeConfig>>, StorageError<NodeId>> {
+    /// Serialises the state as of now, at data `version`: the live jobs,
+    /// counters and pruning order under the lock apply holds, then the final
+    /// records from a point-in-time view taken under the same lock, without
+    /// blocking apply.
+    pub(super) fn snapshot(&self, version: u16) -> Result<Option<Snapshot<TypeConfig>>, StorageError<NodeId>> {
         let (header, meta, view) = {
             let inner = self.lock();
             if inner.last_applied.is_none() {
@@ -140,13 +187,13 @@ impl SharedState {
             (header, snapshot_meta(&inner), self.store.point_in_time())
         };
         let mut out = BufWriter::with_capacity(1 << 20, snapshot_file(&self.snapshot_dir)?);
-        bincode::serialize_into(&mut out, &header).map_err(sm_write_err)?;
+        out.write_all(&encode_at(version, &header)).map_err(sm_write_err)?;
         drop(header);
         // A frame carries the whole job, its spec and progress joined.
         view.for_each(Table::Done, self.partition, |job_key, progress| {
             let spec = records::decode_spec(job_key, view.get(Table::Specs, key(self.partition, job_key))?)?;
             let job = records::decode_progress(spec, progress)?;
-            Ok(push_frame(&mut out, job_key, &storage::encode(&job))?)
+            Ok(push_frame(&mut out, job_key, &encode_at(version, &job))?)
         })
         .map_err(sm_read_err)?;
         let mut file = out.into_inner().map_err(|e| sm_write_err(e.into_error()))?;
