@@ -20,6 +20,8 @@ pub mod admin;
 #[cfg(feature = "server")]
 pub mod auth;
 #[cfg(feature = "server")]
+pub mod backup;
+#[cfg(feature = "server")]
 pub mod bench;
 #[cfg(feature = "server")]
 pub mod cluster;

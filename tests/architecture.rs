@@ -22,7 +22,7 @@ const FLOORS: &[&[&str]] = &[
     &["gateway", "outbox"],
     &["admin", "cluster"],
     &["node"],
-    &["bench"],
+    &["bench", "backup"],
     &["cli"],
 ];
 

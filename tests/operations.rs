@@ -137,6 +137,43 @@ fn helm_chart_renders_a_consistent_cluster_for_1_3_and_5_nodes() {
     }
 }
 
+#[test]
+fn helm_chart_schedules_backups_into_a_named_claim_when_asked() {
+    let helm = tool("helm");
+    let chart = repo("helm/drover");
+    let render = |set: &str| {
+        let mut template = Command::new(&helm);
+        template.args(["template", "drover", "--namespace", "jobs"]).arg(&chart).args(["--set", set]);
+        documents(&run(template))
+    };
+    assert!(kind(&render("backup.enabled=false"), "CronJob").is_empty(), "no backups unless asked");
+
+    let docs = render("backup.enabled=true,backup.claimName=drover-backups,backup.token.secretName=backup-token");
+    let jobs = kind(&docs, "CronJob");
+    assert_eq!(jobs.len(), 1);
+    let spec = &jobs[0]["spec"];
+    assert_eq!(spec["concurrencyPolicy"].as_str(), Some("Forbid"), "one backup at a time");
+    let pod = &spec["jobTemplate"]["spec"]["template"];
+    let container = &pod["spec"]["containers"][0];
+    let args: Vec<&str> = container["args"].as_sequence().unwrap().iter().map(|a| a.as_str().unwrap()).collect();
+    assert_eq!(args, ["backup", "create", "--to", "/backups"]);
+    assert_eq!(env_of(container, "DROVER_ADDRESS"), Some("https://drover.jobs.svc:26500"));
+    assert_eq!(env_of(container, "DROVER_TLS_CA"), Some("/etc/drover/tls/ca.crt"));
+    assert_eq!(pod["spec"]["volumes"][0]["persistentVolumeClaim"]["claimName"].as_str(), Some("drover-backups"));
+    // The backup pod is no node: no Service or disruption budget selects it.
+    let set = kind(&docs, "StatefulSet")[0];
+    assert_ne!(
+        pod["metadata"]["labels"]["app.kubernetes.io/name"],
+        set["spec"]["selector"]["matchLabels"]["app.kubernetes.io/name"]
+    );
+
+    let mut unnamed = Command::new(&helm);
+    unnamed.args(["template", "drover"]).arg(&chart).args(["--set", "backup.enabled=true"]);
+    let output = unnamed.output().unwrap();
+    assert!(!output.status.success(), "a backup needs a claim to write to");
+    assert!(String::from_utf8_lossy(&output.stderr).contains("backup.claimName"));
+}
+
 #[tokio::test(flavor = "multi_thread", worker_threads = 2)]
 async fn the_probe_paths_exist_on_a_node() {
     let node = LocalNode::start().await;

@@ -1,9 +1,10 @@
 //! The command line, one module per command group: [`serve`] (a node and a
 //! local cluster), [`job`], [`worker`] (the shell worker and the fleet's
-//! sessions), [`schema`], [`token`]; this file the commands' shape and the
+//! sessions), [`schema`], [`token`], [`backup`]; this file the commands' shape and the
 //! dispatch. Everything it does goes through the client library or, for
 //! `serve`, the node's start-up.
 
+mod backup;
 mod job;
 mod schema;
 mod serve;
@@ -17,6 +18,7 @@ use clap::{Parser, Subcommand};
 use drover::client::Client;
 use drover::config::ServeArgs;
 
+use backup::BackupCommand;
 use job::JobCommand;
 use schema::SchemaCommand;
 use token::TokenCommand;
@@ -107,6 +109,13 @@ pub(crate) enum Command {
         #[arg(long)]
         tls: bool,
     },
+    /// Backups: create, list, verify, delete, restore (docs/backups.md).
+    Backup {
+        #[command(subcommand)]
+        command: BackupCommand,
+        #[command(flatten)]
+        target: Target,
+    },
     /// Cluster commands.
     Cluster {
         #[command(subcommand)]
@@ -131,6 +140,7 @@ pub(crate) async fn run(cli: Cli) -> anyhow::Result<()> {
             None => worker::worker(command.run).await,
         },
         Command::Schema { command, target } => schema::schema(command, &target).await,
+        Command::Backup { command, target } => backup::backup(command, &target).await,
         Command::Token { command } => token::token(command),
         Command::DevCertificates { out, names } => {
             let names: Vec<&str> = names.iter().map(String::as_str).collect();

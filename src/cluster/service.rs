@@ -428,4 +428,41 @@ impl Cluster for ClusterService {
         };
         Ok(Response::new(CampaignReply { error }))
     }
+
+    type ReadStagedBackupStream =
+        std::pin::Pin<Box<dyn futures::Stream<Item = Result<StagedBackupChunk, Status>> + Send>>;
+
+    async fn read_staged_backup(
+        &self,
+        request: Request<ReadStagedBackupRequest>,
+    ) -> Result<Response<Self::ReadStagedBackupStream>, Status> {
+        let ctx = self.ctx()?;
+        let request = request.into_inner();
+        let Some(replica) = ctx.routing.replica(request.partition_id) else {
+            let node = ctx.topology.node_id;
+            return Err(Status::not_found(format!(
+                "node {node} hosts no replica of partition {}",
+                request.partition_id
+            )));
+        };
+        let until = Instant::now() + Duration::from_millis(request.wait_ms.min(600_000));
+        match replica.staged_backup(&request.backup_id, until).await {
+            Ok(Some((part, file))) => Ok(Response::new(Box::pin(crate::gateway::backups::staged_chunks(part, file)))),
+            Ok(None) => Err(Status::not_found(format!(
+                "node {} has not staged partition {}'s part of backup {:?}",
+                ctx.topology.node_id, request.partition_id, request.backup_id
+            ))),
+            Err(e) => Err(Status::internal(format!("reading a staged backup: {e}"))),
+        }
+    }
+
+    async fn release_staged_backup(
+        &self,
+        request: Request<ReleaseStagedBackupRequest>,
+    ) -> Result<Response<ReleaseStagedBackupReply>, Status> {
+        let ctx = self.ctx()?;
+        crate::raft::release_staged_backup(&ctx.settings.snapshot_dir, &request.into_inner().backup_id)
+            .map_err(|e| Status::internal(format!("deleting a staged backup: {e}")))?;
+        Ok(Response::new(ReleaseStagedBackupReply {}))
+    }
 }

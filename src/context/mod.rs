@@ -59,6 +59,8 @@ pub struct Settings {
     /// What this node's partition leaders stamp on their entries.
     pub retention: crate::core::Retention,
     pub dedupe: DedupeWindows,
+    /// Where this node spools snapshots and stages its parts of backups.
+    pub snapshot_dir: std::path::PathBuf,
 }
 
 /// The client side of this node: worker streams, parked polls, request ids
@@ -162,6 +164,7 @@ impl NodeContext {
                 request_timeout: config.request_timeout,
                 retention: config.retention,
                 dedupe: config.dedupe,
+                snapshot_dir: config.data_dir.join("snapshots"),
             },
             topology,
             store,

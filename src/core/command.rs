@@ -132,6 +132,14 @@ pub enum Command {
     GetSchema {
         job_type: String,
     },
+    /// Marks a backup's cut in the partition's log: the state machine keeps
+    /// the partition's state as of this entry (or the few applied with it)
+    /// for the backup named `id`, and answers [`CommandResult::BackupMarked`].
+    /// The engine changes nothing. Data version 7 and later: sent only once
+    /// every member reads it (new variants go last, so older entries decode).
+    BackupMark {
+        id: String,
+    },
 }
 
 /// One Raft entry's worth of commands, stamped with the leader's clock.
@@ -235,6 +243,7 @@ impl Command {
             Command::Direct { target: SessionTarget::Label(label), .. } => field_len(label.len()) + 16,
             Command::SetSchema { job_type, schema } => field_len(job_type.len()) + field_len(schema.len()),
             Command::GetSchema { job_type } => field_len(job_type.len()),
+            Command::BackupMark { id } => field_len(id.len()),
             Command::UpdateTimeout { .. }
             | Command::UpdateRetries { .. }
             | Command::Cancel { .. }
@@ -279,6 +288,13 @@ pub enum CommandResult {
     /// A job type's schema; empty when it has none.
     Schema(Bytes),
     Rejected(CommandError),
+    /// Where a backup's state was taken: the log position of the last entry
+    /// applied with its mark (see [`Command::BackupMark`]).
+    BackupMarked {
+        term: u64,
+        leader: u64,
+        index: u64,
+    },
 }
 
 /// What happened to a job, for counting.

@@ -1,6 +1,7 @@
-//! Runs a chunk of per-key commands on their partitions' leaders: per
-//! partition, in batches cut to a Raft entry's size and run in order; the
-//! partitions at once; the results back in the chunk's order.
+//! Runs commands over partitions: a chunk of per-key commands on their
+//! partitions' leaders (per partition, in batches cut to a Raft entry's size
+//! and run in order; the partitions at once; the results back in the chunk's
+//! order), and one command on every partition ([`everywhere`]).
 
 use std::collections::BTreeMap;
 use std::sync::Arc;
@@ -10,6 +11,8 @@ use super::error::ApiError;
 use super::router;
 use crate::auth::Principal;
 use crate::context::NodeContext;
+use futures::future::join_all;
+
 use crate::core::{Command, CommandResult, PartitionId};
 use crate::partition::MAX_ENTRY_BYTES;
 
@@ -87,4 +90,23 @@ fn split_by_bytes(indexes: Vec<usize>, commands: Vec<Command>, max_bytes: usize)
         }
     }
     batches
+}
+
+/// Runs one command on every partition at once; answers in partition order.
+pub async fn everywhere(
+    ctx: &NodeContext,
+    mut command: impl FnMut(PartitionId) -> Command,
+    deadline: Instant,
+) -> Vec<Result<CommandResult, ApiError>> {
+    let runs = (0..ctx.topology.partition_count()).map(|partition| {
+        let command = command(partition);
+        async move {
+            match router::submit(ctx, partition, vec![command], deadline).await?.pop() {
+                Some(CommandResult::Rejected(error)) => Err(error.into()),
+                Some(result) => Ok(result),
+                None => Err(ApiError::Internal(format!("partition {partition} returned no result"))),
+            }
+        }
+    });
+    join_all(runs).await
 }

@@ -22,6 +22,7 @@
 //! start-up.
 
 mod activation;
+pub mod backups;
 pub mod call;
 mod chunks;
 pub mod client_streams;

@@ -13,14 +13,14 @@ use std::sync::Arc;
 use std::time::Instant;
 
 use bytes::Bytes;
-use futures::future::join_all;
 
 use super::convert;
 use super::error::ApiError;
+use super::fanout::everywhere;
 use super::router;
 use crate::context::NodeContext;
 use crate::core::{
-    Command, CommandResult, JobKey, PartitionId, Schema, Session, SessionId, SessionInfo, SessionTarget, WorkerState,
+    Command, CommandResult, JobKey, Schema, Session, SessionId, SessionInfo, SessionTarget, WorkerState,
 };
 use crate::proto::gateway as pb;
 
@@ -33,25 +33,6 @@ const MAX_DEAD_AFTER_MS: i64 = 3_600_000;
 const MAX_JOB_TYPES: usize = 100;
 const MAX_LABELS: usize = convert::MAX_WORKER_LABELS;
 const MAX_NAME_LEN: usize = 255;
-
-/// Runs one command on every partition at once; answers in partition order.
-async fn everywhere(
-    ctx: &NodeContext,
-    mut command: impl FnMut(PartitionId) -> Command,
-    deadline: Instant,
-) -> Vec<Result<CommandResult, ApiError>> {
-    let runs = (0..ctx.topology.partition_count()).map(|partition| {
-        let command = command(partition);
-        async move {
-            match router::submit(ctx, partition, vec![command], deadline).await?.pop() {
-                Some(CommandResult::Rejected(error)) => Err(error.into()),
-                Some(result) => Ok(result),
-                None => Err(ApiError::Internal(format!("partition {partition} returned no result"))),
-            }
-        }
-    });
-    join_all(runs).await
-}
 
 /// Ends a session everywhere without waiting: after a failed registration
 /// or a heartbeat that found the session over on some partition.

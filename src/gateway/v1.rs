@@ -5,6 +5,7 @@
 
 use std::sync::Arc;
 
+use futures::StreamExt;
 use tonic::{Request, Response, Status, Streaming};
 
 use super::call::Call;
@@ -45,6 +46,7 @@ impl Gateway for GatewayService {
     type CompleteJobBatchesStream = BoxStream<CompleteJobBatchResponse>;
     type StreamActivatedJobBatchesStream = ClientBatches;
     type AwaitJobStream = BoxStream<AwaitJobResponse>;
+    type ReadBackupStream = BoxStream<BackupChunk>;
 
     async fn create_job(&self, request: Request<CreateJobRequest>) -> Result<Response<CreateJobResponse>, Status> {
         let (call, request) = parts(request)?;
@@ -276,5 +278,31 @@ impl Gateway for GatewayService {
     async fn topology(&self, request: Request<TopologyRequest>) -> Result<Response<TopologyResponse>, Status> {
         let (call, _) = parts(request)?;
         Ok(Response::new(self.api.topology(&call).await))
+    }
+
+    async fn start_backup(
+        &self,
+        request: Request<StartBackupRequest>,
+    ) -> Result<Response<StartBackupResponse>, Status> {
+        let (call, request) = parts(request)?;
+        Ok(Response::new(self.api.start_backup(&call, request).await?))
+    }
+
+    async fn read_backup(
+        &self,
+        request: Request<ReadBackupRequest>,
+    ) -> Result<Response<Self::ReadBackupStream>, Status> {
+        let (call, request) = parts(request)?;
+        let chunks = self.api.read_backup(&call, request).await?;
+        Ok(Response::new(Box::pin(chunks.map(|chunk| chunk.map_err(Status::from)))))
+    }
+
+    async fn release_backup(
+        &self,
+        request: Request<ReleaseBackupRequest>,
+    ) -> Result<Response<ReleaseBackupResponse>, Status> {
+        let (call, request) = parts(request)?;
+        self.api.release_backup(&call, request).await?;
+        Ok(Response::new(ReleaseBackupResponse {}))
     }
 }

@@ -144,6 +144,15 @@ pub fn record_formed(dir: &Path, identity: Identity) -> anyhow::Result<()> {
     })
 }
 
+/// Creates the record of a data directory restored from a backup taken at
+/// cluster version `cluster_version`: formed (its groups' Raft state is in
+/// the database), at this build's format.
+pub fn record_restored(dir: &Path, identity: Identity, cluster_version: u16) -> anyhow::Result<()> {
+    let record =
+        Record { identity, formation: Formation::Formed, format: FORMAT, migrating_from: None, cluster_version };
+    write_record(dir, &record)
+}
+
 /// Records that the records' migration finished (the caller synced them).
 pub fn record_migrated(dir: &Path) -> anyhow::Result<()> {
     update(dir, |record| record.migrating_from = None)
@@ -157,13 +166,13 @@ pub fn record_cluster_version(dir: &Path, version: u16) -> anyhow::Result<()> {
 fn check_format(dir: &Path, format: u32) -> anyhow::Result<()> {
     if format > FORMAT {
         bail!(
-            "data directory {} holds records of storage format {format}, written by a newer build of Drover; this              build reads formats {MIGRATES_FROM} (migrating them) and {FORMAT}. Run a build of format {format} or              later; going back to an older build after an upgrade is not possible (docs/upgrades.md).",
+            "data directory {} holds records of storage format {format}, written by a newer build of Drover; this build reads formats {MIGRATES_FROM} (migrating them) and {FORMAT}. Run a build of format {format} or later; going back to an older build after an upgrade is not possible (docs/upgrades.md).",
             dir.display()
         );
     }
     if format < MIGRATES_FROM {
         bail!(
-            "data directory {} holds records of storage format {format}; this build migrates format              {MIGRATES_FROM} and reads {FORMAT}. Upgrade through the builds in between, one format at a time (each              migrates the one before it), or start this node on an empty data directory and let it copy its              partitions from the other nodes.",
+            "data directory {} holds records of storage format {format}; this build migrates format {MIGRATES_FROM} and reads {FORMAT}. Upgrade through the builds in between, one format at a time (each migrates the one before it), or start this node on an empty data directory and let it copy its partitions from the other nodes.",
             dir.display()
         );
     }

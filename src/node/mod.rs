@@ -4,7 +4,7 @@
 //! this module only puts it together, starts the servers and loops around
 //! it, and stops them.
 
-mod data_dir;
+pub mod data_dir;
 mod supervisor;
 
 use std::net::SocketAddr;
@@ -57,6 +57,35 @@ pub struct Node {
     cluster_server: JoinHandle<()>,
 }
 
+/// Where a node's partitions are: the members, which nodes host each
+/// partition, and what the data directory records of it. `cluster_addr` is
+/// this node's own address when no members are given.
+pub struct Layout {
+    pub members: std::collections::BTreeMap<crate::core::NodeId, String>,
+    pub placement: Vec<Vec<crate::core::NodeId>>,
+    pub identity: data_dir::Identity,
+}
+
+impl Layout {
+    pub fn of(config: &NodeConfig, cluster_addr: &str) -> Layout {
+        let mut members = config.members.clone();
+        if members.is_empty() {
+            members.insert(config.node_id, cluster_addr.to_string());
+        }
+        let locations: std::collections::BTreeMap<_, _> =
+            members.keys().map(|n| (*n, config.locations.get(n).cloned().unwrap_or_default())).collect();
+        let placement = crate::placement::place(config.partitions, config.replication_factor, &locations);
+        let identity = data_dir::Identity {
+            node_id: config.node_id,
+            partitions: config.partitions,
+            replication_factor: config.replication_factor,
+            cluster_size: members.len() as u32,
+            placement: crate::placement::digest(&placement, &locations),
+        };
+        Layout { members, placement, identity }
+    }
+}
+
 impl Node {
     pub async fn start(config: NodeConfig) -> anyhow::Result<Node> {
         // Before anything records: a counter bumped before the recorder is
@@ -107,20 +136,7 @@ impl Node {
             }
         }
 
-        let mut members = config.members.clone();
-        if members.is_empty() {
-            members.insert(config.node_id, cluster_addr.to_string());
-        }
-        let locations: std::collections::BTreeMap<_, _> =
-            members.keys().map(|n| (*n, config.locations.get(n).cloned().unwrap_or_default())).collect();
-        let placement = crate::placement::place(config.partitions, config.replication_factor, &locations);
-        let identity = data_dir::Identity {
-            node_id: config.node_id,
-            partitions: config.partitions,
-            replication_factor: config.replication_factor,
-            cluster_size: members.len() as u32,
-            placement: crate::placement::digest(&placement, &locations),
-        };
+        let Layout { members, placement, identity } = Layout::of(&config, &cluster_addr.to_string());
         let opened = data_dir::open(&config.data_dir, identity, config.join_existing)?;
         let formation = opened.formation;
         let store = Store::open_with(&config.data_dir.join("db"), config.storage_memory)
@@ -166,6 +182,9 @@ impl Node {
 
         let raft_settings =
             crate::raft::RaftSettings { snapshot_dir: config.data_dir.join("snapshots"), ..config.raft.clone() };
+        // Parts of backups staged before a restart are not finished: taken again.
+        crate::raft::clear_staged_backups(&raft_settings.snapshot_dir)
+            .with_context(|| format!("clearing staged backups in {}", raft_settings.snapshot_dir.display()))?;
         let mut replicas = std::collections::BTreeMap::new();
         for partition in 0..config.partitions {
             let hosts = &placement[partition as usize];

@@ -31,6 +31,15 @@ use super::{NodeId, TypeConfig};
 use crate::core::PartitionId;
 use crate::storage::{self, meta_key, DeletedBelow, Store, Table};
 
+/// The log meta of a partition restored from a backup taken at `at`: the
+/// log purged and committed up to it, and `vote` (see
+/// [`super::state_machine::restore`]).
+pub(super) fn restored(batch: &mut storage::Batch<'_>, partition: PartitionId, at: LogId<NodeId>, vote: Vote<NodeId>) {
+    batch.put(Table::Meta, meta_key(partition, PURGED), storage::encode(&at));
+    batch.put(Table::Meta, meta_key(partition, COMMITTED), storage::encode(&Some(at)));
+    batch.put(Table::Meta, meta_key(partition, VOTE), storage::encode(&vote));
+}
+
 const VOTE: &str = "vote";
 const PURGED: &str = "purged";
 const COMMITTED: &str = "committed";

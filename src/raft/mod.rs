@@ -35,7 +35,9 @@ pub use crate::transport::PeerChannels;
 use formation::CatchUp;
 pub use formation::Formation;
 pub use network::ClusterNetwork;
-pub use state_machine::{check_snapshot, snapshot_bytes, SharedState};
+pub use state_machine::backup::{check_id as check_backup_id, PartitionBackup};
+pub use state_machine::backup::{clear_staged as clear_staged_backups, release_staged as release_staged_backup};
+pub use state_machine::{check_snapshot, check_snapshot_from, restore, snapshot_bytes, SharedState};
 
 use crate::core::{Batch, CommandResult, Millis, Outcome, PartitionId};
 use crate::storage::Store;
@@ -301,6 +303,16 @@ impl Replica {
     /// State shared with the state machine: read-only access for leaders and reads.
     pub fn state(&self) -> &Arc<SharedState> {
         &self.shared
+    }
+
+    /// This replica's staged part of backup `id`, once staged; waits until
+    /// `until`, `None` when it is not there by then.
+    pub async fn staged_backup(
+        &self,
+        id: &str,
+        until: std::time::Instant,
+    ) -> std::io::Result<Option<(PartitionBackup, std::fs::File)>> {
+        state_machine::backup::open_staged(self.shared.snapshot_dir(), id, self.partition, until).await
     }
 
     pub fn leadership(&self) -> Leadership {

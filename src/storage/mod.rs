@@ -416,6 +416,35 @@ impl Store {
     }
 }
 
+/// A point-in-time view that holds its store, so it can move to another
+/// task (a backup written after the apply that took it).
+pub struct OwnedPointInTime {
+    // Declared before the store it borrows from: fields drop in order.
+    view: PointInTime<'static>,
+    _store: Arc<Store>,
+}
+
+impl std::ops::Deref for OwnedPointInTime {
+    type Target = PointInTime<'static>;
+
+    fn deref(&self) -> &PointInTime<'static> {
+        &self.view
+    }
+}
+
+impl Store {
+    /// [`Store::point_in_time`], holding the store.
+    pub fn owned_point_in_time(self: &Arc<Self>) -> OwnedPointInTime {
+        let view = self.point_in_time();
+        // SAFETY: the view borrows `*self`, which the Arc kept beside it holds
+        // alive, at the same address (it is on the heap), until after the view
+        // is dropped (fields drop in declaration order). The view's borrow is
+        // private, so nothing takes the extended lifetime out of it.
+        let view = unsafe { std::mem::transmute::<PointInTime<'_>, PointInTime<'static>>(view) };
+        OwnedPointInTime { view, _store: Arc::clone(self) }
+    }
+}
+
 /// See [`Store::point_in_time`].
 pub struct PointInTime<'a> {
     store: &'a Store,

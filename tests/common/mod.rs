@@ -346,42 +346,60 @@ impl ProcessCluster {
         // Ports are picked free and then released, so a parallel test can take
         // one first; such a start is retried on other ports.
         for _ in 0..5 {
-            let dir = tempfile::tempdir().expect("temp dir");
-            let ports: Vec<Ports> =
-                (0..size).map(|_| Ports { grpc: free_port(), cluster: free_port(), admin: free_port() }).collect();
-            let members: Vec<String> = (0..size)
-                .map(|from| {
-                    let entries: Vec<String> = ports
-                        .iter()
-                        .enumerate()
-                        .map(|(to, p)| match locations.get(to) {
-                            Some(at) => format!("{to}={}@{at}", dial(from, to, p.cluster)),
-                            None => format!("{to}={}", dial(from, to, p.cluster)),
-                        })
-                        .collect();
-                    entries.join(",")
-                })
-                .collect();
-            let mut args = vec![
-                "--partitions".to_string(),
-                partitions.to_string(),
-                "--replication-factor".into(),
-                replication_factor.to_string(),
-            ];
-            // Leader balance moves leadership a few seconds after an election,
-            // under whatever a test does then; tests that find a leader and act
-            // on it want it to stay. The balance test, the fault suite and the
-            // bench run with it on, as a cluster does by default.
-            if !extra.iter().any(|a| a.starts_with("--balance-leaders")) {
-                args.extend(["--balance-leaders".to_string(), "false".into()]);
-            }
-            args.extend(extra.iter().map(|s| s.to_string()));
-            let mut cluster = ProcessCluster { nodes: (0..size).map(|_| None).collect(), ports, args, members, dir };
+            let mut cluster = Self::laid_out(size, partitions, replication_factor, extra, locations, dial);
             if (0..size).all(|id| cluster.try_start_node(id).is_ok()) {
                 return cluster;
             }
         }
         panic!("could not start a {size}-node cluster on free ports in 5 attempts");
+    }
+
+    /// A cluster's ports, data directories and flags, with no node started
+    /// (to prepare their data directories first); start each with
+    /// [`ProcessCluster::start_node`].
+    pub fn unstarted(size: usize, partitions: u32, replication_factor: u32, extra: &[&str]) -> ProcessCluster {
+        Self::laid_out(size, partitions, replication_factor, extra, &[], &|_, _, port| format!("127.0.0.1:{port}"))
+    }
+
+    fn laid_out(
+        size: usize,
+        partitions: u32,
+        replication_factor: u32,
+        extra: &[&str],
+        locations: &[&str],
+        dial: &dyn Fn(usize, usize, u16) -> String,
+    ) -> ProcessCluster {
+        let dir = tempfile::tempdir().expect("temp dir");
+        let ports: Vec<Ports> =
+            (0..size).map(|_| Ports { grpc: free_port(), cluster: free_port(), admin: free_port() }).collect();
+        let members: Vec<String> = (0..size)
+            .map(|from| {
+                let entries: Vec<String> = ports
+                    .iter()
+                    .enumerate()
+                    .map(|(to, p)| match locations.get(to) {
+                        Some(at) => format!("{to}={}@{at}", dial(from, to, p.cluster)),
+                        None => format!("{to}={}", dial(from, to, p.cluster)),
+                    })
+                    .collect();
+                entries.join(",")
+            })
+            .collect();
+        let mut args = vec![
+            "--partitions".to_string(),
+            partitions.to_string(),
+            "--replication-factor".into(),
+            replication_factor.to_string(),
+        ];
+        // Leader balance moves leadership a few seconds after an election,
+        // under whatever a test does then; tests that find a leader and act
+        // on it want it to stay. The balance test, the fault suite and the
+        // bench run with it on, as a cluster does by default.
+        if !extra.iter().any(|a| a.starts_with("--balance-leaders")) {
+            args.extend(["--balance-leaders".to_string(), "false".into()]);
+        }
+        args.extend(extra.iter().map(|s| s.to_string()));
+        ProcessCluster { nodes: (0..size).map(|_| None).collect(), ports, args, members, dir }
     }
 
     fn try_start_node(&mut self, id: usize) -> Result<(), String> {
@@ -390,7 +408,8 @@ impl ProcessCluster {
         Ok(())
     }
 
-    fn node_args(&self, id: usize) -> (PathBuf, Vec<String>) {
+    /// Node `id`'s data directory and the flags it starts with.
+    pub fn node_args(&self, id: usize) -> (PathBuf, Vec<String>) {
         let p = self.ports[id];
         let mut args = vec![
             "--node-id".to_string(),

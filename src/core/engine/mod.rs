@@ -274,6 +274,9 @@ impl PartitionState {
             Command::GetSchema { job_type } => {
                 Ok(CommandResult::Schema(self.schemas.get(job_type).map(|s| s.source.clone()).unwrap_or_default()))
             }
+            // The state machine keeps the state for the backup; the engine's
+            // state does not change.
+            Command::BackupMark { .. } => Ok(CommandResult::Done),
         }
     }
 

@@ -45,6 +45,11 @@ pub struct SharedState {
 }
 
 impl SharedState {
+    /// Where this partition's snapshots and staged backups are written.
+    pub fn snapshot_dir(&self) -> &std::path::Path {
+        &self.snapshot_dir
+    }
+
     pub(super) fn lock(&self) -> MutexGuard<'_, Inner> {
         self.inner.lock().expect("state machine lock poisoned")
     }

@@ -17,7 +17,7 @@ use openraft::storage::{Snapshot, SnapshotMeta};
 use openraft::{BasicNode, RaftSnapshotBuilder, StorageError};
 use serde::{Deserialize, Serialize};
 
-use super::{records, sm_read_err, sm_write_err, Inner, NodeId, SharedState, TypeConfig};
+use super::{records, sm_write_err, Inner, NodeId, SharedState, TypeConfig};
 use crate::core::{Deduped, Job, Millis, PartitionState, Registry, RequestId, StateSnapshot};
 use crate::storage::{self, key, Table};
 
@@ -79,10 +79,15 @@ pub(super) fn next_frame(input: &mut impl Read) -> Result<Option<(u64, Vec<u8>)>
 /// and the engine restored from them. Returns the records read. The entry
 /// point of the snapshot fuzz target.
 pub fn check_snapshot(bytes: &[u8]) -> Result<usize, String> {
-    let mut rest = bytes;
-    let (version, body) = read_header(&mut rest, bytes.len() as u64).map_err(|e| e.to_string())?;
+    check_snapshot_from(&mut { bytes }, bytes.len() as u64)
+}
+
+/// [`check_snapshot`] of the snapshot `input` holds (at most `size` bytes),
+/// read as it goes: a backup's part is checked without holding it whole.
+pub fn check_snapshot_from(input: &mut impl BufRead, size: u64) -> Result<usize, String> {
+    let (version, body) = read_header(input, size).map_err(|e| e.to_string())?;
     let mut records = body.jobs.len();
-    while let Some((_, record)) = next_frame(&mut rest).map_err(|e| e.to_string())? {
+    while let Some((_, record)) = next_frame(input).map_err(|e| e.to_string())? {
         decode_record(version, &record).map_err(|e| e.to_string())?;
         records += 1;
     }
@@ -165,6 +170,40 @@ pub(super) fn snapshot_meta(inner: &Inner) -> SnapshotMeta<NodeId, BasicNode> {
     SnapshotMeta { last_log_id: inner.last_applied, last_membership: inner.membership.clone(), snapshot_id }
 }
 
+/// The header of a snapshot of the state `inner` holds.
+pub(super) fn header_of(inner: &Inner) -> SnapshotHeader {
+    SnapshotHeader {
+        engine: inner.engine.meta(),
+        jobs: inner.engine.jobs().cloned().collect(),
+        requests: inner.engine.requests().map(|(id, r, e)| (id, r.clone(), *e)).collect(),
+        registry: inner.engine.registry(),
+        finished_first: inner.finished.first,
+        finished: inner.finished.order.iter().map(|(at, job)| (*at, job.0)).collect(),
+    }
+}
+
+/// Writes a snapshot of `partition` to `out` at data `version`: `header`,
+/// then one frame per final record `view` holds. Returns the records written.
+pub(super) fn write_snapshot(
+    partition: crate::core::PartitionId,
+    header: SnapshotHeader,
+    view: &storage::PointInTime<'_>,
+    version: u16,
+    out: &mut impl Write,
+) -> Result<u64, storage::StorageError> {
+    out.write_all(&encode_at(version, &header))?;
+    let mut records = header.jobs.len() as u64;
+    drop(header);
+    // A frame carries the whole job, its spec and progress joined.
+    view.for_each(Table::Done, partition, |job_key, progress| {
+        let spec = records::decode_spec(job_key, view.get(Table::Specs, key(partition, job_key))?)?;
+        let job = records::decode_progress(spec, progress)?;
+        records += 1;
+        Ok(push_frame(out, job_key, &encode_at(version, &job))?)
+    })?;
+    Ok(records)
+}
+
 impl SharedState {
     /// Serialises the state as of now, at data `version`: the live jobs,
     /// counters and pruning order under the lock apply holds, then the final
@@ -176,26 +215,10 @@ impl SharedState {
             if inner.last_applied.is_none() {
                 return Ok(None);
             }
-            let header = SnapshotHeader {
-                engine: inner.engine.meta(),
-                jobs: inner.engine.jobs().cloned().collect(),
-                requests: inner.engine.requests().map(|(id, r, e)| (id, r.clone(), *e)).collect(),
-                registry: inner.engine.registry(),
-                finished_first: inner.finished.first,
-                finished: inner.finished.order.iter().map(|(at, job)| (*at, job.0)).collect(),
-            };
-            (header, snapshot_meta(&inner), self.store.point_in_time())
+            (header_of(&inner), snapshot_meta(&inner), self.store.point_in_time())
         };
         let mut out = BufWriter::with_capacity(1 << 20, snapshot_file(&self.snapshot_dir)?);
-        out.write_all(&encode_at(version, &header)).map_err(sm_write_err)?;
-        drop(header);
-        // A frame carries the whole job, its spec and progress joined.
-        view.for_each(Table::Done, self.partition, |job_key, progress| {
-            let spec = records::decode_spec(job_key, view.get(Table::Specs, key(self.partition, job_key))?)?;
-            let job = records::decode_progress(spec, progress)?;
-            Ok(push_frame(&mut out, job_key, &encode_at(version, &job))?)
-        })
-        .map_err(sm_read_err)?;
+        write_snapshot(self.partition, header, &view, version, &mut out).map_err(sm_write_err)?;
         let mut file = out.into_inner().map_err(|e| sm_write_err(e.into_error()))?;
         file.rewind().map_err(sm_write_err)?;
         Ok(Some(Snapshot { meta, snapshot: Box::new(tokio::fs::File::from_std(file)) }))

@@ -1,0 +1,166 @@
+//! Reading a backup back: [`verify`] (every part whole, as long and with the
+//! SHA-256 the manifest says, and decoding as a restore would read it) and
+//! [`restore`] of one node's data directory for a new cluster.
+//!
+//! A restore builds the node's data directory beside the one it is for
+//! (`DATA_DIR.restoring`), writes each partition this node hosts from its
+//! part as a follower installs a snapshot, as the whole state of a new group
+//! of the new cluster's replicas, records the directory as formed at the
+//! backup's cluster version, and only then renames it into place. A restore
+//! cut short leaves no data directory a node would start on, and the next
+//! one starts over.
+
+use std::io::{BufReader, Read, Seek, SeekFrom};
+use std::path::{Path, PathBuf};
+
+use anyhow::{bail, Context as _};
+
+use super::{Destination, Manifest};
+use crate::config::NodeConfig;
+use crate::node::{data_dir, Layout};
+use crate::raft::PartitionBackup;
+
+/// What [`verify`] read.
+#[derive(Debug)]
+pub struct Verified {
+    pub manifest: Manifest,
+    /// Each part's records as decoded (equal to the manifest's).
+    pub records: u64,
+}
+
+/// Opens `part`'s file, once its length and SHA-256 are what the manifest
+/// says (read through once to check them).
+fn open_part(destination: &Destination, part: &PartitionBackup) -> anyhow::Result<std::fs::File> {
+    let path = destination.path(&part.backup, &Destination::part_name(part.partition));
+    let missing = || format!("backup {}'s part for partition {} ({})", part.backup, part.partition, path.display());
+    let mut file = std::fs::File::open(&path).with_context(|| format!("{} is missing", missing()))?;
+    let mut digest = ring::digest::Context::new(&ring::digest::SHA256);
+    let mut buffer = vec![0u8; 1 << 20];
+    let mut bytes = 0u64;
+    loop {
+        let n = file.read(&mut buffer).with_context(|| format!("reading {}", missing()))?;
+        if n == 0 {
+            break;
+        }
+        digest.update(&buffer[..n]);
+        bytes += n as u64;
+    }
+    if bytes != part.bytes {
+        bail!("{} is {bytes} bytes, but the manifest says {}: it is truncated or damaged", missing(), part.bytes);
+    }
+    let sha256 = super::hex(digest.finish().as_ref());
+    if sha256 != part.sha256 {
+        bail!("{} has SHA-256 {sha256}, but the manifest says {}: it is damaged", missing(), part.sha256);
+    }
+    file.seek(SeekFrom::Start(0))?;
+    Ok(file)
+}
+
+/// Reads every part of backup `id` as a restore would and checks each one
+/// whole; an error names the first part that is not.
+pub async fn verify(destination: &Destination, id: &str) -> anyhow::Result<Verified> {
+    let manifest = destination.manifest(id).await?;
+    let mut records = 0;
+    for part in &manifest.parts {
+        let file = open_part(destination, part)?;
+        let size = part.bytes;
+        let read = tokio::task::spawn_blocking(move || {
+            crate::raft::check_snapshot_from(&mut BufReader::with_capacity(1 << 20, file), size)
+        })
+        .await?
+        .map_err(|e| anyhow::anyhow!("backup {id}'s part for partition {} does not read: {e}", part.partition))?;
+        if read as u64 != part.records {
+            bail!(
+                "backup {id}'s part for partition {} holds {read} jobs, but the manifest says {}",
+                part.partition,
+                part.records
+            );
+        }
+        records += read as u64;
+    }
+    Ok(Verified { manifest, records })
+}
+
+/// Fills `config`'s (empty) data directory from backup `id`: the partitions
+/// this node hosts in the new cluster `config` describes. Every node of the
+/// new cluster is restored so, then started. Returns the jobs restored here.
+pub async fn restore(destination: &Destination, id: &str, config: &NodeConfig) -> anyhow::Result<u64> {
+    let manifest = destination.manifest(id).await?;
+    if manifest.partitions_count != config.partitions {
+        bail!(
+            "backup {id} holds {} partitions; restore it into a cluster of {} partitions (--partitions), as a job's \
+             key names its partition",
+            manifest.partitions_count,
+            manifest.partitions_count
+        );
+    }
+    let dir = &config.data_dir;
+    if std::fs::read_dir(dir).is_ok_and(|mut entries| entries.next().is_some()) {
+        bail!(
+            "data directory {} is not empty: a restore builds a new node's data directory, and never writes over \
+             one (move it away first)",
+            dir.display()
+        );
+    }
+    let staging = staging_dir(dir);
+    match std::fs::remove_dir_all(&staging) {
+        Err(e) if e.kind() != std::io::ErrorKind::NotFound => {
+            return Err(e).with_context(|| format!("clearing {} from a restore cut short", staging.display()))
+        }
+        _ => {}
+    }
+    std::fs::create_dir_all(&staging).with_context(|| format!("creating {}", staging.display()))?;
+    let restored = match fill(destination, &manifest, config, &staging).await {
+        Ok(restored) => restored,
+        Err(e) => {
+            let _ = std::fs::remove_dir_all(&staging);
+            return Err(e);
+        }
+    };
+    let layout = Layout::of(config, &config.cluster_addr.to_string());
+    data_dir::record_restored(&staging, layout.identity, manifest.cluster_version)?;
+    std::fs::rename(&staging, dir)
+        .with_context(|| format!("moving the restored {} to {}", staging.display(), dir.display()))?;
+    if let Some(parent) = dir.parent().filter(|p| !p.as_os_str().is_empty()) {
+        std::fs::File::open(parent)?.sync_all()?;
+    }
+    Ok(restored)
+}
+
+/// Writes the partitions this node hosts into a database in `staging`.
+async fn fill(
+    destination: &Destination,
+    manifest: &Manifest,
+    config: &NodeConfig,
+    staging: &Path,
+) -> anyhow::Result<u64> {
+    let layout = Layout::of(config, &config.cluster_addr.to_string());
+    let store = crate::storage::Store::open_with(&staging.join("db"), config.storage_memory)
+        .with_context(|| format!("creating the database in {}", staging.display()))?;
+    let mut restored = 0;
+    for partition in crate::placement::partitions_of(&layout.placement, config.node_id) {
+        let part = manifest.parts[partition as usize].clone();
+        let file = open_part(destination, &part)?;
+        let voters = layout.placement[partition as usize].iter().map(|n| (*n, layout.members[n].clone())).collect();
+        let (store, node) = (std::sync::Arc::clone(&store), config.node_id);
+        let jobs = tokio::task::spawn_blocking(move || -> anyhow::Result<u64> {
+            let mut input = BufReader::with_capacity(1 << 20, file);
+            let at = (part.term, part.leader, part.index);
+            let jobs = crate::raft::restore(&store, partition, at, &mut input, part.bytes, (node, &voters))
+                .with_context(|| format!("restoring partition {partition} from backup {}", part.backup))?;
+            Ok(jobs)
+        })
+        .await??;
+        tracing::info!(partition, jobs, "restored this partition from the backup");
+        restored += jobs;
+    }
+    // Synced as written; flushed so that the node's start finds it in tables.
+    store.flush();
+    Ok(restored)
+}
+
+fn staging_dir(dir: &Path) -> PathBuf {
+    let mut name = dir.file_name().map(|n| n.to_os_string()).unwrap_or_else(|| "data".into());
+    name.push(".restoring");
+    dir.with_file_name(name)
+}

@@ -1,0 +1,222 @@
+//! The job API's backups (scope `cluster:admin`): marking a cut in every
+//! partition's log, reading each partition's staged part from a replica
+//! that holds it, and releasing the staged parts. Where the parts go (a
+//! directory, an object store) is the caller's business (`drover backup`).
+
+use std::pin::Pin;
+use std::time::{Duration, Instant};
+
+use futures::{Stream, StreamExt};
+use tokio::io::AsyncReadExt;
+
+use super::call::Call;
+use super::error::ApiError;
+use super::fanout::everywhere;
+use super::jobs::JobApi;
+use crate::auth::CLUSTER_ADMIN;
+use crate::core::{Command, CommandResult, PartitionId};
+use crate::proto::cluster::{ReadStagedBackupRequest, ReleaseStagedBackupRequest};
+use crate::proto::gateway as pb;
+use crate::raft::PartitionBackup;
+
+/// A backup part's bytes per message.
+const CHUNK_BYTES: usize = 1 << 20;
+/// The oldest data version that knows backup marks: every member must read it.
+const BACKUP_VERSION: u16 = 7;
+
+pub type Chunks = Pin<Box<dyn Stream<Item = Result<pb::BackupChunk, ApiError>> + Send>>;
+
+fn check_id(id: &str) -> Result<(), ApiError> {
+    crate::raft::check_backup_id(id).map_err(ApiError::InvalidArgument)
+}
+
+fn part_of(part: &PartitionBackup) -> pb::BackupPart {
+    pb::BackupPart {
+        partition_id: part.partition,
+        term: part.term,
+        leader: part.leader,
+        index: part.index,
+        bytes: part.bytes,
+        sha256: part.sha256.clone(),
+        records: part.records,
+        data_version: u32::from(part.data_version),
+    }
+}
+
+impl JobApi {
+    /// Marks backup `backup_id`'s cut in every partition's log: every job
+    /// acknowledged before this call is in the backup. Each replica stages
+    /// its partition's state as of the mark.
+    pub async fn start_backup(
+        &self,
+        call: &Call,
+        request: pb::StartBackupRequest,
+    ) -> Result<pb::StartBackupResponse, ApiError> {
+        call.principal.require(CLUSTER_ADMIN)?;
+        check_id(&request.backup_id)?;
+        let versions = self.ctx.transport.peers.versions();
+        if versions.cluster_version() < BACKUP_VERSION {
+            let behind: Vec<String> = versions
+                .members()
+                .into_iter()
+                .filter(|(_, v)| v.is_none_or(|v| v < BACKUP_VERSION))
+                .map(|(n, v)| format!("node {n} ({})", v.map_or("not heard from".into(), |v| format!("version {v}"))))
+                .collect();
+            return Err(ApiError::FailedPrecondition(format!(
+                "backups need every member at data version {BACKUP_VERSION} or later; the cluster runs at {}: {}",
+                versions.cluster_version(),
+                behind.join(", ")
+            )));
+        }
+        crate::auth::audit(&call.principal, "start_backup", serde_json::json!({ "backup": request.backup_id }));
+        let id = request.backup_id;
+        let mut marks = Vec::new();
+        let results = everywhere(&self.ctx, |_| Command::BackupMark { id: id.clone() }, call.deadline).await;
+        for (partition, result) in results.into_iter().enumerate() {
+            match result? {
+                CommandResult::BackupMarked { term, leader, index } => marks.push(pb::BackupPart {
+                    partition_id: partition as PartitionId,
+                    term,
+                    leader,
+                    index,
+                    ..Default::default()
+                }),
+                other => return Err(ApiError::Internal(format!("unexpected answer to a backup mark: {other:?}"))),
+            }
+        }
+        tracing::info!(backup = %id, partitions = marks.len(), "backup marked in every partition");
+        let topology = &self.ctx.topology;
+        Ok(pb::StartBackupResponse {
+            marks,
+            partitions_count: topology.partition_count(),
+            replication_factor: topology.replication_factor,
+            cluster_size: topology.cluster_size(),
+            cluster_version: u32::from(versions.cluster_version()),
+        })
+    }
+
+    /// One partition's staged part of a backup, in chunks, from this node's
+    /// replica or another's; the last chunk describes the part.
+    pub async fn read_backup(&self, call: &Call, request: pb::ReadBackupRequest) -> Result<Chunks, ApiError> {
+        call.principal.require(CLUSTER_ADMIN)?;
+        check_id(&request.backup_id)?;
+        let partition = request.partition_id;
+        if partition >= self.ctx.topology.partition_count() {
+            return Err(ApiError::NotFound(format!("no partition {partition}")));
+        }
+        if let Some(replica) = self.ctx.routing.replica(partition) {
+            if let Some((part, file)) = replica.staged_backup(&request.backup_id, call.deadline).await? {
+                return Ok(local_chunks(part, file));
+            }
+        }
+        let mut missing = Vec::new();
+        let wait = call.deadline.saturating_duration_since(Instant::now());
+        for node in self.ctx.topology.replica_nodes(partition) {
+            if node == self.ctx.topology.node_id {
+                continue;
+            }
+            let Some(mut client) = self.ctx.transport.peers.client(node) else { continue };
+            let mut asked = tonic::Request::new(ReadStagedBackupRequest {
+                backup_id: request.backup_id.clone(),
+                partition_id: partition,
+                wait_ms: wait.as_millis() as u64,
+            });
+            asked.set_timeout(wait + Duration::from_secs(30));
+            match client.read_staged_backup(asked).await {
+                Ok(stream) => return Ok(remote_chunks(stream.into_inner())),
+                Err(status) => missing.push(format!("node {node}: {}", status.message())),
+            }
+        }
+        Err(ApiError::NotFound(format!(
+            "no replica of partition {partition} has staged backup {:?} ({}); was it started, or released?",
+            request.backup_id,
+            if missing.is_empty() { "none answered".to_string() } else { missing.join("; ") }
+        )))
+    }
+
+    /// Deletes the staged parts of a backup on every node.
+    pub async fn release_backup(&self, call: &Call, request: pb::ReleaseBackupRequest) -> Result<(), ApiError> {
+        call.principal.require(CLUSTER_ADMIN)?;
+        check_id(&request.backup_id)?;
+        crate::raft::release_staged_backup(&self.ctx.settings.snapshot_dir, &request.backup_id)
+            .map_err(|e| ApiError::Internal(format!("deleting the staged backup here: {e}")))?;
+        let mut failed = Vec::new();
+        for (node, _) in self.ctx.topology.members.iter().filter(|(n, _)| **n != self.ctx.topology.node_id) {
+            let Some(mut client) = self.ctx.transport.peers.client(*node) else { continue };
+            let mut release = tonic::Request::new(ReleaseStagedBackupRequest { backup_id: request.backup_id.clone() });
+            release.set_timeout(call.deadline.saturating_duration_since(Instant::now()));
+            if let Err(status) = client.release_staged_backup(release).await {
+                failed.push(format!("node {node}: {}", status.message()));
+            }
+        }
+        if !failed.is_empty() {
+            return Err(ApiError::Unavailable(format!(
+                "the staged parts were deleted here, but not on {} (a node's start deletes them too); retry",
+                failed.join("; ")
+            )));
+        }
+        Ok(())
+    }
+}
+
+/// A staged part read from this node's disk.
+fn local_chunks(part: PartitionBackup, file: std::fs::File) -> Chunks {
+    let file = tokio::fs::File::from_std(file);
+    let chunks = futures::stream::unfold(Some((file, Some(part))), |state| async move {
+        let (mut file, part) = state?;
+        let mut data = vec![0u8; CHUNK_BYTES];
+        let mut filled = 0;
+        while filled < data.len() {
+            match file.read(&mut data[filled..]).await {
+                Ok(0) => break,
+                Ok(n) => filled += n,
+                Err(e) => return Some((Err(ApiError::Internal(format!("reading the staged part: {e}"))), None)),
+            }
+        }
+        data.truncate(filled);
+        if filled < CHUNK_BYTES {
+            // The end: the last chunk carries the part's description.
+            let chunk = pb::BackupChunk { data, part: part.as_ref().map(part_of) };
+            return Some((Ok(chunk), None));
+        }
+        Some((Ok(pb::BackupChunk { data, part: None }), Some((file, part))))
+    });
+    Box::pin(chunks)
+}
+
+/// A staged part streamed from another node.
+fn remote_chunks(stream: tonic::Streaming<crate::proto::cluster::StagedBackupChunk>) -> Chunks {
+    Box::pin(stream.map(|chunk| {
+        let chunk = chunk.map_err(|status| ApiError::from_code(status.code() as i32, status.message().to_string()))?;
+        let part = if chunk.part.is_empty() {
+            None
+        } else {
+            let part: PartitionBackup = serde_json::from_str(&chunk.part)
+                .map_err(|e| ApiError::Internal(format!("a peer described a backup part as {e}")))?;
+            Some(part_of(&part))
+        };
+        Ok(pb::BackupChunk { data: chunk.data.into(), part })
+    }))
+}
+
+/// A staged part as the cluster service sends it to another node.
+pub fn staged_chunks(
+    part: PartitionBackup,
+    file: std::fs::File,
+) -> impl Stream<Item = Result<crate::proto::cluster::StagedBackupChunk, tonic::Status>> + Send {
+    let json = serde_json::to_string(&part).unwrap_or_default();
+    local_chunks(part, file).map(move |chunk| {
+        let chunk = chunk.map_err(tonic::Status::from)?;
+        let described = chunk.part.is_some();
+        Ok(crate::proto::cluster::StagedBackupChunk {
+            data: chunk.data.into(),
+            part: if described { json.clone() } else { String::new() },
+        })
+    })
+}
+
+impl From<std::io::Error> for ApiError {
+    fn from(e: std::io::Error) -> Self {
+        ApiError::Internal(format!("reading a staged backup: {e}"))
+    }
+}

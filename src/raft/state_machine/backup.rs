@@ -1,0 +1,207 @@
+//! A partition's part of a backup, staged on every replica.
+//!
+//! A backup's mark ([`crate::core::Command::BackupMark`]) goes through the
+//! partition's log like any command. The apply that applies it keeps the
+//! partition's state as of that apply: the snapshot header (live jobs,
+//! counters, remembered creates, sessions, schemas) taken under the lock,
+//! and the final records from a point-in-time view taken at the same moment,
+//! written to `snapshots/backups/<id>/p<partition>.snap` by a blocking task
+//! while apply goes on. Every replica does it (each at the end of its own
+//! apply, so at its own log position, at or just after the mark), so the
+//! part can be read from whichever replica answers. A JSON record beside
+//! the file, written last, says where the state was taken and what the file
+//! holds ([`PartitionBackup`]): until it exists, the part is not ready.
+//!
+//! The files are the snapshot format at this build's data version: a restore
+//! installs them as a follower installs a snapshot. Staged parts are deleted
+//! when the backup is released, and at a node's start.
+
+use std::io::Write;
+use std::path::{Path, PathBuf};
+use std::time::{Duration, Instant};
+
+use serde::{Deserialize, Serialize};
+
+use super::snapshot::{header_of, write_snapshot};
+use super::{Inner, NodeId, SharedState};
+use crate::core::PartitionId;
+
+/// How often a reader looks whether a part is staged yet.
+const STAGED_POLL: Duration = Duration::from_millis(50);
+
+/// One partition's part of a backup: where its state was taken, and what its
+/// file holds.
+#[derive(Clone, Debug, PartialEq, Eq, Serialize, Deserialize)]
+pub struct PartitionBackup {
+    pub backup: String,
+    pub partition: PartitionId,
+    /// The log position the state was taken at (term, leader, index).
+    pub term: u64,
+    pub leader: NodeId,
+    pub index: u64,
+    /// The file's length and its SHA-256 (hex).
+    pub bytes: u64,
+    pub sha256: String,
+    /// Live and final job records it holds.
+    pub records: u64,
+    pub data_version: u16,
+}
+
+const MAX_ID_LEN: usize = 64;
+
+/// A backup id names folders (staged parts, a backup's files): 1 to 64
+/// letters, digits, '.', '_' or '-', not starting with '.'.
+pub fn check_id(id: &str) -> Result<(), String> {
+    let allowed = |c: char| c.is_ascii_alphanumeric() || matches!(c, '.' | '_' | '-');
+    if id.is_empty() || id.len() > MAX_ID_LEN || !id.chars().all(allowed) || id.starts_with('.') {
+        return Err(format!(
+            "backup id {id:?} must be 1 to {MAX_ID_LEN} letters, digits, '.', '_' or '-', not starting with '.'"
+        ));
+    }
+    Ok(())
+}
+
+/// Where a node stages its parts of backup `id`.
+pub fn staged_dir(snapshot_dir: &Path, id: &str) -> PathBuf {
+    snapshot_dir.join("backups").join(id)
+}
+
+fn part_paths(snapshot_dir: &Path, id: &str, partition: PartitionId) -> (PathBuf, PathBuf) {
+    let dir = staged_dir(snapshot_dir, id);
+    (dir.join(format!("p{partition}.snap")), dir.join(format!("p{partition}.json")))
+}
+
+/// Stages the state `inner` holds (apply has just written it) for backup
+/// `id`: the header and a view of the final records now, the file later.
+pub(super) fn stage(shared: &SharedState, inner: &Inner, id: String) {
+    let Some(at) = inner.last_applied else { return };
+    let header = header_of(inner);
+    let view = shared.store.owned_point_in_time();
+    let (snapshot_dir, partition) = (shared.snapshot_dir.clone(), shared.partition);
+    tokio::task::spawn_blocking(move || {
+        let mut part = PartitionBackup {
+            backup: id,
+            partition,
+            term: at.leader_id.term,
+            leader: at.leader_id.node_id,
+            index: at.index,
+            bytes: 0,
+            sha256: String::new(),
+            records: 0,
+            data_version: crate::codec::DATA_VERSION,
+        };
+        let (file, record) = part_paths(&snapshot_dir, &part.backup, partition);
+        let written = (|| -> Result<(), crate::storage::StorageError> {
+            std::fs::create_dir_all(file.parent().expect("a file in a directory"))?;
+            let temporary = file.with_extension("snap.tmp");
+            let mut out =
+                Digesting::new(std::io::BufWriter::with_capacity(1 << 20, std::fs::File::create(&temporary)?));
+            part.records = write_snapshot(partition, header, &view, part.data_version, &mut out)?;
+            drop(view);
+            (part.bytes, part.sha256) = (out.bytes, out.hex());
+            out.into_inner().into_inner().map_err(|e| e.into_error())?.sync_all()?;
+            std::fs::rename(&temporary, &file)?;
+            write_json(&record, &part)?;
+            Ok(())
+        })();
+        match written {
+            Ok(()) => tracing::info!(
+                partition,
+                backup = %part.backup,
+                index = part.index,
+                bytes = part.bytes,
+                "staged this partition's part of the backup"
+            ),
+            Err(error) => tracing::error!(partition, backup = %part.backup, "staging a backup failed: {error}"),
+        }
+    });
+}
+
+fn write_json(path: &Path, part: &PartitionBackup) -> std::io::Result<()> {
+    let temporary = path.with_extension("json.tmp");
+    let mut file = std::fs::File::create(&temporary)?;
+    file.write_all(&serde_json::to_vec_pretty(part).map_err(std::io::Error::other)?)?;
+    file.sync_all()?;
+    std::fs::rename(&temporary, path)?;
+    if let Some(dir) = path.parent() {
+        std::fs::File::open(dir)?.sync_all()?;
+    }
+    Ok(())
+}
+
+/// This node's staged part of backup `id` for `partition`, once it is
+/// staged, waiting until `until` for it; `None` when it is not there by then.
+pub async fn open_staged(
+    snapshot_dir: &Path,
+    id: &str,
+    partition: PartitionId,
+    until: Instant,
+) -> std::io::Result<Option<(PartitionBackup, std::fs::File)>> {
+    let (file, record) = part_paths(snapshot_dir, id, partition);
+    loop {
+        match std::fs::read(&record) {
+            Ok(bytes) => {
+                let part: PartitionBackup = serde_json::from_slice(&bytes).map_err(std::io::Error::other)?;
+                return Ok(Some((part, std::fs::File::open(&file)?)));
+            }
+            Err(e) if e.kind() == std::io::ErrorKind::NotFound => {}
+            Err(e) => return Err(e),
+        }
+        if Instant::now() + STAGED_POLL > until {
+            return Ok(None);
+        }
+        tokio::time::sleep(STAGED_POLL).await;
+    }
+}
+
+/// Deletes this node's staged parts of backup `id`.
+pub fn release_staged(snapshot_dir: &Path, id: &str) -> std::io::Result<()> {
+    match std::fs::remove_dir_all(staged_dir(snapshot_dir, id)) {
+        Err(e) if e.kind() != std::io::ErrorKind::NotFound => Err(e),
+        _ => Ok(()),
+    }
+}
+
+/// Deletes every staged part (a node's start: a backup in progress across a
+/// restart is taken again).
+pub fn clear_staged(snapshot_dir: &Path) -> std::io::Result<()> {
+    match std::fs::remove_dir_all(snapshot_dir.join("backups")) {
+        Err(e) if e.kind() != std::io::ErrorKind::NotFound => Err(e),
+        _ => Ok(()),
+    }
+}
+
+/// A writer that counts and hashes what passes through it.
+pub struct Digesting<W> {
+    inner: W,
+    digest: ring::digest::Context,
+    pub bytes: u64,
+}
+
+impl<W: Write> Digesting<W> {
+    pub fn new(inner: W) -> Self {
+        Digesting { inner, digest: ring::digest::Context::new(&ring::digest::SHA256), bytes: 0 }
+    }
+
+    /// The SHA-256 of what was written, in hex.
+    pub fn hex(&self) -> String {
+        self.digest.clone().finish().as_ref().iter().map(|b| format!("{b:02x}")).collect()
+    }
+
+    pub fn into_inner(self) -> W {
+        self.inner
+    }
+}
+
+impl<W: Write> Write for Digesting<W> {
+    fn write(&mut self, buf: &[u8]) -> std::io::Result<usize> {
+        let written = self.inner.write(buf)?;
+        self.digest.update(&buf[..written]);
+        self.bytes += written as u64;
+        Ok(written)
+    }
+
+    fn flush(&mut self) -> std::io::Result<()> {
+        self.inner.flush()
+    }
+}

@@ -1,0 +1,286 @@
+//! The state machine's own tests: apply, retention, snapshots and specs.
+
+use std::sync::Arc;
+
+use std::io::Read;
+
+use openraft::{CommittedLeaderId, Entry, EntryPayload, LogId};
+
+use super::*;
+use crate::core::{Batch, Command, CommandResult, JobSpec, JobState, NewJob, Retention, DEFAULT_TENANT};
+
+const RETENTION: Retention = Retention { max_age_ms: 10_000, max_jobs: 3 };
+
+/// A one-node cluster's versions: it speaks its own.
+fn versions() -> Arc<crate::transport::Versions> {
+    Arc::new(crate::transport::Versions::new(0, vec![0], 0))
+}
+
+/// A cluster whose other member has not been heard from: it runs at the
+/// oldest version this build reads.
+fn mixed_versions() -> Arc<crate::transport::Versions> {
+    Arc::new(crate::transport::Versions::new(0, vec![0, 1], 0))
+}
+
+fn entry(index: u64, now: Millis, commands: Vec<Command>) -> Entry<TypeConfig> {
+    Entry {
+        log_id: LogId::new(CommittedLeaderId::new(1, 0), index),
+        payload: EntryPayload::Normal(Batch { now, retention: RETENTION, commands, renew_sessions: false }),
+    }
+}
+
+fn create() -> Command {
+    Command::Create(NewJob {
+        spec: Arc::new(JobSpec {
+            job_type: "t".into(),
+            tenant: DEFAULT_TENANT.into(),
+            variables: "{}".into(),
+            custom_headers: Vec::new(),
+            ..Default::default()
+        }),
+        retries: 1,
+        run_at: None,
+        delay_ms: 0,
+        request: None,
+        dedupe_window_ms: 0,
+    })
+}
+
+fn states(shared: &SharedState) -> Vec<(u64, JobState)> {
+    let mut jobs: Vec<(u64, JobState)> =
+        shared.all_jobs().unwrap().into_iter().map(|j| (j.key.counter(), j.state)).collect();
+    jobs.sort_unstable_by_key(|(k, _)| *k);
+    jobs
+}
+
+#[tokio::test]
+async fn final_records_are_pruned_alike_after_restart_and_snapshot_install() {
+    let dir = tempfile::tempdir().unwrap();
+    let (mut sm, shared) =
+        StateMachine::open(0, Store::open(&dir.path().join("a")).unwrap(), dir.path().join("snap-a"), versions())
+            .unwrap();
+    sm.apply([entry(1, 1_000, (0..6).map(|_| create()).collect())]).await.unwrap();
+    // Five of six finish: only the newest three final records stay.
+    let cancels = (1..=5).map(|c| Command::Cancel { key: JobKey::new(0, c), by: String::new() }).collect();
+    sm.apply([entry(2, 2_000, cancels)]).await.unwrap();
+    let expected =
+        vec![(3, JobState::Cancelled), (4, JobState::Cancelled), (5, JobState::Cancelled), (6, JobState::Activatable)];
+    assert_eq!(states(&shared), expected);
+    assert!(shared.lookup(JobKey::new(0, 1)).unwrap().is_none(), "the oldest final record is pruned");
+
+    // A follower installing a snapshot gets the same records and pruning order.
+    // At start openraft asks only for the identity: nothing is copied.
+    let identity = sm.get_current_snapshot().await.unwrap().expect("entries were applied");
+    assert_eq!(identity.meta.last_log_id.map(|l| l.index), Some(2));
+    assert_eq!(identity.snapshot.metadata().await.unwrap().len(), 0);
+    let snapshot = sm.get_current_snapshot().await.unwrap().expect("entries were applied");
+    assert!(snapshot.snapshot.metadata().await.unwrap().len() > 0);
+    let (mut follower, follower_shared) =
+        StateMachine::open(0, Store::open(&dir.path().join("b")).unwrap(), dir.path().join("snap-b"), versions())
+            .unwrap();
+    follower.install_snapshot(&snapshot.meta, snapshot.snapshot).await.unwrap();
+    assert_eq!(states(&follower_shared), expected);
+
+    // A restart restores the pruning order from storage.
+    drop((sm, shared));
+    let (mut sm, shared) =
+        StateMachine::open(0, Store::open(&dir.path().join("a")).unwrap(), dir.path().join("snap-a"), versions())
+            .unwrap();
+    assert_eq!(states(&shared), expected);
+
+    // Past their age, every final record goes, on both, and only those.
+    let later = entry(3, 2_000 + RETENTION.max_age_ms + 1, Vec::new());
+    sm.apply([later.clone()]).await.unwrap();
+    follower.apply([later]).await.unwrap();
+    assert_eq!(states(&shared), vec![(6, JobState::Activatable)]);
+    assert_eq!(states(&follower_shared), vec![(6, JobState::Activatable)]);
+
+    // And the index picks up where it stopped.
+    sm.apply([entry(4, 20_000, vec![Command::Cancel { key: JobKey::new(0, 6), by: String::new() }])]).await.unwrap();
+    drop((sm, shared));
+    let (_sm, shared) =
+        StateMachine::open(0, Store::open(&dir.path().join("a")).unwrap(), dir.path().join("snap-a"), versions())
+            .unwrap();
+    assert_eq!(states(&shared), vec![(6, JobState::Cancelled)]);
+}
+
+#[tokio::test]
+async fn a_snapshot_is_written_at_the_cluster_version_and_either_version_installs() {
+    let dir = tempfile::tempdir().unwrap();
+    let store = Store::open(&dir.path().join("a")).unwrap();
+    let (mut sm, shared) = StateMachine::open(0, store, dir.path().join("snap-a"), mixed_versions()).unwrap();
+    sm.apply([entry(1, 1_000, (0..4).map(|_| create()).collect())]).await.unwrap();
+    sm.apply([entry(2, 2_000, vec![Command::Cancel { key: JobKey::new(0, 1), by: String::new() }])]).await.unwrap();
+    let expected = states(&shared);
+    sm.get_current_snapshot().await.unwrap(); // the identity, asked at start
+    for (name, cluster, written_at) in
+        [("older member", mixed_versions(), crate::codec::OLDEST_VERSION), ("one version", versions(), 7)]
+    {
+        sm.versions = cluster;
+        let snapshot = sm.get_current_snapshot().await.unwrap().expect("entries were applied");
+        let meta = snapshot.meta.clone();
+        let mut file = snapshot.snapshot.into_std().await;
+        let mut bytes = Vec::new();
+        file.read_to_end(&mut bytes).unwrap();
+        let versioned = bytes.starts_with(&crate::codec::header(written_at)[..2]);
+        assert_eq!(versioned, written_at >= 7, "{name}: a version-{written_at} snapshot");
+        assert_eq!(check_snapshot(&bytes).unwrap(), 4, "{name}: every record reads");
+        file.rewind().unwrap();
+        let follower_store = Store::open(&dir.path().join(format!("follower-{written_at}"))).unwrap();
+        let (mut follower, follower_shared) =
+            StateMachine::open(0, follower_store, dir.path().join("snap-f"), versions()).unwrap();
+        follower.install_snapshot(&meta, Box::new(tokio::fs::File::from_std(file))).await.unwrap();
+        assert_eq!(states(&follower_shared), expected, "{name}: the follower holds what the leader holds");
+    }
+}
+
+fn stored_ids(store: &Store, table: Table) -> Vec<u64> {
+    let mut ids = Vec::new();
+    store
+        .for_each(table, 0, |id, _| {
+            ids.push(id);
+            Ok(())
+        })
+        .unwrap();
+    ids
+}
+
+#[tokio::test]
+async fn expired_request_entries_and_pruned_expiry_entries_leave_storage_one_by_one() {
+    use crate::core::RequestId;
+    let dir = tempfile::tempdir().unwrap();
+    let store = Store::open(&dir.path().join("a")).unwrap();
+    let (mut sm, _shared) = StateMachine::open(0, Arc::clone(&store), dir.path().join("snap-a"), versions()).unwrap();
+    let create_as = |seq: u64, window: Millis| {
+        let Command::Create(mut job) = create() else { unreachable!("create() makes a create") };
+        job.request = Some(RequestId::Gateway { node: 1, epoch: 7, seq });
+        job.dedupe_window_ms = window;
+        Command::Create(job)
+    };
+    // Request 1 is remembered for 5 s, request 2 for a minute.
+    sm.apply([entry(1, 1_000, vec![create_as(1, 5_000), create_as(2, 60_000)])]).await.unwrap();
+    let requests = stored_ids(&store, Table::Requests);
+    assert_eq!(requests.len(), 2);
+    // At 10 s the first has expired: its entry, and only it, leaves storage.
+    sm.apply([entry(2, 10_000, Vec::new())]).await.unwrap();
+    assert_eq!(stored_ids(&store, Table::Requests), vec![requests[1]]);
+
+    // Six final records with three kept: the expiry index keeps the newest three.
+    sm.apply([entry(3, 11_000, (0..4).map(|_| create()).collect())]).await.unwrap();
+    let cancels = (1..=6).map(|c| Command::Cancel { key: JobKey::new(0, c), by: String::new() }).collect();
+    sm.apply([entry(4, 12_000, cancels)]).await.unwrap();
+    assert_eq!(stored_ids(&store, Table::Expiry), vec![3, 4, 5]);
+    assert_eq!(stored_ids(&store, Table::Done).len(), 3);
+    // Each went as a point deletion: range deletions, one or more per
+    // apply, made RocksDB fragment thousands of them at each flush.
+    store.flush_memtables();
+    assert_eq!(store.range_deletions_in_files(Table::Requests), 0);
+    assert_eq!(store.range_deletions_in_files(Table::Expiry), 0);
+
+    // A restart finds the same, and expires what is left as before.
+    drop(sm);
+    let (mut sm, _shared) = StateMachine::open(0, Arc::clone(&store), dir.path().join("snap-a"), versions()).unwrap();
+    sm.apply([entry(5, 70_000, Vec::new())]).await.unwrap();
+    assert_eq!(stored_ids(&store, Table::Requests), Vec::<u64>::new());
+    assert_eq!(stored_ids(&store, Table::Expiry), Vec::<u64>::new(), "past their age every final record goes");
+}
+
+fn spec_bytes(store: &Store) -> u64 {
+    store.put_bytes().iter().find(|(t, _)| t.cf_name() == "job_specs").map(|(_, b)| *b).unwrap()
+}
+
+#[tokio::test]
+async fn specs_are_written_when_new_or_replaced_and_leave_with_their_final_record() {
+    use crate::core::{Activation, FailReason, Via};
+    let dir = tempfile::tempdir().unwrap();
+    let store = Store::open(&dir.path().join("a")).unwrap();
+    let (mut sm, shared) = StateMachine::open(0, Arc::clone(&store), dir.path().join("snap-a"), versions()).unwrap();
+    // Job 2 is created and cancelled in one batch: its spec is stored all the same.
+    let cancel_2 = Command::Cancel { key: JobKey::new(0, 2), by: String::new() };
+    sm.apply([entry(1, 1_000, vec![create(), create(), cancel_2])]).await.unwrap();
+    let after_creates = spec_bytes(&store);
+    assert!(after_creates > 0);
+
+    // An activation rewrites the job's progress, never its spec.
+    let activate = Command::Activate(Activation {
+        job_type: "t".into(),
+        tenants: vec![DEFAULT_TENANT.into()],
+        worker: "w".into(),
+        timeout_ms: 5_000,
+        max_jobs: 1,
+        max_bytes: u64::MAX,
+        session: 0,
+        via: Via::Unknown,
+        taker: Default::default(),
+        rivals: Vec::new(),
+    });
+    sm.apply([entry(2, 1_100, vec![activate])]).await.unwrap();
+    assert_eq!(spec_bytes(&store), after_creates, "an activation wrote a spec");
+
+    // A failure that sets variables replaces the spec.
+    let fail = Command::Fail {
+        key: JobKey::new(0, 1),
+        attempt: 1,
+        retries: 1,
+        error_message: "again".into(),
+        back_off_ms: 0,
+        variables: r#"{"v":2}"#.into(),
+        max_payload_bytes: u64::MAX,
+        reason: FailReason::Failed,
+    };
+    sm.apply([entry(3, 1_200, vec![fail])]).await.unwrap();
+    assert!(spec_bytes(&store) > after_creates);
+
+    let check = |shared: &SharedState| {
+        let live = shared.lookup(JobKey::new(0, 1)).unwrap().expect("job 1");
+        assert_eq!((live.state, &live.spec.variables[..]), (JobState::Activatable, &br#"{"v":2}"#[..]));
+        let done = shared.lookup(JobKey::new(0, 2)).unwrap().expect("job 2");
+        assert_eq!((done.state, done.spec.job_type.as_str()), (JobState::Cancelled, "t"));
+    };
+    check(&shared);
+    // The same after a restart, and on a follower that installs a snapshot.
+    drop((sm, shared));
+    let (mut sm, shared) = StateMachine::open(0, Arc::clone(&store), dir.path().join("snap-a"), versions()).unwrap();
+    check(&shared);
+    let snapshot = sm.get_current_snapshot().await.unwrap().expect("identity");
+    assert_eq!(snapshot.snapshot.metadata().await.unwrap().len(), 0);
+    let snapshot = sm.get_current_snapshot().await.unwrap().expect("entries were applied");
+    let follower_store = Store::open(&dir.path().join("b")).unwrap();
+    let (mut follower, follower_shared) =
+        StateMachine::open(0, Arc::clone(&follower_store), dir.path().join("snap-b"), versions()).unwrap();
+    follower.install_snapshot(&snapshot.meta, snapshot.snapshot).await.unwrap();
+    check(&follower_shared);
+
+    // Pruned, a final record takes its spec with it, on both.
+    let later = entry(4, 1_000 + RETENTION.max_age_ms + 1, Vec::new());
+    sm.apply([later.clone()]).await.unwrap();
+    follower.apply([later]).await.unwrap();
+    for (store, shared) in [(&store, &shared), (&follower_store, &follower_shared)] {
+        assert!(shared.lookup(JobKey::new(0, 2)).unwrap().is_none());
+        assert_eq!(store.get(Table::Specs, key(0, JobKey::new(0, 2).0)).unwrap(), None);
+        assert!(store.get(Table::Specs, key(0, JobKey::new(0, 1).0)).unwrap().is_some());
+    }
+    // Created, finished and pruned in one entry (no final records kept):
+    // no spec is left behind.
+    let none_kept = Retention { max_age_ms: 10_000, max_jobs: 0 };
+    // The third job created in this partition.
+    let third = JobKey::new(0, 3);
+    let mut gone = entry(5, 21_000, vec![create(), Command::Cancel { key: third, by: String::new() }]);
+    if let EntryPayload::Normal(batch) = &mut gone.payload {
+        batch.retention = none_kept;
+    }
+    let answers = sm.apply([gone]).await.unwrap();
+    assert!(answers[0].results.iter().all(|r| !matches!(r, CommandResult::Rejected(_))), "{answers:?}");
+    assert_eq!(shared.lookup(third).unwrap(), None, "kept no final record");
+    assert_eq!(store.get(Table::Specs, key(0, third.0)).unwrap(), None, "a pruned job's spec stayed");
+
+    // A reader that got a final record just before its prune finds nothing, not damage...
+    let progress = records::encode_progress(&shared.lookup(JobKey::new(0, 1)).unwrap().unwrap());
+    assert_eq!(shared.final_record(JobKey::new(0, 2).0, &progress).unwrap(), None);
+    // ...while a final record without its spec is damage, and says so.
+    let mut batch = store.batch();
+    batch.put(Table::Done, key(0, JobKey::new(0, 9).0), &progress);
+    store.write(batch);
+    let damaged = shared.lookup(JobKey::new(0, 9)).unwrap_err().to_string();
+    assert!(damaged.contains("no spec record"), "{damaged}");
+}
