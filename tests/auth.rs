@@ -50,8 +50,9 @@ impl Tokens {
         for (name, scopes) in NAMES {
             add(name, scopes, if name == "admin" { &["*"] } else { &["<default>"] });
         }
-        add("acme", &["jobs:*"], &["acme"]);
+        add("acme", &["jobs:*", "cluster:read"], &["acme"]);
         add("globex", &["jobs:*", "cluster:read"], &["globex"]);
+        add("globex-workers", &["workers:manage", "cluster:read"], &["globex"]);
         let file = dir.path().join("tokens.toml");
         std::fs::write(&file, text).unwrap();
         Tokens { _dir: dir, file, secrets }
@@ -410,6 +411,101 @@ async fn another_tenants_job_is_invisible_and_untouchable_through_every_rpc_and_
     assert!(!body.contains("acme-worker"), "globex's /actuator/workers shows acme's worker: {body}");
 }
 
+/// AwaitJob looks before it waits: another tenant's job is NOT_FOUND at
+/// once, not when it ends (which would tell that it exists, and when it ended).
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn awaiting_another_tenants_job_is_not_found_at_once() {
+    let tokens = Tokens::new();
+    let node = node_with(&tokens).await;
+    let (acme, globex) = (as_token(&node, tokens.secret("acme")), as_token(&node, tokens.secret("globex")));
+    let key = acme.create(CreateJobRequest { r#type: "t".into(), tenant_id: "acme".into(), ..Default::default() });
+    let key = key.await.unwrap();
+    let wait = AwaitJobRequest { key, timeout: 600_000, ..Default::default() };
+    let refused = async {
+        match globex.raw().await_job(wait).await {
+            Err(status) => status,
+            Ok(answers) => answers.into_inner().message().await.expect_err("globex awaits acme's job"),
+        }
+    };
+    let refused = tokio::time::timeout(std::time::Duration::from_secs(30), refused)
+        .await
+        .expect("globex's await of acme's unfinished job is answered at once, not when it ends");
+    assert_eq!(refused.code(), Code::NotFound, "{refused:?}");
+}
+
+/// A worker session belongs to its tenants: another tenant's token can
+/// neither beat it (and so get tokens for its jobs), end it, activate as it
+/// nor direct it, and only those who may direct a session see its id.
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn another_tenants_worker_session_is_neither_beaten_ended_used_nor_directed() {
+    let tokens = Tokens::new();
+    let node = node_with(&tokens).await;
+    let (acme, globex) = (as_token(&node, tokens.secret("acme")), as_token(&node, tokens.secret("globex")));
+    let globex_manager = as_token(&node, tokens.secret("globex-workers"));
+    let register = RegisterWorkerRequest {
+        worker_id: "acme-worker".into(),
+        job_types: vec!["t".into()],
+        tenant_ids: vec!["acme".into()],
+        labels: vec!["pool:shared".into()],
+        heartbeat_interval: 1_000,
+        dead_after: 60_000,
+        ..Default::default()
+    };
+    let session = acme.raw().register_worker(register).await.unwrap().into_inner().session_id;
+    let key = acme.create(CreateJobRequest { r#type: "t".into(), tenant_id: "acme".into(), ..Default::default() });
+    let key = key.await.unwrap();
+    let activate = |tenant: &str| ActivateJobsRequest {
+        r#type: "t".into(),
+        max_jobs_to_activate: 1,
+        timeout: 600_000,
+        tenant_ids: vec![tenant.into()],
+        session_id: session,
+        ..Default::default()
+    };
+    let mut answers = acme.raw().activate_jobs(activate("acme")).await.unwrap().into_inner();
+    let held = answers.message().await.unwrap().unwrap().jobs;
+    assert_eq!(held.iter().map(|j| j.key).collect::<Vec<_>>(), [key], "acme's session holds acme's job");
+    let beat = HeartbeatRequest {
+        session_id: session,
+        jobs: vec![HeldJob { key, attempt: held[0].attempt }],
+        ..Default::default()
+    };
+
+    let refused = globex.raw().heartbeat(beat.clone()).await.unwrap_err();
+    assert_eq!(refused.code(), Code::NotFound, "globex beats acme's session: {refused:?}");
+    let refused = globex.raw().deregister_worker(DeregisterWorkerRequest { session_id: session }).await.unwrap_err();
+    assert_eq!(refused.code(), Code::NotFound, "globex ends acme's session: {refused:?}");
+    let refused = globex.raw().activate_jobs(activate("globex")).await.unwrap_err();
+    assert_eq!(refused.code(), Code::NotFound, "globex activates as acme's session: {refused:?}");
+
+    let direct = |session_id: u64, label: &str, all: bool| SetWorkerStateRequest {
+        session_id,
+        label: label.into(),
+        all,
+        state: "terminate".into(),
+    };
+    let refused = globex_manager.raw().set_worker_state(direct(0, "", true)).await.unwrap_err();
+    assert_eq!(refused.code(), Code::PermissionDenied, "all=true without tenant *: {refused:?}");
+    let refused = globex_manager.raw().set_worker_state(direct(session, "", false)).await.unwrap_err();
+    assert_eq!(refused.code(), Code::NotFound, "globex directs acme's session: {refused:?}");
+    let directed = globex_manager.raw().set_worker_state(direct(0, "pool:shared", false)).await.unwrap();
+    assert!(directed.into_inner().workers.is_empty(), "a label directs only globex's own sessions");
+    let listed = globex_manager.raw().list_workers(ListWorkersRequest::default()).await.unwrap().into_inner();
+    assert!(listed.workers.is_empty(), "globex lists acme's worker: {:?}", listed.workers);
+
+    // acme reads its job and its workers without session ids: it may not direct them.
+    assert_eq!(acme.get_job(key).await.unwrap().session_id, 0);
+    let listed = acme.raw().list_workers(ListWorkersRequest::default()).await.unwrap().into_inner().workers;
+    assert_eq!(listed.iter().map(|w| (w.worker_id.as_str(), w.session_id)).collect::<Vec<_>>(), [("acme-worker", 0)]);
+    // The admin, who may, sees it.
+    let admin = as_token(&node, tokens.secret("admin"));
+    assert_eq!(admin.get_job(key).await.unwrap().session_id, session);
+
+    // acme's own session was untouched: it beats on, holding its job.
+    let beaten = acme.raw().heartbeat(beat).await.unwrap().into_inner();
+    assert_eq!((beaten.state.as_str(), beaten.revoked.len()), ("running", 0));
+}
+
 #[tokio::test(flavor = "multi_thread", worker_threads = 2)]
 async fn the_admin_port_needs_a_token_with_the_route_scope_but_the_probes_do_not() {
     let tokens = Tokens::new();
@@ -426,6 +522,8 @@ async fn the_admin_port_needs_a_token_with_the_route_scope_but_the_probes_do_not
         assert_eq!(get(path, None, "GET").await, 401, "{path} without a token");
         assert_eq!(get(path, Some("drv_unknown"), "GET").await, 401, "{path} with an unknown token");
     }
+    // Job scopes alone do not open the replicas' job listing.
+    assert_eq!(get("/actuator/jobs", Some(tokens.secret("work")), "GET").await, 403);
     let reader = Some(tokens.secret("cluster-read"));
     assert_eq!(get("/metrics", reader, "GET").await, 200);
     assert_eq!(get("/actuator/partitions", reader, "GET").await, 200);

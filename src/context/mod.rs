@@ -76,6 +76,30 @@ pub struct GatewayState {
     request_epoch: u64,
     request_seq: AtomicU64,
     in_flight: Arc<AtomicUsize>,
+    /// The tenants of worker sessions this gateway has seen named: a
+    /// session's tenants never change, so a beat need not look them up again.
+    pub session_tenants: SessionTenants,
+}
+
+/// Worker sessions' tenants as a gateway remembers them, at most
+/// [`SessionTenants::CAPACITY`] (then it forgets them all and looks again).
+#[derive(Default)]
+pub struct SessionTenants(std::sync::Mutex<std::collections::HashMap<crate::core::SessionId, Arc<[String]>>>);
+
+impl SessionTenants {
+    pub const CAPACITY: usize = 100_000;
+
+    pub fn get(&self, session: crate::core::SessionId) -> Option<Arc<[String]>> {
+        self.0.lock().expect("session tenants").get(&session).cloned()
+    }
+
+    pub fn remember(&self, session: crate::core::SessionId, tenants: Arc<[String]>) {
+        let mut known = self.0.lock().expect("session tenants");
+        if known.len() >= Self::CAPACITY {
+            known.clear();
+        }
+        known.insert(session, tenants);
+    }
 }
 
 /// What this node's partition leaders share: the streams gateways registered
@@ -112,6 +136,7 @@ impl GatewayState {
             request_epoch: rand::random::<u64>(),
             request_seq: AtomicU64::new(0),
             in_flight: Arc::new(AtomicUsize::new(0)),
+            session_tenants: SessionTenants::default(),
         }
     }
 

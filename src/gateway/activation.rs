@@ -52,6 +52,7 @@ impl JobApi {
             request.session_id,
             request.labels,
         )?;
+        sessions::check_owner(&self.ctx, &call.principal, spec.session, call.deadline).await?;
         let max = request.max_jobs_to_activate as u32;
         let poll_for = Duration::from_millis(request.request_timeout.min(limits.max_request_timeout_ms) as u64);
         let request_timeout = self.ctx.settings.request_timeout;
@@ -118,8 +119,9 @@ impl JobApi {
             // An ended session's stream would never be offered a job: say so
             // now. The stream has the session's labels too.
             let deadline = Instant::now() + self.ctx.settings.request_timeout;
-            let session_labels = sessions::known(&self.ctx, spec.session, deadline).await?;
-            spec.labels.extend(session_labels);
+            let session = sessions::known(&self.ctx, spec.session, deadline).await?;
+            sessions::check_owner(&self.ctx, principal, spec.session, deadline).await?;
+            spec.labels.extend(session.labels.iter().cloned());
             spec.labels.sort_unstable();
             spec.labels.dedup();
         }

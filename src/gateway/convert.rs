@@ -379,6 +379,17 @@ pub fn activation(spec: &WorkerSpec, max_jobs: u32, max_bytes: u64, gateway: u64
     }
 }
 
+/// `job` as `principal` sees it: the worker session holding it only for a
+/// principal that may manage workers (a session id is what a worker acts
+/// as, so it is not handed to every reader).
+pub fn job_for(principal: &crate::auth::Principal, job: &Job) -> pb::Job {
+    let mut view = self::job(job);
+    if !principal.has(crate::auth::WORKERS_MANAGE) {
+        view.session_id = 0;
+    }
+    view
+}
+
 pub fn job(job: &Job) -> pb::Job {
     pb::Job {
         key: job.key.0,

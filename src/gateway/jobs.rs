@@ -33,6 +33,8 @@ use crate::proto::gateway as pb;
 /// AwaitJob's wait when the request names none, and the longest it may name.
 const DEFAULT_AWAIT_MS: i64 = 60_000;
 const MAX_AWAIT_MS: i64 = 600_000;
+/// How long the look before an await may take (a read of the job, no wait).
+const AWAIT_CHECK: Duration = Duration::from_secs(10);
 /// How long before the caller's own deadline a wait answers without what it
 /// waited for (AwaitJob "not final yet", a long poll with no jobs).
 pub(super) const AWAIT_MARGIN: Duration = Duration::from_millis(200);
@@ -252,7 +254,7 @@ impl JobApi {
     pub async fn get(&self, call: &Call, request: pb::GetJobRequest) -> Result<pb::Job, ApiError> {
         let include_history = request.include_history;
         let job = self.read_job(&call.principal, request, call.deadline).await?;
-        let mut answer = convert::job(&job);
+        let mut answer = convert::job_for(&call.principal, &job);
         if include_history {
             answer.history = convert::history(&job);
             answer.history_dropped = job.history.dropped();
@@ -292,14 +294,27 @@ impl JobApi {
         }
         let deadline = final_by.max(Instant::now() + self.ctx.settings.request_timeout);
         let deadline = call.caller_deadline.map_or(deadline, |caller| deadline.min(caller));
-        let found = router::read(&self.ctx, &job, Some(final_by), deadline).await?;
         // A producer awaits the jobs it may create; a reader, those it may read.
-        if !principal.may(Verb::Create, &found.spec.job_type) {
-            principal.check_job(Verb::Read, &found.spec.tenant, &found.spec.job_type, found.key.0)?;
-        } else if !principal.in_tenant(&found.spec.tenant) {
-            return Err(ApiError::NotFound(format!("no job with key {}", found.key)));
-        }
-        Ok(pb::AwaitJobResponse { r#final: found.state.is_final(), job: Some(convert::job(&found)) })
+        let permitted = |found: &Job| -> Result<(), ApiError> {
+            if !principal.may(Verb::Create, &found.spec.job_type) {
+                principal.check_job(Verb::Read, &found.spec.tenant, &found.spec.job_type, found.key.0)?;
+            } else if !principal.in_tenant(&found.spec.tenant) {
+                return Err(ApiError::NotFound(format!("no job with key {}", found.key)));
+            }
+            Ok(())
+        };
+        // Checked before any wait: a job the caller may not see is NOT_FOUND
+        // at once, not when it ends (which would tell when that was).
+        let now = router::read(&self.ctx, &job, None, deadline.min(Instant::now() + AWAIT_CHECK)).await?;
+        permitted(&now)?;
+        let found = if now.state.is_final() {
+            now
+        } else {
+            let found = router::read(&self.ctx, &job, Some(final_by), deadline).await?;
+            permitted(&found)?;
+            found
+        };
+        Ok(pb::AwaitJobResponse { r#final: found.state.is_final(), job: Some(convert::job_for(principal, &found)) })
     }
 
     pub async fn list(&self, call: &Call, request: pb::ListJobsRequest) -> Result<pb::ListJobsResponse, ApiError> {

@@ -100,7 +100,7 @@ pub async fn list(
     let visible = |job: &Job| principal.sees(Verb::Read, job);
     let (jobs, next) = page(ctx, &filter, &visible, resume_at(&request.page_token)?, size, deadline).await?;
     Ok(pb::ListJobsResponse {
-        jobs: jobs.iter().map(convert::job).collect(),
+        jobs: jobs.iter().map(|job| convert::job_for(principal, job)).collect(),
         next_page_token: next.map(|key| key.0.to_string()).unwrap_or_default(),
     })
 }

@@ -117,6 +117,9 @@ pub async fn register(
     Ok(pb::RegisterWorkerResponse { session_id: id, heartbeat_interval: heartbeat_ms, dead_after: dead_after_ms })
 }
 
+/// The most jobs one heartbeat may list as held.
+const MAX_HELD_JOBS: usize = 10_000;
+
 fn session_id(id: u64) -> Result<SessionId, ApiError> {
     if id == 0 {
         return Err(ApiError::InvalidArgument("session_id is required (RegisterWorker answers it)".into()));
@@ -136,6 +139,12 @@ pub async fn heartbeat(
             ApiError::InvalidArgument(format!("state must be running, quiet or terminate, got {name:?}"))
         })?,
     };
+    if request.jobs.len() > MAX_HELD_JOBS {
+        return Err(ApiError::InvalidArgument(format!(
+            "a heartbeat lists {} held jobs; a session may list at most {MAX_HELD_JOBS}",
+            request.jobs.len()
+        )));
+    }
     let partitions = ctx.topology.partition_count();
     let mut held: Vec<Vec<(JobKey, u32)>> = vec![Vec::new(); partitions as usize];
     let mut revoked = Vec::new();
@@ -197,18 +206,48 @@ pub async fn deregister(ctx: &NodeContext, session: u64, deadline: Instant) -> R
     Ok(())
 }
 
-/// The labels of `session`; NOT_FOUND unless it is live (on partition 0).
-pub async fn known(ctx: &NodeContext, session: SessionId, deadline: Instant) -> Result<Vec<String>, ApiError> {
+/// The labels and tenants of `session`; NOT_FOUND unless it is live (on
+/// partition 0).
+pub async fn known(ctx: &NodeContext, session: SessionId, deadline: Instant) -> Result<Arc<SessionInfo>, ApiError> {
     let mut results = router::submit(ctx, 0, vec![Command::ListSessions], deadline).await?;
     match results.pop() {
         Some(CommandResult::Sessions(sessions)) => match sessions.into_iter().find(|(s, _)| s.info.id == session) {
-            Some((s, _)) => Ok(s.info.labels.clone()),
-            None => Err(ApiError::NotFound(format!(
-            "no worker session {session:x}: it ended, or missed its heartbeats for its dead-after time; register again"
-            ))),
+            Some((s, _)) => {
+                ctx.gateway.session_tenants.remember(session, s.info.tenants.clone().into());
+                Ok(Arc::clone(&s.info))
+            }
+            None => Err(no_session(session)),
         },
         other => Err(ApiError::Internal(format!("unexpected result {other:?}"))),
     }
+}
+
+fn no_session(session: SessionId) -> ApiError {
+    ApiError::NotFound(format!(
+        "no worker session {session:x}: it ended, or missed its heartbeats for its dead-after time; register again"
+    ))
+}
+
+/// Whether `principal` may act as worker session `session`: it may act for
+/// every tenant the session serves. A session of another tenant is not
+/// there for it (NOT_FOUND), as another tenant's job is not.
+pub async fn check_owner(
+    ctx: &NodeContext,
+    principal: &crate::auth::Principal,
+    session: SessionId,
+    deadline: Instant,
+) -> Result<(), ApiError> {
+    if principal.in_tenant("*") || session == 0 {
+        return Ok(());
+    }
+    let tenants = match ctx.gateway.session_tenants.get(session) {
+        Some(tenants) => tenants,
+        None => known(ctx, session, deadline).await?.tenants.clone().into(),
+    };
+    if principal.require_tenants(&tenants).is_err() {
+        return Err(no_session(session));
+    }
+    Ok(())
 }
 
 /// Merges each partition's view of the sessions into one per session.

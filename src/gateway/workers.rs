@@ -36,6 +36,7 @@ impl JobApi {
         request: pb::HeartbeatRequest,
     ) -> Result<pb::HeartbeatResponse, ApiError> {
         call.principal.require_some(Verb::Work)?;
+        sessions::check_owner(&self.ctx, &call.principal, request.session_id, call.deadline).await?;
         let held: Vec<(u64, u32)> = request.jobs.iter().map(|j| (j.key, j.attempt)).collect();
         let sessions::Beaten { response: mut answer, renewed } =
             sessions::heartbeat(&self.ctx, request, call.deadline).await?;
@@ -59,6 +60,7 @@ impl JobApi {
 
     pub async fn deregister_worker(&self, call: &Call, request: pb::DeregisterWorkerRequest) -> Result<(), ApiError> {
         call.principal.require_some(Verb::Work)?;
+        sessions::check_owner(&self.ctx, &call.principal, request.session_id, call.deadline).await?;
         sessions::deregister(&self.ctx, request.session_id, call.deadline).await
     }
 
@@ -75,6 +77,13 @@ impl JobApi {
         let mut workers = sessions::list(&self.ctx, &request.label, call.deadline).await?;
         // Sessions that take jobs of the principal's tenants only.
         workers.retain(|w| principal.shares_tenant(&w.tenant_ids));
+        // A session's id is what its worker acts as: shown only to those who
+        // may direct it (workers:manage over every tenant it serves).
+        for worker in &mut workers {
+            if !(principal.has(WORKERS_MANAGE) && principal.require_tenants(&worker.tenant_ids).is_ok()) {
+                worker.session_id = 0;
+            }
+        }
         Ok(workers)
     }
 
@@ -90,7 +99,47 @@ impl JobApi {
             "set_worker_state",
             serde_json::json!({"session": request.session_id, "label": request.label, "all": request.all, "state": request.state}),
         );
-        sessions::direct(&self.ctx, request, call.deadline).await
+        if principal.in_tenant("*") {
+            return sessions::direct(&self.ctx, request, call.deadline).await;
+        }
+        // Only sessions of the principal's own tenants, each by its id.
+        if request.all {
+            return Err(ApiError::PermissionDenied(format!(
+                "all=true directs every tenant's workers, which needs tenant \"*\"; {} may direct only its \
+                 tenants' sessions: name a label or a session",
+                principal.name
+            )));
+        }
+        if (request.session_id == 0) == request.label.is_empty() {
+            return Err(ApiError::InvalidArgument(
+                "name exactly one of session_id, label and all: which workers to direct".into(),
+            ));
+        }
+        if crate::core::WorkerState::parse(&request.state).is_none() {
+            return Err(ApiError::InvalidArgument(format!(
+                "state must be running, quiet or terminate, got {:?}",
+                request.state
+            )));
+        }
+        let mut targets = sessions::list(&self.ctx, &request.label, call.deadline).await?;
+        targets.retain(|w| {
+            principal.require_tenants(&w.tenant_ids).is_ok()
+                && (request.session_id == 0 || w.session_id == request.session_id)
+        });
+        if request.session_id != 0 && targets.is_empty() {
+            return Err(ApiError::NotFound(format!("no live worker session {:x}", request.session_id)));
+        }
+        let mut directed = Vec::new();
+        for target in targets {
+            let one = pb::SetWorkerStateRequest {
+                session_id: target.session_id,
+                label: String::new(),
+                all: false,
+                state: request.state.clone(),
+            };
+            directed.extend(sessions::direct(&self.ctx, one, call.deadline).await?);
+        }
+        Ok(directed)
     }
 
     pub async fn set_schema(&self, call: &Call, request: pb::SetSchemaRequest) -> Result<(), ApiError> {
