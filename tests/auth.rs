@@ -433,6 +433,44 @@ async fn awaiting_another_tenants_job_is_not_found_at_once() {
     assert_eq!(refused.code(), Code::NotFound, "{refused:?}");
 }
 
+async fn within<T>(
+    seconds: u64,
+    future: impl std::future::Future<Output = T>,
+) -> Result<T, tokio::time::error::Elapsed> {
+    tokio::time::timeout(std::time::Duration::from_secs(seconds), future).await
+}
+
+/// A completion for someone else's job frees no room on the stream that
+/// holds it: the worker with one job in flight is offered no second one.
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn another_tenants_completion_makes_no_room_on_a_workers_stream() {
+    let tokens = Tokens::new();
+    let node = node_with(&tokens).await;
+    let (acme, globex) = (as_token(&node, tokens.secret("acme")), as_token(&node, tokens.secret("globex")));
+    let open = StreamActivatedJobsRequest {
+        r#type: "t".into(),
+        worker: "acme-streamer".into(),
+        timeout: 600_000,
+        tenant_ids: vec!["acme".into()],
+        max_jobs_in_flight: 1,
+        ..Default::default()
+    };
+    let mut stream = acme.raw().stream_activated_jobs(open).await.unwrap().into_inner();
+    for _ in 0..2 {
+        acme.create(CreateJobRequest { r#type: "t".into(), tenant_id: "acme".into(), ..Default::default() })
+            .await
+            .unwrap();
+    }
+    let first = within(30, stream.message()).await.expect("the first job is pushed").unwrap().unwrap();
+    let refused = globex.complete(first.key, first.attempt, "{}").await.unwrap_err();
+    assert_eq!(refused.code(), Code::NotFound, "{refused:?}");
+    // Nothing to wait for but an absence: a second push would come in milliseconds.
+    assert!(within(3, stream.message()).await.is_err(), "globex's completion made room for a second job");
+    acme.complete(first.key, first.attempt, "{}").await.unwrap();
+    let second = within(30, stream.message()).await.expect("the second job once the first is done").unwrap().unwrap();
+    assert_ne!(second.key, first.key);
+}
+
 /// A worker session belongs to its tenants: another tenant's token can
 /// neither beat it (and so get tokens for its jobs), end it, activate as it
 /// nor direct it, and only those who may direct a session see its id.

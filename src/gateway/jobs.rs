@@ -112,10 +112,24 @@ impl JobApi {
     }
 
     pub async fn complete(&self, call: &Call, request: pb::CompleteJobRequest) -> Result<(), ApiError> {
-        let (_, command) = self.complete_command(request)?;
-        let Command::Complete { key, .. } = &command else { unreachable!("complete_command builds a Complete") };
-        self.one(&call.principal, *key, command, call.deadline).await?;
-        Ok(())
+        let (key, attempt) = (key_of(request.key)?, request.attempt);
+        let result = match self.complete_command(request) {
+            Ok((_, command)) => self.one(&call.principal, key, command, call.deadline).await,
+            Err(error) => Err(error),
+        };
+        self.answered(key, attempt, &result);
+        result.map(|_| ())
+    }
+
+    /// A worker's answer about `key` at `attempt` came back `result`: the
+    /// worker is done with the activation, however the answer fared, and its
+    /// stream's slot for the job is free. But an answer the caller may not
+    /// give (another tenant's job, NOT_FOUND; a type it may not work) frees
+    /// nothing: a stranger must not make room on another worker's stream.
+    fn answered<T>(&self, key: JobKey, attempt: u32, result: &Result<T, ApiError>) {
+        if !matches!(result, Err(ApiError::NotFound(_) | ApiError::PermissionDenied(_))) {
+            self.ctx.gateway.streams.release(key, attempt);
+        }
     }
 
     /// Completes a chunk of a complete stream's jobs: one answer per request, in order.
@@ -124,26 +138,35 @@ impl JobApi {
         call: &Call,
         requests: Vec<pb::CompleteJobRequest>,
     ) -> Vec<pb::CompleteJobsResponse> {
-        let keys: Vec<u64> = requests.iter().map(|r| r.key).collect();
+        let keys: Vec<(u64, u32)> = requests.iter().map(|r| (r.key, r.attempt)).collect();
         let commands: Vec<_> = requests.into_iter().map(|r| self.complete_command(r)).collect();
         let repeats: Vec<Option<Repeat>> =
             commands.iter().map(|c| c.as_ref().ok().and_then(|(_, c)| Repeat::of(c))).collect();
         let deadline = Instant::now() + self.ctx.settings.request_timeout;
         let results = run_chunk(&self.ctx, Some(&call.principal), commands, deadline).await;
         let mut out = Vec::with_capacity(results.len());
-        for ((result, key), repeat) in results.into_iter().zip(keys).zip(repeats) {
+        for ((result, (key, attempt)), repeat) in results.into_iter().zip(keys).zip(repeats) {
             let result = match result {
                 Err(error) => settle(&self.ctx, repeat, error, deadline).await,
                 ok => ok,
             };
+            self.answered(JobKey(key), attempt, &result);
             out.push(pb::CompleteJobsResponse { key, error: result.err().map(|e| e.to_proto()) });
         }
         out
     }
 
     pub async fn fail(&self, call: &Call, request: pb::FailJobRequest) -> Result<(), ApiError> {
-        let key = key_of(request.key)?;
-        self.ctx.gateway.streams.release(key, request.attempt);
+        let (key, attempt) = (key_of(request.key)?, request.attempt);
+        let result = match self.fail_command(key, request) {
+            Ok(command) => self.one(&call.principal, key, command, call.deadline).await,
+            Err(error) => Err(error),
+        };
+        self.answered(key, attempt, &result);
+        result.map(|_| ())
+    }
+
+    fn fail_command(&self, key: JobKey, request: pb::FailJobRequest) -> Result<Command, ApiError> {
         if request.retries < 0 {
             return Err(ApiError::InvalidArgument(format!("retries must be zero or more, got {}", request.retries)));
         }
@@ -159,7 +182,7 @@ impl JobApi {
             let names: Vec<&str> = FailReason::ALL.iter().filter(|r| !r.by_broker()).map(|r| r.as_str()).collect();
             ApiError::InvalidArgument(format!("reason {:?} is not one of {}", request.reason, names.join(", ")))
         })?;
-        let command = Command::Fail {
+        Ok(Command::Fail {
             reason,
             key,
             attempt: request.attempt,
@@ -168,9 +191,7 @@ impl JobApi {
             back_off_ms: request.retry_back_off,
             variables,
             max_payload_bytes: limits.max_payload_bytes as u64,
-        };
-        self.one(&call.principal, key, command, call.deadline).await?;
-        Ok(())
+        })
     }
 
     pub async fn update_timeout(
@@ -363,8 +384,6 @@ impl JobApi {
 
     fn complete_command(&self, request: pb::CompleteJobRequest) -> Result<(PartitionId, Command), ApiError> {
         let key = key_of(request.key)?;
-        // The worker is done with this activation, however the completion fares.
-        self.ctx.gateway.streams.release(key, request.attempt);
         if key.partition() >= self.ctx.topology.partition_count() {
             return Err(ApiError::NotFound(format!("no job with key {key}")));
         }
