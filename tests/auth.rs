@@ -7,10 +7,12 @@
 mod common;
 
 use std::path::PathBuf;
+use std::sync::Arc;
 use std::time::Duration;
 
 use common::{http_request_with, LocalNode, ProcessCluster};
 use drover::auth::keys::{create_token, generate_secret, token_entry, write_signing_key};
+
 use drover::client::Client;
 use drover::proto::gateway::*;
 use tonic::Code;
@@ -431,6 +433,63 @@ async fn awaiting_another_tenants_job_is_not_found_at_once() {
         .await
         .expect("globex's await of acme's unfinished job is answered at once, not when it ends");
     assert_eq!(refused.code(), Code::NotFound, "{refused:?}");
+}
+
+/// Keys are sequential, so a stranger can guess the next ones and aim at
+/// jobs whose creates are still in flight. Such a command waits until the
+/// job is known, and then finds it is not the stranger's: no job of acme's is
+/// ever cancelled by globex, however the two race.
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn a_stranger_guessing_the_next_keys_never_acts_on_jobs_whose_creates_race_it() {
+    use std::sync::atomic::{AtomicBool, AtomicU64, Ordering};
+    let tokens = Tokens::new();
+    let node = node_with(&tokens).await;
+    let (acme, globex) = (as_token(&node, tokens.secret("acme")), as_token(&node, tokens.secret("globex")));
+    let last = Arc::new(AtomicU64::new(0));
+    let done = Arc::new(AtomicBool::new(false));
+    let producers: Vec<_> = (0..4)
+        .map(|_| {
+            let (acme, last) = (acme.clone(), Arc::clone(&last));
+            tokio::spawn(async move {
+                let mut keys = Vec::new();
+                for _ in 0..150 {
+                    let create =
+                        CreateJobRequest { r#type: "t".into(), tenant_id: "acme".into(), ..Default::default() };
+                    let key = acme.create(create).await.unwrap();
+                    last.fetch_max(key, Ordering::Relaxed);
+                    keys.push(key);
+                }
+                keys
+            })
+        })
+        .collect();
+    let attacker = {
+        let (last, done) = (Arc::clone(&last), Arc::clone(&done));
+        tokio::spawn(async move {
+            let (mut tried, mut cancelled) = (0u32, Vec::new());
+            while !done.load(Ordering::Relaxed) {
+                let guess = last.load(Ordering::Relaxed);
+                for ahead in 1..=4 {
+                    tried += 1;
+                    if globex.raw().cancel_job(CancelJobRequest { key: guess + ahead }).await.is_ok() {
+                        cancelled.push(guess + ahead);
+                    }
+                }
+            }
+            (tried, cancelled)
+        })
+    };
+    let mut keys = Vec::new();
+    for producer in producers {
+        keys.extend(producer.await.unwrap());
+    }
+    done.store(true, Ordering::Relaxed);
+    let (tried, cancelled) = attacker.await.unwrap();
+    assert!(tried > 100, "the attacker made only {tried} attempts");
+    assert!(cancelled.is_empty(), "globex cancelled acme's jobs {cancelled:?} ({tried} attempts)");
+    for key in keys {
+        assert_eq!(acme.get_job(key).await.unwrap().state, "activatable", "acme's job {key}");
+    }
 }
 
 async fn within<T>(

@@ -185,7 +185,11 @@ async fn submit_local(
     deadline: Instant,
 ) -> Result<Attempt<Vec<CommandResult>>, ApiError> {
     let (commands, mut refused) = match (principal, ctx.routing.replicas.get(&partition)) {
-        (Some(principal), Some(replica)) => screen(replica, principal, commands)?,
+        (Some(principal), Some(replica)) => match screen(replica, principal, commands)? {
+            Screened::Ready(commands, refused) => (commands, refused),
+            // Its create is in flight here: ask again once it has applied.
+            Screened::NotApplied => return Ok(Attempt::Retry(Some(ctx.topology.node_id))),
+        },
         _ => (commands, Vec::new()),
     };
     if commands.is_empty() && !refused.is_empty() {
@@ -308,19 +312,28 @@ fn needs(command: &Command) -> Option<(JobKey, Option<u32>, Verb)> {
 /// refusals for the rest (`None` where a command runs). A job of another
 /// tenant is NOT_FOUND, as if it did not exist; one of its tenants without
 /// the scope is PERMISSION_DENIED. A job's type and tenant never change, so
-/// this read needs no commit; a key not known here is left to the engine.
-fn screen(
-    replica: &Replica,
-    principal: &Principal,
-    commands: Vec<Command>,
-) -> Result<(Vec<Command>, Vec<Option<CommandResult>>), ApiError> {
+/// this read needs no commit. A key this partition never created is
+/// NOT_FOUND; a key it is about to create (its create proposed, not applied
+/// here yet) is [`Screened::NotApplied`]: nothing runs until the job, and so
+/// whose it is, is known, or a stranger could act on a job in the instant
+/// before its create applies.
+fn screen(replica: &Replica, principal: &Principal, commands: Vec<Command>) -> Result<Screened, ApiError> {
     let state = replica.state();
     let keys: Vec<Option<(JobKey, Option<u32>, Verb)>> = commands.iter().map(needs).collect();
-    let mut owners: Vec<Option<(String, String)>> = state.read(|s| {
-        keys.iter()
+    let (mut owners, next_counter): (Vec<Option<(String, String)>>, u64) = state.read(|s| {
+        let owners = keys
+            .iter()
             .map(|k| k.and_then(|(key, _, _)| s.job(key)).map(|j| (j.spec.tenant.clone(), j.spec.job_type.clone())))
-            .collect()
+            .collect();
+        (owners, s.meta().next_counter)
     });
+    let in_flight = |key: JobKey| {
+        key.partition() == replica.partition
+            && (next_counter..next_counter.saturating_add(CREATES_IN_FLIGHT)).contains(&key.counter())
+    };
+    if keys.iter().zip(&owners).any(|(k, owner)| owner.is_none() && k.is_some_and(|(key, _, _)| in_flight(key))) {
+        return Ok(Screened::NotApplied);
+    }
     for (owner, needed) in owners.iter_mut().zip(&keys) {
         if let (None, Some((key, _, _))) = (&owner, needed) {
             *owner = state.lookup(*key)?.map(|j| (j.spec.tenant.clone(), j.spec.job_type.clone()));
@@ -338,6 +351,8 @@ fn screen(
             (Some((key, attempt, verb)), None) if principal.job.is_some() => {
                 principal.check_command(verb, "", "", key.0, attempt)
             }
+            // Never created here, or created and long gone.
+            (Some((key, _, _)), None) => Err(AuthError::NotFound(format!("no job with key {key}"))),
             _ => Ok(()),
         };
         match verdict {
@@ -358,8 +373,23 @@ fn screen(
     if !any_refused {
         results.clear();
     }
-    Ok((allowed, results))
+    Ok(Screened::Ready(allowed, results))
 }
+
+/// What [`screen`] decided for a batch.
+enum Screened {
+    /// The commands that may run, and refusals in command order (`None`
+    /// where a command runs; empty when none was refused).
+    Ready(Vec<Command>, Vec<Option<CommandResult>>),
+    /// A key's create has not applied here yet.
+    NotApplied,
+}
+
+/// How far past the last key a partition applied a key may be and still be
+/// one of its creates in flight (proposed, not yet applied): more than the
+/// creates of the batches a leader keeps in flight. Keys further on were
+/// never handed out: NOT_FOUND at once.
+const CREATES_IN_FLIGHT: u64 = 1 << 20;
 
 /// Whether a failed call never reached its peer: the connection could not be
 /// made (refused, or the connect failed), so nothing was sent on it.
