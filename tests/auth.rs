@@ -492,6 +492,25 @@ async fn a_stranger_guessing_the_next_keys_never_acts_on_jobs_whose_creates_race
     }
 }
 
+/// Attempt 0 acts whatever the job's attempt: a worker token may not send
+/// it (its completions name their attempt); one that may manage the type may.
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn attempt_zero_is_an_operators_override_that_a_worker_token_may_not_send() {
+    let tokens = Tokens::new();
+    let node = node_with(&tokens).await;
+    let admin = as_token(&node, tokens.secret("admin"));
+    let worker = as_token(&node, tokens.secret("work"));
+    let key = activated_job(&admin, "").await;
+    let refused = worker.complete(key, 0, "{}").await.unwrap_err();
+    assert_eq!(refused.code(), Code::PermissionDenied, "{refused:?}");
+    assert!(refused.message().contains("jobs:manage:t"), "{}", refused.message());
+    let refused = worker.fail(key, 0, 1, "no", 0).await.unwrap_err();
+    assert_eq!(refused.code(), Code::PermissionDenied, "{refused:?}");
+    assert_eq!(admin.get_job(key).await.unwrap().state, "activated", "neither refusal touched the job");
+    admin.complete(key, 0, "{}").await.expect("an operator's override");
+    assert_eq!(admin.get_job(key).await.unwrap().state, "completed");
+}
+
 async fn within<T>(
     seconds: u64,
     future: impl std::future::Future<Output = T>,

@@ -215,6 +215,21 @@ impl Principal {
                  work it; this request is for job {key}{}",
                 attempt.map(|a| format!(" attempt {a}")).unwrap_or_default()
             ))),
+            // Attempt 0 fences nothing: it acts on the job whatever its
+            // attempt, overriding whichever worker holds it. An operator's
+            // tool, not a worker's default.
+            None if verb == Verb::Work && attempt == Some(0) => {
+                self.check_job(Verb::Work, job_tenant, job_type, key)?;
+                if self.may(Verb::Manage, job_type) {
+                    return Ok(());
+                }
+                Err(AuthError::PermissionDenied(format!(
+                    "{} sent attempt 0 for job {key}, which acts whatever the job's attempt and so overrides the \
+                     worker that holds it: that needs jobs:manage:{job_type}. A worker gives the attempt its \
+                     activation answered.",
+                    self.name
+                )))
+            }
             None => self.check_job(verb, job_tenant, job_type, key),
         }
     }
@@ -240,6 +255,19 @@ mod tests {
             tenants: vec!["acme".into()],
             job: None,
         }
+    }
+
+    #[test]
+    fn attempt_zero_overrides_the_fence_and_so_needs_the_manage_scope() {
+        let worker = holding(&["jobs:work:t"]);
+        assert!(worker.check_command(Verb::Work, "acme", "t", 7, Some(3)).is_ok());
+        let refused = worker.check_command(Verb::Work, "acme", "t", 7, Some(0)).unwrap_err();
+        assert!(matches!(&refused, AuthError::PermissionDenied(m) if m.contains("jobs:manage:t")), "{refused:?}");
+        let operator = holding(&["jobs:work:t", "jobs:manage:t"]);
+        assert!(operator.check_command(Verb::Work, "acme", "t", 7, Some(0)).is_ok());
+        // Another tenant's job stays NOT_FOUND, attempt 0 or not.
+        let other = operator.check_command(Verb::Work, "globex", "t", 7, Some(0)).unwrap_err();
+        assert!(matches!(other, AuthError::NotFound(_)), "{other:?}");
     }
 
     #[test]

@@ -182,7 +182,9 @@ pub(crate) enum JobCommand {
         key: u64,
         #[arg(long, default_value = "{}")]
         variables: String,
-        /// The activation's fencing token; 0 completes whatever activation is current.
+        /// The activation's fencing token; 0 completes whatever activation is
+        /// current (an operator's override: with tokens on it needs
+        /// jobs:manage for the job's type).
         #[arg(long, default_value_t = 0)]
         attempt: u32,
     },
