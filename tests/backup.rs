@@ -239,3 +239,38 @@ async fn a_damaged_or_truncated_backup_is_refused_by_verify_and_by_restore() {
     let (ok, _, err) = drover(&args(&["backup", "verify", "--from", &destination, "--id", "b1"])).await;
     assert!(!ok && err.contains("there is no backup b1"), "{err}");
 }
+
+/// A node that restarted after the mark cleared its staged parts and will
+/// never stage this one again: a read through it is answered from another
+/// replica within seconds, not at the read's deadline.
+#[tokio::test(flavor = "multi_thread")]
+async fn a_part_a_restarted_node_no_longer_holds_is_read_from_another_replica() {
+    let mut cluster = ProcessCluster::start(3, 1, 3, &[]);
+    cluster.wait_ready().await;
+    let client = Client::connect(&cluster.gateway(0)).await.unwrap();
+    for n in 0..20 {
+        client.create_job("kept", &format!(r#"{{"n":{n}}}"#)).await.unwrap();
+    }
+    client.raw().start_backup(StartBackupRequest { backup_id: "r1".into() }).await.unwrap();
+    cluster.kill(0);
+    cluster.start_node(0);
+    cluster.wait_ready().await;
+
+    let client = Client::connect(&cluster.gateway(0)).await.unwrap();
+    let mut read = tonic::Request::new(ReadBackupRequest { backup_id: "r1".into(), partition_id: 0 });
+    read.set_timeout(Duration::from_secs(120));
+    let copied = async {
+        let mut chunks = client.raw().read_backup(read).await.unwrap().into_inner();
+        let (mut bytes, mut part) = (0u64, None);
+        while let Some(chunk) = chunks.message().await.unwrap() {
+            bytes += chunk.data.len() as u64;
+            part = chunk.part.or(part);
+        }
+        (bytes, part)
+    };
+    let (bytes, part) = tokio::time::timeout(Duration::from_secs(30), copied)
+        .await
+        .expect("the part is read from another replica within 30 s, not at the read's 120 s deadline");
+    let part = part.expect("the last chunk describes the part");
+    assert_eq!((bytes, part.records), (part.bytes, 20));
+}

@@ -10,7 +10,10 @@
 //! apply, so at its own log position, at or just after the mark), so the
 //! part can be read from whichever replica answers. A JSON record beside
 //! the file, written last, says where the state was taken and what the file
-//! holds ([`PartitionBackup`]): until it exists, the part is not ready.
+//! holds ([`PartitionBackup`]): until it exists, the part is not ready. A
+//! marker file says a part is being written; a reader that finds neither
+//! after a short grace (a replica that restarted after the mark cleared its
+//! parts and will never write this one) asks another replica.
 //!
 //! The files are the snapshot format at this build's data version: a restore
 //! installs them as a follower installs a snapshot. Staged parts are deleted
@@ -71,6 +74,18 @@ fn part_paths(snapshot_dir: &Path, id: &str, partition: PartitionId) -> (PathBuf
     (dir.join(format!("p{partition}.snap")), dir.join(format!("p{partition}.json")))
 }
 
+/// Present while a part is being written: a reader waits for it then, and
+/// otherwise only [`APPLY_GRACE`] for the mark to apply here.
+fn staging_marker(snapshot_dir: &Path, id: &str, partition: PartitionId) -> PathBuf {
+    staged_dir(snapshot_dir, id).join(format!("p{partition}.staging"))
+}
+
+/// How long a reader waits for a part that is not being written here: long
+/// enough for a mark that committed to apply on this replica. A replica
+/// that restarted after applying it has cleared its staged parts and will
+/// never write this one; the reader then asks another replica.
+const APPLY_GRACE: Duration = Duration::from_secs(5);
+
 /// Stages the state `inner` holds (apply has just written it) for backup
 /// `id`: the header and a view of the final records now, the file later.
 pub(super) fn stage(shared: &SharedState, inner: &Inner, id: String) {
@@ -78,6 +93,12 @@ pub(super) fn stage(shared: &SharedState, inner: &Inner, id: String) {
     let header = header_of(inner);
     let view = shared.store.owned_point_in_time();
     let (snapshot_dir, partition) = (shared.snapshot_dir.clone(), shared.partition);
+    let marker = staging_marker(&snapshot_dir, &id, partition);
+    let marked = std::fs::create_dir_all(staged_dir(&snapshot_dir, &id)).and_then(|()| std::fs::File::create(&marker));
+    if let Err(error) = marked {
+        tracing::error!(partition, backup = %id, "staging a backup failed: {error}");
+        return;
+    }
     tokio::task::spawn_blocking(move || {
         let mut part = PartitionBackup {
             backup: id,
@@ -114,6 +135,8 @@ pub(super) fn stage(shared: &SharedState, inner: &Inner, id: String) {
             ),
             Err(error) => tracing::error!(partition, backup = %part.backup, "staging a backup failed: {error}"),
         }
+        // Written or failed, it is not being written any more.
+        let _ = std::fs::remove_file(&marker);
     });
 }
 
@@ -138,6 +161,8 @@ pub async fn open_staged(
     until: Instant,
 ) -> std::io::Result<Option<(PartitionBackup, std::fs::File)>> {
     let (file, record) = part_paths(snapshot_dir, id, partition);
+    let marker = staging_marker(snapshot_dir, id, partition);
+    let until_applied = Instant::now() + APPLY_GRACE;
     loop {
         match std::fs::read(&record) {
             Ok(bytes) => {
@@ -147,7 +172,10 @@ pub async fn open_staged(
             Err(e) if e.kind() == std::io::ErrorKind::NotFound => {}
             Err(e) => return Err(e),
         }
-        if Instant::now() + STAGED_POLL > until {
+        let now = Instant::now();
+        // The marker before the record: a part finishes by writing its
+        // record, then removing its marker.
+        if now + STAGED_POLL > until || (now > until_applied && !marker.exists() && !record.exists()) {
             return Ok(None);
         }
         tokio::time::sleep(STAGED_POLL).await;
