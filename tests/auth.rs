@@ -511,6 +511,36 @@ async fn attempt_zero_is_an_operators_override_that_a_worker_token_may_not_send(
     assert_eq!(admin.get_job(key).await.unwrap().state, "completed");
 }
 
+/// A backup holds every tenant's jobs: only a principal with cluster:admin
+/// over every tenant may take, read or release one.
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn only_an_admin_of_every_tenant_may_take_read_or_release_a_backup() {
+    let tokens = Tokens::new();
+    let node = node_with(&tokens).await;
+    let start = |id: &str| StartBackupRequest { backup_id: id.into() };
+    let read = |id: &str| ReadBackupRequest { backup_id: id.into(), partition_id: 0 };
+    let release = |id: &str| ReleaseBackupRequest { backup_id: id.into() };
+    for (name, why) in [("acme", "cluster:admin"), ("cluster-admin", "tenant")] {
+        let client = as_token(&node, tokens.secret(name));
+        let refused = client.raw().start_backup(start("b")).await.unwrap_err();
+        assert_eq!(refused.code(), Code::PermissionDenied, "{name}: {refused:?}");
+        assert!(refused.message().contains(why), "{name}: {}", refused.message());
+        let refused = client.raw().read_backup(read("b")).await.unwrap_err();
+        assert_eq!(refused.code(), Code::PermissionDenied, "{name} reads: {refused:?}");
+        let refused = client.raw().release_backup(release("b")).await.unwrap_err();
+        assert_eq!(refused.code(), Code::PermissionDenied, "{name} releases: {refused:?}");
+    }
+    let admin = as_token(&node, tokens.secret("admin"));
+    admin.raw().start_backup(start("b")).await.expect("the admin of every tenant takes a backup");
+    let mut chunks = admin.raw().read_backup(read("b")).await.unwrap().into_inner();
+    let mut described = false;
+    while let Some(chunk) = chunks.message().await.unwrap() {
+        described |= chunk.part.is_some();
+    }
+    assert!(described, "the admin reads the part whole");
+    admin.raw().release_backup(release("b")).await.unwrap();
+}
+
 async fn within<T>(
     seconds: u64,
     future: impl std::future::Future<Output = T>,

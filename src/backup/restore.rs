@@ -110,14 +110,14 @@ pub async fn restore(destination: &Destination, id: &str, config: &NodeConfig) -
         _ => {}
     }
     std::fs::create_dir_all(&staging).with_context(|| format!("creating {}", staging.display()))?;
-    let restored = match fill(destination, &manifest, config, &staging).await {
+    let layout = Layout::of(config, &config.cluster_addr.to_string());
+    let restored = match fill(destination, &manifest, config, &layout, &staging).await {
         Ok(restored) => restored,
         Err(e) => {
             let _ = std::fs::remove_dir_all(&staging);
             return Err(e);
         }
     };
-    let layout = Layout::of(config, &config.cluster_addr.to_string());
     data_dir::record_restored(&staging, layout.identity, manifest.cluster_version)?;
     std::fs::rename(&staging, dir)
         .with_context(|| format!("moving the restored {} to {}", staging.display(), dir.display()))?;
@@ -132,9 +132,9 @@ async fn fill(
     destination: &Destination,
     manifest: &Manifest,
     config: &NodeConfig,
+    layout: &Layout,
     staging: &Path,
 ) -> anyhow::Result<u64> {
-    let layout = Layout::of(config, &config.cluster_addr.to_string());
     let store = crate::storage::Store::open_with(&staging.join("db"), config.storage_memory)
         .with_context(|| format!("creating the database in {}", staging.display()))?;
     let mut restored = 0;

@@ -1,4 +1,4 @@
-//! The job API's backups (scope `cluster:admin`): marking a cut in every
+//! The job API's backups (scope `cluster:admin`, tenant `*`): marking a cut in every
 //! partition's log, reading each partition's staged part from a replica
 //! that holds it, and releasing the staged parts. Where the parts go (a
 //! directory, an object store) is the caller's business (`drover backup`).
@@ -26,6 +26,14 @@ const BACKUP_VERSION: u16 = 7;
 
 pub type Chunks = Pin<Box<dyn Stream<Item = Result<pb::BackupChunk, ApiError>> + Send>>;
 
+/// A backup holds every tenant's jobs: taking, reading or releasing one
+/// needs `cluster:admin` and tenant `*`.
+fn may_back_up(call: &Call) -> Result<(), ApiError> {
+    call.principal.require(CLUSTER_ADMIN)?;
+    call.principal.require_tenant("*")?;
+    Ok(())
+}
+
 fn check_id(id: &str) -> Result<(), ApiError> {
     crate::raft::check_backup_id(id).map_err(ApiError::InvalidArgument)
 }
@@ -52,7 +60,7 @@ impl JobApi {
         call: &Call,
         request: pb::StartBackupRequest,
     ) -> Result<pb::StartBackupResponse, ApiError> {
-        call.principal.require(CLUSTER_ADMIN)?;
+        may_back_up(call)?;
         check_id(&request.backup_id)?;
         let versions = self.ctx.transport.peers.versions();
         if versions.cluster_version() < BACKUP_VERSION {
@@ -98,7 +106,7 @@ impl JobApi {
     /// One partition's staged part of a backup, in chunks, from this node's
     /// replica or another's; the last chunk describes the part.
     pub async fn read_backup(&self, call: &Call, request: pb::ReadBackupRequest) -> Result<Chunks, ApiError> {
-        call.principal.require(CLUSTER_ADMIN)?;
+        may_back_up(call)?;
         check_id(&request.backup_id)?;
         let partition = request.partition_id;
         if partition >= self.ctx.topology.partition_count() {
@@ -136,7 +144,7 @@ impl JobApi {
 
     /// Deletes the staged parts of a backup on every node.
     pub async fn release_backup(&self, call: &Call, request: pb::ReleaseBackupRequest) -> Result<(), ApiError> {
-        call.principal.require(CLUSTER_ADMIN)?;
+        may_back_up(call)?;
         check_id(&request.backup_id)?;
         crate::raft::release_staged_backup(&self.ctx.settings.snapshot_dir, &request.backup_id)
             .map_err(|e| ApiError::Internal(format!("deleting the staged backup here: {e}")))?;
