@@ -24,6 +24,10 @@
 //! - `start_hold`: a starting node holds for `hold_ms` just before it
 //!   serves, its cluster port open and answering "node is starting", as a
 //!   node slow to open its data would.
+//! - `gateway_skip_checks`: a gateway lets a principal's command through
+//!   without its fast-path checks of the job's or session's tenant (the
+//!   screen against the applied state, the session owner's tenants), as a
+//!   gateway that misjudged would; the partition's check at apply remains.
 //!
 //! Production never sets the variable; a check is one read of a flag.
 

@@ -198,9 +198,10 @@ impl Rpc {
                     FailJobRequest { key, attempt: 1, retries: 1, reason: "failed".into(), ..Default::default() };
                 raw.fail_job(request).await.map(drop)
             }
-            Rpc::UpdateJobTimeout => {
-                raw.update_job_timeout(UpdateJobTimeoutRequest { key, attempt: 1, timeout: 60_000 }).await.map(drop)
-            }
+            Rpc::UpdateJobTimeout => raw
+                .update_job_timeout(UpdateJobTimeoutRequest { key, attempt: 1, timeout: 60_000, override_fence: false })
+                .await
+                .map(drop),
             Rpc::UpdateJobRetries => {
                 raw.update_job_retries(UpdateJobRetriesRequest { key, retries: 3 }).await.map(drop)
             }
@@ -502,13 +503,25 @@ async fn attempt_zero_is_an_operators_override_that_a_worker_token_may_not_send(
     let worker = as_token(&node, tokens.secret("work"));
     let key = activated_job(&admin, "").await;
     let refused = worker.complete(key, 0, "{}").await.unwrap_err();
+    assert_eq!(refused.code(), Code::InvalidArgument, "attempt 0 is no default: {refused:?}");
+    let refused = worker.complete_overriding(key, "{}").await.unwrap_err();
     assert_eq!(refused.code(), Code::PermissionDenied, "{refused:?}");
     assert!(refused.message().contains("jobs:manage:t"), "{}", refused.message());
-    let refused = worker.fail(key, 0, 1, "no", 0).await.unwrap_err();
+    let fail = FailJobRequest { key, retries: 1, override_fence: true, ..Default::default() };
+    let refused = worker.raw().fail_job(fail).await.unwrap_err();
     assert_eq!(refused.code(), Code::PermissionDenied, "{refused:?}");
     assert_eq!(admin.get_job(key).await.unwrap().state, "activated", "neither refusal touched the job");
-    admin.complete(key, 0, "{}").await.expect("an operator's override");
+    admin.complete_overriding(key, r#"{"by":"operator"}"#).await.expect("an operator's override");
     assert_eq!(admin.get_job(key).await.unwrap().state, "completed");
+    // The history names who overrode the fence, after the completion.
+    let history = admin.raw().get_job_history(GetJobRequest { key, ..Default::default() }).await;
+    let events = history.unwrap().into_inner().events;
+    let last = events.last().expect("events");
+    assert_eq!((last.kind.as_str(), last.attempt, last.user.as_str()), ("fence_overridden", 1, "admin"));
+    // The worker's own completion lost to the override: not OK, and it says whose result stands.
+    let lost = worker.complete(key, 1, r#"{"by":"worker"}"#).await.unwrap_err();
+    assert_eq!(lost.code(), Code::FailedPrecondition, "{lost:?}");
+    assert!(lost.message().contains("\"admin\", overriding the fence"), "{}", lost.message());
 }
 
 /// A backup holds every tenant's jobs: only a principal with cluster:admin
@@ -836,7 +849,12 @@ async fn a_job_token_works_its_own_job_and_attempt_and_nothing_else() {
     // Renewed by UpdateJobTimeout, and still only for this attempt.
     let renewed = as_job_a
         .raw()
-        .update_job_timeout(UpdateJobTimeoutRequest { key: a, attempt: job_a.attempt, timeout: 120_000 })
+        .update_job_timeout(UpdateJobTimeoutRequest {
+            key: a,
+            attempt: job_a.attempt,
+            timeout: 120_000,
+            override_fence: false,
+        })
         .await
         .unwrap()
         .into_inner();

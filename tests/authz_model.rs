@@ -9,7 +9,8 @@
 //! with what comes before; another tenant's job is NOT_FOUND before any
 //! scope is looked at; attempt 0 on a worker's command needs the manage
 //! scope too; a job token works its own job at its own attempt and nothing
-//! else.
+//! else, and one naming attempt 0 (the override, for which none is minted)
+//! works nothing.
 
 use drover::auth::{AuthError, Principal, Verb};
 use rand::rngs::StdRng;
@@ -77,7 +78,7 @@ fn model(
     attempt: Option<u32>,
 ) -> Decision {
     if let Some((own, own_attempt)) = principal.job {
-        let own_work = verb == Verb::Work && own == key && attempt == Some(own_attempt);
+        let own_work = verb == Verb::Work && own == key && own_attempt != 0 && attempt == Some(own_attempt);
         return if own_work { Decision::Allowed } else { Decision::Denied };
     }
     if !model_in_tenant(&principal.tenants, job_tenant) {

@@ -137,7 +137,14 @@ impl Mutator {
             2 => ("StreamActivatedJobs", raw.stream_activated_jobs(self.stream_request()).await.map(drop)),
             3 => (
                 "CompleteJob",
-                raw.complete_job(CompleteJobRequest { key, attempt, variables: self.json() }).await.map(drop),
+                raw.complete_job(CompleteJobRequest {
+                    key,
+                    attempt,
+                    variables: self.json(),
+                    override_fence: self.rng.random(),
+                })
+                .await
+                .map(drop),
             ),
             4 => {
                 let request = FailJobRequest {
@@ -148,11 +155,13 @@ impl Mutator {
                     retry_back_off: self.number(),
                     reason: self.text(),
                     variables: self.json(),
+                    override_fence: self.rng.random(),
                 };
                 ("FailJob", raw.fail_job(request).await.map(drop))
             }
             5 => {
-                let request = UpdateJobTimeoutRequest { key, attempt, timeout: self.number() };
+                let request =
+                    UpdateJobTimeoutRequest { key, attempt, timeout: self.number(), override_fence: self.rng.random() };
                 ("UpdateJobTimeout", raw.update_job_timeout(request).await.map(drop))
             }
             6 => {
@@ -270,6 +279,7 @@ impl Mutator {
                                 key: self.key(),
                                 attempt: self.attempt(),
                                 variables: self.json(),
+                                override_fence: self.rng.random(),
                             })
                             .collect(),
                     })
@@ -282,7 +292,12 @@ impl Mutator {
             }
             _ => {
                 let requests: Vec<CompleteJobRequest> = (0..self.rng.random_range(0..5))
-                    .map(|_| CompleteJobRequest { key: self.key(), attempt: self.attempt(), variables: self.json() })
+                    .map(|_| CompleteJobRequest {
+                        key: self.key(),
+                        attempt: self.attempt(),
+                        variables: self.json(),
+                        override_fence: self.rng.random(),
+                    })
                     .collect();
                 ("CompleteJobs", drain(raw.complete_jobs(tokio_stream::iter(requests)).await).await)
             }

@@ -593,7 +593,11 @@ async fn grpc_requests_through_the_services() {
             }
             .encode_to_vec(),
         ),
-        ("CompleteJob", pb::CompleteJobRequest { key: made, attempt: 1, variables: "{}".into() }.encode_to_vec()),
+        (
+            "CompleteJob",
+            pb::CompleteJobRequest { key: made, attempt: 1, variables: "{}".into(), override_fence: false }
+                .encode_to_vec(),
+        ),
         (
             "FailJob",
             pb::FailJobRequest {
@@ -606,7 +610,10 @@ async fn grpc_requests_through_the_services() {
             }
             .encode_to_vec(),
         ),
-        ("UpdateJobTimeout", pb::UpdateJobTimeoutRequest { key: made, attempt: 1, timeout: 5000 }.encode_to_vec()),
+        (
+            "UpdateJobTimeout",
+            pb::UpdateJobTimeoutRequest { key: made, attempt: 1, timeout: 5000, override_fence: false }.encode_to_vec(),
+        ),
         ("UpdateJobRetries", pb::UpdateJobRetriesRequest { key: made, retries: 3 }.encode_to_vec()),
         ("CancelJob", pb::CancelJobRequest { key: made }.encode_to_vec()),
         ("GetJob", pb::GetJobRequest { key: made, include_history: true, ..Default::default() }.encode_to_vec()),

@@ -86,7 +86,7 @@ async fn a_job_s_history_tells_its_whole_life_across_a_leader_change() {
     // Attempt 1: polled, extended twice, a stage committed, failed with back-off.
     let job = one(&client, poll("p1", 60_000, 0)).await;
     for timeout in [30_000, 40_000] {
-        let update = UpdateJobTimeoutRequest { key, attempt: job.attempt, timeout };
+        let update = UpdateJobTimeoutRequest { key, attempt: job.attempt, timeout, override_fence: false };
         client.raw().update_job_timeout(update).await.unwrap();
     }
     let checkpoint = CheckpointJobRequest { key, attempt: job.attempt, stage: "a".into(), variables: String::new() };

@@ -126,7 +126,7 @@ async fn update_job_timeout_sets_the_deadline_from_now() {
     let mut raw = node.client.raw();
 
     let shortened = raw
-        .update_job_timeout(UpdateJobTimeoutRequest { key, timeout: 200, attempt: job.attempt })
+        .update_job_timeout(UpdateJobTimeoutRequest { key, timeout: 200, attempt: job.attempt, override_fence: false })
         .await
         .unwrap()
         .into_inner();
@@ -136,7 +136,12 @@ async fn update_job_timeout_sets_the_deadline_from_now() {
     assert!(again[0].deadline - 60_000 >= shortened.deadline);
 
     let extended = raw
-        .update_job_timeout(UpdateJobTimeoutRequest { key, timeout: 600_000, attempt: again[0].attempt })
+        .update_job_timeout(UpdateJobTimeoutRequest {
+            key,
+            timeout: 600_000,
+            attempt: again[0].attempt,
+            override_fence: false,
+        })
         .await
         .unwrap()
         .into_inner();
@@ -302,7 +307,7 @@ async fn bad_input_gets_a_clear_status() {
 
     let unknown = drover::proto::gateway::GetJobRequest { key: 12345, ..Default::default() };
     assert_eq!(raw.get_job(unknown).await.unwrap_err().code(), Code::NotFound);
-    let status = node.client.complete(999, 0, "{}").await.unwrap_err();
+    let status = node.client.complete(999, 1, "{}").await.unwrap_err();
     assert_eq!(status.code(), Code::NotFound);
 
     let negative_timeout =
@@ -313,14 +318,20 @@ async fn bad_input_gets_a_clear_status() {
     assert_eq!(raw.activate_jobs(no_max).await.unwrap_err().code(), Code::InvalidArgument);
 
     let key = node.client.create_job("t", "{}").await.unwrap();
-    let status = node.client.complete(key, 0, "{}").await.unwrap_err();
+    let status = node.client.complete_overriding(key, "{}").await.unwrap_err();
     assert_eq!(status.code(), Code::FailedPrecondition, "completing a job nobody activated");
-    let status = node.client.fail(key, 0, -1, "x", 0).await.unwrap_err();
+    let status = node.client.complete(key, 0, "{}").await.unwrap_err();
+    assert_eq!(status.code(), Code::InvalidArgument, "no attempt, and no override either");
+    assert!(status.message().contains("attempt is required"), "{}", status.message());
+    let status = node.client.fail(key, 1, -1, "x", 0).await.unwrap_err();
     assert_eq!(status.code(), Code::InvalidArgument);
-    let status = raw.update_job_timeout(UpdateJobTimeoutRequest { key, timeout: -1, attempt: 0 }).await.unwrap_err();
+    let timeout = |timeout| UpdateJobTimeoutRequest { key, timeout, attempt: 0, override_fence: true };
+    let status = raw.update_job_timeout(timeout(-1)).await.unwrap_err();
     assert_eq!(status.code(), Code::InvalidArgument);
-    let status = raw.update_job_timeout(UpdateJobTimeoutRequest { key, timeout: 100, attempt: 0 }).await.unwrap_err();
+    let status = raw.update_job_timeout(timeout(100)).await.unwrap_err();
     assert_eq!(status.code(), Code::FailedPrecondition);
+    let both = UpdateJobTimeoutRequest { key, timeout: 100, attempt: 3, override_fence: true };
+    assert_eq!(raw.update_job_timeout(both).await.unwrap_err().code(), Code::InvalidArgument);
     let status = raw.update_job_retries(UpdateJobRetriesRequest { key, retries: -2 }).await.unwrap_err();
     assert_eq!(status.code(), Code::InvalidArgument);
     let status = node.client.complete(key, 0, "not json").await.unwrap_err();

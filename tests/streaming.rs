@@ -781,10 +781,11 @@ async fn the_batch_calls_carry_several_jobs_to_a_message_and_answer_each_job() {
 
     let mut completions: Vec<CompleteJobRequest> = received
         .iter()
-        .map(|j| CompleteJobRequest { key: j.key, attempt: j.attempt, variables: "{}".into() })
+        .map(|j| CompleteJobRequest { key: j.key, attempt: j.attempt, variables: "{}".into(), override_fence: false })
         .collect();
     let unknown = drover::core::JobKey::new(0, 999_999).0;
-    completions.insert(7, CompleteJobRequest { key: unknown, attempt: 1, variables: "{}".into() });
+    completions
+        .insert(7, CompleteJobRequest { key: unknown, attempt: 1, variables: "{}".into(), override_fence: false });
     let batch = CompleteJobBatch { jobs: completions };
     let mut answers = client.raw().complete_job_batches(futures::stream::iter([batch])).await.unwrap().into_inner();
     let answer = answers.message().await.unwrap().expect("an answer").jobs;

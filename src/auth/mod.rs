@@ -7,18 +7,18 @@
 //!   JWKS file; RS256 or ES256), so an OIDC provider can issue them. Both
 //!   files are reloaded when they change, checked at most every
 //!   [`RELOAD_EVERY`].
-//! - [`scopes`]: what a principal may do (Taskcluster-style scopes with `*`
-//!   suffix wildcards, and tenants).
+//! - What a principal may do (Taskcluster-style scopes with `*` suffix
+//!   wildcards, and tenants) is pure and lives with the engine
+//!   ([`crate::core::principal`]), which judges commands again at apply;
+//!   it is re-exported here.
 //! - [`keys`]: `drover token ...`: signing keys, signed tokens, hashed
 //!   secrets.
 //!
 //! With neither file configured, authentication is off: every request is
 //! [`Principal::anonymous`], as before, and the start-up log says so.
 
-mod error;
 pub mod job_tokens;
 pub mod keys;
-pub mod scopes;
 
 use std::collections::HashMap;
 use std::path::{Path, PathBuf};
@@ -31,8 +31,7 @@ use jsonwebtoken::jwk::JwkSet;
 use jsonwebtoken::{Algorithm, DecodingKey, Validation};
 use serde::Deserialize;
 
-pub use error::AuthError;
-pub use scopes::{Principal, Verb, CLUSTER_ADMIN, CLUSTER_READ, WORKERS_MANAGE};
+pub use crate::core::principal::{AuthError, Principal, Verb, CLUSTER_ADMIN, CLUSTER_READ, WORKERS_MANAGE};
 
 /// How often the tokens and JWKS files are checked for changes.
 pub const RELOAD_EVERY: Duration = Duration::from_secs(2);

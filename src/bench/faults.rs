@@ -187,7 +187,12 @@ impl Load {
                 }
             };
             for job in jobs {
-                let request = CompleteJobRequest { key: job.key, attempt: job.attempt, variables: "{}".into() };
+                let request = CompleteJobRequest {
+                    key: job.key,
+                    attempt: job.attempt,
+                    variables: "{}".into(),
+                    override_fence: false,
+                };
                 let first = Instant::now();
                 loop {
                     match client.raw().complete_job(request.clone()).await {

@@ -247,7 +247,8 @@ async fn work(
             .unwrap_or(received);
         let _ = latency.record(received.saturating_sub(sent));
         received_total.fetch_add(1, std::sync::atomic::Ordering::Relaxed);
-        let complete = CompleteJobRequest { key: job.key, attempt: job.attempt, variables: String::new() };
+        let complete =
+            CompleteJobRequest { key: job.key, attempt: job.attempt, variables: String::new(), override_fence: false };
         let client = client.clone();
         tokio::spawn(async move { client.raw().complete_job(complete).await });
     }

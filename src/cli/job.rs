@@ -182,11 +182,8 @@ pub(crate) enum JobCommand {
         key: u64,
         #[arg(long, default_value = "{}")]
         variables: String,
-        /// The activation's fencing token; 0 completes whatever activation is
-        /// current (an operator's override: with tokens on it needs
-        /// jobs:manage for the job's type).
-        #[arg(long, default_value_t = 0)]
-        attempt: u32,
+        #[command(flatten)]
+        fence: Fence,
     },
     /// Fail an activated job.
     Fail {
@@ -199,8 +196,8 @@ pub(crate) enum JobCommand {
         /// Back-off in ms before the retry.
         #[arg(long, default_value_t = 0)]
         back_off: i64,
-        #[arg(long, default_value_t = 0)]
-        attempt: u32,
+        #[command(flatten)]
+        fence: Fence,
         /// failed, malformed-payload (an incident at once), resource-unavailable,
         /// intermittent, worker-shutdown (no retry used) or internal-error.
         #[arg(long, default_value = "failed")]
@@ -209,7 +206,12 @@ pub(crate) enum JobCommand {
     /// Give a job retries (resolves an incident).
     Retries { key: u64, retries: i32 },
     /// Set an activated job's deadline to now + TIMEOUT ms.
-    Timeout { key: u64, timeout: i64 },
+    Timeout {
+        key: u64,
+        timeout: i64,
+        #[command(flatten)]
+        fence: Fence,
+    },
     /// Cancel a job.
     Cancel { key: u64 },
     /// Activate jobs once (long polling up to --wait ms) and print them.
@@ -225,6 +227,27 @@ pub(crate) enum JobCommand {
         #[arg(long, default_value = "cli")]
         worker: String,
     },
+}
+
+/// Which activation a worker's command is for.
+#[derive(clap::Args, Debug)]
+pub(crate) struct Fence {
+    /// The activation's fencing token (ActivatedJob.attempt): a command for an
+    /// attempt that was superseded is refused.
+    #[arg(long, required_unless_present = "override_fence", conflicts_with = "override_fence")]
+    attempt: Option<u32>,
+    /// An operator's override: act whatever the job's attempt, over the worker
+    /// that holds it. With tokens on it needs jobs:manage for the job's type;
+    /// the job's history names who did it.
+    #[arg(long)]
+    override_fence: bool,
+}
+
+impl Fence {
+    /// The request's `attempt` and `override_fence`.
+    fn fields(&self) -> (u32, bool) {
+        (self.attempt.unwrap_or(0), self.override_fence)
+    }
 }
 
 pub(crate) fn parse_header(value: &str) -> Result<(String, String), String> {
@@ -414,21 +437,36 @@ pub(crate) async fn job(command: JobCommand, target: &Target) -> anyhow::Result<
                 }
             }
         }
-        JobCommand::Complete { key, variables, attempt } => {
-            client.complete(key, attempt, &variables).await.map_err(status_error)?;
+        JobCommand::Complete { key, variables, fence } => {
+            let (attempt, override_fence) = fence.fields();
+            raw.complete_job(CompleteJobRequest { key, variables, attempt, override_fence })
+                .await
+                .map_err(status_error)?;
             println!("completed {key}");
         }
-        JobCommand::Fail { key, retries, message, back_off, attempt, reason } => {
-            client.fail_for(&reason, key, attempt, retries, &message, back_off).await.map_err(status_error)?;
+        JobCommand::Fail { key, retries, message, back_off, fence, reason } => {
+            let (attempt, override_fence) = fence.fields();
+            let request = FailJobRequest {
+                key,
+                attempt,
+                override_fence,
+                retries,
+                error_message: message,
+                retry_back_off: back_off,
+                variables: String::new(),
+                reason: reason.clone(),
+            };
+            raw.fail_job(request).await.map_err(status_error)?;
             println!("failed {key} ({reason})");
         }
         JobCommand::Retries { key, retries } => {
             raw.update_job_retries(UpdateJobRetriesRequest { key, retries }).await.map_err(status_error)?;
             println!("job {key} has {retries} retries");
         }
-        JobCommand::Timeout { key, timeout } => {
+        JobCommand::Timeout { key, timeout, fence } => {
+            let (attempt, override_fence) = fence.fields();
             let reply = raw
-                .update_job_timeout(UpdateJobTimeoutRequest { key, timeout, attempt: 0 })
+                .update_job_timeout(UpdateJobTimeoutRequest { key, timeout, attempt, override_fence })
                 .await
                 .map_err(status_error)?
                 .into_inner();

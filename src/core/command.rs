@@ -10,6 +10,7 @@ use super::failure::FailReason;
 use super::history::{Via, YieldReason};
 use super::ids::{JobKey, Millis};
 use super::job::{field_len, ActivatedJobData, JobState, NewJob};
+use super::principal::Principal;
 use super::routing::Taker;
 use super::session::{Session, SessionId, SessionInfo, SessionTarget, WorkerState};
 
@@ -140,6 +141,17 @@ pub enum Command {
     BackupMark {
         id: String,
     },
+    /// `command` on behalf of `by`: every replica checks at apply that `by`
+    /// may do it to the job or session it acts on (see
+    /// [`crate::core::principal`]), so the guarantee does not rest on the
+    /// gateway's read of a state that may lag. A refusal is the command's
+    /// rejection (NOT_FOUND for another tenant's job or session,
+    /// PERMISSION_DENIED for a missing scope) and changes nothing. Data
+    /// version 8 and later: sent only once every member reads it.
+    As {
+        by: Arc<Principal>,
+        command: Box<Command>,
+    },
 }
 
 /// One Raft entry's worth of commands, stamped with the leader's clock.
@@ -190,8 +202,9 @@ pub enum ErrorKind {
     FailedPrecondition,
     /// A limit of the node was reached (a payload grew too large).
     ResourceExhausted,
-    /// The request's principal may not touch this job (never in the log:
-    /// decided before a batch is proposed).
+    /// The request's principal may not touch this job: decided before a
+    /// batch is proposed, and again at apply for a command carried with its
+    /// principal ([`Command::As`]).
     PermissionDenied,
 }
 
@@ -217,6 +230,34 @@ impl CommandError {
 }
 
 impl Command {
+    /// The command itself, without the principal it may be carried with.
+    pub fn inner(&self) -> &Command {
+        match self {
+            Command::As { command, .. } => command.inner(),
+            command => command,
+        }
+    }
+
+    /// The command itself, to change, without the principal it may be carried with.
+    pub fn inner_mut(&mut self) -> &mut Command {
+        match self {
+            Command::As { command, .. } => command.inner_mut(),
+            command => command,
+        }
+    }
+
+    /// Whether this is an operator's override of a job's fence: a worker's
+    /// command with attempt 0, acting whatever the job's attempt.
+    pub fn overrides_fence(&self) -> bool {
+        matches!(
+            self.inner(),
+            Command::Complete { attempt: 0, .. }
+                | Command::Fail { attempt: 0, .. }
+                | Command::UpdateTimeout { attempt: 0, .. }
+                | Command::Checkpoint { attempt: 0, .. }
+        )
+    }
+
     /// The bytes this command takes when encoded, within a few.
     pub fn encoded_len(&self) -> usize {
         let body = match self {
@@ -244,6 +285,7 @@ impl Command {
             Command::SetSchema { job_type, schema } => field_len(job_type.len()) + field_len(schema.len()),
             Command::GetSchema { job_type } => field_len(job_type.len()),
             Command::BackupMark { id } => field_len(id.len()),
+            Command::As { by, command } => by.encoded_len() + command.encoded_len(),
             Command::UpdateTimeout { .. }
             | Command::UpdateRetries { .. }
             | Command::Cancel { .. }

@@ -115,6 +115,13 @@ pub enum EventKind {
     Completed {
         attempt: u32,
     },
+    /// A command acted on attempt `attempt` whatever its fence (an
+    /// operator's override: attempt 0), sent by `by`. Recorded after the
+    /// command's own event. Data version 8 and later.
+    FenceOverridden {
+        attempt: u32,
+        by: String,
+    },
 }
 
 impl EventKind {
@@ -132,6 +139,7 @@ impl EventKind {
             EventKind::Checkpointed { .. } => "checkpointed",
             EventKind::Cancelled { .. } => "cancelled",
             EventKind::Completed { .. } => "completed",
+            EventKind::FenceOverridden { .. } => "fence_overridden",
         }
     }
 }

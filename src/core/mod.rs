@@ -13,6 +13,7 @@ mod failure;
 mod history;
 mod ids;
 mod job;
+pub mod principal;
 mod routing;
 mod session;
 
@@ -25,6 +26,8 @@ pub use job::*;
 pub use routing::*;
 pub use session::*;
 
+#[cfg(test)]
+mod authorize_tests;
 #[cfg(test)]
 mod model_tests;
 #[cfg(test)]

@@ -13,7 +13,7 @@ use super::jobs::{JobApi, AWAIT_MARGIN};
 use super::router;
 use super::sessions;
 use super::yields::hand_back;
-use crate::auth::Verb;
+use crate::auth::{Principal, Verb};
 use crate::core::{ActivatedJobData, Command, CommandResult, JobKey, YieldReason};
 use crate::proto::gateway as pb;
 use crate::streams::{ClientStream, WorkerSpec};
@@ -66,7 +66,7 @@ impl JobApi {
         // attempt and parking still wakes us.
         let mut available = self.ctx.gateway.available.subscribe();
         loop {
-            let jobs = self.activate_round(&spec, max, Instant::now() + request_timeout).await?;
+            let jobs = self.activate_round(&call.principal, &spec, max, Instant::now() + request_timeout).await?;
             if !jobs.is_empty() || Instant::now() >= poll_deadline {
                 return Ok(jobs);
             }
@@ -88,7 +88,7 @@ impl JobApi {
             metrics::gauge!("drover_gateway_parked_long_polls").decrement(1.0);
             if !woken {
                 // Time is up: one last look, then an empty answer, never an error.
-                return self.activate_round(&spec, max, Instant::now() + request_timeout).await;
+                return self.activate_round(&call.principal, &spec, max, Instant::now() + request_timeout).await;
             }
         }
     }
@@ -156,6 +156,7 @@ impl JobApi {
     /// job), so no activation is committed that the reply cannot carry.
     async fn activate_round(
         &self,
+        principal: &Arc<Principal>,
         spec: &WorkerSpec,
         max: u32,
         deadline: Instant,
@@ -173,7 +174,7 @@ impl JobApi {
             }
             let partition = (start + offset) % partitions;
             let command = Command::Activate(convert::activation(spec, remaining, bytes_left, ctx.topology.node_id));
-            match router::submit(ctx, partition, vec![command], deadline).await {
+            match router::submit_as(ctx, Some(principal), partition, vec![command], deadline).await {
                 Ok(mut results) => {
                     let result = results.pop();
                     if let Some(CommandResult::Rejected(error)) = result {

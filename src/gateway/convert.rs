@@ -483,6 +483,10 @@ fn job_event(event: &JobEvent) -> pb::JobEvent {
             out.user.clone_from(by);
         }
         EventKind::Cancelled { by } => out.user.clone_from(by),
+        EventKind::FenceOverridden { attempt, by } => {
+            out.attempt = *attempt;
+            out.user.clone_from(by);
+        }
         EventKind::Checkpointed { attempt, stage } => {
             out.attempt = *attempt;
             out.stage.clone_from(stage);

@@ -40,10 +40,12 @@ pub async fn run_chunk(
     // A batch is one outcome and one Raft entry; the partition leader never
     // splits one, so it is cut here to the entry size (which also keeps a
     // forwarded batch within the cluster's message limit).
+    // Each command may travel with the principal (see `router::submit_as`).
     let max_bytes = MAX_ENTRY_BYTES;
+    let carried = principal.map_or(0, |p| p.encoded_len());
     let partitions = by_partition.into_iter().map(|(partition, (indexes, commands))| async move {
         let mut done = Vec::new();
-        for (indexes, commands) in split_by_bytes(indexes, commands, max_bytes) {
+        for (indexes, commands) in split_by_bytes(indexes, commands, carried, max_bytes) {
             done.push((indexes, router::submit_as(ctx, principal, partition, commands, deadline).await));
         }
         done
@@ -71,12 +73,17 @@ pub async fn run_chunk(
 }
 
 /// Cuts one partition's commands into batches of at most `max_bytes` as
-/// encoded (at least one command each), in order.
-fn split_by_bytes(indexes: Vec<usize>, commands: Vec<Command>, max_bytes: usize) -> Vec<(Vec<usize>, Vec<Command>)> {
+/// encoded, each with `carried` bytes more (at least one command each), in order.
+fn split_by_bytes(
+    indexes: Vec<usize>,
+    commands: Vec<Command>,
+    carried: usize,
+    max_bytes: usize,
+) -> Vec<(Vec<usize>, Vec<Command>)> {
     let mut batches: Vec<(Vec<usize>, Vec<Command>)> = Vec::new();
     let mut bytes = 0usize;
     for (index, command) in indexes.into_iter().zip(commands) {
-        let size = command.encoded_len();
+        let size = command.encoded_len() + carried;
         match batches.last_mut() {
             Some((indexes, commands)) if bytes.saturating_add(size) <= max_bytes => {
                 bytes += size;
@@ -95,13 +102,23 @@ fn split_by_bytes(indexes: Vec<usize>, commands: Vec<Command>, max_bytes: usize)
 /// Runs one command on every partition at once; answers in partition order.
 pub async fn everywhere(
     ctx: &NodeContext,
+    command: impl FnMut(PartitionId) -> Command,
+    deadline: Instant,
+) -> Vec<Result<CommandResult, ApiError>> {
+    everywhere_as(ctx, None, command, deadline).await
+}
+
+/// Like [`everywhere`], for a principal (see [`router::submit_as`]).
+pub async fn everywhere_as(
+    ctx: &NodeContext,
+    principal: Option<&Arc<Principal>>,
     mut command: impl FnMut(PartitionId) -> Command,
     deadline: Instant,
 ) -> Vec<Result<CommandResult, ApiError>> {
     let runs = (0..ctx.topology.partition_count()).map(|partition| {
         let command = command(partition);
         async move {
-            match router::submit(ctx, partition, vec![command], deadline).await?.pop() {
+            match router::submit_as(ctx, principal, partition, vec![command], deadline).await?.pop() {
                 Some(CommandResult::Rejected(error)) => Err(error.into()),
                 Some(result) => Ok(result),
                 None => Err(ApiError::Internal(format!("partition {partition} returned no result"))),

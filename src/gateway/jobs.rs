@@ -19,6 +19,8 @@
 use std::sync::Arc;
 use std::time::{Duration, Instant};
 
+use bytes::Bytes;
+
 use super::call::Call;
 use super::convert;
 use super::error::ApiError;
@@ -27,7 +29,9 @@ use super::listing;
 use super::router;
 use crate::auth::{Principal, Verb};
 use crate::context::NodeContext;
-use crate::core::{Command, CommandResult, FailReason, Job, JobKey, JobRef, JobState, PartitionId, RequestId};
+use crate::core::{
+    Command, CommandResult, EventKind, FailReason, Job, JobKey, JobRef, JobState, PartitionId, RequestId,
+};
 use crate::proto::gateway as pb;
 
 /// AwaitJob's wait when the request names none, and the longest it may name.
@@ -55,7 +59,9 @@ impl JobApi {
         let (mut partition, command) = self.create_command(&call.principal, request, call.traceparent.clone())?;
         let keyless = matches!(&command, Command::Create(job) if !matches!(job.request, Some(RequestId::Key { .. })));
         let partitions = self.ctx.topology.partition_count();
-        let mut submitted = router::submit(&self.ctx, partition, vec![command.clone()], call.deadline).await;
+        let principal = Some(&call.principal);
+        let mut submitted =
+            router::submit_as(&self.ctx, principal, partition, vec![command.clone()], call.deadline).await;
         // A create without an idempotency key may be made on any partition:
         // one out of this node's reach (its region cut off) sent nothing, so
         // the create goes to the next partition instead.
@@ -64,7 +70,7 @@ impl JobApi {
                 break;
             }
             partition = (partition + 1) % partitions;
-            submitted = router::submit(&self.ctx, partition, vec![command.clone()], call.deadline).await;
+            submitted = router::submit_as(&self.ctx, principal, partition, vec![command.clone()], call.deadline).await;
         }
         match submitted?.pop() {
             Some(CommandResult::Created { key, created, state }) => {
@@ -84,7 +90,7 @@ impl JobApi {
             requests.into_iter().map(|r| self.create_command(&call.principal, r, call.traceparent.clone())).collect();
         let partitions: Vec<Option<PartitionId>> = commands.iter().map(|c| c.as_ref().ok().map(|(p, _)| *p)).collect();
         let deadline = Instant::now() + self.ctx.settings.request_timeout;
-        let results = run_chunk(&self.ctx, None, commands, deadline).await;
+        let results = run_chunk(&self.ctx, Some(&call.principal), commands, deadline).await;
         metrics::histogram!("drover_create_ack_seconds").record(started.elapsed().as_secs_f64());
         let mut out = Vec::with_capacity(results.len());
         for (result, partition) in results.into_iter().zip(partitions) {
@@ -176,6 +182,7 @@ impl JobApi {
                 request.retry_back_off
             )));
         }
+        let attempt = fence(request.attempt, request.override_fence)?;
         let limits = &self.ctx.settings.limits;
         let variables = convert::merged_variables("failure", request.variables, limits)?;
         let reason = FailReason::parse(&request.reason).ok_or_else(|| {
@@ -185,7 +192,7 @@ impl JobApi {
         Ok(Command::Fail {
             reason,
             key,
-            attempt: request.attempt,
+            attempt,
             retries: request.retries,
             error_message: request.error_message,
             back_off_ms: request.retry_back_off,
@@ -206,10 +213,13 @@ impl JobApi {
                 request.timeout
             )));
         }
-        let command = Command::UpdateTimeout { key, attempt: request.attempt, timeout_ms: request.timeout };
+        let attempt = fence(request.attempt, request.override_fence)?;
+        let command = Command::UpdateTimeout { key, attempt, timeout_ms: request.timeout };
         match self.one(&call.principal, key, command, call.deadline).await? {
             CommandResult::Deadline(deadline) => {
-                let job_token = self.ctx.auth.job_token(key.0, request.attempt, deadline);
+                // An override holds no activation: no job token names attempt 0.
+                let job_token =
+                    if attempt == 0 { String::new() } else { self.ctx.auth.job_token(key.0, attempt, deadline) };
                 Ok(pb::UpdateJobTimeoutResponse { deadline, job_token })
             }
             other => Err(ApiError::Internal(format!("unexpected result {other:?}"))),
@@ -387,8 +397,9 @@ impl JobApi {
         if key.partition() >= self.ctx.topology.partition_count() {
             return Err(ApiError::NotFound(format!("no job with key {key}")));
         }
+        let attempt = fence(request.attempt, request.override_fence)?;
         let variables = convert::json_object("variables", request.variables)?;
-        Ok((key.partition(), Command::Complete { key, attempt: request.attempt, variables }))
+        Ok((key.partition(), Command::Complete { key, attempt, variables }))
     }
 
     /// The answer to a create: the job's key, whether this request made it,
@@ -452,6 +463,25 @@ impl JobApi {
     }
 }
 
+/// The attempt a worker command is fenced by: the activation's, or, for an
+/// operator's override, 0 (acting whatever the job's attempt; the partition
+/// checks the manage scope and writes the override in the job's history).
+/// Attempt 0 is never a default: proto3 sends it for a field left out.
+fn fence(attempt: u32, override_fence: bool) -> Result<u32, ApiError> {
+    match (attempt, override_fence) {
+        (0, false) => Err(ApiError::InvalidArgument(
+            "attempt is required: give the attempt the activation answered (ActivatedJob.attempt). An operator who \
+             means to act whatever the job's attempt sets override_fence instead, which needs jobs:manage:<type>"
+                .into(),
+        )),
+        (0, true) => Ok(0),
+        (attempt, false) => Ok(attempt),
+        (attempt, true) => Err(ApiError::InvalidArgument(format!(
+            "override_fence acts whatever the job's attempt, so it takes no attempt; got attempt {attempt}"
+        ))),
+    }
+}
+
 /// The job a read names: `key`, or an idempotency key with its scope.
 fn job_ref(key: u64, idempotency_key: String, tenant: String, user: String) -> Result<JobRef, ApiError> {
     match (key, idempotency_key.is_empty()) {
@@ -471,22 +501,29 @@ pub(super) fn key_of(key: u64) -> Result<JobKey, ApiError> {
 
 /// A completion or cancellation that may repeat one that already ended the
 /// job (a client's retry, or the gateway's own re-send after a lost answer).
-#[derive(Clone, Copy)]
+#[derive(Clone)]
 struct Repeat {
     key: JobKey,
     state: JobState,
     /// The attempt the completion was for; 0 for a cancellation.
     attempt: u32,
+    /// The completion's result: a repeat carries the same.
+    result: Option<Bytes>,
 }
 
 impl Repeat {
     fn of(command: &Command) -> Option<Repeat> {
         match command {
             // Attempt 0 is an operator's override: nothing tells its repeat apart.
-            Command::Complete { key, attempt, .. } if *attempt != 0 => {
-                Some(Repeat { key: *key, state: JobState::Completed, attempt: *attempt })
+            Command::Complete { key, attempt, variables } if *attempt != 0 => Some(Repeat {
+                key: *key,
+                state: JobState::Completed,
+                attempt: *attempt,
+                result: Some(variables.clone()),
+            }),
+            Command::Cancel { key, .. } => {
+                Some(Repeat { key: *key, state: JobState::Cancelled, attempt: 0, result: None })
             }
-            Command::Cancel { key, .. } => Some(Repeat { key: *key, state: JobState::Cancelled, attempt: 0 }),
             _ => None,
         }
     }
@@ -494,8 +531,11 @@ impl Repeat {
 
 /// Turns the refusal of a repeated completion or cancellation into success
 /// when the job already ended the way it asked: completed by that very
-/// attempt, or cancelled. The partition keeps final records only in storage,
-/// so this reads the job; it runs only on a refusal.
+/// attempt with that very result, or cancelled. A completion of the same
+/// attempt with another result did not take effect (another completion won,
+/// an operator's override, say): it stays FAILED_PRECONDITION, saying whose
+/// result stands. The partition keeps final records only in storage, so
+/// this reads the job; it runs only on a refusal.
 async fn settle(
     ctx: &NodeContext,
     repeat: Option<Repeat>,
@@ -503,10 +543,28 @@ async fn settle(
     deadline: Instant,
 ) -> Result<CommandResult, ApiError> {
     let (Some(repeat), ApiError::FailedPrecondition(_)) = (repeat, &error) else { return Err(error) };
-    match router::describe(ctx, repeat.key, deadline).await {
-        Ok(job) if job.state == repeat.state && crate::core::fence_admits(repeat.attempt, job.attempt) => {
-            Ok(CommandResult::Done)
-        }
-        _ => Err(error),
+    let job = match router::describe(ctx, repeat.key, deadline).await {
+        Ok(job) if job.state == repeat.state && crate::core::fence_admits(repeat.attempt, job.attempt) => job,
+        _ => return Err(error),
+    };
+    match &repeat.result {
+        Some(result) if *result != job.result => Err(ApiError::FailedPrecondition(format!(
+            "job {} was already completed, for attempt {} by {}, with another result than this completion's; that \
+             result stands and this completion was not applied",
+            repeat.key,
+            job.attempt,
+            completed_by(&job)
+        ))),
+        _ => Ok(CommandResult::Done),
     }
+}
+
+/// Who ended a completed job, as its history tells: an operator who
+/// overrode the fence, else the worker of its last activation.
+fn completed_by(job: &Job) -> String {
+    let overridden = job.history.events().filter_map(|e| match &e.kind {
+        EventKind::FenceOverridden { by, .. } => Some(format!("{by:?}, overriding the fence")),
+        _ => None,
+    });
+    overridden.last().unwrap_or_else(|| format!("worker {:?}", job.worker))
 }

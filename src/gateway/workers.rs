@@ -27,7 +27,7 @@ impl JobApi {
             principal.require_job(Verb::Work, job_type)?;
         }
         principal.require_tenants(&request.tenant_ids)?;
-        sessions::register(&self.ctx, request, call.deadline).await
+        sessions::register(&self.ctx, principal, request, call.deadline).await
     }
 
     pub async fn heartbeat(
@@ -39,7 +39,7 @@ impl JobApi {
         sessions::check_owner(&self.ctx, &call.principal, request.session_id, call.deadline).await?;
         let held: Vec<(u64, u32)> = request.jobs.iter().map(|j| (j.key, j.attempt)).collect();
         let sessions::Beaten { response: mut answer, renewed } =
-            sessions::heartbeat(&self.ctx, request, call.deadline).await?;
+            sessions::heartbeat(&self.ctx, &call.principal, request, call.deadline).await?;
         if self.ctx.auth.mints_job_tokens() {
             // Jobs the session holds get tokens that outlast the next few
             // beats; a listed job it does not hold gets none, so a beat cannot
@@ -61,7 +61,7 @@ impl JobApi {
     pub async fn deregister_worker(&self, call: &Call, request: pb::DeregisterWorkerRequest) -> Result<(), ApiError> {
         call.principal.require_some(Verb::Work)?;
         sessions::check_owner(&self.ctx, &call.principal, request.session_id, call.deadline).await?;
-        sessions::deregister(&self.ctx, request.session_id, call.deadline).await
+        sessions::deregister(&self.ctx, &call.principal, request.session_id, call.deadline).await
     }
 
     /// The live sessions that take jobs of the caller's tenants.
@@ -100,7 +100,7 @@ impl JobApi {
             serde_json::json!({"session": request.session_id, "label": request.label, "all": request.all, "state": request.state}),
         );
         if principal.in_tenant("*") {
-            return sessions::direct(&self.ctx, request, call.deadline).await;
+            return sessions::direct(&self.ctx, principal, request, call.deadline).await;
         }
         // Only sessions of the principal's own tenants, each by its id.
         if request.all {
@@ -137,7 +137,7 @@ impl JobApi {
                 all: false,
                 state: request.state.clone(),
             };
-            directed.extend(sessions::direct(&self.ctx, one, call.deadline).await?);
+            directed.extend(sessions::direct(&self.ctx, principal, one, call.deadline).await?);
         }
         Ok(directed)
     }
@@ -150,7 +150,7 @@ impl JobApi {
             "set_schema",
             serde_json::json!({"type": request.r#type, "bytes": request.schema.len()}),
         );
-        sessions::set_schema(&self.ctx, request, call.deadline).await
+        sessions::set_schema(&self.ctx, &call.principal, request, call.deadline).await
     }
 
     pub async fn get_schema(&self, call: &Call, request: pb::GetSchemaRequest) -> Result<String, ApiError> {

@@ -372,7 +372,12 @@ pub(super) async fn work(
             let _ = latency.record(received.saturating_sub(payload.sent));
             tracker.deliveries[payload.seq as usize].fetch_add(1, Ordering::Relaxed);
             completions.push((
-                CompleteJobRequest { key: job.key, attempt: job.attempt, variables: String::new() },
+                CompleteJobRequest {
+                    key: job.key,
+                    attempt: job.attempt,
+                    variables: String::new(),
+                    override_fence: false,
+                },
                 payload.seq,
             ));
         }
@@ -477,7 +482,7 @@ pub(super) async fn work_one_by_one(
         tokio::spawn(async move {
             let completed = match protocol {
                 Protocol::Drover => {
-                    let complete = CompleteJobRequest { key, attempt, variables: String::new() };
+                    let complete = CompleteJobRequest { key, attempt, variables: String::new(), override_fence: false };
                     drover.complete_job(complete).await.is_ok()
                 }
                 Protocol::Zeebe => {

@@ -4,12 +4,14 @@
 //! act on, each file its own `impl` block (as TiKV's raftstore gives each
 //! peer operation its own): this file holds the state, [`PartitionState::apply`]
 //! and the dispatch of commands, and the indexes every operation keeps;
-//! [`jobs`] the job lifecycle (create, activate, complete, fail, retries,
+//! [`authorize`] whether a command's principal may run it (see
+//! [`Command::As`]); [`jobs`] the job lifecycle (create, activate, complete, fail, retries,
 //! timeouts, yields, checkpoints) with the one failed-attempt path;
 //! [`sessions`] worker sessions and schemas; [`dedupe`] the table of
 //! creates remembered for their window; [`timers`] what fires at the batch's
 //! time; [`reads`] the read-only views.
 
+mod authorize;
 mod dedupe;
 mod jobs;
 mod reads;
@@ -277,6 +279,14 @@ impl PartitionState {
             // The state machine keeps the state for the backup; the engine's
             // state does not change.
             Command::BackupMark { .. } => Ok(CommandResult::Done),
+            Command::As { by, command } => {
+                self.authorize(by, command)?;
+                let result = self.execute(command, out)?;
+                if command.overrides_fence() {
+                    self.note_override(&by.name, command, out);
+                }
+                Ok(result)
+            }
         }
     }
 

@@ -124,7 +124,7 @@ pub fn stream_request(r: zb::StreamActivatedJobsRequest, labels: Vec<String>) ->
 
 pub fn complete_request(r: zb::CompleteJobRequest) -> Result<pb::CompleteJobRequest, ApiError> {
     let (key, fence) = job_of(r.job_key)?;
-    Ok(pb::CompleteJobRequest { key: key.0, variables: r.variables, attempt: fence })
+    Ok(pb::CompleteJobRequest { key: key.0, variables: r.variables, attempt: fence, override_fence: fence == 0 })
 }
 
 pub fn fail_request(r: zb::FailJobRequest) -> Result<pb::FailJobRequest, ApiError> {
@@ -132,6 +132,7 @@ pub fn fail_request(r: zb::FailJobRequest) -> Result<pb::FailJobRequest, ApiErro
     Ok(pb::FailJobRequest {
         key: key.0,
         attempt: fence,
+        override_fence: fence == 0,
         retries: r.retries.max(0),
         error_message: r.error_message,
         retry_back_off: r.retry_back_off.max(0),
@@ -153,6 +154,7 @@ pub fn throw_request(r: zb::ThrowErrorRequest) -> Result<pb::FailJobRequest, Api
     Ok(pb::FailJobRequest {
         key: key.0,
         attempt: fence,
+        override_fence: fence == 0,
         retries: 0,
         error_message,
         retry_back_off: 0,
@@ -167,7 +169,7 @@ pub fn retries_request(r: zb::UpdateJobRetriesRequest) -> Result<pb::UpdateJobRe
 
 pub fn timeout_request(r: zb::UpdateJobTimeoutRequest) -> Result<pb::UpdateJobTimeoutRequest, ApiError> {
     let (key, fence) = job_of(r.job_key)?;
-    Ok(pb::UpdateJobTimeoutRequest { key: key.0, timeout: r.timeout, attempt: fence })
+    Ok(pb::UpdateJobTimeoutRequest { key: key.0, timeout: r.timeout, attempt: fence, override_fence: fence == 0 })
 }
 
 /// Activated jobs cut into replies of at most `max_bytes` each, in order, and

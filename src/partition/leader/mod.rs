@@ -585,7 +585,7 @@ impl LeaderState {
     /// room to a partition waiting for it).
     fn note_finished(&mut self, commands: &[Command]) {
         for command in commands {
-            if let Command::Complete { key, attempt, .. } | Command::Fail { key, attempt, .. } = command {
+            if let Command::Complete { key, attempt, .. } | Command::Fail { key, attempt, .. } = command.inner() {
                 if let Some((gateway, pushed)) = self.pushed.finished(*key, *attempt) {
                     self.releases.entry(gateway).or_default().push((*key, pushed));
                 }

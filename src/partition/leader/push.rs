@@ -201,7 +201,7 @@ impl LeaderState {
     /// open, so a poll takes only what no better stream is there for.
     pub(super) fn route_polls(&self, mut commands: Vec<Command>) -> Vec<Command> {
         for command in &mut commands {
-            if let Command::Activate(activation) = command {
+            if let Command::Activate(activation) = command.inner_mut() {
                 if let Via::Poll { gateway } = activation.via {
                     activation.taker.local = self.locality.near(gateway);
                     let live = self.streams.live(&activation.job_type);
@@ -283,7 +283,7 @@ impl Drop for Refused {
 pub(super) fn created_by_type(commands: &[Command]) -> Vec<(String, Vec<(String, Routing)>)> {
     let mut created: Vec<(String, Vec<(String, Routing)>)> = Vec::new();
     for command in commands {
-        if let Command::Create(job) = command {
+        if let Command::Create(job) = command.inner() {
             let (job_type, kind) = (&job.spec.job_type, (job.spec.tenant.clone(), job.spec.routing.clone()));
             match created.iter_mut().find(|(t, _)| t == job_type) {
                 Some((_, kinds)) if kinds.contains(&kind) => {}

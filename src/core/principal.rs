@@ -1,6 +1,10 @@
 //! Principals and what they may do: Taskcluster-style scopes with `*` suffix
 //! wildcards, and tenants.
 //!
+//! Pure, so it sits with the engine: a gateway judges a request with it
+//! before proposing, and every replica judges a command carried with its
+//! principal ([`crate::core::Command::As`]) again at apply, alike.
+//!
 //! A scope a principal holds covers a scope a request needs when they are
 //! equal, or when the held one ends in `*` and the needed one starts with
 //! what comes before it: `jobs:work:orders-*` covers `jobs:work:orders-eu`,
@@ -8,8 +12,7 @@
 
 use serde::{Deserialize, Serialize};
 
-use super::AuthError;
-use crate::core::{Job, DEFAULT_TENANT};
+use super::{Job, DEFAULT_TENANT};
 
 /// What a job scope allows, by verb.
 #[derive(Clone, Copy, Debug, PartialEq, Eq)]
@@ -105,6 +108,13 @@ impl Principal {
     /// Holds `*` for scopes and tenants: no check can refuse it.
     pub fn unrestricted(&self) -> bool {
         self.scopes.iter().any(|s| s == "*") && self.tenants.iter().any(|t| t == "*")
+    }
+
+    /// The bytes this principal takes when encoded, within a few: what
+    /// carrying it with a command ([`crate::core::Command::As`]) adds.
+    pub fn encoded_len(&self) -> usize {
+        let strings = |list: &[String]| 8 + list.iter().map(|s| 8 + s.len()).sum::<usize>();
+        8 + self.name.len() + strings(&self.scopes) + strings(&self.tenants) + 16
     }
 
     pub fn has(&self, scope: &str) -> bool {
@@ -209,7 +219,12 @@ impl Principal {
         attempt: Option<u32>,
     ) -> Result<(), AuthError> {
         match self.job {
-            Some((own, own_attempt)) if verb == Verb::Work && own == key && attempt == Some(own_attempt) => Ok(()),
+            // A token names an activation (attempt 1 or later), never the override.
+            Some((own, own_attempt))
+                if verb == Verb::Work && own == key && own_attempt != 0 && attempt == Some(own_attempt) =>
+            {
+                Ok(())
+            }
             Some((own, own_attempt)) => Err(AuthError::PermissionDenied(format!(
                 "a job token acts only on its own job and attempt (job {own} attempt {own_attempt}), and only to \
                  work it; this request is for job {key}{}",
@@ -242,6 +257,26 @@ impl Principal {
         }
         self.require_job(verb, job_type)
     }
+}
+
+/// A refusal by authentication ([`crate::auth::Authenticator`]) or a
+/// [`Principal`]'s checks, in their own words: the gateway maps each to its
+/// gRPC status once ([`crate::gateway::ApiError`]), the admin server to its
+/// HTTP status, the engine to a command's rejection.
+#[derive(Debug, thiserror::Error)]
+pub enum AuthError {
+    /// No token, or one that does not verify.
+    #[error("{0}")]
+    Unauthenticated(String),
+    /// A token without the scope or tenant the request needs.
+    #[error("{0}")]
+    PermissionDenied(String),
+    /// Another tenant's job: for this principal it is not there at all.
+    #[error("{0}")]
+    NotFound(String),
+    /// The principal is over its rate or stream limit on this node.
+    #[error("{0}")]
+    Limited(String),
 }
 
 #[cfg(test)]

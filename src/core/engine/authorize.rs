@@ -1,0 +1,111 @@
+//! Authorization at apply: a command carried with its principal
+//! ([`Command::As`]) is judged against the job or session it acts on, as
+//! this replica holds them at this point of the log. Every replica holds
+//! the same there, so every replica decides alike, and no command acts on a
+//! job whose owner the deciding node did not yet know.
+
+use super::{ApplyOutput, PartitionState};
+use crate::core::principal::{AuthError, Principal, Verb, WORKERS_MANAGE};
+use crate::core::{Command, CommandError, ErrorKind, EventKind, JobKey, SessionId, SessionTarget};
+
+impl PartitionState {
+    /// Whether `by` may run `command` here and now. A job of a tenant `by`
+    /// does not act for is NOT_FOUND, as if it did not exist; a missing
+    /// scope, or a session of another tenant, is PERMISSION_DENIED.
+    pub(super) fn authorize(&self, by: &Principal, command: &Command) -> Result<(), CommandError> {
+        let verdict = match command {
+            Command::Create(job) => {
+                by.require_tenant(&job.spec.tenant).and_then(|()| by.require_job(Verb::Create, &job.spec.job_type))
+            }
+            Command::Activate(activation) => {
+                by.require_tenants(&activation.tenants).and_then(|()| by.require_job(Verb::Work, &activation.job_type))
+            }
+            Command::Complete { key, attempt, .. }
+            | Command::Fail { key, attempt, .. }
+            | Command::UpdateTimeout { key, attempt, .. }
+            | Command::Checkpoint { key, attempt, .. } => self.may_act_on(by, Verb::Work, *key, Some(*attempt)),
+            Command::UpdateRetries { key, .. } | Command::Cancel { key, .. } => {
+                self.may_act_on(by, Verb::Manage, *key, None)
+            }
+            Command::Register(info) => by.require_tenants(&info.tenants).and_then(|()| by.require_some(Verb::Work)),
+            Command::Beat { session, .. } | Command::EndSession { session } => {
+                self.may_act_as(by, *session).and_then(|()| by.require_some(Verb::Work))
+            }
+            Command::Direct { target, .. } => by.require(WORKERS_MANAGE).and_then(|()| match target {
+                SessionTarget::One(session) => self.may_act_as(by, *session),
+                // Every session with a label, or every session: every tenant's.
+                SessionTarget::Label(_) | SessionTarget::All => by.require_tenant("*"),
+            }),
+            Command::SetSchema { job_type, .. } => by.require_job(Verb::Manage, job_type),
+            Command::GetSchema { job_type } => by.require_job(Verb::Read, job_type),
+            Command::ListSessions => Ok(()),
+            // The broker's own commands: never a client's.
+            Command::Yield { .. } | Command::BackupMark { .. } | Command::As { .. } => {
+                if by.unrestricted() {
+                    Ok(())
+                } else {
+                    Err(AuthError::PermissionDenied(format!("{} may not send this command", by.name)))
+                }
+            }
+        };
+        verdict.map_err(|error| {
+            let kind = match error {
+                AuthError::NotFound(_) => ErrorKind::NotFound,
+                _ => ErrorKind::PermissionDenied,
+            };
+            CommandError { kind, message: error.to_string() }
+        })
+    }
+
+    /// Writes in the job's history that `by` acted on it whatever its
+    /// attempt (`command` took effect with attempt 0).
+    pub(super) fn note_override(&mut self, by: &str, command: &Command, out: &mut ApplyOutput) {
+        let (Command::Complete { key, .. }
+        | Command::Fail { key, .. }
+        | Command::UpdateTimeout { key, .. }
+        | Command::Checkpoint { key, .. }) = command
+        else {
+            return;
+        };
+        let now = self.clock;
+        let job = match self.jobs.get_mut(key) {
+            Some(job) => {
+                out.touched.push(*key);
+                job
+            }
+            // Completed by it: on its way to storage.
+            None => match out.finished.iter_mut().rev().find(|job| job.key == *key) {
+                Some(job) => job,
+                None => return,
+            },
+        };
+        job.history.record(now, EventKind::FenceOverridden { attempt: job.attempt, by: by.to_string() });
+    }
+
+    /// `verb` on job `key` at `attempt`. A job no longer in memory (final,
+    /// or never created) is left to the command, which changes nothing on
+    /// it; a job token is still held to its own job.
+    fn may_act_on(&self, by: &Principal, verb: Verb, key: JobKey, attempt: Option<u32>) -> Result<(), AuthError> {
+        match self.jobs.get(&key) {
+            Some(job) => by.check_command(verb, &job.spec.tenant, &job.spec.job_type, key.0, attempt),
+            None if by.job.is_some() => by.check_command(verb, "", "", key.0, attempt),
+            None => Ok(()),
+        }
+    }
+
+    /// Acting as session `session`: `by` acts for every tenant it serves. A
+    /// session this partition does not know is left to the command. The
+    /// refusal is PERMISSION_DENIED, not NOT_FOUND: a gateway ends a session
+    /// a partition does not know, and a stranger's beat must not end it.
+    fn may_act_as(&self, by: &Principal, session: SessionId) -> Result<(), AuthError> {
+        match self.sessions.get(&session) {
+            Some(known) if by.require_tenants(&known.info.tenants).is_err() => {
+                Err(AuthError::PermissionDenied(format!(
+                    "{} may not act as worker session {session:x}: it serves tenants {} does not",
+                    by.name, by.name
+                )))
+            }
+            _ => Ok(()),
+        }
+    }
+}
