@@ -27,7 +27,7 @@ fn globex() -> Arc<Principal> {
 }
 
 fn by(who: &Arc<Principal>, command: Command) -> Command {
-    Command::As { by: Arc::clone(who), command: Box::new(command) }
+    Command::As { by: Arc::clone(who), commands: vec![command] }
 }
 
 fn create(tenant: &str) -> Command {
@@ -214,4 +214,33 @@ fn an_override_of_the_fence_is_written_in_the_history_with_who_sent_it() {
     let named = EventKind::FenceOverridden { attempt: 1, by: "acme-operator".into() };
     assert_eq!(overrides, vec![&named, &named], "the timeout update and the completion");
     assert!(matches!(job.history.events().last().map(|e| &e.kind), Some(EventKind::FenceOverridden { .. })));
+}
+
+#[test]
+fn a_run_of_one_principals_commands_answers_each_in_order() {
+    let mut p = Partition::new();
+    let theirs = p.activated_job("globex");
+    let run = Command::As {
+        by: acme(),
+        commands: vec![
+            create("acme"),
+            Command::Cancel { key: theirs, by: "acme".into() },
+            create("globex"),
+            create("acme"),
+        ],
+    };
+    let out = p.state.apply(&Batch::at(9_000, vec![run, Command::ListSessions]));
+    let kinds: Vec<&str> = out
+        .results
+        .iter()
+        .map(|r| match r {
+            CommandResult::Created { .. } => "created",
+            CommandResult::Rejected(e) if e.kind == ErrorKind::NotFound => "not found",
+            CommandResult::Rejected(e) if e.kind == ErrorKind::PermissionDenied => "denied",
+            CommandResult::Sessions(_) => "sessions",
+            _ => "other",
+        })
+        .collect();
+    assert_eq!(kinds, ["created", "not found", "denied", "created", "sessions"]);
+    assert_eq!(p.state.job(theirs).map(|j| j.state), Some(JobState::Activated), "globex's job untouched");
 }

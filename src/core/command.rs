@@ -141,16 +141,18 @@ pub enum Command {
     BackupMark {
         id: String,
     },
-    /// `command` on behalf of `by`: every replica checks at apply that `by`
-    /// may do it to the job or session it acts on (see
-    /// [`crate::core::principal`]), so the guarantee does not rest on the
-    /// gateway's read of a state that may lag. A refusal is the command's
-    /// rejection (NOT_FOUND for another tenant's job or session,
-    /// PERMISSION_DENIED for a missing scope) and changes nothing. Data
-    /// version 8 and later: sent only once every member reads it.
+    /// `commands` on behalf of `by`, each answered in order as if it stood
+    /// alone: every replica checks at apply that `by` may do each to the
+    /// job or session it acts on (see [`crate::core::principal`]), so the
+    /// guarantee does not rest on the gateway's read of a state that may
+    /// lag. A refusal is that command's rejection (NOT_FOUND for another
+    /// tenant's job, PERMISSION_DENIED for a missing scope) and changes
+    /// nothing. One principal is carried once for a run of its commands
+    /// (a leader merges the runs of one principal in an entry). Never
+    /// nested. Data version 8 and later: sent only once every member reads it.
     As {
         by: Arc<Principal>,
-        command: Box<Command>,
+        commands: Vec<Command>,
     },
 }
 
@@ -230,19 +232,27 @@ impl CommandError {
 }
 
 impl Command {
-    /// The command itself, without the principal it may be carried with.
-    pub fn inner(&self) -> &Command {
+    /// The commands themselves: those a principal's run carries, or this one.
+    pub fn each(&self) -> std::slice::Iter<'_, Command> {
         match self {
-            Command::As { command, .. } => command.inner(),
-            command => command,
+            Command::As { commands, .. } => commands.iter(),
+            command => std::slice::from_ref(command).iter(),
         }
     }
 
-    /// The command itself, to change, without the principal it may be carried with.
-    pub fn inner_mut(&mut self) -> &mut Command {
+    /// [`Command::each`], to change.
+    pub fn each_mut(&mut self) -> std::slice::IterMut<'_, Command> {
         match self {
-            Command::As { command, .. } => command.inner_mut(),
-            command => command,
+            Command::As { commands, .. } => commands.iter_mut(),
+            command => std::slice::from_mut(command).iter_mut(),
+        }
+    }
+
+    /// How many results this command answers: one for each it carries.
+    pub fn results(&self) -> usize {
+        match self {
+            Command::As { commands, .. } => commands.len(),
+            _ => 1,
         }
     }
 
@@ -250,7 +260,7 @@ impl Command {
     /// command with attempt 0, acting whatever the job's attempt.
     pub fn overrides_fence(&self) -> bool {
         matches!(
-            self.inner(),
+            self,
             Command::Complete { attempt: 0, .. }
                 | Command::Fail { attempt: 0, .. }
                 | Command::UpdateTimeout { attempt: 0, .. }
@@ -285,7 +295,7 @@ impl Command {
             Command::SetSchema { job_type, schema } => field_len(job_type.len()) + field_len(schema.len()),
             Command::GetSchema { job_type } => field_len(job_type.len()),
             Command::BackupMark { id } => field_len(id.len()),
-            Command::As { by, command } => by.encoded_len() + command.encoded_len(),
+            Command::As { by, commands } => by.encoded_len() + commands.iter().map(Command::encoded_len).sum::<usize>(),
             Command::UpdateTimeout { .. }
             | Command::UpdateRetries { .. }
             | Command::Cancel { .. }

@@ -201,8 +201,8 @@ async fn submit_local(
         _ => (commands, Vec::new()),
     };
     let commands = match principal {
-        Some(by) if ctx.transport.peers.versions().cluster_version() >= AUTHORIZED_AT_APPLY => {
-            commands.into_iter().map(|command| Command::As { by: Arc::clone(by), command: Box::new(command) }).collect()
+        Some(by) if !commands.is_empty() && ctx.transport.peers.versions().cluster_version() >= AUTHORIZED_AT_APPLY => {
+            vec![Command::As { by: Arc::clone(by), commands }]
         }
         _ => commands,
     };

@@ -39,8 +39,9 @@ impl PartitionState {
             Command::SetSchema { job_type, .. } => by.require_job(Verb::Manage, job_type),
             Command::GetSchema { job_type } => by.require_job(Verb::Read, job_type),
             Command::ListSessions => Ok(()),
+            Command::As { .. } => Err(AuthError::PermissionDenied("a principal's commands are not nested".into())),
             // The broker's own commands: never a client's.
-            Command::Yield { .. } | Command::BackupMark { .. } | Command::As { .. } => {
+            Command::Yield { .. } | Command::BackupMark { .. } => {
                 if by.unrestricted() {
                     Ok(())
                 } else {

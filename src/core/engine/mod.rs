@@ -31,6 +31,7 @@ use super::command::*;
 use super::failure::*;
 use super::ids::*;
 use super::job::*;
+use super::principal::Principal;
 use super::routing::*;
 use super::session::*;
 
@@ -213,13 +214,36 @@ impl PartitionState {
         }
         self.fire_timers(&mut out);
         for command in &batch.commands {
-            let result = match self.execute(command, &mut out) {
-                Ok(result) => result,
-                Err(error) => CommandResult::Rejected(error),
-            };
-            out.results.push(result);
+            match command {
+                Command::As { by, commands } => {
+                    for command in commands {
+                        let result = self.execute_as(by, command, &mut out);
+                        out.results.push(result.unwrap_or_else(CommandResult::Rejected));
+                    }
+                }
+                command => {
+                    let result = self.execute(command, &mut out);
+                    out.results.push(result.unwrap_or_else(CommandResult::Rejected));
+                }
+            }
         }
         out
+    }
+
+    /// `command` on behalf of `by`: authorized first, and an override of
+    /// the fence written in the job's history.
+    fn execute_as(
+        &mut self,
+        by: &Principal,
+        command: &Command,
+        out: &mut ApplyOutput,
+    ) -> Result<CommandResult, CommandError> {
+        self.authorize(by, command)?;
+        let result = self.execute(command, out)?;
+        if command.overrides_fence() {
+            self.note_override(&by.name, command, out);
+        }
+        Ok(result)
     }
 
     fn execute(&mut self, command: &Command, out: &mut ApplyOutput) -> Result<CommandResult, CommandError> {
@@ -279,14 +303,8 @@ impl PartitionState {
             // The state machine keeps the state for the backup; the engine's
             // state does not change.
             Command::BackupMark { .. } => Ok(CommandResult::Done),
-            Command::As { by, command } => {
-                self.authorize(by, command)?;
-                let result = self.execute(command, out)?;
-                if command.overrides_fence() {
-                    self.note_override(&by.name, command, out);
-                }
-                Ok(result)
-            }
+            // Runs are taken apart by `apply`; one inside another is not sent.
+            Command::As { .. } => Err(CommandError::invalid("a principal's commands carried inside another's")),
         }
     }
 

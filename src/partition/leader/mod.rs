@@ -351,7 +351,7 @@ impl Actor for PartitionLeader {
                     let _ = reply.send(Err(SubmitError::NotLeader { partition: state.partition, leader: None }));
                     return Ok(());
                 }
-                if state.pending_commands + commands.len() > MAX_PENDING_COMMANDS {
+                if state.pending_commands + answers(&commands) > MAX_PENDING_COMMANDS {
                     let _ = reply.send(Err(SubmitError::Overloaded {
                         partition: state.partition,
                         pending: state.pending_commands,
@@ -518,30 +518,31 @@ impl LeaderState {
     }
 
     fn enqueue(&mut self, commands: Vec<Command>, reply: ReplyTo) {
-        self.pending_commands += commands.len();
+        self.pending_commands += answers(&commands);
         self.pending.push_back((commands, reply, Instant::now()));
     }
 
     /// Starts Raft writes for whatever is waiting, up to the in-flight limit.
     fn flush(&mut self, myself: &ActorRef<LeaderMsg>) {
         while self.in_flight < MAX_IN_FLIGHT && !self.pending.is_empty() {
-            let mut commands = Vec::new();
+            let mut commands: Vec<Command> = Vec::new();
             let mut replies = Vec::new();
-            let mut bytes = 0usize;
+            let (mut bytes, mut count) = (0usize, 0usize);
             while let Some((next, _, _)) = self.pending.front() {
                 let next_bytes: usize = next.iter().map(Command::encoded_len).sum();
+                let next_count = answers(next);
                 if !commands.is_empty()
-                    && (commands.len() + next.len() > MAX_BATCH_COMMANDS || bytes + next_bytes > MAX_ENTRY_BYTES)
+                    && (count + next_count > MAX_BATCH_COMMANDS || bytes + next_bytes > MAX_ENTRY_BYTES)
                 {
                     break;
                 }
-                bytes += next_bytes;
+                (bytes, count) = (bytes + next_bytes, count + next_count);
                 let (next, reply, arrived) = self.pending.pop_front().expect("front exists");
                 stages::record(Stage::LeaderQueue, arrived.elapsed());
-                replies.push((next.len(), reply));
-                commands.extend(next);
+                replies.push((next_count, reply));
+                append_merging(&mut commands, next);
             }
-            self.pending_commands -= commands.len();
+            self.pending_commands -= count;
             // Jobs created in this entry can be activated for a stream in the
             // same entry: one commit instead of two before a worker has them.
             let created = created_by_type(&commands);
@@ -552,7 +553,7 @@ impl LeaderState {
                 }
             }
             self.in_flight += 1;
-            metrics::histogram!("drover_raft_commands_per_entry").record(commands.len() as f64);
+            metrics::histogram!("drover_raft_commands_per_entry").record(answers(&commands) as f64);
             // Every entry until the take-over entry has applied restarts every
             // session's lease (see `Batch`): writes run concurrently, and one
             // started later may reach the log first, firing the timers of
@@ -584,8 +585,8 @@ impl LeaderState {
     /// worker reported through another gateway (the gateway then offers the
     /// room to a partition waiting for it).
     fn note_finished(&mut self, commands: &[Command]) {
-        for command in commands {
-            if let Command::Complete { key, attempt, .. } | Command::Fail { key, attempt, .. } = command.inner() {
+        for command in commands.iter().flat_map(Command::each) {
+            if let Command::Complete { key, attempt, .. } | Command::Fail { key, attempt, .. } = command {
                 if let Some((gateway, pushed)) = self.pushed.finished(*key, *attempt) {
                     self.releases.entry(gateway).or_default().push((*key, pushed));
                 }
@@ -600,6 +601,27 @@ impl LeaderState {
             for reply in self.draining.as_mut().map(std::mem::take).unwrap_or_default() {
                 let _ = reply.send(());
             }
+        }
+    }
+}
+
+/// How many results `commands` answer (a principal's run answers one per command).
+fn answers(commands: &[Command]) -> usize {
+    commands.iter().map(Command::results).sum()
+}
+
+/// Appends `next` to an entry's `commands`, a principal's run joining the
+/// run of the same principal just before it: the principal is then carried
+/// once for both, and the results keep their order.
+fn append_merging(commands: &mut Vec<Command>, next: Vec<Command>) {
+    for command in next {
+        match (commands.last_mut(), command) {
+            (Some(Command::As { by: last, commands: run }), Command::As { by, commands: more })
+                if Arc::ptr_eq(last, &by) || **last == *by =>
+            {
+                run.extend(more);
+            }
+            (_, command) => commands.push(command),
         }
     }
 }

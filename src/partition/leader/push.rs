@@ -200,8 +200,8 @@ impl LeaderState {
     /// leader says whether the poll's gateway is near and which streams are
     /// open, so a poll takes only what no better stream is there for.
     pub(super) fn route_polls(&self, mut commands: Vec<Command>) -> Vec<Command> {
-        for command in &mut commands {
-            if let Command::Activate(activation) = command.inner_mut() {
+        for command in commands.iter_mut().flat_map(Command::each_mut) {
+            if let Command::Activate(activation) = command {
                 if let Via::Poll { gateway } = activation.via {
                     activation.taker.local = self.locality.near(gateway);
                     let live = self.streams.live(&activation.job_type);
@@ -282,8 +282,8 @@ impl Drop for Refused {
 /// The tenants and labels of the jobs each type gets in `commands`.
 pub(super) fn created_by_type(commands: &[Command]) -> Vec<(String, Vec<(String, Routing)>)> {
     let mut created: Vec<(String, Vec<(String, Routing)>)> = Vec::new();
-    for command in commands {
-        if let Command::Create(job) = command.inner() {
+    for command in commands.iter().flat_map(Command::each) {
+        if let Command::Create(job) = command {
             let (job_type, kind) = (&job.spec.job_type, (job.spec.tenant.clone(), job.spec.routing.clone()));
             match created.iter_mut().find(|(t, _)| t == job_type) {
                 Some((_, kinds)) if kinds.contains(&kind) => {}

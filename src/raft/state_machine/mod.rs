@@ -326,10 +326,14 @@ impl RaftStateMachine<TypeConfig> for StateMachine {
                     responses.push(BatchResponse::default());
                 }
                 EntryPayload::Normal(commands) => {
-                    for (i, command) in commands.commands.iter().enumerate() {
+                    // A mark's result is at its place among the results,
+                    // which a principal's run of several commands shifts.
+                    let mut at = 0;
+                    for command in &commands.commands {
                         if let crate::core::Command::BackupMark { id } = command {
-                            marks.push((responses.len(), i, id.clone()));
+                            marks.push((responses.len(), at, id.clone()));
                         }
+                        at += command.results();
                     }
                     let out = inner.engine.apply(&commands);
                     let now = inner.engine.clock();
