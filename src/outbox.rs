@@ -4,7 +4,8 @@
 //!
 //! Each round locks a batch of unrelayed rows (`FOR UPDATE SKIP LOCKED`, so
 //! several relays share the table without waiting on each other), creates
-//! their jobs with the row's idempotency key (by default `outbox:<table>:<id>`),
+//! their jobs with the row's idempotency key (by default
+//! `outbox:<namespace>:<table>:<id>`, see [`OutboxArgs::key_namespace`]),
 //! and only then, in the same transaction, deletes the rows or marks them
 //! relayed. A relay that dies mid-round leaves its rows unrelayed and
 //! unlocked; the next round (of any relay) creates them again under the same
@@ -47,6 +48,32 @@ pub struct OutboxArgs {
     /// Print the table's definition and exit.
     #[arg(long)]
     pub print_schema: bool,
+    /// What the default idempotency key (`outbox:<namespace>:<table>:<id>`)
+    /// is scoped by, so that two databases relaying tables of one name into
+    /// one cluster never share keys. Default: the PostgreSQL cluster's
+    /// system identifier (when the relay's role may read it), the database's
+    /// name and the table's OID. Set a new one after resetting the table's
+    /// ids (TRUNCATE ... RESTART IDENTITY) within the keys' window; an empty
+    /// one gives the keys of earlier relays (`outbox:<table>:<id>`).
+    #[arg(long, env = "DROVER_OUTBOX_KEY_NAMESPACE")]
+    pub key_namespace: Option<String>,
+}
+
+/// The default key's scope for `table` in the database `pg` is connected to
+/// (see [`OutboxArgs::key_namespace`]).
+async fn key_namespace(pg: &tokio_postgres::Client, table: &str) -> Result<String, tokio_postgres::Error> {
+    // pg_control_system() may be closed to the relay's role: then the
+    // database's name and the table's OID scope the keys.
+    let system = match pg.query_one("SELECT system_identifier::text FROM pg_control_system()", &[]).await {
+        Ok(row) => row.get::<_, String>(0),
+        Err(error) => {
+            tracing::debug!("outbox relay: no system identifier ({error}); keys are scoped by database and table");
+            String::new()
+        }
+    };
+    let row = pg.query_one(&format!("SELECT current_database()::text, '{table}'::regclass::oid::text"), &[]).await?;
+    let (database, oid): (String, String) = (row.get(0), row.get(1));
+    Ok(format!("{system}/{database}/{oid}"))
 }
 
 /// The outbox table's definition: what an application inserts into.
@@ -130,7 +157,11 @@ pub async fn run(
             if args.create_table {
                 pg.batch_execute(&schema(&args.table)).await?;
             }
-            let result = relay_until_error(&mut pg, &clients, &mut gateway, &args, &mut relayed).await;
+            let namespace = match &args.key_namespace {
+                Some(namespace) => namespace.clone(),
+                None => key_namespace(&pg, &args.table).await?,
+            };
+            let result = relay_until_error(&mut pg, &clients, &mut gateway, &args, &namespace, &mut relayed).await;
             connection.abort();
             result
         };
@@ -160,10 +191,11 @@ async fn relay_until_error(
     clients: &[Client],
     gateway: &mut usize,
     args: &OutboxArgs,
+    namespace: &str,
     relayed: &mut u64,
 ) -> anyhow::Result<()> {
     loop {
-        match relay_round(pg, &clients[*gateway % clients.len()], args).await {
+        match relay_round(pg, &clients[*gateway % clients.len()], args, namespace).await {
             Ok(0) => tokio::time::sleep(Duration::from_millis(args.poll_ms)).await,
             Ok(n) => *relayed += n as u64,
             Err(RoundError::Gateway(status)) => {
@@ -175,6 +207,14 @@ async fn relay_until_error(
             Err(RoundError::Postgres(error)) => return Err(error.into()),
         }
     }
+}
+
+/// A row's idempotency key when it names none.
+fn default_key(namespace: &str, table: &str, id: i64) -> String {
+    if namespace.is_empty() {
+        return format!("outbox:{table}:{id}");
+    }
+    format!("outbox:{namespace}:{table}:{id}")
 }
 
 enum RoundError {
@@ -194,6 +234,7 @@ async fn relay_round(
     pg: &mut tokio_postgres::Client,
     gateway: &Client,
     args: &OutboxArgs,
+    namespace: &str,
 ) -> Result<usize, RoundError> {
     let table = &args.table;
     let tx = pg.transaction().await?;
@@ -215,7 +256,7 @@ async fn relay_round(
                     r#type: row.get(1),
                     variables: row.get(2),
                     custom_headers: headers_of(&headers),
-                    idempotency_key: key.unwrap_or_else(|| format!("outbox:{table}:{id}")),
+                    idempotency_key: key.unwrap_or_else(|| default_key(namespace, table, id)),
                     tenant_id: row.get(5),
                     ..Default::default()
                 },

@@ -66,11 +66,20 @@ impl Postgres {
     }
 
     fn url(&self) -> String {
-        format!("host=127.0.0.1 port={} user=drover dbname=postgres", self.port)
+        self.url_of("postgres")
+    }
+
+    fn url_of(&self, database: &str) -> String {
+        format!("host=127.0.0.1 port={} user=drover dbname={database}", self.port)
     }
 
     async fn connect(&self) -> tokio_postgres::Client {
-        let (client, connection) = tokio_postgres::connect(&self.url(), tokio_postgres::NoTls).await.expect("connect");
+        self.connect_to("postgres").await
+    }
+
+    async fn connect_to(&self, database: &str) -> tokio_postgres::Client {
+        let url = self.url_of(database);
+        let (client, connection) = tokio_postgres::connect(&url, tokio_postgres::NoTls).await.expect("connect");
         tokio::spawn(connection);
         client
     }
@@ -100,9 +109,13 @@ struct Relay(Child);
 
 impl Relay {
     fn start(pg: &Postgres, gateways: &str, log: &Path) -> Relay {
+        Relay::start_on(&pg.url(), gateways, log)
+    }
+
+    fn start_on(postgres: &str, gateways: &str, log: &Path) -> Relay {
         let log = std::fs::File::create(log).unwrap();
         let child = Command::new(drover_bin())
-            .args(["outbox", "--postgres", &pg.url(), "--table", "drover_outbox", "--batch", "100"])
+            .args(["outbox", "--postgres", postgres, "--table", "drover_outbox", "--batch", "100"])
             .args(["--address", gateways])
             .stdout(Stdio::null())
             .stderr(log)
@@ -241,4 +254,49 @@ async fn every_committed_outbox_row_becomes_one_job_while_a_relay_is_killed() {
         let (marker, key): (String, i64) = (row.get(0), row.get(1));
         assert_eq!(jobs_by_marker[&marker], vec![key as u64], "row {marker} names another job");
     }
+}
+
+/// Two databases relay outbox tables of one name into one cluster, each with
+/// a row of the same id and content: each row is its own job, since the
+/// default key is scoped by the database and table it came from.
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn outboxes_of_one_name_in_two_databases_make_a_job_each() {
+    let pg = Postgres::start();
+    let cluster = ProcessCluster::start(1, 1, 1, &[]);
+    cluster.wait_ready().await;
+    let admin = pg.connect().await;
+    let logs = tempfile::tempdir().unwrap();
+    let mut relays = Vec::new();
+    let mut clients = Vec::new();
+    for database in ["orders", "billing"] {
+        admin.batch_execute(&format!("CREATE DATABASE {database}")).await.expect("create a database");
+        let client = pg.connect_to(database).await;
+        client.batch_execute(&drover::outbox::schema("drover_outbox")).await.expect("create the outbox");
+        client
+            .execute("INSERT INTO drover_outbox (type, variables) VALUES ('outbox-twins', '{}')", &[])
+            .await
+            .expect("insert a row");
+        let log = logs.path().join(format!("{database}.log"));
+        relays.push(Relay::start_on(&pg.url_of(database), &cluster.node(0).grpc, &log));
+        clients.push(client);
+    }
+    let mut keys = Vec::new();
+    for client in &clients {
+        let started = Instant::now();
+        while count(client, "relayed_at IS NOT NULL").await < 1 {
+            assert!(started.elapsed() < Duration::from_secs(60), "a row unrelayed after 60 s");
+            tokio::time::sleep(Duration::from_millis(50)).await;
+        }
+        assert_eq!(count(client, "failed_at IS NOT NULL").await, 0, "no row failed");
+        let row = client.query_one("SELECT id, job_key FROM drover_outbox", &[]).await.unwrap();
+        let (id, key): (i64, i64) = (row.get(0), row.get(1));
+        assert_eq!(id, 1, "both rows have the same id");
+        keys.push(key);
+    }
+    assert_ne!(keys[0], keys[1], "the second database's row got the first one's job");
+    let gateway = Client::connect(&cluster.node(0).grpc).await.unwrap();
+    let filter = JobFilter { r#type: "outbox-twins".into(), ..Default::default() };
+    let request = ListJobsRequest { filter: Some(filter), page_size: 10, ..Default::default() };
+    let listed = gateway.raw().list_jobs(request).await.unwrap().into_inner();
+    assert_eq!(listed.jobs.len(), 2, "one job per row");
 }
