@@ -40,7 +40,7 @@ pub async fn run_chunk(
     // A batch is one outcome and one Raft entry; the partition leader never
     // splits one, so it is cut here to the entry size (which also keeps a
     // forwarded batch within the cluster's message limit).
-    // Each command may travel with the principal (see `router::submit_as`).
+    // Each batch may travel behind the principal (see `router::submit_as`).
     let max_bytes = MAX_ENTRY_BYTES;
     let carried = principal.map_or(0, |p| p.encoded_len());
     let partitions = by_partition.into_iter().map(|(partition, (indexes, commands))| async move {
@@ -73,7 +73,8 @@ pub async fn run_chunk(
 }
 
 /// Cuts one partition's commands into batches of at most `max_bytes` as
-/// encoded, each with `carried` bytes more (at least one command each), in order.
+/// encoded, `carried` bytes more for each batch (at least one command each),
+/// in order.
 fn split_by_bytes(
     indexes: Vec<usize>,
     commands: Vec<Command>,
@@ -83,7 +84,7 @@ fn split_by_bytes(
     let mut batches: Vec<(Vec<usize>, Vec<Command>)> = Vec::new();
     let mut bytes = 0usize;
     for (index, command) in indexes.into_iter().zip(commands) {
-        let size = command.encoded_len() + carried;
+        let size = command.encoded_len();
         match batches.last_mut() {
             Some((indexes, commands)) if bytes.saturating_add(size) <= max_bytes => {
                 bytes += size;
@@ -91,7 +92,7 @@ fn split_by_bytes(
                 commands.push(command);
             }
             _ => {
-                bytes = size;
+                bytes = carried + size;
                 batches.push((vec![index], vec![command]));
             }
         }
