@@ -168,6 +168,8 @@ fn another_tenants_session_is_neither_beaten_ended_nor_directed_at_apply() {
     let mut p = Partition::new();
     assert!(matches!(p.run(by(&acme(), session(7, "acme"))), CommandResult::Done));
     assert_eq!(p.refused(by(&globex(), session(8, "acme"))), ErrorKind::PermissionDenied, "register for acme");
+    let other_type = principal("acme-other", &["jobs:work:other"], &["acme"]);
+    assert_eq!(p.refused(by(&other_type, session(9, "acme"))), ErrorKind::PermissionDenied, "a type it may not work");
     let beat = Command::Beat { session: 7, state: WorkerState::Quiet, held: Vec::new() };
     assert_eq!(p.refused(by(&globex(), beat)), ErrorKind::PermissionDenied);
     assert_eq!(p.refused(by(&globex(), Command::EndSession { session: 7 })), ErrorKind::PermissionDenied);
@@ -176,7 +178,7 @@ fn another_tenants_session_is_neither_beaten_ended_nor_directed_at_apply() {
     let all = Command::Direct { target: SessionTarget::All, state: WorkerState::Terminate };
     assert_eq!(p.refused(by(&globex(), all)), ErrorKind::PermissionDenied, "all sessions need tenant *");
     let CommandResult::Sessions(sessions) = p.run(Command::ListSessions) else { panic!("lists") };
-    assert_eq!(sessions.len(), 1, "session 8 was never made");
+    assert_eq!(sessions.len(), 1, "sessions 8 and 9 were never made");
     let (session, _) = &sessions[0];
     assert_eq!((session.reported, session.directed), (WorkerState::Running, WorkerState::Running));
     let beat = Command::Beat { session: 7, state: WorkerState::Quiet, held: Vec::new() };

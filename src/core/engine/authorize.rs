@@ -27,7 +27,10 @@ impl PartitionState {
             Command::UpdateRetries { key, .. } | Command::Cancel { key, .. } => {
                 self.may_act_on(by, Verb::Manage, *key, None)
             }
-            Command::Register(info) => by.require_tenants(&info.tenants).and_then(|()| by.require_some(Verb::Work)),
+            Command::Register(info) => by.require_tenants(&info.tenants).and_then(|()| {
+                by.require_some(Verb::Work)?;
+                info.job_types.iter().try_for_each(|job_type| by.require_job(Verb::Work, job_type))
+            }),
             Command::Beat { session, .. } | Command::EndSession { session } => {
                 self.may_act_as(by, *session).and_then(|()| by.require_some(Verb::Work))
             }
