@@ -28,7 +28,9 @@
 //! - **slow recovery**: a killed session worker's job not activated again
 //!   within the session's bound (see `sessions`);
 //! - **early reactivation**, **early timer**, **late timer**: timers held to
-//!   real time (see `timing`).
+//!   real time (see `timing`);
+//! - **cross-tenant effect**, **cross-tenant read**: what a second tenant's
+//!   attacks achieved on the first's jobs and sessions (see `attacker`).
 
 use std::collections::{BTreeMap, BTreeSet};
 use std::fmt::Write;
@@ -123,6 +125,8 @@ pub struct Report {
     pub timing: crate::timing::Timing,
     /// What clients waited (figures, not checks; see `availability`).
     pub availability: crate::availability::Availability,
+    /// What the second tenant's attacks achieved (see `attacker`).
+    pub cross_tenant: crate::attacker::CrossTenant,
     pub valid: bool,
 }
 
@@ -137,6 +141,12 @@ impl Report {
         self.slow_recoveries.extend(slow);
     }
 
+    /// Cross-tenant effects and reads: each one makes the run invalid.
+    pub fn add_cross_tenant(&mut self, found: crate::attacker::CrossTenant) {
+        self.valid &= found.effects.is_empty() && found.reads.is_empty();
+        self.cross_tenant = found;
+    }
+
     /// Timing anomalies: each one makes the run invalid.
     pub fn add_timing(&mut self, timing: crate::timing::Timing) {
         self.valid &= timing.anomalies() == 0;
@@ -148,7 +158,7 @@ impl Report {
             "{}: {} attempted, {} acknowledged, {} completed, {} incidents; lost {}, unexpected {}, duplicated {}, \
              stale {}, duplicate creates {}, misdelivered {}, stage twice {}, lost checkpoints {} (of {}), \
              divergent {}, recovered {}, worker kills {}, slow recoveries {}, early reactivations {}, early timers {}, \
-             late timers {}",
+             late timers {}; {}",
             if self.valid { "VALID" } else { "INVALID" },
             self.attempted,
             self.acknowledged,
@@ -170,6 +180,7 @@ impl Report {
             self.timing.early_reactivations.len(),
             self.timing.early_timers.len(),
             self.timing.late_timers.len(),
+            self.cross_tenant.summary(),
         )
     }
 
@@ -301,6 +312,8 @@ impl Report {
         section(self.stale.iter().map(|k| format!("stale: job key {k} completed by a superseded attempt")).collect());
         section(self.unexpected.iter().map(|id| format!("unexpected: job {id} completed but never created")).collect());
         section(self.divergent.iter().map(|id| format!("divergent: job {id} differs between replicas")).collect());
+        section(self.cross_tenant.effects.iter().map(|e| format!("cross-tenant effect: {e}")).collect());
+        section(self.cross_tenant.reads.iter().map(|r| format!("cross-tenant read: {r}")).collect());
         lines.join("\n")
     }
 }
@@ -612,7 +625,7 @@ mod tests {
                                     job_type: "jepsen".into(),
                                     checkpoints: Vec::new(),
                                     attempt: 0,
-                                    timers: Vec::new(),
+                                    ..FinalJob::default()
                                 },
                             )
                         })
@@ -865,7 +878,7 @@ mod tests {
                     job_type: "jepsen".into(),
                     checkpoints: Vec::new(),
                     attempt: 0,
-                    timers: Vec::new(),
+                    ..FinalJob::default()
                 },
             )]
             .into(),

@@ -195,11 +195,13 @@ impl Nodes {
     /// A GET on node `i`'s admin port: over HTTPS with TLS, with the token
     /// when tokens are on.
     pub async fn admin_get(&self, i: usize, path: &str) -> std::io::Result<(u16, String)> {
-        let token = self.token.as_deref();
-        match &self.tls {
-            Some((_, ca)) => https_get_as(&self.admin(i), path, ca, token).await,
-            None => http_get_as(&self.admin(i), path, token).await,
-        }
+        self.admin_get_as(i, path, self.token.as_deref()).await
+    }
+
+    /// Like [`Nodes::admin_get`], sending `token` instead.
+    pub async fn admin_get_as(&self, i: usize, path: &str, token: Option<&str>) -> std::io::Result<(u16, String)> {
+        let ca = self.tls.as_ref().map(|(_, ca)| ca.as_slice());
+        http_as(&self.admin(i), "GET", path, "", ca, token).await
     }
 
     fn token_args(&self) -> Vec<String> {
@@ -523,17 +525,24 @@ impl Drop for Nodes {
     }
 }
 
-/// A GET over plain HTTP, sending `token` (if any) as a bearer token.
-pub async fn http_get_as(addr: &str, path: &str, token: Option<&str>) -> std::io::Result<(u16, String)> {
-    let connect = tokio::net::TcpStream::connect(addr);
-    let stream = tokio::time::timeout(Duration::from_secs(2), connect)
-        .await
-        .map_err(|_| std::io::Error::new(std::io::ErrorKind::TimedOut, "connect timed out"))??;
-    get_over(stream, addr, path, token).await
-}
-
-/// Like [`http_get_as`] over TLS, trusting the PEM CA `ca`.
-pub async fn https_get_as(addr: &str, path: &str, ca: &[u8], token: Option<&str>) -> std::io::Result<(u16, String)> {
+/// A request to `addr` (a GET, or a POST of the URL-encoded `form`): over
+/// TLS trusting the PEM CA `ca` when there is one, sending `token` (if any)
+/// as a bearer token. Returns the status and the body.
+pub async fn http_as(
+    addr: &str,
+    method: &str,
+    path: &str,
+    form: &str,
+    ca: Option<&[u8]>,
+    token: Option<&str>,
+) -> std::io::Result<(u16, String)> {
+    let Some(ca) = ca else {
+        let connect = tokio::net::TcpStream::connect(addr);
+        let stream = tokio::time::timeout(Duration::from_secs(2), connect)
+            .await
+            .map_err(|_| std::io::Error::new(std::io::ErrorKind::TimedOut, "connect timed out"))??;
+        return request_over(stream, addr, (method, path, form), token).await;
+    };
     use rustls::pki_types::pem::PemObject;
     use rustls::pki_types::{CertificateDer, ServerName};
     let invalid = |e: String| std::io::Error::new(std::io::ErrorKind::InvalidInput, e);
@@ -557,18 +566,23 @@ pub async fn https_get_as(addr: &str, path: &str, ca: &[u8], token: Option<&str>
     let stream = tokio::time::timeout(Duration::from_secs(2), handshake)
         .await
         .map_err(|_| std::io::Error::new(std::io::ErrorKind::TimedOut, "TLS connect timed out"))??;
-    get_over(stream, addr, path, token).await
+    request_over(stream, addr, (method, path, form), token).await
 }
 
-async fn get_over(
+async fn request_over(
     mut stream: impl tokio::io::AsyncRead + tokio::io::AsyncWrite + Unpin,
     addr: &str,
-    path: &str,
+    (method, path, form): (&str, &str, &str),
     token: Option<&str>,
 ) -> std::io::Result<(u16, String)> {
     use tokio::io::{AsyncReadExt, AsyncWriteExt};
     let authorization = token.map(|t| format!("Authorization: Bearer {t}\r\n")).unwrap_or_default();
-    let request = format!("GET {path} HTTP/1.1\r\nHost: {addr}\r\n{authorization}Connection: close\r\n\r\n");
+    let body = match method {
+        "GET" => String::new(),
+        _ => format!("Content-Type: application/x-www-form-urlencoded\r\nContent-Length: {}\r\n", form.len()),
+    };
+    let request =
+        format!("{method} {path} HTTP/1.1\r\nHost: {addr}\r\n{authorization}{body}Connection: close\r\n\r\n{form}");
     stream.write_all(request.as_bytes()).await?;
     let mut response = Vec::new();
     let read = tokio::time::timeout(Duration::from_secs(10), stream.read_to_end(&mut response))

@@ -66,7 +66,7 @@ pub struct Op {
 }
 
 /// A job as one node's replica holds it after the faults healed.
-#[derive(Clone, Debug, PartialEq, Eq, Serialize, Deserialize)]
+#[derive(Clone, Debug, Default, PartialEq, Eq, Serialize, Deserialize)]
 pub struct FinalJob {
     /// The unique id from the job's variables.
     pub id: u64,
@@ -83,6 +83,16 @@ pub struct FinalJob {
     /// back-off asked for), due.
     #[serde(default, skip_serializing_if = "Vec::is_empty")]
     pub timers: Vec<TimerEvent>,
+    /// Its tenant (empty: the default tenant).
+    #[serde(default, skip_serializing_if = "String::is_empty")]
+    pub tenant: String,
+    /// Who acted on it, from the history the replica holds: principals,
+    /// workers, failure messages (see `attacker`).
+    #[serde(default, skip_serializing_if = "Vec::is_empty")]
+    pub actors: Vec<String>,
+    /// Its variables or result carry the attacker's mark.
+    #[serde(default, skip_serializing_if = "std::ops::Not::not")]
+    pub forged: bool,
 }
 
 #[derive(Clone, Debug, Default, PartialEq, Eq, Serialize, Deserialize)]

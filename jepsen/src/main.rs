@@ -5,6 +5,7 @@
 //! Run as root. `drover-jepsen run --nemesis partition --time 60` runs one
 //! test; `drover-jepsen suite` runs every nemesis and all of them combined.
 
+mod attacker;
 mod availability;
 mod checker;
 mod cluster;
@@ -203,8 +204,9 @@ enum Command {
     #[command(hide = true)]
     Inner { dir: PathBuf },
     /// Checks a finished run's history and final reads again (loss,
-    /// duplicates, divergence, stages; not availability or timers), as after
-    /// a change to the checker: `drover-jepsen recheck RUN_DIR`.
+    /// duplicates, divergence, stages, cross-tenant effects; not
+    /// availability or timers), as after a change to the checker:
+    /// `drover-jepsen recheck RUN_DIR`.
     Recheck { dir: PathBuf },
     /// Internal: one node's delaying proxy to its peers, inside its namespace.
     #[command(hide = true)]
@@ -274,16 +276,15 @@ fn main() -> anyhow::Result<()> {
             // The failed runs' summaries, repeated at the end: a CI log is
             // often read from its tail.
             let mut failed: Vec<String> = Vec::new();
-            // Every nemesis alone, all of them combined, and all of them
-            // combined again with TLS on every port and tokens (unless
-            // --tls and --tokens ask for them throughout).
-            let secure = (args.tls, args.tokens);
+            // Every nemesis alone, with tokens on (so with the attacker of
+            // `attacker`) unless --skip-secure, and all of them combined
+            // with TLS on every port and tokens.
+            let secure = (args.tls, args.tokens || !skip_secure);
             let mut combos: Vec<(Vec<Nemesis>, (bool, bool), bool)> =
                 Nemesis::ALL.iter().map(|n| (vec![*n], secure, false)).collect();
             // The bad links again on two regions of 5 nodes, 40 ms apart.
             combos.push((vec![Nemesis::Badlinks], secure, true));
-            // One combined run: with TLS and tokens unless --skip-secure
-            // (the plain run has seen every nemesis alone already).
+            // One combined run: with TLS and tokens unless --skip-secure.
             combos.push((Nemesis::ALL.to_vec(), if skip_secure { secure } else { (true, true) }, false));
             for (nemesis, (tls, tokens), regions) in combos {
                 let combined = nemesis.len() > 1;
@@ -341,7 +342,15 @@ fn main() -> anyhow::Result<()> {
             let finals: FinalReads = serde_json::from_str(&std::fs::read_to_string(dir.join("finals.json"))?)?;
             let started = std::time::Instant::now();
             let args: RunArgs = serde_json::from_value(config["args"].clone())?;
-            let report = checker::check(&history, &finals, replicas_of(nodes, args.partitions, &locations(&args)));
+            let mut report = checker::check(&history, &finals, replicas_of(nodes, args.partitions, &locations(&args)));
+            // A run with tokens had an attacker: its attempts and its reads of its own jobs.
+            if let Ok(attacks) = std::fs::read_to_string(dir.join("attacks.jsonl")) {
+                let attempts: Vec<attacker::Attempt> =
+                    attacks.lines().map(serde_json::from_str).collect::<Result<_, _>>()?;
+                let own: FinalReads =
+                    serde_json::from_str(&std::fs::read_to_string(dir.join("attacker-finals.json"))?)?;
+                report.add_cross_tenant(attacker::check(&attempts, &finals, &own));
+            }
             println!("{}\n{}", report.summary(), report.details());
             println!("checked {} operations in {} ms", history.len(), started.elapsed().as_millis());
             std::process::exit(if report.valid { 0 } else { 1 });
@@ -449,7 +458,20 @@ fn run(args: RunArgs) -> anyhow::Result<(bool, PathBuf)> {
             bail!("drover token secret failed: {}", String::from_utf8_lossy(&output.stderr));
         }
         std::fs::write(dir.join("token"), String::from_utf8(output.stdout)?.trim())?;
-        std::fs::write(dir.join("tokens.toml"), &output.stderr)?;
+        let mut tokens_file = output.stderr;
+        // And the attacker's, for its own tenant only (see `attacker`).
+        let output = std::process::Command::new(&drover)
+            .args(["token", "secret", "--name", attacker::NAME, "--scopes", attacker::SCOPES])
+            .args(["--tenants", attacker::NAME])
+            .output()
+            .context("running drover token secret")?;
+        if !output.status.success() {
+            bail!("drover token secret failed: {}", String::from_utf8_lossy(&output.stderr));
+        }
+        std::fs::write(dir.join("attacker-token"), String::from_utf8(output.stdout)?.trim())?;
+        tokens_file.extend_from_slice(b"\n");
+        tokens_file.extend_from_slice(&output.stderr);
+        std::fs::write(dir.join("tokens.toml"), &tokens_file)?;
         // And job tokens: the session workers report each outcome with theirs.
         let key = std::process::Command::new(&drover)
             .args(["token", "secret", "--name", "job-tokens"])
@@ -563,11 +585,26 @@ async fn inner(dir: &Path) -> anyhow::Result<bool> {
         stop: AtomicBool::new(false),
         backlog: Default::default(),
         worker_sets: args.worker_sets.max(1),
+        leaks: Default::default(),
     });
+    // With tokens, a second tenant attacks the first (see `attacker`).
+    let attacker = match args.tokens {
+        true => {
+            let token = std::fs::read_to_string(dir.join("attacker-token")).context("reading the attacker's token")?;
+            let admins = (0..args.nodes).map(|i| nodes.admin(i)).collect();
+            let ca = nodes.tls.as_ref().map(|(_, ca)| ca.clone());
+            Some(Arc::new(attacker::Attacker::new(token.trim(), &config.gateways, admins, ca)?))
+        }
+        false => None,
+    };
     let mut tasks = Vec::new();
     let producers = args.producers.max(1);
     for p in 0..producers {
         tasks.push(tokio::spawn(workload::producer(Arc::clone(&shared), p, config.seed ^ (p + 1))));
+    }
+    for (task, attacker) in (0..attacker::TASKS).zip(std::iter::repeat(attacker.iter()).flatten()) {
+        let seed = config.seed ^ (0xa77a_c4e5 + task);
+        tasks.push(tokio::spawn(attacker::attack(Arc::clone(&shared), Arc::clone(attacker), seed)));
     }
     // Workers' process numbers follow the producers', one per worker task.
     let mut next_process = producers..;
@@ -674,7 +711,7 @@ async fn inner(dir: &Path) -> anyhow::Result<bool> {
             continue;
         }
         last_full_read = Instant::now();
-        finals = final_reads(&nodes).await;
+        finals = final_reads(&nodes, nodes.token.as_deref()).await;
         let history = shared.recorder.take();
         let report = checker::check(&history, &finals, replicas);
         let settled = report.lost.is_empty() && report.divergent.is_empty();
@@ -715,6 +752,15 @@ async fn inner(dir: &Path) -> anyhow::Result<bool> {
     // Late timers say something only when nothing but clocks was faulted.
     let clocks_only = args.nemesis.iter().all(|n| *n == Nemesis::Clock);
     report.add_timing(timing::check(&history, &finals, workload::ACTIVATION_TIMEOUT_MS as u64, clocks_only));
+    if let Some(attacker) = &attacker {
+        let own = final_reads(&nodes, Some(&attacker.token)).await;
+        let attempts = attacker.attempts();
+        report.add_cross_tenant(attacker::check(&attempts, &finals, &own));
+        for attempt in &attempts {
+            append_line(&dir.join("attacks.jsonl"), attempt);
+        }
+        std::fs::write(dir.join("attacker-finals.json"), serde_json::to_string(&own)?)?;
+    }
     for op in &history {
         append_line(&dir.join("history.jsonl"), op);
     }
@@ -742,19 +788,28 @@ fn replicas_of(nodes: usize, partitions: u32, locations: &[String]) -> impl Fn(u
     }
 }
 
-/// Every node's own view of every job (not routed to leaders).
-async fn final_reads(nodes: &cluster::Nodes) -> FinalReads {
+/// Every node's own view of every job (not routed to leaders) that `token`
+/// may read: the workload's jobs (by the id in their variables) with the
+/// workload's token, the attacker's own with the attacker's.
+async fn final_reads(nodes: &cluster::Nodes, token: Option<&str>) -> FinalReads {
     let mut finals: FinalReads = BTreeMap::new();
     for i in 0..nodes.ips.len() {
-        let Ok((200, body)) = nodes.admin_get(i, "/actuator/jobs").await else { continue };
+        let Ok((200, body)) = nodes.admin_get_as(i, "/actuator/jobs", token).await else { continue };
         let Ok(value) = serde_json::from_str::<serde_json::Value>(&body) else { continue };
         let mut jobs = BTreeMap::new();
         for job in value["jobs"].as_array().into_iter().flatten() {
-            let variables: serde_json::Value =
-                serde_json::from_str(job["variables"].as_str().unwrap_or("{}")).unwrap_or_default();
-            if let (Some(id), Some(key), Some(state)) =
-                (variables["id"].as_u64(), job["key"].as_u64(), job["state"].as_str())
-            {
+            let text = job["variables"].as_str().unwrap_or("{}");
+            let variables: serde_json::Value = serde_json::from_str(text).unwrap_or_default();
+            let marked =
+                text.contains(attacker::NAME) || job["result"].as_str().unwrap_or_default().contains(attacker::NAME);
+            let tenant = job["tenant"].as_str().unwrap_or_default().to_string();
+            let id = match variables["id"].as_u64() {
+                Some(id) => id,
+                // The attacker's own jobs carry no id.
+                None if tenant == attacker::NAME => 0,
+                None => continue,
+            };
+            if let (Some(key), Some(state)) = (job["key"].as_u64(), job["state"].as_str()) {
                 let job_type = job["type"].as_str().unwrap_or_default().to_string();
                 let checkpoints = job["checkpoints"]
                     .as_array()
@@ -764,7 +819,14 @@ async fn final_reads(nodes: &cluster::Nodes) -> FinalReads {
                     .collect();
                 let attempt = job["attempt"].as_u64().unwrap_or(0) as u32;
                 let timers = serde_json::from_value(job["timers"].clone()).unwrap_or_default();
-                jobs.insert(key, FinalJob { id, state: state.to_string(), job_type, checkpoints, attempt, timers });
+                let actors = serde_json::from_value(job["actors"].clone()).unwrap_or_default();
+                // The attacker's mark on its own job is no forgery.
+                let forged = marked && tenant != attacker::NAME;
+                let state = state.to_string();
+                jobs.insert(
+                    key,
+                    FinalJob { id, state, job_type, checkpoints, attempt, timers, tenant, actors, forged },
+                );
             }
         }
         finals.insert(i, jobs);

@@ -246,6 +246,7 @@ mod tests {
             checkpoints: Vec::new(),
             attempt: 2,
             timers,
+            ..FinalJob::default()
         };
         [(0, [(key, job)].into())].into()
     }

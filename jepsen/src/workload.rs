@@ -32,6 +32,7 @@ use rand::rngs::StdRng;
 use rand::{Rng, SeedableRng};
 use tonic::Code;
 
+use crate::attacker::Leaks;
 use crate::history::{Kind, Op, Phase};
 
 /// Polled by the long-polling workers and streamed to the streaming ones.
@@ -122,6 +123,8 @@ pub struct Shared {
     pub backlog: [Mutex<HashSet<u64>>; 3],
     /// Sets of in-process workers: session jobs are rarer by this factor.
     pub worker_sets: u64,
+    /// Keys and session ids the attacker learns (see `attacker`).
+    pub leaks: crate::attacker::Leaks,
 }
 
 impl Shared {
@@ -205,6 +208,7 @@ pub async fn producer(shared: Arc<Shared>, process: u64, seed: u64) {
             match tokio::time::timeout(Duration::from_secs(5), create).await {
                 Ok(Ok(key)) => {
                     shared.recorder.record(process, node, Kind::Create, Phase::Ok, id, Some(key), 0);
+                    shared.leaks.key(key);
                     shared.acknowledged(job_type, id);
                     break;
                 }
@@ -459,7 +463,7 @@ struct Session {
 const SESSION_BEAT_MS: i64 = 500;
 
 impl Session {
-    async fn start(client: &Client, worker: &str, job_type: &str) -> Option<Session> {
+    async fn start(client: &Client, worker: &str, job_type: &str, leaks: &Leaks) -> Option<Session> {
         let register = RegisterWorkerRequest {
             worker_id: worker.into(),
             job_types: vec![job_type.into()],
@@ -470,6 +474,7 @@ impl Session {
         let mut raw = client.raw();
         let registered = tokio::time::timeout(Duration::from_secs(3), raw.register_worker(register));
         let id = registered.await.ok()?.ok()?.into_inner().session_id;
+        leaks.session(id);
         let lost = Arc::new(AtomicBool::new(false));
         let beats = tokio::spawn({
             let (client, lost) = (client.clone(), Arc::clone(&lost));
@@ -522,7 +527,7 @@ pub async fn streamer(shared: Arc<Shared>, process: u64, seed: u64, job_type: &'
         let worker = format!("{prefix}-{}", if rng.random_bool(0.5) { "a" } else { "b" });
         // Every connection is a worker session; its beats list no jobs, so
         // a job the worker never answers still times out.
-        let Some(session) = Session::start(&client, &worker, job_type).await else {
+        let Some(session) = Session::start(&client, &worker, job_type, &shared.leaks).await else {
             tokio::time::sleep(backoff.wait()).await;
             continue;
         };

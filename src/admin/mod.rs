@@ -161,7 +161,8 @@ async fn partitions(State(ctx): State<Arc<NodeContext>>) -> impl IntoResponse {
 }
 
 /// Every job held by this node's replicas, as this node sees them (not routed
-/// to leaders): key, partition, type, state, attempt, variables.
+/// to leaders): key, partition, type, tenant, state, attempt, variables,
+/// result, and who acted on it (see [`actors`]).
 /// Only jobs the request's principal may read: its tenants, its types.
 async fn local_jobs(
     State(ctx): State<Arc<NodeContext>>,
@@ -175,9 +176,12 @@ async fn local_jobs(
                     "key": j.key.0,
                     "partition": j.key.partition(),
                     "type": j.spec.job_type,
+                    "tenant": j.spec.tenant,
                     "state": j.state.as_str(),
                     "attempt": j.attempt,
                     "variables": String::from_utf8_lossy(&j.spec.variables),
+                    "result": String::from_utf8_lossy(&j.result),
+                    "actors": actors(j),
                     "checkpoints": j.checkpoints.iter().map(|c| json!({
                         "stage": c.stage, "attempt": c.attempt, "at": c.at,
                     })).collect::<Vec<_>>(),
@@ -188,6 +192,32 @@ async fn local_jobs(
         }
     }
     (StatusCode::OK, Json(json!({ "nodeId": ctx.topology.node_id, "jobs": jobs })))
+}
+
+/// Who acted on a job, from its history as this replica holds it: the
+/// principal that created it, each worker that activated it, each principal
+/// that updated its retries, cancelled it or overrode its fence, and each
+/// failure's message (a worker's own words). What the fault suite's
+/// cross-tenant check reads.
+fn actors(job: &crate::core::Job) -> Vec<&str> {
+    use crate::core::EventKind;
+    let mut actors: Vec<&str> = job
+        .history
+        .events()
+        .filter_map(|e| match &e.kind {
+            EventKind::Created { user, .. } => Some(user.as_str()),
+            EventKind::Activated { worker, .. } => Some(worker.as_str()),
+            EventKind::RetriesUpdated { by, .. }
+            | EventKind::Cancelled { by }
+            | EventKind::FenceOverridden { by, .. } => Some(by.as_str()),
+            EventKind::Failed { message, .. } => Some(message.as_str()),
+            _ => None,
+        })
+        .filter(|actor| !actor.is_empty())
+        .collect();
+    actors.sort_unstable();
+    actors.dedup();
+    actors
 }
 
 /// A job's timer events in the partition's time: when it was created, each
