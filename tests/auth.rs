@@ -55,6 +55,9 @@ impl Tokens {
         add("acme", &["jobs:*", "cluster:read"], &["acme"]);
         add("globex", &["jobs:*", "cluster:read"], &["globex"]);
         add("globex-workers", &["workers:manage", "cluster:read"], &["globex"]);
+        // Another worker of acme's, and acme's operator of workers.
+        add("acme-peer", &["jobs:*", "cluster:read"], &["acme"]);
+        add("acme-workers", &["jobs:work:t", "workers:manage"], &["acme"]);
         let file = dir.path().join("tokens.toml");
         std::fs::write(&file, text).unwrap();
         Tokens { _dir: dir, file, secrets }
@@ -663,6 +666,73 @@ async fn another_tenants_worker_session_is_neither_beaten_ended_used_nor_directe
     // acme's own session was untouched: it beats on, holding its job.
     let beaten = acme.raw().heartbeat(beat).await.unwrap().into_inner();
     assert_eq!((beaten.state.as_str(), beaten.revoked.len()), ("running", 0));
+}
+
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn a_session_is_its_registrants_and_a_peer_of_its_tenant_may_not_act_as_it() {
+    let tokens = Tokens::new();
+    let node = node_with(&tokens).await;
+    let (acme, peer) = (as_token(&node, tokens.secret("acme")), as_token(&node, tokens.secret("acme-peer")));
+    let manager = as_token(&node, tokens.secret("acme-workers"));
+    let register = RegisterWorkerRequest {
+        worker_id: "acme-worker".into(),
+        job_types: vec!["t".into()],
+        tenant_ids: vec!["acme".into()],
+        heartbeat_interval: 1_000,
+        dead_after: 60_000,
+        ..Default::default()
+    };
+    let session = acme.raw().register_worker(register).await.unwrap().into_inner().session_id;
+    let key = acme.create(CreateJobRequest { r#type: "t".into(), tenant_id: "acme".into(), ..Default::default() });
+    let key = key.await.unwrap();
+    let activate = ActivateJobsRequest {
+        r#type: "t".into(),
+        max_jobs_to_activate: 1,
+        timeout: 600_000,
+        tenant_ids: vec!["acme".into()],
+        session_id: session,
+        ..Default::default()
+    };
+    let mut answers = acme.raw().activate_jobs(activate.clone()).await.unwrap().into_inner();
+    let held = answers.message().await.unwrap().unwrap().jobs;
+    assert_eq!(held.iter().map(|j| j.key).collect::<Vec<_>>(), [key]);
+    let beat = HeartbeatRequest {
+        session_id: session,
+        jobs: vec![HeldJob { key, attempt: held[0].attempt }],
+        state: "quiet".into(),
+    };
+
+    // A peer of the same tenant, with the same scopes, that learned the id.
+    let refused = peer.raw().heartbeat(beat.clone()).await.unwrap_err();
+    assert_eq!(refused.code(), Code::PermissionDenied, "a peer beats acme's session: {refused:?}");
+    assert!(refused.message().contains("acme-peer may not act as worker session"), "{}", refused.message());
+    let refused = peer.raw().deregister_worker(DeregisterWorkerRequest { session_id: session }).await.unwrap_err();
+    assert_eq!(refused.code(), Code::PermissionDenied, "a peer ends acme's session: {refused:?}");
+    let refused = peer.raw().activate_jobs(activate.clone()).await.unwrap_err();
+    assert_eq!(refused.code(), Code::PermissionDenied, "a peer activates as acme's session: {refused:?}");
+    let stream = StreamActivatedJobsRequest {
+        r#type: "t".into(),
+        timeout: 600_000,
+        tenant_ids: vec!["acme".into()],
+        session_id: session,
+        ..Default::default()
+    };
+    let refused = peer.raw().stream_activated_jobs(stream.clone()).await.unwrap_err();
+    assert_eq!(refused.code(), Code::PermissionDenied, "a peer streams as acme's session: {refused:?}");
+    // Nor does the job's history hand it the session's id.
+    let history = peer.raw().get_job_history(GetJobRequest { key, ..Default::default() }).await.unwrap();
+    assert!(history.into_inner().events.iter().all(|e| e.session_id == 0), "the history shows the session id");
+
+    // Its owner's session is as it was: running, holding its job.
+    let owner_beat = HeartbeatRequest { state: String::new(), ..beat.clone() };
+    let beaten = acme.raw().heartbeat(owner_beat).await.unwrap().into_inner();
+    assert_eq!((beaten.state.as_str(), beaten.revoked.len()), ("running", 0));
+    // acme's operator of workers may act as it; so may its owner.
+    let beaten = manager.raw().heartbeat(beat).await.unwrap().into_inner();
+    assert_eq!(beaten.revoked.len(), 0);
+    let opened = acme.raw().stream_activated_jobs(stream).await;
+    assert!(opened.is_ok(), "its owner streams as it: {:?}", opened.err());
+    acme.raw().deregister_worker(DeregisterWorkerRequest { session_id: session }).await.unwrap();
 }
 
 #[tokio::test(flavor = "multi_thread", worker_threads = 2)]

@@ -248,3 +248,69 @@ fn a_run_of_one_principals_commands_answers_each_in_order() {
     assert_eq!(kinds, ["created", "not found", "denied", "created", "sessions"]);
     assert_eq!(p.state.job(theirs).map(|j| j.state), Some(JobState::Activated), "globex's job untouched");
 }
+
+fn owned_session(id: SessionId, tenant: &str) -> Command {
+    let Command::Register(info) = session(id, tenant) else { unreachable!() };
+    Command::RegisterOwned(info)
+}
+
+#[test]
+fn an_owned_session_is_acted_as_by_its_owner_or_a_manager_only() {
+    let mut p = Partition::new();
+    let key = p.activated_job("acme");
+    let owner = principal("acme-worker-1", &["jobs:work:t"], &["acme"]);
+    let peer = principal("acme-worker-2", &["jobs:work:t"], &["acme"]);
+    let manager = principal("acme-operator", &["jobs:work:t", "workers:manage"], &["acme"]);
+    assert!(matches!(p.run(by(&owner, owned_session(7, "acme"))), CommandResult::Done));
+    assert_eq!(p.state.session_owners(), vec![(7, "acme-worker-1".to_string())]);
+    // Another principal of the same tenant, with the same scopes, is not its owner.
+    let beat = || Command::Beat { session: 7, state: WorkerState::Quiet, held: vec![(key, 1)] };
+    assert_eq!(p.refused(by(&peer, beat())), ErrorKind::PermissionDenied, "a beat");
+    assert_eq!(p.refused(by(&peer, Command::EndSession { session: 7 })), ErrorKind::PermissionDenied, "an end");
+    assert_eq!(p.refused(by(&peer, activate("acme", 7))), ErrorKind::PermissionDenied, "an activation under it");
+    assert_eq!(p.refused(by(&peer, owned_session(7, "acme"))), ErrorKind::PermissionDenied, "a re-registration");
+    assert_eq!(p.refused(by(&peer, Command::ActAs { session: 7 })), ErrorKind::PermissionDenied, "a stream");
+    let CommandResult::Sessions(sessions) = p.run(Command::ListSessions) else { panic!("lists") };
+    assert_eq!(sessions[0].0.reported, WorkerState::Running, "no stranger's beat applied");
+    assert_eq!(p.state.session_owners(), vec![(7, "acme-worker-1".to_string())], "its owner stays");
+    // Its owner, and a manager of its tenants, may.
+    assert!(matches!(p.run(by(&owner, Command::ActAs { session: 7 })), CommandResult::Done));
+    assert!(matches!(p.run(by(&manager, Command::ActAs { session: 7 })), CommandResult::Done));
+    assert!(matches!(p.run(by(&owner, beat())), CommandResult::Beat { .. }));
+    // A manager of another tenant may not: the session serves acme.
+    let foreign_manager = principal("globex-operator", &["jobs:*", "workers:manage"], &["globex"]);
+    assert_eq!(p.refused(by(&foreign_manager, Command::ActAs { session: 7 })), ErrorKind::PermissionDenied);
+    assert!(matches!(p.run(by(&manager, Command::EndSession { session: 7 })), CommandResult::Done));
+    assert_eq!(p.state.session_owners(), Vec::new(), "an ended session's owner goes with it");
+    assert!(
+        matches!(p.run(by(&owner, Command::ActAs { session: 7 })), CommandResult::Rejected(e) if e.kind == ErrorKind::NotFound)
+    );
+}
+
+#[test]
+fn a_session_registered_before_owners_is_any_of_its_tenants_principals() {
+    let mut p = Partition::new();
+    let peer = principal("acme-worker-2", &["jobs:work:t"], &["acme"]);
+    assert!(matches!(p.run(by(&acme(), session(7, "acme"))), CommandResult::Done));
+    assert_eq!(p.state.session_owners(), Vec::new());
+    let beat = Command::Beat { session: 7, state: WorkerState::Running, held: Vec::new() };
+    assert!(matches!(p.run(by(&peer, beat)), CommandResult::Beat { .. }), "as at data version 8");
+    // Outside a principal's run (tokens off), an owned registration has no owner.
+    assert!(matches!(p.run(owned_session(8, "acme")), CommandResult::Done));
+    assert_eq!(p.state.session_owners(), Vec::new());
+}
+
+#[test]
+fn owners_survive_a_restore_and_die_with_their_session() {
+    let mut p = Partition::new();
+    let owner = principal("acme-worker-1", &["jobs:work:t"], &["acme"]);
+    assert!(matches!(p.run(by(&owner, owned_session(7, "acme"))), CommandResult::Done));
+    let registry = p.state.registry();
+    assert_eq!(registry.owners, vec![(7, "acme-worker-1".to_string())]);
+    let restored = PartitionState::restore(p.state.meta(), Vec::new(), Vec::new(), registry);
+    assert_eq!(restored.session_owners(), p.state.session_owners());
+    // Its lease runs out: the session and its owner go.
+    let out = p.state.apply(&Batch::at(p.now + 60_000, Vec::new()));
+    assert_eq!(out.sessions_died.len(), 1);
+    assert_eq!(p.state.session_owners(), Vec::new());
+}

@@ -154,6 +154,19 @@ pub enum Command {
         by: Arc<Principal>,
         commands: Vec<Command>,
     },
+    /// [`Command::Register`], and the principal it travels with
+    /// ([`Command::As`]) owns the session: anyone else acting as it (beats,
+    /// ends, activations, streams) needs `workers:manage` over every tenant
+    /// it serves. Outside a principal's run, a plain registration. Data
+    /// version 9 and later: sent only once every member reads it.
+    RegisterOwned(Arc<SessionInfo>),
+    /// Answers done when the principal it travels with may act as
+    /// `session`, which a worker's stream names (its owner, or a manager of
+    /// every tenant it serves); NOT_FOUND when the session is over. Changes
+    /// nothing. Data version 9 and later.
+    ActAs {
+        session: SessionId,
+    },
 }
 
 /// One Raft entry's worth of commands, stamped with the leader's clock.
@@ -282,7 +295,7 @@ impl Command {
                 field_len(error_message.len()) + field_len(variables.len()) + 32
             }
             Command::Checkpoint { stage, variables, .. } => field_len(stage.len()) + field_len(variables.len()) + 32,
-            Command::Register(info) => {
+            Command::Register(info) | Command::RegisterOwned(info) => {
                 let strings = [&info.worker, &info.hostname].iter().map(|s| field_len(s.len())).sum::<usize>();
                 let lists: usize = [&info.job_types, &info.labels, &info.tenants]
                     .iter()
@@ -302,6 +315,7 @@ impl Command {
             | Command::Yield { .. }
             | Command::Direct { .. }
             | Command::EndSession { .. }
+            | Command::ActAs { .. }
             | Command::ListSessions => 32,
         };
         4 + body

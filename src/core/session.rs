@@ -179,4 +179,15 @@ pub struct Registry {
     pub sessions: Vec<Session>,
     /// (job type, schema source).
     pub schemas: Vec<(String, Bytes)>,
+    /// (session, the principal that owns it): sessions registered with
+    /// [`crate::core::Command::RegisterOwned`]. Stored and snapshotted on
+    /// their own, from data version [`OWNED_SESSIONS`] on, so the layout
+    /// above stays that of older versions.
+    #[serde(skip)]
+    pub owners: Vec<(SessionId, String)>,
 }
+
+/// The data version from which sessions have owners: registrations travel
+/// as [`crate::core::Command::RegisterOwned`], and snapshots holding owners
+/// are written at this version or later.
+pub const OWNED_SESSIONS: u16 = 9;

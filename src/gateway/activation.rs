@@ -121,6 +121,7 @@ impl JobApi {
             let deadline = Instant::now() + self.ctx.settings.request_timeout;
             let session = sessions::known(&self.ctx, spec.session, deadline).await?;
             sessions::check_owner(&self.ctx, principal, spec.session, deadline).await?;
+            sessions::check_act_as(&self.ctx, principal, spec.session, deadline).await?;
             spec.labels.extend(session.labels.iter().cloned());
             spec.labels.sort_unstable();
             spec.labels.dedup();

@@ -428,6 +428,18 @@ pub fn job(job: &Job) -> pb::Job {
     }
 }
 
+/// A job's history as `principal` sees it: the sessions that activated it
+/// only for a principal that may manage workers, as in [`job_for`].
+pub fn history_for(principal: &crate::auth::Principal, job: &Job) -> Vec<pb::JobEvent> {
+    let mut events = history(job);
+    if !principal.has(crate::auth::WORKERS_MANAGE) {
+        for event in &mut events {
+            event.session_id = 0;
+        }
+    }
+    events
+}
+
 /// A job's history as the API shows it.
 pub fn history(job: &Job) -> Vec<pb::JobEvent> {
     job.history.events().map(job_event).collect()

@@ -287,7 +287,7 @@ impl JobApi {
         let job = self.read_job(&call.principal, request, call.deadline).await?;
         let mut answer = convert::job_for(&call.principal, &job);
         if include_history {
-            answer.history = convert::history(&job);
+            answer.history = convert::history_for(&call.principal, &job);
             answer.history_dropped = job.history.dropped();
         }
         Ok(answer)
@@ -299,7 +299,8 @@ impl JobApi {
         request: pb::GetJobRequest,
     ) -> Result<pb::GetJobHistoryResponse, ApiError> {
         let job = self.read_job(&call.principal, request, call.deadline).await?;
-        Ok(pb::GetJobHistoryResponse { key: job.key.0, events: convert::history(&job), dropped: job.history.dropped() })
+        let events = convert::history_for(&call.principal, &job);
+        Ok(pb::GetJobHistoryResponse { key: job.key.0, events, dropped: job.history.dropped() })
     }
 
     /// A job once it is final, or as it is when the wait ends.

@@ -21,7 +21,7 @@ use super::router;
 use crate::auth::Principal;
 use crate::context::NodeContext;
 use crate::core::{
-    Command, CommandResult, JobKey, Schema, Session, SessionId, SessionInfo, SessionTarget, WorkerState,
+    Command, CommandResult, JobKey, Schema, Session, SessionId, SessionInfo, SessionTarget, WorkerState, OWNED_SESSIONS,
 };
 use crate::proto::gateway as pb;
 
@@ -109,7 +109,13 @@ pub async fn register(
         heartbeat_ms,
         dead_after_ms,
     });
-    let results = everywhere_as(ctx, Some(principal), |_| Command::Register(Arc::clone(&info)), deadline).await;
+    // Owned by the principal that registers it, once every member reads that.
+    let owned = owned_sessions(ctx);
+    let register = |_| match owned {
+        true => Command::RegisterOwned(Arc::clone(&info)),
+        false => Command::Register(Arc::clone(&info)),
+    };
+    let results = everywhere_as(ctx, Some(principal), register, deadline).await;
     if let Some(error) = results.into_iter().find_map(Result::err) {
         end_in_background(ctx, id);
         return Err(error);
@@ -260,6 +266,33 @@ pub async fn check_owner(
         return Err(no_session(session));
     }
     Ok(())
+}
+
+/// Whether sessions get owners: every member reads [`OWNED_SESSIONS`].
+fn owned_sessions(ctx: &NodeContext) -> bool {
+    ctx.transport.peers.versions().cluster_version() >= OWNED_SESSIONS
+}
+
+/// Whether `principal` may act as owned session `session`, as partition 0
+/// decides where the session lives: its owner may, and a principal holding
+/// `workers:manage` over every tenant it serves. For what acts as a session
+/// without a command of its own in the log: a stream that names it. (Beats,
+/// ends and activations are judged so on every partition as they apply.)
+pub async fn check_act_as(
+    ctx: &NodeContext,
+    principal: &Arc<Principal>,
+    session: SessionId,
+    deadline: Instant,
+) -> Result<(), ApiError> {
+    if session == 0 || principal.unrestricted() || !owned_sessions(ctx) {
+        return Ok(());
+    }
+    let command = Command::ActAs { session };
+    match router::submit_as(ctx, Some(principal), 0, vec![command], deadline).await?.pop() {
+        Some(CommandResult::Rejected(error)) => Err(error.into()),
+        Some(_) => Ok(()),
+        None => Err(ApiError::Internal("partition 0 returned no result".into())),
+    }
 }
 
 /// Merges each partition's view of the sessions into one per session.

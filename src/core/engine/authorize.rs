@@ -17,9 +17,13 @@ impl PartitionState {
             Command::Create(job) => {
                 by.require_tenant(&job.spec.tenant).and_then(|()| by.require_job(Verb::Create, &job.spec.job_type))
             }
-            Command::Activate(activation) => {
-                by.require_tenants(&activation.tenants).and_then(|()| by.require_job(Verb::Work, &activation.job_type))
-            }
+            // Of a session, only an owned one's owner is judged here: the
+            // tenant check for a session was the gateway's alone before data
+            // version 9, and entries of then apply as they did.
+            Command::Activate(activation) => by
+                .require_tenants(&activation.tenants)
+                .and_then(|()| by.require_job(Verb::Work, &activation.job_type))
+                .and_then(|()| self.may_act_as_owned(by, activation.session)),
             Command::Complete { key, attempt, .. }
             | Command::Fail { key, attempt, .. }
             | Command::UpdateTimeout { key, attempt, .. }
@@ -27,10 +31,15 @@ impl PartitionState {
             Command::UpdateRetries { key, .. } | Command::Cancel { key, .. } => {
                 self.may_act_on(by, Verb::Manage, *key, None)
             }
-            Command::Register(info) => by.require_tenants(&info.tenants).and_then(|()| {
-                by.require_some(Verb::Work)?;
-                info.job_types.iter().try_for_each(|job_type| by.require_job(Verb::Work, job_type))
-            }),
+            Command::Register(info) | Command::RegisterOwned(info) => {
+                by.require_tenants(&info.tenants).and_then(|()| {
+                    by.require_some(Verb::Work)?;
+                    info.job_types.iter().try_for_each(|job_type| by.require_job(Verb::Work, job_type))?;
+                    // A repeat renews the session's lease: its owner's to send.
+                    self.may_act_as_owned(by, info.id)
+                })
+            }
+            Command::ActAs { session } => self.may_act_as(by, *session),
             Command::Beat { session, .. } | Command::EndSession { session } => {
                 self.may_act_as(by, *session).and_then(|()| by.require_some(Verb::Work))
             }
@@ -109,6 +118,21 @@ impl PartitionState {
                     by.name, by.name
                 )))
             }
+            _ => self.may_act_as_owned(by, session),
+        }
+    }
+
+    /// Acting as an owned session: its owner may, and a principal holding
+    /// `workers:manage` (over every tenant it serves: [`Self::may_act_as`]
+    /// checks those). A session with no owner (registered before data
+    /// version 9, or with no principal) is anyone's of its tenants.
+    fn may_act_as_owned(&self, by: &Principal, session: SessionId) -> Result<(), AuthError> {
+        match self.session_owners.get(&session) {
+            Some(owner) if *owner != by.name && !by.has(WORKERS_MANAGE) => Err(AuthError::PermissionDenied(format!(
+                "{} may not act as worker session {session:x}: {owner:?} registered it, and acting as another \
+                 principal's session needs {WORKERS_MANAGE}",
+                by.name
+            ))),
             _ => Ok(()),
         }
     }

@@ -78,6 +78,9 @@ pub struct PartitionState {
     sessions: BTreeMap<SessionId, Session>,
     /// The same sessions by when their lease runs out.
     session_expiry: BTreeSet<(Millis, SessionId)>,
+    /// The principal that owns each session registered with
+    /// [`Command::RegisterOwned`] (see `authorize`).
+    session_owners: BTreeMap<SessionId, String>,
     /// Activated jobs by the session that holds them.
     held: BTreeSet<(SessionId, JobKey)>,
     /// JSON Schemas creates must satisfy, by job type.
@@ -190,6 +193,7 @@ impl PartitionState {
             state.session_expiry.insert((session.expires_at(), session.info.id));
             state.sessions.insert(session.info.id, session);
         }
+        state.session_owners = registry.owners.into_iter().collect();
         for (job_type, source) in registry.schemas {
             match Schema::compile(source) {
                 Ok(schema) => {
@@ -243,6 +247,10 @@ impl PartitionState {
         if command.overrides_fence() {
             self.note_override(&by.name, command, out);
         }
+        if let Command::RegisterOwned(info) = command {
+            // A repeat (its first answer lost) keeps its first owner.
+            self.session_owners.entry(info.id).or_insert_with(|| by.name.clone());
+        }
         Ok(result)
     }
 
@@ -282,10 +290,14 @@ impl PartitionState {
                 self.checkpoint(*key, *attempt, stage, variables, *max_payload_bytes, out)
             }
             Command::Yield { key, attempt, gateway, reason } => self.yield_job(*key, *attempt, *gateway, *reason, out),
-            Command::Register(info) => {
+            Command::Register(info) | Command::RegisterOwned(info) => {
                 self.register(info, out);
                 Ok(CommandResult::Done)
             }
+            Command::ActAs { session } => match self.sessions.contains_key(session) {
+                true => Ok(CommandResult::Done),
+                false => Err(sessions::unknown_session(*session)),
+            },
             Command::Beat { session, state, held } => self.beat(*session, *state, held, out),
             Command::Direct { target, state } => Ok(CommandResult::Sessions(self.direct(target, *state, out))),
             Command::EndSession { session } => {

@@ -11,7 +11,11 @@ use crate::core::{Deduped, Job, JobKey, Millis, PartitionId, Registry, RequestId
 impl PartitionState {
     /// The sessions and schemas, as snapshotted.
     pub fn registry(&self) -> Registry {
-        Registry { sessions: self.session_records(), schemas: self.schema_records() }
+        Registry { sessions: self.session_records(), schemas: self.schema_records(), owners: self.session_owners() }
+    }
+    /// Each owned session's owner, as stored (rewritten with the sessions).
+    pub fn session_owners(&self) -> Vec<(SessionId, String)> {
+        self.session_owners.iter().map(|(id, owner)| (*id, owner.clone())).collect()
     }
     /// The sessions as stored (rewritten whenever one changes).
     pub fn session_records(&self) -> Vec<Session> {

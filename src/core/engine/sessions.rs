@@ -149,6 +149,7 @@ impl PartitionState {
     /// Ends a session: what it still holds is handed back at once, no retry used.
     pub(super) fn end_session(&mut self, id: SessionId, out: &mut ApplyOutput) {
         let Some(session) = self.sessions.remove(&id) else { return };
+        self.session_owners.remove(&id);
         self.session_expiry.remove(&(session.expires_at(), id));
         out.sessions_changed = true;
         for key in self.take_held(id) {

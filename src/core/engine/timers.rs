@@ -39,6 +39,7 @@ impl PartitionState {
             }
             self.session_expiry.pop_first();
             let Some(session) = self.sessions.remove(&id) else { continue };
+            self.session_owners.remove(&id);
             out.sessions_changed = true;
             let why = format!(
                 "worker {:?} (session {id:x} on {:?}, pid {}) died: no heartbeat for {} ms",

@@ -52,6 +52,8 @@ const APPLIED: &str = "applied";
 /// The partition's worker sessions, rewritten whenever an entry changes them
 /// (every heartbeat does).
 const SESSIONS: &str = "sessions";
+/// Each owned session's owner (data version 9 on; see [`crate::core::Registry::owners`]).
+const SESSION_OWNERS: &str = "session_owners";
 /// The partition's job schemas, kept apart from the sessions: they are large
 /// and rarely change.
 const SCHEMAS: &str = "schemas";
@@ -132,6 +134,11 @@ impl StateMachine {
             schemas: store
                 .get(Table::Meta, meta_key(partition, SCHEMAS))?
                 .map(|b| storage::decode("job schemas", &b))
+                .transpose()?
+                .unwrap_or_default(),
+            owners: store
+                .get(Table::Meta, meta_key(partition, SESSION_OWNERS))?
+                .map(|b| storage::decode("worker session owners", &b))
                 .transpose()?
                 .unwrap_or_default(),
         };
@@ -240,6 +247,7 @@ fn install_records(
         batch.put(Table::Specs, key(partition, job_key), storage::encode(&*job.spec));
     }
     batch.put(Table::Meta, meta_key(partition, SESSIONS), storage::encode(&body.registry.sessions));
+    batch.put(Table::Meta, meta_key(partition, SESSION_OWNERS), storage::encode(&body.registry.owners));
     batch.put(Table::Meta, meta_key(partition, SCHEMAS), storage::encode(&body.registry.schemas));
     let engine = PartitionState::restore(body.engine, body.jobs, body.requests, body.registry);
     Ok((engine, finished))
@@ -410,6 +418,8 @@ impl RaftStateMachine<TypeConfig> for StateMachine {
         if sessions_changed {
             let sessions = inner.engine.session_records();
             batch.put(Table::Meta, meta_key(self.partition, SESSIONS), storage::encode(&sessions));
+            let owners = inner.engine.session_owners();
+            batch.put(Table::Meta, meta_key(self.partition, SESSION_OWNERS), storage::encode(&owners));
         }
         if schemas_changed {
             let schemas = inner.engine.schema_records();

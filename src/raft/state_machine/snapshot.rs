@@ -4,7 +4,11 @@
 //! snapshot file one at a time.
 //!
 //! A snapshot is a message between nodes too: it is written at the cluster
-//! version, so every member reads it. At data version 7 and later the header
+//! version, so every member reads it. From data version 9 on, the header is
+//! followed by the sessions' owners (their own value, so the header's layout
+//! stays that of older versions); a partition with owned sessions is
+//! snapshotted at version 9 or later whatever a node's view of the cluster
+//! version, since owners exist only once every member read version 9. At data version 7 and later the header
 //! and each frame's record carry the version ([`crate::codec`]); at 6 they are
 //! bare bincode, as a build of version 6 wrote and reads them. A reader tells
 //! them apart by the header's first bytes (the magic cannot begin a version-6
@@ -18,7 +22,7 @@ use openraft::{BasicNode, RaftSnapshotBuilder, StorageError};
 use serde::{Deserialize, Serialize};
 
 use super::{records, sm_write_err, Inner, NodeId, SharedState, TypeConfig};
-use crate::core::{Deduped, Job, Millis, PartitionState, Registry, RequestId, StateSnapshot};
+use crate::core::{Deduped, Job, Millis, PartitionState, Registry, RequestId, StateSnapshot, OWNED_SESSIONS};
 use crate::storage::{self, key, Table};
 
 /// A snapshot is this header (bincode), then one frame per final record:
@@ -125,7 +129,11 @@ pub(super) fn read_header(input: &mut impl BufRead, size: u64) -> Result<(u16, S
         let head = input.fill_buf()?;
         let (version, _) =
             crate::codec::split("snapshot header", head.get(..crate::codec::HEADER_LEN).unwrap_or(head))?;
-        return Ok((version, storage::decode_bounded("snapshot header", input, size)?));
+        let mut header: SnapshotHeader = storage::decode_bounded("snapshot header", &mut *input, size)?;
+        if version >= OWNED_SESSIONS {
+            header.registry.owners = storage::decode_bounded("snapshot's session owners", input, size)?;
+        }
+        return Ok((version, header));
     }
     use bincode::Options;
     let header = bincode::DefaultOptions::new()
@@ -147,10 +155,11 @@ pub(super) fn decode_record(version: u16, record: &[u8]) -> Result<Job, storage:
     }
 }
 
-/// `value` as a snapshot written at `version` holds it.
+/// `value` as a snapshot written at `version` holds it: behind that
+/// version's header, which a build of that version reads.
 fn encode_at<T: serde::Serialize>(version: u16, value: &T) -> Vec<u8> {
     if version >= 7 {
-        storage::encode(value)
+        crate::codec::encode_as(version, value)
     } else {
         bincode::serialize(value).expect("in-memory values always serialize")
     }
@@ -191,7 +200,11 @@ pub(super) fn write_snapshot(
     version: u16,
     out: &mut impl Write,
 ) -> Result<u64, storage::StorageError> {
+    let version = if header.registry.owners.is_empty() { version } else { version.max(OWNED_SESSIONS) };
     out.write_all(&encode_at(version, &header))?;
+    if version >= OWNED_SESSIONS {
+        out.write_all(&encode_at(version, &header.registry.owners))?;
+    }
     let mut records = header.jobs.len() as u64;
     drop(header);
     // A frame carries the whole job, its spec and progress joined.

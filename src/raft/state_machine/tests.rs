@@ -113,9 +113,10 @@ async fn a_snapshot_is_written_at_the_cluster_version_and_either_version_install
     sm.apply([entry(2, 2_000, vec![Command::Cancel { key: JobKey::new(0, 1), by: String::new() }])]).await.unwrap();
     let expected = states(&shared);
     sm.get_current_snapshot().await.unwrap(); // the identity, asked at start
-    for (name, cluster, written_at) in
-        [("older member", mixed_versions(), crate::codec::OLDEST_VERSION), ("one version", versions(), 7)]
-    {
+    for (name, cluster, written_at) in [
+        ("older member", mixed_versions(), crate::codec::OLDEST_VERSION),
+        ("one version", versions(), crate::codec::DATA_VERSION),
+    ] {
         sm.versions = cluster;
         let snapshot = sm.get_current_snapshot().await.unwrap().expect("entries were applied");
         let meta = snapshot.meta.clone();
@@ -124,6 +125,10 @@ async fn a_snapshot_is_written_at_the_cluster_version_and_either_version_install
         file.read_to_end(&mut bytes).unwrap();
         let versioned = bytes.starts_with(&crate::codec::header(written_at)[..2]);
         assert_eq!(versioned, written_at >= 7, "{name}: a version-{written_at} snapshot");
+        if versioned {
+            // The header names the version it was written at, which a member of that version reads.
+            assert!(bytes.starts_with(&crate::codec::header(written_at)), "{name}: the header says {written_at}");
+        }
         assert_eq!(check_snapshot(&bytes).unwrap(), 4, "{name}: every record reads");
         file.rewind().unwrap();
         let follower_store = Store::open(&dir.path().join(format!("follower-{written_at}"))).unwrap();
@@ -283,4 +288,60 @@ async fn specs_are_written_when_new_or_replaced_and_leave_with_their_final_recor
     store.write(batch);
     let damaged = shared.lookup(JobKey::new(0, 9)).unwrap_err().to_string();
     assert!(damaged.contains("no spec record"), "{damaged}");
+}
+
+#[tokio::test]
+async fn a_partition_with_owned_sessions_is_snapshotted_with_its_owners_at_version_9() {
+    use crate::core::principal::Principal;
+    use crate::core::{SessionInfo, OWNED_SESSIONS};
+    let dir = tempfile::tempdir().unwrap();
+    let store = Store::open(&dir.path().join("a")).unwrap();
+    // A node that last heard its peer speak version 8.
+    let cluster = mixed_versions();
+    cluster.heard(1, Some(OWNED_SESSIONS - 1));
+    let (mut sm, _shared) = StateMachine::open(0, store, dir.path().join("snap-a"), cluster).unwrap();
+    sm.get_current_snapshot().await.unwrap();
+    let snapshot_header = |bytes: &[u8]| bytes[..crate::codec::HEADER_LEN].to_vec();
+    let read = |snapshot: openraft::storage::Snapshot<TypeConfig>| async move {
+        let mut file = snapshot.snapshot.into_std().await;
+        let mut bytes = Vec::new();
+        file.read_to_end(&mut bytes).unwrap();
+        bytes
+    };
+    sm.apply([entry(1, 1_000, vec![create()])]).await.unwrap();
+    let plain = read(sm.get_current_snapshot().await.unwrap().unwrap()).await;
+    assert_eq!(snapshot_header(&plain), crate::codec::header(OWNED_SESSIONS - 1), "no owners: the cluster version");
+    let owner = Arc::new(Principal {
+        name: "acme-worker".into(),
+        scopes: vec!["jobs:work:t".into()],
+        tenants: vec![DEFAULT_TENANT.into()],
+        job: None,
+    });
+    let info = Arc::new(SessionInfo {
+        id: 7,
+        worker: "w".into(),
+        job_types: vec!["t".into()],
+        tenants: vec![DEFAULT_TENANT.into()],
+        heartbeat_ms: 1_000,
+        dead_after_ms: 60_000,
+        ..Default::default()
+    });
+    let register = Command::As { by: owner, commands: vec![Command::RegisterOwned(info)] };
+    sm.apply([entry(2, 2_000, vec![register])]).await.unwrap();
+    let snapshot = sm.get_current_snapshot().await.unwrap().unwrap();
+    let meta = snapshot.meta.clone();
+    let bytes = read(snapshot).await;
+    assert_eq!(snapshot_header(&bytes), crate::codec::header(OWNED_SESSIONS), "owners: version 9");
+    assert_eq!(check_snapshot(&bytes).unwrap(), 1, "the record after the owners reads");
+    let follower_store = Store::open(&dir.path().join("follower")).unwrap();
+    let (mut follower, follower_shared) =
+        StateMachine::open(0, Arc::clone(&follower_store), dir.path().join("snap-f"), versions()).unwrap();
+    let mut file = tempfile::tempfile().unwrap();
+    std::io::Write::write_all(&mut file, &bytes).unwrap();
+    follower.install_snapshot(&meta, Box::new(tokio::fs::File::from_std(file))).await.unwrap();
+    let owners = vec![(7, "acme-worker".to_string())];
+    assert_eq!(follower_shared.lock().engine.session_owners(), owners, "installed with its owners");
+    drop((follower, follower_shared));
+    let (_follower, reopened) = StateMachine::open(0, follower_store, dir.path().join("snap-f"), versions()).unwrap();
+    assert_eq!(reopened.lock().engine.session_owners(), owners, "and stored with them");
 }
