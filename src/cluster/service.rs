@@ -269,7 +269,7 @@ impl Cluster for ClusterService {
         let limit = (request.limit as usize).min(MAX_LIST_LIMIT);
         let jobs = replica
             .state()
-            .list(&filter, JobKey(request.after), limit, ctx.settings.limits.max_request_bytes())
+            .list(&filter, &request.tenants, JobKey(request.after), limit, ctx.settings.limits.max_request_bytes())
             .map_err(|e| Status::internal(e.to_string()))?;
         let encoded = bincode::serialize(&jobs).map_err(|e| Status::internal(e.to_string()))?;
         Ok(Response::new(ListJobsReply { jobs: encoded.into(), ..Default::default() }))

@@ -1167,3 +1167,55 @@ mod routing_by_labels {
         assert_eq!(activate_as(&mut h, far.clone(), vec![far]), vec![job]);
     }
 }
+
+#[test]
+fn a_listing_walks_the_named_tenants_keys_in_order_and_stops_at_its_page() {
+    let mut h = Harness::new();
+    let create_for = |tenant: &str, job_type: &str| {
+        Command::Create(NewJob {
+            spec: Arc::new(JobSpec { job_type: job_type.into(), tenant: tenant.into(), ..Default::default() }),
+            retries: 3,
+            run_at: None,
+            delay_ms: 0,
+            request: None,
+            dedupe_window_ms: 0,
+        })
+    };
+    // Interleaved: acme, globex, acme (other type), globex, ...
+    let mut keys: Vec<(JobKey, &str, &str)> = Vec::new();
+    for i in 0..12 {
+        let (tenant, job_type) = match i % 3 {
+            0 => ("acme", TYPE),
+            1 => ("globex", TYPE),
+            _ => ("acme", "other"),
+        };
+        let CommandResult::Created { key, .. } = h.run(i, create_for(tenant, job_type)) else { panic!("created") };
+        keys.push((key, tenant, job_type));
+    }
+    let listed = |h: &Harness, filter: &JobFilter, tenants: &[&str], after: JobKey, limit: usize| {
+        let tenants: Vec<String> = tenants.iter().map(|t| t.to_string()).collect();
+        h.state.list_live(filter, &tenants, after, limit).iter().map(|j| j.key).collect::<Vec<_>>()
+    };
+    let of = |pick: &dyn Fn(&str, &str) -> bool| -> Vec<JobKey> {
+        keys.iter().filter(|(_, t, ty)| pick(t, ty)).map(|(k, _, _)| *k).collect()
+    };
+    let start = JobKey::new(2, 0);
+    let everything = JobFilter::default();
+    assert_eq!(listed(&h, &everything, &[], start, 100), of(&|_, _| true), "every tenant, merged in key order");
+    assert_eq!(listed(&h, &everything, &["acme"], start, 100), of(&|t, _| t == "acme"));
+    let acme = of(&|t, _| t == "acme");
+    assert_eq!(listed(&h, &everything, &["acme"], start, 3), acme[..3], "a page");
+    assert_eq!(listed(&h, &everything, &["acme"], acme[2], 3), acme[3..6], "the next page starts after the last");
+    let typed = JobFilter { job_type: TYPE.into(), ..Default::default() };
+    assert_eq!(listed(&h, &typed, &["acme", "globex"], start, 100), of(&|_, ty| ty == TYPE));
+    let globex_only = JobFilter { tenant: "globex".into(), ..Default::default() };
+    assert_eq!(listed(&h, &globex_only, &["acme"], start, 100), Vec::<JobKey>::new(), "a tenant it may not read");
+    assert_eq!(listed(&h, &globex_only, &[], start, 100), of(&|t, _| t == "globex"));
+    // A job that finishes leaves the index with the job.
+    let gone = of(&|t, _| t == "globex")[0];
+    h.run(100, Command::Cancel { key: gone, by: String::new() });
+    assert!(!listed(&h, &everything, &[], start, 100).contains(&gone));
+    let restored =
+        PartitionState::restore(h.state.meta(), h.state.jobs().cloned().collect::<Vec<_>>(), [], Registry::default());
+    assert_eq!(restored.list_live(&everything, &[], start, 100).len(), 11, "a restore rebuilds the index");
+}

@@ -37,18 +37,22 @@ fn resume_at(token: &str) -> Result<JobKey, ApiError> {
 pub async fn page(
     ctx: &NodeContext,
     filter: &JobFilter,
-    visible: &(dyn Fn(&Job) -> bool + Sync),
+    (principal, verb): (&Principal, Verb),
     mut from: JobKey,
     size: usize,
     deadline: Instant,
 ) -> Result<(Vec<Job>, Option<JobKey>), ApiError> {
+    // The tenants it may see go with the read, so a partition pages through
+    // those only; what comes back is filtered here all the same.
+    let tenants = if principal.in_tenant("*") { Vec::new() } else { principal.tenants.clone() };
+    let visible = |job: &Job| principal.sees(verb, job);
     let partitions = ctx.topology.partition_count();
     let budget = ctx.settings.limits.max_request_bytes();
     let mut jobs: Vec<Job> = Vec::new();
     let mut bytes = 0;
     while from.partition() < partitions {
         let partition: PartitionId = from.partition();
-        let got = router::list(ctx, partition, filter, from, size - jobs.len(), deadline).await?;
+        let got = router::list(ctx, partition, (filter, &tenants), from, size - jobs.len(), deadline).await?;
         let Some(last) = got.last().map(|job| job.key) else {
             // This partition has nothing more: on to the next.
             from = JobKey::new(partition + 1, 0);
@@ -97,8 +101,8 @@ pub async fn list(
             )))
         }
     };
-    let visible = |job: &Job| principal.sees(Verb::Read, job);
-    let (jobs, next) = page(ctx, &filter, &visible, resume_at(&request.page_token)?, size, deadline).await?;
+    let (jobs, next) =
+        page(ctx, &filter, (principal, Verb::Read), resume_at(&request.page_token)?, size, deadline).await?;
     Ok(pb::ListJobsResponse {
         jobs: jobs.iter().map(|job| convert::job_for(principal, job)).collect(),
         next_page_token: next.map(|key| key.0.to_string()).unwrap_or_default(),
@@ -122,12 +126,11 @@ pub async fn bulk(
     deadline: Instant,
 ) -> Result<pb::BulkJobsResponse, ApiError> {
     screen_filter(principal, Verb::Manage, &filter)?;
-    let visible = |job: &Job| principal.sees(Verb::Manage, job);
     let mut answer = pb::BulkJobsResponse::default();
     let mut changed: Vec<u64> = Vec::new();
     let mut from = Some(JobKey::new(0, 0));
     while let Some(start) = from {
-        let (jobs, next) = page(ctx, &filter, &visible, start, MAX_PAGE_SIZE, deadline).await?;
+        let (jobs, next) = page(ctx, &filter, (principal, Verb::Manage), start, MAX_PAGE_SIZE, deadline).await?;
         from = next;
         let keys: Vec<JobKey> = jobs.iter().filter(|j| !j.state.is_final()).map(|j| j.key).collect();
         answer.matched += keys.len() as u64;

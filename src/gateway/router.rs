@@ -483,18 +483,19 @@ pub async fn read(
 }
 
 /// Up to `limit` of a partition's jobs matching `filter` with keys after
-/// `after`, in key order, from its leader.
+/// `after`, in key order, of `tenants` (empty: every tenant), from its leader.
 pub async fn list(
     ctx: &NodeContext,
     partition: PartitionId,
-    filter: &JobFilter,
+    (filter, tenants): (&JobFilter, &[String]),
     after: JobKey,
     limit: usize,
     deadline: Instant,
 ) -> Result<Vec<Job>, ApiError> {
     let encoded: bytes::Bytes = bincode::serialize(filter).map_err(|e| ApiError::Internal(e.to_string()))?.into();
     let max_bytes = ctx.settings.limits.max_request_bytes();
-    let local = |replica: Arc<Replica>| async move { Ok(replica.state().list(filter, after, limit, max_bytes)?) };
+    let local =
+        |replica: Arc<Replica>| async move { Ok(replica.state().list(filter, tenants, after, limit, max_bytes)?) };
     let remote = |mut client: PeerClient, timeout: Duration| {
         let filter = encoded.clone();
         async move {
@@ -503,6 +504,7 @@ pub async fn list(
                 filter,
                 after: after.0,
                 limit: limit as u32,
+                tenants: tenants.to_vec(),
             });
             request.set_timeout(timeout);
             let reply = client.list_jobs(request).await.ok()?.into_inner();

@@ -379,6 +379,7 @@ impl PartitionState {
             },
         );
         out.count(&new_job.spec.job_type, Outcome::Created);
+        self.list_under_tenant(&job);
         self.jobs.insert(key, job);
         if state == JobState::Scheduled {
             self.due.insert((due_at, key));

@@ -56,6 +56,9 @@ pub struct PartitionState {
     next_counter: u64,
     clock: Millis,
     jobs: FastMap<JobKey, Job>,
+    /// The same jobs' keys by tenant, in key order: what a listing pages
+    /// through instead of sorting every live job (see `reads`).
+    by_tenant: BTreeMap<String, BTreeSet<JobKey>>,
     /// type -> (tenant, routing) -> queue: jobs of one tenant with other
     /// labels wait apart, so an activation skips a whole queue its taker
     /// may not serve instead of job by job.
@@ -181,6 +184,7 @@ impl PartitionState {
                 continue;
             }
             state.index(&job);
+            state.list_under_tenant(&job);
             state.jobs.insert(job.key, job);
         }
         for (id, request, entry) in requests {
@@ -339,7 +343,25 @@ impl PartitionState {
     fn remove(&mut self, key: JobKey) -> Job {
         let job = self.jobs.remove(&key).expect("caller checked the job exists");
         self.unindex(&job);
+        if let Some(keys) = self.by_tenant.get_mut(&job.spec.tenant) {
+            keys.remove(&key);
+            if keys.is_empty() {
+                self.by_tenant.remove(&job.spec.tenant);
+            }
+        }
         job
+    }
+
+    /// Adds a new live job's key to its tenant's (see `by_tenant`).
+    fn list_under_tenant(&mut self, job: &Job) {
+        match self.by_tenant.get_mut(&job.spec.tenant) {
+            Some(keys) => {
+                keys.insert(job.key);
+            }
+            None => {
+                self.by_tenant.insert(job.spec.tenant.clone(), BTreeSet::from([job.key]));
+            }
+        }
     }
 
     fn make_ready(&mut self, key: JobKey, out: &mut ApplyOutput) {

@@ -6,7 +6,9 @@ use std::collections::BTreeSet;
 use bytes::Bytes;
 
 use super::{PartitionState, StateSnapshot};
-use crate::core::{Deduped, Job, JobKey, Millis, PartitionId, Registry, RequestId, Routing, Session, SessionId, Taker};
+use crate::core::{
+    Deduped, Job, JobFilter, JobKey, Millis, PartitionId, Registry, RequestId, Routing, Session, SessionId, Taker,
+};
 
 impl PartitionState {
     /// The sessions and schemas, as snapshotted.
@@ -64,6 +66,40 @@ impl PartitionState {
     }
     pub fn jobs(&self) -> impl Iterator<Item = &Job> {
         self.jobs.values()
+    }
+    /// Up to `limit` live jobs matching `filter` with keys after `after`, in
+    /// key order, of `tenants` (empty: every tenant). Walks the named
+    /// tenants' keys in order, merged, and stops at `limit`: the work is the
+    /// page and the jobs of those tenants the rest of the filter skips, never
+    /// every live job.
+    pub fn list_live(&self, filter: &JobFilter, tenants: &[String], after: JobKey, limit: usize) -> Vec<&Job> {
+        use std::cmp::Reverse;
+        use std::collections::BinaryHeap;
+        use std::ops::Bound::{Excluded, Unbounded};
+        let named: Vec<&BTreeSet<JobKey>> = if !filter.tenant.is_empty() {
+            let allowed = tenants.is_empty() || tenants.contains(&filter.tenant);
+            self.by_tenant.get(&filter.tenant).filter(|_| allowed).into_iter().collect()
+        } else if tenants.is_empty() {
+            self.by_tenant.values().collect()
+        } else {
+            tenants.iter().filter_map(|t| self.by_tenant.get(t)).collect()
+        };
+        let mut walks: Vec<_> = named.iter().map(|keys| keys.range((Excluded(after), Unbounded))).collect();
+        let mut next: BinaryHeap<Reverse<(JobKey, usize)>> =
+            walks.iter_mut().enumerate().filter_map(|(i, walk)| Some(Reverse((*walk.next()?, i)))).collect();
+        let mut page = Vec::new();
+        while let Some(Reverse((key, i))) = next.pop() {
+            if page.len() >= limit {
+                break;
+            }
+            if let Some(job) = self.jobs.get(&key).filter(|job| filter.matches(job)) {
+                page.push(job);
+            }
+            if let Some(key) = walks[i].next() {
+                next.push(Reverse((*key, i)));
+            }
+        }
+        page
     }
     /// Whether `key` was ever created here (it may be final and out of memory).
     pub fn was_created(&self, key: JobKey) -> bool {

@@ -141,31 +141,33 @@ impl SharedState {
     }
 
     /// Up to `limit` jobs matching `filter` with keys after `after`, in key
-    /// order, live and final, and no more than about `max_bytes` of them (at
-    /// least one). A job that finishes during the read is listed once, as final.
+    /// order, of `tenants` (empty: every tenant), live and final, and no more
+    /// than about `max_bytes` of them (at least one). A job that finishes
+    /// during the read is listed once, as final. Live jobs are read under the
+    /// lock apply takes, in O(page) plus the jobs of those tenants the rest of
+    /// the filter skips ([`crate::core::PartitionState::list_live`]); final
+    /// records after it, from storage.
     pub fn list(
         &self,
         filter: &JobFilter,
+        tenants: &[String],
         after: JobKey,
         limit: usize,
         max_bytes: usize,
     ) -> Result<Vec<Job>, storage::StorageError> {
         let mut live: Vec<Job> = if filter.covers_live() {
             let inner = self.lock();
-            let mut keys: Vec<JobKey> =
-                inner.engine.jobs().filter(|j| j.key > after && filter.matches(j)).map(|j| j.key).collect();
-            keys.sort_unstable();
-            keys.truncate(limit);
-            keys.iter().filter_map(|k| inner.engine.job(*k).cloned()).collect()
+            inner.engine.list_live(filter, tenants, after, limit).into_iter().cloned().collect()
         } else {
             Vec::new()
         };
         let mut done = Vec::new();
         if filter.covers_final() && limit > 0 {
             let mut bytes_read = 0;
+            let visible = |job: &Job| tenants.is_empty() || tenants.contains(&job.spec.tenant);
             self.store.scan_while(Table::Done, self.partition, after.0.saturating_add(1), |id, bytes| {
                 let Some(job) = self.final_record(id, bytes)? else { return Ok(true) };
-                if filter.matches(&job) {
+                if filter.matches(&job) && visible(&job) {
                     bytes_read += bytes.len() + job.spec.encoded_len();
                     done.push(job);
                 }
