@@ -735,6 +735,47 @@ async fn a_session_is_its_registrants_and_a_peer_of_its_tenant_may_not_act_as_it
     acme.raw().deregister_worker(DeregisterWorkerRequest { session_id: session }).await.unwrap();
 }
 
+/// `/actuator/jobs` answers a page at a time, of the caller's tenants only,
+/// and following `next` lists each of them once.
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn the_actuators_jobs_page_through_the_callers_tenants() {
+    let tokens = Tokens::new();
+    let node = node_with(&tokens).await;
+    let (acme, globex) = (as_token(&node, tokens.secret("acme")), as_token(&node, tokens.secret("globex")));
+    let mut mine = Vec::new();
+    for n in 0..5 {
+        let create = |tenant: &str| CreateJobRequest {
+            r#type: "t".into(),
+            tenant_id: tenant.into(),
+            variables: format!(r#"{{"n":{n}}}"#),
+            ..Default::default()
+        };
+        mine.push(acme.create(create("acme")).await.unwrap());
+        globex.create(create("globex")).await.unwrap();
+    }
+    let admin_addr = node.node().admin_addr.to_string();
+    let header = format!("Authorization: Bearer {}\r\n", tokens.secret("acme"));
+    let (mut listed, mut path, mut pages) = (Vec::new(), "/actuator/jobs?limit=2".to_string(), 0);
+    loop {
+        let (code, body) = http_request_with("GET", &admin_addr, &path, &header).await.unwrap();
+        assert_eq!(code, 200, "{body}");
+        let page: serde_json::Value = serde_json::from_str(&body).unwrap();
+        let jobs = page["jobs"].as_array().unwrap();
+        assert!(jobs.len() <= 2, "a page of at most the limit: {body}");
+        assert!(jobs.iter().all(|j| j["tenant"] == "acme"), "only acme's jobs: {body}");
+        listed.extend(jobs.iter().map(|j| j["key"].as_u64().unwrap()));
+        pages += 1;
+        match page["next"].as_u64() {
+            Some(after) => path = format!("/actuator/jobs?limit=2&after={after}"),
+            None => break,
+        }
+        assert!(pages < 20, "the pages never end: {listed:?}");
+    }
+    listed.sort_unstable();
+    mine.sort_unstable();
+    assert_eq!(listed, mine, "every one of acme's jobs, once");
+}
+
 #[tokio::test(flavor = "multi_thread", worker_threads = 2)]
 async fn the_admin_port_needs_a_token_with_the_route_scope_but_the_probes_do_not() {
     let tokens = Tokens::new();

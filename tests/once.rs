@@ -396,3 +396,37 @@ async fn ten_thousand_incidents_page_through_three_partitions_and_are_retried_in
     let activated = client.activate("ledger", "w2", 10, 60_000, 1_000).await.unwrap();
     assert_eq!(activated.len(), 10, "retried incidents are activated");
 }
+
+/// The de-duplication table is bounded by its size as well as its window: a
+/// create with a new key past the bound is RESOURCE_EXHAUSTED (nothing is
+/// made), while a repeat of a remembered key and creates without a key go on,
+/// and the table's size is a metric.
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn a_full_dedupe_table_refuses_new_keys_and_still_answers_repeats() {
+    let cluster = ProcessCluster::start(1, 1, 1, &["--idempotency-max-keys", "3"]);
+    cluster.wait_ready().await;
+    let client = cluster.node(0).client().await;
+    let limit = Duration::from_secs(10);
+    let mut keys = Vec::new();
+    for n in 0..3 {
+        let (key, created) = create_within(&client, keyed(&format!("bounded-{n}"), "{}"), limit).await.unwrap();
+        assert!(created);
+        keys.push(key);
+    }
+    let refused = create_within(&client, keyed("bounded-3", "{}"), limit).await.unwrap_err();
+    assert_eq!(refused.code(), Code::ResourceExhausted, "{refused:?}");
+    assert!(refused.message().contains("--idempotency-max-keys 3"), "{}", refused.message());
+    let by_key = GetJobRequest { idempotency_key: "bounded-3".into(), user: "alice".into(), ..Default::default() };
+    let missing = client.raw().get_job(by_key).await.unwrap_err();
+    assert_eq!(missing.code(), Code::NotFound, "the refused create made no job");
+    let (again, created) = create_within(&client, keyed("bounded-1", "{}"), limit).await.unwrap();
+    assert_eq!((again, created), (keys[1], false), "a repeat finds its job");
+    let plain = CreateJobRequest { r#type: "refund".into(), ..Default::default() };
+    let (_, created) = create_within(&client, plain, limit).await.unwrap();
+    assert!(created, "a create without a key goes on");
+    common::eventually(Duration::from_secs(30), "the table's size metric", || {
+        let cluster = &cluster;
+        async move { cluster.metric(0, "drover_dedupe_entries").await >= 3.0 }
+    })
+    .await;
+}

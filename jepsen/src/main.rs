@@ -793,11 +793,23 @@ fn replicas_of(nodes: usize, partitions: u32, locations: &[String]) -> impl Fn(u
 /// workload's token, the attacker's own with the attacker's.
 async fn final_reads(nodes: &cluster::Nodes, token: Option<&str>) -> FinalReads {
     let mut finals: FinalReads = BTreeMap::new();
-    for i in 0..nodes.ips.len() {
-        let Ok((200, body)) = nodes.admin_get_as(i, "/actuator/jobs", token).await else { continue };
-        let Ok(value) = serde_json::from_str::<serde_json::Value>(&body) else { continue };
+    'nodes: for i in 0..nodes.ips.len() {
+        // A page at a time, each from where the last ended.
+        let mut listed = Vec::new();
+        let mut path = "/actuator/jobs".to_string();
+        loop {
+            let Ok((200, body)) = nodes.admin_get_as(i, &path, token).await else { continue 'nodes };
+            let Ok(mut value) = serde_json::from_str::<serde_json::Value>(&body) else { continue 'nodes };
+            if let serde_json::Value::Array(jobs) = value["jobs"].take() {
+                listed.extend(jobs);
+            }
+            match value["next"].as_u64() {
+                Some(after) => path = format!("/actuator/jobs?after={after}"),
+                None => break,
+            }
+        }
         let mut jobs = BTreeMap::new();
-        for job in value["jobs"].as_array().into_iter().flatten() {
+        for job in &listed {
             let text = job["variables"].as_str().unwrap_or("{}");
             let variables: serde_json::Value = serde_json::from_str(text).unwrap_or_default();
             let marked =

@@ -160,38 +160,71 @@ async fn partitions(State(ctx): State<Arc<NodeContext>>) -> impl IntoResponse {
     }))
 }
 
-/// Every job held by this node's replicas, as this node sees them (not routed
+#[derive(serde::Deserialize, Default)]
+struct JobsQuery {
+    /// Where the page starts: after this key (`next` of the previous page).
+    #[serde(default)]
+    after: Option<u64>,
+    /// Jobs per page: at most [`MAX_JOBS_PAGE`].
+    #[serde(default)]
+    limit: Option<usize>,
+}
+
+/// Jobs per page of `/actuator/jobs` unless the request asks for fewer.
+const MAX_JOBS_PAGE: usize = 1000;
+
+/// The jobs held by this node's replicas, as this node sees them (not routed
 /// to leaders): key, partition, type, tenant, state, attempt, variables,
-/// result, and who acted on it (see [`actors`]).
-/// Only jobs the request's principal may read: its tenants, its types.
+/// result, and who acted on it (see [`actors`]). Only jobs the request's
+/// principal may read: its tenants, its types. A page at a time, in key order,
+/// within one partition: `next` is the `after` of the next page, absent at
+/// the end. Each page holds the lock apply takes for that page only (see
+/// `SharedState::list`), never for every job.
 async fn local_jobs(
     State(ctx): State<Arc<NodeContext>>,
     axum::Extension(principal): axum::Extension<Arc<crate::auth::Principal>>,
+    axum::extract::Query(query): axum::extract::Query<JobsQuery>,
 ) -> impl IntoResponse {
+    let limit = query.limit.unwrap_or(MAX_JOBS_PAGE).clamp(1, MAX_JOBS_PAGE);
+    let after = crate::core::JobKey(query.after.unwrap_or(0));
+    let tenants = if principal.in_tenant("*") { Vec::new() } else { principal.tenants.clone() };
+    let max_bytes = ctx.settings.limits.max_request_bytes();
     let mut jobs = Vec::new();
-    for replica in ctx.routing.replicas.values() {
-        match replica.state().all_jobs() {
-            Ok(all) => jobs.extend(all.iter().filter(|j| principal.sees(crate::auth::Verb::Read, j)).map(|j| {
-                json!({
-                    "key": j.key.0,
-                    "partition": j.key.partition(),
-                    "type": j.spec.job_type,
-                    "tenant": j.spec.tenant,
-                    "state": j.state.as_str(),
-                    "attempt": j.attempt,
-                    "variables": String::from_utf8_lossy(&j.spec.variables),
-                    "result": String::from_utf8_lossy(&j.result),
-                    "actors": actors(j),
-                    "checkpoints": j.checkpoints.iter().map(|c| json!({
-                        "stage": c.stage, "attempt": c.attempt, "at": c.at,
-                    })).collect::<Vec<_>>(),
-                    "timers": timer_events(j),
-                })
-            })),
+    let mut next = None;
+    for (partition, replica) in ctx.routing.replicas.range(after.partition()..) {
+        let from = if *partition == after.partition() { after } else { crate::core::JobKey::new(*partition, 0) };
+        let filter = crate::core::JobFilter::default();
+        let page = match replica.state().list(&filter, &tenants, from, limit, max_bytes) {
+            Ok(page) => page,
             Err(e) => return (StatusCode::INTERNAL_SERVER_ERROR, Json(json!({ "error": e.to_string() }))),
+        };
+        // A page holds one partition's jobs: the next starts after its last
+        // (the partition may hold more than a page, or than its byte budget).
+        if let Some(last) = page.last() {
+            next = Some(last.key.0);
+            jobs.extend(page.iter().filter(|j| principal.sees(crate::auth::Verb::Read, j)).map(job_json));
+            break;
         }
     }
-    (StatusCode::OK, Json(json!({ "nodeId": ctx.topology.node_id, "jobs": jobs })))
+    (StatusCode::OK, Json(json!({ "nodeId": ctx.topology.node_id, "jobs": jobs, "next": next })))
+}
+
+fn job_json(j: &crate::core::Job) -> serde_json::Value {
+    json!({
+        "key": j.key.0,
+        "partition": j.key.partition(),
+        "type": j.spec.job_type,
+        "tenant": j.spec.tenant,
+        "state": j.state.as_str(),
+        "attempt": j.attempt,
+        "variables": String::from_utf8_lossy(&j.spec.variables),
+        "result": String::from_utf8_lossy(&j.result),
+        "actors": actors(j),
+        "checkpoints": j.checkpoints.iter().map(|c| json!({
+            "stage": c.stage, "attempt": c.attempt, "at": c.at,
+        })).collect::<Vec<_>>(),
+        "timers": timer_events(j),
+    })
 }
 
 /// Who acted on a job, from its history as this replica holds it: the
@@ -471,6 +504,9 @@ pub async fn record_gauges(ctx: Arc<NodeContext>, mut stop: watch::Receiver<bool
             } else {
                 0.0
             });
+            // The de-duplication table: what --idempotency-max-keys bounds.
+            let remembered = replica.state().read(|s| s.requests_len());
+            metrics::gauge!("drover_dedupe_entries", "partition" => p.clone()).set(remembered as f64);
             if status.role == "leader" {
                 // Types beyond the label limit share one series: sum them before setting it.
                 let mut by_label: std::collections::BTreeMap<String, usize> = Default::default();

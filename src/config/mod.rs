@@ -174,6 +174,13 @@ pub struct ServeArgs {
     /// How long an idempotency key names its job, in seconds. [default: 86400]
     #[arg(long, env = "DROVER_IDEMPOTENCY_WINDOW_SECS")]
     pub idempotency_window_secs: Option<u64>,
+    /// The most creates one partition remembers for de-duplication
+    /// (idempotency keys, and creates a gateway may re-send). A create with a
+    /// new idempotency key past it is RESOURCE_EXHAUSTED until older ones
+    /// expire; a repeat of a remembered key is answered as always, and
+    /// creates without a key go on. [default: 1000000]
+    #[arg(long, env = "DROVER_IDEMPOTENCY_MAX_KEYS")]
+    pub idempotency_max_keys: Option<u64>,
     /// Log lines: `text` or `json`. Filter with RUST_LOG. [default: text]
     #[arg(long, env = "DROVER_LOG_FORMAT")]
     pub log_format: Option<String>,
@@ -268,11 +275,17 @@ pub struct DedupeWindows {
     pub request: Duration,
     /// Creates with an idempotency key.
     pub idempotency: Duration,
+    /// Entries one partition's table holds at most.
+    pub max_keys: u64,
 }
 
 impl Default for DedupeWindows {
     fn default() -> Self {
-        DedupeWindows { request: Duration::from_secs(30), idempotency: Duration::from_secs(24 * 3600) }
+        DedupeWindows {
+            request: Duration::from_secs(30),
+            idempotency: Duration::from_secs(24 * 3600),
+            max_keys: 1_000_000,
+        }
     }
 }
 
@@ -546,6 +559,14 @@ impl ServeArgs {
                 bail!("the idempotency window must be at least 60 s");
             }
             dedupe.idempotency = Duration::from_secs(secs);
+        }
+        if let Some(keys) = pick!(idempotency_max_keys) {
+            if keys == 0 {
+                bail!(
+                    "--idempotency-max-keys must be at least 1: a partition that remembers no create cannot take one"
+                );
+            }
+            dedupe.max_keys = keys;
         }
         let log_format = pick!(log_format).unwrap_or_else(|| "text".into());
         if log_format != "text" && log_format != "json" {

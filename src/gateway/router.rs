@@ -29,7 +29,9 @@ use ractor::rpc::CallResult;
 use super::error::ApiError;
 use crate::auth::{AuthError, Principal, Verb};
 use crate::context::NodeContext;
-use crate::core::{Command, CommandError, CommandResult, ErrorKind, Job, JobFilter, JobKey, JobRef, PartitionId};
+use crate::core::{
+    Command, CommandError, CommandResult, ErrorKind, Job, JobFilter, JobKey, JobRef, PartitionId, RequestId,
+};
 use crate::metrics::stages::{self, Stage};
 use crate::partition::{LeaderMsg, SubmitError};
 
@@ -192,13 +194,17 @@ async fn submit_local(
         ctx.routing.replicas.get(&partition).filter(|_| crate::failpoints::fire("gateway_skip_checks").is_none());
     // A principal that holds everything (carried only for an override's
     // history) has nothing to screen.
-    let (commands, mut refused) = match (principal.filter(|p| !p.unrestricted()), replica) {
+    let (commands, refused) = match (principal.filter(|p| !p.unrestricted()), replica) {
         (Some(principal), Some(replica)) => match screen(replica, principal, commands)? {
             Screened::Ready(commands, refused) => (commands, refused),
             // Its create is in flight here: ask again once it has applied.
             Screened::NotApplied => return Ok(Attempt::Retry(Some(ctx.topology.node_id))),
         },
         _ => (commands, Vec::new()),
+    };
+    let (commands, mut refused) = match ctx.routing.replicas.get(&partition) {
+        Some(replica) => bound_dedupe(replica, ctx.settings.dedupe.max_keys, commands, refused),
+        None => (commands, refused),
     };
     let commands = match principal {
         Some(by) if !commands.is_empty() && ctx.transport.peers.versions().cluster_version() >= AUTHORIZED_AT_APPLY => {
@@ -391,6 +397,65 @@ fn screen(replica: &Replica, principal: &Principal, commands: Vec<Command>) -> R
         results.clear();
     }
     Ok(Screened::Ready(allowed, results))
+}
+
+/// Refuses, RESOURCE_EXHAUSTED, each create with an idempotency key that
+/// would add an entry to a de-duplication table that holds `max_keys`
+/// already: the table is bounded by its size as well as its window, and a
+/// client told so may retry once entries expire. A repeat of a remembered
+/// key is not refused (it adds nothing), nor is a create without a key (its
+/// entry lasts the request window, seconds, so creates go on while keys fill
+/// the table). Judged here, on the leader, against the applied table, so the
+/// table may pass the bound by the creates in flight and the keyless creates
+/// of one request window, never by more.
+/// `refused` is as [`screen`] leaves it: a slot per command of the request,
+/// `None` where a command of `commands` runs (empty: all of them run).
+fn bound_dedupe(
+    replica: &Replica,
+    max_keys: u64,
+    commands: Vec<Command>,
+    refused: Vec<Option<CommandResult>>,
+) -> (Vec<Command>, Vec<Option<CommandResult>>) {
+    let adds = |c: &Command| matches!(c, Command::Create(job) if matches!(job.request, Some(RequestId::Key { .. })));
+    if !commands.iter().any(adds) {
+        return (commands, refused);
+    }
+    let (held, known): (usize, Vec<bool>) = replica.state().read(|s| {
+        let known = commands
+            .iter()
+            .map(|c| match c {
+                Command::Create(job) => job.request.as_ref().is_some_and(|r| s.request(r).is_some()),
+                _ => false,
+            })
+            .collect();
+        (s.requests_len(), known)
+    });
+    let room = (max_keys as usize).saturating_sub(held);
+    let new_entries = commands.iter().zip(&known).filter(|(c, known)| adds(c) && !**known).count();
+    if new_entries <= room {
+        return (commands, refused);
+    }
+    let mut slots = if refused.is_empty() { vec![None; commands.len()] } else { refused };
+    let mut left = room;
+    let mut allowed = Vec::with_capacity(commands.len());
+    let mut commands = commands.into_iter().zip(known);
+    for slot in slots.iter_mut().filter(|slot| slot.is_none()) {
+        let Some((command, known)) = commands.next() else { break };
+        if adds(&command) && !known {
+            if left == 0 {
+                *slot = Some(CommandResult::Rejected(CommandError::exhausted(format!(
+                    "partition {} remembers {held} creates for de-duplication, its limit \
+                     (--idempotency-max-keys {max_keys}): a new idempotency key has no room until older \
+                     ones expire; retry later, or raise the limit",
+                    replica.partition
+                ))));
+                continue;
+            }
+            left -= 1;
+        }
+        allowed.push(command);
+    }
+    (allowed, slots)
 }
 
 /// What [`screen`] decided for a batch.

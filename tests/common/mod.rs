@@ -544,15 +544,18 @@ impl ProcessCluster {
     /// Jobs node `id` holds (its replicas, live and retained) whose variables
     /// contain `marker`.
     pub async fn jobs_with(&self, id: usize, marker: &str) -> Vec<serde_json::Value> {
-        let Ok((200, body)) = http_get(&self.node(id).admin, "/actuator/jobs").await else { return Vec::new() };
-        let view: serde_json::Value = serde_json::from_str(&body).expect("jobs view is JSON");
-        view["jobs"]
-            .as_array()
-            .expect("jobs array")
-            .iter()
-            .filter(|j| j["variables"].as_str().is_some_and(|v| v.contains(marker)))
-            .cloned()
-            .collect()
+        let mut jobs = Vec::new();
+        let mut path = "/actuator/jobs".to_string();
+        loop {
+            let Ok((200, body)) = http_get(&self.node(id).admin, &path).await else { return Vec::new() };
+            let view: serde_json::Value = serde_json::from_str(&body).expect("jobs view is JSON");
+            let page = view["jobs"].as_array().expect("jobs array").iter();
+            jobs.extend(page.filter(|j| j["variables"].as_str().is_some_and(|v| v.contains(marker))).cloned());
+            match view["next"].as_u64() {
+                Some(after) => path = format!("/actuator/jobs?after={after}"),
+                None => return jobs,
+            }
+        }
     }
 
     pub async fn wait_ready(&self) {

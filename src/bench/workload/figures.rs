@@ -50,6 +50,9 @@ pub struct Figures {
     pub rss_end_mib: Vec<f64>,
     /// Each node's peak resident set in each minute of the run (is memory flat?).
     pub rss_peak_per_minute_mib: Vec<Vec<f64>>,
+    /// Each node's de-duplication entries (all its replicas) at the start of
+    /// each minute of the run.
+    pub dedupe_entries_per_minute: Vec<Vec<f64>>,
     pub wal_syncs: Vec<u64>,
     pub jobs_per_sync: Option<f64>,
     /// How many partitions each gateway's node led when the workload began
@@ -126,6 +129,9 @@ impl Figures {
         if self.rss_peak_per_minute_mib.iter().any(|minutes| minutes.len() > 1) {
             for (node, minutes) in self.rss_peak_per_minute_mib.iter().enumerate() {
                 println!("  RSS peak per minute, node {node} (MiB)  {minutes:?}");
+            }
+            for (node, minutes) in self.dedupe_entries_per_minute.iter().enumerate() {
+                println!("  de-duplication entries each minute, node {node}  {minutes:?}");
             }
         }
         if let Some(jobs_per_sync) = self.jobs_per_sync {

@@ -105,6 +105,37 @@ async fn run(
         })
     });
 
+    // The de-duplication table's size on each node, each minute: with keyed
+    // creates, is it bounded?
+    let dedupe_minutes: Arc<Mutex<Vec<Vec<f64>>>> = Arc::new(Mutex::new(vec![Vec::new(); rss_start.len()]));
+    let dedupe_sampler = cluster.map(|c| {
+        let nodes: Vec<String> = c.nodes.iter().map(|n| n.admin.clone()).collect();
+        let (token, ca) = (c.token.clone(), c.ca().map(<[u8]>::to_vec));
+        let (minutes, mut stop) = (Arc::clone(&dedupe_minutes), stop_rx.clone());
+        tokio::spawn(async move {
+            loop {
+                for (i, admin) in nodes.iter().enumerate() {
+                    let read = match &ca {
+                        Some(ca) => crate::tls::https_get_as(admin, "/metrics", ca, token.as_deref()).await,
+                        None => super::local::admin_get(admin, "/metrics", token.as_deref()).await,
+                    };
+                    if let Ok((200, body)) = read {
+                        let entries: f64 = body
+                            .lines()
+                            .filter(|l| l.starts_with("drover_dedupe_entries{"))
+                            .filter_map(|l| l.rsplit(' ').next()?.parse::<f64>().ok())
+                            .sum();
+                        minutes.lock().expect("lock")[i].push(entries);
+                    }
+                }
+                tokio::select! {
+                    _ = tokio::time::sleep(Duration::from_secs(60)) => {}
+                    _ = stop.wait_for(|s| *s) => return,
+                }
+            }
+        })
+    });
+
     // Producers use gateways on partition leaders when the topology says
     // which: their keyless creates then stay on the node that takes them.
     let producer_gateways: Vec<String> = match &leaders {
@@ -177,6 +208,9 @@ async fn run(
     if let Some(sampler) = sampler {
         let _ = sampler.await;
     }
+    if let Some(sampler) = dedupe_sampler {
+        let _ = sampler.await;
+    }
     let syncs_after = wal_syncs(cluster).await;
     let doubts_after = push_doubts(cluster).await;
     let written_after = written(cluster).await;
@@ -223,6 +257,7 @@ async fn run(
         figures.rss_peak_mib = mib(&rss_peak.lock().expect("lock"));
         figures.rss_end_mib = mib(&cluster.resident_bytes());
         figures.rss_peak_per_minute_mib = rss_minutes.lock().expect("lock").iter().map(|m| mib(m)).collect();
+        figures.dedupe_entries_per_minute = dedupe_minutes.lock().expect("lock").clone();
     }
     if cluster.is_some() {
         figures.wal_syncs = syncs_after.iter().zip(&syncs_before).map(|(a, b)| a.saturating_sub(*b)).collect();

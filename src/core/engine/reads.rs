@@ -51,6 +51,11 @@ impl PartitionState {
         self.request_expiry.iter().map(|(id, request)| (*id, request, &self.requests[request]))
     }
     /// What the partition remembers of a create, if it is within its window.
+    /// Creates remembered for de-duplication (idempotency keys, and creates
+    /// a gateway may re-send).
+    pub fn requests_len(&self) -> usize {
+        self.requests.len()
+    }
     pub fn request(&self, request: &RequestId) -> Option<&Deduped> {
         self.requests.get(request)
     }
