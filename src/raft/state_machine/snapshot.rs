@@ -111,6 +111,8 @@ pub fn snapshot_bytes(state: &PartitionState, finished: &[Job]) -> Vec<u8> {
         finished: finished.iter().map(|j| (0, j.key.0)).collect(),
     };
     let mut out = storage::encode(&header);
+    // This build's version carries the sessions' owners after the header.
+    out.extend_from_slice(&storage::encode(&header.registry.owners));
     for job in finished {
         let record = storage::encode(job);
         out.extend_from_slice(&job.key.0.to_le_bytes());
