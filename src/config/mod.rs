@@ -174,6 +174,11 @@ pub struct ServeArgs {
     /// How long an idempotency key names its job, in seconds. [default: 86400]
     #[arg(long, env = "DROVER_IDEMPOTENCY_WINDOW_SECS")]
     pub idempotency_window_secs: Option<u64>,
+    /// How long a node keeps its staged parts of a backup that no `drover
+    /// backup create` read to the end and released (it died), in seconds.
+    /// [default: 21600]
+    #[arg(long, env = "DROVER_BACKUP_STAGED_TTL_SECS")]
+    pub backup_staged_ttl_secs: Option<u64>,
     /// The most creates one partition remembers for de-duplication
     /// (idempotency keys, and creates a gateway may re-send). A create with a
     /// new idempotency key past it is RESOURCE_EXHAUSTED until older ones
@@ -331,6 +336,8 @@ pub struct NodeConfig {
     /// Stamped by this node's partition leaders on the entries they write.
     pub retention: Retention,
     pub dedupe: DedupeWindows,
+    /// How long a staged backup part nobody released is kept.
+    pub backup_staged_ttl: Duration,
     pub log_format: String,
     pub otlp_endpoint: Option<String>,
     pub tls: TlsSettings,
@@ -363,6 +370,7 @@ impl NodeConfig {
             raft: RaftSettings::default(),
             retention: Retention::default(),
             dedupe: DedupeWindows::default(),
+            backup_staged_ttl: Duration::from_secs(6 * 3600),
             log_format: "text".into(),
             otlp_endpoint: None,
             tls: TlsSettings::default(),
@@ -568,6 +576,13 @@ impl ServeArgs {
             }
             dedupe.max_keys = keys;
         }
+        let backup_staged_ttl = match pick!(backup_staged_ttl_secs) {
+            Some(secs) if secs < 60 => {
+                bail!("--backup-staged-ttl-secs must be at least 60: a backup reads its parts after staging them")
+            }
+            Some(secs) => Duration::from_secs(secs),
+            None => Duration::from_secs(6 * 3600),
+        };
         let log_format = pick!(log_format).unwrap_or_else(|| "text".into());
         if log_format != "text" && log_format != "json" {
             bail!("log format must be text or json, got {log_format:?}");
@@ -611,6 +626,7 @@ impl ServeArgs {
             raft,
             retention,
             dedupe,
+            backup_staged_ttl,
             log_format,
             otlp_endpoint: pick!(otlp_endpoint).filter(|e| !e.is_empty()),
             tls: TlsSettings { grpc: grpc_tls, admin: admin_tls, cluster: cluster_tls },

@@ -261,6 +261,10 @@ impl Node {
         let (gauges, stopping) = (Arc::clone(&ctx), stop_rx.clone());
         background
             .push(tasks.spawn(named("gauges", move |status| crate::admin::record_gauges(gauges, stopping, status))));
+        let (dir, ttl, stopping) = (raft_settings.snapshot_dir.clone(), config.backup_staged_ttl, stop_rx.clone());
+        background.push(
+            tasks.spawn(named("staged backups", move |status| expire_staged_backups(dir, ttl, stopping, status))),
+        );
 
         // Every client service answers through the call layer: who calls, by
         // when, counted in flight, traced (crate::gateway::call).
@@ -452,5 +456,32 @@ async fn serve_grpc(
     };
     if let Err(e) = router.serve_with_incoming_shutdown(incoming, shutdown).await {
         tracing::error!("{name} server failed: {e}");
+    }
+}
+
+/// Deletes, once a minute, the staged backup parts that no `drover backup
+/// create` came back for within `ttl` (it died before releasing them): each
+/// is a whole copy of a partition's state on this node's disk.
+async fn expire_staged_backups(
+    dir: std::path::PathBuf,
+    ttl: std::time::Duration,
+    mut stop: tokio::sync::watch::Receiver<bool>,
+    status: crate::tasks::LoopStatus,
+) {
+    loop {
+        match crate::raft::expire_staged_backups(&dir, ttl) {
+            Ok(expired) => {
+                for id in &expired {
+                    tracing::warn!(backup = %id, "deleted this node's staged parts of backup {id}: no one read or released them within {} s", ttl.as_secs());
+                }
+                metrics::counter!("drover_backup_staged_expired_total").increment(expired.len() as u64);
+                status.set(format!("staged backups older than {} s deleted", ttl.as_secs()));
+            }
+            Err(error) => status.error(format!("expiring staged backups in {}: {error}", dir.display())),
+        }
+        tokio::select! {
+            _ = tokio::time::sleep(std::time::Duration::from_secs(60)) => {}
+            _ = stop.wait_for(|s| *s) => return,
+        }
     }
 }

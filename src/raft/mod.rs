@@ -36,7 +36,10 @@ use formation::CatchUp;
 pub use formation::Formation;
 pub use network::ClusterNetwork;
 pub use state_machine::backup::{check_id as check_backup_id, PartitionBackup};
-pub use state_machine::backup::{clear_staged as clear_staged_backups, release_staged as release_staged_backup};
+pub use state_machine::backup::{
+    clear_staged as clear_staged_backups, expire_staged as expire_staged_backups,
+    release_staged as release_staged_backup,
+};
 pub use state_machine::{check_snapshot, check_snapshot_from, restore, snapshot_bytes, SharedState};
 
 use crate::core::{Batch, CommandResult, Millis, Outcome, PartitionId};

@@ -190,6 +190,28 @@ pub fn release_staged(snapshot_dir: &Path, id: &str) -> std::io::Result<()> {
     }
 }
 
+/// Deletes the staged parts of every backup whose folder has not changed for
+/// `ttl`: a backup whose `drover backup create` died before releasing them
+/// (a finished or failed one releases its parts). Returns the ids deleted.
+pub fn expire_staged(snapshot_dir: &Path, ttl: Duration) -> std::io::Result<Vec<String>> {
+    let entries = match std::fs::read_dir(snapshot_dir.join("backups")) {
+        Ok(entries) => entries,
+        Err(e) if e.kind() == std::io::ErrorKind::NotFound => return Ok(Vec::new()),
+        Err(e) => return Err(e),
+    };
+    let mut expired = Vec::new();
+    for entry in entries {
+        let entry = entry?;
+        let age = entry.metadata()?.modified()?.elapsed().unwrap_or_default();
+        if age >= ttl {
+            let id = entry.file_name().to_string_lossy().into_owned();
+            release_staged(snapshot_dir, &id)?;
+            expired.push(id);
+        }
+    }
+    Ok(expired)
+}
+
 /// Deletes every staged part (a node's start: a backup in progress across a
 /// restart is taken again).
 pub fn clear_staged(snapshot_dir: &Path) -> std::io::Result<()> {
@@ -231,5 +253,28 @@ impl<W: Write> Write for Digesting<W> {
 
     fn flush(&mut self) -> std::io::Result<()> {
         self.inner.flush()
+    }
+}
+
+#[cfg(test)]
+mod expiry_tests {
+    use super::*;
+
+    #[test]
+    fn staged_parts_older_than_their_ttl_are_deleted_and_newer_ones_kept() {
+        let dir = tempfile::tempdir().unwrap();
+        for id in ["abandoned", "running"] {
+            std::fs::create_dir_all(staged_dir(dir.path(), id)).unwrap();
+            std::fs::write(part_paths(dir.path(), id, 0).0, b"part").unwrap();
+        }
+        // The abandoned backup's folder last changed two hours ago.
+        let two_hours_ago = std::time::SystemTime::now() - Duration::from_secs(7_200);
+        let folder = std::fs::File::open(staged_dir(dir.path(), "abandoned")).unwrap();
+        folder.set_modified(two_hours_ago).unwrap();
+        let expired = expire_staged(dir.path(), Duration::from_secs(3_600)).unwrap();
+        assert_eq!(expired, vec!["abandoned".to_string()]);
+        assert!(!staged_dir(dir.path(), "abandoned").exists());
+        assert!(part_paths(dir.path(), "running", 0).0.exists(), "a recent backup's parts stay");
+        assert_eq!(expire_staged(&dir.path().join("none"), Duration::ZERO).unwrap(), Vec::<String>::new());
     }
 }
