@@ -430,3 +430,24 @@ async fn a_full_dedupe_table_refuses_new_keys_and_still_answers_repeats() {
     })
     .await;
 }
+
+/// A tenant's share of the table: one tenant that uses its share up is
+/// refused, and another tenant's keys still have room.
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn one_tenant_cannot_use_up_the_dedupe_table_for_another() {
+    let args = ["--idempotency-max-keys", "10", "--idempotency-max-keys-per-tenant", "2"];
+    let cluster = ProcessCluster::start(1, 1, 1, &args);
+    cluster.wait_ready().await;
+    let client = cluster.node(0).client().await;
+    let limit = Duration::from_secs(10);
+    let of = |tenant: &str, key: &str| CreateJobRequest { tenant_id: tenant.into(), ..keyed(key, "{}") };
+    let (first, _) = create_within(&client, of("acme", "a-0"), limit).await.unwrap();
+    create_within(&client, of("acme", "a-1"), limit).await.unwrap();
+    let refused = create_within(&client, of("acme", "a-2"), limit).await.unwrap_err();
+    assert_eq!(refused.code(), Code::ResourceExhausted, "{refused:?}");
+    assert!(refused.message().contains("tenant \"acme\" holds its share"), "{}", refused.message());
+    let (_, created) = create_within(&client, of("globex", "g-0"), limit).await.unwrap();
+    assert!(created, "another tenant's key has room");
+    let (again, created) = create_within(&client, of("acme", "a-0"), limit).await.unwrap();
+    assert_eq!((again, created), (first, false), "a repeat of a remembered key is answered");
+}

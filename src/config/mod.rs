@@ -186,6 +186,11 @@ pub struct ServeArgs {
     /// creates without a key go on. [default: 1000000]
     #[arg(long, env = "DROVER_IDEMPOTENCY_MAX_KEYS")]
     pub idempotency_max_keys: Option<u64>,
+    /// The most idempotency keys of one tenant one partition remembers: its
+    /// share of --idempotency-max-keys, so one tenant's keys cannot use the
+    /// whole table up. [default: --idempotency-max-keys]
+    #[arg(long, env = "DROVER_IDEMPOTENCY_MAX_KEYS_PER_TENANT")]
+    pub idempotency_max_keys_per_tenant: Option<u64>,
     /// Log lines: `text` or `json`. Filter with RUST_LOG. [default: text]
     #[arg(long, env = "DROVER_LOG_FORMAT")]
     pub log_format: Option<String>,
@@ -282,6 +287,8 @@ pub struct DedupeWindows {
     pub idempotency: Duration,
     /// Entries one partition's table holds at most.
     pub max_keys: u64,
+    /// Idempotency keys of one tenant one partition's table holds at most.
+    pub max_keys_per_tenant: u64,
 }
 
 impl Default for DedupeWindows {
@@ -290,6 +297,7 @@ impl Default for DedupeWindows {
             request: Duration::from_secs(30),
             idempotency: Duration::from_secs(24 * 3600),
             max_keys: 1_000_000,
+            max_keys_per_tenant: 1_000_000,
         }
     }
 }
@@ -575,6 +583,14 @@ impl ServeArgs {
                 );
             }
             dedupe.max_keys = keys;
+        }
+        dedupe.max_keys_per_tenant = pick!(idempotency_max_keys_per_tenant).unwrap_or(dedupe.max_keys);
+        if dedupe.max_keys_per_tenant == 0 || dedupe.max_keys_per_tenant > dedupe.max_keys {
+            bail!(
+                "--idempotency-max-keys-per-tenant must be between 1 and --idempotency-max-keys ({}), not {}",
+                dedupe.max_keys,
+                dedupe.max_keys_per_tenant
+            );
         }
         let backup_staged_ttl = match pick!(backup_staged_ttl_secs) {
             Some(secs) if secs < 60 => {

@@ -1219,3 +1219,33 @@ fn a_listing_walks_the_named_tenants_keys_in_order_and_stops_at_its_page() {
         PartitionState::restore(h.state.meta(), h.state.jobs().cloned().collect::<Vec<_>>(), [], Registry::default());
     assert_eq!(restored.list_live(&everything, &[], start, 100).len(), 11, "a restore rebuilds the index");
 }
+
+#[test]
+fn each_tenants_idempotency_keys_are_counted_in_and_out() {
+    let mut h = Harness::new();
+    let keyed = |tenant: &str, key: &str| {
+        Command::Create(NewJob {
+            spec: Arc::new(JobSpec { job_type: TYPE.into(), tenant: tenant.into(), ..Default::default() }),
+            retries: 3,
+            run_at: None,
+            delay_ms: 0,
+            request: Some(RequestId::Key { tenant: tenant.into(), user: String::new(), key: key.into() }),
+            dedupe_window_ms: 1_000,
+        })
+    };
+    h.run(0, keyed("acme", "a"));
+    h.run(1, keyed("acme", "b"));
+    h.run(2, keyed("acme", "a"));
+    h.run(3, keyed("globex", "a"));
+    assert_eq!((h.state.keys_of_tenant("acme"), h.state.keys_of_tenant("globex")), (2, 1), "a repeat adds none");
+    let restored = PartitionState::restore(
+        h.state.meta(),
+        Vec::new(),
+        h.state.requests().map(|(id, r, e)| (id, r.clone(), *e)).collect::<Vec<_>>(),
+        Registry::default(),
+    );
+    assert_eq!(restored.keys_of_tenant("acme"), 2, "a restore counts them again");
+    // A window later every key has expired.
+    h.run(5_000, Command::ListSessions);
+    assert_eq!((h.state.keys_of_tenant("acme"), h.state.keys_of_tenant("globex")), (0, 0));
+}

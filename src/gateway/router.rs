@@ -19,7 +19,7 @@
 //! their activation timeout, as they would without the repeat. When time runs
 //! out after such a failure the answer is DEADLINE_EXCEEDED, "outcome unknown".
 
-use std::collections::BTreeMap;
+use std::collections::{BTreeMap, HashMap};
 use std::future::Future;
 use std::sync::Arc;
 use std::time::{Duration, Instant};
@@ -203,7 +203,7 @@ async fn submit_local(
         _ => (commands, Vec::new()),
     };
     let (commands, mut refused) = match ctx.routing.replicas.get(&partition) {
-        Some(replica) => bound_dedupe(replica, ctx.settings.dedupe.max_keys, commands, refused),
+        Some(replica) => bound_dedupe(replica, &ctx.settings.dedupe, commands, refused),
         None => (commands, refused),
     };
     let commands = match principal {
@@ -401,8 +401,9 @@ fn screen(replica: &Replica, principal: &Principal, commands: Vec<Command>) -> R
 
 /// Refuses, RESOURCE_EXHAUSTED, each create with an idempotency key that
 /// would add an entry to a de-duplication table that holds `max_keys`
-/// already: the table is bounded by its size as well as its window, and a
-/// client told so may retry once entries expire. A repeat of a remembered
+/// already, or to its tenant's share of it (`max_keys_per_tenant`): the
+/// table is bounded by its size as well as its window, one tenant cannot
+/// use it all up, and a client told so may retry once entries expire. A repeat of a remembered
 /// key is not refused (it adds nothing), nor is a create without a key (its
 /// entry lasts the request window, seconds, so creates go on while keys fill
 /// the table). Judged here, on the leader, against the applied table, so the
@@ -412,48 +413,75 @@ fn screen(replica: &Replica, principal: &Principal, commands: Vec<Command>) -> R
 /// `None` where a command of `commands` runs (empty: all of them run).
 fn bound_dedupe(
     replica: &Replica,
-    max_keys: u64,
+    limits: &crate::config::DedupeWindows,
     commands: Vec<Command>,
     refused: Vec<Option<CommandResult>>,
 ) -> (Vec<Command>, Vec<Option<CommandResult>>) {
-    let adds = |c: &Command| matches!(c, Command::Create(job) if matches!(job.request, Some(RequestId::Key { .. })));
-    if !commands.iter().any(adds) {
+    let key_of = |c: &Command| match c {
+        Command::Create(job) => match &job.request {
+            Some(request @ RequestId::Key { tenant, .. }) => Some((request.clone(), tenant.clone())),
+            _ => None,
+        },
+        _ => None,
+    };
+    let keys: Vec<Option<(RequestId, String)>> = commands.iter().map(key_of).collect();
+    if keys.iter().all(Option::is_none) {
         return (commands, refused);
     }
-    let (held, known): (usize, Vec<bool>) = replica.state().read(|s| {
-        let known = commands
-            .iter()
-            .map(|c| match c {
-                Command::Create(job) => job.request.as_ref().is_some_and(|r| s.request(r).is_some()),
-                _ => false,
-            })
-            .collect();
-        (s.requests_len(), known)
+    // Per command: whether it adds a key (new here), and the room left in
+    // the table and in each tenant's share.
+    let (held, adds, mut tenant_room) = replica.state().read(|s| {
+        let adds: Vec<bool> =
+            keys.iter().map(|k| k.as_ref().is_some_and(|(request, _)| s.request(request).is_none())).collect();
+        let mut tenant_room: HashMap<String, usize> = HashMap::new();
+        for (_, tenant) in keys.iter().flatten() {
+            let share = (limits.max_keys_per_tenant as usize).saturating_sub(s.keys_of_tenant(tenant));
+            tenant_room.insert(tenant.clone(), share);
+        }
+        (s.requests_len(), adds, tenant_room)
     });
-    let room = (max_keys as usize).saturating_sub(held);
-    let new_entries = commands.iter().zip(&known).filter(|(c, known)| adds(c) && !**known).count();
-    if new_entries <= room {
+    let mut table_room = (limits.max_keys as usize).saturating_sub(held);
+    let mut verdicts: Vec<Option<String>> = Vec::with_capacity(commands.len());
+    for (key, adds) in keys.iter().zip(&adds) {
+        let verdict = match key {
+            Some((_, tenant)) if *adds => {
+                let room = tenant_room.get_mut(tenant).expect("every tenant of the batch was read");
+                if table_room == 0 {
+                    Some(format!(
+                        "partition {} remembers {held} creates for de-duplication, its limit \
+                         (--idempotency-max-keys {}): a new idempotency key has no room until older ones \
+                         expire; retry later, or raise the limit",
+                        replica.partition, limits.max_keys
+                    ))
+                } else if *room == 0 {
+                    Some(format!(
+                        "tenant {tenant:?} holds its share of partition {}'s idempotency keys \
+                         (--idempotency-max-keys-per-tenant {}): a new key has no room until its older ones \
+                         expire; retry later, or raise the share",
+                        replica.partition, limits.max_keys_per_tenant
+                    ))
+                } else {
+                    table_room -= 1;
+                    *room -= 1;
+                    None
+                }
+            }
+            _ => None,
+        };
+        verdicts.push(verdict);
+    }
+    if verdicts.iter().all(Option::is_none) {
         return (commands, refused);
     }
     let mut slots = if refused.is_empty() { vec![None; commands.len()] } else { refused };
-    let mut left = room;
     let mut allowed = Vec::with_capacity(commands.len());
-    let mut commands = commands.into_iter().zip(known);
+    let mut commands = commands.into_iter().zip(verdicts);
     for slot in slots.iter_mut().filter(|slot| slot.is_none()) {
-        let Some((command, known)) = commands.next() else { break };
-        if adds(&command) && !known {
-            if left == 0 {
-                *slot = Some(CommandResult::Rejected(CommandError::exhausted(format!(
-                    "partition {} remembers {held} creates for de-duplication, its limit \
-                     (--idempotency-max-keys {max_keys}): a new idempotency key has no room until older \
-                     ones expire; retry later, or raise the limit",
-                    replica.partition
-                ))));
-                continue;
-            }
-            left -= 1;
+        let Some((command, verdict)) = commands.next() else { break };
+        match verdict {
+            Some(why) => *slot = Some(CommandResult::Rejected(CommandError::exhausted(why))),
+            None => allowed.push(command),
         }
-        allowed.push(command);
     }
     (allowed, slots)
 }

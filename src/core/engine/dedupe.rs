@@ -30,8 +30,27 @@ impl PartitionState {
                 break;
             }
             let (id, request) = entry.remove_entry();
-            self.requests.remove(&request);
+            if self.requests.remove(&request).is_some() {
+                self.count_key(&request, false);
+            }
             out.requests_expired.push(id);
+        }
+    }
+    /// Counts an idempotency key of its tenant in, or out.
+    pub(super) fn count_key(&mut self, request: &RequestId, added: bool) {
+        let RequestId::Key { tenant, .. } = request else { return };
+        if added {
+            match self.keys_by_tenant.get_mut(tenant) {
+                Some(count) => *count += 1,
+                None => {
+                    self.keys_by_tenant.insert(tenant.clone(), 1);
+                }
+            }
+        } else if let Some(count) = self.keys_by_tenant.get_mut(tenant) {
+            *count -= 1;
+            if *count == 0 {
+                self.keys_by_tenant.remove(tenant);
+            }
         }
     }
     pub(super) fn remember(
@@ -52,7 +71,9 @@ impl PartitionState {
         if let Some(displaced) = self.request_expiry.insert(id, request.clone()) {
             // Only when over a million entries expire in one ms: forget the
             // older one rather than keep an entry storage cannot hold.
-            self.requests.remove(&displaced);
+            if self.requests.remove(&displaced).is_some() {
+                self.count_key(&displaced, false);
+            }
         }
         // Every entry expires a window after it came, so the table churns at a
         // steady size. Left to itself, a hash table that churns grows only when
@@ -67,7 +88,9 @@ impl PartitionState {
             self.requests.reserve(self.requests.len() + 1);
             self.requests_room = self.requests.capacity();
         }
-        self.requests.insert(request.clone(), entry);
+        if self.requests.insert(request.clone(), entry).is_none() {
+            self.count_key(request, true);
+        }
         out.requests_added.push((id, request.clone(), entry));
     }
     /// Entries the dedupe table can hold before it grows (tests).

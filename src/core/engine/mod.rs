@@ -75,6 +75,9 @@ pub struct PartitionState {
     /// The same entries by [`request_storage_id`], so the earliest to expire
     /// comes first.
     request_expiry: BTreeMap<u64, RequestId>,
+    /// Idempotency keys remembered, by tenant: each tenant's share of the
+    /// table (see the gateway's `bound_dedupe`).
+    keys_by_tenant: HashMap<String, usize>,
     /// Mixed into storage ids, so entries that expire in the same ms differ.
     next_request_seq: u64,
     /// Worker sessions (see [`super::session`]).
@@ -188,6 +191,7 @@ impl PartitionState {
             state.jobs.insert(job.key, job);
         }
         for (id, request, entry) in requests {
+            state.count_key(&request, true);
             state.request_expiry.insert(id, request.clone());
             state.requests.insert(request, entry);
         }

@@ -56,6 +56,10 @@ impl PartitionState {
     pub fn requests_len(&self) -> usize {
         self.requests.len()
     }
+    /// Idempotency keys of `tenant` remembered here.
+    pub fn keys_of_tenant(&self, tenant: &str) -> usize {
+        self.keys_by_tenant.get(tenant).copied().unwrap_or(0)
+    }
     pub fn request(&self, request: &RequestId) -> Option<&Deduped> {
         self.requests.get(request)
     }
