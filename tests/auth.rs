@@ -595,15 +595,21 @@ async fn another_tenants_completion_makes_no_room_on_a_workers_stream() {
     assert_ne!(second.key, first.key);
 }
 
-/// A worker session belongs to its tenants: another tenant's token can
-/// neither beat it (and so get tokens for its jobs), end it, activate as it
-/// nor direct it, and only those who may direct a session see its id.
-#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
-async fn another_tenants_worker_session_is_neither_beaten_ended_used_nor_directed() {
-    let tokens = Tokens::new();
-    let node = node_with(&tokens).await;
-    let (acme, globex) = (as_token(&node, tokens.secret("acme")), as_token(&node, tokens.secret("globex")));
-    let globex_manager = as_token(&node, tokens.secret("globex-workers"));
+/// An activation of one job of type `t` for `tenant` under `session`.
+fn activate_under(session: u64, tenant: &str) -> ActivateJobsRequest {
+    ActivateJobsRequest {
+        r#type: "t".into(),
+        max_jobs_to_activate: 1,
+        timeout: 600_000,
+        tenant_ids: vec![tenant.into()],
+        session_id: session,
+        ..Default::default()
+    }
+}
+
+/// A session `acme` registers (labelled `pool:shared`), holding one acme job
+/// it activated under it: the session, the job's key and its attempt.
+async fn acme_session_holding_a_job(acme: &Client) -> (u64, u64, u32) {
     let register = RegisterWorkerRequest {
         worker_id: "acme-worker".into(),
         job_types: vec!["t".into()],
@@ -616,22 +622,24 @@ async fn another_tenants_worker_session_is_neither_beaten_ended_used_nor_directe
     let session = acme.raw().register_worker(register).await.unwrap().into_inner().session_id;
     let key = acme.create(CreateJobRequest { r#type: "t".into(), tenant_id: "acme".into(), ..Default::default() });
     let key = key.await.unwrap();
-    let activate = |tenant: &str| ActivateJobsRequest {
-        r#type: "t".into(),
-        max_jobs_to_activate: 1,
-        timeout: 600_000,
-        tenant_ids: vec![tenant.into()],
-        session_id: session,
-        ..Default::default()
-    };
-    let mut answers = acme.raw().activate_jobs(activate("acme")).await.unwrap().into_inner();
+    let mut answers = acme.raw().activate_jobs(activate_under(session, "acme")).await.unwrap().into_inner();
     let held = answers.message().await.unwrap().unwrap().jobs;
     assert_eq!(held.iter().map(|j| j.key).collect::<Vec<_>>(), [key], "acme's session holds acme's job");
-    let beat = HeartbeatRequest {
-        session_id: session,
-        jobs: vec![HeldJob { key, attempt: held[0].attempt }],
-        ..Default::default()
-    };
+    (session, key, held[0].attempt)
+}
+
+/// A worker session belongs to its tenants: another tenant's token can
+/// neither beat it (and so get tokens for its jobs), end it, activate as it
+/// nor direct it, and only those who may direct a session see its id.
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn another_tenants_worker_session_is_neither_beaten_ended_used_nor_directed() {
+    let tokens = Tokens::new();
+    let node = node_with(&tokens).await;
+    let (acme, globex) = (as_token(&node, tokens.secret("acme")), as_token(&node, tokens.secret("globex")));
+    let globex_manager = as_token(&node, tokens.secret("globex-workers"));
+    let (session, key, attempt) = acme_session_holding_a_job(&acme).await;
+    let activate = |tenant: &str| activate_under(session, tenant);
+    let beat = HeartbeatRequest { session_id: session, jobs: vec![HeldJob { key, attempt }], ..Default::default() };
 
     let refused = globex.raw().heartbeat(beat.clone()).await.unwrap_err();
     assert_eq!(refused.code(), Code::NotFound, "globex beats acme's session: {refused:?}");
@@ -674,33 +682,9 @@ async fn a_session_is_its_registrants_and_a_peer_of_its_tenant_may_not_act_as_it
     let node = node_with(&tokens).await;
     let (acme, peer) = (as_token(&node, tokens.secret("acme")), as_token(&node, tokens.secret("acme-peer")));
     let manager = as_token(&node, tokens.secret("acme-workers"));
-    let register = RegisterWorkerRequest {
-        worker_id: "acme-worker".into(),
-        job_types: vec!["t".into()],
-        tenant_ids: vec!["acme".into()],
-        heartbeat_interval: 1_000,
-        dead_after: 60_000,
-        ..Default::default()
-    };
-    let session = acme.raw().register_worker(register).await.unwrap().into_inner().session_id;
-    let key = acme.create(CreateJobRequest { r#type: "t".into(), tenant_id: "acme".into(), ..Default::default() });
-    let key = key.await.unwrap();
-    let activate = ActivateJobsRequest {
-        r#type: "t".into(),
-        max_jobs_to_activate: 1,
-        timeout: 600_000,
-        tenant_ids: vec!["acme".into()],
-        session_id: session,
-        ..Default::default()
-    };
-    let mut answers = acme.raw().activate_jobs(activate.clone()).await.unwrap().into_inner();
-    let held = answers.message().await.unwrap().unwrap().jobs;
-    assert_eq!(held.iter().map(|j| j.key).collect::<Vec<_>>(), [key]);
-    let beat = HeartbeatRequest {
-        session_id: session,
-        jobs: vec![HeldJob { key, attempt: held[0].attempt }],
-        state: "quiet".into(),
-    };
+    let (session, key, attempt) = acme_session_holding_a_job(&acme).await;
+    let activate = activate_under(session, "acme");
+    let beat = HeartbeatRequest { session_id: session, jobs: vec![HeldJob { key, attempt }], state: "quiet".into() };
 
     // A peer of the same tenant, with the same scopes, that learned the id.
     let refused = peer.raw().heartbeat(beat.clone()).await.unwrap_err();

@@ -394,38 +394,36 @@ async fn own_work(shared: &Shared, attacker: &Attacker, node: usize) {
 async fn v1_write(shared: &Shared, attacker: &Attacker, node: usize, key: u64, foreign: bool, rng: &mut StdRng) {
     let mut raw = attacker.v1[node].raw();
     let attempt_guess = rng.random_range(1..=3);
-    let forged = format!(r#"{{"forged_by":"{NAME}"}}"#);
+    let forged = forged();
     let (action, result) = match rng.random_range(0..7) {
-        0 => {
-            ("CancelJob", tokio::time::timeout(ANSWER, raw.cancel_job(v1::CancelJobRequest { key })).await.map(drop_ok))
-        }
+        0 => ("CancelJob", sent(raw.cancel_job(v1::CancelJobRequest { key })).await),
         1 => {
             let request =
                 v1::CompleteJobRequest { key, attempt: attempt_guess, variables: forged, ..Default::default() };
-            ("CompleteJob", tokio::time::timeout(ANSWER, raw.complete_job(request)).await.map(drop_ok))
+            ("CompleteJob", sent(raw.complete_job(request)).await)
         }
         2 => {
             let request = v1::CompleteJobRequest { key, override_fence: true, variables: forged, ..Default::default() };
-            ("CompleteJob override_fence", tokio::time::timeout(ANSWER, raw.complete_job(request)).await.map(drop_ok))
+            ("CompleteJob override_fence", sent(raw.complete_job(request)).await)
         }
         3 => {
             let request = v1::FailJobRequest {
                 key,
                 attempt: attempt_guess,
                 retries: 0,
-                error_message: format!("{NAME} forged this failure"),
+                error_message: forged_failure(),
                 ..Default::default()
             };
-            ("FailJob", tokio::time::timeout(ANSWER, raw.fail_job(request)).await.map(drop_ok))
+            ("FailJob", sent(raw.fail_job(request)).await)
         }
         4 => {
             let request = v1::UpdateJobRetriesRequest { key, retries: 0 };
-            ("UpdateJobRetries", tokio::time::timeout(ANSWER, raw.update_job_retries(request)).await.map(drop_ok))
+            ("UpdateJobRetries", sent(raw.update_job_retries(request)).await)
         }
         5 => {
             let request =
                 v1::UpdateJobTimeoutRequest { key, timeout: 600_000, attempt: attempt_guess, ..Default::default() };
-            ("UpdateJobTimeout", tokio::time::timeout(ANSWER, raw.update_job_timeout(request)).await.map(drop_ok))
+            ("UpdateJobTimeout", sent(raw.update_job_timeout(request)).await)
         }
         _ => {
             let request = v1::CheckpointJobRequest {
@@ -434,7 +432,7 @@ async fn v1_write(shared: &Shared, attacker: &Attacker, node: usize, key: u64, f
                 stage: crate::workload::STAGES[0].into(),
                 variables: forged,
             };
-            ("CheckpointJob", tokio::time::timeout(ANSWER, raw.checkpoint_job(request)).await.map(drop_ok))
+            ("CheckpointJob", sent(raw.checkpoint_job(request)).await)
         }
     };
     let (answer, _) = answer(result);
@@ -456,8 +454,21 @@ async fn activate_v1(
     Ok(jobs)
 }
 
-fn drop_ok<T>(result: Result<T, tonic::Status>) -> Result<(), tonic::Status> {
-    result.map(drop)
+/// A call's answer within [`ANSWER`], what it returned dropped.
+async fn sent<T>(
+    call: impl std::future::Future<Output = Result<T, tonic::Status>>,
+) -> Result<Result<(), tonic::Status>, tokio::time::error::Elapsed> {
+    tokio::time::timeout(ANSWER, call).await.map(|answer| answer.map(drop))
+}
+
+/// The variables it forges into the first tenant's jobs: its mark.
+fn forged() -> String {
+    format!(r#"{{"forged_by":"{NAME}"}}"#)
+}
+
+/// The failure message it forges: its mark.
+fn forged_failure() -> String {
+    format!("{NAME} forged this failure")
 }
 
 /// A read of a leaked key through drover.v1.
@@ -465,8 +476,8 @@ async fn v1_read(shared: &Shared, attacker: &Attacker, node: usize, key: u64, rn
     let mut raw = attacker.v1[node].raw();
     let request = v1::GetJobRequest { key, ..Default::default() };
     let (action, result) = match rng.random_range(0..3) {
-        0 => ("GetJob", tokio::time::timeout(ANSWER, raw.get_job(request)).await.map(drop_ok)),
-        1 => ("GetJobHistory", tokio::time::timeout(ANSWER, raw.get_job_history(request)).await.map(drop_ok)),
+        0 => ("GetJob", sent(raw.get_job(request)).await),
+        1 => ("GetJobHistory", sent(raw.get_job_history(request)).await),
         _ => {
             // A wait that ends is answered with the job as it is: the job is
             // shown either way, so an answer at all is a read.
@@ -607,25 +618,21 @@ async fn zeebe(shared: &Shared, attacker: &Attacker, node: usize, rng: &mut StdR
     let job_key = key as i64;
     let (action, result) = match rng.random_range(0..4) {
         0 => {
-            let request = zb::CompleteJobRequest { job_key, variables: format!(r#"{{"forged_by":"{NAME}"}}"#) };
-            ("CompleteJob", tokio::time::timeout(ANSWER, client.complete_job(request)).await.map(drop_ok))
+            let request = zb::CompleteJobRequest { job_key, variables: forged() };
+            ("CompleteJob", sent(client.complete_job(request)).await)
         }
         1 => {
-            let request = zb::FailJobRequest {
-                job_key,
-                retries: 0,
-                error_message: format!("{NAME} forged this failure"),
-                ..Default::default()
-            };
-            ("FailJob", tokio::time::timeout(ANSWER, client.fail_job(request)).await.map(drop_ok))
+            let request =
+                zb::FailJobRequest { job_key, retries: 0, error_message: forged_failure(), ..Default::default() };
+            ("FailJob", sent(client.fail_job(request)).await)
         }
         2 => {
             let request = zb::UpdateJobRetriesRequest { job_key, retries: 0 };
-            ("UpdateJobRetries", tokio::time::timeout(ANSWER, client.update_job_retries(request)).await.map(drop_ok))
+            ("UpdateJobRetries", sent(client.update_job_retries(request)).await)
         }
         _ => {
             let request = zb::UpdateJobTimeoutRequest { job_key, timeout: 600_000 };
-            ("UpdateJobTimeout", tokio::time::timeout(ANSWER, client.update_job_timeout(request)).await.map(drop_ok))
+            ("UpdateJobTimeout", sent(client.update_job_timeout(request)).await)
         }
     };
     let (answer, _) = answer(result);

@@ -1168,19 +1168,23 @@ mod routing_by_labels {
     }
 }
 
+/// A create of `job_type` for `tenant`, remembered for a second under
+/// `request` when there is one.
+fn create_in(tenant: &str, job_type: &str, request: Option<RequestId>) -> Command {
+    Command::Create(NewJob {
+        spec: Arc::new(JobSpec { job_type: job_type.into(), tenant: tenant.into(), ..Default::default() }),
+        retries: 3,
+        run_at: None,
+        delay_ms: 0,
+        dedupe_window_ms: if request.is_some() { 1_000 } else { 0 },
+        request,
+    })
+}
+
 #[test]
 fn a_listing_walks_the_named_tenants_keys_in_order_and_stops_at_its_page() {
     let mut h = Harness::new();
-    let create_for = |tenant: &str, job_type: &str| {
-        Command::Create(NewJob {
-            spec: Arc::new(JobSpec { job_type: job_type.into(), tenant: tenant.into(), ..Default::default() }),
-            retries: 3,
-            run_at: None,
-            delay_ms: 0,
-            request: None,
-            dedupe_window_ms: 0,
-        })
-    };
+    let create_for = |tenant: &str, job_type: &str| create_in(tenant, job_type, None);
     // Interleaved: acme, globex, acme (other type), globex, ...
     let mut keys: Vec<(JobKey, &str, &str)> = Vec::new();
     for i in 0..12 {
@@ -1224,14 +1228,7 @@ fn a_listing_walks_the_named_tenants_keys_in_order_and_stops_at_its_page() {
 fn each_tenants_idempotency_keys_are_counted_in_and_out() {
     let mut h = Harness::new();
     let keyed = |tenant: &str, key: &str| {
-        Command::Create(NewJob {
-            spec: Arc::new(JobSpec { job_type: TYPE.into(), tenant: tenant.into(), ..Default::default() }),
-            retries: 3,
-            run_at: None,
-            delay_ms: 0,
-            request: Some(RequestId::Key { tenant: tenant.into(), user: String::new(), key: key.into() }),
-            dedupe_window_ms: 1_000,
-        })
+        create_in(tenant, TYPE, Some(RequestId::Key { tenant: tenant.into(), user: String::new(), key: key.into() }))
     };
     h.run(0, keyed("acme", "a"));
     h.run(1, keyed("acme", "b"));
