@@ -352,8 +352,9 @@ async fn wall_clock_steps_move_no_deadline() {
     .await;
 }
 
-/// A leader killed and started again at once leads again before it applies
-/// any new entry (its followers' election timeout is long here), so its
+/// A leader killed and started again at once leads again (in a later term)
+/// before it applies any new entry: its followers wait long for a leader that
+/// went quiet, and it stands for election far sooner than they do. So its
 /// partition's time starts from wall clocks. Its own is an hour ahead: the
 /// partition's time must follow the majority's clocks, not its own, or every
 /// deadline would pass at once and every held job be handed out again.
@@ -367,9 +368,11 @@ async fn a_restarted_leader_whose_wall_clock_is_an_hour_ahead_moves_no_deadline(
         std::env::set_var(key, value);
     }
     std::env::set_var("FAKETIME_NO_CACHE", "1");
-    // Followers wait 10-15 s for a leader that went quiet: the killed leader
-    // is back, and leading again, well within that.
-    let mut cluster = ProcessCluster::start(3, 1, 3, &["--heartbeat-ms", "100", "--election-timeout-ms", "5000"]);
+    // Followers wait 15-20 s for a leader that went quiet (their lease, 10 s,
+    // and then their election timeout); the killed leader comes back standing
+    // every 1-2 s, and leads again as soon as their lease has run out.
+    std::env::set_var("DROVER_ELECTION_TIMEOUT_MS", "5000");
+    let mut cluster = ProcessCluster::start(3, 1, 3, &["--heartbeat-ms", "100"]);
     cluster.wait_ready().await;
     let leader = cluster.leader_of(0, Duration::from_secs(30)).await;
     let client = Client::connect(&cluster.gateway((leader + 1) % 3)).await.unwrap();
@@ -378,11 +381,12 @@ async fn a_restarted_leader_whose_wall_clock_is_an_hour_ahead_moves_no_deadline(
 
     cluster.kill(leader);
     std::env::set_var("FAKETIME_TIMESTAMP_FILE", &ahead);
+    std::env::set_var("DROVER_ELECTION_TIMEOUT_MS", "1000");
     cluster.start_node(leader);
-    for key in ["LD_PRELOAD", "FAKETIME_TIMESTAMP_FILE"] {
+    for key in ["LD_PRELOAD", "FAKETIME_TIMESTAMP_FILE", "DROVER_ELECTION_TIMEOUT_MS"] {
         std::env::remove_var(key);
     }
-    assert_eq!(cluster.leader_of(0, Duration::from_secs(8)).await, leader, "the restarted node leads again");
+    assert_eq!(cluster.leader_of(0, Duration::from_secs(30)).await, leader, "the restarted node leads again");
 
     let after = client.create_job("clock-after", "{}").await.expect("a create under the restarted leader");
     let now = std::time::SystemTime::now().duration_since(std::time::UNIX_EPOCH).unwrap().as_millis() as i64;
@@ -438,5 +442,52 @@ async fn a_leader_whose_disk_stalls_commits_with_its_followers_and_loses_nothing
             started.elapsed() < Duration::from_secs(20),
             "job {key}, acknowledged under the stalled leader, was not activated after its death"
         );
+    }
+}
+
+/// A leader replicates while its own sync runs, so after a power cut its log
+/// may lack entries its followers hold, committed. Restarted, it must not lead
+/// on in the term it led (it would append other entries under those entries'
+/// log ids, and a follower holding them would take them for a match): after
+/// every node stops and the old leader comes back first, the partition is led
+/// in a later term, and the jobs acknowledged before are all there.
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn a_leader_restarted_with_its_cluster_leads_only_in_a_later_term() {
+    let mut cluster = cluster_with_failpoints("", 1);
+    cluster.wait_ready().await;
+    let leader = cluster.leader_of(0, Duration::from_secs(20)).await;
+    let client = Client::connect(&cluster.node(leader).grpc).await.unwrap();
+    for _ in 0..5 {
+        client.create_job("restart", r#"{"marker":"before-restart"}"#).await.expect("a create");
+    }
+    let term_of = |statuses: Vec<common::PartitionStatus>| {
+        statuses.into_iter().find(|s| s.partition == 0 && s.role == "leader").map(|s| s.term)
+    };
+    let term = term_of(cluster.status(leader).await.expect("the leader answers")).expect("it leads partition 0");
+
+    // The followers stop first, so the leader is still leading when it stops.
+    for id in (0..3).filter(|id| *id != leader) {
+        cluster.kill(id);
+    }
+    cluster.kill(leader);
+    cluster.start_node(leader);
+    for id in (0..3).filter(|id| *id != leader) {
+        cluster.start_node(id);
+    }
+    cluster.wait_ready().await;
+
+    let now_leading = cluster.leader_of(0, Duration::from_secs(30)).await;
+    let new_term = term_of(cluster.status(now_leading).await.expect("the leader answers")).expect("it leads");
+    assert!(
+        new_term > term,
+        "node {now_leading} leads partition 0 in term {new_term} after the restart; node {leader} led term {term} \
+         before it: a restarted leader must not lead on in its old term"
+    );
+    for node in cluster.live() {
+        eventually(Duration::from_secs(20), "the five jobs on every node", || {
+            let cluster = &cluster;
+            async move { cluster.jobs_with(node, "before-restart").await.len() == 5 }
+        })
+        .await;
     }
 }

@@ -15,7 +15,6 @@ use crate::engine::handler::following_handler::FollowingHandler;
 use crate::engine::handler::leader_handler::LeaderHandler;
 use crate::engine::handler::log_handler::LogHandler;
 use crate::engine::handler::replication_handler::ReplicationHandler;
-use crate::engine::handler::replication_handler::SendNone;
 use crate::engine::handler::server_state_handler::ServerStateHandler;
 use crate::engine::handler::snapshot_handler::SnapshotHandler;
 use crate::engine::handler::vote_handler::VoteHandler;
@@ -154,18 +153,18 @@ where C: RaftTypeConfig
             self.state.membership_state.effective().is_voter(&self.config.id)
         );
 
-        // Previously it is a leader. restore it as leader at once
+        // Drover's change to 0.9.25: a node that led before it stopped does not
+        // lead again in the same term. Its leader replicated entries while its
+        // own sync ran, so a power cut may have taken entries from its log that
+        // its followers hold, committed; leading on in that term, it would
+        // append other entries under the same log ids, and a follower that
+        // holds the old ones would take them for a match. Its vote is kept,
+        // but no longer as granted: it stands for election in a later term.
         if self.state.is_leader(&self.config.id) {
-            self.vote_handler().update_internal_server_state();
-
-            let mut rh = self.replication_handler();
-
-            // Restore the progress about the local log
-            rh.update_local_progress(rh.state.last_log_id().cloned());
-
-            rh.initiate_replication(SendNone::False);
-
-            return;
+            let term = self.state.vote_ref().leader_id().term;
+            let vote = Vote::new(term, self.config.id.clone());
+            tracing::info!("startup: led term {} before it stopped; stands for election in a later term", term);
+            self.state.vote.update(C::now(), vote);
         }
 
         let server_state = if self.state.membership_state.effective().is_voter(&self.config.id) {
