@@ -1096,6 +1096,27 @@ fn a_new_leader_s_first_entry_gives_every_session_a_full_lease() {
     assert_eq!(h.state.job(key).unwrap().fail_reason, FailReason::WorkerDied);
 }
 
+#[test]
+fn a_lease_is_restarted_only_after_a_gap_a_live_worker_could_not_beat_through() {
+    let mut h = Harness::new();
+    // Beats every 1 s, dead after 5 s: a live worker has 3 s of margin.
+    h.run(0, Command::Register(session_info(7, &[])));
+    // The last entry, before the session's lease ends at 5 s.
+    h.state.apply(&Batch::at(4_000, vec![]));
+    // A hand-over: the new leader's first entry 40 ms after the last one.
+    assert!(!h.state.leases_need_renewal(4_040), "a hand-over restarts no lease");
+    // Half that margin is the line.
+    assert!(!h.state.leases_need_renewal(5_499));
+    assert!(h.state.leases_need_renewal(5_500), "a gap a live worker may not beat through renews every lease");
+    assert!(h.state.leases_need_renewal(9_000));
+}
+
+#[test]
+fn without_sessions_no_lease_needs_renewal() {
+    let h = Harness::new();
+    assert!(!h.state.leases_need_renewal(1_000_000));
+}
+
 mod routing_by_labels {
     use super::*;
 
