@@ -714,9 +714,16 @@ async fn a_session_is_its_registrants_and_a_peer_of_its_tenant_may_not_act_as_it
     // acme's operator of workers may act as it; so may its owner.
     let beaten = manager.raw().heartbeat(beat).await.unwrap().into_inner();
     assert_eq!(beaten.revoked.len(), 0);
-    let opened = acme.raw().stream_activated_jobs(stream).await;
+    let opened = acme.raw().stream_activated_jobs(stream.clone()).await;
     assert!(opened.is_ok(), "its owner streams as it: {:?}", opened.err());
     acme.raw().deregister_worker(DeregisterWorkerRequest { session_id: session }).await.unwrap();
+    // The gateway remembers the session's labels, not that it lives: an
+    // ended session's stream is refused, to its owner and to the admin.
+    let admin = as_token(&node, tokens.secret("admin"));
+    for (who, client) in [("its owner", &acme), ("the admin", &admin)] {
+        let refused = client.raw().stream_activated_jobs(stream.clone()).await.unwrap_err();
+        assert_eq!(refused.code(), Code::NotFound, "{who} streams as an ended session: {refused:?}");
+    }
 }
 
 /// `/actuator/jobs` answers a page at a time, of the caller's tenants only,

@@ -76,29 +76,33 @@ pub struct GatewayState {
     request_epoch: u64,
     request_seq: AtomicU64,
     in_flight: Arc<AtomicUsize>,
-    /// The tenants of worker sessions this gateway has seen named: a
-    /// session's tenants never change, so a beat need not look them up again.
-    pub session_tenants: SessionTenants,
+    /// The worker sessions this gateway has seen named: a session's tenants
+    /// and labels never change, so a beat or a stream need not look them up
+    /// again.
+    pub known_sessions: KnownSessions,
 }
 
-/// Worker sessions' tenants as a gateway remembers them, at most
-/// [`SessionTenants::CAPACITY`] (then it forgets them all and looks again).
+/// Worker sessions' tenants and labels as a gateway remembers them, at most
+/// [`KnownSessions::CAPACITY`] (then it forgets them all and looks again).
+/// Remembering one says nothing of whether it still lives.
 #[derive(Default)]
-pub struct SessionTenants(std::sync::Mutex<std::collections::HashMap<crate::core::SessionId, Arc<[String]>>>);
+pub struct KnownSessions(
+    std::sync::Mutex<std::collections::HashMap<crate::core::SessionId, Arc<crate::core::SessionInfo>>>,
+);
 
-impl SessionTenants {
+impl KnownSessions {
     pub const CAPACITY: usize = 100_000;
 
-    pub fn get(&self, session: crate::core::SessionId) -> Option<Arc<[String]>> {
-        self.0.lock().expect("session tenants").get(&session).cloned()
+    pub fn get(&self, session: crate::core::SessionId) -> Option<Arc<crate::core::SessionInfo>> {
+        self.0.lock().expect("known sessions").get(&session).cloned()
     }
 
-    pub fn remember(&self, session: crate::core::SessionId, tenants: Arc<[String]>) {
-        let mut known = self.0.lock().expect("session tenants");
+    pub fn remember(&self, info: &Arc<crate::core::SessionInfo>) {
+        let mut known = self.0.lock().expect("known sessions");
         if known.len() >= Self::CAPACITY {
             known.clear();
         }
-        known.insert(session, tenants);
+        known.insert(info.id, Arc::clone(info));
     }
 }
 
@@ -136,7 +140,7 @@ impl GatewayState {
             request_epoch: rand::random::<u64>(),
             request_seq: AtomicU64::new(0),
             in_flight: Arc::new(AtomicUsize::new(0)),
-            session_tenants: SessionTenants::default(),
+            known_sessions: KnownSessions::default(),
         }
     }
 

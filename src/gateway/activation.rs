@@ -119,9 +119,7 @@ impl JobApi {
             // An ended session's stream would never be offered a job: say so
             // now. The stream has the session's labels too.
             let deadline = Instant::now() + self.ctx.settings.request_timeout;
-            let session = sessions::known(&self.ctx, spec.session, deadline).await?;
-            sessions::check_owner(&self.ctx, principal, spec.session, deadline).await?;
-            sessions::check_act_as(&self.ctx, principal, spec.session, deadline).await?;
+            let session = sessions::for_stream(&self.ctx, principal, spec.session, deadline).await?;
             spec.labels.extend(session.labels.iter().cloned());
             spec.labels.sort_unstable();
             spec.labels.dedup();

@@ -225,19 +225,45 @@ pub async fn deregister(
 }
 
 /// The labels and tenants of `session`; NOT_FOUND unless it is live (on
-/// partition 0).
+/// partition 0). This lists partition 0's sessions: what this gateway has
+/// seen before is taken from [`crate::context::KnownSessions`] instead where
+/// a check of its own says whether the session still lives.
 pub async fn known(ctx: &NodeContext, session: SessionId, deadline: Instant) -> Result<Arc<SessionInfo>, ApiError> {
     let mut results = router::submit(ctx, 0, vec![Command::ListSessions], deadline).await?;
     match results.pop() {
         Some(CommandResult::Sessions(sessions)) => match sessions.into_iter().find(|(s, _)| s.info.id == session) {
             Some((s, _)) => {
-                ctx.gateway.session_tenants.remember(session, s.info.tenants.clone().into());
+                ctx.gateway.known_sessions.remember(&s.info);
                 Ok(Arc::clone(&s.info))
             }
             None => Err(no_session(session)),
         },
         other => Err(ApiError::Internal(format!("unexpected result {other:?}"))),
     }
+}
+
+/// The labels and tenants of live session `session`, for a stream that
+/// names it, once `principal` may act as it. A session this gateway has seen
+/// costs one lookup of the session on partition 0 (`ActAs`, which also says
+/// whether it still lives), not a listing of every session there.
+pub async fn for_stream(
+    ctx: &NodeContext,
+    principal: &Arc<Principal>,
+    session: SessionId,
+    deadline: Instant,
+) -> Result<Arc<SessionInfo>, ApiError> {
+    let remembered = ctx.gateway.known_sessions.get(session).filter(|_| owned_sessions(ctx));
+    let info = match &remembered {
+        Some(info) => Arc::clone(info),
+        None => known(ctx, session, deadline).await?,
+    };
+    check_owner(ctx, principal, session, deadline).await?;
+    if remembered.is_some() {
+        act_as(ctx, principal, session, deadline).await?;
+    } else {
+        check_act_as(ctx, principal, session, deadline).await?;
+    }
+    Ok(info)
 }
 
 fn no_session(session: SessionId) -> ApiError {
@@ -258,10 +284,12 @@ pub async fn check_owner(
     if principal.in_tenant("*") || session == 0 || crate::failpoints::fire("gateway_skip_checks").is_some() {
         return Ok(());
     }
-    let tenants = match ctx.gateway.session_tenants.get(session) {
-        Some(tenants) => tenants,
-        None => known(ctx, session, deadline).await?.tenants.clone().into(),
-    };
+    let tenants = match ctx.gateway.known_sessions.get(session) {
+        Some(info) => info,
+        None => known(ctx, session, deadline).await?,
+    }
+    .tenants
+    .clone();
     if principal.require_tenants(&tenants).is_err() {
         return Err(no_session(session));
     }
@@ -287,6 +315,17 @@ pub async fn check_act_as(
     if session == 0 || principal.unrestricted() || !owned_sessions(ctx) {
         return Ok(());
     }
+    act_as(ctx, principal, session, deadline).await
+}
+
+/// `ActAs` on partition 0: whether session `session` lives and `principal`
+/// may act as it.
+async fn act_as(
+    ctx: &NodeContext,
+    principal: &Arc<Principal>,
+    session: SessionId,
+    deadline: Instant,
+) -> Result<(), ApiError> {
     let command = Command::ActAs { session };
     match router::submit_as(ctx, Some(principal), 0, vec![command], deadline).await?.pop() {
         Some(CommandResult::Rejected(error)) => Err(error.into()),
