@@ -491,3 +491,76 @@ async fn a_leader_restarted_with_its_cluster_leads_only_in_a_later_term() {
         .await;
     }
 }
+
+/// Job tokens last a grace past their activation's deadline, which is in the
+/// partition's time; they are judged by the wall clock of the gateway that
+/// sees them. A gateway whose clock is an hour ahead of the partition's must
+/// mint tokens that still work on it: their expiry is the deadline's distance
+/// from the partition's time, from its own now.
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn job_tokens_minted_by_a_gateway_whose_clock_is_an_hour_ahead_work_there() {
+    let dir = tempfile::tempdir().unwrap();
+    let secret = drover::auth::keys::generate_secret();
+    let tokens = dir.path().join("tokens.toml");
+    let entry = drover::auth::keys::token_entry("admin", &secret, &["*".into()], &["*".into()]);
+    std::fs::write(&tokens, entry).unwrap();
+    let key_file = dir.path().join("job-token.key");
+    std::fs::write(&key_file, drover::auth::keys::generate_secret()).unwrap();
+    let ahead = dir.path().join("ahead");
+    std::fs::write(&ahead, "+1h\n").unwrap();
+    let (tokens, key_file) = (tokens.display().to_string(), key_file.display().to_string());
+    let mut cluster = ProcessCluster::unstarted(
+        3,
+        1,
+        3,
+        &[
+            "--tokens-file",
+            &tokens,
+            "--job-token-key",
+            &key_file,
+            "--heartbeat-ms",
+            "100",
+            "--election-timeout-ms",
+            "1000",
+        ],
+    );
+    cluster.start_node(0);
+    cluster.start_node(1);
+    for (key, value) in faketime::env(&ahead).expect("libfaketime: run scripts/setup.sh") {
+        std::env::set_var(key, value);
+    }
+    cluster.start_node(2);
+    for key in ["LD_PRELOAD", "FAKETIME_TIMESTAMP_FILE"] {
+        std::env::remove_var(key);
+    }
+    cluster.wait_ready().await;
+
+    let client = Client::connect(&cluster.gateway(2)).await.unwrap().with_token(&secret).unwrap();
+    let started = Instant::now();
+    let key = loop {
+        match client.create_job("tokens", "{}").await {
+            Ok(key) => break key,
+            // No leader yet.
+            Err(status) => assert!(
+                started.elapsed() < Duration::from_secs(30),
+                "no create through the gateway ahead within 30 s: {status}"
+            ),
+        }
+        tokio::time::sleep(Duration::from_millis(100)).await;
+    };
+    let started = Instant::now();
+    let job = loop {
+        if let Ok(jobs) = client.activate("tokens", "w", 1, 60_000, 1_000).await {
+            if let Some(job) = jobs.into_iter().next() {
+                break job;
+            }
+        }
+        assert!(started.elapsed() < Duration::from_secs(20), "job {key} was not activated within 20 s");
+    };
+    assert!(job.job_token.starts_with("drj_"), "activations carry job tokens: {job:?}");
+    let as_job = Client::connect(&cluster.gateway(2)).await.unwrap().with_token(&job.job_token).unwrap();
+    as_job
+        .complete(key, job.attempt, "{}")
+        .await
+        .expect("the job token the gateway ahead minted works on it for the activation's minute");
+}

@@ -1,7 +1,8 @@
 //! Job-scoped temporary credentials, as Taskcluster's `claimTask` hands out:
 //! each activation carries a token that acts only on that job and attempt
 //! (CompleteJob(s), FailJob, UpdateJobTimeout, CheckpointJob) and expires
-//! [`GRACE`] after the job's deadline. UpdateJobTimeout, CheckpointJob and a
+//! [`GRACE_MS`] after the job's deadline, as the minting gateway's wall clock
+//! reads that deadline (`NodeContext::job_token`). UpdateJobTimeout, CheckpointJob and a
 //! session's Heartbeat answer a fresh one with the later expiry. A leaked
 //! job token cannot touch another job, nor the same job's next attempt.
 //!

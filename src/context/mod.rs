@@ -166,6 +166,19 @@ impl GatewayState {
 }
 
 impl NodeContext {
+    /// A job token for `key` at `attempt`, whose activation's deadline is
+    /// `deadline` in its partition's time: it expires a grace after that
+    /// deadline as this node's wall clock reads it (see
+    /// [`Routing::local_time`]), which is what judges it. Empty when this node
+    /// hands out none.
+    pub fn job_token(&self, key: u64, attempt: u32, deadline: crate::core::Millis) -> String {
+        if !self.auth.mints_job_tokens() {
+            return String::new();
+        }
+        let local = self.routing.local_time(crate::core::JobKey(key).partition(), deadline);
+        self.auth.job_token(key, attempt, local)
+    }
+
     /// Puts together what [`crate::node::Node::start`] made.
     pub fn new(
         config: &NodeConfig,

@@ -66,6 +66,22 @@ impl Routing {
         }
     }
 
+    /// `at`, a time of `partition`'s, as this node's wall clock will read
+    /// it: its distance from the partition's time now, from now. A
+    /// partition's time follows its leaders' steady clocks, not this node's
+    /// wall clock, and may trail or lead it (after a leader resumed from its
+    /// last entry, or on a node whose clock is off). Known here when this node
+    /// hosts a replica that has applied an entry since it started; otherwise
+    /// the two are taken to agree.
+    pub fn local_time(&self, partition: PartitionId, at: crate::core::Millis) -> crate::core::Millis {
+        match self.replica(partition).and_then(|replica| replica.state().clock_estimate()) {
+            Some(partition_now) => {
+                (crate::auth::now_ms() as crate::core::Millis).saturating_add(at.saturating_sub(partition_now))
+            }
+            None => at,
+        }
+    }
+
     pub fn replica(&self, partition: PartitionId) -> Option<&Arc<Replica>> {
         self.replicas.get(&partition)
     }

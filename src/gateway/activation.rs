@@ -146,7 +146,12 @@ impl JobApi {
                 hand_back(&ctx, buffered, YieldReason::StreamClosed).await;
             });
         });
-        Ok(ClientStream::new(opened, on_close).with_job_tokens(&self.ctx.auth))
+        let stream = ClientStream::new(opened, on_close);
+        if !self.ctx.auth.mints_job_tokens() {
+            return Ok(stream);
+        }
+        let ctx = Arc::clone(&self.ctx);
+        Ok(stream.with_job_tokens(Arc::new(move |key, attempt, deadline| ctx.job_token(key, attempt, deadline))))
     }
 
     /// One activation round over every partition, starting at a rotating one.
@@ -188,7 +193,7 @@ impl JobApi {
                         crate::trace_context::activation_spans(partition, &activated);
                         jobs.extend(activated.iter().map(|j| {
                             let mut job = crate::streams::activated_job(j, &spec.fetch_variables);
-                            job.job_token = ctx.auth.job_token(job.key, job.attempt, job.deadline);
+                            job.job_token = ctx.job_token(job.key, job.attempt, job.deadline);
                             job
                         }));
                     }

@@ -218,8 +218,7 @@ impl JobApi {
         match self.one(&call.principal, key, command, call.deadline).await? {
             CommandResult::Deadline(deadline) => {
                 // An override holds no activation: no job token names attempt 0.
-                let job_token =
-                    if attempt == 0 { String::new() } else { self.ctx.auth.job_token(key.0, attempt, deadline) };
+                let job_token = if attempt == 0 { String::new() } else { self.ctx.job_token(key.0, attempt, deadline) };
                 Ok(pb::UpdateJobTimeoutResponse { deadline, job_token })
             }
             other => Err(ApiError::Internal(format!("unexpected result {other:?}"))),
@@ -274,7 +273,7 @@ impl JobApi {
         let attempt = request.attempt;
         match self.one(&call.principal, key, command, call.deadline).await? {
             CommandResult::Deadline(deadline) => {
-                let job_token = self.ctx.auth.job_token(key.0, attempt, deadline);
+                let job_token = self.ctx.job_token(key.0, attempt, deadline);
                 Ok(pb::CheckpointJobResponse { deadline, job_token })
             }
             other => Err(ApiError::Internal(format!("unexpected result {other:?}"))),

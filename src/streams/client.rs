@@ -20,6 +20,10 @@ pub const BATCH_MESSAGE_JOBS: usize = 1024;
 /// Bytes of jobs in one such message, about: the job that reaches it is the last.
 pub const BATCH_MESSAGE_BYTES: usize = 1 << 20;
 
+/// Mints the job token of a job (key, attempt, deadline in its partition's
+/// time) as it leaves for its worker.
+pub type MintJobToken = Arc<dyn Fn(u64, u32, crate::core::Millis) -> String + Send + Sync>;
+
 /// A worker's end of an aggregated stream. Dropping it (the worker went away)
 /// leaves the aggregate and hands back every job still buffered for it, so
 /// those jobs do not wait for their activation timeout.
@@ -37,7 +41,7 @@ pub struct ClientStream {
     /// An error that ended a batch, for the next poll.
     failed: Option<Status>,
     /// Mints each job's job token as it leaves, when job tokens are on.
-    job_tokens: Option<Arc<crate::auth::Authenticator>>,
+    job_tokens: Option<MintJobToken>,
     /// The call, for [`crate::metrics::STREAM_MESSAGES`].
     method: &'static str,
 }
@@ -55,9 +59,9 @@ impl ClientStream {
         }
     }
 
-    /// Jobs leave with a job token from `auth`, if it mints them.
-    pub fn with_job_tokens(mut self, auth: &Arc<crate::auth::Authenticator>) -> Self {
-        self.job_tokens = auth.mints_job_tokens().then(|| Arc::clone(auth));
+    /// Jobs leave with a job token from `mint`.
+    pub fn with_job_tokens(mut self, mint: MintJobToken) -> Self {
+        self.job_tokens = Some(mint);
         self
     }
 
@@ -82,8 +86,8 @@ impl ClientStream {
         while jobs.len() < max_jobs && bytes < max_bytes {
             match self.receiver.poll_recv(cx) {
                 Poll::Ready(Some(Ok(mut job))) => {
-                    if let Some(auth) = &self.job_tokens {
-                        job.job_token = auth.job_token(job.key, job.attempt, job.deadline);
+                    if let Some(mint) = &self.job_tokens {
+                        job.job_token = mint(job.key, job.attempt, job.deadline);
                     }
                     if max_bytes < usize::MAX {
                         bytes += prost::Message::encoded_len(&job);
