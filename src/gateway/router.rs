@@ -37,7 +37,7 @@ use crate::partition::{LeaderMsg, SubmitError};
 
 use crate::proto::cluster::{DescribeRequest, ForwardRequest, ListJobsRequest};
 use crate::raft::{NodeId, Replica};
-use crate::transport::{Delivered, PeerClient};
+use crate::transport::{Delivered, PeerClient, FORWARDS_ON_STREAMS};
 
 const FIRST_BACK_OFF: Duration = Duration::from_millis(10);
 const MAX_BACK_OFF: Duration = Duration::from_millis(250);
@@ -267,8 +267,14 @@ async fn forward(
         timeout_ms: within.as_millis().max(1) as u64,
     };
     let sent = Instant::now();
-    // On the node's delivery stream to the leader when it has one, as a call otherwise.
-    let reply = match ctx.transport.deliveries.forward(&ctx.transport.peers, node, request.clone(), within).await {
+    // On the node's delivery stream to the leader when it has one and reads
+    // forwards there, as a call otherwise.
+    let on_stream = ctx.transport.peers.versions().spoke_at_least(node, FORWARDS_ON_STREAMS);
+    let delivered = match on_stream {
+        true => ctx.transport.deliveries.forward(&ctx.transport.peers, node, request.clone(), within).await,
+        false => Delivered::UseCall,
+    };
+    let reply = match delivered {
         Delivered::Reply(reply) => Ok(reply),
         Delivered::NotSent(reason) => {
             stages::record(Stage::GatewayForward, sent.elapsed());

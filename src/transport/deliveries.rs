@@ -26,6 +26,12 @@ use crate::proto::cluster::{
     DeliverReply, DeliverRequest, ForwardReply, ForwardRequest, PushReply, PushRequest, ReleaseJobsRequest,
 };
 
+/// The data version from which every build takes forwards on its `Deliver`
+/// stream, or answers them as unsupported. Some builds before data versions
+/// (which speak 6) read a forward there as nothing and never answered it: a
+/// peer not heard speaking this version gets forwards as calls.
+pub const FORWARDS_ON_STREAMS: u16 = 7;
+
 /// How long a peer that has no `Deliver` stream gets calls before it is asked again.
 const CALLS_AFTER_UNIMPLEMENTED: Duration = Duration::from_secs(60);
 

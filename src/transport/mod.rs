@@ -21,7 +21,7 @@ use std::time::{Duration, Instant};
 
 use tonic::transport::{Channel, Endpoint};
 
-pub use deliveries::{Delivered, Deliveries};
+pub use deliveries::{Delivered, Deliveries, FORWARDS_ON_STREAMS};
 pub use stamp::{Admit, Stamped};
 pub use versions::Versions;
 

@@ -73,6 +73,12 @@ impl Versions {
         }
     }
 
+    /// Whether `node` was last heard speaking `version` or later (a node not
+    /// heard from was not).
+    pub fn spoke_at_least(&self, node: NodeId, version: u16) -> bool {
+        self.heard.lock().expect("versions lock").get(&node).is_some_and(|heard| *heard >= version)
+    }
+
     /// The version every member reads, this node's own included.
     pub fn cluster_version(&self) -> u16 {
         *self.cluster.borrow()
@@ -145,6 +151,18 @@ impl Versions {
 #[cfg(test)]
 mod tests {
     use super::*;
+
+    #[test]
+    fn a_peer_spoke_a_version_only_once_heard_speaking_it() {
+        let versions = Versions::new(0, vec![0, 1, 2], 0);
+        assert!(!versions.spoke_at_least(1, 7), "not heard from");
+        versions.heard(1, None);
+        assert!(!versions.spoke_at_least(1, 7), "a build without versions speaks 6");
+        versions.heard(1, Some(7));
+        assert!(versions.spoke_at_least(1, 7) && !versions.spoke_at_least(1, 8));
+        versions.heard(1, None);
+        assert!(!versions.spoke_at_least(1, 7), "what it last spoke counts: an older build came back");
+    }
 
     #[test]
     fn the_cluster_version_is_the_lowest_member_s_and_never_falls_below_what_was_reached() {
