@@ -278,10 +278,6 @@ pub struct LeaderState {
     releases: HashMap<NodeId, Vec<(JobKey, u32)>>,
     /// Whether this leader's take-over entry has applied.
     took_over: bool,
-    /// Whether entries until then restart every session's lease: the
-    /// partition went long enough without a leader that live workers' beats
-    /// may not have committed (see `PartitionState::leases_need_renewal`).
-    renew_leases: bool,
     /// Set by [`LeaderMsg::Drain`]: who waits for the drain to finish.
     draining: Option<Vec<RpcReplyPort<()>>>,
 }
@@ -298,7 +294,6 @@ impl Actor for PartitionLeader {
     ) -> Result<LeaderState, ActorProcessingErr> {
         let partition = args.replica.partition;
         let clock = LeaderClock::start(&args.replica, args.link.as_ref()).await;
-        let renew_leases = args.replica.state().read(|s| s.leases_need_renewal(clock.now()));
         let mut state = LeaderState {
             partition,
             clock,
@@ -320,7 +315,6 @@ impl Actor for PartitionLeader {
             pushed: PushedActivations::default(),
             releases: HashMap::new(),
             took_over: false,
-            renew_leases,
             draining: None,
         };
         // A new leader resumes the timers the replicated state holds, and offers
@@ -561,12 +555,15 @@ impl LeaderState {
             self.in_flight += 1;
             metrics::histogram!("drover_raft_commands_per_entry").record(answers(&commands) as f64);
             // Every entry until the take-over entry has applied restarts every
-            // session's lease (see `Batch`) if the partition was without a
-            // leader for long: writes run concurrently, and one started later
-            // may reach the log first, firing the timers of sessions that could
-            // not beat meanwhile.
-            let renew_sessions = self.renew_leases && !self.took_over;
-            let batch = Batch { now: self.clock.now(), retention: self.retention, commands, renew_sessions };
+            // session's lease (see `Batch`) once the partition has gone long
+            // without an entry (`PartitionState::leases_need_renewal`): writes
+            // run concurrently, and one started later may reach the log first,
+            // firing the timers of sessions that could not beat meanwhile. The
+            // gap is judged at each such write, so a take-over whose first
+            // entry is slow to commit renews what it must.
+            let now = self.clock.now();
+            let renew_sessions = !self.took_over && self.replica.state().read(|s| s.leases_need_renewal(now));
+            let batch = Batch { now, retention: self.retention, commands, renew_sessions };
             tokio::spawn(write(Arc::clone(&self.replica), Arc::clone(&self.link), batch, replies, myself.clone()));
         }
     }
