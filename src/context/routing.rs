@@ -3,12 +3,12 @@
 use std::collections::{BTreeMap, HashMap};
 use std::sync::atomic::{AtomicU32, Ordering};
 use std::sync::{Arc, Mutex, RwLock};
-use std::time::Duration;
+use std::time::{Duration, Instant};
 
 use ractor::ActorRef;
 
 use super::Topology;
-use crate::core::PartitionId;
+use crate::core::{Millis, PartitionId};
 use crate::partition::LeaderMsg;
 use crate::raft::{NodeId, Replica};
 
@@ -26,7 +26,14 @@ pub struct Routing {
     next_create: AtomicU32,
     /// See [`Routing::next_create_partition`].
     local_creates: bool,
+    /// Peers' estimates of the times of partitions this node hosts no
+    /// replica of, with when each was heard.
+    heard_clocks: Mutex<HashMap<PartitionId, (Millis, Instant)>>,
 }
+
+/// How long a peer's estimate of a partition's time is used, counted on from
+/// when it was heard by this node's steady clock.
+const HEARD_CLOCK_LASTS: Duration = Duration::from_secs(60);
 
 impl Routing {
     pub fn new(topology: Arc<Topology>, replicas: BTreeMap<PartitionId, Arc<Replica>>, local_creates: bool) -> Self {
@@ -38,6 +45,7 @@ impl Routing {
             next_partition: AtomicU32::new(rand::random::<u32>()),
             next_create: AtomicU32::new(rand::random::<u32>()),
             local_creates,
+            heard_clocks: Mutex::new(HashMap::new()),
         }
     }
 
@@ -70,16 +78,36 @@ impl Routing {
     /// it: its distance from the partition's time now, from now. A
     /// partition's time follows its leaders' steady clocks, not this node's
     /// wall clock, and may trail or lead it (after a leader resumed from its
-    /// last entry, or on a node whose clock is off). Known here when this node
-    /// hosts a replica that has applied an entry since it started; otherwise
-    /// the two are taken to agree.
-    pub fn local_time(&self, partition: PartitionId, at: crate::core::Millis) -> crate::core::Millis {
-        match self.replica(partition).and_then(|replica| replica.state().clock_estimate()) {
-            Some(partition_now) => {
-                (crate::auth::now_ms() as crate::core::Millis).saturating_add(at.saturating_sub(partition_now))
-            }
+    /// last entry, or on a node whose clock is off). Known here from this
+    /// node's replica of the partition once it has applied an entry since it
+    /// started, or else from a peer's estimate heard lately
+    /// ([`Routing::heard_partition_time`]); otherwise the two are taken to
+    /// agree.
+    pub fn local_time(&self, partition: PartitionId, at: Millis) -> Millis {
+        match self.partition_now(partition) {
+            Some(partition_now) => (crate::auth::now_ms() as Millis).saturating_add(at.saturating_sub(partition_now)),
             None => at,
         }
+    }
+
+    /// `partition`'s time now, as far as this node can tell.
+    fn partition_now(&self, partition: PartitionId) -> Option<Millis> {
+        if let Some(estimate) = self.replica(partition).and_then(|replica| replica.state().clock_estimate()) {
+            return Some(estimate);
+        }
+        let (estimate, heard) = *self.heard_clocks.lock().expect("heard clocks").get(&partition)?;
+        (heard.elapsed() < HEARD_CLOCK_LASTS).then(|| estimate.saturating_add(heard.elapsed().as_millis() as Millis))
+    }
+
+    /// A peer estimated `partition`'s time at `estimate` as it answered just
+    /// now (for a partition this node hosts no replica of).
+    pub fn heard_partition_time(&self, partition: PartitionId, estimate: Millis) {
+        self.heard_clocks.lock().expect("heard clocks").insert(partition, (estimate, Instant::now()));
+    }
+
+    /// The partitions this node hosts no replica of.
+    pub fn remote_partitions(&self) -> Vec<PartitionId> {
+        (0..self.topology.partitions).filter(|p| !self.replicas.contains_key(p)).collect()
     }
 
     pub fn replica(&self, partition: PartitionId) -> Option<&Arc<Replica>> {

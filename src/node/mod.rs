@@ -261,6 +261,10 @@ impl Node {
         let (gauges, stopping) = (Arc::clone(&ctx), stop_rx.clone());
         background
             .push(tasks.spawn(named("gauges", move |status| crate::admin::record_gauges(gauges, stopping, status))));
+        let (clocks, stopping) = (Arc::clone(&ctx), stop_rx.clone());
+        background.push(tasks.spawn(named("partition clocks", move |status| {
+            crate::cluster::learn_partition_clocks(clocks, stopping, status)
+        })));
         let (dir, ttl, stopping) = (raft_settings.snapshot_dir.clone(), config.backup_staged_ttl, stop_rx.clone());
         background.push(
             tasks.spawn(named("staged backups", move |status| expire_staged_backups(dir, ttl, stopping, status))),
