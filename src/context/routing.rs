@@ -29,7 +29,14 @@ pub struct Routing {
     /// Peers' estimates of the times of partitions this node hosts no
     /// replica of, with when each was heard.
     heard_clocks: Mutex<HashMap<PartitionId, (Millis, Instant)>>,
+    /// Each partition's lead over this node's wall clock, with when it was
+    /// worked out ([`Routing::local_time`]).
+    leads: Mutex<HashMap<PartitionId, (Millis, Instant)>>,
 }
+
+/// How long a partition's lead over the wall clock is reused before it is
+/// worked out again (a wall clock that steps is followed within it).
+const OFFSET_LASTS: Duration = Duration::from_secs(1);
 
 /// How long a peer's estimate of a partition's time is used, counted on from
 /// when it was heard by this node's steady clock.
@@ -46,6 +53,7 @@ impl Routing {
             next_create: AtomicU32::new(rand::random::<u32>()),
             local_creates,
             heard_clocks: Mutex::new(HashMap::new()),
+            leads: Mutex::new(HashMap::new()),
         }
     }
 
@@ -84,10 +92,25 @@ impl Routing {
     /// ([`Routing::heard_partition_time`]); otherwise the two are taken to
     /// agree.
     pub fn local_time(&self, partition: PartitionId, at: Millis) -> Millis {
-        match self.partition_now(partition) {
-            Some(partition_now) => (crate::auth::now_ms() as Millis).saturating_add(at.saturating_sub(partition_now)),
+        match self.partition_lead(partition) {
+            Some(lead) => at.saturating_sub(lead),
             None => at,
         }
+    }
+
+    /// How far `partition`'s time runs ahead of this node's wall clock
+    /// (negative: behind). Both advance at the same rate, so it is reused for
+    /// [`OFFSET_LASTS`]: a job token minted for each job of a stream does not
+    /// take the partition's apply lock each time.
+    fn partition_lead(&self, partition: PartitionId) -> Option<Millis> {
+        if let Some((lead, at)) = self.leads.lock().expect("partition leads").get(&partition) {
+            if at.elapsed() < OFFSET_LASTS {
+                return Some(*lead);
+            }
+        }
+        let lead = self.partition_now(partition)?.saturating_sub(crate::auth::now_ms() as Millis);
+        self.leads.lock().expect("partition leads").insert(partition, (lead, Instant::now()));
+        Some(lead)
     }
 
     /// `partition`'s time now, as far as this node can tell.
