@@ -22,7 +22,7 @@ use serde::de::DeserializeOwned;
 use serde::Serialize;
 
 /// The data version this build writes.
-pub const DATA_VERSION: u16 = 9;
+pub const DATA_VERSION: u16 = 10;
 /// The oldest data version this build reads: 6, the encodings of storage
 /// format 6, which carried no version.
 pub const OLDEST_VERSION: u16 = 6;
@@ -73,6 +73,13 @@ pub fn encode_as<T: Serialize>(version: u16, value: &T) -> Vec<u8> {
     out.extend_from_slice(&header(version));
     bincode::serialize_into(&mut out, value).expect("in-memory values always serialize");
     out
+}
+
+/// `value` as bare bincode, with no header: for the parts of keys that are
+/// encoded values (a key's layout is fixed by the data version that
+/// introduced it).
+pub fn encode_bare<T: Serialize>(value: &T) -> Vec<u8> {
+    bincode::serialize(value).expect("in-memory values always serialize")
 }
 
 /// Writes `value` in this build's encoding to `out`.

@@ -18,7 +18,10 @@ mod routing;
 mod session;
 
 pub use command::*;
-pub use engine::{request_expiry_bound, request_storage_id, ApplyOutput, PartitionState, StateSnapshot};
+pub use engine::{
+    request_expiry_bound, request_storage_id, ApplyOutput, MemoryRequests, PartitionState, RequestCounts, RequestTable,
+    StateSnapshot,
+};
 pub use failure::*;
 pub use history::*;
 pub use ids::*;

@@ -542,25 +542,24 @@ fn gateway_request(seq: u64) -> RequestId {
 }
 
 #[test]
-fn the_dedupe_table_reaches_its_size_in_the_first_window_and_keeps_it() {
-    // 1,000 creates a window, one a millisecond, for fifty windows: every
-    // entry expires as a new one comes, so the table holds about 1,000.
-    // `capacity()` counts removed entries' slots as taken until the table
-    // cleans them up, so its highest value so far is the table's size: it
-    // equals the size right after each growth.
+fn the_dedupe_table_holds_one_window_of_creates() {
+    // 1,000 creates a window, one a millisecond, for ten windows: every
+    // entry expires as a new one comes, so the table holds one window's.
     let mut h = Harness::new();
     let window = 1_000;
-    let (mut size, mut after_first) = (0, 0);
-    for seq in 0..50_000u64 {
+    let mut added = std::collections::BTreeSet::new();
+    for seq in 0..10_000u64 {
         let now = seq as Millis + 1;
-        h.state.apply(&Batch::at(now, vec![create_as(gateway_request(seq), window, spec(0))]));
-        size = size.max(h.state.dedupe_capacity());
-        if seq == 2 * window as u64 {
-            after_first = size;
+        let out = h.state.apply(&Batch::at(now, vec![create_as(gateway_request(seq), window, spec(0))]));
+        added.extend(out.requests_added.iter().map(|(id, _, _)| *id));
+        for (id, _) in &out.requests_expired {
+            assert!(added.remove(id), "entry {id} expired twice or was never added");
+        }
+        assert_eq!(h.state.requests_len(), added.len(), "counted as added and expired");
+        if seq >= window as u64 {
+            assert_eq!(h.state.requests_len(), window as usize, "one window's creates at {now}");
         }
     }
-    assert!(after_first >= 2_000, "at most half full after the first windows: room for {after_first}");
-    assert_eq!(size, after_first, "the table grew after the first windows");
 }
 
 #[test]
@@ -639,7 +638,7 @@ fn request_entries_survive_restore_and_expire_by_storage_id() {
     let out = restored.apply(&Batch::at(20_000, vec![create_as(gateway_request(2), 50_000, spec(0))]));
     assert!(matches!(out.results[0], CommandResult::Created { created: false, .. }));
     // Request 1 expired at 11_000: its storage id is below the batch's bound, 2's is not.
-    assert_eq!(out.requests_expired, vec![added[0].0]);
+    assert_eq!(out.requests_expired, vec![(added[0].0, gateway_request(1))]);
     assert!(added[0].0 < request_expiry_bound(20_000) && added[1].0 >= request_expiry_bound(20_000));
     assert!(restored.request(&gateway_request(1)).is_none());
 }
@@ -1251,17 +1250,12 @@ fn each_tenants_idempotency_keys_are_counted_in_and_out() {
     let keyed = |tenant: &str, key: &str| {
         create_in(tenant, TYPE, Some(RequestId::Key { tenant: tenant.into(), user: String::new(), key: key.into() }))
     };
-    h.run(0, keyed("acme", "a"));
-    h.run(1, keyed("acme", "b"));
-    h.run(2, keyed("acme", "a"));
-    h.run(3, keyed("globex", "a"));
+    let mut entries = Vec::new();
+    for (now, tenant, key) in [(0, "acme", "a"), (1, "acme", "b"), (2, "acme", "a"), (3, "globex", "a")] {
+        entries.extend(h.state.apply(&Batch::at(now, vec![keyed(tenant, key)])).requests_added);
+    }
     assert_eq!((h.state.keys_of_tenant("acme"), h.state.keys_of_tenant("globex")), (2, 1), "a repeat adds none");
-    let restored = PartitionState::restore(
-        h.state.meta(),
-        Vec::new(),
-        h.state.requests().map(|(id, r, e)| (id, r.clone(), *e)).collect::<Vec<_>>(),
-        Registry::default(),
-    );
+    let restored = PartitionState::restore(h.state.meta(), Vec::new(), entries, Registry::default());
     assert_eq!(restored.keys_of_tenant("acme"), 2, "a restore counts them again");
     // A window later every key has expired.
     h.run(5_000, Command::ListSessions);

@@ -75,13 +75,18 @@ pub enum Table {
     Meta,
     /// Non-final job records by (partition, key).
     Jobs,
-    /// Completed and cancelled job records by (partition, key).
+    /// Completed and cancelled job records by (partition, key), and (data
+    /// version 10 on) an empty entry per record under an [`index_key`] of
+    /// (tenant, key); see `raft::state_machine::retention`.
     Done,
     /// The order final records are pruned in: (partition, finish sequence) ->
-    /// (finished at, job key); see `raft::state_machine`.
+    /// (finished at, job key, and from data version 10 its tenant); see
+    /// `raft::state_machine::retention`.
     Expiry,
     /// Remembered creates by (partition, storage id: expiry time, then a
-    /// sequence number) -> (request id, the job it made); see `core`.
+    /// sequence number) -> (request id, the job it made), and (data version
+    /// 10 on) the same by request id, under [`index_key`]s ->
+    /// (storage id, the job it made); see `raft::state_machine::requests`.
     Requests,
     /// Job specs by (partition, key), live and final: the part of a job
     /// [`Table::Jobs`] and [`Table::Done`] records leave out (see
@@ -118,6 +123,19 @@ pub fn key(partition: PartitionId, id: u64) -> [u8; 12] {
 pub fn meta_key(partition: PartitionId, name: &str) -> Vec<u8> {
     let mut k = partition.to_be_bytes().to_vec();
     k.extend_from_slice(name.as_bytes());
+    k
+}
+
+/// What an index key's prefix has that no partition's has (partitions are
+/// below 4096).
+const INDEX_PREFIX: PartitionId = 1 << 31;
+
+/// A key of a partition's index in a table: records found by another key
+/// than their id (see `raft::state_machine::requests`). Its prefix is no
+/// partition's, so the partition's records and their scans never meet it.
+pub fn index_key(partition: PartitionId, by: &[u8]) -> Vec<u8> {
+    let mut k = (partition | INDEX_PREFIX).to_be_bytes().to_vec();
+    k.extend_from_slice(by);
     k
 }
 
@@ -205,6 +223,15 @@ impl Batch<'_> {
     pub fn delete_ids(&mut self, table: Table, partition: PartitionId, range: Range<u64>) {
         let cf = self.store.cf(table);
         self.inner.delete_range_cf(cf, key(partition, range.start), key(partition, range.end));
+    }
+}
+
+impl Batch<'_> {
+    /// Deletes a partition's whole index in a table ([`index_key`]).
+    pub fn delete_index(&mut self, table: Table, partition: PartitionId) {
+        let cf = self.store.cf(table);
+        let (from, to) = ((partition | INDEX_PREFIX).to_be_bytes(), ((partition + 1) | INDEX_PREFIX).to_be_bytes());
+        self.inner.delete_range_cf(cf, from, to);
     }
 }
 
@@ -298,6 +325,29 @@ impl Store {
         Ok(())
     }
 
+    /// Visits the entries of a partition's index in a table ([`index_key`])
+    /// that begin with `prefix`, from `prefix` + `from` on, in key order,
+    /// while `visit` (given the rest of each key after `prefix`) answers true.
+    pub fn scan_index(
+        &self,
+        table: Table,
+        partition: PartitionId,
+        prefix: &[u8],
+        from: &[u8],
+        mut visit: impl FnMut(&[u8]) -> Result<bool, StorageError>,
+    ) -> Result<(), StorageError> {
+        let within = index_key(partition, prefix);
+        let mut start = within.clone();
+        start.extend_from_slice(from);
+        for item in self.db.iterator_cf(self.cf(table), IteratorMode::From(&start, Direction::Forward)) {
+            let (k, _) = item?;
+            if !k.starts_with(&within) || !visit(&k[within.len()..])? {
+                break;
+            }
+        }
+        Ok(())
+    }
+
     /// Visits every record of a partition in a table, in id order.
     pub fn for_each(
         &self,
@@ -372,6 +422,15 @@ impl Store {
             flush: ticker(Ticker::FlushWriteBytes),
             compaction: ticker(Ticker::CompactWriteBytes),
         }
+    }
+
+    /// Records read since open, by point reads and by iterator steps (for
+    /// tests of what a read touches).
+    #[cfg(test)]
+    pub fn records_read(&self) -> u64 {
+        use rocksdb::statistics::Ticker;
+        let ticker = |t| self.options.get_ticker_count(t);
+        ticker(Ticker::NumberKeysRead) + ticker(Ticker::NumberDbNext) + ticker(Ticker::NumberDbSeek)
     }
 
     /// Key and value bytes put into each table since open: where the

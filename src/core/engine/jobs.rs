@@ -318,7 +318,7 @@ impl PartitionState {
     }
     pub(super) fn create(&mut self, new_job: &NewJob, out: &mut ApplyOutput) -> Result<CommandResult, CommandError> {
         if let Some(request) = &new_job.request {
-            if let Some(seen) = self.requests.get(request) {
+            if let Some(seen) = self.requests.find(request) {
                 if matches!(request, RequestId::Key { .. }) && seen.fingerprint != payload_fingerprint(&new_job.spec) {
                     return Err(CommandError::precondition(format!(
                         "{request} was used for job {} with another type, variables or custom headers; \

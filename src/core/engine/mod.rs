@@ -24,7 +24,7 @@ use std::sync::Arc;
 
 use serde::{Deserialize, Serialize};
 
-pub use dedupe::{request_expiry_bound, request_storage_id};
+pub use dedupe::{request_expiry_bound, request_storage_id, MemoryRequests, RequestCounts, RequestTable};
 use jobs::Failure;
 
 use super::command::*;
@@ -67,17 +67,8 @@ pub struct PartitionState {
     deadlines: BTreeSet<(Millis, JobKey)>,
     /// Scheduled jobs by due time.
     due: BTreeSet<(Millis, JobKey)>,
-    /// Creates remembered for de-duplication: request id -> the job it made.
-    requests: HashMap<RequestId, Deduped>,
-    /// Entries `requests` could hold when it last grew: it is kept at most
-    /// half full of this (see [`PartitionState::remember`]).
-    requests_room: usize,
-    /// The same entries by [`request_storage_id`], so the earliest to expire
-    /// comes first.
-    request_expiry: BTreeMap<u64, RequestId>,
-    /// Idempotency keys remembered, by tenant: each tenant's share of the
-    /// table (see the gateway's `bound_dedupe`).
-    keys_by_tenant: HashMap<String, usize>,
+    /// Creates remembered for de-duplication (see [`dedupe`]).
+    requests: Box<dyn RequestTable>,
     /// Mixed into storage ids, so entries that expire in the same ms differ.
     next_request_seq: u64,
     /// Worker sessions (see [`super::session`]).
@@ -129,9 +120,10 @@ pub struct ApplyOutput {
     pub activated_to_completed: Vec<Millis>,
     /// Request entries made in this batch, with their storage ids.
     pub requests_added: Vec<(u64, RequestId, Deduped)>,
-    /// Storage ids of the request entries that expired in this batch (every
-    /// one below [`request_expiry_bound`] of the batch's time).
-    pub requests_expired: Vec<u64>,
+    /// The request entries that expired in this batch (every one below
+    /// [`request_expiry_bound`] of the batch's time), and any displaced by
+    /// an entry with the same storage id, before it was added.
+    pub requests_expired: Vec<(u64, RequestId)>,
     /// (job type, stage) of each checkpoint committed in this batch.
     pub checkpoints: Vec<(String, String)>,
     /// (job type, reason, worker) of each failure recorded in this batch.
@@ -175,11 +167,22 @@ impl PartitionState {
         requests: impl IntoIterator<Item = (u64, RequestId, Deduped)>,
         registry: Registry,
     ) -> Self {
+        PartitionState::restore_on(meta, jobs, Box::new(MemoryRequests::new(requests)), registry)
+    }
+
+    /// [`PartitionState::restore`] with the request entries in `requests`.
+    pub fn restore_on(
+        meta: StateSnapshot,
+        jobs: impl IntoIterator<Item = Job>,
+        requests: Box<dyn RequestTable>,
+        registry: Registry,
+    ) -> Self {
         let mut state = PartitionState {
             partition: meta.partition,
             next_counter: meta.next_counter.max(1),
             clock: meta.clock,
             next_request_seq: meta.next_request_seq,
+            requests,
             ..Default::default()
         };
         for job in jobs {
@@ -190,13 +193,6 @@ impl PartitionState {
             state.list_under_tenant(&job);
             state.jobs.insert(job.key, job);
         }
-        for (id, request, entry) in requests {
-            state.count_key(&request, true);
-            state.request_expiry.insert(id, request.clone());
-            state.requests.insert(request, entry);
-        }
-        state.requests.reserve(state.requests.len());
-        state.requests_room = state.requests.capacity();
         for session in registry.sessions {
             state.session_expiry.insert((session.expires_at(), session.info.id));
             state.sessions.insert(session.info.id, session);

@@ -46,22 +46,18 @@ impl PartitionState {
             next_request_seq: self.next_request_seq,
         }
     }
-    /// Every remembered create with its storage id, for snapshots.
-    pub fn requests(&self) -> impl Iterator<Item = (u64, &RequestId, &Deduped)> {
-        self.request_expiry.iter().map(|(id, request)| (*id, request, &self.requests[request]))
-    }
-    /// What the partition remembers of a create, if it is within its window.
     /// Creates remembered for de-duplication (idempotency keys, and creates
     /// a gateway may re-send).
     pub fn requests_len(&self) -> usize {
-        self.requests.len()
+        self.requests.counts().entries
     }
     /// Idempotency keys of `tenant` remembered here.
     pub fn keys_of_tenant(&self, tenant: &str) -> usize {
-        self.keys_by_tenant.get(tenant).copied().unwrap_or(0)
+        self.requests.counts().keys_of_tenant(tenant)
     }
-    pub fn request(&self, request: &RequestId) -> Option<&Deduped> {
-        self.requests.get(request)
+    /// What the partition remembers of a create, if it is within its window.
+    pub fn request(&self, request: &RequestId) -> Option<Deduped> {
+        self.requests.find(request)
     }
     pub fn partition(&self) -> PartitionId {
         self.partition

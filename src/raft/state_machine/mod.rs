@@ -21,15 +21,16 @@
 //!
 //! This file is the apply side (openraft's `RaftStateMachine`); the snapshot
 //! format is [`snapshot`]'s, the reads other parts of the node make
-//! ([`SharedState`]) are [`reads`]'s, and the pruning order of final records
-//! is [`retention`]'s.
+//! ([`SharedState`]) are [`reads`]'s, the pruning order of final records and
+//! their index by tenant are [`retention`]'s, and the remembered creates the
+//! engine reads from disk are [`requests`]'.
 
 pub mod backup;
 mod reads;
+mod requests;
 mod retention;
 mod snapshot;
 
-use std::collections::VecDeque;
 use std::io::{BufReader, Seek};
 use std::path::PathBuf;
 use std::sync::{Arc, Mutex};
@@ -39,14 +40,12 @@ use openraft::{BasicNode, Entry, EntryPayload, LogId, StorageError, StorageIOErr
 use serde::{Deserialize, Serialize};
 
 use super::{records, BatchResponse, NodeId, TypeConfig};
-use crate::core::{
-    CommandResult, Deduped, JobKey, Millis, PartitionId, PartitionState, Registry, RequestId, StateSnapshot,
-};
+use crate::core::{CommandResult, JobKey, Millis, PartitionId, PartitionState, Registry, StateSnapshot};
 use crate::storage::{self, key, meta_key, Store, Table};
 pub use reads::SharedState;
-use retention::{expiry_value, parse_expiry, Finished};
+use retention::Finished;
 pub use snapshot::{check_snapshot, check_snapshot_from, snapshot_bytes, SnapshotBuilder};
-use snapshot::{decode_record, next_frame, read_header, snapshot_file, snapshot_meta};
+use snapshot::{decode_record, next_frame, read_header, read_requests, snapshot_file, snapshot_meta};
 
 const APPLIED: &str = "applied";
 /// The partition's worker sessions, rewritten whenever an entry changes them
@@ -119,12 +118,7 @@ impl StateMachine {
             jobs.push(records::decode_progress(spec, bytes)?);
             Ok(())
         })?;
-        let mut requests = Vec::new();
-        store.for_each(Table::Requests, partition, |id, bytes| {
-            let (request, entry): (RequestId, Deduped) = storage::decode("request entry", bytes)?;
-            requests.push((id, request, entry));
-            Ok(())
-        })?;
+        let requests = Box::new(requests::DiskRequests::open(&store, partition)?);
         let registry = Registry {
             sessions: store
                 .get(Table::Meta, meta_key(partition, SESSIONS))?
@@ -142,16 +136,7 @@ impl StateMachine {
                 .transpose()?
                 .unwrap_or_default(),
         };
-        let mut finished = Finished::default();
-        let mut first = None;
-        store.for_each(Table::Expiry, partition, |seq, bytes| {
-            first.get_or_insert(seq);
-            let entry = parse_expiry(bytes).ok_or_else(|| {
-                storage::StorageError::Io(std::io::Error::other(format!("corrupt expiry entry {seq}")))
-            })?;
-            finished.order.push_back(entry);
-            Ok(())
-        })?;
+        let (mut finished, first) = Finished::open(&store, partition)?;
         let inner = match meta {
             Some(meta) => {
                 finished.first = first.unwrap_or(meta.finished_next);
@@ -163,7 +148,7 @@ impl StateMachine {
                     );
                 }
                 Inner {
-                    engine: PartitionState::restore(meta.engine, jobs, requests, registry),
+                    engine: PartitionState::restore_on(meta.engine, jobs, requests, registry),
                     last_applied: meta.last_applied,
                     membership: meta.membership,
                     finished,
@@ -171,7 +156,12 @@ impl StateMachine {
                 }
             }
             None => Inner {
-                engine: PartitionState::new(partition),
+                engine: PartitionState::restore_on(
+                    StateSnapshot { partition, ..StateSnapshot::default() },
+                    [],
+                    requests,
+                    Registry::default(),
+                ),
                 last_applied: None,
                 membership: StoredMembership::default(),
                 finished,
@@ -210,47 +200,68 @@ impl StateMachine {
     }
 }
 
+/// What [`install_records`] wrote, for the engine that goes with it.
+struct Installed {
+    meta: StateSnapshot,
+    jobs: Vec<crate::core::Job>,
+    requests: crate::core::RequestCounts,
+    registry: Registry,
+    finished: Finished,
+}
+
+impl Installed {
+    /// The engine over what was installed, once the batch is written.
+    fn engine(self, store: &Arc<Store>, partition: PartitionId) -> (PartitionState, Finished) {
+        let requests = requests::DiskRequests::installed(store, partition, self.requests);
+        (PartitionState::restore_on(self.meta, self.jobs, Box::new(requests), self.registry), self.finished)
+    }
+}
+
 /// Writes the records of the snapshot `input` holds (at most `size` bytes)
-/// into `batch`, in place of every record the partition had; returns the
-/// engine state and the pruning order they make. What a follower installing
-/// a snapshot and a node restoring a backup both write.
+/// into `batch`, in place of every record the partition had. What a
+/// follower installing a snapshot and a node restoring a backup both write.
 fn install_records(
     batch: &mut storage::Batch<'_>,
     partition: PartitionId,
     input: &mut impl std::io::BufRead,
     size: u64,
-) -> Result<(PartitionState, Finished), storage::StorageError> {
-    let (version, body) = read_header(input, size)?;
+) -> Result<Installed, storage::StorageError> {
+    let (version, mut body) = read_header(input, size)?;
     batch.delete_ids(Table::Jobs, partition, 0..u64::MAX);
     batch.delete_ids(Table::Done, partition, 0..u64::MAX);
+    retention::clear(batch, partition);
     batch.delete_ids(Table::Expiry, partition, 0..u64::MAX);
-    batch.delete_ids(Table::Requests, partition, 0..u64::MAX);
+    requests::clear(batch, partition);
     batch.delete_ids(Table::Specs, partition, 0..u64::MAX);
-    for (id, request, entry) in &body.requests {
-        batch.put(Table::Requests, key(partition, *id), storage::encode(&(request, entry)));
-    }
-    let mut finished = Finished { first: body.finished_first, order: VecDeque::with_capacity(body.finished.len()) };
-    for (at, job) in &body.finished {
-        finished.order.push_back((*at, JobKey(*job)));
-    }
-    for (i, (at, job)) in finished.order.iter().enumerate() {
-        batch.put(Table::Expiry, key(partition, finished.first + i as u64), expiry_value(*at, *job));
-    }
+    let mut counts = crate::core::RequestCounts::default();
+    read_requests(version, input, &mut body, |id, request, entry| {
+        counts.add(&request);
+        requests::put(batch, partition, id, &request, &entry);
+        Ok(())
+    })?;
     for job in &body.jobs {
         batch.put(Table::Jobs, key(partition, job.key.0), records::encode_progress(job));
         batch.put(Table::Specs, key(partition, job.key.0), storage::encode(&*job.spec));
     }
     // Frames carry whole jobs; stored, each is split in two again.
+    let mut tenants = std::collections::HashMap::with_capacity(body.finished.len());
     while let Some((job_key, record)) = next_frame(input)? {
         let job = decode_record(version, &record)?;
         batch.put(Table::Done, key(partition, job_key), records::encode_progress(&job));
         batch.put(Table::Specs, key(partition, job_key), storage::encode(&*job.spec));
+        tenants.insert(job_key, job.spec.tenant.clone());
+    }
+    let mut finished = Finished::starting_at(body.finished_first);
+    for (at, job) in &body.finished {
+        let tenant = tenants.get(job).ok_or_else(|| {
+            std::io::Error::other(format!("the snapshot's pruning order names job {job}, whose record it lacks"))
+        })?;
+        finished.append(batch, partition, *at, JobKey(*job), tenant);
     }
     batch.put(Table::Meta, meta_key(partition, SESSIONS), storage::encode(&body.registry.sessions));
     batch.put(Table::Meta, meta_key(partition, SESSION_OWNERS), storage::encode(&body.registry.owners));
     batch.put(Table::Meta, meta_key(partition, SCHEMAS), storage::encode(&body.registry.schemas));
-    let engine = PartitionState::restore(body.engine, body.jobs, body.requests, body.registry);
-    Ok((engine, finished))
+    Ok(Installed { meta: body.engine, jobs: body.jobs, requests: counts, registry: body.registry, finished })
 }
 
 /// How many job keys of each partition a restore skips: 2^40, more than a
@@ -274,16 +285,16 @@ pub fn restore(
     (node, voters): (NodeId, &std::collections::BTreeMap<NodeId, String>),
 ) -> Result<u64, storage::StorageError> {
     let mut batch = store.batch();
-    let (engine, finished) = install_records(&mut batch, partition, input, size)?;
+    let Installed { meta: engine, jobs, finished, .. } = install_records(&mut batch, partition, input, size)?;
     let at = LogId::new(openraft::CommittedLeaderId::new(term, leader), index);
     let nodes: std::collections::BTreeMap<NodeId, BasicNode> =
         voters.iter().map(|(id, addr)| (*id, BasicNode { addr: addr.clone() })).collect();
     let membership = openraft::Membership::new(vec![nodes.keys().copied().collect()], nodes);
-    let restored = engine.jobs().count() as u64 + finished.order.len() as u64;
+    let restored = jobs.iter().filter(|job| !job.state.is_final()).count() as u64 + finished.order.len() as u64;
     // Keys the lost cluster handed out after the cut are not in the backup;
     // new jobs must not take them, or a key a producer kept would name
     // another job. Skip past all it can have handed out (docs/backups.md).
-    let mut counters = engine.meta();
+    let mut counters = engine;
     counters.next_counter = counters.next_counter.saturating_add(RESTORED_KEY_GAP);
     let meta = AppliedMeta {
         last_applied: Some(at),
@@ -371,18 +382,18 @@ impl RaftStateMachine<TypeConfig> for StateMachine {
                         metrics::counter!("drover_worker_sessions_died_total", "partition" => self.partition.to_string())
                             .increment(1);
                     }
-                    for id in &out.requests_expired {
-                        batch.delete(Table::Requests, key(self.partition, *id));
+                    for (id, request) in &out.requests_expired {
+                        requests::delete(&mut batch, self.partition, *id, request);
                     }
                     for (id, request, entry) in &out.requests_added {
-                        batch.put(Table::Requests, key(self.partition, *id), storage::encode(&(request, entry)));
+                        requests::put(&mut batch, self.partition, *id, request, entry);
                     }
                     for job in out.finished {
                         finished_keys.push(job.key);
                         let k = key(self.partition, job.key.0);
                         batch.delete(Table::Jobs, k);
                         batch.put(Table::Done, k, records::encode_progress(&job));
-                        inner.finished.push(&mut batch, self.partition, now, job.key);
+                        inner.finished.push(&mut batch, self.partition, now, &job);
                     }
                     inner.finished.prune(&mut batch, self.partition, commands.retention, now);
                     responses.push(BatchResponse {
@@ -429,6 +440,7 @@ impl RaftStateMachine<TypeConfig> for StateMachine {
         // Written under the lock: a snapshot or a lookup never sees a job gone
         // from memory whose final record is not yet stored.
         self.store.write(batch);
+        inner.engine.requests_written();
         if let (false, Some(at)) = (marks.is_empty(), inner.last_applied) {
             // A backup's state is this apply's: what it has just written.
             for (response, command, id) in marks {
@@ -469,7 +481,8 @@ impl RaftStateMachine<TypeConfig> for StateMachine {
         let mut rest = BufReader::with_capacity(1 << 20, file);
         // Bounded by the file: a corrupt length inside is an error, not an allocation.
         let mut batch = self.store.batch();
-        let (engine, finished) = install_records(&mut batch, self.partition, &mut rest, size).map_err(sm_read_err)?;
+        let installed = install_records(&mut batch, self.partition, &mut rest, size).map_err(sm_read_err)?;
+        let (engine, finished) = installed.engine(&self.store, self.partition);
         let mut inner = self.shared.lock();
         inner.engine = engine;
         inner.last_applied = meta.last_log_id;

@@ -146,7 +146,9 @@ impl SharedState {
     /// during the read is listed once, as final. Live jobs are read under the
     /// lock apply takes, in O(page) plus the jobs of those tenants the rest of
     /// the filter skips ([`crate::core::PartitionState::list_live`]); final
-    /// records after it, from storage.
+    /// records after it, from storage, outside the lock: a caller's tenants'
+    /// through their index (see `retention`), so other tenants' records are
+    /// never read.
     pub fn list(
         &self,
         filter: &JobFilter,
@@ -163,16 +165,39 @@ impl SharedState {
         };
         let mut done = Vec::new();
         if filter.covers_final() && limit > 0 {
-            let mut bytes_read = 0;
-            let visible = |job: &Job| tenants.is_empty() || tenants.contains(&job.spec.tenant);
-            self.store.scan_while(Table::Done, self.partition, after.0.saturating_add(1), |id, bytes| {
-                let Some(job) = self.final_record(id, bytes)? else { return Ok(true) };
-                if filter.matches(&job) && visible(&job) {
-                    bytes_read += bytes.len() + job.spec.encoded_len();
-                    done.push(job);
+            let from = after.0.saturating_add(1);
+            // The tenants whose records to read, as for live jobs: the
+            // filter's if it names one the caller may read, else the
+            // caller's (`None`: every tenant).
+            let named: Option<&[String]> = match filter.tenant.as_str() {
+                "" if tenants.is_empty() => None,
+                "" => Some(tenants),
+                one if tenants.is_empty() || tenants.iter().any(|t| t == one) => {
+                    Some(std::slice::from_ref(&filter.tenant))
                 }
-                Ok(done.len() < limit && bytes_read < max_bytes)
-            })?;
+                _ => Some(&[]),
+            };
+            if let Some(named) = named {
+                // Each tenant's records through its index, then merged: the
+                // first `limit` of all are among each one's first `limit`.
+                for tenant in named {
+                    let mut page = Page::new(limit, max_bytes);
+                    super::retention::scan_tenant(&self.store, self.partition, tenant, from, |id| {
+                        let k = key(self.partition, id);
+                        let Some(bytes) = self.store.get(Table::Done, k)? else { return Ok(true) };
+                        let job = self.final_record(id, &bytes)?;
+                        Ok(page.take(job.filter(|job| filter.matches(job)), bytes.len()))
+                    })?;
+                    done.extend(page.jobs);
+                }
+            } else {
+                let mut page = Page::new(limit, max_bytes);
+                self.store.scan_while(Table::Done, self.partition, from, |id, bytes| {
+                    let job = self.final_record(id, bytes)?;
+                    Ok(page.take(job.filter(|job| filter.matches(job)), bytes.len()))
+                })?;
+                done = page.jobs;
+            }
         }
         live.retain(|job| !done.iter().any(|d| d.key == job.key));
         live.extend(done);
@@ -202,5 +227,29 @@ impl SharedState {
             Ok(())
         })?;
         Ok(jobs)
+    }
+}
+
+/// A page of final records being read: full at `limit` records or about
+/// `max_bytes`.
+struct Page {
+    jobs: Vec<Job>,
+    bytes: usize,
+    limit: usize,
+    max_bytes: usize,
+}
+
+impl Page {
+    fn new(limit: usize, max_bytes: usize) -> Page {
+        Page { jobs: Vec::new(), bytes: 0, limit, max_bytes }
+    }
+    /// Takes `job` (if it is one to list), stored as `stored` bytes; whether
+    /// the page has room for more.
+    fn take(&mut self, job: Option<Job>, stored: usize) -> bool {
+        if let Some(job) = job {
+            self.bytes += stored + job.spec.encoded_len();
+            self.jobs.push(job);
+        }
+        self.jobs.len() < self.limit && self.bytes < self.max_bytes
     }
 }

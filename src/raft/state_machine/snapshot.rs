@@ -10,7 +10,12 @@
 //! snapshotted at version 9 or later whatever a node's view of the cluster
 //! version, since owners exist only once every member read version 9. At data version 7 and later the header
 //! and each frame's record carry the version ([`crate::codec`]); at 6 they are
-//! bare bincode, as a build of version 6 wrote and reads them. A reader tells
+//! bare bincode, as a build of version 6 wrote and reads them. From data
+//! version 10 on, the remembered creates are not in the header but stream
+//! after it (and after the owners) from storage, one frame each behind a
+//! byte 1, ending at a byte 0: a replica keeps them on disk
+//! (`requests`), and neither writing nor installing a snapshot holds them
+//! whole. A reader tells
 //! them apart by the header's first bytes (the magic cannot begin a version-6
 //! header: that begins with a partition id, below 4096).
 
@@ -25,6 +30,10 @@ use super::{records, sm_write_err, Inner, NodeId, SharedState, TypeConfig};
 use crate::core::{Deduped, Job, Millis, PartitionState, Registry, RequestId, StateSnapshot, OWNED_SESSIONS};
 use crate::storage::{self, key, Table};
 
+/// The data version from which snapshots stream their remembered creates
+/// instead of carrying them in the header.
+pub const REQUESTS_STREAMED: u16 = 10;
+
 /// A snapshot is this header (bincode), then one frame per final record:
 /// job key (u64 LE), length (u32 LE), the whole job (its spec and progress
 /// joined, as `records` stores them apart). Final records stream between
@@ -33,7 +42,8 @@ use crate::storage::{self, key, Table};
 pub(super) struct SnapshotHeader {
     pub engine: StateSnapshot,
     pub jobs: Vec<Job>,
-    /// Remembered creates with their storage ids.
+    /// Remembered creates with their storage ids, before data version 10
+    /// ([`REQUESTS_STREAMED`]); empty from it on.
     pub requests: Vec<(u64, RequestId, Deduped)>,
     pub registry: Registry,
     /// The pruning order of the final records: the first one's sequence
@@ -89,13 +99,19 @@ pub fn check_snapshot(bytes: &[u8]) -> Result<usize, String> {
 /// [`check_snapshot`] of the snapshot `input` holds (at most `size` bytes),
 /// read as it goes: a backup's part is checked without holding it whole.
 pub fn check_snapshot_from(input: &mut impl BufRead, size: u64) -> Result<usize, String> {
-    let (version, body) = read_header(input, size).map_err(|e| e.to_string())?;
+    let (version, mut body) = read_header(input, size).map_err(|e| e.to_string())?;
+    let mut requests = Vec::new();
+    read_requests(version, input, &mut body, |id, request, entry| {
+        requests.push((id, request, entry));
+        Ok(())
+    })
+    .map_err(|e| e.to_string())?;
     let mut records = body.jobs.len();
     while let Some((_, record)) = next_frame(input).map_err(|e| e.to_string())? {
         decode_record(version, &record).map_err(|e| e.to_string())?;
         records += 1;
     }
-    PartitionState::restore(body.engine, body.jobs, body.requests, body.registry);
+    PartitionState::restore(body.engine, body.jobs, requests, body.registry);
     Ok(records)
 }
 
@@ -111,8 +127,10 @@ pub fn snapshot_bytes(state: &PartitionState, finished: &[Job]) -> Vec<u8> {
         finished: finished.iter().map(|j| (0, j.key.0)).collect(),
     };
     let mut out = storage::encode(&header);
-    // This build's version carries the sessions' owners after the header.
+    // This build's version carries the sessions' owners after the header,
+    // then the remembered creates (none).
     out.extend_from_slice(&storage::encode(&header.registry.owners));
+    out.push(0);
     for job in finished {
         let record = storage::encode(job);
         out.extend_from_slice(&job.key.0.to_le_bytes());
@@ -145,6 +163,42 @@ pub(super) fn read_header(input: &mut impl BufRead, size: u64) -> Result<(u16, S
         .deserialize_from(input)
         .map_err(|source| crate::codec::CodecError::Malformed { what: "snapshot header", source })?;
     Ok((crate::codec::OLDEST_VERSION, header))
+}
+
+/// Feeds `visit` the remembered creates of a snapshot written at `version`
+/// whose header `input` has just given: from the header before data version
+/// 10, from `input` after it.
+pub(super) fn read_requests(
+    version: u16,
+    input: &mut impl BufRead,
+    header: &mut SnapshotHeader,
+    mut visit: impl FnMut(u64, RequestId, Deduped) -> Result<(), storage::StorageError>,
+) -> Result<(), storage::StorageError> {
+    for (id, request, entry) in std::mem::take(&mut header.requests) {
+        visit(id, request, entry)?;
+    }
+    if version < REQUESTS_STREAMED {
+        return Ok(());
+    }
+    let cut = || std::io::Error::other("the snapshot ends inside its remembered creates");
+    loop {
+        let mut more = [0u8];
+        input.read_exact(&mut more).map_err(|_| cut())?;
+        match more[0] {
+            0 => return Ok(()),
+            1 => {
+                let (id, bytes) = next_frame(input)?.ok_or_else(cut)?;
+                let (request, entry) = storage::decode("remembered create in the snapshot", &bytes)?;
+                visit(id, request, entry)?;
+            }
+            other => {
+                return Err(std::io::Error::other(format!(
+                    "the snapshot's remembered creates are corrupt: a frame begins with {other}, not 0 or 1"
+                ))
+                .into())
+            }
+        }
+    }
 }
 
 /// A final record of a snapshot written at `version`.
@@ -186,26 +240,47 @@ pub(super) fn header_of(inner: &Inner) -> SnapshotHeader {
     SnapshotHeader {
         engine: inner.engine.meta(),
         jobs: inner.engine.jobs().cloned().collect(),
-        requests: inner.engine.requests().map(|(id, r, e)| (id, r.clone(), *e)).collect(),
+        requests: Vec::new(),
         registry: inner.engine.registry(),
         finished_first: inner.finished.first,
-        finished: inner.finished.order.iter().map(|(at, job)| (*at, job.0)).collect(),
+        finished: inner.finished.order.iter().map(|f| (f.at, f.job.0)).collect(),
     }
 }
 
 /// Writes a snapshot of `partition` to `out` at data `version`: `header`,
-/// then one frame per final record `view` holds. Returns the records written.
+/// the remembered creates and one frame per final record `view` holds.
+/// Returns the records written.
 pub(super) fn write_snapshot(
     partition: crate::core::PartitionId,
-    header: SnapshotHeader,
+    mut header: SnapshotHeader,
     view: &storage::PointInTime<'_>,
     version: u16,
     out: &mut impl Write,
 ) -> Result<u64, storage::StorageError> {
     let version = if header.registry.owners.is_empty() { version } else { version.max(OWNED_SESSIONS) };
+    let each_request = |visit: &mut dyn FnMut(u64, RequestId, Deduped) -> Result<(), storage::StorageError>| {
+        view.for_each(Table::Requests, partition, |id, bytes| {
+            let (request, entry) = storage::decode("request entry", bytes)?;
+            visit(id, request, entry)
+        })
+    };
+    if version < REQUESTS_STREAMED {
+        // A build before version 10 reads them from the header only.
+        each_request(&mut |id, request, entry| {
+            header.requests.push((id, request, entry));
+            Ok(())
+        })?;
+    }
     out.write_all(&encode_at(version, &header))?;
     if version >= OWNED_SESSIONS {
         out.write_all(&encode_at(version, &header.registry.owners))?;
+    }
+    if version >= REQUESTS_STREAMED {
+        each_request(&mut |id, request, entry| {
+            out.write_all(&[1])?;
+            Ok(push_frame(out, id, &encode_at(version, &(request, entry)))?)
+        })?;
+        out.write_all(&[0])?;
     }
     let mut records = header.jobs.len() as u64;
     drop(header);

@@ -345,3 +345,191 @@ async fn a_partition_with_owned_sessions_is_snapshotted_with_its_owners_at_versi
     let (_follower, reopened) = StateMachine::open(0, follower_store, dir.path().join("snap-f"), versions()).unwrap();
     assert_eq!(reopened.lock().engine.session_owners(), owners, "and stored with them");
 }
+
+fn keyed(tenant: &str, key: &str, window: Millis) -> Command {
+    let Command::Create(mut job) = create() else { unreachable!("create() makes a create") };
+    job.request = Some(crate::core::RequestId::Key { tenant: tenant.into(), user: String::new(), key: key.into() });
+    job.spec = Arc::new(JobSpec { tenant: tenant.into(), ..JobSpec::clone(&job.spec) });
+    job.dedupe_window_ms = window;
+    Command::Create(job)
+}
+
+/// Applies `command` alone at `now` as entry `index`; its result.
+async fn run(sm: &mut StateMachine, index: u64, now: Millis, command: Command) -> CommandResult {
+    let mut responses = sm.apply([entry(index, now, vec![command])]).await.unwrap();
+    responses.pop().unwrap().results.pop().unwrap()
+}
+
+fn created(result: &CommandResult) -> (JobKey, bool) {
+    match result {
+        CommandResult::Created { key, created, .. } => (*key, *created),
+        other => panic!("not a create's result: {other:?}"),
+    }
+}
+
+#[tokio::test]
+async fn remembered_creates_are_read_from_disk_and_travel_in_snapshots_of_either_layout() {
+    let dir = tempfile::tempdir().unwrap();
+    let store = Store::open(&dir.path().join("a")).unwrap();
+    let (mut sm, shared) = StateMachine::open(0, Arc::clone(&store), dir.path().join("snap-a"), versions()).unwrap();
+    assert!(format!("{:?}", shared.lock().engine).contains("DiskRequests"), "a replica's table is on disk");
+    // In one apply: a key, its repeat in a later entry, and a key that
+    // expires before the apply ends and is used again.
+    let responses = sm
+        .apply([
+            entry(1, 1_000, vec![keyed("acme", "a", 60_000), keyed("acme", "short", 1)]),
+            entry(2, 1_500, vec![keyed("acme", "a", 60_000), keyed("acme", "short", 60_000)]),
+        ])
+        .await
+        .unwrap();
+    let (first, _) = created(&responses[0].results[0]);
+    assert_eq!(created(&responses[1].results[0]), (first, false), "a repeat in the same apply");
+    let (short, _) = created(&responses[0].results[1]);
+    let (short_again, fresh) = created(&responses[1].results[1]);
+    assert!(fresh && short_again != short, "a key past its window makes a new job");
+    run(&mut sm, 3, 2_000, keyed("globex", "a", 60_000)).await;
+    let counted = |shared: &SharedState| {
+        let inner = shared.lock();
+        (inner.engine.requests_len(), inner.engine.keys_of_tenant("acme"), inner.engine.keys_of_tenant("globex"))
+    };
+    assert_eq!(counted(&shared), (3, 2, 1));
+    assert_eq!(stored_ids(&store, Table::Requests).len(), 3, "the expired entry left storage");
+
+    // After a restart the repeats are found on disk, counted as before.
+    drop((sm, shared));
+    let (mut sm, shared) = StateMachine::open(0, Arc::clone(&store), dir.path().join("snap-a"), versions()).unwrap();
+    assert_eq!(counted(&shared), (3, 2, 1));
+    assert_eq!(created(&run(&mut sm, 4, 3_000, keyed("acme", "a", 60_000)).await), (first, false));
+    assert_eq!(created(&run(&mut sm, 5, 3_000, keyed("acme", "short", 60_000)).await), (short_again, false));
+
+    // Snapshots at this version stream the entries, at an older one carry
+    // them in the header; a follower installing either finds the repeats.
+    sm.get_current_snapshot().await.unwrap(); // the identity, asked at start
+    for (name, cluster) in [("this version", versions()), ("an older member", mixed_versions())] {
+        sm.versions = cluster;
+        let snapshot = sm.get_current_snapshot().await.unwrap().expect("entries were applied");
+        let meta = snapshot.meta.clone();
+        let mut file = snapshot.snapshot.into_std().await;
+        let mut bytes = Vec::new();
+        file.read_to_end(&mut bytes).unwrap();
+        assert_eq!(check_snapshot(&bytes).unwrap(), 4, "{name}: every record reads");
+        file.rewind().unwrap();
+        let follower_store = Store::open(&dir.path().join(format!("follower-{name}"))).unwrap();
+        let (mut follower, follower_shared) =
+            StateMachine::open(0, Arc::clone(&follower_store), dir.path().join("snap-f"), versions()).unwrap();
+        // The follower had entries of its own: the snapshot replaces them.
+        run(&mut follower, 1, 1_000, keyed("initech", "x", 60_000)).await;
+        follower.install_snapshot(&meta, Box::new(tokio::fs::File::from_std(file))).await.unwrap();
+        assert_eq!(counted(&follower_shared), (3, 2, 1), "{name}: counted as the leader counts");
+        assert_eq!(follower_shared.lock().engine.keys_of_tenant("initech"), 0, "{name}: its own are gone");
+        assert_eq!(created(&run(&mut follower, 6, 3_000, keyed("acme", "a", 60_000)).await), (first, false), "{name}");
+        let (_, fresh) = created(&run(&mut follower, 7, 3_000, keyed("initech", "x", 60_000)).await);
+        assert!(fresh, "{name}: a key only the follower had is not remembered after the install");
+    }
+
+    // Past their window every entry leaves both orders: a key used again
+    // makes a new job, and storage keeps only the new entry.
+    let (again, fresh) = created(&run(&mut sm, 6, 100_000, keyed("acme", "a", 60_000)).await);
+    assert!(fresh && again != first);
+    assert_eq!(counted(&shared), (1, 1, 0));
+    assert_eq!(stored_ids(&store, Table::Requests).len(), 1);
+    drop((sm, shared));
+    let (_sm, shared) = StateMachine::open(0, Arc::clone(&store), dir.path().join("snap-a"), versions()).unwrap();
+    assert_eq!(counted(&shared), (1, 1, 0), "counted from disk after a restart");
+    let found = shared.lock().engine.request(&crate::core::RequestId::Key {
+        tenant: "globex".into(),
+        user: String::new(),
+        key: "a".into(),
+    });
+    assert_eq!(found, None, "an expired entry is not found by its request id");
+}
+
+#[tokio::test]
+async fn remembered_creates_of_an_older_build_are_indexed_at_start() {
+    let dir = tempfile::tempdir().unwrap();
+    let store = Store::open(&dir.path().join("a")).unwrap();
+    let (mut sm, shared) = StateMachine::open(0, Arc::clone(&store), dir.path().join("snap-a"), versions()).unwrap();
+    let (first, _) = created(&run(&mut sm, 1, 1_000, keyed("acme", "a", 60_000)).await);
+    drop((sm, shared));
+    // What a build before data version 10 left: entries by storage id only.
+    let mut batch = store.batch();
+    batch.delete_index(Table::Requests, 0);
+    batch.delete(Table::Meta, meta_key(0, "request_index"));
+    store.write_synced(batch);
+    let (mut sm, _shared) = StateMachine::open(0, Arc::clone(&store), dir.path().join("snap-a"), versions()).unwrap();
+    assert_eq!(created(&run(&mut sm, 2, 2_000, keyed("acme", "a", 60_000)).await), (first, false));
+}
+
+fn create_in(tenant: &str) -> Command {
+    let Command::Create(mut job) = create() else { unreachable!("create() makes a create") };
+    job.spec = Arc::new(JobSpec { tenant: tenant.into(), ..JobSpec::clone(&job.spec) });
+    Command::Create(job)
+}
+
+fn listed(shared: &SharedState, tenants: &[&str]) -> Vec<u64> {
+    let tenants: Vec<String> = tenants.iter().map(|t| t.to_string()).collect();
+    let filter = crate::core::JobFilter { state: Some(JobState::Cancelled), ..Default::default() };
+    let jobs = shared.list(&filter, &tenants, JobKey::new(0, 0), 10, usize::MAX).unwrap();
+    jobs.iter().map(|job| job.key.counter()).collect()
+}
+
+#[tokio::test]
+async fn a_tenants_final_records_are_listed_without_reading_any_other_tenants() {
+    let retention = Retention { max_age_ms: 1_000_000, max_jobs: 10_000 };
+    let at = |index: u64, now: Millis, commands: Vec<Command>| Entry::<TypeConfig> {
+        log_id: LogId::new(CommittedLeaderId::new(1, 0), index),
+        payload: EntryPayload::Normal(Batch { now, retention, commands, renew_sessions: false }),
+    };
+    let dir = tempfile::tempdir().unwrap();
+    let store = Store::open(&dir.path().join("a")).unwrap();
+    let (mut sm, shared) = StateMachine::open(0, Arc::clone(&store), dir.path().join("snap-a"), versions()).unwrap();
+    // 2,000 final records of globex, then 2 of acme.
+    let creates = (0..2_000).map(|_| create_in("globex")).chain([create_in("acme"), create_in("acme")]).collect();
+    sm.apply([at(1, 1_000, creates)]).await.unwrap();
+    let cancels = (1..=2_002).map(|c| Command::Cancel { key: JobKey::new(0, c), by: String::new() }).collect();
+    sm.apply([at(2, 2_000, cancels)]).await.unwrap();
+    let before = store.records_read();
+    assert_eq!(listed(&shared, &["acme"]), vec![2_001, 2_002]);
+    let read = store.records_read() - before;
+    assert!(read < 20, "listing acme's 2 records read {read} records");
+    assert_eq!(listed(&shared, &["acme", "globex"]), (1..=10).collect::<Vec<_>>(), "merged in key order");
+    assert_eq!(listed(&shared, &["initech"]), Vec::<u64>::new());
+
+    // The index goes with each pruned record, and comes back after a
+    // restart, an install, and an older build's directory.
+    let few = Retention { max_age_ms: 1_000_000, max_jobs: 1 };
+    sm.apply([Entry {
+        log_id: LogId::new(CommittedLeaderId::new(1, 0), 3),
+        payload: EntryPayload::Normal(Batch {
+            now: 3_000,
+            retention: few,
+            commands: Vec::new(),
+            renew_sessions: false,
+        }),
+    }])
+    .await
+    .unwrap();
+    assert_eq!((listed(&shared, &["acme"]), listed(&shared, &["globex"])), (vec![2_002], vec![]));
+    sm.get_current_snapshot().await.unwrap(); // the identity, asked at start
+    let snapshot = sm.get_current_snapshot().await.unwrap().unwrap();
+    let follower_store = Store::open(&dir.path().join("follower")).unwrap();
+    let (mut follower, follower_shared) =
+        StateMachine::open(0, Arc::clone(&follower_store), dir.path().join("snap-f"), versions()).unwrap();
+    follower.apply([at(1, 1_000, vec![create_in("globex")])]).await.unwrap();
+    follower.apply([at(2, 1_000, vec![Command::Cancel { key: JobKey::new(0, 1), by: String::new() }])]).await.unwrap();
+    follower.install_snapshot(&snapshot.meta, snapshot.snapshot).await.unwrap();
+    assert_eq!((listed(&follower_shared, &["acme"]), listed(&follower_shared, &["globex"])), (vec![2_002], vec![]));
+
+    drop((sm, shared));
+    let mut batch = store.batch();
+    batch.delete_index(Table::Done, 0);
+    batch.delete(Table::Meta, meta_key(0, "final_tenant_index"));
+    // An older build's expiry entry: time and key, no tenant.
+    let mut old = Vec::new();
+    old.extend_from_slice(&2_000i64.to_be_bytes());
+    old.extend_from_slice(&JobKey::new(0, 2_002).0.to_be_bytes());
+    batch.put(Table::Expiry, key(0, 2_001), old);
+    store.write_synced(batch);
+    let (_sm, shared) = StateMachine::open(0, Arc::clone(&store), dir.path().join("snap-a"), versions()).unwrap();
+    assert_eq!((listed(&shared, &["acme"]), listed(&shared, &["globex"])), (vec![2_002], vec![]));
+}

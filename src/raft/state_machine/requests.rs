@@ -1,0 +1,184 @@
+//! A replica's remembered creates, on disk: the engine's request table
+//! ([`RequestTable`]) read from RocksDB, so a partition's de-duplication
+//! window costs disk and block cache, not memory, however many keys it holds.
+//!
+//! The `requests` table holds each entry twice: by storage id (expiry time
+//! first), which is the order entries expire in, and by request id (an
+//! [`index_key`]), which is how a repeat finds it. Both are written and
+//! deleted in the apply batch that adds or expires the entry, from what the
+//! engine reports ([`crate::core::ApplyOutput`]); until that batch is written
+//! the table answers from the changes it holds ([`DiskRequests::written`]).
+//! Expiry reads the entries by storage id from where the last expiry
+//! stopped, so it never walks the deletions behind it.
+//!
+//! Data version 10 added the index. A replica that starts without it (a data
+//! directory of an older build) writes it from the entries by storage id
+//! before it serves, and records that it did (`request_index`): a start cut
+//! short writes it again.
+
+use std::collections::{BTreeMap, HashMap};
+use std::sync::Arc;
+
+use crate::core::{Deduped, PartitionId, RequestCounts, RequestId, RequestTable};
+use crate::storage::{self, index_key, key, meta_key, Batch, StorageError, Store, Table};
+
+/// Set once a partition's entries are indexed by request id.
+const INDEXED: &str = "request_index";
+/// Entries indexed per batch when an older directory is indexed.
+const INDEX_BATCH: usize = 4096;
+
+fn request_key(partition: PartitionId, request: &RequestId) -> Vec<u8> {
+    index_key(partition, &crate::codec::encode_bare(request))
+}
+
+/// Stores an entry the engine added.
+pub(super) fn put(batch: &mut Batch<'_>, partition: PartitionId, id: u64, request: &RequestId, entry: &Deduped) {
+    batch.put(Table::Requests, key(partition, id), storage::encode(&(request, entry)));
+    batch.put(Table::Requests, request_key(partition, request), storage::encode(&(id, entry)));
+}
+
+/// Deletes an entry the engine expired.
+pub(super) fn delete(batch: &mut Batch<'_>, partition: PartitionId, id: u64, request: &RequestId) {
+    batch.delete(Table::Requests, key(partition, id));
+    batch.delete(Table::Requests, request_key(partition, request));
+}
+
+/// Deletes every entry of the partition (a snapshot or a backup replaces them).
+pub(super) fn clear(batch: &mut Batch<'_>, partition: PartitionId) {
+    batch.delete_ids(Table::Requests, partition, 0..u64::MAX);
+    batch.delete_index(Table::Requests, partition);
+    batch.put(Table::Meta, meta_key(partition, INDEXED), []);
+}
+
+/// The request table of one partition of a replica.
+pub struct DiskRequests {
+    store: Arc<Store>,
+    partition: PartitionId,
+    counts: RequestCounts,
+    /// Changes not yet written, by request: `None` where one was removed.
+    by_request: HashMap<RequestId, Option<Deduped>>,
+    /// The same changes by storage id.
+    by_id: BTreeMap<u64, Option<RequestId>>,
+    /// Stored entries below this storage id have been reported expiring.
+    scanned_below: u64,
+}
+
+impl std::fmt::Debug for DiskRequests {
+    fn fmt(&self, f: &mut std::fmt::Formatter<'_>) -> std::fmt::Result {
+        f.debug_struct("DiskRequests")
+            .field("partition", &self.partition)
+            .field("counts", &self.counts)
+            .field("unwritten", &self.by_id.len())
+            .finish()
+    }
+}
+
+impl DiskRequests {
+    /// The partition's stored entries, counted as they stream by (and
+    /// indexed by request id if an older build stored them).
+    pub fn open(store: &Arc<Store>, partition: PartitionId) -> Result<DiskRequests, StorageError> {
+        let indexed = store.get(Table::Meta, meta_key(partition, INDEXED))?.is_some();
+        let mut counts = RequestCounts::default();
+        let mut batch = store.batch();
+        let mut pending = 0;
+        store.for_each(Table::Requests, partition, |id, bytes| {
+            let (request, entry): (RequestId, Deduped) = storage::decode("request entry", bytes)?;
+            counts.add(&request);
+            if !indexed {
+                batch.put(Table::Requests, request_key(partition, &request), storage::encode(&(id, &entry)));
+                pending += 1;
+                if pending == INDEX_BATCH {
+                    store.write(std::mem::replace(&mut batch, store.batch()));
+                    pending = 0;
+                }
+            }
+            Ok(())
+        })?;
+        if !indexed {
+            batch.put(Table::Meta, meta_key(partition, INDEXED), []);
+            store.write_synced(batch);
+            if counts.entries > 0 {
+                tracing::info!(partition, entries = counts.entries, "remembered creates indexed by request id");
+            }
+        }
+        Ok(DiskRequests::installed(store, partition, counts))
+    }
+
+    /// The table of entries just written (a snapshot's, a backup's),
+    /// counted as `counts`.
+    pub fn installed(store: &Arc<Store>, partition: PartitionId, counts: RequestCounts) -> DiskRequests {
+        DiskRequests {
+            store: Arc::clone(store),
+            partition,
+            counts,
+            by_request: HashMap::new(),
+            by_id: BTreeMap::new(),
+            scanned_below: 0,
+        }
+    }
+}
+
+/// A read the engine cannot go on without: the state machine's writes end
+/// the process when they fail (see `storage`), and so do its reads.
+fn must<T>(what: &str, read: Result<T, StorageError>) -> T {
+    read.unwrap_or_else(|e| panic!("reading {what} failed: {e}"))
+}
+
+impl RequestTable for DiskRequests {
+    fn find(&self, request: &RequestId) -> Option<Deduped> {
+        if let Some(change) = self.by_request.get(request) {
+            return *change;
+        }
+        let stored = must("a remembered create", self.store.get(Table::Requests, request_key(self.partition, request)));
+        stored.map(|bytes| {
+            must("a remembered create", storage::decode::<(u64, Deduped)>("request index entry", &bytes)).1
+        })
+    }
+    fn at(&self, id: u64) -> Option<RequestId> {
+        if let Some(change) = self.by_id.get(&id) {
+            return change.clone();
+        }
+        let stored = must("a remembered create", self.store.get(Table::Requests, key(self.partition, id)));
+        stored.map(|bytes| {
+            must("a remembered create", storage::decode::<(RequestId, Deduped)>("request entry", &bytes)).0
+        })
+    }
+    fn insert(&mut self, id: u64, request: &RequestId, entry: Deduped) {
+        self.counts.add(request);
+        self.by_request.insert(request.clone(), Some(entry));
+        self.by_id.insert(id, Some(request.clone()));
+    }
+    fn remove(&mut self, id: u64, request: &RequestId) {
+        self.counts.remove(request);
+        self.by_request.insert(request.clone(), None);
+        self.by_id.insert(id, None);
+    }
+    fn expiring(&mut self, bound: u64) -> Vec<(u64, RequestId)> {
+        let mut expiring = Vec::new();
+        if bound > self.scanned_below {
+            let scan = self.store.scan_while(Table::Requests, self.partition, self.scanned_below, |id, bytes| {
+                if id >= bound {
+                    return Ok(false);
+                }
+                // An unwritten change of this id stands for it (below).
+                if !self.by_id.contains_key(&id) {
+                    let (request, _): (RequestId, Deduped) = storage::decode("request entry", bytes)?;
+                    expiring.push((id, request));
+                }
+                Ok(true)
+            });
+            must("remembered creates", scan);
+            self.scanned_below = bound;
+        }
+        expiring.extend(self.by_id.range(..bound).filter_map(|(id, change)| Some((*id, change.clone()?))));
+        expiring.sort_unstable_by_key(|(id, _)| *id);
+        expiring
+    }
+    fn counts(&self) -> &RequestCounts {
+        &self.counts
+    }
+    fn written(&mut self) {
+        self.by_request.clear();
+        self.by_id.clear();
+    }
+}
