@@ -75,13 +75,6 @@ pub fn encode_as<T: Serialize>(version: u16, value: &T) -> Vec<u8> {
     out
 }
 
-/// `value` as bare bincode, with no header: for the parts of keys that are
-/// encoded values (a key's layout is fixed by the data version that
-/// introduced it).
-pub fn encode_bare<T: Serialize>(value: &T) -> Vec<u8> {
-    bincode::serialize(value).expect("in-memory values always serialize")
-}
-
 /// Writes `value` in this build's encoding to `out`.
 pub fn encode_into<T: Serialize>(out: &mut impl std::io::Write, value: &T) -> Result<(), bincode::Error> {
     out.write_all(&header(DATA_VERSION))?;

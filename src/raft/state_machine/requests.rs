@@ -27,8 +27,29 @@ const INDEXED: &str = "request_index";
 /// Entries indexed per batch when an older directory is indexed.
 const INDEX_BATCH: usize = 4096;
 
+/// A request's index key, in an order of its own: a gateway's requests by
+/// node, epoch and sequence number (big-endian), so each new one sorts after
+/// the stored ones and a lookup of it ends at the first table file's range;
+/// idempotency keys by tenant, user and key.
 fn request_key(partition: PartitionId, request: &RequestId) -> Vec<u8> {
-    index_key(partition, &crate::codec::encode_bare(request))
+    let mut by = Vec::with_capacity(32);
+    match request {
+        RequestId::Gateway { node, epoch, seq } => {
+            by.push(0);
+            for n in [node, epoch, seq] {
+                by.extend_from_slice(&n.to_be_bytes());
+            }
+        }
+        RequestId::Key { tenant, user, key } => {
+            by.push(1);
+            for part in [tenant, user] {
+                by.extend_from_slice(&(part.len() as u32).to_be_bytes());
+                by.extend_from_slice(part.as_bytes());
+            }
+            by.extend_from_slice(key.as_bytes());
+        }
+    }
+    index_key(partition, &by)
 }
 
 /// Stores an entry the engine added.
