@@ -10,7 +10,9 @@
 #   ~/.cache/drover-tools/zeebe-client);
 # - headless Chromium and its WebDriver (the console's browser tests), from
 #   apt, and Selenium, pinned, from PyPI into $DROVER_SELENIUM (default
-#   ~/.cache/drover-tools/selenium).
+#   ~/.cache/drover-tools/selenium);
+# - an S3-compatible server (moto's, pinned, from PyPI) for the tests of
+#   backups to a bucket, into $DROVER_MOTO (default ~/.cache/drover-tools/moto-s3).
 set -euo pipefail
 
 need=()
@@ -91,4 +93,14 @@ if ! cmp -s "$requirements" "$selenium/requirements.txt"; then
   rm -rf "$selenium"
   python3 -m pip install --quiet --disable-pip-version-check --target "$selenium" -r "$requirements"
   cp "$requirements" "$selenium/"
+fi
+
+# The tests of backups to a bucket run an S3-compatible server (moto's), exactly as pinned.
+moto="${DROVER_MOTO:-$HOME/.cache/drover-tools/moto-s3}"
+requirements="$(dirname "$0")/../tests/s3/requirements.txt"
+if ! cmp -s "$requirements" "$moto/requirements.txt"; then
+  echo "installing moto's S3 server into $moto"
+  rm -rf "$moto"
+  python3 -m pip install --quiet --disable-pip-version-check --target "$moto" -r "$requirements"
+  cp "$requirements" "$moto/"
 fi

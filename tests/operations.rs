@@ -138,7 +138,7 @@ fn helm_chart_renders_a_consistent_cluster_for_1_3_and_5_nodes() {
 }
 
 #[test]
-fn helm_chart_schedules_backups_into_a_named_claim_when_asked() {
+fn helm_chart_schedules_backups_into_a_named_claim_or_a_bucket_when_asked() {
     let helm = tool("helm");
     let chart = repo("helm/drover");
     let render = |set: &str| {
@@ -172,6 +172,26 @@ fn helm_chart_schedules_backups_into_a_named_claim_when_asked() {
     let output = unnamed.output().unwrap();
     assert!(!output.status.success(), "a backup needs a claim to write to");
     assert!(String::from_utf8_lossy(&output.stderr).contains("backup.claimName"));
+
+    // Or a bucket: no volume, the credentials from a Secret.
+    let docs = render(
+        "backup.enabled=true,backup.s3.url=s3://acme/prod,backup.s3.secretName=s3-keys,backup.s3.region=eu-west-1",
+    );
+    let pod = &kind(&docs, "CronJob")[0]["spec"]["jobTemplate"]["spec"]["template"];
+    let container = &pod["spec"]["containers"][0];
+    let args: Vec<&str> = container["args"].as_sequence().unwrap().iter().map(|a| a.as_str().unwrap()).collect();
+    assert_eq!(args, ["backup", "create", "--to", "s3://acme/prod"]);
+    assert_eq!(container["envFrom"][0]["secretRef"]["name"].as_str(), Some("s3-keys"));
+    assert_eq!(env_of(container, "AWS_REGION"), Some("eu-west-1"));
+    let volumes = pod["spec"]["volumes"].as_sequence().unwrap();
+    assert!(volumes.iter().all(|v| v["persistentVolumeClaim"].is_null()), "no claim for a bucket: {volumes:?}");
+    let mut keyless = Command::new(&helm);
+    keyless
+        .args(["template", "drover"])
+        .arg(&chart)
+        .args(["--set", "backup.enabled=true,backup.s3.url=s3://acme/prod"]);
+    let output = keyless.output().unwrap();
+    assert!(!output.status.success() && String::from_utf8_lossy(&output.stderr).contains("backup.s3.secretName"));
 }
 
 #[tokio::test(flavor = "multi_thread", worker_threads = 2)]

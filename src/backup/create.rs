@@ -29,25 +29,14 @@ fn status_error(status: tonic::Status) -> anyhow::Error {
 /// A backup id for now: `drover-YYYYMMDD-HHMMSS` (UTC).
 pub fn default_id() -> String {
     let seconds = SystemTime::now().duration_since(UNIX_EPOCH).map_or(0, |d| d.as_secs());
-    let (days, of_day) = (seconds / 86_400, seconds % 86_400);
-    // Days since 1970-01-01 to a civil date (proleptic Gregorian).
-    let z = days as i64 + 719_468;
-    let era = z.div_euclid(146_097);
-    let doe = z - era * 146_097;
-    let yoe = (doe - doe / 1_460 + doe / 36_524 - doe / 146_096) / 365;
-    let doy = doe - (365 * yoe + yoe / 4 - yoe / 100);
-    let mp = (5 * doy + 2) / 153;
-    let day = doy - (153 * mp + 2) / 5 + 1;
-    let month = if mp < 10 { mp + 3 } else { mp - 9 };
-    let year = yoe + era * 400 + i64::from(month <= 2);
-    let (h, m, s) = (of_day / 3_600, of_day / 60 % 60, of_day % 60);
+    let (year, month, day, h, m, s) = super::civil(seconds as i64);
     format!("drover-{year:04}{month:02}{day:02}-{h:02}{m:02}{s:02}")
 }
 
 /// Takes backup `id` of the cluster `client` reaches into `destination`.
 pub async fn create(client: &Client, destination: &Destination, id: &str) -> anyhow::Result<Manifest> {
     super::check_id(id)?;
-    if !matches!(destination.find(id)?, Found::Missing) {
+    if !matches!(destination.find(id).await?, Found::Missing) {
         bail!("backup {id} already exists in {destination}: choose another id, or delete it first");
     }
     let mut gateway = client.raw();
@@ -77,7 +66,7 @@ pub async fn create(client: &Client, destination: &Destination, id: &str) -> any
         parts,
     };
     manifest.check(id)?;
-    destination.put_manifest(&manifest)?;
+    destination.put_manifest(&manifest).await?;
     Ok(manifest)
 }
 
@@ -128,7 +117,7 @@ async fn copy_part(
             part.sha256
         );
     }
-    destination.finish(id, &name, out)?;
+    destination.finish(id, &name, out).await?;
     Ok(PartitionBackup {
         backup: id.to_string(),
         partition: part.partition_id,

@@ -1,10 +1,11 @@
 //! Backups as `drover backup` keeps them: where they are stored (a
-//! directory, [`Destination`]), what a backup holds
+//! directory or an S3-compatible bucket, [`Destination`]), what a backup holds
 //! ([`Manifest`] and one part per partition), and the commands' work —
 //! [`create`] through a gateway, [`verify`], [`list`], [`delete`], and
 //! [`restore`] of a node's data directory for a new cluster.
 //!
-//! A backup `ID` in a destination is a folder `ID/` of files:
+//! A backup `ID` in a destination is a folder `ID/` of files (in a bucket,
+//! objects named `PREFIX/ID/...`):
 //! `p<N>.snap` (partition N's state at its mark, in the snapshot format)
 //! and `manifest.json`, written last: a backup without it is incomplete and
 //! is neither verified nor restored. The cluster's side (marks in the logs,
@@ -13,9 +14,10 @@
 
 mod create;
 mod restore;
+pub mod s3;
 
 use std::io::Write as _;
-use std::path::PathBuf;
+use std::path::{Path, PathBuf};
 
 use anyhow::{bail, Context as _};
 use serde::{Deserialize, Serialize};
@@ -89,34 +91,78 @@ impl Manifest {
     }
 }
 
-/// A place backups are kept: a directory (local, or a mounted volume).
-/// Each file is written beside its final name and renamed into place once
-/// synced, so a name never holds half a file.
+/// A place backups are kept: a directory (local, or a mounted volume), or
+/// an S3-compatible bucket ([`s3`]). In a directory each file is written
+/// beside its final name and renamed into place once synced, so a name never
+/// holds half a file; in a bucket each object is put whole, from a local
+/// file the part was first written to.
 pub struct Destination {
-    dir: PathBuf,
+    place: Place,
+}
+
+enum Place {
+    Dir(PathBuf),
+    Bucket(s3::Bucket),
 }
 
 impl std::fmt::Display for Destination {
     fn fmt(&self, f: &mut std::fmt::Formatter<'_>) -> std::fmt::Result {
-        write!(f, "{}", self.dir.display())
+        match &self.place {
+            Place::Dir(dir) => write!(f, "{}", dir.display()),
+            Place::Bucket(bucket) => write!(f, "{bucket}"),
+        }
     }
 }
 
+/// A file of a backup being written: [`Destination::finish`] puts it in place.
+pub(crate) struct Staged {
+    out: std::io::BufWriter<std::fs::File>,
+    /// Where a bucket's object waits to be put (deleted when dropped).
+    spool: Option<tempfile::TempPath>,
+}
+
+impl std::io::Write for Staged {
+    fn write(&mut self, buf: &[u8]) -> std::io::Result<usize> {
+        self.out.write(buf)
+    }
+    fn flush(&mut self) -> std::io::Result<()> {
+        self.out.flush()
+    }
+}
+
+/// Days since 1970-01-01 and the time of day of `seconds` since the epoch,
+/// as a civil date (proleptic Gregorian, UTC): (year, month, day, h, m, s).
+pub(crate) fn civil(seconds: i64) -> (i64, i64, i64, i64, i64, i64) {
+    let (days, of_day) = (seconds.div_euclid(86_400), seconds.rem_euclid(86_400));
+    let z = days + 719_468;
+    let era = z.div_euclid(146_097);
+    let doe = z - era * 146_097;
+    let yoe = (doe - doe / 1_460 + doe / 36_524 - doe / 146_096) / 365;
+    let doy = doe - (365 * yoe + yoe / 4 - yoe / 100);
+    let mp = (5 * doy + 2) / 153;
+    let day = doy - (153 * mp + 2) / 5 + 1;
+    let month = if mp < 10 { mp + 3 } else { mp - 9 };
+    let year = yoe + era * 400 + i64::from(month <= 2);
+    (year, month, day, of_day / 3_600, of_day / 60 % 60, of_day % 60)
+}
+
 impl Destination {
+    /// A directory, or `s3://BUCKET/PREFIX` (see [`s3`] for the environment
+    /// it reads).
     pub fn open(spec: &str) -> anyhow::Result<Destination> {
+        if spec.starts_with("s3://") {
+            return Ok(Destination { place: Place::Bucket(s3::Bucket::from_url(spec)?) });
+        }
         if let Some((scheme, _)) = spec.split_once("://") {
-            bail!(
-                "backup destination {spec}: {scheme}:// is not supported by this build; give a directory (an \
-                 object store's bucket can be mounted as one)"
-            );
+            bail!("backup destination {spec}: {scheme}:// is not supported; give a directory or s3://BUCKET/PREFIX");
         }
         let dir = PathBuf::from(spec);
         std::fs::create_dir_all(&dir).with_context(|| format!("creating the backup directory {}", dir.display()))?;
-        Ok(Destination { dir })
+        Ok(Destination { place: Place::Dir(dir) })
     }
 
-    fn path(&self, id: &str, name: &str) -> PathBuf {
-        self.dir.join(id).join(name)
+    fn path(dir: &Path, id: &str, name: &str) -> PathBuf {
+        dir.join(id).join(name)
     }
 
     fn part_name(partition: u32) -> String {
@@ -124,30 +170,64 @@ impl Destination {
     }
 
     /// A writer for `id/name`; [`Destination::finish`] puts it in place.
-    fn create(&self, id: &str, name: &str) -> anyhow::Result<std::io::BufWriter<std::fs::File>> {
-        let folder = self.dir.join(id);
-        std::fs::create_dir_all(&folder).with_context(|| format!("creating {}", folder.display()))?;
-        let temporary = self.path(id, &format!("{name}.tmp"));
-        let file = std::fs::File::create(&temporary).with_context(|| format!("creating {}", temporary.display()))?;
-        Ok(std::io::BufWriter::with_capacity(1 << 20, file))
+    pub(crate) fn create(&self, id: &str, name: &str) -> anyhow::Result<Staged> {
+        let (file, spool) = match &self.place {
+            Place::Dir(dir) => {
+                let folder = dir.join(id);
+                std::fs::create_dir_all(&folder).with_context(|| format!("creating {}", folder.display()))?;
+                let temporary = Self::path(dir, id, &format!("{name}.tmp"));
+                let file =
+                    std::fs::File::create(&temporary).with_context(|| format!("creating {}", temporary.display()))?;
+                (file, None)
+            }
+            Place::Bucket(_) => {
+                let (file, path) = tempfile::NamedTempFile::new().context("creating a local file")?.into_parts();
+                (file, Some(path))
+            }
+        };
+        Ok(Staged { out: std::io::BufWriter::with_capacity(1 << 20, file), spool })
     }
 
-    /// Syncs what `out` wrote and renames it to `id/name`, durably.
-    fn finish(&self, id: &str, name: &str, out: std::io::BufWriter<std::fs::File>) -> anyhow::Result<()> {
-        let path = self.path(id, name);
-        let done = || -> std::io::Result<()> {
-            out.into_inner().map_err(|e| e.into_error())?.sync_all()?;
-            std::fs::rename(self.path(id, &format!("{name}.tmp")), &path)?;
-            std::fs::File::open(self.dir.join(id))?.sync_all()?;
-            std::fs::File::open(&self.dir)?.sync_all()
-        };
-        done().with_context(|| format!("writing {}", path.display()))
+    /// Syncs what `staged` holds and puts it at `id/name`, durably.
+    pub(crate) async fn finish(&self, id: &str, name: &str, staged: Staged) -> anyhow::Result<()> {
+        let file = staged.out.into_inner().map_err(|e| e.into_error())?;
+        match &self.place {
+            Place::Dir(dir) => {
+                let path = Self::path(dir, id, name);
+                let done = || -> std::io::Result<()> {
+                    file.sync_all()?;
+                    std::fs::rename(Self::path(dir, id, &format!("{name}.tmp")), &path)?;
+                    std::fs::File::open(dir.join(id))?.sync_all()?;
+                    std::fs::File::open(dir)?.sync_all()
+                };
+                done().with_context(|| format!("writing {}", path.display()))
+            }
+            Place::Bucket(bucket) => {
+                drop(file);
+                let spool = staged.spool.context("a bucket's file is spooled")?;
+                let key = bucket.key(&format!("{id}/{name}"));
+                bucket.put_file(&key, &spool).await.with_context(|| format!("putting {bucket}{id}/{name}"))
+            }
+        }
+    }
+
+    /// File `id/name`, or `None` if there is none: a bucket's object is
+    /// copied into a local temporary file first.
+    async fn open_file(&self, id: &str, name: &str) -> anyhow::Result<Option<std::fs::File>> {
+        match &self.place {
+            Place::Dir(dir) => match std::fs::File::open(Self::path(dir, id, name)) {
+                Ok(file) => Ok(Some(file)),
+                Err(e) if e.kind() == std::io::ErrorKind::NotFound => Ok(None),
+                Err(e) => Err(e).with_context(|| format!("opening {}", Self::path(dir, id, name).display())),
+            },
+            Place::Bucket(bucket) => bucket.get_file(&bucket.key(&format!("{id}/{name}"))).await,
+        }
     }
 
     /// Backup `id`'s manifest; an error that says so when the backup is
     /// missing or incomplete.
     pub async fn manifest(&self, id: &str) -> anyhow::Result<Manifest> {
-        match self.find(id)? {
+        match self.find(id).await? {
             Found::Complete(manifest) => Ok(manifest),
             Found::Incomplete => bail!(
                 "backup {id} in {self} is incomplete: it has no {MANIFEST} (its creation did not finish). Delete \
@@ -157,26 +237,80 @@ impl Destination {
         }
     }
 
-    fn find(&self, id: &str) -> anyhow::Result<Found> {
+    async fn find(&self, id: &str) -> anyhow::Result<Found> {
         check_id(id)?;
-        let path = self.path(id, MANIFEST);
-        let bytes = match std::fs::read(&path) {
-            Ok(bytes) => bytes,
-            Err(e) if e.kind() == std::io::ErrorKind::NotFound => {
-                return Ok(if self.dir.join(id).exists() { Found::Incomplete } else { Found::Missing });
+        let bytes = match &self.place {
+            Place::Dir(dir) => {
+                let path = Self::path(dir, id, MANIFEST);
+                match std::fs::read(&path) {
+                    Ok(bytes) => Some(bytes),
+                    Err(e) if e.kind() == std::io::ErrorKind::NotFound => None,
+                    Err(e) => return Err(e).with_context(|| format!("reading {}", path.display())),
+                }
             }
-            Err(e) => return Err(e).with_context(|| format!("reading {}", path.display())),
+            Place::Bucket(bucket) => bucket.get_bytes(&bucket.key(&format!("{id}/{MANIFEST}"))).await?,
+        };
+        let Some(bytes) = bytes else {
+            return Ok(if self.files(id).await?.is_empty() { Found::Missing } else { Found::Incomplete });
         };
         let manifest: Manifest = serde_json::from_slice(&bytes)
-            .with_context(|| format!("{} is not a backup manifest: damaged", path.display()))?;
+            .with_context(|| format!("the manifest of backup {id} in {self} is not a backup manifest: damaged"))?;
         manifest.check(id)?;
         Ok(Found::Complete(manifest))
     }
 
-    fn put_manifest(&self, manifest: &Manifest) -> anyhow::Result<()> {
+    /// The names of backup `id`'s files.
+    async fn files(&self, id: &str) -> anyhow::Result<Vec<String>> {
+        match &self.place {
+            Place::Dir(dir) => match std::fs::read_dir(dir.join(id)) {
+                Ok(entries) => Ok(entries.filter_map(|e| e.ok()?.file_name().into_string().ok()).collect()),
+                Err(e) if e.kind() == std::io::ErrorKind::NotFound => Ok(Vec::new()),
+                Err(e) => Err(e).with_context(|| format!("listing backup {id} in {self}")),
+            },
+            Place::Bucket(bucket) => {
+                let folder = bucket.key(&format!("{id}/"));
+                let (keys, _) = bucket.list(&folder, None).await?;
+                Ok(keys.into_iter().filter_map(|k| k.strip_prefix(&folder).map(str::to_string)).collect())
+            }
+        }
+    }
+
+    /// The ids of the backups (complete or not) in the destination.
+    async fn ids(&self) -> anyhow::Result<Vec<String>> {
+        let mut ids: Vec<String> = match &self.place {
+            Place::Dir(dir) => std::fs::read_dir(dir)
+                .with_context(|| format!("listing {self}"))?
+                .filter_map(Result::ok)
+                .filter(|e| e.file_type().is_ok_and(|t| t.is_dir()))
+                .filter_map(|e| e.file_name().into_string().ok())
+                .collect(),
+            Place::Bucket(bucket) => {
+                let (_, prefixes) = bucket.list(&bucket.key(""), Some("/")).await?;
+                let within = bucket.key("");
+                prefixes.iter().filter_map(|p| p.strip_prefix(&within)?.strip_suffix('/').map(str::to_string)).collect()
+            }
+        };
+        ids.sort();
+        Ok(ids)
+    }
+
+    async fn put_manifest(&self, manifest: &Manifest) -> anyhow::Result<()> {
         let mut out = self.create(&manifest.backup_id, MANIFEST)?;
         out.write_all(&serde_json::to_vec_pretty(manifest)?)?;
-        self.finish(&manifest.backup_id, MANIFEST, out)
+        self.finish(&manifest.backup_id, MANIFEST, out).await
+    }
+
+    /// Deletes file `id/name`.
+    async fn remove(&self, id: &str, name: &str) -> anyhow::Result<()> {
+        match &self.place {
+            Place::Dir(dir) => {
+                let path = Self::path(dir, id, name);
+                std::fs::remove_file(&path).with_context(|| format!("deleting {}", path.display()))?;
+                std::fs::File::open(dir.join(id))?.sync_all()?;
+                Ok(())
+            }
+            Place::Bucket(bucket) => bucket.delete(&bucket.key(&format!("{id}/{name}"))).await,
+        }
     }
 }
 
@@ -202,17 +336,10 @@ pub enum Listed {
 }
 
 /// The backups in `destination`, by id.
-pub fn list(destination: &Destination) -> anyhow::Result<Vec<Listed>> {
-    let entries = std::fs::read_dir(&destination.dir).with_context(|| format!("listing {destination}"))?;
-    let mut ids: Vec<String> = entries
-        .filter_map(Result::ok)
-        .filter(|e| e.file_type().is_ok_and(|t| t.is_dir()))
-        .filter_map(|e| e.file_name().into_string().ok())
-        .collect();
-    ids.sort();
+pub async fn list(destination: &Destination) -> anyhow::Result<Vec<Listed>> {
     let mut backups = Vec::new();
-    for id in ids {
-        backups.push(match destination.find(&id) {
+    for id in destination.ids().await? {
+        backups.push(match destination.find(&id).await {
             Ok(Found::Complete(manifest)) => Listed::Complete(manifest),
             Ok(Found::Incomplete) => Listed::Incomplete { backup_id: id },
             Ok(Found::Missing) => continue,
@@ -225,23 +352,21 @@ pub fn list(destination: &Destination) -> anyhow::Result<Vec<Listed>> {
 /// Deletes backup `id` from `destination`: its manifest first, so that a
 /// deletion cut short leaves an incomplete backup, never one that looks
 /// whole. Returns the files deleted.
-pub fn delete(destination: &Destination, id: &str) -> anyhow::Result<usize> {
+pub async fn delete(destination: &Destination, id: &str) -> anyhow::Result<usize> {
     check_id(id)?;
-    let folder = destination.dir.join(id);
-    if !folder.is_dir() {
+    let mut files = destination.files(id).await?;
+    if files.is_empty() {
         bail!("there is no backup {id} in {destination}");
     }
-    let mut files = 0;
-    let manifest = destination.path(id, MANIFEST);
-    if manifest.exists() {
-        std::fs::remove_file(&manifest).with_context(|| format!("deleting {}", manifest.display()))?;
-        std::fs::File::open(&folder)?.sync_all()?;
-        files += 1;
+    // The manifest first: a deletion cut short leaves an incomplete backup.
+    files.sort_by_key(|name| name != MANIFEST);
+    for name in &files {
+        destination.remove(id, name).await?;
     }
-    for entry in std::fs::read_dir(&folder)? {
-        std::fs::remove_file(entry?.path())?;
-        files += 1;
+    if let Place::Dir(dir) = &destination.place {
+        let folder = dir.join(id);
+        std::fs::remove_dir(&folder).with_context(|| format!("deleting {}", folder.display()))?;
+        std::fs::File::open(dir)?.sync_all()?;
     }
-    std::fs::remove_dir(&folder).with_context(|| format!("deleting {}", folder.display()))?;
-    Ok(files)
+    Ok(files.len())
 }

@@ -30,10 +30,11 @@ pub struct Verified {
 
 /// Opens `part`'s file, once its length and SHA-256 are what the manifest
 /// says (read through once to check them).
-fn open_part(destination: &Destination, part: &PartitionBackup) -> anyhow::Result<std::fs::File> {
-    let path = destination.path(&part.backup, &Destination::part_name(part.partition));
-    let missing = || format!("backup {}'s part for partition {} ({})", part.backup, part.partition, path.display());
-    let mut file = std::fs::File::open(&path).with_context(|| format!("{} is missing", missing()))?;
+async fn open_part(destination: &Destination, part: &PartitionBackup) -> anyhow::Result<std::fs::File> {
+    let name = Destination::part_name(part.partition);
+    let missing = || format!("backup {}'s part for partition {} ({destination} {name})", part.backup, part.partition);
+    let mut file =
+        destination.open_file(&part.backup, &name).await?.with_context(|| format!("{} is missing", missing()))?;
     let mut digest = ring::digest::Context::new(&ring::digest::SHA256);
     let mut buffer = vec![0u8; 1 << 20];
     let mut bytes = 0u64;
@@ -62,7 +63,7 @@ pub async fn verify(destination: &Destination, id: &str) -> anyhow::Result<Verif
     let manifest = destination.manifest(id).await?;
     let mut records = 0;
     for part in &manifest.parts {
-        let file = open_part(destination, part)?;
+        let file = open_part(destination, part).await?;
         let size = part.bytes;
         let read = tokio::task::spawn_blocking(move || {
             crate::raft::check_snapshot_from(&mut BufReader::with_capacity(1 << 20, file), size)
@@ -140,7 +141,7 @@ async fn fill(
     let mut restored = 0;
     for partition in crate::placement::partitions_of(&layout.placement, config.node_id) {
         let part = manifest.parts[partition as usize].clone();
-        let file = open_part(destination, &part)?;
+        let file = open_part(destination, &part).await?;
         let voters = layout.placement[partition as usize].iter().map(|n| (*n, layout.members[n].clone())).collect();
         let (store, node) = (std::sync::Arc::clone(&store), config.node_id);
         let jobs = tokio::task::spawn_blocking(move || -> anyhow::Result<u64> {

@@ -76,7 +76,7 @@ pub(crate) async fn backup(command: BackupCommand, target: &Target) -> anyhow::R
         }
         BackupCommand::List { from } => {
             let destination = Destination::open(&from)?;
-            for listed in backup::list(&destination)? {
+            for listed in backup::list(&destination).await? {
                 match listed {
                     Listed::Complete(m) => println!(
                         "{}  complete    {} partitions  {} jobs  {} bytes  cluster version {}  taken at {} ms",
@@ -104,7 +104,7 @@ pub(crate) async fn backup(command: BackupCommand, target: &Target) -> anyhow::R
         }
         BackupCommand::Delete { from, id } => {
             let destination = Destination::open(&from)?;
-            let files = backup::delete(&destination, &id)?;
+            let files = backup::delete(&destination, &id).await?;
             println!("deleted backup {id} ({files} files) from {destination}");
         }
         BackupCommand::Restore { from, id, serve } => {
