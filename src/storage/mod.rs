@@ -35,7 +35,7 @@ use rocksdb::{Direction, IteratorMode, Options, WriteBatch, WriteOptions, DB};
 pub use migrate::Migrated;
 pub use open::MemoryBudget;
 use open::COLUMN_FAMILIES;
-pub use writer::SyncWriter;
+pub use writer::{fail_stop, SyncWriter};
 
 use crate::core::PartitionId;
 

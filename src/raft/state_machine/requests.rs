@@ -139,10 +139,11 @@ impl DiskRequests {
     }
 }
 
-/// A read the engine cannot go on without: the state machine's writes end
-/// the process when they fail (see `storage`), and so do its reads.
+/// A read the engine cannot go on without: like a failed write, a failed
+/// read ends the process (see `storage`), rather than let a replica decide
+/// a create without the entry it may have.
 fn must<T>(what: &str, read: Result<T, StorageError>) -> T {
-    read.unwrap_or_else(|e| panic!("reading {what} failed: {e}"))
+    read.unwrap_or_else(|e| storage::fail_stop(&format!("read of {what}"), &e))
 }
 
 impl RequestTable for DiskRequests {
