@@ -80,8 +80,9 @@ pub trait RequestTable: std::fmt::Debug + Send + Sync {
     fn insert(&mut self, id: u64, request: &RequestId, entry: Deduped);
     fn remove(&mut self, id: u64, request: &RequestId);
     /// Entries with storage ids below `bound`, in id order. Every call's
-    /// bound is at least the last one's, and no entry is inserted below a
-    /// bound already asked for.
+    /// bound is at least the last one's; an entry may be inserted below a
+    /// bound already asked for (a window of 0 ms), and is then reported by
+    /// the next call.
     fn expiring(&mut self, bound: u64) -> Vec<(u64, RequestId)>;
     fn counts(&self) -> &RequestCounts;
     /// The changes reported so far are stored: a table on disk reads them
@@ -171,10 +172,7 @@ impl PartitionState {
             RequestId::Key { .. } => payload_fingerprint(spec),
             RequestId::Gateway { .. } => 0,
         };
-        // At least a millisecond: an entry expires at a later time than the
-        // one it is made at, so it is stored above every expiry bound asked
-        // for so far (see [`RequestTable::expiring`]).
-        let expires_at = self.clock.saturating_add(window.max(1));
+        let expires_at = self.clock.saturating_add(window.max(0));
         let entry = Deduped { job, expires_at, fingerprint };
         let id = request_storage_id(entry.expires_at, self.next_request_seq);
         self.next_request_seq += 1;

@@ -166,6 +166,9 @@ impl RequestTable for DiskRequests {
         })
     }
     fn insert(&mut self, id: u64, request: &RequestId, entry: Deduped) {
+        // An entry of a 0 ms window is stored below the bound it was made
+        // at: the next expiry scan starts from it.
+        self.scanned_below = self.scanned_below.min(id);
         self.counts.add(request);
         self.by_request.insert(request.clone(), Some(entry));
         self.by_id.insert(id, Some(request.clone()));

@@ -533,3 +533,22 @@ async fn a_tenants_final_records_are_listed_without_reading_any_other_tenants() 
     let (_sm, shared) = StateMachine::open(0, Arc::clone(&store), dir.path().join("snap-a"), versions()).unwrap();
     assert_eq!((listed(&shared, &["acme"]), listed(&shared, &["globex"])), (vec![2_002], vec![]));
 }
+
+#[tokio::test]
+async fn a_create_remembered_for_no_time_is_forgotten_by_the_next_batch_of_its_millisecond() {
+    // As the engine in memory (and every build before the table went to
+    // disk) decides it: replicas of either build must agree.
+    let dir = tempfile::tempdir().unwrap();
+    let store = Store::open(&dir.path().join("a")).unwrap();
+    let (mut sm, shared) = StateMachine::open(0, Arc::clone(&store), dir.path().join("snap-a"), versions()).unwrap();
+    let mut memory = crate::core::PartitionState::new(0);
+    for (index, now) in [(1, 1_000), (2, 1_000), (3, 1_000), (4, 1_001)] {
+        let on_disk = created(&run(&mut sm, index, now, keyed("acme", "a", 0)).await);
+        let batch = Batch { now, retention: RETENTION, commands: vec![keyed("acme", "a", 0)], renew_sessions: false };
+        let in_memory = created(&memory.apply(&batch).results[0]);
+        assert_eq!(on_disk, in_memory, "entry {index} at {now}");
+        assert!(on_disk.1, "entry {index}: a 0 ms window remembers nothing past its batch");
+    }
+    assert_eq!(shared.lock().engine.requests_len(), memory.requests_len());
+    assert_eq!(stored_ids(&store, Table::Requests).len(), 1, "only the newest entry is left");
+}
