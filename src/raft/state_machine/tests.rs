@@ -494,6 +494,10 @@ async fn a_tenants_final_records_are_listed_without_reading_any_other_tenants() 
     assert!(read < 20, "listing acme's 2 records read {read} records");
     assert_eq!(listed(&shared, &["acme", "globex"]), (1..=10).collect::<Vec<_>>(), "merged in key order");
     assert_eq!(listed(&shared, &["initech"]), Vec::<u64>::new());
+    // A filter naming a tenant: that tenant's, and only if the caller may read it.
+    let globex = crate::core::JobFilter { tenant: "globex".into(), ..Default::default() };
+    let named = |tenants: &[String]| shared.list(&globex, tenants, JobKey::new(0, 0), 3, usize::MAX).unwrap().len();
+    assert_eq!((named(&[]), named(&["globex".to_string()]), named(&["acme".to_string()])), (3, 3, 0));
 
     // The index goes with each pruned record, and comes back after a
     // restart, an install, and an older build's directory.
