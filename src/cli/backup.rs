@@ -14,7 +14,9 @@ pub(crate) enum BackupCommand {
     /// Take an online backup of every partition (needs `cluster:admin`): a
     /// cut marked in each partition's log, each part copied to DEST.
     Create {
-        /// A directory (local, or a mounted volume).
+        /// A directory (local, or a mounted volume), or s3://BUCKET/PREFIX
+        /// (credentials, region and endpoint from the AWS variables:
+        /// docs/backups.md).
         #[arg(long, value_name = "DEST")]
         to: String,
         /// The backup's name in DEST. [default: drover-YYYYMMDD-HHMMSS, UTC]
