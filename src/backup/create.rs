@@ -97,19 +97,15 @@ async fn copy_part(
     let mut stream = gateway.read_backup(request).await.map_err(status_error)?.into_inner();
     let name = Destination::part_name(partition);
     let mut out = destination.create(id, &name)?;
-    let mut digest = ring::digest::Context::new(&ring::digest::SHA256);
-    let mut bytes = 0u64;
     let mut described = None;
     while let Some(chunk) = stream.message().await.map_err(status_error)? {
-        digest.update(&chunk.data);
-        bytes += chunk.data.len() as u64;
         out.write_all(&chunk.data)?;
         if chunk.part.is_some() {
             described = chunk.part;
         }
     }
     let part = described.context("the stream ended without describing the part (cut short?)")?;
-    let sha256 = super::hex(digest.finish().as_ref());
+    let (bytes, sha256) = out.digest();
     if part.bytes != bytes || part.sha256 != sha256 {
         bail!(
             "the part arrived as {bytes} bytes with SHA-256 {sha256}, but was staged as {} bytes with SHA-256 {}",

@@ -114,19 +114,47 @@ impl std::fmt::Display for Destination {
     }
 }
 
-/// A file of a backup being written: [`Destination::finish`] puts it in place.
+/// A file of a backup being written, with the length and SHA-256 of what it
+/// holds: [`Destination::finish`] puts it in place.
 pub(crate) struct Staged {
     out: std::io::BufWriter<std::fs::File>,
     /// Where a bucket's object waits to be put (deleted when dropped).
     spool: Option<tempfile::TempPath>,
+    digest: ring::digest::Context,
+    bytes: u64,
+}
+
+impl Staged {
+    /// The length and SHA-256 (hex) of what was written so far.
+    pub(crate) fn digest(&self) -> (u64, String) {
+        (self.bytes, hex(self.digest.clone().finish().as_ref()))
+    }
 }
 
 impl std::io::Write for Staged {
     fn write(&mut self, buf: &[u8]) -> std::io::Result<usize> {
-        self.out.write(buf)
+        let n = self.out.write(buf)?;
+        self.digest.update(&buf[..n]);
+        self.bytes += n as u64;
+        Ok(n)
     }
     fn flush(&mut self) -> std::io::Result<()> {
         self.out.flush()
+    }
+}
+
+/// The length and SHA-256 (hex) of what `input` holds from where it is.
+fn digest_of(input: &mut impl std::io::Read) -> std::io::Result<(u64, String)> {
+    let mut digest = ring::digest::Context::new(&ring::digest::SHA256);
+    let mut buffer = vec![0u8; 1 << 20];
+    let mut bytes = 0u64;
+    loop {
+        let n = input.read(&mut buffer)?;
+        if n == 0 {
+            return Ok((bytes, hex(digest.finish().as_ref())));
+        }
+        digest.update(&buffer[..n]);
+        bytes += n as u64;
     }
 }
 
@@ -185,11 +213,17 @@ impl Destination {
                 (file, Some(path))
             }
         };
-        Ok(Staged { out: std::io::BufWriter::with_capacity(1 << 20, file), spool })
+        Ok(Staged {
+            out: std::io::BufWriter::with_capacity(1 << 20, file),
+            spool,
+            digest: ring::digest::Context::new(&ring::digest::SHA256),
+            bytes: 0,
+        })
     }
 
     /// Syncs what `staged` holds and puts it at `id/name`, durably.
     pub(crate) async fn finish(&self, id: &str, name: &str, staged: Staged) -> anyhow::Result<()> {
+        let digest = staged.digest();
         let file = staged.out.into_inner().map_err(|e| e.into_error())?;
         match &self.place {
             Place::Dir(dir) => {
@@ -206,7 +240,7 @@ impl Destination {
                 drop(file);
                 let spool = staged.spool.context("a bucket's file is spooled")?;
                 let key = bucket.key(&format!("{id}/{name}"));
-                bucket.put_file(&key, &spool).await.with_context(|| format!("putting {bucket}{id}/{name}"))
+                bucket.put_file(&key, &spool, digest).await.with_context(|| format!("putting {bucket}{id}/{name}"))
             }
         }
     }

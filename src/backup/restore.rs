@@ -10,7 +10,7 @@
 //! cut short leaves no data directory a node would start on, and the next
 //! one starts over.
 
-use std::io::{BufReader, Read, Seek, SeekFrom};
+use std::io::{BufReader, Seek, SeekFrom};
 use std::path::{Path, PathBuf};
 
 use anyhow::{bail, Context as _};
@@ -35,21 +35,10 @@ async fn open_part(destination: &Destination, part: &PartitionBackup) -> anyhow:
     let missing = || format!("backup {}'s part for partition {} ({destination} {name})", part.backup, part.partition);
     let mut file =
         destination.open_file(&part.backup, &name).await?.with_context(|| format!("{} is missing", missing()))?;
-    let mut digest = ring::digest::Context::new(&ring::digest::SHA256);
-    let mut buffer = vec![0u8; 1 << 20];
-    let mut bytes = 0u64;
-    loop {
-        let n = file.read(&mut buffer).with_context(|| format!("reading {}", missing()))?;
-        if n == 0 {
-            break;
-        }
-        digest.update(&buffer[..n]);
-        bytes += n as u64;
-    }
+    let (bytes, sha256) = super::digest_of(&mut file).with_context(|| format!("reading {}", missing()))?;
     if bytes != part.bytes {
         bail!("{} is {bytes} bytes, but the manifest says {}: it is truncated or damaged", missing(), part.bytes);
     }
-    let sha256 = super::hex(digest.finish().as_ref());
     if sha256 != part.sha256 {
         bail!("{} has SHA-256 {sha256}, but the manifest says {}: it is damaged", missing(), part.sha256);
     }

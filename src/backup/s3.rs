@@ -32,6 +32,21 @@ const REQUEST_TIMEOUT: std::time::Duration = std::time::Duration::from_secs(3600
 
 type Body = BoxBody<Bytes, std::io::Error>;
 
+/// What a request carries: its body, with the SHA-256 (hex) it is signed
+/// by and its length.
+struct Payload {
+    body: Body,
+    sha256: String,
+    length: Option<u64>,
+}
+
+impl Payload {
+    fn none() -> Payload {
+        let body = Full::new(Bytes::new()).map_err(|never| match never {}).boxed();
+        Payload { body, sha256: hex_sha256(b""), length: None }
+    }
+}
+
 /// A bucket, a prefix within it, and how to reach and sign for it.
 pub struct Bucket {
     bucket: String,
@@ -123,9 +138,9 @@ impl Bucket {
         format!("{}{name}", self.prefix)
     }
 
-    /// Puts the file at `path` as object `key`.
-    pub async fn put_file(&self, key: &str, path: &Path) -> anyhow::Result<()> {
-        let (size, sha256) = hash_file(path).await?;
+    /// Puts the file at `path`, of `size` bytes with SHA-256 `sha256` (hex),
+    /// as object `key`.
+    pub async fn put_file(&self, key: &str, path: &Path, (size, sha256): (u64, String)) -> anyhow::Result<()> {
         if size > MAX_PUT_BYTES {
             bail!("{} is {size} bytes; an S3 object put in one request holds at most {MAX_PUT_BYTES}", path.display());
         }
@@ -142,20 +157,19 @@ impl Bucket {
                 Err(e) => Some((Err(e), file)),
             }
         });
-        let body = StreamBody::new(chunks).boxed();
-        self.expect_ok("PUT", key, &[], body, &sha256, Some(size)).await.map(drop)
+        let payload = Payload { body: StreamBody::new(chunks).boxed(), sha256, length: Some(size) };
+        self.expect_ok("PUT", key, &[], payload).await.map(drop)
     }
 
     pub async fn put_bytes(&self, key: &str, bytes: Vec<u8>) -> anyhow::Result<()> {
-        let sha256 = hex_sha256(&bytes);
-        let size = bytes.len() as u64;
+        let (sha256, length) = (hex_sha256(&bytes), Some(bytes.len() as u64));
         let body = Full::new(Bytes::from(bytes)).map_err(|never| match never {}).boxed();
-        self.expect_ok("PUT", key, &[], body, &sha256, Some(size)).await.map(drop)
+        self.expect_ok("PUT", key, &[], Payload { body, sha256, length }).await.map(drop)
     }
 
     /// Object `key`'s bytes; `None` if there is none.
     pub async fn get_bytes(&self, key: &str) -> anyhow::Result<Option<Vec<u8>>> {
-        let response = self.send("GET", key, &[], empty(), &hex_sha256(b""), None).await?;
+        let response = self.send("GET", key, &[], Payload::none()).await?;
         if response.status() == hyper::StatusCode::NOT_FOUND {
             return Ok(None);
         }
@@ -170,7 +184,7 @@ impl Bucket {
     /// if there is none.
     pub async fn get_file(&self, key: &str) -> anyhow::Result<Option<std::fs::File>> {
         use tokio::io::AsyncWriteExt as _;
-        let response = self.send("GET", key, &[], empty(), &hex_sha256(b""), None).await?;
+        let response = self.send("GET", key, &[], Payload::none()).await?;
         let status = response.status();
         if status == hyper::StatusCode::NOT_FOUND {
             return Ok(None);
@@ -206,7 +220,7 @@ impl Bucket {
             if let Some(t) = &token {
                 query.push(("continuation-token".to_string(), t.clone()));
             }
-            let body = self.expect_ok("GET", "", &query, empty(), &hex_sha256(b""), None).await?;
+            let body = self.expect_ok("GET", "", &query, Payload::none()).await?;
             let xml = String::from_utf8_lossy(&body);
             for block in elements(&xml, "Contents") {
                 keys.extend(elements(block, "Key").into_iter().map(unescape));
@@ -223,7 +237,7 @@ impl Bucket {
     }
 
     pub async fn delete(&self, key: &str) -> anyhow::Result<()> {
-        self.expect_ok("DELETE", key, &[], empty(), &hex_sha256(b""), None).await.map(drop)
+        self.expect_ok("DELETE", key, &[], Payload::none()).await.map(drop)
     }
 
     /// Sends a request and reads its answer whole; an error unless it is a success.
@@ -232,11 +246,9 @@ impl Bucket {
         method: &str,
         key: &str,
         query: &[(String, String)],
-        body: Body,
-        sha256: &str,
-        length: Option<u64>,
+        payload: Payload,
     ) -> anyhow::Result<Vec<u8>> {
-        let response = self.send(method, key, query, body, sha256, length).await?;
+        let response = self.send(method, key, query, payload).await?;
         let (status, body) = read_all(response).await?;
         if !status.is_success() {
             bail!("{}", self.failure(method, key, status, &body));
@@ -256,10 +268,10 @@ impl Bucket {
         method: &str,
         key: &str,
         query: &[(String, String)],
-        body: Body,
-        sha256: &str,
-        length: Option<u64>,
+        payload: Payload,
     ) -> anyhow::Result<hyper::Response<hyper::body::Incoming>> {
+        let Payload { body, sha256, length } = payload;
+        let sha256 = sha256.as_str();
         let path = match (self.path_style, key) {
             (true, "") => format!("/{}/", self.bucket),
             (true, key) => format!("/{}/{}", self.bucket, encode(key, false)),
@@ -364,30 +376,6 @@ async fn read_all(response: hyper::Response<hyper::body::Incoming>) -> anyhow::R
     let status = response.status();
     let body = response.into_body().collect().await?.to_bytes().to_vec();
     Ok((status, body))
-}
-
-fn empty() -> Body {
-    Full::new(Bytes::new()).map_err(|never| match never {}).boxed()
-}
-
-async fn hash_file(path: &Path) -> anyhow::Result<(u64, String)> {
-    let path = path.to_path_buf();
-    tokio::task::spawn_blocking(move || -> anyhow::Result<(u64, String)> {
-        use std::io::Read as _;
-        let mut file = std::fs::File::open(&path).with_context(|| format!("opening {}", path.display()))?;
-        let mut digest = ring::digest::Context::new(&ring::digest::SHA256);
-        let mut buffer = vec![0u8; 1 << 20];
-        let mut size = 0;
-        loop {
-            let n = file.read(&mut buffer)?;
-            if n == 0 {
-                return Ok((size, hex(digest.finish().as_ref())));
-            }
-            digest.update(&buffer[..n]);
-            size += n as u64;
-        }
-    })
-    .await?
 }
 
 fn hmac_sha256(key: &[u8], data: &[u8]) -> Vec<u8> {
