@@ -85,22 +85,22 @@ if ! cmp -s "$lock" "$client/package-lock.json" || [ ! -d "$client/node_modules/
   (cd "$client" && npm ci --ignore-scripts --no-audit --no-fund --loglevel=error)
 fi
 
+# Installs the PyPI packages pinned in $2 into directory $3 (for $1), unless
+# it already holds exactly those.
+pinned_pip() {
+  local what="$1" requirements="$2" into="$3"
+  if ! cmp -s "$requirements" "$into/requirements.txt"; then
+    echo "installing $what into $into"
+    rm -rf "$into"
+    python3 -m pip install --quiet --disable-pip-version-check --target "$into" -r "$requirements"
+    cp "$requirements" "$into/"
+  fi
+}
+
 # The console's browser tests drive Chromium with Selenium, exactly as pinned.
-selenium="${DROVER_SELENIUM:-$HOME/.cache/drover-tools/selenium}"
-requirements="$(dirname "$0")/../tests/console/requirements.txt"
-if ! cmp -s "$requirements" "$selenium/requirements.txt"; then
-  echo "installing Selenium into $selenium"
-  rm -rf "$selenium"
-  python3 -m pip install --quiet --disable-pip-version-check --target "$selenium" -r "$requirements"
-  cp "$requirements" "$selenium/"
-fi
+pinned_pip Selenium "$(dirname "$0")/../tests/console/requirements.txt" \
+  "${DROVER_SELENIUM:-$HOME/.cache/drover-tools/selenium}"
 
 # The tests of backups to a bucket run an S3-compatible server (moto's), exactly as pinned.
-moto="${DROVER_MOTO:-$HOME/.cache/drover-tools/moto-s3}"
-requirements="$(dirname "$0")/../tests/s3/requirements.txt"
-if ! cmp -s "$requirements" "$moto/requirements.txt"; then
-  echo "installing moto's S3 server into $moto"
-  rm -rf "$moto"
-  python3 -m pip install --quiet --disable-pip-version-check --target "$moto" -r "$requirements"
-  cp "$requirements" "$moto/"
-fi
+pinned_pip "moto's S3 server" "$(dirname "$0")/../tests/s3/requirements.txt" \
+  "${DROVER_MOTO:-$HOME/.cache/drover-tools/moto-s3}"

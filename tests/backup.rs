@@ -9,21 +9,15 @@ use std::path::Path;
 use std::sync::{Arc, Mutex};
 use std::time::{Duration, Instant};
 
-use common::{drover_bin, NodeProcess, ProcessCluster};
+use common::{NodeProcess, ProcessCluster};
 use drover::client::Client;
 use drover::proto::gateway::*;
 use tonic::Code;
 
 /// Runs `drover ARGS...` to its end; its exit status, stdout and stderr.
 async fn drover(args: &[String]) -> (bool, String, String) {
-    let output =
-        tokio::process::Command::new(drover_bin()).args(args).env("RUST_LOG", "warn").kill_on_drop(true).output();
-    let output = tokio::time::timeout(Duration::from_secs(120), output)
-        .await
-        .unwrap_or_else(|_| panic!("drover {args:?} did not finish within 120 s"))
-        .expect("run drover");
-    let text = |bytes: Vec<u8>| String::from_utf8_lossy(&bytes).into_owned();
-    (output.status.success(), text(output.stdout), text(output.stderr))
+    let args: Vec<&str> = args.iter().map(String::as_str).collect();
+    common::run_drover(&args, &[]).await
 }
 
 fn args(parts: &[&str]) -> Vec<String> {

@@ -101,21 +101,14 @@ impl S3Server {
 /// Runs `drover ARGS...` with the bucket's credentials and endpoint; its exit
 /// status, stdout and stderr.
 async fn drover(s3: &S3Server, args: &[&str]) -> (bool, String, String) {
-    let output = tokio::process::Command::new(common::drover_bin())
-        .args(args)
-        .env("RUST_LOG", "warn")
-        .env("AWS_ENDPOINT_URL", s3.endpoint())
-        .env("AWS_ACCESS_KEY_ID", "drover-test")
-        .env("AWS_SECRET_ACCESS_KEY", "drover-test-secret")
-        .env("AWS_REGION", "us-east-1")
-        .kill_on_drop(true)
-        .output();
-    let output = tokio::time::timeout(Duration::from_secs(120), output)
-        .await
-        .unwrap_or_else(|_| panic!("drover {args:?} did not finish within 120 s"))
-        .expect("run drover");
-    let text = |bytes: Vec<u8>| String::from_utf8_lossy(&bytes).into_owned();
-    (output.status.success(), text(output.stdout), text(output.stderr))
+    let endpoint = s3.endpoint();
+    let envs = [
+        ("AWS_ENDPOINT_URL", endpoint.as_str()),
+        ("AWS_ACCESS_KEY_ID", "drover-test"),
+        ("AWS_SECRET_ACCESS_KEY", "drover-test-secret"),
+        ("AWS_REGION", "us-east-1"),
+    ];
+    common::run_drover(args, &envs).await
 }
 
 #[tokio::test(flavor = "multi_thread")]

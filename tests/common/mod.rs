@@ -85,6 +85,23 @@ pub fn drover_bin() -> &'static str {
     env!("CARGO_BIN_EXE_drover")
 }
 
+/// Runs `drover ARGS...` to its end, as an operator would, with `envs`
+/// added to its environment; its exit status, stdout and stderr.
+#[allow(dead_code)] // not every test binary runs the CLI
+pub async fn run_drover(args: &[&str], envs: &[(&str, &str)]) -> (bool, String, String) {
+    let mut command = tokio::process::Command::new(drover_bin());
+    command.args(args).env("RUST_LOG", "warn").kill_on_drop(true);
+    for (name, value) in envs {
+        command.env(name, value);
+    }
+    let output = tokio::time::timeout(std::time::Duration::from_secs(120), command.output())
+        .await
+        .unwrap_or_else(|_| panic!("drover {args:?} did not finish within 120 s"))
+        .expect("run drover");
+    let text = |bytes: Vec<u8>| String::from_utf8_lossy(&bytes).into_owned();
+    (output.status.success(), text(output.stdout), text(output.stderr))
+}
+
 impl NodeProcess {
     /// Starts a single node on ephemeral loopback ports and waits until it
     /// prints its addresses.

@@ -53,6 +53,21 @@ fn states(shared: &SharedState) -> Vec<(u64, JobState)> {
     jobs
 }
 
+/// A snapshot made now at `cluster`'s version: its meta, its file (rewound,
+/// for an install) and its bytes.
+async fn snapshot_at(
+    sm: &mut StateMachine,
+    cluster: Arc<crate::transport::Versions>,
+) -> (SnapshotMeta<NodeId, BasicNode>, tokio::fs::File, Vec<u8>) {
+    sm.versions = cluster;
+    let snapshot = sm.get_current_snapshot().await.unwrap().expect("entries were applied");
+    let mut file = snapshot.snapshot.into_std().await;
+    let mut bytes = Vec::new();
+    file.read_to_end(&mut bytes).unwrap();
+    file.rewind().unwrap();
+    (snapshot.meta, tokio::fs::File::from_std(file), bytes)
+}
+
 #[tokio::test]
 async fn final_records_are_pruned_alike_after_restart_and_snapshot_install() {
     let dir = tempfile::tempdir().unwrap();
@@ -117,12 +132,7 @@ async fn a_snapshot_is_written_at_the_cluster_version_and_either_version_install
         ("older member", mixed_versions(), crate::codec::OLDEST_VERSION),
         ("one version", versions(), crate::codec::DATA_VERSION),
     ] {
-        sm.versions = cluster;
-        let snapshot = sm.get_current_snapshot().await.unwrap().expect("entries were applied");
-        let meta = snapshot.meta.clone();
-        let mut file = snapshot.snapshot.into_std().await;
-        let mut bytes = Vec::new();
-        file.read_to_end(&mut bytes).unwrap();
+        let (meta, file, bytes) = snapshot_at(&mut sm, cluster).await;
         let versioned = bytes.starts_with(&crate::codec::header(written_at)[..2]);
         assert_eq!(versioned, written_at >= 7, "{name}: a version-{written_at} snapshot");
         if versioned {
@@ -130,11 +140,10 @@ async fn a_snapshot_is_written_at_the_cluster_version_and_either_version_install
             assert!(bytes.starts_with(&crate::codec::header(written_at)), "{name}: the header says {written_at}");
         }
         assert_eq!(check_snapshot(&bytes).unwrap(), 4, "{name}: every record reads");
-        file.rewind().unwrap();
         let follower_store = Store::open(&dir.path().join(format!("follower-{written_at}"))).unwrap();
         let (mut follower, follower_shared) =
             StateMachine::open(0, follower_store, dir.path().join("snap-f"), versions()).unwrap();
-        follower.install_snapshot(&meta, Box::new(tokio::fs::File::from_std(file))).await.unwrap();
+        follower.install_snapshot(&meta, Box::new(file)).await.unwrap();
         assert_eq!(states(&follower_shared), expected, "{name}: the follower holds what the leader holds");
     }
 }
@@ -406,20 +415,14 @@ async fn remembered_creates_are_read_from_disk_and_travel_in_snapshots_of_either
     // them in the header; a follower installing either finds the repeats.
     sm.get_current_snapshot().await.unwrap(); // the identity, asked at start
     for (name, cluster) in [("this version", versions()), ("an older member", mixed_versions())] {
-        sm.versions = cluster;
-        let snapshot = sm.get_current_snapshot().await.unwrap().expect("entries were applied");
-        let meta = snapshot.meta.clone();
-        let mut file = snapshot.snapshot.into_std().await;
-        let mut bytes = Vec::new();
-        file.read_to_end(&mut bytes).unwrap();
+        let (meta, file, bytes) = snapshot_at(&mut sm, cluster).await;
         assert_eq!(check_snapshot(&bytes).unwrap(), 4, "{name}: every record reads");
-        file.rewind().unwrap();
         let follower_store = Store::open(&dir.path().join(format!("follower-{name}"))).unwrap();
         let (mut follower, follower_shared) =
             StateMachine::open(0, Arc::clone(&follower_store), dir.path().join("snap-f"), versions()).unwrap();
         // The follower had entries of its own: the snapshot replaces them.
         run(&mut follower, 1, 1_000, keyed("initech", "x", 60_000)).await;
-        follower.install_snapshot(&meta, Box::new(tokio::fs::File::from_std(file))).await.unwrap();
+        follower.install_snapshot(&meta, Box::new(file)).await.unwrap();
         assert_eq!(counted(&follower_shared), (3, 2, 1), "{name}: counted as the leader counts");
         assert_eq!(follower_shared.lock().engine.keys_of_tenant("initech"), 0, "{name}: its own are gone");
         assert_eq!(created(&run(&mut follower, 6, 3_000, keyed("acme", "a", 60_000)).await), (first, false), "{name}");
