@@ -489,3 +489,40 @@ pub async fn https_get_as(addr: &str, path: &str, ca: &[u8], token: Option<&str>
     let body = text.split_once("\r\n\r\n").map(|(_, b)| b.to_string()).unwrap_or_default();
     Ok((code, body))
 }
+
+/// An HTTP port's connections, plaintext or TLS, for axum (the admin port,
+/// the OJS port).
+pub struct HttpListener {
+    connections: mpsc::Receiver<io::Result<Conn>>,
+    local: Option<std::net::SocketAddr>,
+}
+
+impl HttpListener {
+    pub fn new(listener: TcpListener, tls: Option<Arc<ReloadingServer>>, stop: watch::Receiver<bool>) -> Self {
+        let local = listener.local_addr().ok();
+        HttpListener { connections: accept(listener, tls, stop), local }
+    }
+}
+
+impl axum::serve::Listener for HttpListener {
+    type Io = Conn;
+    type Addr = Option<std::net::SocketAddr>;
+
+    async fn accept(&mut self) -> (Self::Io, Self::Addr) {
+        loop {
+            match self.connections.recv().await {
+                Some(Ok(conn)) => {
+                    let peer = conn.peer_addr();
+                    return (conn, peer);
+                }
+                Some(Err(_)) => continue,
+                // Stopping: the accept loop ended; axum's graceful shutdown ends the server.
+                None => std::future::pending::<()>().await,
+            }
+        }
+    }
+
+    fn local_addr(&self) -> io::Result<Self::Addr> {
+        Ok(self.local)
+    }
+}

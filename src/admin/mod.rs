@@ -28,7 +28,6 @@ pub async fn serve(
     crate::metrics::register_metrics();
     let samples = stop.clone();
     ctx.tasks.spawn(crate::tasks::named("console samples", move |status| console::sample_metrics(samples, status)));
-    let local = listener.local_addr().ok();
     let admin_tls = console::AdminTls(tls.is_some());
     let app = Router::new()
         .route("/health", get(|| async { "ok" }))
@@ -45,7 +44,7 @@ pub async fn serve(
         .layer(axum::middleware::from_fn_with_state(Arc::clone(&ctx), authorize))
         .layer(axum::Extension(admin_tls))
         .with_state(ctx);
-    let listener = Accepted { connections: crate::tls::accept(listener, tls, stop.clone()), local };
+    let listener = crate::tls::HttpListener::new(listener, tls, stop.clone());
     let shutdown = async move {
         let _ = stop.wait_for(|s| *s).await;
     };
@@ -539,34 +538,5 @@ pub async fn record_gauges(ctx: Arc<NodeContext>, mut stop: watch::Receiver<bool
             _ = tokio::time::sleep(Duration::from_secs(1)) => {}
             _ = stop.wait_for(|s| *s) => return,
         }
-    }
-}
-
-/// The admin port's connections, plaintext or TLS, for axum.
-struct Accepted {
-    connections: tokio::sync::mpsc::Receiver<std::io::Result<crate::tls::Conn>>,
-    local: Option<std::net::SocketAddr>,
-}
-
-impl axum::serve::Listener for Accepted {
-    type Io = crate::tls::Conn;
-    type Addr = Option<std::net::SocketAddr>;
-
-    async fn accept(&mut self) -> (Self::Io, Self::Addr) {
-        loop {
-            match self.connections.recv().await {
-                Some(Ok(conn)) => {
-                    let peer = conn.peer_addr();
-                    return (conn, peer);
-                }
-                Some(Err(_)) => continue,
-                // Stopping: the accept loop ended; axum's graceful shutdown ends the server.
-                None => std::future::pending::<()>().await,
-            }
-        }
-    }
-
-    fn local_addr(&self) -> std::io::Result<Self::Addr> {
-        Ok(self.local)
     }
 }

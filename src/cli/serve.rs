@@ -26,6 +26,7 @@ pub(crate) async fn serve(args: ServeArgs) -> anyhow::Result<()> {
     let telemetry = drover::telemetry::init(&config.log_format, config.otlp_endpoint.as_deref(), "drover")?;
     let data_dir = config.data_dir.clone();
     let admin_scheme = if config.tls.admin.is_some() { "https" } else { "http" };
+    let ojs_scheme = if config.tls.grpc.is_some() { "https" } else { "http" };
     let (partitions, replication, members) =
         (config.partitions, config.replication_factor, config.members.len().max(1));
     let malloc_trim = config.malloc_trim;
@@ -43,6 +44,9 @@ pub(crate) async fn serve(args: ServeArgs) -> anyhow::Result<()> {
         "  admin (HTTP):   {admin_scheme}://{}  (/metrics /health /ready /actuator/partitions /actuator/jobstreams)",
         node.admin_addr
     );
+    if let Some(ojs) = node.ojs_addr {
+        println!("  OJS (HTTP):     {ojs_scheme}://{ojs}/ojs/v1  (Open Job Spec, docs/ojs.md)");
+    }
     println!("  data:           {}", data_dir.display());
     println!("  partitions {partitions}, replication factor {replication}, members {members}");
     use std::io::Write;

@@ -52,6 +52,10 @@ pub struct ServeArgs {
     /// Admin HTTP listen address (/metrics, /health, /ready, /actuator). [default: 0.0.0.0:9600]
     #[arg(long, env = "DROVER_ADMIN_ADDR")]
     pub admin_addr: Option<String>,
+    /// Open Job Spec HTTP listen address (/ojs/v1/..., docs/ojs.md), served with
+    /// the gRPC port's TLS and tokens. [default: off]
+    #[arg(long, env = "DROVER_OJS_ADDR")]
+    pub ojs_addr: Option<String>,
     /// Every member's node-to-node address as ID=HOST:PORT, comma separated, the
     /// same list on every node. Each may end in @REGION/ZONE (or @REGION),
     /// for all members or none: replicas are then placed over zones and
@@ -313,6 +317,8 @@ pub struct NodeConfig {
     pub grpc_addr: SocketAddr,
     pub cluster_addr: SocketAddr,
     pub admin_addr: SocketAddr,
+    /// Where the OJS HTTP binding listens; `None`: not served.
+    pub ojs_addr: Option<SocketAddr>,
     /// Node id -> node-to-node address. Empty: this node alone, at its bound
     /// cluster address.
     pub members: BTreeMap<NodeId, String>,
@@ -364,6 +370,7 @@ impl NodeConfig {
             grpc_addr: "127.0.0.1:0".parse().expect("literal"),
             cluster_addr: "127.0.0.1:0".parse().expect("literal"),
             admin_addr: "127.0.0.1:0".parse().expect("literal"),
+            ojs_addr: None,
             members: BTreeMap::new(),
             locations: BTreeMap::new(),
             location: Location::default(),
@@ -559,6 +566,7 @@ impl ServeArgs {
                 &pick!(cluster_addr).unwrap_or_else(|| default_cluster.into()),
             )?,
             admin_addr: parse_addr("admin address", &pick!(admin_addr).unwrap_or_else(|| "0.0.0.0:9600".into()))?,
+            ojs_addr: pick!(ojs_addr).map(|addr| parse_addr("OJS address", &addr)).transpose()?,
             members,
             locations,
             location,

@@ -131,7 +131,7 @@ fn snake_case(method: &str) -> String {
 
 /// The [`Call`] for a request with these headers, or the error it is
 /// refused with.
-fn admit(ctx: &NodeContext, headers: &http::HeaderMap) -> Result<Call, ApiError> {
+pub(super) fn admit(ctx: &NodeContext, headers: &http::HeaderMap) -> Result<Call, ApiError> {
     let caller_deadline = match headers.get("grpc-timeout") {
         None => None,
         Some(header) => {

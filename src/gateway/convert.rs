@@ -7,8 +7,8 @@ use bytes::Bytes;
 use super::error::ApiError;
 use crate::config::{DedupeWindows, Limits};
 use crate::core::{
-    Activation, EventKind, Job, JobEvent, JobFilter, JobSpec, JobState, NewJob, RequestId, Routing, SessionId, Taker,
-    Via, DEFAULT_TENANT, MAX_JOB_LABELS,
+    Activation, EventKind, Job, JobEvent, JobFilter, JobSpec, JobState, NewJob, PartitionId, RequestId, Routing,
+    SessionId, Taker, Via, DEFAULT_TENANT, MAX_JOB_LABELS,
 };
 use crate::proto::gateway as pb;
 use crate::streams::WorkerSpec;
@@ -247,6 +247,20 @@ pub fn idempotency_request(key: String, tenant: String, user: String) -> Result<
     idempotency_key(&key)?;
     name("user", &user, MAX_USER_LEN)?;
     Ok(RequestId::Key { tenant: tenant_id("tenant_id", tenant)?, user, key })
+}
+
+/// The partition a keyless create with an ordering key goes to (`None`:
+/// no ordering key, or an idempotency key, which places the job itself).
+pub fn ordering_partition(request: &pb::CreateJobRequest, partitions: u32) -> Result<Option<PartitionId>, ApiError> {
+    if request.ordering_key.is_empty() {
+        return Ok(None);
+    }
+    name("ordering_key", &request.ordering_key, MAX_IDEMPOTENCY_KEY_LEN)?;
+    if !request.idempotency_key.is_empty() {
+        return Ok(None);
+    }
+    let key = format!("ordering:{}", request.ordering_key);
+    Ok(Some(crate::core::idempotency_partition(&request.tenant_id, "", &key, partitions)))
 }
 
 /// The shortest window a create may ask for its idempotency key.

@@ -378,6 +378,7 @@ impl JobApi {
         principal.require_tenant(&request.tenant_id)?;
         let ctx = &self.ctx;
         let settings = &ctx.settings;
+        let ordering = convert::ordering_partition(&request, ctx.topology.partition_count())?;
         let job = convert::new_job(request, traceparent, &settings.limits, &settings.dedupe, || {
             ctx.gateway.next_request_id()
         })?;
@@ -387,7 +388,7 @@ impl JobApi {
             Some(request @ RequestId::Key { .. }) => {
                 JobRef::Request(request.clone()).partition(ctx.topology.partition_count())
             }
-            _ => ctx.routing.next_create_partition(),
+            _ => ordering.unwrap_or_else(|| ctx.routing.next_create_partition()),
         };
         Ok((partition, Command::Create(job)))
     }

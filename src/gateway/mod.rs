@@ -32,6 +32,7 @@ pub mod fanout;
 pub mod jobs;
 mod listing;
 mod observe;
+pub mod ojs;
 pub mod router;
 pub mod sessions;
 pub mod status;

@@ -50,6 +50,8 @@ pub struct Node {
     pub grpc_addr: SocketAddr,
     pub cluster_addr: SocketAddr,
     pub admin_addr: SocketAddr,
+    /// The OJS HTTP port, when served.
+    pub ojs_addr: Option<SocketAddr>,
     stop: watch::Sender<bool>,
     servers: Vec<JoinHandle<()>>,
     background: Vec<JoinHandle<()>>,
@@ -104,6 +106,13 @@ impl Node {
             .await
             .with_context(|| format!("binding the admin address {}", config.admin_addr))?;
         let admin_addr = admin_listener.local_addr()?;
+        let ojs_listener = match config.ojs_addr {
+            Some(addr) => {
+                Some(TcpListener::bind(addr).await.with_context(|| format!("binding the OJS address {addr}"))?)
+            }
+            None => None,
+        };
+        let ojs_addr = ojs_listener.as_ref().map(TcpListener::local_addr).transpose()?;
 
         let tls = &config.tls;
         let load = |port, files: &Option<crate::tls::TlsFiles>, http1| {
@@ -112,6 +121,8 @@ impl Node {
         let grpc_tls = load("gateway", &tls.grpc, false)?;
         let cluster_tls = load("cluster", &tls.cluster, false)?;
         let admin_tls = load("admin", &tls.admin, true)?;
+        // The OJS port is a client port: the gateway's certificate, over HTTP/1.1.
+        let ojs_tls = load("OJS", &tls.grpc, true)?;
         let peer_tls = tls.cluster.clone().map(crate::tls::ReloadingClient::load).transpose()?;
         let auth = crate::auth::Authenticator::load(config.auth.clone()).context("loading tokens and keys")?;
         if auth.enabled() {
@@ -320,9 +331,24 @@ impl Node {
             grpc_tls,
             stop_rx.clone(),
         )));
+        if let Some(listener) = ojs_listener {
+            let stop = stop_rx.clone();
+            servers.push(tokio::spawn(crate::gateway::ojs::serve(Arc::clone(&ctx), listener, ojs_tls, stop)));
+        }
         servers.push(tokio::spawn(crate::admin::serve(Arc::clone(&ctx), admin_listener, admin_tls, stop_rx)));
 
-        Ok(Node { ctx, grpc_addr, cluster_addr, admin_addr, stop, servers, background, cluster_stop, cluster_server })
+        Ok(Node {
+            ctx,
+            grpc_addr,
+            cluster_addr,
+            admin_addr,
+            ojs_addr,
+            stop,
+            servers,
+            background,
+            cluster_stop,
+            cluster_server,
+        })
     }
 
     /// Stops accepting work, lets in-flight requests finish, stops the leader

@@ -1,0 +1,277 @@
+//! OJS's job endpoints: enqueue (one, or a batch), info, cancel, and the
+//! bulk cancel an operator (or a test runner's reset) uses; and finding a
+//! job by its OJS id.
+
+use axum::body::Bytes;
+use axum::extract::{Path, Query, State};
+use axum::http::StatusCode;
+use axum::response::Response;
+use axum::Extension;
+use serde_json::{json, Value};
+
+use super::envelope::{self, Conflict, Enqueue, Unique};
+use super::{body_json, call_of, ids, now_ms, reply, Ojs, OjsError};
+use crate::gateway::{ApiError, Call};
+use crate::proto::gateway as pb;
+
+/// How many generations of a unique key an enqueue walks (each a job that
+/// no longer blocks) before it gives up.
+const MAX_UNIQUE_GENERATIONS: usize = 64;
+/// The most jobs one batch enqueue takes.
+const MAX_BATCH: usize = 1000;
+
+impl Ojs {
+    /// The job OJS id `id` names, with its history when `history`.
+    pub(super) async fn find(&self, call: &Call, id: &str, history: bool) -> Result<pb::Job, OjsError> {
+        let missing = || OjsError::not_found(format!("no job with id {id}"));
+        if !ids::is_uuidv7(id) {
+            return Err(missing());
+        }
+        if let Some(key) = ids::key_of(id).filter(|k| k.partition() < self.ctx.topology.partition_count()) {
+            let request = pb::GetJobRequest { key: key.0, include_history: history, ..Default::default() };
+            match self.api.get(call, request).await {
+                Ok(job) if envelope::Stored::of(&job.r#type, &job.custom_headers).id(job.key, job.created_at) == id => {
+                    return Ok(job)
+                }
+                Ok(_) | Err(ApiError::NotFound(_)) => {}
+                Err(error) => return Err(error.into()),
+            }
+        }
+        self.by_idempotency_key(call, &envelope::id_key(id), history).await?.ok_or_else(missing)
+    }
+
+    async fn by_idempotency_key(&self, call: &Call, key: &str, history: bool) -> Result<Option<pb::Job>, OjsError> {
+        let request =
+            pb::GetJobRequest { idempotency_key: key.to_string(), include_history: history, ..Default::default() };
+        match self.api.get(call, request).await {
+            Ok(job) => Ok(Some(job)),
+            Err(ApiError::NotFound(_)) => Ok(None),
+            Err(error) => Err(error.into()),
+        }
+    }
+
+    /// Creates one checked enqueue: the status and the envelope to answer.
+    async fn create(&self, call: &Call, enqueue: Enqueue) -> Result<(StatusCode, Value), OjsError> {
+        match enqueue.unique.clone() {
+            Some(unique) if enqueue.request.idempotency_key.is_empty() => {
+                self.create_unique(call, enqueue, unique).await
+            }
+            _ => {
+                let client_id = enqueue.request.custom_headers.get(envelope::ID).cloned();
+                let duplicate = |id: Option<String>| {
+                    OjsError::duplicate(format!("a job with id {} exists already", id.unwrap_or_default()))
+                };
+                let created = match self.api.create(call, enqueue.request.clone()).await {
+                    Ok(created) if created.created => created,
+                    Ok(_) => return Err(duplicate(client_id)),
+                    // The same id with other contents.
+                    Err(ApiError::FailedPrecondition(_)) if client_id.is_some() => return Err(duplicate(client_id)),
+                    Err(error) => return Err(error.into()),
+                };
+                Ok((StatusCode::CREATED, created_envelope(&enqueue.request, &created)))
+            }
+        }
+    }
+
+    /// OJS's unique jobs on idempotency keys: the unique fields hash to a
+    /// key; a job under it that no longer blocks (its state is not among
+    /// `states`, or its period passed) hands the key on to the next
+    /// generation, named after that job, so concurrent enqueues of one
+    /// duplicate agree on which job is made.
+    async fn create_unique(
+        &self,
+        call: &Call,
+        mut enqueue: Enqueue,
+        unique: Unique,
+    ) -> Result<(StatusCode, Value), OjsError> {
+        let now = now_ms();
+        let mut key = unique.key.clone();
+        for _ in 0..MAX_UNIQUE_GENERATIONS {
+            if let Some(existing) = self.by_idempotency_key(call, &key, false).await? {
+                let state = envelope::state(&existing.state, existing.attempt);
+                let blocks = unique.states.iter().any(|s| s == state)
+                    && unique.period_ms.is_none_or(|period| existing.created_at + period > now);
+                if blocks {
+                    match unique.on_conflict {
+                        Conflict::Reject => {
+                            let id = envelope::Stored::of(&existing.r#type, &existing.custom_headers)
+                                .id(existing.key, existing.created_at);
+                            return Err(OjsError::duplicate(format!(
+                                "job {id} is a duplicate under options.unique and is {state}"
+                            )));
+                        }
+                        Conflict::Ignore => return Ok((StatusCode::OK, json!({ "job": envelope::job(&existing) }))),
+                        Conflict::Replace => {
+                            match self.api.cancel(call, pb::CancelJobRequest { key: existing.key }).await {
+                                Ok(()) | Err(ApiError::FailedPrecondition(_)) => {}
+                                Err(error) => return Err(error.into()),
+                            }
+                        }
+                    }
+                }
+                key = format!("{}#{}", unique.key, existing.key);
+                continue;
+            }
+            enqueue.request.idempotency_key = key.clone();
+            match self.api.create(call, enqueue.request.clone()).await {
+                Ok(created) if created.created => {
+                    return Ok((StatusCode::CREATED, created_envelope(&enqueue.request, &created)))
+                }
+                // Another enqueue made this generation meanwhile: look again.
+                Ok(_) | Err(ApiError::FailedPrecondition(_)) => continue,
+                Err(error) => return Err(error.into()),
+            }
+        }
+        Err(OjsError::from(ApiError::Unavailable(format!(
+            "{MAX_UNIQUE_GENERATIONS} generations of this unique key exist within the de-duplication window; \
+             give the job options.unique.period, or retry later"
+        ))))
+    }
+}
+
+/// The envelope of a job just made, from the request (no read).
+fn created_envelope(request: &pb::CreateJobRequest, created: &pb::CreateJobResponse) -> Value {
+    let at = request.custom_headers.get(envelope::AT).and_then(|at| at.parse().ok()).unwrap_or_else(now_ms);
+    let job = pb::Job {
+        key: created.key,
+        r#type: request.r#type.clone(),
+        variables: request.variables.clone(),
+        custom_headers: request.custom_headers.clone(),
+        priority: request.priority,
+        retries: request.retries.unwrap_or_default(),
+        state: created.state.clone(),
+        created_at: at,
+        due_at: if request.run_at > 0 { request.run_at } else { at },
+        ..Default::default()
+    };
+    json!({ "job": envelope::job(&job) })
+}
+
+pub(super) async fn enqueue(
+    State(ojs): State<Ojs>,
+    call: Option<Extension<Call>>,
+    body: Bytes,
+) -> Result<Response, OjsError> {
+    let call = call_of(call)?;
+    let body = body_json(&body)?;
+    let enqueue = envelope::enqueue(&body, now_ms()).map_err(OjsError::refused)?;
+    let (status, answer) = ojs.create(&call, enqueue).await?;
+    Ok(reply(status, answer))
+}
+
+/// `POST /ojs/v1/jobs/batch`: every job is checked before any is made, so a
+/// batch with one bad job makes none. Jobs without an id or unique key are
+/// made in one round per partition; a partition that fails leaves its jobs
+/// with an error in the answer (207) and the others made.
+pub(super) async fn enqueue_batch(
+    State(ojs): State<Ojs>,
+    call: Option<Extension<Call>>,
+    body: Bytes,
+) -> Result<Response, OjsError> {
+    let call = call_of(call)?;
+    let body = body_json(&body)?;
+    let Some(jobs) = body.get("jobs").and_then(Value::as_array) else {
+        return Err(OjsError::invalid("a batch is {\"jobs\": [...]}, with 1 to 1000 jobs"));
+    };
+    if jobs.is_empty() || jobs.len() > MAX_BATCH {
+        return Err(OjsError::invalid(format!("a batch holds 1 to {MAX_BATCH} jobs, got {}", jobs.len())));
+    }
+    let now = now_ms();
+    let enqueues = jobs
+        .iter()
+        .enumerate()
+        .map(|(i, job)| {
+            envelope::enqueue(job, now).map_err(|mut e| {
+                e.message = format!("jobs[{i}]: {}", e.message);
+                OjsError::refused(e)
+            })
+        })
+        .collect::<Result<Vec<_>, _>>()?;
+    let mut answers = Vec::with_capacity(enqueues.len());
+    let mut failed = 0;
+    if enqueues.iter().any(|e| e.unique.is_some() || !e.request.idempotency_key.is_empty()) {
+        for enqueue in enqueues {
+            answers.push(match ojs.create(&call, enqueue).await {
+                Ok((_, answer)) => answer["job"].clone(),
+                Err(error) => {
+                    failed += 1;
+                    error.body()
+                }
+            });
+        }
+    } else {
+        let requests: Vec<_> = enqueues.into_iter().map(|e| e.request).collect();
+        let created = ojs.api.create_many(&call, requests.clone()).await;
+        for (request, created) in requests.iter().zip(created) {
+            answers.push(match created.error {
+                None => created_envelope(request, &created)["job"].clone(),
+                Some(error) => {
+                    failed += 1;
+                    json!({ "error": { "code": "backend_error", "message": error.message, "retryable": true } })
+                }
+            });
+        }
+    }
+    let status = if failed == 0 { StatusCode::CREATED } else { StatusCode::MULTI_STATUS };
+    Ok(reply(status, json!({ "jobs": answers, "count": answers.len(), "failed": failed })))
+}
+
+pub(super) async fn info(
+    State(ojs): State<Ojs>,
+    call: Option<Extension<Call>>,
+    Path(id): Path<String>,
+) -> Result<Response, OjsError> {
+    let call = call_of(call)?;
+    let job = ojs.find(&call, &id, true).await?;
+    Ok(reply(StatusCode::OK, json!({ "job": envelope::job(&job) })))
+}
+
+/// `DELETE /ojs/v1/jobs/{id}`: cancels a job that is not finished; a
+/// completed, cancelled or discarded one is a conflict.
+pub(super) async fn cancel(
+    State(ojs): State<Ojs>,
+    call: Option<Extension<Call>>,
+    Path(id): Path<String>,
+) -> Result<Response, OjsError> {
+    let call = call_of(call)?;
+    let job = ojs.find(&call, &id, false).await?;
+    let state = envelope::state(&job.state, job.attempt);
+    if matches!(state, "completed" | "cancelled" | "discarded") {
+        return Err(OjsError::conflict(format!("job {id} is {state}: a finished job cannot be cancelled")));
+    }
+    ojs.api.cancel(&call, pb::CancelJobRequest { key: job.key }).await?;
+    let job = ojs.find(&call, &id, true).await?;
+    Ok(reply(StatusCode::OK, json!({ "job": envelope::job(&job) })))
+}
+
+#[derive(serde::Deserialize, Default)]
+pub(super) struct BulkQuery {
+    #[serde(default)]
+    confirm: bool,
+    #[serde(default)]
+    queue: String,
+}
+
+/// `POST /ojs/v1/admin/jobs/bulk/cancel`: cancels every unfinished job of
+/// `queue` (all queues without one) the caller may cancel. It needs
+/// `confirm=true`, in the query or the body.
+pub(super) async fn bulk_cancel(
+    State(ojs): State<Ojs>,
+    call: Option<Extension<Call>>,
+    Query(query): Query<BulkQuery>,
+    body: Bytes,
+) -> Result<Response, OjsError> {
+    let call = call_of(call)?;
+    let body = if body.is_empty() { json!({}) } else { body_json(&body)? };
+    let confirm = query.confirm || body.get("confirm").and_then(Value::as_bool).unwrap_or(false);
+    if !confirm {
+        return Err(OjsError::invalid("a bulk cancel needs confirm=true (in the query or the body)"));
+    }
+    let queue = body.get("queue").and_then(Value::as_str).map_or(query.queue, str::to_string);
+    let filter = pb::JobFilter { r#type: queue, ..Default::default() };
+    let done = ojs.api.cancel_jobs(&call, pb::CancelJobsRequest { filter: Some(filter), ..Default::default() }).await?;
+    Ok(reply(
+        StatusCode::OK,
+        json!({ "matched": done.matched, "cancelled": done.changed, "failed": done.failed, "errors": done.errors }),
+    ))
+}

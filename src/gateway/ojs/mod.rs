@@ -1,0 +1,276 @@
+//! The Open Job Spec's HTTP binding (`/ojs/v1/...`, docs/ojs.md): OJS's
+//! job envelope, worker endpoints, dead-letter queue and error catalog,
+//! served on the node's own OJS port.
+//!
+//! An adapter like [`super::zeebe`]: every request becomes calls of the typed
+//! job API ([`super::JobApi`]), which authorizes them, so OJS clients get the
+//! same tokens, scopes, tenants and limits as gRPC clients, and a job made
+//! here is the same job on drover.v1. Each request passes the same admission
+//! as a gRPC call ([`super::call`]): its bearer token is authenticated and
+//! rate-limited, its in-flight count lets a stopping node drain it. Only
+//! `/ojs/v1/health` and `/ojs/manifest` need no token.
+//!
+//! Decisions OJS leaves to the server, made in the job's partition where
+//! they must be (fencing, retries left) and here where they may be (the
+//! back-off a policy gives, a unique key's generation): see [`worker`],
+//! [`jobs`] and [`envelope`].
+
+mod dead_letter;
+mod envelope;
+mod ids;
+mod jobs;
+mod retry;
+mod time;
+mod worker;
+
+use std::sync::Arc;
+
+use axum::body::Bytes;
+use axum::extract::{Request, State};
+use axum::http::{header, HeaderValue, StatusCode};
+use axum::middleware::Next;
+use axum::response::{IntoResponse, Response};
+use axum::routing::{get, post};
+use axum::Router;
+use serde_json::{json, Value};
+use tokio::net::TcpListener;
+use tokio::sync::watch;
+
+use super::{ApiError, Call, JobApi};
+use crate::context::NodeContext;
+
+/// OJS's media type; every answer carries it.
+pub const MEDIA_TYPE: &str = "application/openjobspec+json";
+/// The OJS version this binding speaks.
+pub const SPEC_VERSION: &str = "1.0";
+
+/// What each handler gets.
+#[derive(Clone)]
+pub(crate) struct Ojs {
+    api: JobApi,
+    ctx: Arc<NodeContext>,
+}
+
+/// Serves the OJS binding on `listener` until `stop`.
+pub async fn serve(
+    ctx: Arc<NodeContext>,
+    listener: TcpListener,
+    tls: Option<Arc<crate::tls::ReloadingServer>>,
+    mut stop: watch::Receiver<bool>,
+) {
+    let app = routes(Arc::clone(&ctx));
+    let listener = crate::tls::HttpListener::new(listener, tls, stop.clone());
+    let shutdown = async move {
+        let _ = stop.wait_for(|s| *s).await;
+    };
+    if let Err(e) = axum::serve(listener, app).with_graceful_shutdown(shutdown).await {
+        tracing::error!("OJS server failed: {e}");
+    }
+}
+
+fn routes(ctx: Arc<NodeContext>) -> Router {
+    let state = Ojs { api: JobApi::new(Arc::clone(&ctx)), ctx: Arc::clone(&ctx) };
+    Router::new()
+        .route("/ojs/manifest", get(manifest))
+        .route("/ojs/v1/health", get(health))
+        .route("/ojs/v1/jobs", post(jobs::enqueue))
+        .route("/ojs/v1/jobs/batch", post(jobs::enqueue_batch))
+        .route("/ojs/v1/jobs/{id}", get(jobs::info).delete(jobs::cancel))
+        .route("/ojs/v1/workers/fetch", post(worker::fetch))
+        .route("/ojs/v1/workers/ack", post(worker::ack))
+        .route("/ojs/v1/workers/nack", post(worker::nack))
+        .route("/ojs/v1/workers/heartbeat", post(worker::heartbeat))
+        .route("/ojs/v1/dead-letter", get(dead_letter::list))
+        .route("/ojs/v1/dead-letter/{id}", axum::routing::delete(dead_letter::delete))
+        .route("/ojs/v1/dead-letter/{id}/retry", post(dead_letter::retry))
+        .route("/ojs/v1/admin/jobs/bulk/cancel", post(jobs::bulk_cancel))
+        .fallback(|| async { OjsError::not_found("no OJS endpoint at this path (docs/ojs.md lists them)") })
+        .method_not_allowed_fallback(|| async {
+            OjsError::new(
+                StatusCode::METHOD_NOT_ALLOWED,
+                "method_not_allowed",
+                "this endpoint does not take that method",
+            )
+        })
+        .layer(axum::middleware::from_fn_with_state(ctx, admit))
+        .with_state(state)
+}
+
+/// The paths served without a token: probes and discovery.
+fn is_open(path: &str) -> bool {
+    matches!(path, "/ojs/manifest" | "/ojs/v1/health")
+}
+
+/// Admits a request as the call layer admits a gRPC call, counts it in
+/// flight, and stamps OJS's headers on the answer.
+async fn admit(State(ctx): State<Arc<NodeContext>>, mut request: Request, next: Next) -> Response {
+    let mut response = if is_open(request.uri().path()) {
+        next.run(request).await
+    } else {
+        match super::call::admit(&ctx, request.headers()) {
+            Ok(call) => {
+                request.extensions_mut().insert(call);
+                let running = ctx.gateway.request_started();
+                let response = next.run(request).await;
+                drop(running);
+                response
+            }
+            Err(error) => OjsError::from(error).into_response(),
+        }
+    };
+    let headers = response.headers_mut();
+    headers.insert(header::CONTENT_TYPE, HeaderValue::from_static(MEDIA_TYPE));
+    headers.insert("ojs-version", HeaderValue::from_static(SPEC_VERSION));
+    response
+}
+
+/// An error as OJS's catalog answers it: `{"error": {code, message,
+/// retryable, hint, docs_url}}` with its HTTP status.
+#[derive(Debug)]
+pub(crate) struct OjsError {
+    status: StatusCode,
+    code: &'static str,
+    message: String,
+    retryable: bool,
+}
+
+impl OjsError {
+    fn new(status: StatusCode, code: &'static str, message: impl Into<String>) -> Self {
+        let retryable = status.is_server_error() || status == StatusCode::TOO_MANY_REQUESTS;
+        OjsError { status, code, message: message.into(), retryable }
+    }
+
+    pub(crate) fn invalid(message: impl Into<String>) -> Self {
+        OjsError::new(StatusCode::BAD_REQUEST, "invalid_request", message)
+    }
+
+    /// An enqueue the envelope's checks refused.
+    fn refused(invalid: envelope::Invalid) -> Self {
+        if invalid.unprocessable {
+            OjsError::new(StatusCode::UNPROCESSABLE_ENTITY, "invalid_request", invalid.message)
+        } else {
+            OjsError::invalid(invalid.message)
+        }
+    }
+
+    pub(crate) fn not_found(message: impl Into<String>) -> Self {
+        OjsError::new(StatusCode::NOT_FOUND, "not_found", message)
+    }
+
+    pub(crate) fn conflict(message: impl Into<String>) -> Self {
+        OjsError::new(StatusCode::CONFLICT, "conflict", message)
+    }
+
+    pub(crate) fn duplicate(message: impl Into<String>) -> Self {
+        OjsError::new(StatusCode::CONFLICT, "duplicate", message)
+    }
+
+    fn hint(&self) -> &'static str {
+        match self.code {
+            "invalid_request" | "invalid_payload" => "fix the request as the message says and send it again",
+            "not_found" => {
+                "check the job id; a client's own id is found for the de-duplication window (24 h by default)"
+            }
+            "conflict" => {
+                "read the job (GET /ojs/v1/jobs/{id}) to see its state; only an active job is acked or nacked"
+            }
+            "duplicate" => "a job with this id or unique key exists; read it instead of creating it again",
+            "unauthenticated" => "send Authorization: Bearer <token>",
+            "forbidden" => "ask for a token with the scope, job type and tenant the request needs",
+            "rate_limited" => "slow down and retry after a pause",
+            _ => "retry later; if it persists, see the node's log and /actuator/partitions",
+        }
+    }
+
+    fn body(&self) -> Value {
+        let kind = match self.code {
+            "invalid_request" | "invalid_payload" => "validation_error",
+            code => code,
+        };
+        json!({ "error": {
+            "code": self.code,
+            "type": kind,
+            "message": self.message,
+            "retryable": self.retryable,
+            "hint": self.hint(),
+            "docs_url": "docs/ojs.md#errors",
+        }})
+    }
+}
+
+impl From<ApiError> for OjsError {
+    fn from(error: ApiError) -> Self {
+        let message = error.to_string();
+        let (status, code) = match error {
+            ApiError::InvalidArgument(_) => (StatusCode::BAD_REQUEST, "invalid_request"),
+            ApiError::NotFound(_) => (StatusCode::NOT_FOUND, "not_found"),
+            ApiError::FailedPrecondition(_) => (StatusCode::CONFLICT, "conflict"),
+            ApiError::ResourceExhausted(_) => (StatusCode::TOO_MANY_REQUESTS, "rate_limited"),
+            ApiError::Unauthenticated(_) => (StatusCode::UNAUTHORIZED, "unauthenticated"),
+            ApiError::PermissionDenied(_) => (StatusCode::FORBIDDEN, "forbidden"),
+            ApiError::Unavailable(_) | ApiError::OutOfReach(_) => (StatusCode::SERVICE_UNAVAILABLE, "backend_error"),
+            ApiError::OutcomeUnknown(_) => (StatusCode::GATEWAY_TIMEOUT, "timeout"),
+            ApiError::Internal(_) => (StatusCode::INTERNAL_SERVER_ERROR, "backend_error"),
+        };
+        OjsError::new(status, code, message)
+    }
+}
+
+impl IntoResponse for OjsError {
+    fn into_response(self) -> Response {
+        (self.status, self.body().to_string()).into_response()
+    }
+}
+
+/// A JSON answer with `status`.
+pub(crate) fn reply(status: StatusCode, body: Value) -> Response {
+    (status, body.to_string()).into_response()
+}
+
+/// A request body as JSON; an empty or malformed one is OJS's invalid_payload.
+pub(crate) fn body_json(bytes: &Bytes) -> Result<Value, OjsError> {
+    serde_json::from_slice(bytes).map_err(|e| {
+        let what = if bytes.is_empty() { "the request has no body".to_string() } else { format!("{e}") };
+        OjsError::new(StatusCode::BAD_REQUEST, "invalid_payload", format!("the body must be JSON: {what}"))
+    })
+}
+
+/// The call the admission middleware put on the request.
+pub(crate) fn call_of(call: Option<axum::Extension<Call>>) -> Result<Call, OjsError> {
+    call.map(|c| c.0).ok_or_else(|| ApiError::Internal("the OJS request was not admitted".into()).into())
+}
+
+pub(crate) fn now_ms() -> i64 {
+    crate::auth::now_ms() as i64
+}
+
+async fn manifest(State(ojs): State<Ojs>) -> Response {
+    reply(
+        StatusCode::OK,
+        json!({
+            "specversion": SPEC_VERSION,
+            "implementation": {
+                "name": "drover",
+                "version": env!("CARGO_PKG_VERSION"),
+                "language": "rust",
+                "backend": "raft+rocksdb",
+            },
+            "conformance_level": 1,
+            "protocols": ["http"],
+            "capabilities": {
+                "priority": true, "unique_jobs": true, "batch_enqueue": true, "dead_letter": true,
+                "retries": true, "visibility_timeout": true, "heartbeat": true, "events": false,
+                "queue_pause": false, "cron": false, "workflows": false,
+            },
+            "partitions": ojs.ctx.topology.partition_count(),
+        }),
+    )
+}
+
+/// 200 `ok` while this node knows a leader for each partition it hosts
+/// (what `/ready` on the admin port says), 503 `degraded` otherwise.
+async fn health(State(ojs): State<Ojs>) -> Response {
+    let (status, word) =
+        if ojs.ctx.routing.ready() { (StatusCode::OK, "ok") } else { (StatusCode::SERVICE_UNAVAILABLE, "degraded") };
+    reply(status, json!({ "status": word, "version": env!("CARGO_PKG_VERSION") }))
+}

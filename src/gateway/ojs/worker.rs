@@ -1,0 +1,251 @@
+//! OJS's worker endpoints: fetch (jobs from several queues, in the order
+//! given), ack, nack (with the job's retry policy) and heartbeat.
+//!
+//! Each ack and nack names a job by id only, so the gateway reads the job
+//! first and acts on the activation it finds, fenced by its attempt: a job
+//! activated again meanwhile refuses the stale outcome at its partition.
+
+use axum::body::Bytes;
+use axum::extract::State;
+use axum::http::StatusCode;
+use axum::response::Response;
+use axum::Extension;
+use serde_json::{json, Map, Value};
+
+use super::envelope::{self, Stored};
+use super::time::rfc3339;
+use super::{body_json, call_of, now_ms, reply, Ojs, OjsError};
+use crate::gateway::{ApiError, Call};
+use crate::proto::gateway as pb;
+
+/// How long an activation lasts when neither the fetch nor the job names a
+/// timeout (OJS's default visibility timeout).
+const DEFAULT_VISIBILITY_MS: i64 = 30_000;
+/// The longest a fetch may wait for a job.
+const MAX_WAIT_MS: i64 = 30_000;
+
+fn strings(body: &Value, field: &str) -> Result<Vec<String>, OjsError> {
+    match body.get(field) {
+        None | Some(Value::Null) => Ok(Vec::new()),
+        Some(Value::Array(items)) => items
+            .iter()
+            .map(|i| {
+                i.as_str().map(str::to_string).ok_or_else(|| OjsError::invalid(format!("{field} must hold strings")))
+            })
+            .collect(),
+        Some(_) => Err(OjsError::invalid(format!("{field} must be an array of strings"))),
+    }
+}
+
+fn positive(body: &Value, field: &str, default: i64, max: i64) -> Result<i64, OjsError> {
+    match body.get(field) {
+        None | Some(Value::Null) => Ok(default),
+        Some(v) => match v.as_i64() {
+            Some(n) if (1..=max).contains(&n) => Ok(n),
+            _ => Err(OjsError::invalid(format!("{field} must be a whole number from 1 to {max}, got {v}"))),
+        },
+    }
+}
+
+fn job_id(body: &Value) -> Result<String, OjsError> {
+    body.get("job_id")
+        .and_then(Value::as_str)
+        .map(str::to_string)
+        .ok_or_else(|| OjsError::invalid("job_id is required"))
+}
+
+/// `POST /ojs/v1/workers/fetch`: `{queues, count?, worker_id?,
+/// visibility_timeout_ms?, wait_ms?}`. Queues are tried in the order given
+/// until `count` jobs are held; with `wait_ms`, a fetch that found none
+/// waits that long on the first queue.
+pub(super) async fn fetch(
+    State(ojs): State<Ojs>,
+    call: Option<Extension<Call>>,
+    body: Bytes,
+) -> Result<Response, OjsError> {
+    let call = call_of(call)?;
+    let body = body_json(&body)?;
+    let queues = strings(&body, "queues")?;
+    if queues.is_empty() {
+        return Err(OjsError::invalid("queues is required: the queues to fetch from, in order"));
+    }
+    if let Some(bad) = queues.iter().find(|q| !envelope::is_queue(q)) {
+        return Err(OjsError::invalid(format!("queue {bad:?} is not a queue name")));
+    }
+    let limit = ojs.ctx.settings.limits.max_jobs_to_activate as i64;
+    let count = positive(&body, "count", 1, limit)?;
+    let visibility = positive(&body, "visibility_timeout_ms", DEFAULT_VISIBILITY_MS, i64::from(i32::MAX))?;
+    let wait = match body.get("wait_ms") {
+        None | Some(Value::Null) => 0,
+        Some(_) => positive(&body, "wait_ms", 0, MAX_WAIT_MS)?,
+    };
+    let worker = body.get("worker_id").and_then(Value::as_str).unwrap_or("ojs-worker").to_string();
+    let mut jobs = Vec::new();
+    for (i, queue) in queues.iter().enumerate() {
+        let remaining = count - jobs.len() as i64;
+        if remaining == 0 {
+            break;
+        }
+        let last = i + 1 == queues.len();
+        let request = pb::ActivateJobsRequest {
+            r#type: queue.clone(),
+            worker: worker.clone(),
+            timeout: visibility,
+            max_jobs_to_activate: remaining as i32,
+            request_timeout: if last && jobs.is_empty() && queues.len() == 1 { wait } else { 0 },
+            ..Default::default()
+        };
+        jobs.extend(ojs.api.activate(&call, request).await?);
+    }
+    let now = now_ms();
+    let mut shown = Vec::with_capacity(jobs.len());
+    for mut job in jobs {
+        // A job that names its own timeout holds its activation that long.
+        if let Some(timeout) = Stored::of(&job.r#type, &job.custom_headers).timeout_ms().filter(|t| *t != visibility) {
+            let request =
+                pb::UpdateJobTimeoutRequest { key: job.key, timeout, attempt: job.attempt, ..Default::default() };
+            if let Ok(updated) = ojs.api.update_timeout(&call, request).await {
+                job.deadline = updated.deadline;
+            }
+        }
+        shown.push(envelope::activated(&job, now));
+    }
+    let first = shown.first().cloned().unwrap_or(Value::Null);
+    Ok(reply(StatusCode::OK, json!({ "jobs": shown, "job": first })))
+}
+
+/// The job `id` names, which must be active to take an outcome.
+async fn active(ojs: &Ojs, call: &Call, id: &str, verb: &str) -> Result<pb::Job, OjsError> {
+    let job = ojs.find(call, id, false).await?;
+    if job.state != "activated" {
+        let state = envelope::state(&job.state, job.attempt);
+        return Err(OjsError::conflict(format!("job {id} is {state}: only an active job can be {verb}")));
+    }
+    Ok(job)
+}
+
+/// An outcome the partition refused because the activation moved on.
+fn moved_on(id: &str, error: ApiError) -> OjsError {
+    match error {
+        ApiError::FailedPrecondition(message) => {
+            OjsError::conflict(format!("job {id} is no longer held by this activation: {message}"))
+        }
+        other => other.into(),
+    }
+}
+
+/// `POST /ojs/v1/workers/ack`: `{job_id, result?}`.
+pub(super) async fn ack(
+    State(ojs): State<Ojs>,
+    call: Option<Extension<Call>>,
+    body: Bytes,
+) -> Result<Response, OjsError> {
+    let call = call_of(call)?;
+    let body = body_json(&body)?;
+    let id = job_id(&body)?;
+    let job = active(&ojs, &call, &id, "acknowledged").await?;
+    let request = pb::CompleteJobRequest {
+        key: job.key,
+        variables: envelope::result_variables(body.get("result")),
+        attempt: job.attempt,
+        ..Default::default()
+    };
+    ojs.api.complete(&call, request).await.map_err(|e| moved_on(&id, e))?;
+    Ok(reply(
+        StatusCode::OK,
+        json!({
+            "acknowledged": true, "id": id, "job_id": id, "state": "completed", "attempt": job.attempt,
+            "completed_at": rfc3339(now_ms()),
+        }),
+    ))
+}
+
+/// `POST /ojs/v1/workers/nack`: `{job_id, error?, requeue?}`. With
+/// `requeue`, the job is available again at once and the attempt does not
+/// count as a failure; otherwise the job's retry policy decides: discarded
+/// when no attempt is left or the error is not retryable (`retryable:
+/// false`, or its type among `non_retryable_errors`), else retryable after
+/// the policy's back-off.
+pub(super) async fn nack(
+    State(ojs): State<Ojs>,
+    call: Option<Extension<Call>>,
+    body: Bytes,
+) -> Result<Response, OjsError> {
+    let call = call_of(call)?;
+    let body = body_json(&body)?;
+    let id = job_id(&body)?;
+    let error = match body.get("error") {
+        None | Some(Value::Null) => Map::new(),
+        Some(Value::Object(error)) => error.clone(),
+        Some(_) => return Err(OjsError::invalid("error must be an object: {code, message, retryable?, details?}")),
+    };
+    let requeue = body.get("requeue").and_then(Value::as_bool).unwrap_or(false);
+    let job = active(&ojs, &call, &id, "failed").await?;
+    let policy = Stored::of(&job.r#type, &job.custom_headers).policy();
+    let (message, kind) = envelope::error_message(&error);
+    let not_retryable = error.get("retryable").and_then(Value::as_bool) == Some(false);
+    let mut request =
+        pb::FailJobRequest { key: job.key, attempt: job.attempt, error_message: message, ..Default::default() };
+    let now = now_ms();
+    let mut answer = json!({ "id": id, "job_id": id, "attempt": job.attempt, "max_attempts": policy.max_attempts });
+    let state = if requeue {
+        request.retries = job.retries;
+        request.reason = "worker-shutdown".into();
+        "available"
+    } else if not_retryable || policy.is_fatal(&kind) || job.retries <= 1 {
+        request.retries = 0;
+        answer["discarded_at"] = json!(rfc3339(now));
+        answer["completed_at"] = json!(rfc3339(now));
+        "discarded"
+    } else {
+        let delay = policy.delay_ms(job.attempt, rand::random::<f64>());
+        request.retries = job.retries - 1;
+        request.retry_back_off = delay;
+        answer["retry_delay_ms"] = json!(delay);
+        answer["next_attempt_at"] = json!(rfc3339(now + delay));
+        if delay > 0 {
+            "retryable"
+        } else {
+            "available"
+        }
+    };
+    ojs.api.fail(&call, request).await.map_err(|e| moved_on(&id, e))?;
+    answer["state"] = json!(state);
+    Ok(reply(StatusCode::OK, answer))
+}
+
+/// `POST /ojs/v1/workers/heartbeat`: `{worker_id, active_jobs: [id]}`.
+/// Each listed job still active has its deadline moved to now + its
+/// timeout; the others are answered as revoked, so the worker stops them.
+pub(super) async fn heartbeat(
+    State(ojs): State<Ojs>,
+    call: Option<Extension<Call>>,
+    body: Bytes,
+) -> Result<Response, OjsError> {
+    let call = call_of(call)?;
+    let body = body_json(&body)?;
+    let mut ids = strings(&body, "active_jobs")?;
+    ids.extend(strings(&body, "active_job_ids")?);
+    let (mut extended, mut revoked) = (Vec::new(), Vec::new());
+    for id in ids {
+        let job = match ojs.find(&call, &id, false).await {
+            Ok(job) if job.state == "activated" => job,
+            Ok(_) | Err(OjsError { code: "not_found", .. }) => {
+                revoked.push(id);
+                continue;
+            }
+            Err(error) => return Err(error),
+        };
+        let timeout = Stored::of(&job.r#type, &job.custom_headers).timeout_ms().unwrap_or(DEFAULT_VISIBILITY_MS);
+        let request = pb::UpdateJobTimeoutRequest { key: job.key, timeout, attempt: job.attempt, ..Default::default() };
+        match ojs.api.update_timeout(&call, request).await {
+            Ok(_) => extended.push(id),
+            Err(ApiError::FailedPrecondition(_) | ApiError::NotFound(_)) => revoked.push(id),
+            Err(error) => return Err(error.into()),
+        }
+    }
+    Ok(reply(
+        StatusCode::OK,
+        json!({ "state": "running", "server_time": rfc3339(now_ms()), "jobs_extended": extended, "revoked": revoked }),
+    ))
+}
