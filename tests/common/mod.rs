@@ -254,18 +254,33 @@ pub async fn http_request(method: &str, addr: &str, path: &str) -> std::io::Resu
 
 /// Like [`http_request`], with extra header lines (each ending in `\r\n`).
 pub async fn http_request_with(method: &str, addr: &str, path: &str, headers: &str) -> std::io::Result<(u16, String)> {
+    let (code, _, body) = http_exchange(method, addr, path, headers, "").await?;
+    Ok((code, body))
+}
+
+/// A minimal HTTP/1.1 exchange with a body; returns the status code, the
+/// response's head (status line and headers) and its body.
+pub async fn http_exchange(
+    method: &str,
+    addr: &str,
+    path: &str,
+    headers: &str,
+    body: &str,
+) -> std::io::Result<(u16, String, String)> {
     use tokio::io::{AsyncReadExt, AsyncWriteExt};
     let mut stream = tokio::net::TcpStream::connect(addr).await?;
-    let request =
-        format!("{method} {path} HTTP/1.1\r\nHost: {addr}\r\n{headers}Content-Length: 0\r\nConnection: close\r\n\r\n");
+    let request = format!(
+        "{method} {path} HTTP/1.1\r\nHost: {addr}\r\n{headers}Content-Length: {}\r\nConnection: close\r\n\r\n{body}",
+        body.len()
+    );
     stream.write_all(request.as_bytes()).await?;
     let mut response = Vec::new();
     stream.read_to_end(&mut response).await?;
     let text = String::from_utf8_lossy(&response).into_owned();
     let code = text.split_whitespace().nth(1).and_then(|c| c.parse().ok()).unwrap_or(0);
-    let body = text.split_once("\r\n\r\n").map(|(_, b)| b.to_string()).unwrap_or_default();
-    let body = if text.to_ascii_lowercase().contains("transfer-encoding: chunked") { dechunk(&body) } else { body };
-    Ok((code, body))
+    let (head, body) = text.split_once("\r\n\r\n").map(|(h, b)| (h.to_string(), b.to_string())).unwrap_or_default();
+    let body = if head.to_ascii_lowercase().contains("transfer-encoding: chunked") { dechunk(&body) } else { body };
+    Ok((code, head, body))
 }
 
 fn dechunk(body: &str) -> String {

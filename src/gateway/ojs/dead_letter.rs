@@ -8,8 +8,7 @@ use axum::Extension;
 use serde_json::json;
 
 use super::envelope::{self, Stored};
-use super::{call_of, reply, Ojs, OjsError};
-use crate::gateway::Call;
+use super::{call_of, reply, Ojs, OjsCall, OjsError};
 use crate::proto::gateway as pb;
 
 const DEFAULT_LIMIT: i32 = 50;
@@ -29,7 +28,7 @@ pub(super) struct ListQuery {
 /// with its errors.
 pub(super) async fn list(
     State(ojs): State<Ojs>,
-    call: Option<Extension<Call>>,
+    call: Option<Extension<OjsCall>>,
     Query(query): Query<ListQuery>,
 ) -> Result<Response, OjsError> {
     let call = call_of(call)?;
@@ -37,7 +36,12 @@ pub(super) async fn list(
     if !(1..=MAX_LIMIT).contains(&limit) {
         return Err(OjsError::invalid(format!("limit must be from 1 to {MAX_LIMIT}, got {limit}")));
     }
-    let filter = pb::JobFilter { state: "incident".into(), r#type: query.queue, ..Default::default() };
+    let filter = pb::JobFilter {
+        state: "incident".into(),
+        r#type: query.queue,
+        tenant_id: call.tenant.clone(),
+        ..Default::default()
+    };
     let request = pb::ListJobsRequest { filter: Some(filter), page_size: limit, page_token: query.cursor };
     let page = ojs.api.list(&call, request).await?;
     let mut jobs = Vec::with_capacity(page.jobs.len());
@@ -51,7 +55,7 @@ pub(super) async fn list(
     Ok(reply(StatusCode::OK, json!({ "jobs": jobs, "count": jobs.len(), "next_cursor": next })))
 }
 
-async fn discarded(ojs: &Ojs, call: &Call, id: &str) -> Result<pb::Job, OjsError> {
+async fn discarded(ojs: &Ojs, call: &OjsCall, id: &str) -> Result<pb::Job, OjsError> {
     let job = ojs.find(call, id, false).await?;
     if job.state != "incident" {
         let state = envelope::state(&job.state, job.attempt);
@@ -64,7 +68,7 @@ async fn discarded(ojs: &Ojs, call: &Call, id: &str) -> Result<pb::Job, OjsError
 /// again and is available at once.
 pub(super) async fn retry(
     State(ojs): State<Ojs>,
-    call: Option<Extension<Call>>,
+    call: Option<Extension<OjsCall>>,
     Path(id): Path<String>,
 ) -> Result<Response, OjsError> {
     let call = call_of(call)?;
@@ -79,7 +83,7 @@ pub(super) async fn retry(
 /// (Drover cancels it; its record stays readable until retention ends).
 pub(super) async fn delete(
     State(ojs): State<Ojs>,
-    call: Option<Extension<Call>>,
+    call: Option<Extension<OjsCall>>,
     Path(id): Path<String>,
 ) -> Result<Response, OjsError> {
     let call = call_of(call)?;

@@ -314,8 +314,16 @@ impl<'a> Stored<'a> {
         ids::job_id(crate::core::JobKey(key), at)
     }
 
+    /// When the job was made: for a job made here, the time its gateway
+    /// took the enqueue (the time in its id), so every answer agrees with
+    /// the one the enqueue gave.
+    fn created_at(&self, stored: i64) -> i64 {
+        self.headers.get(AT).and_then(|at| at.parse().ok()).unwrap_or(stored)
+    }
+
     /// The fields every envelope has, whatever the job's state.
     fn base(&self, key: u64, created_at: i64, variables: &str, priority: i32) -> Map<String, Value> {
+        let created_at = self.created_at(created_at);
         let mut out = Map::new();
         if let Some(Value::Object(extra)) = self.json(EXTRA) {
             out.extend(extra);

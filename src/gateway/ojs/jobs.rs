@@ -10,8 +10,8 @@ use axum::Extension;
 use serde_json::{json, Value};
 
 use super::envelope::{self, Conflict, Enqueue, Unique};
-use super::{body_json, call_of, ids, now_ms, reply, Ojs, OjsError};
-use crate::gateway::{ApiError, Call};
+use super::{body_json, call_of, ids, now_ms, reply, Ojs, OjsCall, OjsError};
+use crate::gateway::ApiError;
 use crate::proto::gateway as pb;
 
 /// How many generations of a unique key an enqueue walks (each a job that
@@ -22,7 +22,7 @@ const MAX_BATCH: usize = 1000;
 
 impl Ojs {
     /// The job OJS id `id` names, with its history when `history`.
-    pub(super) async fn find(&self, call: &Call, id: &str, history: bool) -> Result<pb::Job, OjsError> {
+    pub(super) async fn find(&self, call: &OjsCall, id: &str, history: bool) -> Result<pb::Job, OjsError> {
         let missing = || OjsError::not_found(format!("no job with id {id}"));
         if !ids::is_uuidv7(id) {
             return Err(missing());
@@ -40,9 +40,13 @@ impl Ojs {
         self.by_idempotency_key(call, &envelope::id_key(id), history).await?.ok_or_else(missing)
     }
 
-    async fn by_idempotency_key(&self, call: &Call, key: &str, history: bool) -> Result<Option<pb::Job>, OjsError> {
-        let request =
-            pb::GetJobRequest { idempotency_key: key.to_string(), include_history: history, ..Default::default() };
+    async fn by_idempotency_key(&self, call: &OjsCall, key: &str, history: bool) -> Result<Option<pb::Job>, OjsError> {
+        let request = pb::GetJobRequest {
+            idempotency_key: key.to_string(),
+            tenant_id: call.tenant.clone(),
+            include_history: history,
+            ..Default::default()
+        };
         match self.api.get(call, request).await {
             Ok(job) => Ok(Some(job)),
             Err(ApiError::NotFound(_)) => Ok(None),
@@ -51,7 +55,8 @@ impl Ojs {
     }
 
     /// Creates one checked enqueue: the status and the envelope to answer.
-    async fn create(&self, call: &Call, enqueue: Enqueue) -> Result<(StatusCode, Value), OjsError> {
+    async fn create(&self, call: &OjsCall, mut enqueue: Enqueue) -> Result<(StatusCode, Value), OjsError> {
+        enqueue.request.tenant_id.clone_from(&call.tenant);
         match enqueue.unique.clone() {
             Some(unique) if enqueue.request.idempotency_key.is_empty() => {
                 self.create_unique(call, enqueue, unique).await
@@ -80,7 +85,7 @@ impl Ojs {
     /// duplicate agree on which job is made.
     async fn create_unique(
         &self,
-        call: &Call,
+        call: &OjsCall,
         mut enqueue: Enqueue,
         unique: Unique,
     ) -> Result<(StatusCode, Value), OjsError> {
@@ -129,6 +134,18 @@ impl Ojs {
     }
 }
 
+/// OJS's rule for a tenant named twice: the header's and `meta.tenant_id`
+/// must agree.
+fn check_tenant(call: &OjsCall, job: &Value) -> Result<(), OjsError> {
+    match job.pointer("/meta/tenant_id").and_then(Value::as_str) {
+        Some(meta) if !call.tenant.is_empty() && meta != call.tenant => Err(OjsError::invalid(format!(
+            "meta.tenant_id {meta:?} differs from the X-OJS-Tenant header {:?}",
+            call.tenant
+        ))),
+        _ => Ok(()),
+    }
+}
+
 /// The envelope of a job just made, from the request (no read).
 fn created_envelope(request: &pb::CreateJobRequest, created: &pb::CreateJobResponse) -> Value {
     let at = request.custom_headers.get(envelope::AT).and_then(|at| at.parse().ok()).unwrap_or_else(now_ms);
@@ -149,12 +166,13 @@ fn created_envelope(request: &pb::CreateJobRequest, created: &pb::CreateJobRespo
 
 pub(super) async fn enqueue(
     State(ojs): State<Ojs>,
-    call: Option<Extension<Call>>,
+    call: Option<Extension<OjsCall>>,
     body: Bytes,
 ) -> Result<Response, OjsError> {
     let call = call_of(call)?;
     let body = body_json(&body)?;
     let enqueue = envelope::enqueue(&body, now_ms()).map_err(OjsError::refused)?;
+    check_tenant(&call, &body)?;
     let (status, answer) = ojs.create(&call, enqueue).await?;
     Ok(reply(status, answer))
 }
@@ -165,7 +183,7 @@ pub(super) async fn enqueue(
 /// with an error in the answer (207) and the others made.
 pub(super) async fn enqueue_batch(
     State(ojs): State<Ojs>,
-    call: Option<Extension<Call>>,
+    call: Option<Extension<OjsCall>>,
     body: Bytes,
 ) -> Result<Response, OjsError> {
     let call = call_of(call)?;
@@ -187,6 +205,17 @@ pub(super) async fn enqueue_batch(
             })
         })
         .collect::<Result<Vec<_>, _>>()?;
+    for job in jobs {
+        check_tenant(&call, job)?;
+    }
+    let requests: Vec<_> = enqueues
+        .into_iter()
+        .map(|mut e| {
+            e.request.tenant_id.clone_from(&call.tenant);
+            e
+        })
+        .collect();
+    let enqueues = requests;
     let mut answers = Vec::with_capacity(enqueues.len());
     let mut failed = 0;
     if enqueues.iter().any(|e| e.unique.is_some() || !e.request.idempotency_key.is_empty()) {
@@ -218,7 +247,7 @@ pub(super) async fn enqueue_batch(
 
 pub(super) async fn info(
     State(ojs): State<Ojs>,
-    call: Option<Extension<Call>>,
+    call: Option<Extension<OjsCall>>,
     Path(id): Path<String>,
 ) -> Result<Response, OjsError> {
     let call = call_of(call)?;
@@ -230,7 +259,7 @@ pub(super) async fn info(
 /// completed, cancelled or discarded one is a conflict.
 pub(super) async fn cancel(
     State(ojs): State<Ojs>,
-    call: Option<Extension<Call>>,
+    call: Option<Extension<OjsCall>>,
     Path(id): Path<String>,
 ) -> Result<Response, OjsError> {
     let call = call_of(call)?;
@@ -257,7 +286,7 @@ pub(super) struct BulkQuery {
 /// `confirm=true`, in the query or the body.
 pub(super) async fn bulk_cancel(
     State(ojs): State<Ojs>,
-    call: Option<Extension<Call>>,
+    call: Option<Extension<OjsCall>>,
     Query(query): Query<BulkQuery>,
     body: Bytes,
 ) -> Result<Response, OjsError> {
@@ -268,7 +297,7 @@ pub(super) async fn bulk_cancel(
         return Err(OjsError::invalid("a bulk cancel needs confirm=true (in the query or the body)"));
     }
     let queue = body.get("queue").and_then(Value::as_str).map_or(query.queue, str::to_string);
-    let filter = pb::JobFilter { r#type: queue, ..Default::default() };
+    let filter = pb::JobFilter { r#type: queue, tenant_id: call.tenant.clone(), ..Default::default() };
     let done = ojs.api.cancel_jobs(&call, pb::CancelJobsRequest { filter: Some(filter), ..Default::default() }).await?;
     Ok(reply(
         StatusCode::OK,

@@ -96,6 +96,27 @@ fn routes(ctx: Arc<NodeContext>) -> Router {
         .with_state(state)
 }
 
+/// An admitted request: the call, and the tenant it acts in: OJS's tenant
+/// header `X-OJS-Tenant`, the default tenant without one. (`meta.tenant_id`
+/// is the producer's metadata, kept as such: OJS clients send it on jobs
+/// they then fetch without naming a tenant.)
+#[derive(Clone)]
+pub(crate) struct OjsCall {
+    call: Call,
+    tenant: String,
+}
+
+impl std::ops::Deref for OjsCall {
+    type Target = Call;
+
+    fn deref(&self) -> &Call {
+        &self.call
+    }
+}
+
+/// The header OJS names a request's tenant in.
+const TENANT_HEADER: &str = "x-ojs-tenant";
+
 /// The paths served without a token: probes and discovery.
 fn is_open(path: &str) -> bool {
     matches!(path, "/ojs/manifest" | "/ojs/v1/health")
@@ -109,7 +130,14 @@ async fn admit(State(ctx): State<Arc<NodeContext>>, mut request: Request, next: 
     } else {
         match super::call::admit(&ctx, request.headers()) {
             Ok(call) => {
-                request.extensions_mut().insert(call);
+                let tenant = match request.headers().get(TENANT_HEADER).map(|v| v.to_str()) {
+                    None => String::new(),
+                    Some(Ok(tenant)) => tenant.to_string(),
+                    Some(Err(_)) => {
+                        return OjsError::invalid("X-OJS-Tenant must be a visible ASCII string").into_response();
+                    }
+                };
+                request.extensions_mut().insert(OjsCall { call, tenant });
                 let running = ctx.gateway.request_started();
                 let response = next.run(request).await;
                 drop(running);
@@ -236,7 +264,7 @@ pub(crate) fn body_json(bytes: &Bytes) -> Result<Value, OjsError> {
 }
 
 /// The call the admission middleware put on the request.
-pub(crate) fn call_of(call: Option<axum::Extension<Call>>) -> Result<Call, OjsError> {
+pub(crate) fn call_of(call: Option<axum::Extension<OjsCall>>) -> Result<OjsCall, OjsError> {
     call.map(|c| c.0).ok_or_else(|| ApiError::Internal("the OJS request was not admitted".into()).into())
 }
 

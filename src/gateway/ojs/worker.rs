@@ -14,8 +14,8 @@ use serde_json::{json, Map, Value};
 
 use super::envelope::{self, Stored};
 use super::time::rfc3339;
-use super::{body_json, call_of, now_ms, reply, Ojs, OjsError};
-use crate::gateway::{ApiError, Call};
+use super::{body_json, call_of, now_ms, reply, Ojs, OjsCall, OjsError};
+use crate::gateway::ApiError;
 use crate::proto::gateway as pb;
 
 /// How long an activation lasts when neither the fetch nor the job names a
@@ -60,7 +60,7 @@ fn job_id(body: &Value) -> Result<String, OjsError> {
 /// waits that long on the first queue.
 pub(super) async fn fetch(
     State(ojs): State<Ojs>,
-    call: Option<Extension<Call>>,
+    call: Option<Extension<OjsCall>>,
     body: Bytes,
 ) -> Result<Response, OjsError> {
     let call = call_of(call)?;
@@ -93,6 +93,7 @@ pub(super) async fn fetch(
             timeout: visibility,
             max_jobs_to_activate: remaining as i32,
             request_timeout: if last && jobs.is_empty() && queues.len() == 1 { wait } else { 0 },
+            tenant_ids: if call.tenant.is_empty() { Vec::new() } else { vec![call.tenant.clone()] },
             ..Default::default()
         };
         jobs.extend(ojs.api.activate(&call, request).await?);
@@ -115,7 +116,7 @@ pub(super) async fn fetch(
 }
 
 /// The job `id` names, which must be active to take an outcome.
-async fn active(ojs: &Ojs, call: &Call, id: &str, verb: &str) -> Result<pb::Job, OjsError> {
+async fn active(ojs: &Ojs, call: &OjsCall, id: &str, verb: &str) -> Result<pb::Job, OjsError> {
     let job = ojs.find(call, id, false).await?;
     if job.state != "activated" {
         let state = envelope::state(&job.state, job.attempt);
@@ -137,7 +138,7 @@ fn moved_on(id: &str, error: ApiError) -> OjsError {
 /// `POST /ojs/v1/workers/ack`: `{job_id, result?}`.
 pub(super) async fn ack(
     State(ojs): State<Ojs>,
-    call: Option<Extension<Call>>,
+    call: Option<Extension<OjsCall>>,
     body: Bytes,
 ) -> Result<Response, OjsError> {
     let call = call_of(call)?;
@@ -168,7 +169,7 @@ pub(super) async fn ack(
 /// the policy's back-off.
 pub(super) async fn nack(
     State(ojs): State<Ojs>,
-    call: Option<Extension<Call>>,
+    call: Option<Extension<OjsCall>>,
     body: Bytes,
 ) -> Result<Response, OjsError> {
     let call = call_of(call)?;
@@ -219,7 +220,7 @@ pub(super) async fn nack(
 /// timeout; the others are answered as revoked, so the worker stops them.
 pub(super) async fn heartbeat(
     State(ojs): State<Ojs>,
-    call: Option<Extension<Call>>,
+    call: Option<Extension<OjsCall>>,
     body: Bytes,
 ) -> Result<Response, OjsError> {
     let call = call_of(call)?;

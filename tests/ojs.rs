@@ -1,0 +1,479 @@
+//! The Open Job Spec HTTP binding (docs/ojs.md), behaviour by behaviour, on
+//! a real node with three partitions: the envelope, the lifecycle, retry
+//! policies, the dead-letter queue, ordering, unique jobs, batches, the
+//! visibility timeout, tokens, and OJS workers beside drover.v1 and Zeebe
+//! workers on one job type.
+
+mod common;
+
+use std::time::Duration;
+
+use common::{eventually, http_exchange, LocalNode};
+use drover::proto::gateway as pb;
+use drover::proto::zeebe as zb;
+use serde_json::{json, Value};
+
+async fn node() -> LocalNode {
+    LocalNode::start_with(|config| {
+        config.ojs_addr = Some("127.0.0.1:0".parse().unwrap());
+        config.partitions = 3;
+    })
+    .await
+}
+
+struct Ojs {
+    addr: String,
+    token: Option<String>,
+    tenant: Option<String>,
+}
+
+impl Ojs {
+    fn of(node: &LocalNode) -> Ojs {
+        Ojs { addr: node.node().ojs_addr.expect("the OJS port is served").to_string(), token: None, tenant: None }
+    }
+
+    /// The status, head and JSON body of a request.
+    async fn raw(&self, method: &str, path: &str, body: &str) -> (u16, String, Value) {
+        let mut headers = "Content-Type: application/openjobspec+json\r\n".to_string();
+        if let Some(token) = &self.token {
+            headers.push_str(&format!("Authorization: Bearer {token}\r\n"));
+        }
+        if let Some(tenant) = &self.tenant {
+            headers.push_str(&format!("X-OJS-Tenant: {tenant}\r\n"));
+        }
+        let (code, head, text) = http_exchange(method, &self.addr, path, &headers, body).await.expect("OJS answers");
+        let value =
+            serde_json::from_str(&text).unwrap_or_else(|e| panic!("{method} {path}: body {text:?} is not JSON: {e}"));
+        (code, head, value)
+    }
+
+    async fn send(&self, method: &str, path: &str, body: Option<Value>) -> (u16, Value) {
+        let text = body.map(|b| b.to_string()).unwrap_or_default();
+        let (code, _, value) = self.raw(method, path, &text).await;
+        (code, value)
+    }
+
+    async fn post(&self, path: &str, body: Value) -> (u16, Value) {
+        self.send("POST", path, Some(body)).await
+    }
+
+    async fn get(&self, path: &str) -> (u16, Value) {
+        self.send("GET", path, None).await
+    }
+
+    /// Enqueues `body`, which must be made; the job's envelope.
+    async fn enqueue(&self, body: Value) -> Value {
+        let (code, answer) = self.post("/ojs/v1/jobs", body).await;
+        assert_eq!(code, 201, "enqueue: {answer}");
+        answer["job"].clone()
+    }
+
+    async fn job(&self, id: &Value) -> Value {
+        let (code, answer) = self.get(&format!("/ojs/v1/jobs/{}", id.as_str().unwrap())).await;
+        assert_eq!(code, 200, "info: {answer}");
+        answer["job"].clone()
+    }
+
+    async fn fetch(&self, queues: &[&str]) -> Vec<Value> {
+        let (code, answer) = self.post("/ojs/v1/workers/fetch", json!({ "queues": queues, "worker_id": "w" })).await;
+        assert_eq!(code, 200, "fetch: {answer}");
+        answer["jobs"].as_array().unwrap().clone()
+    }
+
+    async fn nack(&self, id: &Value, error: Value) -> (u16, Value) {
+        self.post("/ojs/v1/workers/nack", json!({ "job_id": id, "error": error })).await
+    }
+}
+
+fn assert_error(code: u16, answer: &Value, status: u16, error_code: &str) {
+    assert_eq!(code, status, "{answer}");
+    assert_eq!(answer["error"]["code"], error_code, "{answer}");
+    assert!(answer["error"]["message"].as_str().is_some_and(|m| !m.is_empty()), "{answer}");
+    assert_eq!(answer["error"]["retryable"], false, "{answer}");
+}
+
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn an_enqueued_job_is_an_ojs_envelope_and_a_drover_job() {
+    let node = node().await;
+    let ojs = Ojs::of(&node);
+    let (code, head, answer) = ojs
+        .raw(
+            "POST",
+            "/ojs/v1/jobs",
+            &json!({"type": "email.send", "args": ["a@b.c", 1], "meta": {"trace_id": "t1"}, "x_future": {"v": 2}})
+                .to_string(),
+        )
+        .await;
+    assert_eq!(code, 201, "{answer}");
+    let head = head.to_ascii_lowercase();
+    assert!(head.contains("content-type: application/openjobspec+json"), "{head}");
+    assert!(head.contains("ojs-version: 1.0"), "{head}");
+    let job = &answer["job"];
+    let id = job["id"].as_str().unwrap();
+    assert!(id.len() == 36 && &id[14..15] == "7", "a UUIDv7: {id}");
+    assert_eq!(
+        (job["state"].as_str(), job["queue"].as_str(), job["attempt"].as_i64()),
+        (Some("available"), Some("default"), Some(0))
+    );
+    assert_eq!(job["x_future"]["v"], 2, "unknown attributes are kept");
+
+    let read = ojs.job(&job["id"]).await;
+    for field in ["id", "type", "queue", "args", "meta", "created_at", "x_future"] {
+        assert_eq!(read[field], job[field], "{field}");
+    }
+    // The same job on drover.v1: the queue is its type, the args its variable.
+    let key: u64 = read["drover"]["key"].as_str().unwrap().parse().unwrap();
+    let native = node.client.get_job(key).await.expect("drover.v1 reads the job");
+    assert_eq!(native.r#type, "default");
+    assert_eq!(serde_json::from_str::<Value>(&native.variables).unwrap(), json!({"args": ["a@b.c", 1]}));
+    assert_eq!(native.custom_headers.get("ojs.type").map(String::as_str), Some("email.send"));
+}
+
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn bad_requests_get_the_error_catalog_and_make_nothing() {
+    let node = node().await;
+    let ojs = Ojs::of(&node);
+    for body in [
+        json!({"args": []}),
+        json!({"type": "Email.Send", "args": []}),
+        json!({"type": "email.send", "args": "x"}),
+        json!({"type": "email.send"}),
+        json!({"type": "email.send", "args": [], "id": "550e8400-e29b-41d4-a716-446655440000"}),
+        json!({"type": "email.send", "args": [], "options": {"queue": "Bad Queue"}}),
+        json!({"type": "email.send", "args": [], "options": {"priority": 101}}),
+    ] {
+        let (code, answer) = ojs.post("/ojs/v1/jobs", body.clone()).await;
+        assert_error(code, &answer, 400, "invalid_request");
+    }
+    let (code, answer) = ojs
+        .post("/ojs/v1/jobs", json!({"type": "a", "args": [], "options": {"retry": {"backoff_coefficient": 0.5}}}))
+        .await;
+    assert_error(code, &answer, 422, "invalid_request");
+    let (code, _, answer) = ojs.raw("POST", "/ojs/v1/jobs", "{ invalid json }").await;
+    assert_error(code, &answer, 400, "invalid_payload");
+    let (code, answer) = ojs.get("/ojs/v1/jobs/019539a4-0000-7000-8000-000000000000").await;
+    assert_error(code, &answer, 404, "not_found");
+    assert!(answer["error"]["hint"].is_string() && answer["error"]["docs_url"].is_string());
+    assert!(ojs.fetch(&["default"]).await.is_empty(), "no refused enqueue made a job");
+    // A batch with one bad job makes none of them.
+    let batch = json!({"jobs": [{"type": "a", "args": [], "options": {"queue": "batch"}}, {"args": []}]});
+    let (code, answer) = ojs.post("/ojs/v1/jobs/batch", batch).await;
+    assert_error(code, &answer, 400, "invalid_request");
+    assert!(ojs.fetch(&["batch"]).await.is_empty());
+}
+
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn a_job_moves_through_fetch_ack_and_cancel_as_the_state_machine_allows() {
+    let node = node().await;
+    let ojs = Ojs::of(&node);
+    let job = ojs.enqueue(json!({"type": "t.ack", "args": [1], "options": {"queue": "life"}})).await;
+    let (code, answer) = ojs.post("/ojs/v1/workers/ack", json!({"job_id": job["id"]})).await;
+    assert_error(code, &answer, 409, "conflict");
+
+    let fetched = ojs.fetch(&["life"]).await;
+    assert_eq!(fetched.len(), 1);
+    assert_eq!(
+        (fetched[0]["id"].clone(), fetched[0]["state"].as_str(), fetched[0]["attempt"].as_i64()),
+        (job["id"].clone(), Some("active"), Some(1))
+    );
+    assert!(ojs.fetch(&["life"]).await.is_empty(), "an active job is not fetched twice");
+    let (code, answer) = ojs.post("/ojs/v1/workers/ack", json!({"job_id": job["id"], "result": {"sent": true}})).await;
+    assert_eq!((code, answer["state"].as_str()), (200, Some("completed")), "{answer}");
+    let done = ojs.job(&job["id"]).await;
+    assert_eq!((done["state"].as_str(), done["result"].clone()), (Some("completed"), json!({"sent": true})));
+    assert!(done["completed_at"].is_string() && done["started_at"].is_string());
+    for (method, path, body) in [
+        ("POST", "/ojs/v1/workers/ack", Some(json!({"job_id": job["id"]}))),
+        ("POST", "/ojs/v1/workers/nack", Some(json!({"job_id": job["id"], "error": {"code": "x", "message": "y"}}))),
+        ("DELETE", &*format!("/ojs/v1/jobs/{}", job["id"].as_str().unwrap()), None),
+    ] {
+        let (code, answer) = ojs.send(method, path, body).await;
+        assert_error(code, &answer, 409, "conflict");
+    }
+
+    let later = ojs
+        .enqueue(
+            json!({"type": "t.later", "args": [], "options": {"queue": "life", "delay_until": "2099-12-31T23:59:59Z"}}),
+        )
+        .await;
+    assert_eq!(later["state"], "scheduled");
+    assert!(ojs.fetch(&["life"]).await.is_empty(), "a scheduled job is not fetched");
+    let (code, answer) = ojs.send("DELETE", &format!("/ojs/v1/jobs/{}", later["id"].as_str().unwrap()), None).await;
+    assert_eq!((code, answer["job"]["state"].as_str()), (200, Some("cancelled")), "{answer}");
+    assert!(answer["job"]["cancelled_at"].is_string());
+}
+
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn nacks_follow_the_retry_policy_and_exhausted_jobs_land_in_the_dead_letter_queue() {
+    let node = node().await;
+    let ojs = Ojs::of(&node);
+    let policy = json!({"max_attempts": 2, "initial_interval": "PT0.2S", "backoff_coefficient": 1.0, "jitter": false});
+    let job = ojs.enqueue(json!({"type": "t.retry", "args": [], "options": {"queue": "retry", "retry": policy}})).await;
+    assert_eq!(job["max_attempts"], 2);
+    assert_eq!(ojs.fetch(&["retry"]).await.len(), 1);
+    let (code, answer) =
+        ojs.nack(&job["id"], json!({"code": "handler_error", "message": "first", "type": "Flaky"})).await;
+    assert_eq!(code, 200, "{answer}");
+    assert_eq!((answer["state"].as_str(), answer["retry_delay_ms"].as_i64()), (Some("retryable"), Some(200)));
+    assert_eq!(ojs.job(&job["id"]).await["state"], "retryable");
+    let again = std::sync::Mutex::new(Vec::new());
+    eventually(Duration::from_secs(10), "the job to be fetchable after its back-off", || async {
+        let fetched = ojs.fetch(&["retry"]).await;
+        let found = !fetched.is_empty();
+        *again.lock().unwrap() = fetched;
+        found
+    })
+    .await;
+    assert_eq!(again.lock().unwrap()[0]["attempt"], 2);
+    let (code, answer) = ojs.nack(&job["id"], json!({"code": "handler_error", "message": "second"})).await;
+    assert_eq!((code, answer["state"].as_str()), (200, Some("discarded")), "{answer}");
+    let discarded = ojs.job(&job["id"]).await;
+    let errors = discarded["errors"].as_array().unwrap();
+    assert_eq!(errors.len(), 2, "{discarded}");
+    assert_eq!((errors[0]["attempt"].as_i64(), errors[0]["type"].as_str()), (Some(1), Some("Flaky")));
+    assert_eq!(errors[1]["message"], "second");
+
+    let (_, list) = ojs.get("/ojs/v1/dead-letter?queue=retry").await;
+    let ids: Vec<&Value> = list["jobs"].as_array().unwrap().iter().map(|j| &j["id"]).collect();
+    assert_eq!(ids, [&job["id"]]);
+    let (code, answer) =
+        ojs.post(&format!("/ojs/v1/dead-letter/{}/retry", job["id"].as_str().unwrap()), json!({})).await;
+    assert_eq!((code, answer["job"]["state"].as_str()), (200, Some("available")), "{answer}");
+    assert_eq!(ojs.fetch(&["retry"]).await[0]["id"], job["id"]);
+
+    // A non-retryable error discards at once, whatever attempts are left;
+    // a deleted dead letter leaves the listing.
+    let fatal = ojs
+        .enqueue(json!({"type": "t.fatal", "args": [], "options": {"queue": "fatal", "retry": {"max_attempts": 5, "non_retryable_errors": ["Auth.*"]}}}))
+        .await;
+    ojs.fetch(&["fatal"]).await;
+    let (_, answer) =
+        ojs.nack(&fatal["id"], json!({"code": "e", "message": "m", "details": {"error_class": "Auth.Expired"}})).await;
+    assert_eq!(answer["state"], "discarded", "{answer}");
+    let (code, answer) =
+        ojs.send("DELETE", &format!("/ojs/v1/dead-letter/{}", fatal["id"].as_str().unwrap()), None).await;
+    assert_eq!((code, answer["deleted"].as_bool()), (200, Some(true)), "{answer}");
+    let (_, list) = ojs.get("/ojs/v1/dead-letter?queue=fatal").await;
+    assert_eq!(list["jobs"], json!([]));
+}
+
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn a_queue_is_fetched_by_priority_then_fifo_across_partitions_and_queues_in_the_order_given() {
+    let node = node().await;
+    let ojs = Ojs::of(&node);
+    let mut made = Vec::new();
+    for (n, priority) in [(1, 0), (2, 0), (3, 10), (4, 0), (5, -10), (6, 10)] {
+        let job = ojs
+            .enqueue(json!({"type": "t.order", "args": [n], "options": {"queue": "ordered", "priority": priority}}))
+            .await;
+        made.push((n, job["id"].clone()));
+    }
+    let mut order = Vec::new();
+    for _ in 0..made.len() {
+        order.push(ojs.fetch(&["ordered"]).await[0]["args"][0].as_i64().unwrap());
+    }
+    assert_eq!(order, [3, 6, 1, 2, 4, 5]);
+
+    let low = ojs.enqueue(json!({"type": "t.q", "args": ["low"], "options": {"queue": "low"}})).await;
+    let high = ojs.enqueue(json!({"type": "t.q", "args": ["high"], "options": {"queue": "high"}})).await;
+    assert_eq!(ojs.fetch(&["high", "low"]).await[0]["id"], high["id"]);
+    assert_eq!(ojs.fetch(&["high", "low"]).await[0]["id"], low["id"]);
+}
+
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn client_ids_and_unique_jobs_make_one_job() {
+    let node = node().await;
+    let ojs = Ojs::of(&node);
+    let id = "019539a4-aaaa-7000-8000-111111111111";
+    let job = ojs.enqueue(json!({"type": "t.id", "args": [1], "id": id})).await;
+    assert_eq!(job["id"], id);
+    assert_eq!(ojs.job(&json!(id)).await["args"], json!([1]));
+    for args in [json!([1]), json!([2])] {
+        let (code, answer) = ojs.post("/ojs/v1/jobs", json!({"type": "t.id", "args": args, "id": id})).await;
+        assert_error(code, &answer, 409, "duplicate");
+    }
+
+    let unique = |on_conflict: &str, version: i64| json!({"type": "t.unique", "args": [version], "options": {"queue": "uq", "unique": {"keys": ["type"], "on_conflict": on_conflict}}});
+    let first = ojs.enqueue(unique("reject", 1)).await;
+    let (code, answer) = ojs.post("/ojs/v1/jobs", unique("reject", 2)).await;
+    assert_eq!((code, answer["error"]["code"].as_str()), (409, Some("duplicate")), "{answer}");
+    let (code, answer) = ojs.post("/ojs/v1/jobs", unique("ignore", 2)).await;
+    assert_eq!((code, answer["job"]["id"].clone()), (200, first["id"].clone()), "{answer}");
+    let replacement = ojs.enqueue(unique("replace", 3)).await;
+    assert_ne!(replacement["id"], first["id"]);
+    assert_eq!(ojs.job(&first["id"]).await["state"], "cancelled");
+    // Once the job is done it no longer blocks (the default states are the
+    // unfinished ones), and the next generation is made.
+    assert_eq!(ojs.fetch(&["uq"]).await[0]["id"], replacement["id"]);
+    ojs.post("/ojs/v1/workers/ack", json!({"job_id": replacement["id"]})).await;
+    let next = ojs.enqueue(unique("reject", 4)).await;
+    assert_ne!(next["id"], replacement["id"]);
+    // A period: a duplicate is refused within it and made after it.
+    let periodic = json!({"type": "t.period", "args": [], "options": {"unique": {"period": "PT1S"}}});
+    ojs.enqueue(periodic.clone()).await;
+    assert_eq!(ojs.post("/ojs/v1/jobs", periodic.clone()).await.0, 409);
+    eventually(Duration::from_secs(10), "the unique period to pass", || async {
+        ojs.post("/ojs/v1/jobs", periodic.clone()).await.0 == 201
+    })
+    .await;
+}
+
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn a_batch_is_made_in_one_request_and_each_job_is_fetchable() {
+    let node = node().await;
+    let ojs = Ojs::of(&node);
+    let jobs: Vec<Value> =
+        (0..20).map(|i| json!({"type": "t.bulk", "args": [i], "options": {"queue": "bulk"}})).collect();
+    let (code, answer) = ojs.post("/ojs/v1/jobs/batch", json!({ "jobs": jobs })).await;
+    assert_eq!((code, answer["count"].as_i64()), (201, Some(20)), "{answer}");
+    let made = answer["jobs"].as_array().unwrap();
+    assert!(made.iter().all(|j| j["state"] == "available"));
+    let (_, fetched) = ojs.post("/ojs/v1/workers/fetch", json!({"queues": ["bulk"], "count": 50})).await;
+    let args: Vec<i64> = fetched["jobs"].as_array().unwrap().iter().map(|j| j["args"][0].as_i64().unwrap()).collect();
+    assert_eq!(args, (0..20).collect::<Vec<_>>(), "a batch keeps its order within the queue");
+}
+
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn an_unacknowledged_job_comes_back_after_its_visibility_timeout_unless_heartbeats_hold_it() {
+    let node = node().await;
+    let ojs = Ojs::of(&node);
+    let held = ojs
+        .enqueue(json!({"type": "t.held", "args": [], "options": {"queue": "vis", "visibility_timeout_ms": 1500}}))
+        .await;
+    let lost = ojs
+        .enqueue(json!({"type": "t.lost", "args": [], "options": {"queue": "vis", "visibility_timeout_ms": 1500}}))
+        .await;
+    let (_, fetched) = ojs.post("/ojs/v1/workers/fetch", json!({"queues": ["vis"], "count": 2})).await;
+    assert_eq!(fetched["jobs"].as_array().unwrap().len(), 2);
+    let key = |job: &Value| -> u64 { job["drover"]["key"].as_str().unwrap().parse().unwrap() };
+    let deadline = node.client.get_job(key(&held)).await.unwrap().deadline;
+    // The held job is beaten for until the lost one is back.
+    eventually(Duration::from_secs(15), "the unbeaten job to be available again", || async {
+        let (code, beat) =
+            ojs.post("/ojs/v1/workers/heartbeat", json!({"worker_id": "w", "active_jobs": [held["id"]]})).await;
+        assert_eq!((code, beat["state"].as_str()), (200, Some("running")), "{beat}");
+        assert_eq!(beat["jobs_extended"], json!([held["id"]]), "{beat}");
+        ojs.job(&lost["id"]).await["state"] == "available"
+    })
+    .await;
+    assert_eq!(ojs.job(&held["id"]).await["state"], "active");
+    assert!(node.client.get_job(key(&held)).await.unwrap().deadline > deadline, "heartbeats moved the deadline");
+    let (code, answer) = ojs.post("/ojs/v1/workers/ack", json!({"job_id": held["id"]})).await;
+    assert_eq!(code, 200, "{answer}");
+}
+
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn ojs_drover_and_zeebe_workers_share_one_job_type() {
+    let node = node().await;
+    let ojs = Ojs::of(&node);
+    let address = format!("http://{}", node.node().grpc_addr);
+    // OJS makes, drover.v1 works.
+    let job = ojs.enqueue(json!({"type": "pay.card", "args": [{"amount": 3}], "options": {"queue": "payments"}})).await;
+    let mut native = pb::gateway_client::GatewayClient::connect(address.clone()).await.unwrap();
+    let request = pb::ActivateJobsRequest {
+        r#type: "payments".into(),
+        worker: "native".into(),
+        timeout: 30_000,
+        max_jobs_to_activate: 5,
+        ..Default::default()
+    };
+    let mut replies = native.activate_jobs(request).await.unwrap().into_inner();
+    let activated = replies.message().await.unwrap().expect("an activation").jobs;
+    assert_eq!(activated.len(), 1);
+    assert_eq!(serde_json::from_str::<Value>(&activated[0].variables).unwrap(), json!({"args": [{"amount": 3}]}));
+    let complete = pb::CompleteJobRequest {
+        key: activated[0].key,
+        variables: r#"{"paid":true}"#.into(),
+        attempt: activated[0].attempt,
+        ..Default::default()
+    };
+    native.complete_job(complete).await.unwrap();
+    let done = ojs.job(&job["id"]).await;
+    assert_eq!((done["state"].as_str(), done["result"].clone()), (Some("completed"), json!({"paid": true})));
+
+    // drover.v1 makes, OJS works: the variables are the one argument.
+    let key = node.client.create_job("payments", r#"{"amount":4}"#).await.unwrap();
+    let fetched = ojs.fetch(&["payments"]).await;
+    assert_eq!(fetched[0]["args"], json!([{"amount": 4}]));
+    assert_eq!(fetched[0]["drover"]["key"], key.to_string());
+    ojs.post("/ojs/v1/workers/ack", json!({"job_id": fetched[0]["id"]})).await;
+
+    // OJS makes, a Zeebe worker works.
+    let job = ojs.enqueue(json!({"type": "pay.refund", "args": [5], "options": {"queue": "payments"}})).await;
+    let mut zeebe = drover::proto::zeebe::gateway_client::GatewayClient::connect(address).await.unwrap();
+    let activate = zb::ActivateJobsRequest {
+        r#type: "payments".into(),
+        worker: "z".into(),
+        timeout: 30_000,
+        max_jobs_to_activate: 1,
+        request_timeout: -1,
+        ..Default::default()
+    };
+    let mut stream = zeebe.activate_jobs(activate).await.unwrap().into_inner();
+    let zjob = stream.message().await.unwrap().expect("an activation").jobs.remove(0);
+    assert_eq!(
+        zjob.custom_headers,
+        serde_json::to_string(&serde_json::from_str::<Value>(&zjob.custom_headers).unwrap()).unwrap()
+    );
+    zeebe.complete_job(zb::CompleteJobRequest { job_key: zjob.key, variables: "{}".into() }).await.unwrap();
+    assert_eq!(ojs.job(&job["id"]).await["state"], "completed");
+}
+
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn the_ojs_port_takes_the_same_tokens_and_scopes_as_the_grpc_port() {
+    use drover::auth::keys::{generate_secret, token_entry};
+    let dir = tempfile::tempdir().unwrap();
+    let (admin, worker) = (generate_secret(), generate_secret());
+    let tokens = dir.path().join("tokens.toml");
+    let entries = token_entry("admin", &admin, &["*".into()], &["*".into()])
+        + &token_entry(
+            "mailer",
+            &worker,
+            &["jobs:create:mail".into(), "jobs:work:mail".into(), "jobs:read:mail".into()],
+            &["acme".into()],
+        );
+    std::fs::write(&tokens, entries).unwrap();
+    let node = LocalNode::start_with(move |config| {
+        config.ojs_addr = Some("127.0.0.1:0".parse().unwrap());
+        config.auth.tokens_file = Some(tokens);
+    })
+    .await;
+    let mut ojs = Ojs::of(&node);
+    let (code, health) = ojs.get("/ojs/v1/health").await;
+    assert_eq!((code, health["status"].as_str()), (200, Some("ok")), "probes need no token");
+    assert_eq!(ojs.get("/ojs/manifest").await.0, 200);
+    let (code, answer) = ojs.post("/ojs/v1/jobs", json!({"type": "a", "args": []})).await;
+    assert_eq!((code, answer["error"]["code"].as_str()), (401, Some("unauthenticated")), "{answer}");
+    ojs.token = Some(worker);
+    // Its tenant is acme: without OJS's tenant header it acts for the
+    // default tenant, which it may not.
+    let (code, answer) =
+        ojs.post("/ojs/v1/jobs", json!({"type": "send", "args": [], "options": {"queue": "mail"}})).await;
+    assert_eq!((code, answer["error"]["code"].as_str()), (403, Some("forbidden")), "{answer}");
+    ojs.tenant = Some("acme".into());
+    let job = ojs.enqueue(json!({"type": "send", "args": [], "options": {"queue": "mail"}})).await;
+    let (code, answer) = ojs
+        .post(
+            "/ojs/v1/jobs",
+            json!({"type": "send", "args": [], "meta": {"tenant_id": "globex"}, "options": {"queue": "mail"}}),
+        )
+        .await;
+    assert_error(code, &answer, 400, "invalid_request");
+    let (code, answer) =
+        ojs.post("/ojs/v1/jobs", json!({"type": "send", "args": [], "options": {"queue": "billing"}})).await;
+    assert_eq!((code, answer["error"]["code"].as_str()), (403, Some("forbidden")), "{answer}");
+    let (code, answer) = ojs.post("/ojs/v1/workers/fetch", json!({"queues": ["billing"]})).await;
+    assert_eq!(code, 403, "{answer}");
+    assert_eq!(ojs.fetch(&["mail"]).await.len(), 1);
+    // A read by id needs no tenant header: the job is checked against
+    // every tenant the principal holds.
+    ojs.token = Some(admin);
+    ojs.tenant = None;
+    let (code, answer) = ojs.get(&format!("/ojs/v1/jobs/{}", job["id"].as_str().unwrap())).await;
+    assert_eq!(code, 200, "the admin holds every tenant: {answer}");
+    ojs.tenant = Some("acme".into());
+    let (code, answer) = ojs.post("/ojs/v1/admin/jobs/bulk/cancel", json!({})).await;
+    assert_error(code, &answer, 400, "invalid_request");
+    let (code, answer) = ojs.post("/ojs/v1/admin/jobs/bulk/cancel", json!({"confirm": true})).await;
+    assert_eq!((code, answer["cancelled"].as_u64()), (200, Some(1)), "{answer}");
+}
