@@ -17,7 +17,7 @@ setup:
 	@./scripts/setup.sh
 
 run: setup
-	cargo run --release --bin drover -- serve
+	cargo run --release --bin drover -- serve --ojs-addr 0.0.0.0:8080
 
 jepsen: setup
 	cargo build --workspace --bins
