@@ -477,3 +477,44 @@ async fn the_ojs_port_takes_the_same_tokens_and_scopes_as_the_grpc_port() {
     let (code, answer) = ojs.post("/ojs/v1/admin/jobs/bulk/cancel", json!({"confirm": true})).await;
     assert_eq!((code, answer["cancelled"].as_u64()), (200, Some(1)), "{answer}");
 }
+
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn a_stale_workers_ack_never_lands_on_the_next_activation() {
+    let node = node().await;
+    let ojs = Ojs::of(&node);
+    let job = ojs.enqueue(json!({"type": "t.fence", "args": [], "options": {"queue": "fence"}})).await;
+    let fetch = |worker: &'static str| json!({"queues": ["fence"], "worker_id": worker, "visibility_timeout_ms": 300});
+    let (_, first) = ojs.post("/ojs/v1/workers/fetch", fetch("alpha")).await;
+    assert_eq!(first["jobs"][0]["attempt"], 1, "{first}");
+    let second = std::sync::Mutex::new(Value::Null);
+    eventually(Duration::from_secs(10), "the job to be handed to another worker", || async {
+        let (_, fetched) = ojs.post("/ojs/v1/workers/fetch", fetch("beta")).await;
+        let found = !fetched["jobs"].as_array().unwrap().is_empty();
+        *second.lock().unwrap() = fetched;
+        found
+    })
+    .await;
+    let second = second.lock().unwrap().clone();
+    assert_eq!(second["jobs"][0]["id"], job["id"]);
+    let attempt = second["jobs"][0]["attempt"].as_u64().unwrap();
+    assert!(attempt >= 2, "{second}");
+    // The first worker's outcome, named by its attempt or by its name, is refused.
+    let (code, answer) = ojs.post("/ojs/v1/workers/ack", json!({"job_id": job["id"], "attempt": 1})).await;
+    assert_error(code, &answer, 409, "conflict");
+    let (code, answer) = ojs.nack(&job["id"], json!({"code": "late"})).await;
+    assert_eq!(code, 200, "an unnamed outcome acts on the current activation: {answer}");
+    let third = std::sync::Mutex::new(Value::Null);
+    eventually(Duration::from_secs(10), "the failed job to be fetchable again", || async {
+        let (_, fetched) = ojs.post("/ojs/v1/workers/fetch", fetch("gamma")).await;
+        let found = !fetched["jobs"].as_array().unwrap().is_empty();
+        *third.lock().unwrap() = fetched;
+        found
+    })
+    .await;
+    let (code, answer) = ojs.post("/ojs/v1/workers/ack", json!({"job_id": job["id"], "worker_id": "beta"})).await;
+    assert_error(code, &answer, 409, "conflict");
+    let attempt = third.lock().unwrap()["jobs"][0]["attempt"].clone();
+    let (code, answer) =
+        ojs.post("/ojs/v1/workers/ack", json!({"job_id": job["id"], "attempt": attempt, "worker_id": "gamma"})).await;
+    assert_eq!((code, answer["state"].as_str()), (200, Some("completed")), "{answer}");
+}

@@ -270,6 +270,7 @@ impl Nodes {
             .args(["--grpc-addr", &format!("{}:26500", self.ips[i])])
             .args(["--cluster-addr", &format!("{}:26502", self.ips[i])])
             .args(["--admin-addr", &format!("{}:9600", self.ips[i])])
+            .args(["--ojs-addr", &format!("{}:{OJS_PORT}", self.ips[i])])
             .args(profile)
             // Default Raft timing (what users run); frequent snapshots so
             // restarted nodes catch up by installing one.
@@ -528,6 +529,9 @@ impl Drop for Nodes {
 /// A request to `addr` (a GET, or a POST of the URL-encoded `form`): over
 /// TLS trusting the PEM CA `ca` when there is one, sending `token` (if any)
 /// as a bearer token. Returns the status and the body.
+/// The port each node serves the Open Job Spec's HTTP binding on.
+pub const OJS_PORT: u16 = 8080;
+
 pub async fn http_as(
     addr: &str,
     method: &str,

@@ -586,6 +586,8 @@ async fn inner(dir: &Path) -> anyhow::Result<bool> {
         backlog: Default::default(),
         worker_sets: args.worker_sets.max(1),
         leaks: Default::default(),
+        ojs: config.ips.iter().map(|ip| format!("{ip}:{}", cluster::OJS_PORT)).collect(),
+        ca: nodes.tls.as_ref().map(|(_, ca)| ca.clone()),
     });
     // With tokens, a second tenant attacks the first (see `attacker`).
     let attacker = match args.tokens {
@@ -623,6 +625,9 @@ async fn inner(dir: &Path) -> anyhow::Result<bool> {
             let p = next_process.next().unwrap();
             tasks.push(tokio::spawn(workload::staged(Arc::clone(&shared), p, config.seed ^ (p + 1))));
         }
+        // Part of the polled type's work goes through the OJS port.
+        let p = next_process.next().unwrap();
+        tasks.push(tokio::spawn(workload::ojs_poller(Arc::clone(&shared), p, config.seed ^ (p + 1))));
         // One stream-only worker per gateway, always on that gateway.
         for node in 0..args.nodes {
             let p = next_process.next().unwrap();

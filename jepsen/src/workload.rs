@@ -125,6 +125,10 @@ pub struct Shared {
     pub worker_sets: u64,
     /// Keys and session ids the attacker learns (see `attacker`).
     pub leaks: crate::attacker::Leaks,
+    /// Each node's OJS HTTP address (`ip:port`), and the CA to trust when
+    /// the run serves TLS.
+    pub ojs: Vec<String>,
+    pub ca: Option<Vec<u8>>,
 }
 
 impl Shared {
@@ -340,6 +344,80 @@ pub async fn poller(shared: Arc<Shared>, process: u64, seed: u64) {
         let wanted = Wanted { job_type: JOB_TYPE, worker: &worker, requested_ms: Some(requested) };
         for job in jobs {
             handle(&shared, &clients[node], (process, node), &wanted, job, &mut rng).await;
+        }
+    }
+}
+
+/// A worker of [`JOB_TYPE`] that speaks the Open Job Spec's HTTP binding:
+/// fetches through any node's OJS port, and acknowledges naming the attempt
+/// it was handed, sometimes after its activation timed out (the ack must
+/// then be refused), sometimes never.
+pub async fn ojs_poller(shared: Arc<Shared>, process: u64, seed: u64) {
+    let mut rng = StdRng::seed_from_u64(seed);
+    let worker = format!("ojs-{process}");
+    let token = std::env::var(drover::client::TOKEN_ENV).ok();
+    let (ca, token) = (shared.ca.as_deref(), token.as_deref().map(str::trim));
+    let fetch = serde_json::json!({
+        "queues": [JOB_TYPE], "count": 8, "worker_id": worker, "visibility_timeout_ms": ACTIVATION_TIMEOUT_MS,
+    })
+    .to_string();
+    while !shared.stop.load(Ordering::Relaxed) {
+        let node = rng.random_range(0..shared.ojs.len());
+        let requested = shared.recorder.now_ms();
+        let sent = crate::cluster::http_as(&shared.ojs[node], "POST", "/ojs/v1/workers/fetch", &fetch, ca, token);
+        let jobs = match tokio::time::timeout(Duration::from_secs(5), sent).await {
+            Ok(Ok((200, body))) => serde_json::from_str::<serde_json::Value>(&body)
+                .ok()
+                .and_then(|v| v["jobs"].as_array().cloned())
+                .unwrap_or_default(),
+            _ => {
+                tokio::time::sleep(Duration::from_millis(100)).await;
+                continue;
+            }
+        };
+        for job in jobs {
+            let (Some(id), Some(key), Some(attempt)) = (
+                job["args"][0]["id"].as_u64(),
+                job["drover"]["key"].as_str().and_then(|k| k.parse::<u64>().ok()),
+                job["attempt"].as_u64().map(|a| a as u32),
+            ) else {
+                continue;
+            };
+            shared.recorder.record_op(Op {
+                requested_ms: Some(requested),
+                process,
+                node,
+                kind: Kind::Activate,
+                phase: Phase::Ok,
+                id,
+                key: Some(key),
+                attempt,
+                job_type: Some(JOB_TYPE.into()),
+                worker: Some(worker.clone()),
+                assigned_worker: Some(worker.clone()),
+                ..Op::default()
+            });
+            let roll: u32 = if shared.draining.load(Ordering::Relaxed) { 0 } else { rng.random_range(0..100) };
+            if roll >= 90 {
+                continue; // never answers: the activation times out
+            }
+            if (80..90).contains(&roll) {
+                tokio::time::sleep(Duration::from_millis(ACTIVATION_TIMEOUT_MS as u64 + 500)).await;
+            }
+            shared.recorder.record(process, node, Kind::Complete, Phase::Invoke, id, Some(key), attempt);
+            let ack = serde_json::json!({ "job_id": job["id"], "attempt": attempt, "worker_id": worker }).to_string();
+            let sent = crate::cluster::http_as(&shared.ojs[node], "POST", "/ojs/v1/workers/ack", &ack, ca, token);
+            let phase = match tokio::time::timeout(Duration::from_secs(5), sent).await {
+                Ok(Ok((200, _))) => Phase::Ok,
+                // Refused before anything was done: not active, another
+                // activation, or no such job.
+                Ok(Ok((400..=499, _))) => Phase::Fail,
+                _ => Phase::Info,
+            };
+            if phase != Phase::Fail {
+                shared.completed(JOB_TYPE, id);
+            }
+            shared.recorder.record(process, node, Kind::Complete, phase, id, Some(key), attempt);
         }
     }
 }

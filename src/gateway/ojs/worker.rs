@@ -1,9 +1,12 @@
 //! OJS's worker endpoints: fetch (jobs from several queues, in the order
 //! given), ack, nack (with the job's retry policy) and heartbeat.
 //!
-//! Each ack and nack names a job by id only, so the gateway reads the job
-//! first and acts on the activation it finds, fenced by its attempt: a job
-//! activated again meanwhile refuses the stale outcome at its partition.
+//! An ack or nack names a job by id, so the gateway reads the job first and
+//! acts on the activation it finds, fenced by its attempt (a job activated
+//! again meanwhile refuses the outcome at its partition). A request that
+//! names the activation (`attempt`, which a fetch answers, or else
+//! `worker_id`) is refused when the job's activation is another one: a
+//! stale worker's outcome never lands on the next worker's activation.
 
 use axum::body::Bytes;
 use axum::extract::State;
@@ -115,14 +118,28 @@ pub(super) async fn fetch(
     Ok(reply(StatusCode::OK, json!({ "jobs": shown, "job": first })))
 }
 
-/// The job `id` names, which must be active to take an outcome.
-async fn active(ojs: &Ojs, call: &OjsCall, id: &str, verb: &str) -> Result<pb::Job, OjsError> {
-    let job = ojs.find(call, id, false).await?;
+/// The job an ack or nack names, which must be active, and active under the
+/// activation the request names: its `attempt` when it gives one (an
+/// extension: what the fetch answered), else its `worker_id` when it gives
+/// one. A request with neither acts on whatever activation the job has.
+async fn active(ojs: &Ojs, call: &OjsCall, body: &Value, verb: &str) -> Result<(String, pb::Job), OjsError> {
+    let id = job_id(body)?;
+    let job = ojs.find(call, &id, false).await?;
     if job.state != "activated" {
         let state = envelope::state(&job.state, job.attempt);
         return Err(OjsError::conflict(format!("job {id} is {state}: only an active job can be {verb}")));
     }
-    Ok(job)
+    match (body.get("attempt"), body.get("worker_id").and_then(Value::as_str)) {
+        (Some(attempt), _) if attempt.as_u64() != Some(u64::from(job.attempt)) => Err(OjsError::conflict(format!(
+            "job {id} is at attempt {}, not {attempt}: that activation is over and its outcome is refused",
+            job.attempt
+        ))),
+        (None, Some(worker)) if worker != job.worker => Err(OjsError::conflict(format!(
+            "job {id} is held by worker {:?} now, not {worker:?}: that activation is over and its outcome is refused",
+            job.worker
+        ))),
+        _ => Ok((id, job)),
+    }
 }
 
 /// An outcome the partition refused because the activation moved on.
@@ -135,7 +152,7 @@ fn moved_on(id: &str, error: ApiError) -> OjsError {
     }
 }
 
-/// `POST /ojs/v1/workers/ack`: `{job_id, result?}`.
+/// `POST /ojs/v1/workers/ack`: `{job_id, result?, attempt?, worker_id?}`.
 pub(super) async fn ack(
     State(ojs): State<Ojs>,
     call: Option<Extension<OjsCall>>,
@@ -143,8 +160,7 @@ pub(super) async fn ack(
 ) -> Result<Response, OjsError> {
     let call = call_of(call)?;
     let body = body_json(&body)?;
-    let id = job_id(&body)?;
-    let job = active(&ojs, &call, &id, "acknowledged").await?;
+    let (id, job) = active(&ojs, &call, &body, "acknowledged").await?;
     let request = pb::CompleteJobRequest {
         key: job.key,
         variables: envelope::result_variables(body.get("result")),
@@ -161,7 +177,8 @@ pub(super) async fn ack(
     ))
 }
 
-/// `POST /ojs/v1/workers/nack`: `{job_id, error?, requeue?}`. With
+/// `POST /ojs/v1/workers/nack`: `{job_id, error?, requeue?, attempt?,
+/// worker_id?}`. With
 /// `requeue`, the job is available again at once and the attempt does not
 /// count as a failure; otherwise the job's retry policy decides: discarded
 /// when no attempt is left or the error is not retryable (`retryable:
@@ -174,14 +191,13 @@ pub(super) async fn nack(
 ) -> Result<Response, OjsError> {
     let call = call_of(call)?;
     let body = body_json(&body)?;
-    let id = job_id(&body)?;
     let error = match body.get("error") {
         None | Some(Value::Null) => Map::new(),
         Some(Value::Object(error)) => error.clone(),
         Some(_) => return Err(OjsError::invalid("error must be an object: {code, message, retryable?, details?}")),
     };
     let requeue = body.get("requeue").and_then(Value::as_bool).unwrap_or(false);
-    let job = active(&ojs, &call, &id, "failed").await?;
+    let (id, job) = active(&ojs, &call, &body, "failed").await?;
     let policy = Stored::of(&job.r#type, &job.custom_headers).policy();
     let (message, kind) = envelope::error_message(&error);
     let not_retryable = error.get("retryable").and_then(Value::as_bool) == Some(false);
