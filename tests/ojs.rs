@@ -444,7 +444,17 @@ async fn the_ojs_port_takes_the_same_tokens_and_scopes_as_the_grpc_port() {
     assert_eq!(ojs.get("/ojs/manifest").await.0, 200);
     let (code, answer) = ojs.post("/ojs/v1/jobs", json!({"type": "a", "args": []})).await;
     assert_eq!((code, answer["error"]["code"].as_str()), (401, Some("unauthenticated")), "{answer}");
+    // A job of the default tenant, made by the admin.
+    ojs.token = Some(admin.clone());
+    let theirs = ojs.enqueue(json!({"type": "send", "args": [], "options": {"queue": "mail"}})).await;
     ojs.token = Some(worker);
+    // Another tenant's job is not there for it, by id or by fetch.
+    let (code, answer) = ojs.get(&format!("/ojs/v1/jobs/{}", theirs["id"].as_str().unwrap())).await;
+    assert_error(code, &answer, 404, "not_found");
+    let (code, answer) = ojs.post("/ojs/v1/workers/ack", json!({"job_id": theirs["id"]})).await;
+    assert_error(code, &answer, 404, "not_found");
+    let (code, answer) = ojs.send("DELETE", &format!("/ojs/v1/jobs/{}", theirs["id"].as_str().unwrap()), None).await;
+    assert_error(code, &answer, 404, "not_found");
     // Its tenant is acme: without OJS's tenant header it acts for the
     // default tenant, which it may not.
     let (code, answer) =
@@ -475,7 +485,7 @@ async fn the_ojs_port_takes_the_same_tokens_and_scopes_as_the_grpc_port() {
     let (code, answer) = ojs.post("/ojs/v1/admin/jobs/bulk/cancel", json!({})).await;
     assert_error(code, &answer, 400, "invalid_request");
     let (code, answer) = ojs.post("/ojs/v1/admin/jobs/bulk/cancel", json!({"confirm": true})).await;
-    assert_eq!((code, answer["cancelled"].as_u64()), (200, Some(1)), "{answer}");
+    assert_eq!((code, answer["cancelled"].as_u64()), (200, Some(1)), "acme's one unfinished job: {answer}");
 }
 
 #[tokio::test(flavor = "multi_thread", worker_threads = 2)]

@@ -16,6 +16,8 @@ pub struct LocalNodeProcess {
     pub grpc: String,
     pub cluster: String,
     pub admin: String,
+    /// The node's Open Job Spec HTTP port.
+    pub ojs: String,
     pub data_dir: PathBuf,
     /// `drover serve`'s arguments, to start it again as it was.
     args: Vec<String>,
@@ -390,8 +392,9 @@ fn launch(
     topology: &Topology,
 ) -> Result<Vec<LocalNodeProcess>, StartFailure> {
     let fail = |error: anyhow::Error| StartFailure { error, port_taken: false };
-    let chosen = free_ports(nodes * 3).map_err(fail)?;
-    let ports: Vec<(u16, u16, u16)> = chosen.chunks(3).map(|p| (p[0], p[1], p[2])).collect();
+    let chosen = free_ports(nodes * 4).map_err(fail)?;
+    let ports: Vec<(u16, u16, u16)> = chosen.chunks(4).map(|p| (p[0], p[1], p[2])).collect();
+    let ojs_ports: Vec<u16> = chosen.chunks(4).map(|p| p[3]).collect();
     let members = |from: usize| -> String {
         let entries: Vec<String> = ports
             .iter()
@@ -415,6 +418,7 @@ fn launch(
             ("--grpc-addr", format!("127.0.0.1:{grpc}")),
             ("--cluster-addr", format!("127.0.0.1:{cluster}")),
             ("--admin-addr", format!("127.0.0.1:{admin}")),
+            ("--ojs-addr", format!("127.0.0.1:{}", ojs_ports[id])),
             ("--members", members(id)),
             ("--partitions", partitions.to_string()),
             ("--replication-factor", replication_factor.to_string()),
@@ -435,6 +439,7 @@ fn launch(
             grpc: format!("127.0.0.1:{grpc}"),
             cluster: format!("127.0.0.1:{cluster}"),
             admin: format!("127.0.0.1:{admin}"),
+            ojs: format!("127.0.0.1:{}", ojs_ports[id]),
             data_dir,
             args,
             log,

@@ -31,6 +31,7 @@ mod conditions;
 pub mod delay;
 mod faults;
 mod local;
+mod ojs;
 mod regions;
 mod stages;
 mod workload;
@@ -55,6 +56,9 @@ pub enum Workload {
     #[value(name = "rolling-restart")]
     #[serde(rename = "rolling-restart")]
     RollingRestart,
+    /// The throughput workload's jobs through the Open Job Spec HTTP binding:
+    /// one request per enqueue, per fetch of up to 32 jobs and per ack.
+    Ojs,
     /// Five local nodes in two regions, 40 ms apart each way: create-to-worker
     /// latency of a worker in each region at --rate, with leaders in one
     /// region, then the other (starts its own nodes; --local-nodes is not used).
@@ -69,6 +73,10 @@ pub struct BenchArgs {
     /// Gateways of a running cluster (comma separated). Ignored with --local-nodes.
     #[arg(long, value_delimiter = ',', default_value = "127.0.0.1:26500")]
     pub address: Vec<String>,
+    /// OJS HTTP ports of a running cluster, for the ojs workload (comma
+    /// separated). Ignored with --local-nodes.
+    #[arg(long, value_delimiter = ',')]
+    pub ojs_address: Vec<String>,
     /// Start this many local nodes in temporary directories for the run.
     #[arg(long)]
     pub local_nodes: Option<usize>,
@@ -271,6 +279,20 @@ pub async fn run(args: BenchArgs) -> anyhow::Result<bool> {
     for workload in &args.workload {
         if *workload == Workload::Regions {
             let figures = regions::regions(&args).await?;
+            if args.json {
+                println!("{}", serde_json::to_string(&Report { workload: *workload, parameters: &args, figures })?);
+            } else {
+                figures.print();
+            }
+            continue;
+        }
+        if *workload == Workload::Ojs {
+            let addresses = match &cluster {
+                Some(cluster) => cluster.nodes.iter().map(|n| n.ojs.clone()).collect(),
+                None => args.ojs_address.clone(),
+            };
+            let figures = ojs::ojs(&args, &addresses).await?;
+            clean &= figures.lost == 0 && figures.completed_twice == 0;
             if args.json {
                 println!("{}", serde_json::to_string(&Report { workload: *workload, parameters: &args, figures })?);
             } else {

@@ -7,7 +7,8 @@
 //! same tokens, scopes, tenants and limits as gRPC clients, and a job made
 //! here is the same job on drover.v1. Each request passes the same admission
 //! as a gRPC call ([`super::call`]): its bearer token is authenticated and
-//! rate-limited, its in-flight count lets a stopping node drain it. Only
+//! rate-limited, its in-flight count lets a stopping node drain it, and it
+//! continues the caller's trace (`traceparent`) while spans are exported. Only
 //! `/ojs/v1/health` and `/ojs/manifest` need no token.
 //!
 //! Decisions OJS leaves to the server, made in the job's partition where
@@ -35,6 +36,7 @@ use axum::Router;
 use serde_json::{json, Value};
 use tokio::net::TcpListener;
 use tokio::sync::watch;
+use tracing::Instrument;
 
 use super::{ApiError, Call, JobApi};
 use crate::context::NodeContext;
@@ -117,6 +119,12 @@ impl std::ops::Deref for OjsCall {
 /// The header OJS names a request's tenant in.
 const TENANT_HEADER: &str = "x-ojs-tenant";
 
+/// A path with its job id replaced, as a span names it (ids would make
+/// every span name unique).
+fn route_of(path: &str) -> String {
+    path.split('/').map(|part| if ids::is_uuidv7(part) { "{id}" } else { part }).collect::<Vec<_>>().join("/")
+}
+
 /// The paths served without a token: probes and discovery.
 fn is_open(path: &str) -> bool {
     matches!(path, "/ojs/manifest" | "/ojs/v1/health")
@@ -137,9 +145,17 @@ async fn admit(State(ctx): State<Arc<NodeContext>>, mut request: Request, next: 
                         return OjsError::invalid("X-OJS-Tenant must be a visible ASCII string").into_response();
                     }
                 };
+                let span = if crate::trace_context::exporting() {
+                    let name = format!("ojs {} {}", request.method(), route_of(request.uri().path()));
+                    let span = tracing::info_span!("gateway.call", otel.name = %name, rpc.service = "ojs");
+                    crate::trace_context::continue_trace(&span, &call.traceparent);
+                    span
+                } else {
+                    tracing::Span::none()
+                };
                 request.extensions_mut().insert(OjsCall { call, tenant });
                 let running = ctx.gateway.request_started();
-                let response = next.run(request).await;
+                let response = next.run(request).instrument(span).await;
                 drop(running);
                 response
             }
