@@ -153,6 +153,13 @@ async fn bad_requests_get_the_error_catalog_and_make_nothing() {
     assert_error(code, &answer, 400, "invalid_payload");
     let (code, answer) = ojs.get("/ojs/v1/jobs/019539a4-0000-7000-8000-000000000000").await;
     assert_error(code, &answer, 404, "not_found");
+    // Too large for a job, and too large for a request: neither is a rate
+    // limit to retry.
+    let limits = &node.node().ctx.settings.limits;
+    for size in [limits.max_payload_bytes + 1, limits.max_request_bytes() + 1] {
+        let (code, answer) = ojs.post("/ojs/v1/jobs", json!({"type": "a", "args": ["x".repeat(size)]})).await;
+        assert_error(code, &answer, 413, "envelope_too_large");
+    }
     assert!(answer["error"]["hint"].is_string() && answer["error"]["docs_url"].is_string());
     assert!(ojs.fetch(&["default"]).await.is_empty(), "no refused enqueue made a job");
     // A batch with one bad job makes none of them.

@@ -54,8 +54,21 @@ impl Ojs {
         }
     }
 
+    /// Refuses a job over the node's payload limit as too large (413): the
+    /// job API would refuse it as RESOURCE_EXHAUSTED, which OJS reads as a
+    /// rate limit to retry.
+    fn check_size(&self, request: &pb::CreateJobRequest) -> Result<(), OjsError> {
+        let headers: usize = request.custom_headers.iter().map(|(k, v)| k.len() + v.len()).sum();
+        let (bytes, limit) = (request.variables.len() + headers, self.ctx.settings.limits.max_payload_bytes);
+        if bytes > limit {
+            return Err(OjsError::too_large(bytes, limit));
+        }
+        Ok(())
+    }
+
     /// Creates one checked enqueue: the status and the envelope to answer.
     async fn create(&self, call: &OjsCall, mut enqueue: Enqueue) -> Result<(StatusCode, Value), OjsError> {
+        self.check_size(&enqueue.request)?;
         enqueue.request.tenant_id.clone_from(&call.tenant);
         match enqueue.unique.clone() {
             Some(unique) if enqueue.request.idempotency_key.is_empty() => {
@@ -205,8 +218,9 @@ pub(super) async fn enqueue_batch(
             })
         })
         .collect::<Result<Vec<_>, _>>()?;
-    for job in jobs {
+    for (job, enqueue) in jobs.iter().zip(&enqueues) {
         check_tenant(&call, job)?;
+        ojs.check_size(&enqueue.request)?;
     }
     let requests: Vec<_> = enqueues
         .into_iter()

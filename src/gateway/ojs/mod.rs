@@ -94,6 +94,8 @@ fn routes(ctx: Arc<NodeContext>) -> Router {
                 "this endpoint does not take that method",
             )
         })
+        // A batch of jobs at the payload limit each still fits.
+        .layer(axum::extract::DefaultBodyLimit::max(ctx.settings.limits.max_request_bytes()))
         .layer(axum::middleware::from_fn_with_state(ctx, admit))
         .with_state(state)
 }
@@ -162,6 +164,18 @@ async fn admit(State(ctx): State<Arc<NodeContext>>, mut request: Request, next: 
             Err(error) => OjsError::from(error).into_response(),
         }
     };
+    if response.status() == StatusCode::PAYLOAD_TOO_LARGE {
+        // axum's own answer to a body over the limit is plain text.
+        response = OjsError::new(
+            StatusCode::PAYLOAD_TOO_LARGE,
+            "envelope_too_large",
+            format!(
+                "the request is larger than this node takes ({} bytes); store large data elsewhere and pass a reference",
+                ctx.settings.limits.max_request_bytes()
+            ),
+        )
+        .into_response();
+    }
     let headers = response.headers_mut();
     headers.insert(header::CONTENT_TYPE, HeaderValue::from_static(MEDIA_TYPE));
     headers.insert("ojs-version", HeaderValue::from_static(SPEC_VERSION));
@@ -197,6 +211,16 @@ impl OjsError {
         }
     }
 
+    /// A job larger than the node keeps (not a rate limit: retrying will
+    /// not help).
+    fn too_large(bytes: usize, limit: usize) -> Self {
+        OjsError::new(
+            StatusCode::PAYLOAD_TOO_LARGE,
+            "envelope_too_large",
+            format!("the job's args, meta and options take {bytes} bytes; this node keeps at most {limit} per job"),
+        )
+    }
+
     pub(crate) fn not_found(message: impl Into<String>) -> Self {
         OjsError::new(StatusCode::NOT_FOUND, "not_found", message)
     }
@@ -222,6 +246,7 @@ impl OjsError {
             "unauthenticated" => "send Authorization: Bearer <token>",
             "forbidden" => "ask for a token with the scope, job type and tenant the request needs",
             "rate_limited" => "slow down and retry after a pause",
+            "envelope_too_large" => "store large data elsewhere and pass a reference in args",
             _ => "retry later; if it persists, see the node's log and /actuator/partitions",
         }
     }
