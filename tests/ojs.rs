@@ -531,7 +531,14 @@ async fn a_stale_workers_ack_never_lands_on_the_next_activation() {
     let (code, answer) = ojs.post("/ojs/v1/workers/ack", json!({"job_id": job["id"], "worker_id": "beta"})).await;
     assert_error(code, &answer, 409, "conflict");
     let attempt = third.lock().unwrap()["jobs"][0]["attempt"].clone();
-    let (code, answer) =
-        ojs.post("/ojs/v1/workers/ack", json!({"job_id": job["id"], "attempt": attempt, "worker_id": "gamma"})).await;
+    let ack = json!({"job_id": job["id"], "attempt": attempt, "worker_id": "gamma"});
+    let (code, answer) = ojs.post("/ojs/v1/workers/ack", ack.clone()).await;
     assert_eq!((code, answer["state"].as_str()), (200, Some("completed")), "{answer}");
+    // The same ack again (its answer was lost) is answered as done; an ack
+    // naming no activation finds the job finished.
+    let (code, answer) = ojs.post("/ojs/v1/workers/ack", ack).await;
+    assert_eq!(code, 200, "a repeated ack of the same attempt: {answer}");
+    let (code, answer) = ojs.post("/ojs/v1/workers/ack", json!({"job_id": job["id"]})).await;
+    assert_error(code, &answer, 409, "conflict");
+    assert_eq!(ojs.job(&job["id"]).await["state"], "completed");
 }

@@ -6,7 +6,10 @@
 //! again meanwhile refuses the outcome at its partition). A request that
 //! names the activation (`attempt`, which a fetch answers, or else
 //! `worker_id`) is refused when the job's activation is another one: a
-//! stale worker's outcome never lands on the next worker's activation.
+//! stale worker's outcome never lands on the next worker's activation. An
+//! ack that names its attempt on a server-made id skips the read: the
+//! partition fences it, and a repeat of it (a retry after a lost answer) is
+//! answered OK, as Drover answers a repeated completion.
 
 use axum::body::Bytes;
 use axum::extract::State;
@@ -16,6 +19,7 @@ use axum::Extension;
 use serde_json::{json, Map, Value};
 
 use super::envelope::{self, Stored};
+use super::ids;
 use super::time::rfc3339;
 use super::{body_json, call_of, now_ms, reply, Ojs, OjsCall, OjsError};
 use crate::gateway::ApiError;
@@ -160,21 +164,36 @@ pub(super) async fn ack(
 ) -> Result<Response, OjsError> {
     let call = call_of(call)?;
     let body = body_json(&body)?;
-    let (id, job) = active(&ojs, &call, &body, "acknowledged").await?;
-    let request = pb::CompleteJobRequest {
-        key: job.key,
-        variables: envelope::result_variables(body.get("result")),
-        attempt: job.attempt,
-        ..Default::default()
+    let variables = envelope::result_variables(body.get("result"));
+    let acked = |id: &str, attempt: u32| {
+        reply(
+            StatusCode::OK,
+            json!({
+                "acknowledged": true, "id": id, "job_id": id, "state": "completed", "attempt": attempt,
+                "completed_at": rfc3339(now_ms()),
+            }),
+        )
     };
+    // An ack that names its attempt on a server-made id needs no read: the
+    // partition fences the completion by that attempt. Whatever it refuses
+    // is read and explained below.
+    let named = (body.get("job_id").and_then(Value::as_str), body.get("attempt").and_then(Value::as_u64));
+    if let (Some(id), Some(attempt)) = named {
+        let key = ids::key_of(id).filter(|k| k.partition() < ojs.ctx.topology.partition_count());
+        if let (Some(key), Ok(attempt)) = (key, u32::try_from(attempt)) {
+            let request =
+                pb::CompleteJobRequest { key: key.0, variables: variables.clone(), attempt, ..Default::default() };
+            match ojs.api.complete(&call, request).await {
+                Ok(()) => return Ok(acked(id, attempt)),
+                Err(ApiError::FailedPrecondition(_) | ApiError::NotFound(_)) => {}
+                Err(error) => return Err(error.into()),
+            }
+        }
+    }
+    let (id, job) = active(&ojs, &call, &body, "acknowledged").await?;
+    let request = pb::CompleteJobRequest { key: job.key, variables, attempt: job.attempt, ..Default::default() };
     ojs.api.complete(&call, request).await.map_err(|e| moved_on(&id, e))?;
-    Ok(reply(
-        StatusCode::OK,
-        json!({
-            "acknowledged": true, "id": id, "job_id": id, "state": "completed", "attempt": job.attempt,
-            "completed_at": rfc3339(now_ms()),
-        }),
-    ))
+    Ok(acked(&id, job.attempt))
 }
 
 /// `POST /ojs/v1/workers/nack`: `{job_id, error?, requeue?, attempt?,
