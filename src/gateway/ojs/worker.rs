@@ -30,6 +30,8 @@ use crate::proto::gateway as pb;
 const DEFAULT_VISIBILITY_MS: i64 = 30_000;
 /// The longest a fetch may wait for a job.
 const MAX_WAIT_MS: i64 = 30_000;
+/// The most jobs one heartbeat extends (each is a read and a write).
+const MAX_BEAT_JOBS: usize = 1000;
 
 fn strings(body: &Value, field: &str) -> Result<Vec<String>, OjsError> {
     match body.get(field) {
@@ -84,6 +86,7 @@ pub(super) async fn fetch(
     let visibility = positive(&body, "visibility_timeout_ms", DEFAULT_VISIBILITY_MS, i64::from(i32::MAX))?;
     let wait = match body.get("wait_ms") {
         None | Some(Value::Null) => 0,
+        Some(v) if v.as_i64() == Some(0) => 0,
         Some(_) => positive(&body, "wait_ms", 0, MAX_WAIT_MS)?,
     };
     let worker = body.get("worker_id").and_then(Value::as_str).unwrap_or("ojs-worker").to_string();
@@ -262,6 +265,12 @@ pub(super) async fn heartbeat(
     let body = body_json(&body)?;
     let mut ids = strings(&body, "active_jobs")?;
     ids.extend(strings(&body, "active_job_ids")?);
+    if ids.len() > MAX_BEAT_JOBS {
+        return Err(OjsError::invalid(format!(
+            "a heartbeat lists at most {MAX_BEAT_JOBS} jobs, got {}; beat for them in several requests",
+            ids.len()
+        )));
+    }
     let (mut extended, mut revoked) = (Vec::new(), Vec::new());
     for id in ids {
         let job = match ojs.find(&call, &id, false).await {
