@@ -451,6 +451,16 @@ async fn the_ojs_port_takes_the_same_tokens_and_scopes_as_the_grpc_port() {
     assert_eq!(ojs.get("/ojs/manifest").await.0, 200);
     let (code, answer) = ojs.post("/ojs/v1/jobs", json!({"type": "a", "args": []})).await;
     assert_eq!((code, answer["error"]["code"].as_str()), (401, Some("unauthenticated")), "{answer}");
+    // Requests are counted by route and status, on the admin port's /metrics.
+    let (_, metrics) = common::http_request_with(
+        "GET",
+        &node.node().admin_addr.to_string(),
+        "/metrics",
+        &format!("Authorization: Bearer {admin}\r\n"),
+    )
+    .await
+    .unwrap();
+    assert!(metrics.contains("drover_ojs_requests_total{route=\"POST /ojs/v1/jobs\",status=\"401\"}"), "{metrics}");
     // A job of the default tenant, made by the admin.
     ojs.token = Some(admin.clone());
     let theirs = ojs.enqueue(json!({"type": "send", "args": [], "options": {"queue": "mail"}})).await;

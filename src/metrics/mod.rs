@@ -17,6 +17,10 @@ pub use labels::{job_type_label, MAX_JOB_TYPE_LABELS, OTHER_JOB_TYPES};
 
 /// Client gRPC requests by method and status code (every service on the client port).
 pub const GRPC_REQUESTS: &str = "drover_grpc_requests_total";
+/// Requests on the OJS HTTP port, by route and HTTP status.
+pub const OJS_REQUESTS: &str = "drover_ojs_requests_total";
+/// How long OJS requests took, by route.
+pub const OJS_REQUEST_SECONDS: &str = "drover_ojs_request_seconds";
 /// Requests a node's cluster service answered, by method and code.
 pub const CLUSTER_REQUESTS: &str = "drover_cluster_requests_total";
 /// Messages on the job streams of drover.v1 (CreateJobs, CompleteJobs,
@@ -70,6 +74,8 @@ pub fn register_metrics() {
         ("drover_gateway_errors_total", "Client requests answered with an error, by gRPC code"),
         ("drover_gateway_jobs_polled_total", "Jobs activated by ActivateJobs"),
         (GRPC_REQUESTS, "Client gRPC requests by method and status code"),
+        (OJS_REQUESTS, "Requests on the Open Job Spec HTTP port by route and HTTP status"),
+        (OJS_REQUEST_SECONDS, "Time to answer a request on the Open Job Spec HTTP port, by route"),
         (
             CLUSTER_REQUESTS,
             "Requests from other nodes (Raft, forwards, pushes, stream registrations) by method and status code",

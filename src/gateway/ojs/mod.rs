@@ -70,6 +70,23 @@ pub async fn serve(
     }
 }
 
+/// The paths served, with `{id}` for a job id (the metrics' route labels).
+const ROUTES: [&str; 13] = [
+    "/ojs/manifest",
+    "/ojs/v1/health",
+    "/ojs/v1/jobs",
+    "/ojs/v1/jobs/batch",
+    "/ojs/v1/jobs/{id}",
+    "/ojs/v1/workers/fetch",
+    "/ojs/v1/workers/ack",
+    "/ojs/v1/workers/nack",
+    "/ojs/v1/workers/heartbeat",
+    "/ojs/v1/dead-letter",
+    "/ojs/v1/dead-letter/{id}",
+    "/ojs/v1/dead-letter/{id}/retry",
+    "/ojs/v1/admin/jobs/bulk/cancel",
+];
+
 fn routes(ctx: Arc<NodeContext>) -> Router {
     let state = Ojs { api: JobApi::new(Arc::clone(&ctx)), ctx: Arc::clone(&ctx) };
     Router::new()
@@ -135,6 +152,8 @@ fn is_open(path: &str) -> bool {
 /// Admits a request as the call layer admits a gRPC call, counts it in
 /// flight, and stamps OJS's headers on the answer.
 async fn admit(State(ctx): State<Arc<NodeContext>>, mut request: Request, next: Next) -> Response {
+    let started = std::time::Instant::now();
+    let route = format!("{} {}", request.method(), route_of(request.uri().path()));
     let mut response = if is_open(request.uri().path()) {
         next.run(request).await
     } else {
@@ -148,7 +167,7 @@ async fn admit(State(ctx): State<Arc<NodeContext>>, mut request: Request, next: 
                     }
                 };
                 let span = if crate::trace_context::exporting() {
-                    let name = format!("ojs {} {}", request.method(), route_of(request.uri().path()));
+                    let name = format!("ojs {route}");
                     let span = tracing::info_span!("gateway.call", otel.name = %name, rpc.service = "ojs");
                     crate::trace_context::continue_trace(&span, &call.traceparent);
                     span
@@ -179,6 +198,11 @@ async fn admit(State(ctx): State<Arc<NodeContext>>, mut request: Request, next: 
     let headers = response.headers_mut();
     headers.insert(header::CONTENT_TYPE, HeaderValue::from_static(MEDIA_TYPE));
     headers.insert("ojs-version", HeaderValue::from_static(SPEC_VERSION));
+    // Paths that are not routes (a scan, a malformed id) share one label.
+    let route = if ROUTES.iter().any(|r| route.ends_with(&format!(" {r}"))) { route } else { "other".into() };
+    let status = response.status().as_u16().to_string();
+    metrics::counter!(crate::metrics::OJS_REQUESTS, "route" => route.clone(), "status" => status).increment(1);
+    metrics::histogram!(crate::metrics::OJS_REQUEST_SECONDS, "route" => route).record(started.elapsed().as_secs_f64());
     response
 }
 
