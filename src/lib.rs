@@ -9,6 +9,7 @@
 //! ([`proto`]) and the client/worker library ([`client`]), without RocksDB,
 //! openraft or any server part.
 
+pub mod calendar;
 pub mod client;
 pub mod placement;
 pub mod proto;

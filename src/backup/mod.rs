@@ -158,20 +158,11 @@ fn digest_of(input: &mut impl std::io::Read) -> std::io::Result<(u64, String)> {
     }
 }
 
-/// Days since 1970-01-01 and the time of day of `seconds` since the epoch,
-/// as a civil date (proleptic Gregorian, UTC): (year, month, day, h, m, s).
+/// `seconds` since the epoch as a civil date (proleptic Gregorian, UTC):
+/// (year, month, day, h, m, s).
 pub(crate) fn civil(seconds: i64) -> (i64, i64, i64, i64, i64, i64) {
-    let (days, of_day) = (seconds.div_euclid(86_400), seconds.rem_euclid(86_400));
-    let z = days + 719_468;
-    let era = z.div_euclid(146_097);
-    let doe = z - era * 146_097;
-    let yoe = (doe - doe / 1_460 + doe / 36_524 - doe / 146_096) / 365;
-    let doy = doe - (365 * yoe + yoe / 4 - yoe / 100);
-    let mp = (5 * doy + 2) / 153;
-    let day = doy - (153 * mp + 2) / 5 + 1;
-    let month = if mp < 10 { mp + 3 } else { mp - 9 };
-    let year = yoe + era * 400 + i64::from(month <= 2);
-    (year, month, day, of_day / 3_600, of_day / 60 % 60, of_day % 60)
+    let (year, month, day, h, m, s, _) = crate::calendar::utc_parts(seconds.saturating_mul(1000));
+    (year, i64::from(month), i64::from(day), h, m, s)
 }
 
 impl Destination {

@@ -5,24 +5,8 @@ pub fn utc(ms: i64) -> String {
     if ms == 0 {
         return String::new();
     }
-    let (days, rest) = (ms.div_euclid(86_400_000), ms.rem_euclid(86_400_000));
-    let (year, month, day) = civil(days);
-    let (h, m, s, milli) = (rest / 3_600_000, rest / 60_000 % 60, rest / 1000 % 60, rest % 1000);
+    let (year, month, day, h, m, s, milli) = crate::calendar::utc_parts(ms);
     format!("{year:04}-{month:02}-{day:02} {h:02}:{m:02}:{s:02}.{milli:03} UTC")
-}
-
-/// The calendar date of a day count since 1970-01-01 (proleptic Gregorian).
-fn civil(days: i64) -> (i64, u32, u32) {
-    let z = days + 719_468;
-    let era = z.div_euclid(146_097);
-    let doe = z.rem_euclid(146_097);
-    let yoe = (doe - doe / 1460 + doe / 36_524 - doe / 146_096) / 365;
-    let doy = doe - (365 * yoe + yoe / 4 - yoe / 100);
-    let mp = (5 * doy + 2) / 153;
-    let day = (doy - (153 * mp + 2) / 5 + 1) as u32;
-    let month = if mp < 10 { mp + 3 } else { mp - 9 } as u32;
-    let year = yoe + era * 400 + i64::from(month <= 2);
-    (year, month, day)
 }
 
 /// How long before `now` the moment `then` was, roughly: `12 s ago`,
