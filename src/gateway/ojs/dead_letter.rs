@@ -4,11 +4,10 @@
 use axum::extract::{Path, Query, State};
 use axum::http::StatusCode;
 use axum::response::Response;
-use axum::Extension;
 use serde_json::json;
 
 use super::envelope::{self, Stored};
-use super::{call_of, reply, Ojs, OjsCall, OjsError};
+use super::{reply, Ojs, OjsCall, OjsError};
 use crate::proto::gateway as pb;
 
 const DEFAULT_LIMIT: i32 = 50;
@@ -28,10 +27,9 @@ pub(super) struct ListQuery {
 /// with its errors.
 pub(super) async fn list(
     State(ojs): State<Ojs>,
-    call: Option<Extension<OjsCall>>,
+    call: OjsCall,
     Query(query): Query<ListQuery>,
 ) -> Result<Response, OjsError> {
-    let call = call_of(call)?;
     let limit = query.limit.unwrap_or(DEFAULT_LIMIT);
     if !(1..=MAX_LIMIT).contains(&limit) {
         return Err(OjsError::invalid(format!("limit must be from 1 to {MAX_LIMIT}, got {limit}")));
@@ -66,12 +64,7 @@ async fn discarded(ojs: &Ojs, call: &OjsCall, id: &str) -> Result<pb::Job, OjsEr
 
 /// `POST /ojs/v1/dead-letter/{id}/retry`: the job gets its policy's attempts
 /// again and is available at once.
-pub(super) async fn retry(
-    State(ojs): State<Ojs>,
-    call: Option<Extension<OjsCall>>,
-    Path(id): Path<String>,
-) -> Result<Response, OjsError> {
-    let call = call_of(call)?;
+pub(super) async fn retry(State(ojs): State<Ojs>, call: OjsCall, Path(id): Path<String>) -> Result<Response, OjsError> {
     let job = discarded(&ojs, &call, &id).await?;
     let retries = Stored::of(&job.r#type, &job.custom_headers).policy().max_attempts;
     ojs.api.update_retries(&call, pb::UpdateJobRetriesRequest { key: job.key, retries }).await?;
@@ -83,10 +76,9 @@ pub(super) async fn retry(
 /// (Drover cancels it; its record stays readable until retention ends).
 pub(super) async fn delete(
     State(ojs): State<Ojs>,
-    call: Option<Extension<OjsCall>>,
+    call: OjsCall,
     Path(id): Path<String>,
 ) -> Result<Response, OjsError> {
-    let call = call_of(call)?;
     let job = discarded(&ojs, &call, &id).await?;
     ojs.api.cancel(&call, pb::CancelJobRequest { key: job.key }).await?;
     Ok(reply(StatusCode::OK, json!({ "deleted": true, "job_id": id })))

@@ -6,11 +6,10 @@ use axum::body::Bytes;
 use axum::extract::{Path, Query, State};
 use axum::http::StatusCode;
 use axum::response::Response;
-use axum::Extension;
 use serde_json::{json, Value};
 
 use super::envelope::{self, Conflict, Enqueue, Unique};
-use super::{body_json, call_of, ids, now_ms, reply, Ojs, OjsCall, OjsError};
+use super::{body_json, ids, now_ms, reply, JsonBody, Ojs, OjsCall, OjsError};
 use crate::gateway::ApiError;
 use crate::proto::gateway as pb;
 
@@ -179,11 +178,9 @@ fn created_envelope(request: &pb::CreateJobRequest, created: &pb::CreateJobRespo
 
 pub(super) async fn enqueue(
     State(ojs): State<Ojs>,
-    call: Option<Extension<OjsCall>>,
-    body: Bytes,
+    call: OjsCall,
+    JsonBody(body): JsonBody,
 ) -> Result<Response, OjsError> {
-    let call = call_of(call)?;
-    let body = body_json(&body)?;
     let enqueue = envelope::enqueue(&body, now_ms()).map_err(OjsError::refused)?;
     check_tenant(&call, &body)?;
     let (status, answer) = ojs.create(&call, enqueue).await?;
@@ -196,11 +193,9 @@ pub(super) async fn enqueue(
 /// with an error in the answer (207) and the others made.
 pub(super) async fn enqueue_batch(
     State(ojs): State<Ojs>,
-    call: Option<Extension<OjsCall>>,
-    body: Bytes,
+    call: OjsCall,
+    JsonBody(body): JsonBody,
 ) -> Result<Response, OjsError> {
-    let call = call_of(call)?;
-    let body = body_json(&body)?;
     let Some(jobs) = body.get("jobs").and_then(Value::as_array) else {
         return Err(OjsError::invalid("a batch is {\"jobs\": [...]}, with 1 to 1000 jobs"));
     };
@@ -259,12 +254,7 @@ pub(super) async fn enqueue_batch(
     Ok(reply(status, json!({ "jobs": answers, "count": answers.len(), "failed": failed })))
 }
 
-pub(super) async fn info(
-    State(ojs): State<Ojs>,
-    call: Option<Extension<OjsCall>>,
-    Path(id): Path<String>,
-) -> Result<Response, OjsError> {
-    let call = call_of(call)?;
+pub(super) async fn info(State(ojs): State<Ojs>, call: OjsCall, Path(id): Path<String>) -> Result<Response, OjsError> {
     let job = ojs.find(&call, &id, true).await?;
     Ok(reply(StatusCode::OK, json!({ "job": envelope::job(&job) })))
 }
@@ -273,10 +263,9 @@ pub(super) async fn info(
 /// completed, cancelled or discarded one is a conflict.
 pub(super) async fn cancel(
     State(ojs): State<Ojs>,
-    call: Option<Extension<OjsCall>>,
+    call: OjsCall,
     Path(id): Path<String>,
 ) -> Result<Response, OjsError> {
-    let call = call_of(call)?;
     let job = ojs.find(&call, &id, false).await?;
     let state = envelope::state(&job.state, job.attempt);
     if matches!(state, "completed" | "cancelled" | "discarded") {
@@ -300,11 +289,10 @@ pub(super) struct BulkQuery {
 /// `confirm=true`, in the query or the body.
 pub(super) async fn bulk_cancel(
     State(ojs): State<Ojs>,
-    call: Option<Extension<OjsCall>>,
+    call: OjsCall,
     Query(query): Query<BulkQuery>,
     body: Bytes,
 ) -> Result<Response, OjsError> {
-    let call = call_of(call)?;
     let body = if body.is_empty() { json!({}) } else { body_json(&body)? };
     let confirm = query.confirm || body.get("confirm").and_then(Value::as_bool).unwrap_or(false);
     if !confirm {

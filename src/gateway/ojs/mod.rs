@@ -183,18 +183,6 @@ async fn admit(State(ctx): State<Arc<NodeContext>>, mut request: Request, next: 
             Err(error) => OjsError::from(error).into_response(),
         }
     };
-    if response.status() == StatusCode::PAYLOAD_TOO_LARGE {
-        // axum's own answer to a body over the limit is plain text.
-        response = OjsError::new(
-            StatusCode::PAYLOAD_TOO_LARGE,
-            "envelope_too_large",
-            format!(
-                "the request is larger than this node takes ({} bytes); store large data elsewhere and pass a reference",
-                ctx.settings.limits.max_request_bytes()
-            ),
-        )
-        .into_response();
-    }
     let headers = response.headers_mut();
     headers.insert(header::CONTENT_TYPE, HeaderValue::from_static(MEDIA_TYPE));
     headers.insert("ojs-version", HeaderValue::from_static(SPEC_VERSION));
@@ -328,9 +316,40 @@ pub(crate) fn body_json(bytes: &Bytes) -> Result<Value, OjsError> {
     })
 }
 
-/// The call the admission middleware put on the request.
-pub(crate) fn call_of(call: Option<axum::Extension<OjsCall>>) -> Result<OjsCall, OjsError> {
-    call.map(|c| c.0).ok_or_else(|| ApiError::Internal("the OJS request was not admitted".into()).into())
+/// The admitted call, as a handler's argument: the admission middleware put
+/// it on the request.
+impl<S: Send + Sync> axum::extract::FromRequestParts<S> for OjsCall {
+    type Rejection = OjsError;
+
+    async fn from_request_parts(parts: &mut axum::http::request::Parts, _: &S) -> Result<Self, OjsError> {
+        parts.extensions.get::<OjsCall>().cloned().ok_or_else(|| {
+            ApiError::Internal("the OJS request did not pass the port's admission; nothing was done".into()).into()
+        })
+    }
+}
+
+/// A request body read as JSON, as a handler's argument: an empty or
+/// malformed body is invalid_payload, one over the request limit
+/// envelope_too_large.
+pub(crate) struct JsonBody(pub Value);
+
+impl<S: Send + Sync> axum::extract::FromRequest<S> for JsonBody {
+    type Rejection = OjsError;
+
+    async fn from_request(request: Request, state: &S) -> Result<Self, OjsError> {
+        let bytes = Bytes::from_request(request, state).await.map_err(|rejection| {
+            if rejection.status() == StatusCode::PAYLOAD_TOO_LARGE {
+                OjsError::new(
+                    StatusCode::PAYLOAD_TOO_LARGE,
+                    "envelope_too_large",
+                    "the request is larger than this node takes; store large data elsewhere and pass a reference",
+                )
+            } else {
+                OjsError::new(StatusCode::BAD_REQUEST, "invalid_payload", rejection.body_text())
+            }
+        })?;
+        body_json(&bytes).map(JsonBody)
+    }
 }
 
 pub(crate) fn now_ms() -> i64 {

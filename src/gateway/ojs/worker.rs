@@ -11,17 +11,15 @@
 //! partition fences it, and a repeat of it (a retry after a lost answer) is
 //! answered OK, as Drover answers a repeated completion.
 
-use axum::body::Bytes;
 use axum::extract::State;
 use axum::http::StatusCode;
 use axum::response::Response;
-use axum::Extension;
 use serde_json::{json, Map, Value};
 
 use super::envelope::{self, Stored};
 use super::ids;
 use super::time::rfc3339;
-use super::{body_json, call_of, now_ms, reply, Ojs, OjsCall, OjsError};
+use super::{now_ms, reply, JsonBody, Ojs, OjsCall, OjsError};
 use crate::gateway::ApiError;
 use crate::proto::gateway as pb;
 
@@ -69,11 +67,9 @@ fn job_id(body: &Value) -> Result<String, OjsError> {
 /// waits that long on the first queue.
 pub(super) async fn fetch(
     State(ojs): State<Ojs>,
-    call: Option<Extension<OjsCall>>,
-    body: Bytes,
+    call: OjsCall,
+    JsonBody(body): JsonBody,
 ) -> Result<Response, OjsError> {
-    let call = call_of(call)?;
-    let body = body_json(&body)?;
     let queues = strings(&body, "queues")?;
     if queues.is_empty() {
         return Err(OjsError::invalid("queues is required: the queues to fetch from, in order"));
@@ -160,13 +156,7 @@ fn moved_on(id: &str, error: ApiError) -> OjsError {
 }
 
 /// `POST /ojs/v1/workers/ack`: `{job_id, result?, attempt?, worker_id?}`.
-pub(super) async fn ack(
-    State(ojs): State<Ojs>,
-    call: Option<Extension<OjsCall>>,
-    body: Bytes,
-) -> Result<Response, OjsError> {
-    let call = call_of(call)?;
-    let body = body_json(&body)?;
+pub(super) async fn ack(State(ojs): State<Ojs>, call: OjsCall, JsonBody(body): JsonBody) -> Result<Response, OjsError> {
     let variables = envelope::result_variables(body.get("result"));
     let acked = |id: &str, attempt: u32| {
         reply(
@@ -208,11 +198,9 @@ pub(super) async fn ack(
 /// the policy's back-off.
 pub(super) async fn nack(
     State(ojs): State<Ojs>,
-    call: Option<Extension<OjsCall>>,
-    body: Bytes,
+    call: OjsCall,
+    JsonBody(body): JsonBody,
 ) -> Result<Response, OjsError> {
-    let call = call_of(call)?;
-    let body = body_json(&body)?;
     let error = match body.get("error") {
         None | Some(Value::Null) => Map::new(),
         Some(Value::Object(error)) => error.clone(),
@@ -258,11 +246,9 @@ pub(super) async fn nack(
 /// timeout; the others are answered as revoked, so the worker stops them.
 pub(super) async fn heartbeat(
     State(ojs): State<Ojs>,
-    call: Option<Extension<OjsCall>>,
-    body: Bytes,
+    call: OjsCall,
+    JsonBody(body): JsonBody,
 ) -> Result<Response, OjsError> {
-    let call = call_of(call)?;
-    let body = body_json(&body)?;
     let mut ids = strings(&body, "active_jobs")?;
     ids.extend(strings(&body, "active_job_ids")?);
     if ids.len() > MAX_BEAT_JOBS {
