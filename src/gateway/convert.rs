@@ -101,6 +101,13 @@ pub fn tenants(requested: Vec<String>) -> Result<Vec<String>, ApiError> {
     Ok(tenants)
 }
 
+/// What a create's job weighs against `max_payload_bytes`: its variables and
+/// custom headers.
+pub fn payload_bytes(request: &pb::CreateJobRequest) -> usize {
+    let headers: usize = request.custom_headers.iter().map(|(k, v)| k.len() + v.len()).sum();
+    request.variables.len() + headers
+}
+
 /// Validates a create. `gateway_request` names it when it carries no
 /// idempotency key.
 pub fn new_job(
@@ -111,8 +118,7 @@ pub fn new_job(
     gateway_request: impl FnOnce() -> RequestId,
 ) -> Result<NewJob, ApiError> {
     job_type(&request.r#type)?;
-    let headers_len: usize = request.custom_headers.iter().map(|(k, v)| k.len() + v.len()).sum();
-    let payload = request.variables.len() + headers_len;
+    let payload = payload_bytes(&request);
     if payload > limits.max_payload_bytes {
         return Err(ApiError::ResourceExhausted(format!(
             "the job's variables and custom headers are {payload} bytes; this node accepts at most {} \
