@@ -11,6 +11,7 @@ use super::history::{Via, YieldReason};
 use super::ids::{JobKey, Millis};
 use super::job::{field_len, ActivatedJobData, JobState, NewJob};
 use super::principal::Principal;
+use super::queue::QueueStats;
 use super::routing::Taker;
 use super::session::{Session, SessionId, SessionInfo, SessionTarget, WorkerState};
 
@@ -167,6 +168,21 @@ pub enum Command {
     ActAs {
         session: SessionId,
     },
+    /// Pauses (or resumes) `tenant`'s queue of `job_type`: while paused, its
+    /// jobs wait and none is activated; creates still land. Answers done.
+    /// Data version 11 and later ([`super::PAUSED_QUEUES`]).
+    SetPaused {
+        tenant: String,
+        job_type: String,
+        paused: bool,
+    },
+    /// Reads the figures of `tenants`' queues (of `job_type` only, when it is
+    /// not empty); answers [`CommandResult::Queues`]. Changes nothing. Data
+    /// version 11 and later.
+    QueueStats {
+        tenants: Vec<String>,
+        job_type: String,
+    },
 }
 
 /// One Raft entry's worth of commands, stamped with the leader's clock.
@@ -308,6 +324,10 @@ impl Command {
             Command::SetSchema { job_type, schema } => field_len(job_type.len()) + field_len(schema.len()),
             Command::GetSchema { job_type } => field_len(job_type.len()),
             Command::BackupMark { id } => field_len(id.len()),
+            Command::SetPaused { tenant, job_type, .. } => field_len(tenant.len()) + field_len(job_type.len()) + 1,
+            Command::QueueStats { tenants, job_type } => {
+                tenants.iter().map(|t| field_len(t.len())).sum::<usize>() + field_len(job_type.len()) + 8
+            }
             Command::As { by, commands } => by.encoded_len() + commands.iter().map(Command::encoded_len).sum::<usize>(),
             Command::UpdateTimeout { .. }
             | Command::UpdateRetries { .. }
@@ -353,6 +373,8 @@ pub enum CommandResult {
     Sessions(Vec<(Session, u32)>),
     /// A job type's schema; empty when it has none.
     Schema(Bytes),
+    /// The figures of a partition's queues.
+    Queues(Vec<QueueStats>),
     Rejected(CommandError),
     /// Where a backup's state was taken: the log position of the last entry
     /// applied with its mark (see [`Command::BackupMark`]).

@@ -14,6 +14,7 @@ mod history;
 mod ids;
 mod job;
 pub mod principal;
+mod queue;
 mod routing;
 mod session;
 
@@ -26,6 +27,7 @@ pub use failure::*;
 pub use history::*;
 pub use ids::*;
 pub use job::*;
+pub use queue::*;
 pub use routing::*;
 pub use session::*;
 
@@ -33,5 +35,7 @@ pub use session::*;
 mod authorize_tests;
 #[cfg(test)]
 mod model_tests;
+#[cfg(test)]
+mod queue_tests;
 #[cfg(test)]
 mod tests;

@@ -185,6 +185,11 @@ pub struct Registry {
     /// above stays that of older versions.
     #[serde(skip)]
     pub owners: Vec<(SessionId, String)>,
+    /// (tenant, job type, paused at) of each paused queue. Stored and
+    /// snapshotted on their own, from data version
+    /// [`crate::core::PAUSED_QUEUES`] on, like `owners`.
+    #[serde(skip)]
+    pub paused: Vec<(String, String, Millis)>,
 }
 
 /// The data version from which sessions have owners: registrations travel

@@ -51,6 +51,16 @@ impl PartitionState {
             Command::SetSchema { job_type, .. } => by.require_job(Verb::Manage, job_type),
             Command::GetSchema { job_type } => by.require_job(Verb::Read, job_type),
             Command::ListSessions => Ok(()),
+            Command::SetPaused { tenant, job_type, .. } => {
+                by.require_tenant(tenant).and_then(|()| by.require_job(Verb::Manage, job_type))
+            }
+            // Every queue: the gateway keeps those of the types `by` may read.
+            Command::QueueStats { tenants, job_type } if job_type.is_empty() => {
+                by.require_tenants(tenants).and_then(|()| by.require_some(Verb::Read))
+            }
+            Command::QueueStats { tenants, job_type } => {
+                by.require_tenants(tenants).and_then(|()| by.require_job(Verb::Read, job_type))
+            }
             Command::As { .. } => Err(AuthError::PermissionDenied("a principal's commands are not nested".into())),
             // The broker's own commands: never a client's.
             Command::Yield { .. } | Command::BackupMark { .. } => {

@@ -10,10 +10,10 @@ use bytes::Bytes;
 use serde_json::value::RawValue;
 
 use super::sessions::unknown_session;
-use super::{ApplyOutput, PartitionState, QueueKey};
+use super::{queues, ApplyOutput, PartitionState, QueueKey};
 use crate::core::{
     describe_fence, fence_admits, payload_fingerprint, ActivatedJobData, Activation, Checkpoint, CommandError,
-    CommandResult, EventKind, FailReason, History, Job, JobKey, JobSpec, JobState, NewJob, Outcome, RequestId,
+    CommandResult, EventKind, FailReason, History, Job, JobKey, JobSpec, JobState, NewJob, Outcome, RequestId, Tally,
     YieldReason, TAGGED_ATTEMPT,
 };
 
@@ -61,6 +61,12 @@ impl PartitionState {
         job.result = variables.clone();
         out.activated_to_completed.push(self.clock - job.activated_at);
         out.count(&job.spec.job_type, Outcome::Completed);
+        queues::tally(
+            &mut self.windows,
+            self.clock,
+            &job.spec,
+            Tally::Completed { ran_ms: self.clock - job.activated_at },
+        );
         out.finished.push(job);
         Ok(CommandResult::Done)
     }
@@ -119,9 +125,11 @@ impl PartitionState {
         );
         job.error_message = message;
         out.count(&job.spec.job_type, Outcome::Failed);
+        queues::tally(&mut self.windows, now, &job.spec, Tally::Failed);
         out.failures.push((job.spec.job_type.clone(), reason, job.worker.clone()));
         if retries == 0 {
             out.count(&job.spec.job_type, Outcome::Incident);
+            queues::tally(&mut self.windows, now, &job.spec, Tally::Exhausted);
             job.history.record(now, EventKind::Incident);
             job.state = JobState::Incident;
         } else if back_off_ms > 0 {
@@ -379,6 +387,7 @@ impl PartitionState {
             },
         );
         out.count(&new_job.spec.job_type, Outcome::Created);
+        queues::tally(&mut self.windows, now, &new_job.spec, Tally::Created);
         self.list_under_tenant(&job);
         self.jobs.insert(key, job);
         if state == JobState::Scheduled {
@@ -425,6 +434,8 @@ impl PartitionState {
             job.attempt += 1;
             job.activated_at = self.clock;
             out.created_to_activated.push(self.clock - job.created_at);
+            let waited_ms = self.clock - job.created_at;
+            queues::tally(&mut self.windows, self.clock, &job.spec, Tally::Activated { waited_ms });
             job.worker.clone_from(&activation.worker);
             job.deadline = deadline;
             job.timeout_ms = timeout_ms;

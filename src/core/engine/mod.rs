@@ -8,12 +8,14 @@
 //! [`Command::As`]); [`jobs`] the job lifecycle (create, activate, complete, fail, retries,
 //! timeouts, yields, checkpoints) with the one failed-attempt path;
 //! [`sessions`] worker sessions and schemas; [`dedupe`] the table of
-//! creates remembered for their window; [`timers`] what fires at the batch's
-//! time; [`reads`] the read-only views.
+//! creates remembered for their window; [`queues`] paused queues and their
+//! figures; [`timers`] what fires at the batch's time; [`reads`] the
+//! read-only views.
 
 mod authorize;
 mod dedupe;
 mod jobs;
+mod queues;
 mod reads;
 mod sessions;
 mod timers;
@@ -32,6 +34,7 @@ use super::failure::*;
 use super::ids::*;
 use super::job::*;
 use super::principal::Principal;
+use super::queue::Window;
 use super::routing::*;
 use super::session::*;
 
@@ -82,6 +85,13 @@ pub struct PartitionState {
     held: BTreeSet<(SessionId, JobKey)>,
     /// JSON Schemas creates must satisfy, by job type.
     schemas: BTreeMap<String, Schema>,
+    /// Paused queues: type -> tenant -> when it was paused (see `queues`).
+    paused: BTreeMap<String, BTreeMap<String, Millis>>,
+    /// The ready queues of paused queues, as `ready` would hold them.
+    parked: FastMap<String, FastMap<QueueKey, ReadyQueue>>,
+    /// What happened in each queue lately: type -> tenant -> window. In
+    /// memory only (see [`crate::core::queue`]).
+    windows: FastMap<String, FastMap<String, Window>>,
 }
 
 /// One ready queue of a type: its jobs' tenant and labels.
@@ -132,6 +142,8 @@ pub struct ApplyOutput {
     pub sessions_changed: bool,
     /// Whether schemas changed: its schemas are to be stored.
     pub schemas_changed: bool,
+    /// Whether a queue was paused or resumed: [`PartitionState::paused_records`] are to be stored.
+    pub paused_changed: bool,
     /// Sessions this partition declared dead in this batch.
     pub sessions_died: Vec<Arc<SessionInfo>>,
 }
@@ -185,6 +197,7 @@ impl PartitionState {
             requests,
             ..Default::default()
         };
+        state.restore_paused(registry.paused);
         for job in jobs {
             if job.state.is_final() {
                 continue;
@@ -316,6 +329,8 @@ impl PartitionState {
             Command::GetSchema { job_type } => {
                 Ok(CommandResult::Schema(self.schemas.get(job_type).map(|s| s.source.clone()).unwrap_or_default()))
             }
+            Command::SetPaused { tenant, job_type, paused } => Ok(self.set_paused(tenant, job_type, *paused, out)),
+            Command::QueueStats { tenants, job_type } => Ok(CommandResult::Queues(self.queue_stats(tenants, job_type))),
             // The state machine keeps the state for the backup; the engine's
             // state does not change.
             Command::BackupMark { .. } => Ok(CommandResult::Done),
@@ -367,14 +382,16 @@ impl PartitionState {
     fn make_ready(&mut self, key: JobKey, out: &mut ApplyOutput) {
         let job = &self.jobs[&key];
         let job_type = &job.spec.job_type;
-        if !out.available.iter().any(|t| t == job_type) {
+        let paused = self.is_paused(&job.spec.tenant, job_type);
+        if !paused && !out.available.iter().any(|t| t == job_type) {
             out.available.push(job_type.clone());
         }
         let entry = (Reverse(job.spec.priority), key);
+        let queues = if paused { &mut self.parked } else { &mut self.ready };
         // The type's queue usually exists: look it up before cloning names.
-        let queue = match self.ready.get_mut(job_type) {
+        let queue = match queues.get_mut(job_type) {
             Some(queues) => queues.entry(QueueKey::of(job)).or_default(),
-            None => self.ready.entry(job_type.clone()).or_default().entry(QueueKey::of(job)).or_default(),
+            None => queues.entry(job_type.clone()).or_default().entry(QueueKey::of(job)).or_default(),
         };
         queue.insert(entry);
         out.touched.push(key);
@@ -383,7 +400,7 @@ impl PartitionState {
     fn index(&mut self, job: &Job) {
         match job.state {
             JobState::Activatable => {
-                self.ready
+                self.queues_for(&job.spec.tenant, &job.spec.job_type)
                     .entry(job.spec.job_type.clone())
                     .or_default()
                     .entry(QueueKey::of(job))
@@ -406,7 +423,8 @@ impl PartitionState {
     fn unindex(&mut self, job: &Job) {
         match job.state {
             JobState::Activatable => {
-                if let Some(queues) = self.ready.get_mut(&job.spec.job_type) {
+                let by_type = self.queues_for(&job.spec.tenant, &job.spec.job_type);
+                if let Some(queues) = by_type.get_mut(&job.spec.job_type) {
                     let key = QueueKey::of(job);
                     if let Some(queue) = queues.get_mut(&key) {
                         queue.remove(&(Reverse(job.spec.priority), job.key));
@@ -415,7 +433,7 @@ impl PartitionState {
                         }
                     }
                     if queues.is_empty() {
-                        self.ready.remove(&job.spec.job_type);
+                        by_type.remove(&job.spec.job_type);
                     }
                 }
             }

@@ -13,7 +13,12 @@ use crate::core::{
 impl PartitionState {
     /// The sessions and schemas, as snapshotted.
     pub fn registry(&self) -> Registry {
-        Registry { sessions: self.session_records(), schemas: self.schema_records(), owners: self.session_owners() }
+        Registry {
+            sessions: self.session_records(),
+            schemas: self.schema_records(),
+            owners: self.session_owners(),
+            paused: self.paused_records(),
+        }
     }
     /// Each owned session's owner, as stored (rewritten with the sessions).
     pub fn session_owners(&self) -> Vec<(SessionId, String)> {

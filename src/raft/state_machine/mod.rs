@@ -53,6 +53,8 @@ const APPLIED: &str = "applied";
 const SESSIONS: &str = "sessions";
 /// Each owned session's owner (data version 9 on; see [`crate::core::Registry::owners`]).
 const SESSION_OWNERS: &str = "session_owners";
+/// The paused queues (data version 11 on; see [`crate::core::Registry::paused`]).
+const PAUSED: &str = "paused_queues";
 /// The partition's job schemas, kept apart from the sessions: they are large
 /// and rarely change.
 const SCHEMAS: &str = "schemas";
@@ -133,6 +135,11 @@ impl StateMachine {
             owners: store
                 .get(Table::Meta, meta_key(partition, SESSION_OWNERS))?
                 .map(|b| storage::decode("worker session owners", &b))
+                .transpose()?
+                .unwrap_or_default(),
+            paused: store
+                .get(Table::Meta, meta_key(partition, PAUSED))?
+                .map(|b| storage::decode("paused queues", &b))
                 .transpose()?
                 .unwrap_or_default(),
         };
@@ -260,6 +267,7 @@ fn install_records(
     }
     batch.put(Table::Meta, meta_key(partition, SESSIONS), storage::encode(&body.registry.sessions));
     batch.put(Table::Meta, meta_key(partition, SESSION_OWNERS), storage::encode(&body.registry.owners));
+    batch.put(Table::Meta, meta_key(partition, PAUSED), storage::encode(&body.registry.paused));
     batch.put(Table::Meta, meta_key(partition, SCHEMAS), storage::encode(&body.registry.schemas));
     Ok(Installed { meta: body.engine, jobs: body.jobs, requests: counts, registry: body.registry, finished })
 }
@@ -333,7 +341,7 @@ impl RaftStateMachine<TypeConfig> for StateMachine {
         let mut touched = Vec::new();
         let mut finished_keys = Vec::new();
         let pruned_from = inner.finished.first;
-        let (mut sessions_changed, mut schemas_changed) = (false, false);
+        let (mut sessions_changed, mut schemas_changed, mut paused_changed) = (false, false, false);
         // Backups marked in these entries: (response, command, backup id).
         let mut marks: Vec<(usize, usize, String)> = Vec::new();
         for entry in entries {
@@ -371,6 +379,7 @@ impl RaftStateMachine<TypeConfig> for StateMachine {
                     }
                     sessions_changed |= out.sessions_changed;
                     schemas_changed |= out.schemas_changed;
+                    paused_changed |= out.paused_changed;
                     for died in &out.sessions_died {
                         tracing::warn!(
                             partition = self.partition,
@@ -435,6 +444,10 @@ impl RaftStateMachine<TypeConfig> for StateMachine {
         if schemas_changed {
             let schemas = inner.engine.schema_records();
             batch.put(Table::Meta, meta_key(self.partition, SCHEMAS), storage::encode(&schemas));
+        }
+        if paused_changed {
+            let paused = inner.engine.paused_records();
+            batch.put(Table::Meta, meta_key(self.partition, PAUSED), storage::encode(&paused));
         }
         self.persist_meta(&mut batch, &inner);
         // Written under the lock: a snapshot or a lookup never sees a job gone

@@ -8,7 +8,9 @@
 //! followed by the sessions' owners (their own value, so the header's layout
 //! stays that of older versions); a partition with owned sessions is
 //! snapshotted at version 9 or later whatever a node's view of the cluster
-//! version, since owners exist only once every member read version 9. At data version 7 and later the header
+//! version, since owners exist only once every member read version 9. From
+//! data version 11 on, the paused queues follow the owners, under the same
+//! rule. At data version 7 and later the header
 //! and each frame's record carry the version ([`crate::codec`]); at 6 they are
 //! bare bincode, as a build of version 6 wrote and reads them. From data
 //! version 10 on, the remembered creates are not in the header but stream
@@ -27,7 +29,9 @@ use openraft::{BasicNode, RaftSnapshotBuilder, StorageError};
 use serde::{Deserialize, Serialize};
 
 use super::{records, sm_write_err, Inner, NodeId, SharedState, TypeConfig};
-use crate::core::{Deduped, Job, Millis, PartitionState, Registry, RequestId, StateSnapshot, OWNED_SESSIONS};
+use crate::core::{
+    Deduped, Job, Millis, PartitionState, Registry, RequestId, StateSnapshot, OWNED_SESSIONS, PAUSED_QUEUES,
+};
 use crate::storage::{self, key, Table};
 
 /// The data version from which snapshots stream their remembered creates
@@ -127,9 +131,10 @@ pub fn snapshot_bytes(state: &PartitionState, finished: &[Job]) -> Vec<u8> {
         finished: finished.iter().map(|j| (0, j.key.0)).collect(),
     };
     let mut out = storage::encode(&header);
-    // This build's version carries the sessions' owners after the header,
-    // then the remembered creates (none).
+    // This build's version carries the sessions' owners and the paused
+    // queues after the header, then the remembered creates (none).
     out.extend_from_slice(&storage::encode(&header.registry.owners));
+    out.extend_from_slice(&storage::encode(&header.registry.paused));
     out.push(0);
     for job in finished {
         let record = storage::encode(job);
@@ -151,7 +156,10 @@ pub(super) fn read_header(input: &mut impl BufRead, size: u64) -> Result<(u16, S
             crate::codec::split("snapshot header", head.get(..crate::codec::HEADER_LEN).unwrap_or(head))?;
         let mut header: SnapshotHeader = storage::decode_bounded("snapshot header", &mut *input, size)?;
         if version >= OWNED_SESSIONS {
-            header.registry.owners = storage::decode_bounded("snapshot's session owners", input, size)?;
+            header.registry.owners = storage::decode_bounded("snapshot's session owners", &mut *input, size)?;
+        }
+        if version >= PAUSED_QUEUES {
+            header.registry.paused = storage::decode_bounded("snapshot's paused queues", input, size)?;
         }
         return Ok((version, header));
     }
@@ -258,6 +266,7 @@ pub(super) fn write_snapshot(
     out: &mut impl Write,
 ) -> Result<u64, storage::StorageError> {
     let version = if header.registry.owners.is_empty() { version } else { version.max(OWNED_SESSIONS) };
+    let version = if header.registry.paused.is_empty() { version } else { version.max(PAUSED_QUEUES) };
     let each_request = |visit: &mut dyn FnMut(u64, RequestId, Deduped) -> Result<(), storage::StorageError>| {
         view.for_each(Table::Requests, partition, |id, bytes| {
             let (request, entry) = storage::decode("request entry", bytes)?;
@@ -274,6 +283,9 @@ pub(super) fn write_snapshot(
     out.write_all(&encode_at(version, &header))?;
     if version >= OWNED_SESSIONS {
         out.write_all(&encode_at(version, &header.registry.owners))?;
+    }
+    if version >= PAUSED_QUEUES {
+        out.write_all(&encode_at(version, &header.registry.paused))?;
     }
     if version >= REQUESTS_STREAMED {
         each_request(&mut |id, request, entry| {

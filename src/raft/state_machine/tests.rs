@@ -355,6 +355,41 @@ async fn a_partition_with_owned_sessions_is_snapshotted_with_its_owners_at_versi
     assert_eq!(reopened.lock().engine.session_owners(), owners, "and stored with them");
 }
 
+#[tokio::test]
+async fn a_paused_queue_is_snapshotted_at_version_11_and_stays_paused_where_installed() {
+    use crate::core::PAUSED_QUEUES;
+    let dir = tempfile::tempdir().unwrap();
+    let store = Store::open(&dir.path().join("a")).unwrap();
+    let cluster = mixed_versions();
+    cluster.heard(1, Some(PAUSED_QUEUES - 1));
+    let (mut sm, _shared) = StateMachine::open(0, store, dir.path().join("snap-a"), cluster).unwrap();
+    sm.get_current_snapshot().await.unwrap(); // the identity Raft::new reads
+    sm.apply([entry(1, 1_000, vec![create()])]).await.unwrap();
+    let pause = Command::SetPaused { tenant: DEFAULT_TENANT.into(), job_type: "t".into(), paused: true };
+    sm.apply([entry(2, 2_000, vec![pause])]).await.unwrap();
+    let snapshot = sm.get_current_snapshot().await.unwrap().unwrap();
+    let meta = snapshot.meta.clone();
+    let mut bytes = Vec::new();
+    snapshot.snapshot.into_std().await.read_to_end(&mut bytes).unwrap();
+    assert_eq!(&bytes[..crate::codec::HEADER_LEN], crate::codec::header(PAUSED_QUEUES), "a pause: version 11");
+    assert_eq!(check_snapshot(&bytes).unwrap(), 1, "the live job after the pauses reads");
+    let follower_store = Store::open(&dir.path().join("follower")).unwrap();
+    let (mut follower, shared) =
+        StateMachine::open(0, Arc::clone(&follower_store), dir.path().join("snap-f"), versions()).unwrap();
+    let mut file = tempfile::tempfile().unwrap();
+    std::io::Write::write_all(&mut file, &bytes).unwrap();
+    follower.install_snapshot(&meta, Box::new(tokio::fs::File::from_std(file))).await.unwrap();
+    let paused = vec![(DEFAULT_TENANT.to_string(), "t".to_string(), 2_000)];
+    assert_eq!(shared.lock().engine.paused_records(), paused, "installed paused");
+    assert_eq!(shared.lock().engine.activatable_count("t", &[]), 0, "its job waits");
+    drop((follower, shared));
+    let (mut reopened, shared) = StateMachine::open(0, follower_store, dir.path().join("snap-f"), versions()).unwrap();
+    assert_eq!(shared.lock().engine.paused_records(), paused, "and stored paused");
+    let resume = Command::SetPaused { tenant: DEFAULT_TENANT.into(), job_type: "t".into(), paused: false };
+    run(&mut reopened, 3, 3_000, resume).await;
+    assert_eq!(shared.lock().engine.activatable_count("t", &[]), 1, "resumed");
+}
+
 fn keyed(tenant: &str, key: &str, window: Millis) -> Command {
     let Command::Create(mut job) = create() else { unreachable!("create() makes a create") };
     job.request = Some(crate::core::RequestId::Key { tenant: tenant.into(), user: String::new(), key: key.into() });
