@@ -105,10 +105,12 @@ enum Rpc {
     SetWorkerState,
     SetSchema,
     GetSchema,
+    SetQueuePaused,
+    ListQueues,
 }
 
 impl Rpc {
-    const ALL: [Rpc; 25] = [
+    const ALL: [Rpc; 27] = [
         Rpc::CreateJob,
         Rpc::CreateJobs,
         Rpc::ActivateJobs,
@@ -134,6 +136,8 @@ impl Rpc {
         Rpc::SetWorkerState,
         Rpc::SetSchema,
         Rpc::GetSchema,
+        Rpc::SetQueuePaused,
+        Rpc::ListQueues,
     ];
 
     /// The tokens of the table allowed to make this call.
@@ -145,10 +149,13 @@ impl Rpc {
                 &["admin", "work"]
             }
             Rpc::RegisterWorker | Rpc::Heartbeat | Rpc::DeregisterWorker => &["admin", "work"],
-            Rpc::UpdateJobRetries | Rpc::CancelJob | Rpc::RetryJobs | Rpc::CancelJobs | Rpc::SetSchema => {
-                &["admin", "manage"]
-            }
-            Rpc::GetJob | Rpc::GetJobHistory | Rpc::ListJobs => &["admin", "read"],
+            Rpc::UpdateJobRetries
+            | Rpc::CancelJob
+            | Rpc::RetryJobs
+            | Rpc::CancelJobs
+            | Rpc::SetSchema
+            | Rpc::SetQueuePaused => &["admin", "manage"],
+            Rpc::GetJob | Rpc::GetJobHistory | Rpc::ListJobs | Rpc::ListQueues => &["admin", "read"],
             Rpc::AwaitJob | Rpc::GetSchema => &["admin", "read", "create"],
             Rpc::Topology => {
                 &["admin", "create", "work", "read", "manage", "workers", "cluster-read", "cluster-admin", "nothing"]
@@ -261,6 +268,14 @@ impl Rpc {
                 raw.set_schema(SetSchemaRequest { r#type: "t".into(), schema: String::new() }).await.map(drop)
             }
             Rpc::GetSchema => raw.get_schema(GetSchemaRequest { r#type: "t".into() }).await.map(drop),
+            // Pausing a queue no job of the matrix uses.
+            Rpc::SetQueuePaused => raw
+                .set_queue_paused(SetQueuePausedRequest { r#type: "t".into(), paused: false, ..Default::default() })
+                .await
+                .map(drop),
+            Rpc::ListQueues => {
+                raw.list_queues(ListQueuesRequest { r#type: "t".into(), ..Default::default() }).await.map(drop)
+            }
         }
     }
 }
@@ -1239,4 +1254,44 @@ async fn administrative_actions_are_audited_and_plaintext_is_announced() {
     assert_eq!(audits[1]["details"]["jobs"], serde_json::json!([b]));
     assert_eq!(audits[2]["details"]["jobs"], serde_json::json!([a]), "the bulk cancel names what it cancelled");
     assert!(log.contains("serving PLAINTEXT"), "a node without TLS says so: {log}");
+}
+
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn a_tenant_pauses_and_sees_its_own_queues_only() {
+    let tokens = Tokens::new();
+    let node = node_with(&tokens).await;
+    let (acme, globex) = (as_token(&node, tokens.secret("acme")), as_token(&node, tokens.secret("globex")));
+    let admin = as_token(&node, tokens.secret("admin"));
+    for (client, tenant) in [(&acme, "acme"), (&globex, "globex")] {
+        client
+            .create(CreateJobRequest { r#type: "t".into(), tenant_id: tenant.into(), ..Default::default() })
+            .await
+            .unwrap();
+    }
+    let pause = |tenant: &str| SetQueuePausedRequest { r#type: "t".into(), tenant_id: tenant.into(), paused: true };
+    let refused = acme.raw().set_queue_paused(pause("globex")).await.unwrap_err();
+    assert_eq!(refused.code(), Code::PermissionDenied, "{refused:?}");
+    acme.raw().set_queue_paused(pause("acme")).await.expect("acme pauses its own queue");
+    // globex's queue of the same type runs on.
+    let activate = ActivateJobsRequest {
+        r#type: "t".into(),
+        max_jobs_to_activate: 10,
+        timeout: 60_000,
+        tenant_ids: vec!["globex".into()],
+        ..Default::default()
+    };
+    let mut answers = globex.raw().activate_jobs(activate).await.unwrap().into_inner();
+    assert_eq!(answers.message().await.unwrap().map(|a| a.jobs.len()), Some(1), "globex's job is activated");
+    let listed = |client: &Client| {
+        let client = client.clone();
+        async move {
+            let queues = client.raw().list_queues(ListQueuesRequest::default()).await.unwrap().into_inner().queues;
+            queues.into_iter().map(|q| (q.tenant_id, q.paused)).collect::<Vec<_>>()
+        }
+    };
+    assert_eq!(listed(&acme).await, vec![("acme".to_string(), true)]);
+    assert_eq!(listed(&globex).await, vec![("globex".to_string(), false)]);
+    assert_eq!(listed(&admin).await, vec![("acme".to_string(), true), ("globex".to_string(), false)]);
+    let peek = ListQueuesRequest { tenant_id: "globex".into(), ..Default::default() };
+    assert_eq!(acme.raw().list_queues(peek).await.unwrap_err().code(), Code::PermissionDenied);
 }

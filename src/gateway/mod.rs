@@ -33,6 +33,7 @@ pub mod jobs;
 mod listing;
 mod observe;
 pub mod ojs;
+pub mod queues;
 pub mod router;
 pub mod sessions;
 pub mod status;

@@ -275,6 +275,19 @@ impl Gateway for GatewayService {
         Ok(Response::new(GetSchemaResponse { schema: self.api.get_schema(&call, request).await? }))
     }
 
+    async fn set_queue_paused(
+        &self,
+        request: Request<SetQueuePausedRequest>,
+    ) -> Result<Response<SetQueuePausedResponse>, Status> {
+        let (call, request) = parts(request)?;
+        Ok(Response::new(SetQueuePausedResponse { queue: Some(self.api.set_queue_paused(&call, request).await?) }))
+    }
+
+    async fn list_queues(&self, request: Request<ListQueuesRequest>) -> Result<Response<ListQueuesResponse>, Status> {
+        let (call, request) = parts(request)?;
+        Ok(Response::new(ListQueuesResponse { queues: self.api.list_queues(&call, request).await? }))
+    }
+
     async fn topology(&self, request: Request<TopologyRequest>) -> Result<Response<TopologyResponse>, Status> {
         let (call, _) = parts(request)?;
         Ok(Response::new(self.api.topology(&call).await))

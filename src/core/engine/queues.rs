@@ -106,11 +106,14 @@ impl PartitionState {
         CommandResult::Done
     }
 
-    /// The figures of `tenants`' queues (of `job_type` only, unless it is
-    /// empty): every queue with a live job, a pause, or a job counted in the
-    /// last hour. Windows with nothing left to count are dropped here.
+    /// The figures of `tenants`' queues (every tenant's when they hold `*`;
+    /// of `job_type` only, unless it is empty): every queue with a live job,
+    /// a pause, or a job counted in the last hour. Windows with nothing left
+    /// to count are dropped here.
     pub(super) fn queue_stats(&mut self, tenants: &[String], job_type: &str) -> Vec<QueueStats> {
         let now = self.clock;
+        let every_tenant = tenants.iter().any(|t| t == "*");
+        let listed = |t: &String| every_tenant || tenants.contains(t);
         let mut stats: BTreeMap<(&str, &str), QueueStats> = BTreeMap::new();
         let wanted = |t: &str| job_type.is_empty() || t == job_type;
         let blank = |tenant: &str, job_type: &str| QueueStats {
@@ -119,8 +122,7 @@ impl PartitionState {
             at: now,
             ..Default::default()
         };
-        for tenant in tenants {
-            let Some(keys) = self.by_tenant.get(tenant) else { continue };
+        for (tenant, keys) in self.by_tenant.iter().filter(|(t, _)| listed(t)) {
             for job in keys.iter().filter_map(|k| self.jobs.get(k)).filter(|j| wanted(&j.spec.job_type)) {
                 let entry = stats
                     .entry((tenant.as_str(), job.spec.job_type.as_str()))
@@ -140,12 +142,12 @@ impl PartitionState {
             }
         }
         for (queue_type, by_tenant) in self.paused.iter().filter(|(t, _)| wanted(t)) {
-            for (tenant, at) in by_tenant.iter().filter(|(t, _)| tenants.contains(t)) {
+            for (tenant, at) in by_tenant.iter().filter(|(t, _)| listed(t)) {
                 stats.entry((tenant, queue_type)).or_insert_with(|| blank(tenant, queue_type)).paused_at = Some(*at);
             }
         }
         for (queue_type, by_tenant) in self.windows.iter().filter(|(t, _)| wanted(t)) {
-            for (tenant, window) in by_tenant.iter().filter(|(t, w)| tenants.contains(t) && !w.is_stale(now)) {
+            for (tenant, window) in by_tenant.iter().filter(|(t, w)| listed(t) && !w.is_stale(now)) {
                 let entry = stats.entry((tenant, queue_type)).or_insert_with(|| blank(tenant, queue_type));
                 entry.last_minute = window.since(now, MINUTE_MS);
                 entry.last_hour = window.since(now, HOUR_MS);

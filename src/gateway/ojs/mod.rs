@@ -20,6 +20,7 @@ mod dead_letter;
 mod envelope;
 mod ids;
 mod jobs;
+mod queues;
 mod retry;
 mod time;
 mod worker;
@@ -71,7 +72,7 @@ pub async fn serve(
 }
 
 /// The paths served, with `{id}` for a job id (the metrics' route labels).
-const ROUTES: [&str; 13] = [
+const ROUTES: [&str; 17] = [
     "/ojs/manifest",
     "/ojs/v1/health",
     "/ojs/v1/jobs",
@@ -85,6 +86,10 @@ const ROUTES: [&str; 13] = [
     "/ojs/v1/dead-letter/{id}",
     "/ojs/v1/dead-letter/{id}/retry",
     "/ojs/v1/admin/jobs/bulk/cancel",
+    "/ojs/v1/queues",
+    "/ojs/v1/queues/{name}/stats",
+    "/ojs/v1/queues/{name}/pause",
+    "/ojs/v1/queues/{name}/resume",
 ];
 
 fn routes(ctx: Arc<NodeContext>) -> Router {
@@ -103,6 +108,10 @@ fn routes(ctx: Arc<NodeContext>) -> Router {
         .route("/ojs/v1/dead-letter/{id}", axum::routing::delete(dead_letter::delete))
         .route("/ojs/v1/dead-letter/{id}/retry", post(dead_letter::retry))
         .route("/ojs/v1/admin/jobs/bulk/cancel", post(jobs::bulk_cancel))
+        .route("/ojs/v1/queues", get(queues::list))
+        .route("/ojs/v1/queues/{name}/stats", get(queues::stats))
+        .route("/ojs/v1/queues/{name}/pause", post(queues::pause))
+        .route("/ojs/v1/queues/{name}/resume", post(queues::resume))
         .fallback(|| async { OjsError::not_found("no OJS endpoint at this path (docs/ojs.md lists them)") })
         .method_not_allowed_fallback(|| async {
             OjsError::new(
@@ -138,10 +147,25 @@ impl std::ops::Deref for OjsCall {
 /// The header OJS names a request's tenant in.
 const TENANT_HEADER: &str = "x-ojs-tenant";
 
-/// A path with its job id replaced, as a span names it (ids would make
-/// every span name unique).
+/// A path with its job id and queue name replaced, as a span names it (ids
+/// would make every span name unique).
 fn route_of(path: &str) -> String {
-    path.split('/').map(|part| if ids::is_uuidv7(part) { "{id}" } else { part }).collect::<Vec<_>>().join("/")
+    let parts: Vec<&str> = path.split('/').collect();
+    let named = |i: usize| i == 4 && parts[..4] == ["", "ojs", "v1", "queues"];
+    let parts: Vec<&str> = parts
+        .iter()
+        .enumerate()
+        .map(|(i, part)| {
+            if ids::is_uuidv7(part) {
+                "{id}"
+            } else if named(i) {
+                "{name}"
+            } else {
+                part
+            }
+        })
+        .collect();
+    parts.join("/")
 }
 
 /// The paths served without a token: probes and discovery.
@@ -372,7 +396,7 @@ async fn manifest(State(ojs): State<Ojs>) -> Response {
             "capabilities": {
                 "priority": true, "unique_jobs": true, "batch_enqueue": true, "dead_letter": true,
                 "retries": true, "visibility_timeout": true, "heartbeat": true, "events": false,
-                "queue_pause": false, "cron": false, "workflows": false,
+                "queue_pause": true, "cron": false, "workflows": false,
             },
             "partitions": ojs.ctx.topology.partition_count(),
         }),
