@@ -1,6 +1,7 @@
 //! The web console: in headless Chromium on a 3-node cluster, an operator
 //! finds an incident, opens its timeline, presses retry and sees the job
-//! completed by a worker; over plain HTTP, the console asks for a token,
+//! completed by a worker, then pauses the job's queue and the worker gets
+//! nothing more until it is resumed; over plain HTTP, the console asks for a token,
 //! keeps it in a strict cookie, acts only as its holder may, and refuses
 //! forms posted from another site.
 
@@ -90,6 +91,7 @@ async fn an_operator_retries_an_incident_from_the_console_in_a_browser() {
                 .arg(&url)
                 .arg(key.to_string())
                 .arg(&shots)
+                .arg(JOB_TYPE)
                 .env("PYTHONPATH", &selenium)
                 .output()
                 .expect("python3 runs")
@@ -99,7 +101,16 @@ async fn an_operator_retries_an_incident_from_the_console_in_a_browser() {
     .unwrap();
     let said = format!("{}{}", String::from_utf8_lossy(&output.stdout), String::from_utf8_lossy(&output.stderr));
     assert!(output.status.success(), "the browser session failed ({}):\n{said}", output.status);
-    for page in ["cluster.png", "incidents.png", "job-incident.png", "job-completed.png", "workers.png", "jobs.png"] {
+    for page in [
+        "cluster.png",
+        "incidents.png",
+        "job-incident.png",
+        "job-completed.png",
+        "workers.png",
+        "jobs.png",
+        "queues.png",
+        "queues-paused.png",
+    ] {
         let size = std::fs::metadata(shots.join(page)).map(|m| m.len()).unwrap_or(0);
         assert!(size > 10_000, "the screenshot {page} is missing or blank ({size} bytes)");
     }
@@ -114,6 +125,26 @@ async fn an_operator_retries_an_incident_from_the_console_in_a_browser() {
     let retried = kinds.iter().position(|k| k == "retries_updated").expect("a retries_updated event");
     assert!(kinds[..retried].contains(&"incident".to_string()), "the retry came after the incident: {kinds:?}");
     assert_eq!(kinds.last().map(String::as_str), Some("completed"), "{kinds:?}");
+
+    // The queue the browser paused holds a new charge from the running worker
+    // until it is resumed.
+    let listing = ListQueuesRequest { r#type: JOB_TYPE.into(), ..Default::default() };
+    let queues = client.raw().list_queues(listing).await.unwrap().into_inner().queues;
+    let queue = queues.into_iter().next().expect("the charges' queue");
+    assert!(queue.paused, "paused from the browser: {queue:?}");
+    let request = CreateJobRequest { r#type: JOB_TYPE.into(), retries: Some(1), ..Default::default() };
+    let held = client.raw().create_job(request).await.unwrap().into_inner().key;
+    // Nothing to wait for but an absence: the worker would take it in milliseconds.
+    let (waited, finished) = client.await_job(held, Duration::from_secs(2)).await.unwrap();
+    assert!(!finished && waited.state == "activatable", "a paused queue's job ran: {waited:?}");
+    let resume = SetQueuePausedRequest { r#type: JOB_TYPE.into(), paused: false, ..Default::default() };
+    client.raw().set_queue_paused(resume).await.unwrap();
+    // Resumed, the worker takes it (and fails a first attempt, as it does every charge's).
+    eventually(Duration::from_secs(30), "the worker to run the held charge once resumed", || {
+        let client = client.clone();
+        async move { job(&client, held).await.attempt == 1 }
+    })
+    .await;
 
     let _ = stop.send(());
     tokio::time::timeout(Duration::from_secs(30), worker).await.expect("the worker stops").unwrap();

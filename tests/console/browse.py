@@ -3,12 +3,13 @@
 Run by tests/console.rs against a 3-node cluster it started, with a job it
 failed into an incident and a worker that completes the job's next attempt:
 
-    browse.py URL JOB_KEY SCREENSHOT_DIR
+    browse.py URL JOB_KEY SCREENSHOT_DIR JOB_TYPE
 
 Opens the cluster page (three nodes, every partition with a leader), finds the
 incident on the incidents page, opens its job page and history timeline,
 presses retry, and waits for the page to show the job completed by the
-worker. Saves a screenshot of each page in SCREENSHOT_DIR. Exits non-zero,
+worker. Then finds the job's queue on the queues page, with the completion
+counted, and pauses it. Saves a screenshot of each page in SCREENSHOT_DIR. Exits non-zero,
 with what it saw, when a step does not hold.
 """
 
@@ -21,7 +22,7 @@ from selenium.common.exceptions import WebDriverException
 from selenium.webdriver.chrome.service import Service
 from selenium.webdriver.common.by import By
 
-url, key, shots = sys.argv[1].rstrip("/"), sys.argv[2], sys.argv[3]
+url, key, shots, job_type = sys.argv[1].rstrip("/"), sys.argv[2], sys.argv[3], sys.argv[4]
 os.makedirs(shots, exist_ok=True)
 
 options = webdriver.ChromeOptions()
@@ -138,6 +139,28 @@ try:
     if not driver.find_elements(By.CSS_SELECTOR, f'#jobs tr[data-key="{key}"]'):
         fail(f"job {key} is not found by a search for completed jobs")
     shot("jobs.png")
-    print(f"console: incident {key} found, retried and completed; screenshots in {shots}")
+
+    # The job's queue: the completion counted, running; then paused, after
+    # the operator confirms.
+    driver.get(url + "/console/queues")
+    row_of = f'#queues tr[data-queue="<default>/{job_type}"]'
+    rows = driver.find_elements(By.CSS_SELECTOR, row_of)
+    if not rows:
+        fail(f"the queue of {job_type} is not on the queues page")
+    if rows[0].find_element(By.CLASS_NAME, "state").text != "running":
+        fail(f"the queue is not running: {rows[0].text!r}")
+    if int(rows[0].find_element(By.CLASS_NAME, "completed").text) < 1:
+        fail(f"the queue's completions in the last hour do not count the job: {rows[0].text!r}")
+    shot("queues.png")
+    rows[0].find_element(By.CSS_SELECTOR, "button.pause").click()
+    driver.switch_to.alert.accept()
+    until("the pause notice", lambda: "paused" in driver.find_element(By.CLASS_NAME, "notice").text)
+    state = driver.find_element(By.CSS_SELECTOR, row_of + " .state").text
+    if not state.startswith("paused"):
+        fail(f"the queue does not show paused after the pause: {state!r}")
+    if not driver.find_elements(By.CSS_SELECTOR, row_of + " button.resume"):
+        fail("a paused queue offers no resume")
+    shot("queues-paused.png")
+    print(f"console: incident {key} found, retried and completed; its queue paused; screenshots in {shots}")
 finally:
     driver.quit()

@@ -1,7 +1,8 @@
 //! The web console at `/console` on the admin port: the cluster (nodes,
 //! partitions with leaders, terms and lag, sparklines of this node's own
 //! metrics), worker sessions and job streams (quiet, resume, terminate), job
-//! search, a job's page with its history, and incidents with retry and cancel.
+//! search, a job's page with its history, incidents with retry and cancel,
+//! and queues with their figures, pause and resume.
 //!
 //! Owns the console's pages, its sign-in cookie and its metric samples. Every
 //! read and every action goes through this node's job API in-process
@@ -28,6 +29,7 @@ use crate::proto::gateway::*;
 
 mod cluster;
 mod jobs;
+mod queues;
 mod samples;
 mod time;
 mod workers;
@@ -57,6 +59,8 @@ pub fn routes() -> Router<Arc<NodeContext>> {
         .route("/console/jobs/{key}/cancel", post(jobs::cancel))
         .route("/console/incidents", get(jobs::incidents))
         .route("/console/incidents/retry", post(jobs::retry_all))
+        .route("/console/queues", get(queues::queues))
+        .route("/console/queues/paused", post(queues::set_paused))
 }
 
 /// Console paths open to anyone: the sign-in page and the static files.
@@ -108,6 +112,7 @@ fn templates() -> &'static Environment<'static> {
             ("jobs.html", include_str!("templates/jobs.html")),
             ("job.html", include_str!("templates/job.html")),
             ("incidents.html", include_str!("templates/incidents.html")),
+            ("queues.html", include_str!("templates/queues.html")),
             ("job_rows.html", include_str!("templates/job_rows.html")),
             ("error.html", include_str!("templates/error.html")),
         ] {
@@ -124,6 +129,7 @@ pub(super) fn render(ctx: &NodeContext, principal: Option<&Principal>, name: &st
         "workers.html" => "workers",
         "jobs.html" | "job.html" => "jobs",
         "incidents.html" => "incidents",
+        "queues.html" => "queues",
         _ => "",
     };
     let common = context! {
