@@ -144,3 +144,33 @@ async fn ojs_queues_are_drover_queues() {
     let (code, refused) = ojs.call("POST", "/ojs/v1/queues/Not_A_Queue/pause", json!({})).await;
     assert_eq!((code, &refused["error"]["code"]), (400, &json!("invalid_request")), "{refused}");
 }
+
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn the_cli_lists_pauses_and_resumes_queues() {
+    let node = node().await;
+    node.client.create_job("invoices", "{}").await.unwrap();
+    let address = node.node().grpc_addr.to_string();
+    let drover = |args: &'static [&'static str]| {
+        let address = address.clone();
+        async move {
+            let mut all = vec!["queue"];
+            all.extend_from_slice(args);
+            all.extend_from_slice(&["--address", &address]);
+            common::run_drover(&all, &[]).await
+        }
+    };
+    let (ok, out, err) = drover(&["pause", "invoices"]).await;
+    assert!(ok, "{err}");
+    assert!(out.lines().nth(1).is_some_and(|l| l.contains("invoices") && l.contains("paused")), "{out}");
+    assert!(queue(&node, "invoices").await.paused);
+    let (ok, out, err) = drover(&["list"]).await;
+    assert!(ok, "{err}");
+    let row = out.lines().find(|l| l.contains("invoices")).unwrap_or_else(|| panic!("listed: {out}"));
+    let columns: Vec<&str> = row.split_whitespace().collect();
+    assert_eq!(&columns[..4], ["<default>", "invoices", "paused", "1"], "{out}");
+    let (ok, _, err) = drover(&["resume", "invoices"]).await;
+    assert!(ok, "{err}");
+    assert!(!queue(&node, "invoices").await.paused);
+    let (ok, _, err) = drover(&["pause", ""]).await;
+    assert!(!ok && err.contains("type"), "an empty type is refused, saying so: {err}");
+}

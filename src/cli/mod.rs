@@ -6,6 +6,7 @@
 
 mod backup;
 mod job;
+mod queue;
 mod schema;
 mod serve;
 mod token;
@@ -20,6 +21,7 @@ use drover::config::ServeArgs;
 
 use backup::BackupCommand;
 use job::JobCommand;
+use queue::QueueCommand;
 use schema::SchemaCommand;
 use token::TokenCommand;
 use worker::WorkerCommand;
@@ -55,6 +57,14 @@ pub(crate) enum Command {
     /// with stderr as the error message. Or, with a subcommand, list and
     /// direct the cluster's workers.
     Worker(Box<WorkerCommand>),
+    /// List queues (a tenant's jobs of one type) with their figures; pause
+    /// and resume them.
+    Queue {
+        #[command(subcommand)]
+        command: QueueCommand,
+        #[command(flatten)]
+        target: Target,
+    },
     /// Register, show or remove the JSON Schema of a job type's variables.
     Schema {
         #[command(subcommand)]
@@ -139,6 +149,7 @@ pub(crate) async fn run(cli: Cli) -> anyhow::Result<()> {
             Some(manage) => worker::workers(manage).await,
             None => worker::worker(command.run).await,
         },
+        Command::Queue { command, target } => queue::queue(command, &target).await,
         Command::Schema { command, target } => schema::schema(command, &target).await,
         Command::Backup { command, target } => backup::backup(command, &target).await,
         Command::Token { command } => token::token(command),
