@@ -552,3 +552,54 @@ async fn a_stale_workers_ack_never_lands_on_the_next_activation() {
     assert_error(code, &answer, 409, "conflict");
     assert_eq!(ojs.job(&job["id"]).await["state"], "completed");
 }
+
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn an_ojs_worker_is_a_drover_session_that_operators_direct() {
+    let node = node().await;
+    let ojs = Ojs::of(&node);
+    let fetch = |worker: &'static str| {
+        let ojs = &ojs;
+        async move {
+            let (code, answer) =
+                ojs.post("/ojs/v1/workers/fetch", json!({ "queues": ["sessions"], "worker_id": worker })).await;
+            assert_eq!(code, 200, "fetch: {answer}");
+            answer["jobs"].as_array().unwrap().clone()
+        }
+    };
+    let beat = |worker: &'static str| {
+        let ojs = &ojs;
+        async move {
+            let (code, answer) =
+                ojs.post("/ojs/v1/workers/heartbeat", json!({ "worker_id": worker, "active_jobs": [] })).await;
+            assert_eq!(code, 200, "heartbeat: {answer}");
+            answer["state"].as_str().unwrap().to_string()
+        }
+    };
+    for i in 0..3 {
+        ojs.enqueue(json!({"type": "s.job", "args": [i], "options": {"queue": "sessions"}})).await;
+    }
+    assert_eq!(fetch("ojs-w1").await.len(), 1, "the first fetch registers the worker's session");
+    let workers = node.client.raw().list_workers(pb::ListWorkersRequest::default()).await.unwrap().into_inner();
+    let session = workers.workers.iter().find(|w| w.worker_id == "ojs-w1").expect("the OJS worker is a session");
+    assert_eq!(session.job_types, ["sessions"]);
+    assert_eq!(session.held_jobs, 1, "it holds the job it fetched");
+    assert_eq!(beat("ojs-w1").await, "running");
+
+    let direct = |state: &str| pb::SetWorkerStateRequest {
+        session_id: session.session_id,
+        state: state.into(),
+        ..Default::default()
+    };
+    node.client.raw().set_worker_state(direct("quiet")).await.unwrap();
+    assert_eq!(beat("ojs-w1").await, "quiet", "an operator's quiet reaches the OJS worker");
+    assert!(fetch("ojs-w1").await.is_empty(), "a quiet worker's fetch gets nothing");
+    assert_eq!(fetch("ojs-w2").await.len(), 1, "another worker still gets jobs");
+    node.client.raw().set_worker_state(direct("running")).await.unwrap();
+    assert_eq!(fetch("ojs-w1").await.len(), 1, "running again, it gets jobs");
+    node.client.raw().set_worker_state(direct("terminate")).await.unwrap();
+    assert_eq!(beat("ojs-w1").await, "terminate");
+    // A heartbeat of a worker that never fetched registers it too.
+    assert_eq!(beat("ojs-w3").await, "running");
+    let workers = node.client.raw().list_workers(pb::ListWorkersRequest::default()).await.unwrap().into_inner();
+    assert!(workers.workers.iter().any(|w| w.worker_id == "ojs-w3"), "{workers:?}");
+}

@@ -30,7 +30,7 @@ pub const DEFAULT_HEARTBEAT_MS: i64 = 5_000;
 /// How long without a beat before a worker is dead, unless it asks otherwise.
 pub const DEFAULT_DEAD_AFTER_MS: i64 = 30_000;
 const MIN_HEARTBEAT_MS: i64 = 100;
-const MAX_DEAD_AFTER_MS: i64 = 3_600_000;
+pub const MAX_DEAD_AFTER_MS: i64 = 3_600_000;
 const MAX_JOB_TYPES: usize = 100;
 const MAX_LABELS: usize = convert::MAX_WORKER_LABELS;
 const MAX_NAME_LEN: usize = 255;
@@ -49,10 +49,13 @@ fn end_in_background(ctx: &Arc<NodeContext>, session: SessionId) {
     });
 }
 
+/// Registers a session under `id` (a new random one when `None`; a repeat
+/// of a known id renews its lease).
 pub async fn register(
     ctx: &Arc<NodeContext>,
     principal: &Arc<Principal>,
     request: pb::RegisterWorkerRequest,
+    id: Option<SessionId>,
     deadline: Instant,
 ) -> Result<pb::RegisterWorkerResponse, ApiError> {
     if request.worker_id.is_empty() {
@@ -91,12 +94,12 @@ pub async fn register(
             )))
         }
     };
-    let id = loop {
+    let id = id.filter(|id| *id != 0).unwrap_or_else(|| loop {
         let id: u64 = rand::random();
         if id != 0 {
             break id;
         }
-    };
+    });
     let info = Arc::new(SessionInfo {
         id,
         worker: request.worker_id,

@@ -21,13 +21,34 @@ impl JobApi {
         call: &Call,
         request: pb::RegisterWorkerRequest,
     ) -> Result<pb::RegisterWorkerResponse, ApiError> {
+        self.register_checked(call, request, None).await
+    }
+
+    /// [`Self::register_worker`] under a session id the caller derived (an
+    /// OJS worker's, from its principal, tenant and worker id); a repeat
+    /// renews the session's lease.
+    pub(crate) async fn register_worker_as(
+        &self,
+        call: &Call,
+        request: pb::RegisterWorkerRequest,
+        session: u64,
+    ) -> Result<pb::RegisterWorkerResponse, ApiError> {
+        self.register_checked(call, request, Some(session)).await
+    }
+
+    async fn register_checked(
+        &self,
+        call: &Call,
+        request: pb::RegisterWorkerRequest,
+        session: Option<u64>,
+    ) -> Result<pb::RegisterWorkerResponse, ApiError> {
         let principal = &call.principal;
         principal.require_some(Verb::Work)?;
         for job_type in &request.job_types {
             principal.require_job(Verb::Work, job_type)?;
         }
         principal.require_tenants(&request.tenant_ids)?;
-        sessions::register(&self.ctx, principal, request, call.deadline).await
+        sessions::register(&self.ctx, principal, request, session, call.deadline).await
     }
 
     pub async fn heartbeat(

@@ -52,6 +52,9 @@ pub const SPEC_VERSION: &str = "1.0";
 pub(crate) struct Ojs {
     api: JobApi,
     ctx: Arc<NodeContext>,
+    /// OJS workers' sessions this gateway registered, and when it last
+    /// renewed each (see `worker`).
+    sessions: Arc<std::sync::Mutex<std::collections::HashMap<u64, std::time::Instant>>>,
 }
 
 /// Serves the OJS binding on `listener` until `stop`.
@@ -93,7 +96,7 @@ const ROUTES: [&str; 17] = [
 ];
 
 fn routes(ctx: Arc<NodeContext>) -> Router {
-    let state = Ojs { api: JobApi::new(Arc::clone(&ctx)), ctx: Arc::clone(&ctx) };
+    let state = Ojs { api: JobApi::new(Arc::clone(&ctx)), ctx: Arc::clone(&ctx), sessions: Default::default() };
     Router::new()
         .route("/ojs/manifest", get(manifest))
         .route("/ojs/v1/health", get(health))

@@ -10,6 +10,12 @@
 //! ack that names its attempt on a server-made id skips the read: the
 //! partition fences it, and a repeat of it (a retry after a lost answer) is
 //! answered OK, as Drover answers a repeated completion.
+//!
+//! A fetch or heartbeat that names a `worker_id` acts as that worker's
+//! Drover session (one per principal, tenant and worker id, registered on
+//! first use): the worker is listed with `drover.v1`'s and Zeebe's, an
+//! operator's quiet or terminate reaches it in its heartbeat's `state`, and
+//! a quiet or terminated worker's fetches get nothing.
 
 use axum::extract::State;
 use axum::http::StatusCode;
@@ -30,6 +36,66 @@ const DEFAULT_VISIBILITY_MS: i64 = 30_000;
 const MAX_WAIT_MS: i64 = 30_000;
 /// The most jobs one heartbeat extends (each is a read and a write).
 const MAX_BEAT_JOBS: usize = 1000;
+/// An OJS worker's session lease: OJS workers need not beat, so the
+/// longest a session may go without one (its jobs are held by their own
+/// visibility timeouts meanwhile). A gateway renews the session of a worker
+/// that fetches or beats through it every [`SESSION_RENEWAL`].
+const SESSION_BEAT_MS: i64 = crate::gateway::sessions::MAX_DEAD_AFTER_MS / 2;
+const SESSION_RENEWAL: std::time::Duration = std::time::Duration::from_secs(600);
+
+/// The Drover session of OJS worker `worker` acting through `call`: one
+/// per (principal, tenant, worker id), derived (FNV-1a) so that every
+/// gateway names the same one without asking another.
+fn session_of(call: &OjsCall, worker: &str) -> u64 {
+    let mut hash: u64 = 0xcbf2_9ce4_8422_2325;
+    let parts: [&[u8]; 5] = [call.principal.name.as_bytes(), &[0], call.tenant.as_bytes(), &[0], worker.as_bytes()];
+    for byte in parts.iter().flat_map(|p| p.iter()) {
+        hash ^= u64::from(*byte);
+        hash = hash.wrapping_mul(0x0100_0000_01b3);
+    }
+    hash.max(1)
+}
+
+/// OJS worker `worker`'s session, registered (serving `queues`) unless
+/// this gateway did so lately; a repeat registration renews its lease.
+async fn session(ojs: &Ojs, call: &OjsCall, worker: &str, queues: &[String]) -> Result<u64, OjsError> {
+    let session = session_of(call, worker);
+    let renewed = ojs.sessions.lock().expect("OJS sessions").get(&session).copied();
+    if renewed.is_some_and(|at| at.elapsed() < SESSION_RENEWAL) {
+        return Ok(session);
+    }
+    let request = pb::RegisterWorkerRequest {
+        worker_id: worker.to_string(),
+        hostname: "ojs".into(),
+        job_types: queues.to_vec(),
+        tenant_ids: if call.tenant.is_empty() { Vec::new() } else { vec![call.tenant.clone()] },
+        heartbeat_interval: SESSION_BEAT_MS,
+        dead_after: 2 * SESSION_BEAT_MS,
+        ..Default::default()
+    };
+    ojs.api.register_worker_as(call, request, session).await?;
+    let mut sessions = ojs.sessions.lock().expect("OJS sessions");
+    if sessions.len() >= 100_000 {
+        sessions.clear();
+    }
+    sessions.insert(session, std::time::Instant::now());
+    Ok(session)
+}
+
+/// An activation's or beat's answer, unless it says the worker's session is
+/// over (an operator ended it, or it went an hour without a fetch or beat
+/// through any gateway): the session is forgotten, so the worker's next
+/// request registers it again, and this one is answered as retryable.
+fn unless_ended<T>(ojs: &Ojs, session: u64, answer: Result<T, ApiError>) -> Result<T, OjsError> {
+    match answer {
+        Err(ApiError::NotFound(message)) if message.contains("no worker session") => {
+            ojs.sessions.lock().expect("OJS sessions").remove(&session);
+            Err(ApiError::Unavailable(format!("{message}; this worker's next request registers it again: retry"))
+                .into())
+        }
+        answer => Ok(answer?),
+    }
+}
 
 fn strings(body: &Value, field: &str) -> Result<Vec<String>, OjsError> {
     match body.get(field) {
@@ -85,7 +151,12 @@ pub(super) async fn fetch(
         Some(v) if v.as_i64() == Some(0) => 0,
         Some(_) => positive(&body, "wait_ms", 0, MAX_WAIT_MS)?,
     };
-    let worker = body.get("worker_id").and_then(Value::as_str).unwrap_or("ojs-worker").to_string();
+    let named = body.get("worker_id").and_then(Value::as_str).filter(|w| !w.is_empty());
+    let worker = named.unwrap_or("ojs-worker").to_string();
+    let session = match named {
+        Some(worker) => session(&ojs, &call, worker, &queues).await?,
+        None => 0,
+    };
     let mut jobs = Vec::new();
     for (i, queue) in queues.iter().enumerate() {
         let remaining = count - jobs.len() as i64;
@@ -100,9 +171,10 @@ pub(super) async fn fetch(
             max_jobs_to_activate: remaining as i32,
             request_timeout: if last && jobs.is_empty() && queues.len() == 1 { wait } else { 0 },
             tenant_ids: if call.tenant.is_empty() { Vec::new() } else { vec![call.tenant.clone()] },
+            session_id: session,
             ..Default::default()
         };
-        jobs.extend(ojs.api.activate(&call, request).await?);
+        jobs.extend(unless_ended(&ojs, session, ojs.api.activate(&call, request).await)?);
     }
     let now = now_ms();
     let mut shown = Vec::with_capacity(jobs.len());
@@ -275,8 +347,20 @@ pub(super) async fn heartbeat(
             Err(error) => return Err(error.into()),
         }
     }
+    let state = match body.get("worker_id").and_then(Value::as_str).filter(|w| !w.is_empty()) {
+        Some(worker) => beat(&ojs, &call, worker).await?,
+        None => "running".to_string(),
+    };
     Ok(reply(
         StatusCode::OK,
-        json!({ "state": "running", "server_time": rfc3339(now_ms()), "jobs_extended": extended, "revoked": revoked }),
+        json!({ "state": state, "server_time": rfc3339(now_ms()), "jobs_extended": extended, "revoked": revoked }),
     ))
+}
+
+/// Beats OJS worker `worker`'s session (registering it first if need be);
+/// the state an operator directs it to: running, quiet or terminate.
+async fn beat(ojs: &Ojs, call: &OjsCall, worker: &str) -> Result<String, OjsError> {
+    let session = session(ojs, call, worker, &[]).await?;
+    let request = pb::HeartbeatRequest { session_id: session, ..Default::default() };
+    Ok(unless_ended(ojs, session, ojs.api.heartbeat(call, request).await)?.state)
 }
