@@ -46,6 +46,9 @@ const CF_DONE: &str = "jobs_done";
 const CF_EXPIRY: &str = "jobs_expiry";
 const CF_REQUESTS: &str = "requests";
 const CF_SPECS: &str = "job_specs";
+/// Added at data version 11: a database of an older build lacks it and
+/// gets it at open.
+const CF_EVENTS: &str = "job_events";
 
 /// A storage failure. RocksDB errors are not something a client can fix, so they
 /// surface as UNAVAILABLE/INTERNAL at the edge.
@@ -92,11 +95,22 @@ pub enum Table {
     /// [`Table::Jobs`] and [`Table::Done`] records leave out (see
     /// `raft::records`).
     Specs,
+    /// Lifecycle events by (partition, the log index of the entry that made
+    /// them), kept for the retention window; see `raft::state_machine::events`.
+    Events,
 }
 
 impl Table {
-    pub const ALL: [Table; 7] =
-        [Table::Log, Table::Meta, Table::Jobs, Table::Done, Table::Expiry, Table::Requests, Table::Specs];
+    pub const ALL: [Table; 8] = [
+        Table::Log,
+        Table::Meta,
+        Table::Jobs,
+        Table::Done,
+        Table::Expiry,
+        Table::Requests,
+        Table::Specs,
+        Table::Events,
+    ];
 
     /// Its column family's name.
     pub fn cf_name(self) -> &'static str {
@@ -108,6 +122,7 @@ impl Table {
             Table::Expiry => CF_EXPIRY,
             Table::Requests => CF_REQUESTS,
             Table::Specs => CF_SPECS,
+            Table::Events => CF_EVENTS,
         }
     }
 }

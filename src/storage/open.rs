@@ -8,7 +8,8 @@ use std::sync::Arc;
 use rocksdb::{ColumnFamilyDescriptor, DBRecoveryMode, Options, DB};
 
 use super::{
-    mark, StorageError, Store, SyncWriter, CF_DONE, CF_EXPIRY, CF_JOBS, CF_LOG, CF_META, CF_REQUESTS, CF_SPECS,
+    mark, StorageError, Store, SyncWriter, CF_DONE, CF_EVENTS, CF_EXPIRY, CF_JOBS, CF_LOG, CF_META, CF_REQUESTS,
+    CF_SPECS,
 };
 
 /// What RocksDB may hold in memory: the two budgets that decide most of a
@@ -47,10 +48,10 @@ impl Store {
         }
         let mut opts = recovery_options()?;
         opts.create_if_missing(true);
-        // Column families are created with the database, never later: see
-        // `check_column_families`.
-        let existing = check_column_families(dir)?;
-        opts.create_missing_column_families(!existing);
+        // Column families are created with the database; an existing one may
+        // lack only those added later (see `check_column_families`).
+        check_column_families(dir)?;
+        opts.create_missing_column_families(true);
         opts.set_max_background_jobs(2);
         opts.set_bytes_per_sync(1 << 20);
         opts.set_max_total_wal_size(256 << 20);
@@ -137,7 +138,11 @@ fn opening_error(dir: &Path, error: rocksdb::Error) -> StorageError {
 }
 
 /// The names of every column family, in the order they are created.
-pub(super) const COLUMN_FAMILIES: [&str; 7] = [CF_LOG, CF_META, CF_JOBS, CF_DONE, CF_EXPIRY, CF_REQUESTS, CF_SPECS];
+pub(super) const COLUMN_FAMILIES: [&str; 8] =
+    [CF_LOG, CF_META, CF_JOBS, CF_DONE, CF_EXPIRY, CF_REQUESTS, CF_SPECS, CF_EVENTS];
+
+/// Column families a database of an older build may lack: made at open.
+const ADDED_LATER: [&str; 1] = [CF_EVENTS];
 
 /// Whether `dir` holds a database already; if so, it must list every column
 /// family. A MANIFEST cut short at a record boundary opens without error but
@@ -159,7 +164,10 @@ fn check_column_families(dir: &Path) -> Result<bool, StorageError> {
         return Ok(false);
     }
     let listed = DB::list_cf(&Options::default(), dir).map_err(|e| opening_error(dir, e))?;
-    let missing: Vec<&str> = COLUMN_FAMILIES.into_iter().filter(|name| !listed.iter().any(|l| l == name)).collect();
+    let missing: Vec<&str> = COLUMN_FAMILIES
+        .into_iter()
+        .filter(|name| !listed.iter().any(|l| l == name) && !ADDED_LATER.contains(name))
+        .collect();
     if !missing.is_empty() {
         return Err(corrupt(format!(
             "the MANIFEST does not list the column families {missing:?}, which every Drover database has: it was \

@@ -12,9 +12,9 @@ use serde_json::value::RawValue;
 use super::sessions::unknown_session;
 use super::{queues, ApplyOutput, PartitionState, QueueKey};
 use crate::core::{
-    describe_fence, fence_admits, payload_fingerprint, ActivatedJobData, Activation, Checkpoint, CommandError,
-    CommandResult, EventKind, FailReason, History, Job, JobKey, JobSpec, JobState, NewJob, Outcome, RequestId, Tally,
-    YieldReason, TAGGED_ATTEMPT,
+    describe_fence, event_text, fence_admits, payload_fingerprint, ActivatedJobData, Activation, Checkpoint,
+    CommandError, CommandResult, EventKind, FailReason, History, Job, JobKey, JobSpec, JobState, Lifecycle, NewJob,
+    Outcome, RequestId, Tally, YieldReason, TAGGED_ATTEMPT,
 };
 
 /// A worker's failure of an attempt, as [`crate::core::Command::Fail`] carries it.
@@ -67,6 +67,7 @@ impl PartitionState {
             &job.spec,
             Tally::Completed { ran_ms: self.clock - job.activated_at },
         );
+        out.happen(Lifecycle::Completed, &job, self.clock - job.activated_at, String::new());
         out.finished.push(job);
         Ok(CommandResult::Done)
     }
@@ -126,18 +127,22 @@ impl PartitionState {
         job.error_message = message;
         out.count(&job.spec.job_type, Outcome::Failed);
         queues::tally(&mut self.windows, now, &job.spec, Tally::Failed);
+        out.happen(Lifecycle::Failed, job, 0, event_text(&job.error_message));
         out.failures.push((job.spec.job_type.clone(), reason, job.worker.clone()));
         if retries == 0 {
             out.count(&job.spec.job_type, Outcome::Incident);
             queues::tally(&mut self.windows, now, &job.spec, Tally::Exhausted);
+            out.happen(Lifecycle::Incident, job, 0, String::new());
             job.history.record(now, EventKind::Incident);
             job.state = JobState::Incident;
         } else if back_off_ms > 0 {
             job.state = JobState::Scheduled;
             job.due_at = now.saturating_add(back_off_ms);
             self.due.insert((job.due_at, key));
+            out.happen(Lifecycle::Retrying, job, job.due_at, String::new());
         } else {
             job.state = JobState::Activatable;
+            out.happen(Lifecycle::Retrying, job, now, String::new());
             self.make_ready(key, out);
         }
         out.touched.push(key);
@@ -200,6 +205,7 @@ impl PartitionState {
         let mut job = self.remove(key);
         job.state = JobState::Cancelled;
         job.history.record(self.clock, EventKind::Cancelled { by: by.to_string() });
+        out.happen(Lifecycle::Cancelled, &job, 0, event_text(by));
         out.count(&job.spec.job_type, Outcome::Cancelled);
         out.finished.push(job);
         Ok(CommandResult::Done)
@@ -388,6 +394,7 @@ impl PartitionState {
         );
         out.count(&new_job.spec.job_type, Outcome::Created);
         queues::tally(&mut self.windows, now, &new_job.spec, Tally::Created);
+        out.happen(Lifecycle::Created, &job, 0, String::new());
         self.list_under_tenant(&job);
         self.jobs.insert(key, job);
         if state == JobState::Scheduled {
@@ -439,6 +446,7 @@ impl PartitionState {
             job.worker.clone_from(&activation.worker);
             job.deadline = deadline;
             job.timeout_ms = timeout_ms;
+            out.happen(Lifecycle::Activated, job, deadline, activation.worker.clone());
             job.session = activation.session;
             job.history.record(
                 self.clock,

@@ -33,6 +33,7 @@ use super::command::*;
 use super::failure::*;
 use super::ids::*;
 use super::job::*;
+use super::lifecycle::{Happened, Lifecycle};
 use super::principal::Principal;
 use super::queue::Window;
 use super::routing::*;
@@ -144,11 +145,19 @@ pub struct ApplyOutput {
     pub schemas_changed: bool,
     /// Whether a queue was paused or resumed: [`PartitionState::paused_records`] are to be stored.
     pub paused_changed: bool,
+    /// The lifecycle transitions of this batch, in order, for subscribers.
+    pub happened: Vec<Happened>,
     /// Sessions this partition declared dead in this batch.
     pub sessions_died: Vec<Arc<SessionInfo>>,
 }
 
 impl ApplyOutput {
+    /// Records a job's transition for subscribers.
+    fn happen(&mut self, lifecycle: Lifecycle, job: &Job, detail: Millis, text: String) {
+        let spec = Arc::clone(&job.spec);
+        self.happened.push(Happened { lifecycle, key: job.key, spec, attempt: job.attempt, detail, text });
+    }
+
     fn count(&mut self, job_type: &str, outcome: Outcome) {
         match self.outcomes.iter_mut().find(|(t, o, _)| *o == outcome && t == job_type) {
             Some((_, _, n)) => *n += 1,

@@ -7,7 +7,7 @@
 use std::collections::BTreeMap;
 
 use super::{ApplyOutput, FastMap, PartitionState, QueueKey, ReadyQueue};
-use crate::core::{CommandResult, JobSpec, JobState, Millis, QueueStats, Tally, Window};
+use crate::core::{CommandResult, Happened, JobKey, JobSpec, JobState, Lifecycle, Millis, QueueStats, Tally, Window};
 
 /// Counts `tally` of a job in its queue's window at `now`; a free function,
 /// so it may run while one of the state's jobs is borrowed.
@@ -103,6 +103,17 @@ impl PartitionState {
             }
         }
         out.paused_changed = true;
+        if self.partition == 0 {
+            // One event per pause, though every partition applies it.
+            let spec = std::sync::Arc::new(JobSpec {
+                job_type: job_type.to_string(),
+                tenant: tenant.to_string(),
+                ..Default::default()
+            });
+            let lifecycle = if paused { Lifecycle::QueuePaused } else { Lifecycle::QueueResumed };
+            let happened = Happened { lifecycle, key: JobKey(0), spec, attempt: 0, detail: 0, text: String::new() };
+            out.happened.push(happened);
+        }
         CommandResult::Done
     }
 

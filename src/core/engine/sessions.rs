@@ -175,6 +175,7 @@ impl PartitionState {
             job.state = JobState::Activatable;
             out.count(&job.spec.job_type, Outcome::Failed);
             super::queues::tally(&mut self.windows, self.clock, &job.spec, crate::core::Tally::Failed);
+            out.happen(crate::core::Lifecycle::Failed, job, 0, "its worker session ended".into());
             out.failures.push((job.spec.job_type.clone(), FailReason::SessionEnded, job.worker.clone()));
             self.make_ready(key, out);
         }

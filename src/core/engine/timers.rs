@@ -30,6 +30,7 @@ impl PartitionState {
                 self.held.remove(&(job.session, key));
                 job.history.record(now, EventKind::TimedOut { attempt: job.attempt });
                 out.count(&job.spec.job_type, Outcome::TimedOut);
+                out.happen(crate::core::Lifecycle::TimedOut, job, 0, String::new());
                 self.make_ready(key, out);
             }
         }

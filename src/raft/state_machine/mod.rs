@@ -26,6 +26,7 @@
 //! engine reads from disk are [`requests`]'.
 
 pub mod backup;
+pub mod events;
 mod reads;
 mod requests;
 mod retention;
@@ -78,6 +79,8 @@ struct Inner {
     /// after this process started, and when it was applied (see
     /// [`SharedState::clock_estimate`]).
     observed: Option<(Millis, std::time::Instant)>,
+    /// The lifecycle events kept for subscribers (see [`events`]).
+    events: events::EventLog,
 }
 
 pub struct StateMachine {
@@ -154,7 +157,9 @@ impl StateMachine {
                         meta.finished_next
                     );
                 }
+                let applied = meta.last_applied.map_or(0, |id| id.index);
                 Inner {
+                    events: events::EventLog::open(&store, partition, applied, meta.engine.clock)?,
                     engine: PartitionState::restore_on(meta.engine, jobs, requests, registry),
                     last_applied: meta.last_applied,
                     membership: meta.membership,
@@ -173,6 +178,7 @@ impl StateMachine {
                 membership: StoredMembership::default(),
                 finished,
                 observed: None,
+                events: events::EventLog::open(&store, partition, 0, 0)?,
             },
         };
         let replayed_until = store.last(Table::Log, partition)?.map(|(index, _)| index).unwrap_or(0);
@@ -364,6 +370,8 @@ impl RaftStateMachine<TypeConfig> for StateMachine {
                     }
                     let out = inner.engine.apply(&commands);
                     let now = inner.engine.clock();
+                    let at = (entry.log_id.index, now);
+                    inner.events.record(&mut batch, self.partition, at, &out.happened, commands.retention);
                     if entry.log_id.index > self.replayed_until {
                         inner.observed = Some((now, std::time::Instant::now()));
                     }
@@ -498,6 +506,8 @@ impl RaftStateMachine<TypeConfig> for StateMachine {
         let (engine, finished) = installed.engine(&self.store, self.partition);
         let mut inner = self.shared.lock();
         inner.engine = engine;
+        let next = meta.last_log_id.map_or(0, |id| id.index) + 1;
+        inner.events.installed(&mut batch, self.partition, next);
         inner.last_applied = meta.last_log_id;
         inner.membership = meta.last_membership.clone();
         inner.finished = finished;

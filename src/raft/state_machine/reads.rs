@@ -65,6 +65,13 @@ impl SharedState {
         Some(at.saturating_add(seen.elapsed().as_millis() as Millis).max(inner.engine.clock()))
     }
 
+    /// Up to about `limit` of the partition's lifecycle events after log
+    /// index `after`, as this replica holds them (see [`super::events`]).
+    pub fn events(&self, after: u64, limit: usize) -> Result<super::events::EventsPage, storage::StorageError> {
+        let from = self.lock().events.first();
+        super::events::read(&self.store, self.partition, after, limit, from)
+    }
+
     /// Reads the engine state.
     pub fn read<R>(&self, f: impl FnOnce(&PartitionState) -> R) -> R {
         f(&self.lock().engine)

@@ -594,3 +594,45 @@ async fn a_create_remembered_for_no_time_is_forgotten_by_the_next_batch_of_its_m
     assert_eq!(shared.lock().engine.requests_len(), memory.requests_len());
     assert_eq!(stored_ids(&store, Table::Requests).len(), 1, "only the newest entry is left");
 }
+
+#[tokio::test]
+async fn events_are_read_after_a_cursor_survive_a_restart_and_leave_with_the_retention() {
+    use crate::core::Lifecycle;
+    let dir = tempfile::tempdir().unwrap();
+    let store = Store::open(&dir.path().join("a")).unwrap();
+    let (mut sm, shared) = StateMachine::open(0, Arc::clone(&store), dir.path().join("snap"), versions()).unwrap();
+    let (key, _) = created(&run(&mut sm, 1, 1_000, create()).await);
+    let activate = Command::Activate(crate::core::Activation {
+        job_type: "t".into(),
+        tenants: vec![DEFAULT_TENANT.into()],
+        worker: "w".into(),
+        timeout_ms: 60_000,
+        max_jobs: 1,
+        max_bytes: u64::MAX,
+        session: 0,
+        via: crate::core::Via::Unknown,
+        taker: Default::default(),
+        rivals: Vec::new(),
+    });
+    run(&mut sm, 2, 1_500, activate).await;
+    run(&mut sm, 3, 2_000, Command::Complete { key, attempt: 1, variables: Default::default() }).await;
+    let kinds = |page: &events::EventsPage| page.events.iter().map(|e| e.event.lifecycle).collect::<Vec<_>>();
+    let all = shared.events(0, 100).unwrap();
+    assert_eq!(kinds(&all), [Lifecycle::Created, Lifecycle::Activated, Lifecycle::Completed]);
+    assert_eq!(all.events[2].event.detail, 500, "a completion carries its run time");
+    assert_eq!((all.through, all.from), (3, 1));
+    let after_first = shared.events(1, 100).unwrap();
+    assert_eq!(kinds(&after_first), [Lifecycle::Activated, Lifecycle::Completed], "read on after a cursor");
+    assert_eq!(shared.events(0, 1).unwrap().through, 1, "a short read stops at an entry's end");
+    drop((sm, shared));
+    let (mut sm, shared) = StateMachine::open(0, Arc::clone(&store), dir.path().join("snap"), versions()).unwrap();
+    assert_eq!(kinds(&shared.events(1, 100).unwrap()), [Lifecycle::Activated, Lifecycle::Completed], "kept");
+    // Past the retention (10 s here, counted from the restart for what an
+    // earlier run wrote), the old events go; a reader behind them learns of it.
+    run(&mut sm, 4, 20_000, create()).await;
+    run(&mut sm, 5, 40_000, create()).await;
+    let page = shared.events(1, 100).unwrap();
+    assert_eq!(kinds(&page), [Lifecycle::Created], "only the newest entry's event is kept");
+    assert!(page.gap_after(1), "the reader at 1 missed events: {page:?}");
+    assert!(!page.gap_after(4), "a reader at 4 missed nothing");
+}
