@@ -107,10 +107,11 @@ enum Rpc {
     GetSchema,
     SetQueuePaused,
     ListQueues,
+    WatchEvents,
 }
 
 impl Rpc {
-    const ALL: [Rpc; 27] = [
+    const ALL: [Rpc; 28] = [
         Rpc::CreateJob,
         Rpc::CreateJobs,
         Rpc::ActivateJobs,
@@ -138,6 +139,7 @@ impl Rpc {
         Rpc::GetSchema,
         Rpc::SetQueuePaused,
         Rpc::ListQueues,
+        Rpc::WatchEvents,
     ];
 
     /// The tokens of the table allowed to make this call.
@@ -155,7 +157,7 @@ impl Rpc {
             | Rpc::CancelJobs
             | Rpc::SetSchema
             | Rpc::SetQueuePaused => &["admin", "manage"],
-            Rpc::GetJob | Rpc::GetJobHistory | Rpc::ListJobs | Rpc::ListQueues => &["admin", "read"],
+            Rpc::GetJob | Rpc::GetJobHistory | Rpc::ListJobs | Rpc::ListQueues | Rpc::WatchEvents => &["admin", "read"],
             Rpc::AwaitJob | Rpc::GetSchema => &["admin", "read", "create"],
             Rpc::Topology => {
                 &["admin", "create", "work", "read", "manage", "workers", "cluster-read", "cluster-admin", "nothing"]
@@ -275,6 +277,10 @@ impl Rpc {
                 .map(drop),
             Rpc::ListQueues => {
                 raw.list_queues(ListQueuesRequest { r#type: "t".into(), ..Default::default() }).await.map(drop)
+            }
+            Rpc::WatchEvents => {
+                let request = WatchEventsRequest { types: vec!["t".into()], from_now: true, ..Default::default() };
+                raw.watch_events(request).await.map(drop)
             }
         }
     }
@@ -1294,4 +1300,22 @@ async fn a_tenant_pauses_and_sees_its_own_queues_only() {
     assert_eq!(listed(&admin).await, vec![("acme".to_string(), true), ("globex".to_string(), false)]);
     let peek = ListQueuesRequest { tenant_id: "globex".into(), ..Default::default() };
     assert_eq!(acme.raw().list_queues(peek).await.unwrap_err().code(), Code::PermissionDenied);
+}
+
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn a_tenants_event_watch_hears_only_its_own_jobs() {
+    let tokens = Tokens::new();
+    let node = node_with(&tokens).await;
+    let (acme, globex) = (as_token(&node, tokens.secret("acme")), as_token(&node, tokens.secret("globex")));
+    let peek = WatchEventsRequest { tenant_id: "globex".into(), ..Default::default() };
+    assert_eq!(acme.raw().watch_events(peek).await.err().map(|e| e.code()), Some(Code::PermissionDenied));
+    let mut events = acme.raw().watch_events(WatchEventsRequest::default()).await.unwrap().into_inner();
+    globex
+        .create(CreateJobRequest { r#type: "t".into(), tenant_id: "globex".into(), ..Default::default() })
+        .await
+        .unwrap();
+    let mine = acme.create(CreateJobRequest { r#type: "t".into(), tenant_id: "acme".into(), ..Default::default() });
+    let mine = mine.await.unwrap();
+    let first = within(30, events.message()).await.expect("acme's create is heard").unwrap().unwrap();
+    assert_eq!((first.key, first.tenant_id.as_str(), first.kind.as_str()), (mine, "acme", "created"), "{first:?}");
 }

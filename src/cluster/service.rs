@@ -275,6 +275,19 @@ impl Cluster for ClusterService {
         Ok(Response::new(ListJobsReply { jobs: encoded.into(), ..Default::default() }))
     }
 
+    async fn read_events(&self, request: Request<ReadEventsRequest>) -> Result<Response<ReadEventsReply>, Status> {
+        let ctx = self.ctx()?;
+        let request = request.into_inner();
+        let replica = match led_replica(ctx, request.partition_id) {
+            Ok(replica) => replica,
+            Err((code, message)) => return Ok(Response::new(ReadEventsReply { code, message, ..Default::default() })),
+        };
+        let limit = (request.limit as usize).min(MAX_LIST_LIMIT);
+        let page = replica.state().events(request.after, limit).map_err(|e| Status::internal(e.to_string()))?;
+        let encoded = bincode::serialize(&page).map_err(|e| Status::internal(e.to_string()))?;
+        Ok(Response::new(ReadEventsReply { page: encoded.into(), ..Default::default() }))
+    }
+
     async fn register_stream(
         &self,
         request: Request<RegisterStreamRequest>,

@@ -53,7 +53,12 @@ impl Lifecycle {
     }
 }
 
-pub const ALL: [Lifecycle; 10] = [
+/// Every kind, in a job's usual order.
+pub fn lifecycle_kinds() -> [Lifecycle; 10] {
+    ALL
+}
+
+const ALL: [Lifecycle; 10] = [
     Lifecycle::Created,
     Lifecycle::Activated,
     Lifecycle::Completed,

@@ -28,7 +28,7 @@ pub use failure::*;
 pub use history::*;
 pub use ids::*;
 pub use job::*;
-pub use lifecycle::{event_text, Happened, Lifecycle, MAX_EVENT_TEXT};
+pub use lifecycle::{event_text, lifecycle_kinds, Happened, Lifecycle, MAX_EVENT_TEXT};
 pub use queue::*;
 pub use routing::*;
 pub use session::*;

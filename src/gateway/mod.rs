@@ -28,6 +28,7 @@ mod chunks;
 pub mod client_streams;
 pub mod convert;
 pub mod error;
+pub mod events;
 pub mod fanout;
 pub mod jobs;
 mod listing;

@@ -35,7 +35,8 @@ use crate::core::{
 use crate::metrics::stages::{self, Stage};
 use crate::partition::{LeaderMsg, SubmitError};
 
-use crate::proto::cluster::{DescribeRequest, ForwardRequest, ListJobsRequest};
+use crate::proto::cluster::{DescribeRequest, ForwardRequest, ListJobsRequest, ReadEventsRequest};
+use crate::raft::EventsPage;
 use crate::raft::{NodeId, Replica};
 use crate::transport::{Delivered, PeerClient, FORWARDS_ON_STREAMS};
 
@@ -613,6 +614,30 @@ pub async fn list(
             let jobs: Result<Vec<Job>, _> = bincode::deserialize(&reply.jobs);
             Some(jobs.map_err(|e| ApiError::Internal(e.to_string())))
         }
+    };
+    on_leader(ctx, partition, deadline, local, remote).await
+}
+
+/// Up to about `limit` of a partition's lifecycle events after log index
+/// `after`, from its leader.
+pub async fn events(
+    ctx: &NodeContext,
+    partition: PartitionId,
+    after: u64,
+    limit: usize,
+    deadline: Instant,
+) -> Result<EventsPage, ApiError> {
+    let local = |replica: Arc<Replica>| async move { Ok(replica.state().events(after, limit)?) };
+    let remote = |mut client: PeerClient, timeout: Duration| async move {
+        let mut request =
+            tonic::Request::new(ReadEventsRequest { partition_id: partition, after, limit: limit as u32 });
+        request.set_timeout(timeout);
+        let reply = client.read_events(request).await.ok()?.into_inner();
+        if reply.code != 0 {
+            return None;
+        }
+        let page: Result<EventsPage, _> = bincode::deserialize(&reply.page);
+        Some(page.map_err(|e| ApiError::Internal(e.to_string())))
     };
     on_leader(ctx, partition, deadline, local, remote).await
 }

@@ -288,6 +288,17 @@ impl Gateway for GatewayService {
         Ok(Response::new(ListQueuesResponse { queues: self.api.list_queues(&call, request).await? }))
     }
 
+    type WatchEventsStream = BoxStream<LifecycleEvent>;
+
+    async fn watch_events(
+        &self,
+        request: Request<WatchEventsRequest>,
+    ) -> Result<Response<Self::WatchEventsStream>, Status> {
+        let (call, request) = parts(request)?;
+        let (cursor, filter) = self.api.events_request(&call, request).await?;
+        Ok(Response::new(Box::pin(self.api.watch_events(cursor, filter))))
+    }
+
     async fn topology(&self, request: Request<TopologyRequest>) -> Result<Response<TopologyResponse>, Status> {
         let (call, _) = parts(request)?;
         Ok(Response::new(self.api.topology(&call).await))

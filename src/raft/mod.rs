@@ -40,6 +40,7 @@ pub use state_machine::backup::{
     clear_staged as clear_staged_backups, expire_staged as expire_staged_backups,
     release_staged as release_staged_backup,
 };
+pub use state_machine::events::{EventsPage, ReadEvent, StoredEvent};
 pub use state_machine::{check_snapshot, check_snapshot_from, restore, snapshot_bytes, SharedState};
 
 use crate::core::{Batch, CommandResult, Millis, Outcome, PartitionId};

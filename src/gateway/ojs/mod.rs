@@ -18,6 +18,7 @@
 
 mod dead_letter;
 mod envelope;
+mod events;
 mod ids;
 mod jobs;
 mod queues;
@@ -75,7 +76,7 @@ pub async fn serve(
 }
 
 /// The paths served, with `{id}` for a job id (the metrics' route labels).
-const ROUTES: [&str; 17] = [
+const ROUTES: [&str; 19] = [
     "/ojs/manifest",
     "/ojs/v1/health",
     "/ojs/v1/jobs",
@@ -90,6 +91,8 @@ const ROUTES: [&str; 17] = [
     "/ojs/v1/dead-letter/{id}/retry",
     "/ojs/v1/admin/jobs/bulk/cancel",
     "/ojs/v1/queues",
+    "/ojs/v1/events",
+    "/ojs/v1/events/stream",
     "/ojs/v1/queues/{name}/stats",
     "/ojs/v1/queues/{name}/pause",
     "/ojs/v1/queues/{name}/resume",
@@ -112,6 +115,8 @@ fn routes(ctx: Arc<NodeContext>) -> Router {
         .route("/ojs/v1/dead-letter/{id}/retry", post(dead_letter::retry))
         .route("/ojs/v1/admin/jobs/bulk/cancel", post(jobs::bulk_cancel))
         .route("/ojs/v1/queues", get(queues::list))
+        .route("/ojs/v1/events", get(events::list))
+        .route("/ojs/v1/events/stream", get(events::stream))
         .route("/ojs/v1/queues/{name}/stats", get(queues::stats))
         .route("/ojs/v1/queues/{name}/pause", post(queues::pause))
         .route("/ojs/v1/queues/{name}/resume", post(queues::resume))
@@ -398,7 +403,7 @@ async fn manifest(State(ojs): State<Ojs>) -> Response {
             "protocols": ["http"],
             "capabilities": {
                 "priority": true, "unique_jobs": true, "batch_enqueue": true, "dead_letter": true,
-                "retries": true, "visibility_timeout": true, "heartbeat": true, "events": false,
+                "retries": true, "visibility_timeout": true, "heartbeat": true, "events": true,
                 "queue_pause": true, "cron": false, "workflows": false,
             },
             "partitions": ojs.ctx.topology.partition_count(),
