@@ -6,7 +6,9 @@
 //! own tenant only: the strongest principal a tenant is given. Besides
 //! creating and working jobs of its own, of the workload's own type, it keeps
 //! trying to act on the first tenant's jobs and sessions through every
-//! surface: drover.v1, Zeebe's API, the console's forms and the actuator. The
+//! surface: drover.v1, Zeebe's API, the console's forms, the actuator and
+//! the OJS port (fetches, queue pauses, bulk cancels and event reads in the
+//! first tenant, which an OJS request names by leaving out its tenant). The
 //! keys it aims at are leaked to it (recent keys the workload was given, and
 //! session ids the workload's workers registered: the worst case, a tenant
 //! that learned them) or guessed from its own (keys are sequential in a
@@ -107,7 +109,7 @@ fn pick(queue: &Mutex<VecDeque<u64>>, rng: &mut StdRng) -> Option<u64> {
 #[derive(Clone, Debug, Default, PartialEq, Serialize, Deserialize)]
 pub struct Attempt {
     pub time_ms: u64,
-    /// `drover.v1`, `zeebe`, `console` or `actuator`.
+    /// `drover.v1`, `zeebe`, `console`, `actuator` or `ojs`.
     pub surface: String,
     pub action: String,
     /// What it aimed at: `job <key>`, `session <id>`, `every session`, or a
@@ -336,7 +338,8 @@ pub async fn attack(shared: Arc<Shared>, attacker: Arc<Attacker>, seed: u64) {
             }
             61..66 => v1_list(&shared, &attacker, node, &mut rng).await,
             66..78 => v1_session(&shared, &attacker, node, &mut rng).await,
-            78..90 => zeebe(&shared, &attacker, node, &mut rng).await,
+            78..87 => zeebe(&shared, &attacker, node, &mut rng).await,
+            87..94 if !shared.ojs.is_empty() => ojs(&shared, &attacker, node, &mut rng).await,
             _ => http(&shared, &attacker, node, &mut rng).await,
         }
         tokio::time::sleep(Duration::from_millis(rng.random_range(5..20))).await;
@@ -683,6 +686,47 @@ async fn http(shared: &Shared, attacker: &Attacker, node: usize, rng: &mut StdRn
     };
     let exposed = if path == "/actuator/workers" || path == "/actuator/jobs" { exposed_in(&body) } else { Vec::new() };
     attacker.record(shared, Attempt { answer, exposed, ..attempt(surface, action, target, foreign, writes) });
+}
+
+/// The OJS port, in the first tenant (no `X-OJS-Tenant`: the default
+/// tenant, which the attacker's token does not hold): fetches and pauses of
+/// the workload's queue, bulk cancels of it, and reads of its events, queues
+/// and dead letters. Every one must be refused.
+async fn ojs(shared: &Shared, attacker: &Attacker, node: usize, rng: &mut StdRng) {
+    let queue = JOB_TYPE;
+    let fetch = format!(r#"{{"queues":["{queue}"],"count":4,"worker_id":"{NAME}-ojs"}}"#);
+    let (action, path, body, writes) = match rng.random_range(0..6) {
+        0 => ("POST /ojs/v1/workers/fetch", "/ojs/v1/workers/fetch".to_string(), fetch, true),
+        1 => ("POST /ojs/v1/queues/{queue}/pause", format!("/ojs/v1/queues/{queue}/pause"), "{}".into(), true),
+        2 => {
+            let path = "/ojs/v1/admin/jobs/bulk/cancel?confirm=true".to_string();
+            ("POST /ojs/v1/admin/jobs/bulk/cancel", path, format!(r#"{{"queue":"{queue}"}}"#), true)
+        }
+        3 => ("GET /ojs/v1/events", format!("/ojs/v1/events?queues={queue}&limit=20"), String::new(), false),
+        4 => ("GET /ojs/v1/queues", "/ojs/v1/queues".into(), String::new(), false),
+        _ => ("GET /ojs/v1/dead-letter", "/ojs/v1/dead-letter".into(), String::new(), false),
+    };
+    let method = action.split(' ').next().unwrap_or("GET");
+    let ca = attacker.ca.as_deref();
+    let sent =
+        crate::cluster::http_as(&shared.ojs[node % shared.ojs.len()], method, &path, &body, ca, Some(&attacker.token));
+    let (answer, body) = match tokio::time::timeout(ANSWER, sent).await {
+        Ok(Ok((status, body))) if (200..400).contains(&status) => ("ok".to_string(), body),
+        Ok(Ok((503, _))) | Ok(Err(_)) | Err(_) => (NO_ANSWER.to_string(), String::new()),
+        Ok(Ok((status, _))) => (status.to_string(), String::new()),
+    };
+    let exposed = ojs_exposed(&body);
+    let target = format!("queue {queue} of the first tenant");
+    attacker.record(shared, Attempt { answer, exposed, ..attempt("ojs", action, target, true, writes) });
+}
+
+/// Jobs, events and queues of the first tenant in an OJS answer.
+fn ojs_exposed(body: &str) -> Vec<String> {
+    let Ok(value) = serde_json::from_str::<serde_json::Value>(body) else { return Vec::new() };
+    let listed = ["jobs", "events", "queues"]
+        .into_iter()
+        .flat_map(|field| value[field].as_array().into_iter().flatten().map(move |item| format!("{field}: {item}")));
+    listed.collect()
 }
 
 /// Another tenant's sessions or jobs in an actuator listing.

@@ -820,7 +820,7 @@ async fn final_reads(nodes: &cluster::Nodes, token: Option<&str>) -> FinalReads 
             let marked =
                 text.contains(attacker::NAME) || job["result"].as_str().unwrap_or_default().contains(attacker::NAME);
             let tenant = job["tenant"].as_str().unwrap_or_default().to_string();
-            let id = match variables["id"].as_u64() {
+            let id = match workload::id_in(&variables) {
                 Some(id) => id,
                 // The attacker's own jobs carry no id.
                 None if tenant == attacker::NAME => 0,

@@ -162,7 +162,7 @@ impl Shared {
 
 fn id_of(job: &ActivatedJob) -> Option<u64> {
     let value: serde_json::Value = serde_json::from_str(&job.variables).ok()?;
-    value["id"].as_u64()
+    id_in(&value)
 }
 
 pub async fn producer(shared: Arc<Shared>, process: u64, seed: u64) {
@@ -195,6 +195,12 @@ pub async fn producer(shared: Arc<Shared>, process: u64, seed: u64) {
             retries: (job_type == crate::sessions::SESSION_TYPE).then_some(crate::sessions::RETRIES),
             ..Default::default()
         };
+        // One in four of the polled type's undelayed creates goes through OJS.
+        if job_type == JOB_TYPE && delay.is_none() && !shared.ojs.is_empty() && rng.random_ratio(1, 4) {
+            ojs_create(&shared, process, id, &mut rng).await;
+            tokio::time::sleep(Duration::from_millis(rng.random_range(5..30))).await;
+            continue;
+        }
         for _ in 0..CREATE_SENDS {
             // Each send through any gateway, as a producer behind a load balancer.
             let node = rng.random_range(0..clients.len());
@@ -229,6 +235,67 @@ pub async fn producer(shared: Arc<Shared>, process: u64, seed: u64) {
         }
         tokio::time::sleep(Duration::from_millis(rng.random_range(5..30))).await;
     }
+}
+
+/// A create of [`JOB_TYPE`] through a node's OJS port, its args `[{"id": id}]`.
+/// Its OJS id is made from the workload id, so a resend after an unknown
+/// outcome is answered `duplicate` (409), and the job is then read back by
+/// that id for its key.
+async fn ojs_create(shared: &Shared, process: u64, id: u64, rng: &mut StdRng) {
+    let token = std::env::var(drover::client::TOKEN_ENV).ok();
+    let (ca, token) = (shared.ca.as_deref(), token.as_deref().map(str::trim));
+    let ojs_id = format!("01900000-0000-7000-8000-{id:012x}");
+    let body = serde_json::json!({
+        "type": "jepsen.ojs", "id": ojs_id, "args": [{ "id": id }], "options": { "queue": JOB_TYPE },
+    })
+    .to_string();
+    let key_in = |body: &str| -> Option<u64> {
+        serde_json::from_str::<serde_json::Value>(body).ok()?["job"]["drover"]["key"].as_str()?.parse().ok()
+    };
+    for _ in 0..CREATE_SENDS {
+        let node = rng.random_range(0..shared.ojs.len());
+        let invoke = Op { process, node, kind: Kind::Create, phase: Phase::Invoke, id, ..Op::default() };
+        shared.recorder.record_op(Op { job_type: Some(JOB_TYPE.into()), ..invoke });
+        let addr = &shared.ojs[node];
+        let sent = crate::cluster::http_as(addr, "POST", "/ojs/v1/jobs", &body, ca, token);
+        let key = match tokio::time::timeout(Duration::from_secs(5), sent).await {
+            Ok(Ok((201, answer))) => key_in(&answer),
+            // An earlier send made it: read it back by its id.
+            Ok(Ok((409, _))) => {
+                let path = format!("/ojs/v1/jobs/{ojs_id}");
+                let read = crate::cluster::http_as(addr, "GET", &path, "", ca, token);
+                match tokio::time::timeout(Duration::from_secs(5), read).await {
+                    Ok(Ok((200, answer))) => key_in(&answer),
+                    _ => None,
+                }
+            }
+            // Refused before anything was made.
+            Ok(Ok((400..=499, _))) => {
+                shared.recorder.record(process, node, Kind::Create, Phase::Fail, id, None, 0);
+                return;
+            }
+            _ => None,
+        };
+        match key {
+            Some(key) => {
+                shared.recorder.record(process, node, Kind::Create, Phase::Ok, id, Some(key), 0);
+                shared.leaks.key(key);
+                shared.acknowledged(JOB_TYPE, id);
+                return;
+            }
+            None => {
+                // Unknown: send it again with the same id.
+                shared.recorder.record(process, node, Kind::Create, Phase::Info, id, None, 0);
+                tokio::time::sleep(Duration::from_millis(50)).await;
+            }
+        }
+    }
+}
+
+/// The workload id a job's variables carry: `{"id": N}`, or as OJS's args
+/// `{"args": [{"id": N}]}` for a job created through OJS.
+pub fn id_in(variables: &serde_json::Value) -> Option<u64> {
+    variables["id"].as_u64().or_else(|| variables["args"][0]["id"].as_u64())
 }
 
 /// What a worker asked for: the checker compares it with what it was handed.

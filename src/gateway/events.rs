@@ -121,6 +121,7 @@ impl JobApi {
         call: &Call,
         request: pb::WatchEventsRequest,
     ) -> Result<(Cursor, EventFilter), ApiError> {
+        require_cluster_version(&self.ctx)?;
         let tenant = match request.tenant_id.is_empty() {
             true => String::new(),
             false => super::convert::tenant_id("tenant_id", request.tenant_id)?,
@@ -135,6 +136,7 @@ impl JobApi {
 
     /// One read of every partition after `cursor`.
     pub async fn read_events(&self, call: &Call, cursor: &Cursor, filter: &EventFilter) -> Result<Round, ApiError> {
+        require_cluster_version(&self.ctx)?;
         read_round(&self.ctx, cursor, filter, call.deadline).await
     }
 
@@ -195,6 +197,19 @@ impl JobApi {
         });
         tokio_stream::wrappers::ReceiverStream::new(receiver)
     }
+}
+
+/// Partitions keep events, and answer for them, from data version 11 on.
+fn require_cluster_version(ctx: &NodeContext) -> Result<(), ApiError> {
+    let version = ctx.transport.peers.versions().cluster_version();
+    if version < crate::core::PAUSED_QUEUES {
+        return Err(ApiError::FailedPrecondition(format!(
+            "lifecycle events are kept and read once every member runs data version {} or later; the cluster \
+             runs at {version}: finish the upgrade first",
+            crate::core::PAUSED_QUEUES
+        )));
+    }
+    Ok(())
 }
 
 async fn read_round(

@@ -34,12 +34,8 @@ pub(super) async fn list(
     if !(1..=MAX_LIMIT).contains(&limit) {
         return Err(OjsError::invalid(format!("limit must be from 1 to {MAX_LIMIT}, got {limit}")));
     }
-    let filter = pb::JobFilter {
-        state: "incident".into(),
-        r#type: query.queue,
-        tenant_id: call.tenant.clone(),
-        ..Default::default()
-    };
+    let filter =
+        pb::JobFilter { state: "incident".into(), r#type: query.queue, tenant_id: call.scope(), ..Default::default() };
     let request = pb::ListJobsRequest { filter: Some(filter), page_size: limit, page_token: query.cursor };
     let page = ojs.api.list(&call, request).await?;
     let mut jobs = Vec::with_capacity(page.jobs.len());

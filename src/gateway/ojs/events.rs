@@ -124,7 +124,7 @@ async fn envelope(ojs: &Ojs, call: &OjsCall, jobs: &mut Jobs, e: &pb::LifecycleE
 }
 
 fn filter(call: &OjsCall) -> Result<EventFilter, OjsError> {
-    Ok(EventFilter::new(&call.principal, &[], Vec::new(), call.tenant.clone())?)
+    Ok(EventFilter::new(&call.principal, &[], Vec::new(), call.scope())?)
 }
 
 /// `GET /ojs/v1/events?types=&queues=&limit=&cursor=`: up to `limit` kept

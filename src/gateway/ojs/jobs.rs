@@ -298,7 +298,7 @@ pub(super) async fn bulk_cancel(
         return Err(OjsError::invalid("a bulk cancel needs confirm=true (in the query or the body)"));
     }
     let queue = body.get("queue").and_then(Value::as_str).map_or(query.queue, str::to_string);
-    let filter = pb::JobFilter { r#type: queue, tenant_id: call.tenant.clone(), ..Default::default() };
+    let filter = pb::JobFilter { r#type: queue, tenant_id: call.scope(), ..Default::default() };
     let done = ojs.api.cancel_jobs(&call, pb::CancelJobsRequest { filter: Some(filter), ..Default::default() }).await?;
     Ok(reply(
         StatusCode::OK,

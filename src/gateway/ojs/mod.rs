@@ -144,6 +144,18 @@ pub(crate) struct OjsCall {
     tenant: String,
 }
 
+impl OjsCall {
+    /// The tenant a listing or bulk action covers: the header's, the
+    /// default tenant without one (never every tenant the token holds).
+    pub(crate) fn scope(&self) -> String {
+        if self.tenant.is_empty() {
+            crate::core::DEFAULT_TENANT.to_string()
+        } else {
+            self.tenant.clone()
+        }
+    }
+}
+
 impl std::ops::Deref for OjsCall {
     type Target = Call;
 

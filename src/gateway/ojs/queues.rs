@@ -80,7 +80,7 @@ fn statistics(q: &pb::Queue) -> Value {
 }
 
 async fn one(ojs: &Ojs, call: &OjsCall, queue: &str) -> Result<pb::Queue, OjsError> {
-    let request = pb::ListQueuesRequest { r#type: queue.to_string(), tenant_id: call.tenant.clone() };
+    let request = pb::ListQueuesRequest { r#type: queue.to_string(), tenant_id: call.scope() };
     let found = ojs.api.list_queues(call, request).await?.pop();
     // A queue with nothing in it, never paused, has no figures: all zero.
     Ok(found.unwrap_or_else(|| pb::Queue { r#type: queue.to_string(), ..Default::default() }))
@@ -89,7 +89,7 @@ async fn one(ojs: &Ojs, call: &OjsCall, queue: &str) -> Result<pb::Queue, OjsErr
 /// `GET /ojs/v1/queues`: every queue of the tenant with a job, a pause or
 /// an hour's figures.
 pub(super) async fn list(State(ojs): State<Ojs>, call: OjsCall) -> Result<Response, OjsError> {
-    let request = pb::ListQueuesRequest { r#type: String::new(), tenant_id: call.tenant.clone() };
+    let request = pb::ListQueuesRequest { r#type: String::new(), tenant_id: call.scope() };
     let queues = ojs.api.list_queues(&call, request).await?;
     let total = queues.len();
     let queues: Vec<Value> = queues.iter().map(described).collect();
@@ -123,7 +123,7 @@ pub(super) async fn stats(
 
 async fn set_paused(ojs: &Ojs, call: &OjsCall, queue: String, paused: bool) -> Result<Response, OjsError> {
     let queue = name_of(queue)?;
-    let request = pb::SetQueuePausedRequest { r#type: queue, tenant_id: call.tenant.clone(), paused };
+    let request = pb::SetQueuePausedRequest { r#type: queue, tenant_id: call.scope(), paused };
     let q = ojs.api.set_queue_paused(call, request).await?;
     Ok(reply(StatusCode::OK, json!({ "queue": described(&q) })))
 }
