@@ -66,6 +66,9 @@ pub struct EventsPage {
     /// The first log index this replica holds events from: a cursor below
     /// `from - 1` missed events (pruned, or before a snapshot).
     pub from: u64,
+    /// The last log index this replica had applied when it read: a cursor
+    /// there reads only what comes next.
+    pub applied: u64,
 }
 
 impl EventsPage {
@@ -159,16 +162,19 @@ impl EventLog {
 }
 
 /// Up to about `limit` events of `partition` after log index `after` (whole
-/// entries: at least one entry's, even if it holds more), `from` being the
-/// first index held.
+/// entries: at least one entry's, even if it holds more; none for a limit of
+/// 0), `from` being the first index held and `applied` the last applied.
 pub(super) fn read(
     store: &Store,
     partition: PartitionId,
     after: u64,
     limit: usize,
-    from: u64,
+    (from, applied): (u64, u64),
 ) -> Result<EventsPage, StorageError> {
-    let mut page = EventsPage { events: Vec::new(), through: after, from };
+    let mut page = EventsPage { events: Vec::new(), through: after, from, applied };
+    if limit == 0 {
+        return Ok(page);
+    }
     store.scan_while(Table::Events, partition, after.saturating_add(1), |index, bytes| {
         let record: Record = storage::decode("lifecycle events", bytes)?;
         if !page.events.is_empty() && page.events.len() + record.events.len() > limit {

@@ -68,8 +68,11 @@ impl SharedState {
     /// Up to about `limit` of the partition's lifecycle events after log
     /// index `after`, as this replica holds them (see [`super::events`]).
     pub fn events(&self, after: u64, limit: usize) -> Result<super::events::EventsPage, storage::StorageError> {
-        let from = self.lock().events.first();
-        super::events::read(&self.store, self.partition, after, limit, from)
+        let held = {
+            let inner = self.lock();
+            (inner.events.first(), inner.last_applied.map_or(0, |id| id.index))
+        };
+        super::events::read(&self.store, self.partition, after, limit, held)
     }
 
     /// Reads the engine state.
