@@ -151,3 +151,31 @@ async fn sse_until(addr: &str, request: &str, needle: &str) -> String {
     .await;
     String::from_utf8_lossy(&got).into_owned()
 }
+
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn a_cursor_behind_what_a_partition_keeps_hears_of_the_gap_once() {
+    // A partition keeps at most 4 events (one final record's worth).
+    let node = LocalNode::start_with(|config| {
+        config.partitions = 3;
+        config.retention = drover::core::Retention { max_age_ms: 600_000, max_jobs: 1 };
+    })
+    .await;
+    let create =
+        || CreateJobRequest { r#type: "gap".into(), ordering_key: "one-partition".into(), ..Default::default() };
+    let mut keys = Vec::new();
+    for _ in 0..6 {
+        keys.push(node.client.create(create()).await.unwrap());
+    }
+    let partition = drover::core::JobKey(keys[0]).partition();
+    let cursor = "1.1.1".to_string();
+    let mut stream = watch(&node, WatchEventsRequest { cursor, ..Default::default() }).await;
+    let first = next(&mut stream, 1).await.remove(0);
+    assert!(first.gap && first.text.contains(&format!("partition {partition}")), "{first:?}");
+    let kept = next(&mut stream, 4).await;
+    assert!(kept.iter().all(|e| !e.gap && e.kind == "created"), "{kept:?}");
+    assert_eq!(kept.iter().map(|e| e.key).collect::<Vec<_>>(), keys[2..], "the four newest are kept");
+    // The watch has moved past the gap: the next thing it hears is news.
+    let newest = node.client.create(create()).await.unwrap();
+    let news = next(&mut stream, 1).await.remove(0);
+    assert_eq!((news.gap, news.key), (false, newest), "{news:?}");
+}

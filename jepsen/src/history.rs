@@ -47,7 +47,8 @@ pub struct Op {
     /// worker asked to receive.
     #[serde(default, skip_serializing_if = "Option::is_none")]
     pub job_type: Option<String>,
-    /// On an activation, the worker name the worker asked for.
+    /// On an activation, the worker name the worker asked for; on a create
+    /// sent through OJS, `ojs-producer`.
     #[serde(default, skip_serializing_if = "Option::is_none")]
     pub worker: Option<String>,
     /// On an activation, the worker name Drover put on it.

@@ -237,6 +237,9 @@ pub async fn producer(shared: Arc<Shared>, process: u64, seed: u64) {
     }
 }
 
+/// The name a create through OJS carries in the history.
+pub const OJS_PRODUCER: &str = "ojs-producer";
+
 /// A create of [`JOB_TYPE`] through a node's OJS port, its args `[{"id": id}]`.
 /// Its OJS id is made from the workload id, so a resend after an unknown
 /// outcome is answered `duplicate` (409), and the job is then read back by
@@ -254,8 +257,9 @@ async fn ojs_create(shared: &Shared, process: u64, id: u64, rng: &mut StdRng) {
     };
     for _ in 0..CREATE_SENDS {
         let node = rng.random_range(0..shared.ojs.len());
+        // The sender is named, so the history shows which creates went through OJS.
         let invoke = Op { process, node, kind: Kind::Create, phase: Phase::Invoke, id, ..Op::default() };
-        shared.recorder.record_op(Op { job_type: Some(JOB_TYPE.into()), ..invoke });
+        shared.recorder.record_op(Op { job_type: Some(JOB_TYPE.into()), worker: Some(OJS_PRODUCER.into()), ..invoke });
         let addr = &shared.ojs[node];
         let sent = crate::cluster::http_as(addr, "POST", "/ojs/v1/jobs", &body, ca, token);
         let key = match tokio::time::timeout(Duration::from_secs(5), sent).await {

@@ -214,6 +214,8 @@ async fn read_round(
     let reads = (0..partitions).map(|p| router::events(ctx, p, cursor.0[p as usize], READ_PER_PARTITION, deadline));
     let pages = futures::future::join_all(reads).await;
     let mut next = cursor.clone();
+    // Where each partition's events resume: past a gap once it is reported.
+    let mut at = cursor.clone();
     let mut events = Vec::new();
     let mut read: Vec<(PartitionId, ReadEvent)> = Vec::new();
     for (p, page) in pages.into_iter().enumerate() {
@@ -221,8 +223,9 @@ async fn read_round(
         let after = cursor.0[p];
         if page.gap_after(after) {
             events.push(gap(p as PartitionId, page.from, cursor));
+            at.0[p] = page.from - 1;
         }
-        next.0[p] = page.through.max(after);
+        next.0[p] = page.through.max(at.0[p]);
         read.extend(page.events.into_iter().map(|e| (p as PartitionId, e)));
     }
     // In time order across partitions; a partition's own (log) order is kept.
@@ -234,7 +237,6 @@ async fn read_round(
         last_of_entry[i] = seen.insert((read[i].0, read[i].1.index));
     }
     // Each event's cursor: past every entry this reader has seen all of.
-    let mut at = cursor.clone();
     for (i, (p, event)) in read.into_iter().enumerate() {
         let position = &mut at.0[p as usize];
         *position = if last_of_entry[i] { event.index } else { (*position).max(event.index.saturating_sub(1)) };
