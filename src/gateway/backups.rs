@@ -62,20 +62,8 @@ impl JobApi {
     ) -> Result<pb::StartBackupResponse, ApiError> {
         may_back_up(call)?;
         check_id(&request.backup_id)?;
+        super::status::require_cluster_version(&self.ctx, BACKUP_VERSION, "backups")?;
         let versions = self.ctx.transport.peers.versions();
-        if versions.cluster_version() < BACKUP_VERSION {
-            let behind: Vec<String> = versions
-                .members()
-                .into_iter()
-                .filter(|(_, v)| v.is_none_or(|v| v < BACKUP_VERSION))
-                .map(|(n, v)| format!("node {n} ({})", v.map_or("not heard from".into(), |v| format!("version {v}"))))
-                .collect();
-            return Err(ApiError::FailedPrecondition(format!(
-                "backups need every member at data version {BACKUP_VERSION} or later; the cluster runs at {}: {}",
-                versions.cluster_version(),
-                behind.join(", ")
-            )));
-        }
         crate::auth::audit(&call.principal, "start_backup", serde_json::json!({ "backup": request.backup_id }));
         let id = request.backup_id;
         let mut marks = Vec::new();

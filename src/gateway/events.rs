@@ -193,15 +193,7 @@ impl JobApi {
 
 /// Partitions keep events, and answer for them, from data version 11 on.
 fn require_cluster_version(ctx: &NodeContext) -> Result<(), ApiError> {
-    let version = ctx.transport.peers.versions().cluster_version();
-    if version < crate::core::PAUSED_QUEUES {
-        return Err(ApiError::FailedPrecondition(format!(
-            "lifecycle events are kept and read once every member runs data version {} or later; the cluster \
-             runs at {version}: finish the upgrade first",
-            crate::core::PAUSED_QUEUES
-        )));
-    }
-    Ok(())
+    super::status::require_cluster_version(ctx, crate::core::PAUSED_QUEUES, "lifecycle events")
 }
 
 async fn read_round(

@@ -78,14 +78,7 @@ impl JobApi {
 /// Queues travel as data version 11 commands: refused, saying why, while a
 /// member runs an older build.
 fn require_cluster_version(ctx: &NodeContext) -> Result<(), ApiError> {
-    let version = ctx.transport.peers.versions().cluster_version();
-    if version < PAUSED_QUEUES {
-        return Err(ApiError::FailedPrecondition(format!(
-            "queues can be paused and listed once every member runs data version {PAUSED_QUEUES} or later; the \
-             cluster runs at {version} (drover cluster status names each member's): finish the upgrade first"
-        )));
-    }
-    Ok(())
+    super::status::require_cluster_version(ctx, PAUSED_QUEUES, "paused queues and queue listings")
 }
 
 /// Every partition's figures of `tenants`' queues (of `job_type`, unless

@@ -144,14 +144,14 @@ pub(super) const COLUMN_FAMILIES: [&str; 8] =
 /// Column families a database of an older build may lack: made at open.
 const ADDED_LATER: [&str; 1] = [CF_EVENTS];
 
-/// Whether `dir` holds a database already; if so, it must list every column
-/// family. A MANIFEST cut short at a record boundary opens without error but
+/// Checks that a database in `dir`, if there is one, lists every column
+/// family (but those added later). A MANIFEST cut short at a record boundary opens without error but
 /// without the records that created the last column families, and RocksDB
 /// would create them again, empty, and skip their records in the WAL as
 /// belonging to dropped families: the node would start with its jobs gone
 /// but its Raft log saying they were applied. A database whose files are
 /// there without `CURRENT` (which names the MANIFEST) is damaged too, not new.
-fn check_column_families(dir: &Path) -> Result<bool, StorageError> {
+fn check_column_families(dir: &Path) -> Result<(), StorageError> {
     let corrupt = |damage: String| StorageError::Corrupt { dir: dir.to_path_buf(), damage };
     if !dir.join("CURRENT").exists() {
         let database_files = std::fs::read_dir(dir)?
@@ -161,7 +161,7 @@ fn check_column_families(dir: &Path) -> Result<bool, StorageError> {
         if database_files > 0 {
             return Err(corrupt(format!("{database_files} database files but no CURRENT file naming the MANIFEST")));
         }
-        return Ok(false);
+        return Ok(());
     }
     let listed = DB::list_cf(&Options::default(), dir).map_err(|e| opening_error(dir, e))?;
     let missing: Vec<&str> = COLUMN_FAMILIES
@@ -174,7 +174,7 @@ fn check_column_families(dir: &Path) -> Result<bool, StorageError> {
              cut short or replaced"
         )));
     }
-    Ok(true)
+    Ok(())
 }
 
 /// Verifies the checksum of every block of every live table file (RocksDB's
