@@ -22,7 +22,7 @@ use serde::de::DeserializeOwned;
 use serde::Serialize;
 
 /// The data version this build writes.
-pub const DATA_VERSION: u16 = 11;
+pub const DATA_VERSION: u16 = 12;
 /// The oldest data version this build reads: 6, the encodings of storage
 /// format 6, which carried no version.
 pub const OLDEST_VERSION: u16 = 6;
@@ -97,7 +97,7 @@ pub fn split<'a>(what: &'static str, bytes: &'a [u8]) -> Result<(u16, &'a [u8]),
 }
 
 /// A value of `bytes`, encoded by this or an older build this build reads.
-/// Versions 6 to 11 lay every type they share out alike (later versions only
+/// Versions 6 to 12 lay every type they share out alike (later versions only
 /// add command variants and records), so the body decodes as is.
 pub fn decode<T: DeserializeOwned>(what: &'static str, bytes: &[u8]) -> Result<T, CodecError> {
     let (_, body) = split(what, bytes)?;

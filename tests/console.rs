@@ -1,7 +1,7 @@
 //! The web console: in headless Chromium on a 3-node cluster, an operator
 //! finds an incident, opens its timeline, presses retry and sees the job
-//! completed by a worker, then pauses the job's queue and the worker gets
-//! nothing more until it is resumed; over plain HTTP, the console asks for a token,
+//! completed by a worker, pauses the job's queue (the worker gets nothing more
+//! until it is resumed) and a cron schedule; over plain HTTP, the console asks for a token,
 //! keeps it in a strict cookie, acts only as its holder may, and refuses
 //! forms posted from another site.
 
@@ -75,6 +75,15 @@ async fn an_operator_retries_an_incident_from_the_console_in_a_browser() {
     })
     .await;
 
+    // A schedule for the schedules page (hourly: it makes no job during the test).
+    let schedule = PutScheduleRequest {
+        name: "hourly-digest".into(),
+        expression: "@hourly".into(),
+        job: Some(CreateJobRequest { r#type: "digest".into(), ..Default::default() }),
+        ..Default::default()
+    };
+    client.raw().put_schedule(schedule).await.unwrap();
+
     // The browser works against another node than the one the job was made
     // through and the one the worker uses.
     let shots = match std::env::var_os("DROVER_CONSOLE_SCREENSHOTS") {
@@ -110,6 +119,8 @@ async fn an_operator_retries_an_incident_from_the_console_in_a_browser() {
         "jobs.png",
         "queues.png",
         "queues-paused.png",
+        "schedules.png",
+        "schedules-paused.png",
     ] {
         let size = std::fs::metadata(shots.join(page)).map(|m| m.len()).unwrap_or(0);
         assert!(size > 10_000, "the screenshot {page} is missing or blank ({size} bytes)");
@@ -125,6 +136,10 @@ async fn an_operator_retries_an_incident_from_the_console_in_a_browser() {
     let retried = kinds.iter().position(|k| k == "retries_updated").expect("a retries_updated event");
     assert!(kinds[..retried].contains(&"incident".to_string()), "the retry came after the incident: {kinds:?}");
     assert_eq!(kinds.last().map(String::as_str), Some("completed"), "{kinds:?}");
+
+    let request = GetScheduleRequest { name: "hourly-digest".into(), ..Default::default() };
+    let schedule = client.raw().get_schedule(request).await.unwrap().into_inner();
+    assert!(schedule.paused && schedule.next_run_at == 0, "paused from the browser: {schedule:?}");
 
     // The queue the browser paused holds a new charge from the running worker
     // until it is resumed.

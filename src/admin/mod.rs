@@ -223,7 +223,16 @@ fn job_json(j: &crate::core::Job) -> serde_json::Value {
             "stage": c.stage, "attempt": c.attempt, "at": c.at,
         })).collect::<Vec<_>>(),
         "timers": timer_events(j),
+        "expiresAt": crate::core::expires_at(&j.spec),
+        "activatedAt": j.history.events().filter(|e| matches!(e.kind, crate::core::EventKind::Activated { .. }))
+            .map(|e| e.at).collect::<Vec<_>>(),
+        "schedule": header(j, crate::core::schedule::SCHEDULE_HEADER),
+        "tick": header(j, crate::core::schedule::TICK_HEADER).and_then(|t| t.parse::<i64>().ok()),
     })
+}
+
+fn header<'a>(job: &'a crate::core::Job, name: &str) -> Option<&'a str> {
+    job.spec.custom_headers.iter().find(|(n, _)| n == name).map(|(_, v)| v.as_str())
 }
 
 /// Who acted on a job, from its history as this replica holds it: the

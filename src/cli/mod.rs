@@ -7,6 +7,7 @@
 mod backup;
 mod job;
 mod queue;
+mod schedule;
 mod schema;
 mod serve;
 mod token;
@@ -22,6 +23,7 @@ use drover::config::ServeArgs;
 use backup::BackupCommand;
 use job::JobCommand;
 use queue::QueueCommand;
+use schedule::ScheduleCommand;
 use schema::SchemaCommand;
 use token::TokenCommand;
 use worker::WorkerCommand;
@@ -62,6 +64,15 @@ pub(crate) enum Command {
     Queue {
         #[command(subcommand)]
         command: QueueCommand,
+        #[command(flatten)]
+        target: Target,
+    },
+    /// Cron schedules: register one (a job at each tick of a cron
+    /// expression, whichever leader is in office), list them with their
+    /// next and last runs, pause, resume and delete them.
+    Schedule {
+        #[command(subcommand)]
+        command: ScheduleCommand,
         #[command(flatten)]
         target: Target,
     },
@@ -150,6 +161,7 @@ pub(crate) async fn run(cli: Cli) -> anyhow::Result<()> {
             None => worker::worker(command.run).await,
         },
         Command::Queue { command, target } => queue::queue(command, &target).await,
+        Command::Schedule { command, target } => schedule::schedule(command, &target).await,
         Command::Schema { command, target } => schema::schema(command, &target).await,
         Command::Backup { command, target } => backup::backup(command, &target).await,
         Command::Token { command } => token::token(command),

@@ -43,6 +43,7 @@ pub fn describe_event(e: &JobEvent, start: i64) -> String {
         }
         "cancelled" if !e.user.is_empty() => format!("cancelled by {}", e.user),
         "checkpointed" => format!("stage {} committed (attempt {})", e.stage, e.attempt),
+        "expired" => format!("expired unrun: not activated by {:+.3}s", (e.deadline - start) as f64 / 1000.0),
         "yielded" => {
             let by = if e.gateway_node_id == 0 { String::new() } else { format!(" by node {}", e.gateway_node_id) };
             let why = if e.reason.is_empty() { String::new() } else { format!(": {}", e.reason) };

@@ -13,6 +13,7 @@ use super::job::{field_len, ActivatedJobData, JobState, NewJob};
 use super::principal::Principal;
 use super::queue::QueueStats;
 use super::routing::Taker;
+use super::schedule::{Schedule, ScheduleSpec};
 use super::session::{Session, SessionId, SessionInfo, SessionTarget, WorkerState};
 
 /// Who an activation is for.
@@ -183,6 +184,30 @@ pub enum Command {
         tenants: Vec<String>,
         job_type: String,
     },
+    /// Registers a cron schedule, or changes the one of its tenant and name
+    /// (upsert); answers [`CommandResult::ScheduleSet`]. Data version 12 and
+    /// later ([`super::SCHEDULES`]), like the other schedule commands.
+    PutSchedule {
+        spec: Arc<ScheduleSpec>,
+        /// Who asked (the principal's name), kept with the schedule.
+        by: String,
+    },
+    /// Deletes a schedule (the jobs it made stay); answers the schedule.
+    DeleteSchedule {
+        tenant: String,
+        name: String,
+    },
+    /// Pauses or resumes a schedule; answers the schedule.
+    SetSchedulePaused {
+        tenant: String,
+        name: String,
+        paused: bool,
+    },
+    /// Reads the schedules of `tenants` ("*": every tenant's); answers
+    /// [`CommandResult::Schedules`]. Changes nothing.
+    ListSchedules {
+        tenants: Vec<String>,
+    },
 }
 
 /// One Raft entry's worth of commands, stamped with the leader's clock.
@@ -328,6 +353,11 @@ impl Command {
             Command::QueueStats { tenants, job_type } => {
                 tenants.iter().map(|t| field_len(t.len())).sum::<usize>() + field_len(job_type.len()) + 8
             }
+            Command::PutSchedule { spec, by } => spec.encoded_len() + field_len(by.len()),
+            Command::DeleteSchedule { tenant, name } | Command::SetSchedulePaused { tenant, name, .. } => {
+                field_len(tenant.len()) + field_len(name.len()) + 1
+            }
+            Command::ListSchedules { tenants } => tenants.iter().map(|t| field_len(t.len())).sum::<usize>() + 8,
             Command::As { by, commands } => by.encoded_len() + commands.iter().map(Command::encoded_len).sum::<usize>(),
             Command::UpdateTimeout { .. }
             | Command::UpdateRetries { .. }
@@ -383,6 +413,13 @@ pub enum CommandResult {
         leader: u64,
         index: u64,
     },
+    /// A schedule as registered, and whether it is new.
+    ScheduleSet {
+        schedule: Schedule,
+        created: bool,
+    },
+    /// Schedules, by tenant and name.
+    Schedules(Vec<Schedule>),
 }
 
 /// What happened to a job, for counting.
@@ -397,6 +434,7 @@ pub enum Outcome {
     Incident,
     Cancelled,
     Checkpointed,
+    Expired,
 }
 
 impl Outcome {
@@ -411,6 +449,7 @@ impl Outcome {
             Outcome::Incident => "incident",
             Outcome::Cancelled => "cancelled",
             Outcome::Checkpointed => "checkpointed",
+            Outcome::Expired => "expired",
         }
     }
 }

@@ -122,6 +122,10 @@ pub enum EventKind {
         attempt: u32,
         by: String,
     },
+    /// Not activated by its expiry time (`at`): discarded. Data version 12 and later.
+    Expired {
+        at: Millis,
+    },
 }
 
 impl EventKind {
@@ -140,6 +144,7 @@ impl EventKind {
             EventKind::Cancelled { .. } => "cancelled",
             EventKind::Completed { .. } => "completed",
             EventKind::FenceOverridden { .. } => "fence_overridden",
+            EventKind::Expired { .. } => "expired",
         }
     }
 }

@@ -27,6 +27,19 @@ pub enum JobState {
     Incident,
     /// Cancelled by a user; final.
     Cancelled,
+    /// Not activated by its expiry time (see [`EXPIRES_AT_HEADER`]): discarded
+    /// unrun; final. Data version 12 and later.
+    Expired,
+}
+
+/// The custom header that gives a job's expiry (Unix ms): a job not
+/// activated by then is never handed out and ends [`JobState::Expired`].
+/// The gateway sets it from `CreateJobRequest.expires_at`.
+pub const EXPIRES_AT_HEADER: &str = "drover.expires_at";
+
+/// A job's expiry, if its spec names one.
+pub fn expires_at(spec: &JobSpec) -> Option<Millis> {
+    spec.custom_headers.iter().find(|(name, _)| name == EXPIRES_AT_HEADER).and_then(|(_, at)| at.parse().ok())
 }
 
 impl JobState {
@@ -38,18 +51,20 @@ impl JobState {
             JobState::Completed => "completed",
             JobState::Incident => "incident",
             JobState::Cancelled => "cancelled",
+            JobState::Expired => "expired",
         }
     }
     pub fn is_final(self) -> bool {
-        matches!(self, JobState::Completed | JobState::Cancelled)
+        matches!(self, JobState::Completed | JobState::Cancelled | JobState::Expired)
     }
-    pub const ALL: [JobState; 6] = [
+    pub const ALL: [JobState; 7] = [
         JobState::Scheduled,
         JobState::Activatable,
         JobState::Activated,
         JobState::Completed,
         JobState::Incident,
         JobState::Cancelled,
+        JobState::Expired,
     ];
     /// The state [`JobState::as_str`] names.
     pub fn parse(name: &str) -> Option<JobState> {

@@ -30,6 +30,8 @@ pub enum Lifecycle {
     /// A queue of the tenant and type was paused (on partition 0 only).
     QueuePaused,
     QueueResumed,
+    /// Not activated by its expiry time: discarded (data version 12 on).
+    Expired,
 }
 
 impl Lifecycle {
@@ -45,6 +47,7 @@ impl Lifecycle {
             Lifecycle::TimedOut => "timed_out",
             Lifecycle::QueuePaused => "queue_paused",
             Lifecycle::QueueResumed => "queue_resumed",
+            Lifecycle::Expired => "expired",
         }
     }
 
@@ -54,11 +57,11 @@ impl Lifecycle {
 }
 
 /// Every kind, in a job's usual order.
-pub fn lifecycle_kinds() -> [Lifecycle; 10] {
+pub fn lifecycle_kinds() -> [Lifecycle; 11] {
     ALL
 }
 
-const ALL: [Lifecycle; 10] = [
+const ALL: [Lifecycle; 11] = [
     Lifecycle::Created,
     Lifecycle::Activated,
     Lifecycle::Completed,
@@ -67,6 +70,7 @@ const ALL: [Lifecycle; 10] = [
     Lifecycle::Incident,
     Lifecycle::Cancelled,
     Lifecycle::TimedOut,
+    Lifecycle::Expired,
     Lifecycle::QueuePaused,
     Lifecycle::QueueResumed,
 ];

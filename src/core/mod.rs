@@ -17,6 +17,7 @@ mod lifecycle;
 pub mod principal;
 mod queue;
 mod routing;
+pub mod schedule;
 mod session;
 
 pub use command::*;
@@ -31,13 +32,18 @@ pub use job::*;
 pub use lifecycle::{event_text, lifecycle_kinds, Happened, Lifecycle, MAX_EVENT_TEXT};
 pub use queue::*;
 pub use routing::*;
+pub use schedule::{Schedule, ScheduleSpec, SCHEDULES};
 pub use session::*;
 
 #[cfg(test)]
 mod authorize_tests;
 #[cfg(test)]
+mod expiry_tests;
+#[cfg(test)]
 mod model_tests;
 #[cfg(test)]
 mod queue_tests;
+#[cfg(test)]
+mod schedule_tests;
 #[cfg(test)]
 mod tests;

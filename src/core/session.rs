@@ -190,6 +190,10 @@ pub struct Registry {
     /// [`crate::core::PAUSED_QUEUES`] on, like `owners`.
     #[serde(skip)]
     pub paused: Vec<(String, String, Millis)>,
+    /// Cron schedules. Stored and snapshotted on their own, from data
+    /// version [`crate::core::SCHEDULES`] on, like `owners`.
+    #[serde(skip)]
+    pub schedules: Vec<crate::core::Schedule>,
 }
 
 /// The data version from which sessions have owners: registrations travel

@@ -8,7 +8,7 @@ use super::error::ApiError;
 use crate::config::{DedupeWindows, Limits};
 use crate::core::{
     Activation, EventKind, Job, JobEvent, JobFilter, JobSpec, JobState, NewJob, PartitionId, RequestId, Routing,
-    SessionId, Taker, Via, DEFAULT_TENANT, MAX_JOB_LABELS,
+    SessionId, Taker, Via, DEFAULT_TENANT, EXPIRES_AT_HEADER, MAX_JOB_LABELS,
 };
 use crate::proto::gateway as pb;
 use crate::streams::WorkerSpec;
@@ -144,6 +144,7 @@ pub fn new_job(
     }
     let variables = json_object("variables", request.variables)?;
     let mut custom_headers: Vec<(String, String)> = request.custom_headers.into_iter().collect();
+    expiry(&mut custom_headers, request.expires_at)?;
     custom_headers.sort();
     let tenant = tenant_id("tenant_id", request.tenant_id)?;
     name("user", &request.user, MAX_USER_LEN)?;
@@ -193,6 +194,29 @@ pub fn new_job(
         request: Some(request_id),
         dedupe_window_ms,
     })
+}
+
+/// Puts a create's expiry in its custom headers (see
+/// [`crate::core::EXPIRES_AT_HEADER`]), or checks the one a client put there.
+fn expiry(headers: &mut Vec<(String, String)>, expires_at: i64) -> Result<(), ApiError> {
+    let given = headers.iter().find(|(name, _)| name == EXPIRES_AT_HEADER).map(|(_, at)| at.clone());
+    match (given, expires_at) {
+        (None, 0) => Ok(()),
+        (None, at) if at > 0 => {
+            headers.push((EXPIRES_AT_HEADER.to_string(), at.to_string()));
+            Ok(())
+        }
+        (None, at) => Err(ApiError::InvalidArgument(format!("expires_at must be zero or more (Unix ms), got {at}"))),
+        (Some(text), at) => match text.parse::<i64>() {
+            Ok(given) if given > 0 && (at == 0 || at == given) => Ok(()),
+            Ok(given) if given > 0 => Err(ApiError::InvalidArgument(format!(
+                "expires_at {at} and the custom header {EXPIRES_AT_HEADER} ({given}) disagree; give one"
+            ))),
+            _ => Err(ApiError::InvalidArgument(format!(
+                "the custom header {EXPIRES_AT_HEADER} is the job's expiry: a Unix time in ms above 0, got {text:?}"
+            ))),
+        },
+    }
 }
 
 pub const MAX_USER_LEN: usize = 255;
@@ -443,6 +467,7 @@ pub fn job(job: &Job) -> pb::Job {
         retry_back_off: job.spec.retry_back_off_ms,
         required_labels: job.spec.routing.required.clone(),
         preferred_labels: job.spec.routing.preferred.clone(),
+        expires_at: crate::core::expires_at(&job.spec).unwrap_or(0),
         history: Vec::new(),
         history_dropped: 0,
     }
@@ -523,6 +548,7 @@ fn job_event(event: &JobEvent) -> pb::JobEvent {
             out.attempt = *attempt;
             out.stage.clone_from(stage);
         }
+        EventKind::Expired { at } => out.deadline = *at,
         EventKind::Due | EventKind::Incident => {}
     }
     out

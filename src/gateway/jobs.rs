@@ -382,6 +382,9 @@ impl JobApi {
         let job = convert::new_job(request, traceparent, &settings.limits, &settings.dedupe, || {
             ctx.gateway.next_request_id()
         })?;
+        if crate::core::expires_at(&job.spec).is_some() {
+            super::status::require_cluster_version(ctx, crate::core::SCHEDULES, "job expiry (expires_at)")?;
+        }
         // Every repeat of an idempotency key must reach the partition that
         // remembers it; other creates go to a partition led here if any.
         let partition = match &job.request {

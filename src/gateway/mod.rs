@@ -36,6 +36,7 @@ mod observe;
 pub mod ojs;
 pub mod queues;
 pub mod router;
+pub mod schedules;
 pub mod sessions;
 pub mod status;
 pub mod v1;

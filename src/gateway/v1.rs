@@ -288,6 +288,40 @@ impl Gateway for GatewayService {
         Ok(Response::new(ListQueuesResponse { queues: self.api.list_queues(&call, request).await? }))
     }
 
+    async fn put_schedule(
+        &self,
+        request: Request<PutScheduleRequest>,
+    ) -> Result<Response<PutScheduleResponse>, Status> {
+        let (call, request) = parts(request)?;
+        Ok(Response::new(self.api.put_schedule(&call, request).await?))
+    }
+
+    async fn get_schedule(&self, request: Request<GetScheduleRequest>) -> Result<Response<Schedule>, Status> {
+        let (call, request) = parts(request)?;
+        Ok(Response::new(self.api.get_schedule(&call, request).await?))
+    }
+
+    async fn list_schedules(
+        &self,
+        request: Request<ListSchedulesRequest>,
+    ) -> Result<Response<ListSchedulesResponse>, Status> {
+        let (call, request) = parts(request)?;
+        Ok(Response::new(ListSchedulesResponse { schedules: self.api.list_schedules(&call, request).await? }))
+    }
+
+    async fn delete_schedule(&self, request: Request<GetScheduleRequest>) -> Result<Response<Schedule>, Status> {
+        let (call, request) = parts(request)?;
+        Ok(Response::new(self.api.delete_schedule(&call, request).await?))
+    }
+
+    async fn set_schedule_paused(
+        &self,
+        request: Request<SetSchedulePausedRequest>,
+    ) -> Result<Response<Schedule>, Status> {
+        let (call, request) = parts(request)?;
+        Ok(Response::new(self.api.set_schedule_paused(&call, request).await?))
+    }
+
     type WatchEventsStream = BoxStream<LifecycleEvent>;
 
     async fn watch_events(

@@ -9,7 +9,8 @@ Opens the cluster page (three nodes, every partition with a leader), finds the
 incident on the incidents page, opens its job page and history timeline,
 presses retry, and waits for the page to show the job completed by the
 worker. Then finds the job's queue on the queues page, with the completion
-counted, and pauses it. Saves a screenshot of each page in SCREENSHOT_DIR. Exits non-zero,
+counted, and pauses it, and the schedule "hourly-digest" on the schedules
+page, with its next run, and pauses it. Saves a screenshot of each page in SCREENSHOT_DIR. Exits non-zero,
 with what it saw, when a step does not hold.
 """
 
@@ -161,6 +162,24 @@ try:
     if not driver.find_elements(By.CSS_SELECTOR, row_of + " button.resume"):
         fail("a paused queue offers no resume")
     shot("queues-paused.png")
-    print(f"console: incident {key} found, retried and completed; its queue paused; screenshots in {shots}")
+
+    # The schedule: active with a next run; then paused.
+    driver.get(url + "/console/schedules")
+    row_of = '#schedules tr[data-schedule="<default>/hourly-digest"]'
+    rows = driver.find_elements(By.CSS_SELECTOR, row_of)
+    if not rows:
+        fail("the schedule hourly-digest is not on the schedules page")
+    if rows[0].find_element(By.CLASS_NAME, "state").text != "active":
+        fail(f"the schedule is not active: {rows[0].text!r}")
+    if "UTC" not in rows[0].find_element(By.CLASS_NAME, "next").text:
+        fail(f"the schedule shows no next run: {rows[0].text!r}")
+    shot("schedules.png")
+    rows[0].find_element(By.CSS_SELECTOR, "button.pause").click()
+    until("the schedule's pause notice", lambda: "paused" in driver.find_element(By.CLASS_NAME, "notice").text)
+    state = driver.find_element(By.CSS_SELECTOR, row_of + " .state").text
+    if state != "paused":
+        fail(f"the schedule does not show paused after the pause: {state!r}")
+    shot("schedules-paused.png")
+    print(f"console: incident {key} found, retried and completed; its queue and a schedule paused; screenshots in {shots}")
 finally:
     driver.quit()

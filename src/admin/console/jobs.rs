@@ -221,7 +221,8 @@ pub(super) async fn job(
         result => if job.result.is_empty() { String::new() } else { pretty(&job.result) },
         events => events,
         can_retry => job.state == "incident",
-        can_cancel => !matches!(job.state.as_str(), "completed" | "cancelled"),
+        can_cancel => !matches!(job.state.as_str(), "completed" | "cancelled" | "expired"),
+        expires => if job.expires_at > 0 { time::utc(job.expires_at) } else { String::new() },
         notice => notice,
     };
     render(&ctx, Some(&principal), "job.html", page)

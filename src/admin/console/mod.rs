@@ -2,7 +2,8 @@
 //! partitions with leaders, terms and lag, sparklines of this node's own
 //! metrics), worker sessions and job streams (quiet, resume, terminate), job
 //! search, a job's page with its history, incidents with retry and cancel,
-//! and queues with their figures, pause and resume.
+//! queues with their figures, pause and resume, and cron schedules with
+//! their next and last runs, pause, resume and delete.
 //!
 //! Owns the console's pages, its sign-in cookie and its metric samples. Every
 //! read and every action goes through this node's job API in-process
@@ -31,6 +32,7 @@ mod cluster;
 mod jobs;
 mod queues;
 mod samples;
+mod schedules;
 mod time;
 mod workers;
 
@@ -41,7 +43,8 @@ pub const COOKIE: &str = "drover_console_token";
 /// Jobs per page of a search.
 pub(super) const PAGE_SIZE: i32 = 50;
 /// Job states a search can ask for, in a job's usual order.
-pub(super) const STATES: [&str; 6] = ["scheduled", "activatable", "activated", "incident", "completed", "cancelled"];
+pub(super) const STATES: [&str; 7] =
+    ["scheduled", "activatable", "activated", "incident", "completed", "cancelled", "expired"];
 
 pub fn routes() -> Router<Arc<NodeContext>> {
     Router::new()
@@ -61,6 +64,7 @@ pub fn routes() -> Router<Arc<NodeContext>> {
         .route("/console/incidents/retry", post(jobs::retry_all))
         .route("/console/queues", get(queues::queues))
         .route("/console/queues/paused", post(queues::set_paused))
+        .route("/console/schedules", get(schedules::schedules).post(schedules::act))
 }
 
 /// Console paths open to anyone: the sign-in page and the static files.
@@ -113,6 +117,7 @@ fn templates() -> &'static Environment<'static> {
             ("job.html", include_str!("templates/job.html")),
             ("incidents.html", include_str!("templates/incidents.html")),
             ("queues.html", include_str!("templates/queues.html")),
+            ("schedules.html", include_str!("templates/schedules.html")),
             ("job_rows.html", include_str!("templates/job_rows.html")),
             ("error.html", include_str!("templates/error.html")),
         ] {
@@ -130,6 +135,7 @@ pub(super) fn render(ctx: &NodeContext, principal: Option<&Principal>, name: &st
         "jobs.html" | "job.html" => "jobs",
         "incidents.html" => "incidents",
         "queues.html" => "queues",
+        "schedules.html" => "schedules",
         _ => "",
     };
     let common = context! {

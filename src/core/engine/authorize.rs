@@ -61,6 +61,21 @@ impl PartitionState {
             Command::QueueStats { tenants, job_type } => {
                 by.require_tenants(tenants).and_then(|()| by.require_job(Verb::Read, job_type))
             }
+            // A schedule makes jobs of its type in its tenant: whoever may
+            // create them may schedule them.
+            Command::PutSchedule { spec, .. } => {
+                by.require_tenant(&spec.tenant).and_then(|()| by.require_job(Verb::Create, &spec.template.job_type))
+            }
+            Command::DeleteSchedule { tenant, name } | Command::SetSchedulePaused { tenant, name, .. } => {
+                by.require_tenant(tenant).and_then(|()| match self.schedule_type(tenant, name) {
+                    Some(job_type) => by.require_job(Verb::Create, job_type),
+                    None => Ok(()),
+                })
+            }
+            // The gateway keeps those of the types `by` may read.
+            Command::ListSchedules { tenants } => {
+                by.require_tenants(tenants).and_then(|()| by.require_some(Verb::Read))
+            }
             Command::As { .. } => Err(AuthError::PermissionDenied("a principal's commands are not nested".into())),
             // The broker's own commands: never a client's.
             Command::Yield { .. } | Command::BackupMark { .. } => {

@@ -396,6 +396,7 @@ impl PartitionState {
         queues::tally(&mut self.windows, now, &new_job.spec, Tally::Created);
         out.happen(Lifecycle::Created, &job, 0, String::new());
         self.list_under_tenant(&job);
+        self.note_expiry(&job);
         self.jobs.insert(key, job);
         if state == JobState::Scheduled {
             self.due.insert((due_at, key));
@@ -407,6 +408,8 @@ impl PartitionState {
         if let Some(request) = &new_job.request {
             self.remember(request, key, &new_job.spec, new_job.dedupe_window_ms, out);
         }
+        // A job created already past its expiry ended at once.
+        let state = self.jobs.get(&key).map_or(JobState::Expired, |job| job.state);
         Ok(CommandResult::Created { key, created: true, state: Some(state) })
     }
     pub(super) fn activate(&mut self, activation: &Activation, out: &mut ApplyOutput) -> Vec<ActivatedJobData> {

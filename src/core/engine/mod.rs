@@ -9,7 +9,7 @@
 //! timeouts, yields, checkpoints) with the one failed-attempt path;
 //! [`sessions`] worker sessions and schemas; [`dedupe`] the table of
 //! creates remembered for their window; [`queues`] paused queues and their
-//! figures; [`timers`] what fires at the batch's time; [`reads`] the
+//! figures; [`schedules`] cron schedules and their ticks; [`timers`] what fires at the batch's time; [`reads`] the
 //! read-only views.
 
 mod authorize;
@@ -17,6 +17,7 @@ mod dedupe;
 mod jobs;
 mod queues;
 mod reads;
+mod schedules;
 mod sessions;
 mod timers;
 
@@ -93,6 +94,16 @@ pub struct PartitionState {
     /// What happened in each queue lately: type -> tenant -> window. In
     /// memory only (see [`crate::core::queue`]).
     windows: FastMap<String, FastMap<String, Window>>,
+    /// Cron schedules by (tenant, name) (see `schedules`).
+    schedules: BTreeMap<(String, String), schedules::Registered>,
+    /// The same schedules by their next tick (paused ones left out).
+    ticks: BTreeSet<(Millis, (String, String))>,
+    /// Jobs with an expiry, by it (see `timers`): an entry may outlive its
+    /// job, and is dropped when it fires.
+    expiring: BTreeSet<(Millis, JobKey)>,
+    /// Whether any job here had an expiry: until one has, making a job
+    /// ready reads no header.
+    expiries_seen: bool,
 }
 
 /// One ready queue of a type: its jobs' tenant and labels.
@@ -145,6 +156,9 @@ pub struct ApplyOutput {
     pub schemas_changed: bool,
     /// Whether a queue was paused or resumed: [`PartitionState::paused_records`] are to be stored.
     pub paused_changed: bool,
+    /// Whether a schedule changed (registered, deleted, paused or ticked):
+    /// [`PartitionState::schedule_records`] are to be stored.
+    pub schedules_changed: bool,
     /// The lifecycle transitions of this batch, in order, for subscribers.
     pub happened: Vec<Happened>,
     /// Sessions this partition declared dead in this batch.
@@ -207,6 +221,7 @@ impl PartitionState {
             ..Default::default()
         };
         state.restore_paused(registry.paused);
+        state.restore_schedules(registry.schedules);
         for job in jobs {
             if job.state.is_final() {
                 continue;
@@ -340,6 +355,10 @@ impl PartitionState {
             }
             Command::SetPaused { tenant, job_type, paused } => Ok(self.set_paused(tenant, job_type, *paused, out)),
             Command::QueueStats { tenants, job_type } => Ok(CommandResult::Queues(self.queue_stats(tenants, job_type))),
+            Command::PutSchedule { spec, by } => self.put_schedule(spec, by, out),
+            Command::DeleteSchedule { tenant, name } => self.delete_schedule(tenant, name, out),
+            Command::SetSchedulePaused { tenant, name, paused } => self.set_schedule_paused(tenant, name, *paused, out),
+            Command::ListSchedules { tenants } => Ok(CommandResult::Schedules(self.list_schedules(tenants))),
             // The state machine keeps the state for the backup; the engine's
             // state does not change.
             Command::BackupMark { .. } => Ok(CommandResult::Done),
@@ -357,7 +376,7 @@ impl PartitionState {
 
     fn absent(&self, key: JobKey) -> CommandError {
         if self.was_created(key) {
-            CommandError::precondition(format!("job {key} is already completed or cancelled"))
+            CommandError::precondition(format!("job {key} is already completed, cancelled or expired"))
         } else {
             CommandError::not_found(key)
         }
@@ -389,6 +408,9 @@ impl PartitionState {
     }
 
     fn make_ready(&mut self, key: JobKey, out: &mut ApplyOutput) {
+        if self.expiries_seen && self.expire_if_due(key, out) {
+            return;
+        }
         let job = &self.jobs[&key];
         let job_type = &job.spec.job_type;
         let paused = self.is_paused(&job.spec.tenant, job_type);
@@ -425,8 +447,9 @@ impl PartitionState {
             JobState::Scheduled => {
                 self.due.insert((job.due_at, job.key));
             }
-            JobState::Incident | JobState::Completed | JobState::Cancelled => {}
+            JobState::Incident | JobState::Completed | JobState::Cancelled | JobState::Expired => {}
         }
+        self.note_expiry(job);
     }
 
     fn unindex(&mut self, job: &Job) {
@@ -453,7 +476,7 @@ impl PartitionState {
             JobState::Scheduled => {
                 self.due.remove(&(job.due_at, job.key));
             }
-            JobState::Incident | JobState::Completed | JobState::Cancelled => {}
+            JobState::Incident | JobState::Completed | JobState::Cancelled | JobState::Expired => {}
         }
     }
 }

@@ -148,7 +148,7 @@ impl PartitionState {
                     JobState::Scheduled if job.attempt > 0 => entry.retrying += 1,
                     JobState::Scheduled => entry.scheduled += 1,
                     JobState::Incident => entry.incidents += 1,
-                    JobState::Completed | JobState::Cancelled => {}
+                    JobState::Completed | JobState::Cancelled | JobState::Expired => {}
                 }
             }
         }

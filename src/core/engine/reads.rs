@@ -18,6 +18,7 @@ impl PartitionState {
             schemas: self.schema_records(),
             owners: self.session_owners(),
             paused: self.paused_records(),
+            schedules: self.schedule_records(),
         }
     }
     /// Each owned session's owner, as stored (rewritten with the sessions).
@@ -130,13 +131,14 @@ impl PartitionState {
     pub fn was_created(&self, key: JobKey) -> bool {
         key.partition() == self.partition && key.counter() >= 1 && key.counter() < self.next_counter
     }
-    /// When the next timer (a due job, an activation deadline or a session's
-    /// lease) fires.
+    /// When the next timer (a due job, an activation deadline, a session's
+    /// lease or a schedule's tick) fires.
     pub fn next_timer(&self) -> Option<Millis> {
         let due = self.due.first().map(|(at, _)| *at);
         let deadline = self.deadlines.first().map(|(at, _)| *at);
         let session = self.session_expiry.first().map(|(at, _)| *at);
-        [due, deadline, session].into_iter().flatten().min()
+        let expiry = self.expiring.first().map(|(at, _)| *at);
+        [due, deadline, session, expiry, self.next_tick()].into_iter().flatten().min()
     }
     /// Activatable jobs of a type, over the given tenants (all tenants if empty).
     pub fn activatable_count(&self, job_type: &str, tenants: &[String]) -> usize {

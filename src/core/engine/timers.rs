@@ -1,8 +1,8 @@
 //! What fires at a batch's time: jobs that became due, activations whose
-//! deadline passed, and sessions whose lease ran out.
+//! deadline passed, sessions whose lease ran out, and schedules' ticks.
 
 use super::{ApplyOutput, PartitionState};
-use crate::core::{EventKind, JobState, Outcome};
+use crate::core::{expires_at, EventKind, Job, JobKey, JobState, Lifecycle, Outcome};
 
 impl PartitionState {
     pub(super) fn fire_timers(&mut self, out: &mut ApplyOutput) {
@@ -51,5 +51,47 @@ impl PartitionState {
             }
             out.sessions_died.push(session.info);
         }
+        while let Some(&(at, key)) = self.expiring.first() {
+            if at > now {
+                break;
+            }
+            self.expiring.pop_first();
+            // An activated job runs on; should it come back, making it
+            // ready expires it then.
+            self.expire_if_due(key, out);
+        }
+        self.fire_schedules(out);
+    }
+}
+
+impl PartitionState {
+    /// Indexes a live job's expiry, if it has one.
+    pub(super) fn note_expiry(&mut self, job: &Job) {
+        if job.state.is_final() {
+            return;
+        }
+        if let Some(at) = expires_at(&job.spec) {
+            self.expiries_seen = true;
+            self.expiring.insert((at, job.key));
+        }
+    }
+
+    /// Ends a job past its expiry that waits (scheduled or activatable) as
+    /// expired; answers whether it did. An activated job, or one in an
+    /// incident, is left as it is.
+    pub(super) fn expire_if_due(&mut self, key: JobKey, out: &mut ApplyOutput) -> bool {
+        let now = self.clock;
+        let Some(job) = self.jobs.get(&key) else { return false };
+        let Some(at) = expires_at(&job.spec).filter(|at| *at <= now) else { return false };
+        if !matches!(job.state, JobState::Scheduled | JobState::Activatable) {
+            return false;
+        }
+        let mut job = self.remove(key);
+        job.state = JobState::Expired;
+        job.history.record(now, EventKind::Expired { at });
+        out.happen(Lifecycle::Expired, &job, at, String::new());
+        out.count(&job.spec.job_type, Outcome::Expired);
+        out.finished.push(job);
+        true
     }
 }

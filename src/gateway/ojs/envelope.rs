@@ -12,7 +12,7 @@ use serde_json::{json, Map, Value};
 
 use super::ids;
 use super::retry::RetryPolicy;
-use super::time::{parse_duration, parse_rfc3339, rfc3339};
+use super::time::{parse_duration, parse_time_option, rfc3339};
 use crate::proto::gateway as pb;
 
 /// OJS's `type` of the job.
@@ -163,17 +163,11 @@ pub fn enqueue(body: &Value, now_ms: i64) -> Result<Enqueue, Invalid> {
             _ => return Err(format!("priority must be a whole number from -100 to 100, got {v}").into()),
         },
     };
-    let run_at = match options.get("delay_until").or_else(|| options.get("scheduled_at")) {
-        None | Some(Value::Null) => 0,
-        Some(Value::String(at)) => match parse_rfc3339(at) {
-            Some(ms) if ms > now_ms => ms,
-            Some(_) => 0,
-            None => {
-                return Err(format!("delay_until {at:?} is not an RFC 3339 time such as 2026-01-01T00:00:00Z").into())
-            }
-        },
-        Some(other) => return Err(format!("delay_until must be an RFC 3339 time string, got {other}").into()),
+    let run_at = match time_option(options, "delay_until", now_ms)?.or(time_option(options, "scheduled_at", now_ms)?) {
+        Some((ms, _)) if ms > now_ms => ms,
+        _ => 0,
     };
+    let expires_at = time_option(options, "expires_at", now_ms)?;
     for name in ["timeout_ms", "visibility_timeout_ms"] {
         if let Some(v) = options.get(name) {
             if v.as_i64().is_none_or(|ms| ms <= 0) {
@@ -197,11 +191,15 @@ pub fn enqueue(body: &Value, now_ms: i64) -> Result<Enqueue, Invalid> {
     if let Some(meta) = meta {
         headers.insert(META.to_string(), meta.to_string());
     }
-    let kept: Map<String, Value> = options
+    let mut kept: Map<String, Value> = options
         .iter()
         .filter(|(k, _)| !NATIVE_OPTIONS.contains(&k.as_str()))
         .map(|(k, v)| (k.clone(), v.clone()))
         .collect();
+    // Shown as given when it is a time, as the time it named when relative.
+    if let Some((_, shown)) = &expires_at {
+        kept.insert("expires_at".into(), json!(shown));
+    }
     if !kept.is_empty() {
         headers.insert(OPTIONS.to_string(), Value::Object(kept).to_string());
     }
@@ -219,9 +217,29 @@ pub fn enqueue(body: &Value, now_ms: i64) -> Result<Enqueue, Invalid> {
         run_at,
         idempotency_key: id.as_deref().map(id_key).unwrap_or_default(),
         ordering_key: queue,
+        expires_at: expires_at.map_or(0, |(ms, _)| ms.max(1)),
         ..Default::default()
     };
     Ok(Enqueue { request, unique })
+}
+
+/// A time option (see [`parse_time_option`]): its Unix ms, and how an
+/// envelope shows it (an absolute time as given, a relative one as the
+/// time it named).
+fn time_option(options: &Map<String, Value>, name: &str, now_ms: i64) -> Result<Option<(i64, String)>, Invalid> {
+    match options.get(name) {
+        None | Some(Value::Null) => Ok(None),
+        Some(Value::String(text)) => match parse_time_option(text, now_ms) {
+            Some(ms) if text.starts_with('+') => Ok(Some((ms, rfc3339(ms)))),
+            Some(ms) => Ok(Some((ms, text.clone()))),
+            None => Err(format!(
+                "options.{name} {text:?} is not a time: give RFC 3339 (2026-01-01T00:00:00Z) or + and an ISO 8601 \
+                 duration from now (+PT30S)"
+            )
+            .into()),
+        },
+        Some(other) => Err(format!("options.{name} must be a time string, got {other}").into()),
+    }
 }
 
 fn unique(value: &Value, kind: &str, queue: &str, args: &Value, meta: Option<&Value>) -> Result<Unique, String> {
@@ -339,11 +357,24 @@ impl<'a> Stored<'a> {
         out.insert("type".into(), json!(self.headers.get(TYPE).map_or(self.job_type, String::as_str)));
         out.insert("queue".into(), json!(self.job_type));
         out.insert("args".into(), args);
-        if let Some(meta) = self.json(META) {
+        let mut meta = self.json(META);
+        // A job a cron schedule made names it and its tick (OJS's cron
+        // correlation keys).
+        if let Some(schedule) = self.headers.get(crate::core::schedule::SCHEDULE_HEADER) {
+            let tick = self.headers.get(crate::core::schedule::TICK_HEADER).and_then(|t| t.parse::<i64>().ok());
+            let meta = meta.get_or_insert_with(|| json!({}));
+            if let Some(meta) = meta.as_object_mut() {
+                meta.insert("cron_name".into(), json!(schedule));
+                if let Some(tick) = tick {
+                    meta.insert("cron_triggered_at".into(), json!(rfc3339(tick)));
+                }
+            }
+        }
+        if let Some(meta) = meta {
             out.insert("meta".into(), meta);
         }
         out.insert("priority".into(), json!(priority));
-        for name in ["timeout_ms", "visibility_timeout_ms", "tags", "unique"] {
+        for name in ["timeout_ms", "visibility_timeout_ms", "tags", "unique", "expires_at"] {
             if let Some(value) = options.get(name) {
                 out.insert(name.into(), value.clone());
             }
@@ -364,7 +395,7 @@ pub fn state(state: &str, attempt: u32) -> &'static str {
         "activatable" => "available",
         "activated" => "active",
         "completed" => "completed",
-        "incident" => "discarded",
+        "incident" | "expired" => "discarded",
         "cancelled" => "cancelled",
         _ => "unknown",
     }
@@ -435,6 +466,10 @@ pub fn job(job: &pb::Job) -> Value {
             }
             "cancelled" => {
                 out.insert("cancelled_at".into(), json!(at));
+            }
+            "expired" => {
+                out.insert("discarded_at".into(), json!(at));
+                out.insert("expired_at".into(), json!(at));
             }
             "failed" => errors.push(error_of(&event.message, event.attempt, Some(event.at))),
             "timed_out" => errors.push(json!({

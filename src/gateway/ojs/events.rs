@@ -46,7 +46,7 @@ fn ojs_type(kind: &str) -> &'static str {
         "completed" => "job.completed",
         "failed" | "timed_out" => "job.failed",
         "retrying" => "job.retrying",
-        "incident" => "job.discarded",
+        "incident" | "expired" => "job.discarded",
         "cancelled" => "job.cancelled",
         "queue_paused" => "queue.paused",
         "queue_resumed" => "queue.resumed",

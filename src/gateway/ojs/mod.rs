@@ -16,6 +16,7 @@
 //! back-off a policy gives, a unique key's generation): see [`worker`],
 //! [`jobs`] and [`envelope`].
 
+mod cron;
 mod dead_letter;
 mod envelope;
 mod events;
@@ -76,7 +77,7 @@ pub async fn serve(
 }
 
 /// The paths served, with `{id}` for a job id (the metrics' route labels).
-const ROUTES: [&str; 19] = [
+const ROUTES: [&str; 21] = [
     "/ojs/manifest",
     "/ojs/v1/health",
     "/ojs/v1/jobs",
@@ -96,6 +97,8 @@ const ROUTES: [&str; 19] = [
     "/ojs/v1/queues/{name}/stats",
     "/ojs/v1/queues/{name}/pause",
     "/ojs/v1/queues/{name}/resume",
+    "/ojs/v1/cron",
+    "/ojs/v1/cron/{name}",
 ];
 
 fn routes(ctx: Arc<NodeContext>) -> Router {
@@ -115,6 +118,8 @@ fn routes(ctx: Arc<NodeContext>) -> Router {
         .route("/ojs/v1/dead-letter/{id}/retry", post(dead_letter::retry))
         .route("/ojs/v1/admin/jobs/bulk/cancel", post(jobs::bulk_cancel))
         .route("/ojs/v1/queues", get(queues::list))
+        .route("/ojs/v1/cron", get(cron::list).post(cron::register))
+        .route("/ojs/v1/cron/{name}", get(cron::get).delete(cron::delete).patch(cron::toggle))
         .route("/ojs/v1/events", get(events::list))
         .route("/ojs/v1/events/stream", get(events::stream))
         .route("/ojs/v1/queues/{name}/stats", get(queues::stats))
@@ -171,7 +176,7 @@ const TENANT_HEADER: &str = "x-ojs-tenant";
 /// would make every span name unique).
 fn route_of(path: &str) -> String {
     let parts: Vec<&str> = path.split('/').collect();
-    let named = |i: usize| i == 4 && parts[..4] == ["", "ojs", "v1", "queues"];
+    let named = |i: usize| i == 4 && matches!(parts[..4], ["", "ojs", "v1", "queues" | "cron"]);
     let parts: Vec<&str> = parts
         .iter()
         .enumerate()
@@ -259,7 +264,7 @@ impl OjsError {
     }
 
     /// An enqueue the envelope's checks refused.
-    fn refused(invalid: envelope::Invalid) -> Self {
+    pub(crate) fn refused(invalid: envelope::Invalid) -> Self {
         if invalid.unprocessable {
             OjsError::new(StatusCode::UNPROCESSABLE_ENTITY, "invalid_request", invalid.message)
         } else {
@@ -411,12 +416,13 @@ async fn manifest(State(ojs): State<Ojs>) -> Response {
                 "language": "rust",
                 "backend": "raft+rocksdb",
             },
-            "conformance_level": 1,
+            // Level 2 (scheduled) is met; level 3 (workflows) is not yet.
+            "conformance_level": 2,
             "protocols": ["http"],
             "capabilities": {
                 "priority": true, "unique_jobs": true, "batch_enqueue": true, "dead_letter": true,
                 "retries": true, "visibility_timeout": true, "heartbeat": true, "events": true,
-                "queue_pause": true, "cron": false, "workflows": false,
+                "queue_pause": true, "cron": true, "expiry": true, "workflows": false,
             },
             "partitions": ojs.ctx.topology.partition_count(),
         }),

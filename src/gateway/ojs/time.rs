@@ -87,6 +87,15 @@ pub fn parse_duration(text: &str) -> Option<i64> {
     (total.is_finite() && total < 1e15).then_some(total.round() as i64)
 }
 
+/// A time option: an RFC 3339 timestamp, or `+` and an ISO 8601 duration
+/// from `now_ms` (`+PT30S`), as OJS clients send them.
+pub fn parse_time_option(text: &str, now_ms: i64) -> Option<i64> {
+    match text.strip_prefix('+') {
+        Some(duration) => parse_duration(duration).map(|ms| now_ms.saturating_add(ms)),
+        None => parse_rfc3339(text),
+    }
+}
+
 #[cfg(test)]
 mod tests {
     use super::*;

@@ -30,8 +30,9 @@ use crate::gateway::ApiError;
 use crate::proto::gateway as pb;
 
 /// How long an activation lasts when neither the fetch nor the job names a
-/// timeout (OJS's default visibility timeout).
-const DEFAULT_VISIBILITY_MS: i64 = 30_000;
+/// timeout: OJS's default visibility timeout, 30 minutes (the worker
+/// protocol's). A worker that dies sooner is noticed by its session.
+const DEFAULT_VISIBILITY_MS: i64 = 1_800_000;
 /// The longest a fetch may wait for a job.
 const MAX_WAIT_MS: i64 = 30_000;
 /// The most jobs one heartbeat extends (each is a read and a write).

@@ -56,6 +56,9 @@ const SESSIONS: &str = "sessions";
 const SESSION_OWNERS: &str = "session_owners";
 /// The paused queues (data version 11 on; see [`crate::core::Registry::paused`]).
 const PAUSED: &str = "paused_queues";
+/// The cron schedules (data version 12 on; see [`crate::core::Registry::schedules`]),
+/// rewritten whenever one changes (every tick does).
+const SCHEDULES: &str = "schedules";
 /// The partition's job schemas, kept apart from the sessions: they are large
 /// and rarely change.
 const SCHEMAS: &str = "schemas";
@@ -143,6 +146,11 @@ impl StateMachine {
             paused: store
                 .get(Table::Meta, meta_key(partition, PAUSED))?
                 .map(|b| storage::decode("paused queues", &b))
+                .transpose()?
+                .unwrap_or_default(),
+            schedules: store
+                .get(Table::Meta, meta_key(partition, SCHEDULES))?
+                .map(|b| storage::decode("cron schedules", &b))
                 .transpose()?
                 .unwrap_or_default(),
         };
@@ -274,6 +282,7 @@ fn install_records(
     batch.put(Table::Meta, meta_key(partition, SESSIONS), storage::encode(&body.registry.sessions));
     batch.put(Table::Meta, meta_key(partition, SESSION_OWNERS), storage::encode(&body.registry.owners));
     batch.put(Table::Meta, meta_key(partition, PAUSED), storage::encode(&body.registry.paused));
+    batch.put(Table::Meta, meta_key(partition, SCHEDULES), storage::encode(&body.registry.schedules));
     batch.put(Table::Meta, meta_key(partition, SCHEMAS), storage::encode(&body.registry.schemas));
     Ok(Installed { meta: body.engine, jobs: body.jobs, requests: counts, registry: body.registry, finished })
 }
@@ -348,6 +357,7 @@ impl RaftStateMachine<TypeConfig> for StateMachine {
         let mut finished_keys = Vec::new();
         let pruned_from = inner.finished.first;
         let (mut sessions_changed, mut schemas_changed, mut paused_changed) = (false, false, false);
+        let mut schedules_changed = false;
         // Backups marked in these entries: (response, command, backup id).
         let mut marks: Vec<(usize, usize, String)> = Vec::new();
         for entry in entries {
@@ -388,6 +398,7 @@ impl RaftStateMachine<TypeConfig> for StateMachine {
                     sessions_changed |= out.sessions_changed;
                     schemas_changed |= out.schemas_changed;
                     paused_changed |= out.paused_changed;
+                    schedules_changed |= out.schedules_changed;
                     for died in &out.sessions_died {
                         tracing::warn!(
                             partition = self.partition,
@@ -456,6 +467,10 @@ impl RaftStateMachine<TypeConfig> for StateMachine {
         if paused_changed {
             let paused = inner.engine.paused_records();
             batch.put(Table::Meta, meta_key(self.partition, PAUSED), storage::encode(&paused));
+        }
+        if schedules_changed {
+            let schedules = inner.engine.schedule_records();
+            batch.put(Table::Meta, meta_key(self.partition, SCHEDULES), storage::encode(&schedules));
         }
         self.persist_meta(&mut batch, &inner);
         // Written under the lock: a snapshot or a lookup never sees a job gone
