@@ -103,6 +103,8 @@ pub struct Report {
     pub acknowledged: usize,
     pub completed: usize,
     pub incidents: usize,
+    /// Acknowledged jobs that asked for an expiry and ended expired, unrun.
+    pub expired: usize,
     pub lost: Vec<LostJob>,
     pub unexpected: Vec<u64>,
     pub duplicated: Vec<u64>,
@@ -127,6 +129,10 @@ pub struct Report {
     pub availability: crate::availability::Availability,
     /// What the second tenant's attacks achieved (see `attacker`).
     pub cross_tenant: crate::attacker::CrossTenant,
+    /// Jobs handed to a worker after their expiry (see `expiry`).
+    pub expired_handed_out: Vec<crate::expiry::ExpiredHandedOut>,
+    /// Each schedule's ticks: doubled and missed (see `schedules`).
+    pub ticks: crate::schedules::Ticks,
     pub valid: bool,
 }
 
@@ -147,6 +153,12 @@ impl Report {
         self.cross_tenant = found;
     }
 
+    /// Doubled and missed ticks: each one makes the run invalid.
+    pub fn add_ticks(&mut self, ticks: crate::schedules::Ticks) {
+        self.valid &= ticks.anomalies() == 0;
+        self.ticks = ticks;
+    }
+
     /// Timing anomalies: each one makes the run invalid.
     pub fn add_timing(&mut self, timing: crate::timing::Timing) {
         self.valid &= timing.anomalies() == 0;
@@ -155,15 +167,16 @@ impl Report {
 
     pub fn summary(&self) -> String {
         format!(
-            "{}: {} attempted, {} acknowledged, {} completed, {} incidents; lost {}, unexpected {}, duplicated {}, \
-             stale {}, duplicate creates {}, misdelivered {}, stage twice {}, lost checkpoints {} (of {}), \
-             divergent {}, recovered {}, worker kills {}, slow recoveries {}, early reactivations {}, early timers {}, \
-             late timers {}; {}",
+            "{}: {} attempted, {} acknowledged, {} completed, {} incidents, {} expired; lost {}, unexpected {}, \
+             duplicated {}, stale {}, duplicate creates {}, misdelivered {}, stage twice {}, lost checkpoints {} (of \
+             {}), divergent {}, recovered {}, worker kills {}, slow recoveries {}, early reactivations {}, early \
+             timers {}, late timers {}, expired job handed out {}; {}; {}",
             if self.valid { "VALID" } else { "INVALID" },
             self.attempted,
             self.acknowledged,
             self.completed,
             self.incidents,
+            self.expired,
             self.lost.len(),
             self.unexpected.len(),
             self.duplicated.len(),
@@ -180,6 +193,8 @@ impl Report {
             self.timing.early_reactivations.len(),
             self.timing.early_timers.len(),
             self.timing.late_timers.len(),
+            self.expired_handed_out.len(),
+            self.ticks.summary(),
             self.cross_tenant.summary(),
         )
     }
@@ -312,6 +327,29 @@ impl Report {
         section(self.stale.iter().map(|k| format!("stale: job key {k} completed by a superseded attempt")).collect());
         section(self.unexpected.iter().map(|id| format!("unexpected: job {id} completed but never created")).collect());
         section(self.divergent.iter().map(|id| format!("divergent: job {id} differs between replicas")).collect());
+        section(
+            self.expired_handed_out
+                .iter()
+                .map(|e| match (e.activated_at, e.node) {
+                    (Some(at), Some(node)) => format!(
+                        "expired job handed out: key {} activated at {at} on node {node}'s record, expiry {}",
+                        e.key, e.expires_at
+                    ),
+                    _ => format!(
+                        "expired job handed out: key {} handed to a worker, held as expired unrun (expiry {})",
+                        e.key, e.expires_at
+                    ),
+                })
+                .collect(),
+        );
+        section(
+            self.ticks
+                .doubled
+                .iter()
+                .map(|d| format!("tick doubled: {} at {}: keys {:?}", d.schedule, d.tick, d.keys))
+                .collect(),
+        );
+        section(self.ticks.missed.iter().map(|m| format!("tick missed: {} at {}", m.schedule, m.tick)).collect());
         section(self.cross_tenant.effects.iter().map(|e| format!("cross-tenant effect: {e}")).collect());
         section(self.cross_tenant.reads.iter().map(|r| format!("cross-tenant read: {r}")).collect());
         lines.join("\n")
@@ -344,9 +382,10 @@ pub fn check(history: &[Op], finals: &FinalReads, replicas: impl Fn(u64) -> Vec<
     for jobs in finals.values() {
         for (key, job) in jobs {
             keys_of_id.entry(job.id).or_default().insert(*key);
-            final_state.entry(*key).or_insert_with(|| job.state.clone());
-            if job.state == "completed" {
-                final_state.insert(*key, job.state.clone());
+            let state = final_state.entry(*key).or_insert_with(|| job.state.clone());
+            // A final state some replica reached wins over a lagging one's.
+            if job.state == "completed" || (job.state == "expired" && state != "completed") {
+                *state = job.state.clone();
             }
         }
     }
@@ -437,9 +476,16 @@ pub fn check(history: &[Op], finals: &FinalReads, replicas: impl Fn(u64) -> Vec<
         }
     }
 
+    // Creates that asked for an expiry: such a job may end expired, unrun.
+    let expiring: BTreeSet<u64> = history
+        .iter()
+        .filter(|o| o.kind == Kind::Create && o.phase == Phase::Invoke && o.expires_at.is_some())
+        .map(|o| o.id)
+        .collect();
     for (id, key) in &acknowledged {
         let completed = completions.contains_key(key) || final_state.get(key).is_some_and(|s| s == "completed");
         let incident = final_state.get(key).is_some_and(|s| s == "incident");
+        let expired = expiring.contains(id) && final_state.get(key).is_some_and(|s| s == "expired");
         let on_replicas: BTreeMap<usize, Option<&str>> = replicas(*key)
             .into_iter()
             .map(|node| (node, finals.get(&node).map(|jobs| jobs.get(key).map_or("missing", |j| j.state.as_str()))))
@@ -448,6 +494,8 @@ pub fn check(history: &[Op], finals: &FinalReads, replicas: impl Fn(u64) -> Vec<
             report.completed += 1;
         } else if incident {
             report.incidents += 1;
+        } else if expired {
+            report.expired += 1;
         } else {
             report.lost.push(LostJob {
                 id: *id,
@@ -469,7 +517,9 @@ pub fn check(history: &[Op], finals: &FinalReads, replicas: impl Fn(u64) -> Vec<
         }
     }
     check_stages(history, finals, &id_of_key, &mut report);
+    report.expired_handed_out = crate::expiry::check(history, finals);
     report.valid = report.lost.is_empty()
+        && report.expired_handed_out.is_empty()
         && report.stage_twice.is_empty()
         && report.lost_checkpoints.is_empty()
         && report.unexpected.is_empty()
@@ -488,9 +538,11 @@ pub fn check(history: &[Op], finals: &FinalReads, replicas: impl Fn(u64) -> Vec<
 /// and only the replicas show that, so counting them kept every drain
 /// waiting for its periodic full read.
 pub fn unfinished(history: &[Op]) -> usize {
+    // Jobs that may expire unrun are left out too: no client hears of that.
     let session_jobs: std::collections::HashSet<u64> = history
         .iter()
-        .filter(|o| o.kind == Kind::Create && o.job_type.as_deref() == Some(crate::sessions::SESSION_TYPE))
+        .filter(|o| o.kind == Kind::Create)
+        .filter(|o| o.job_type.as_deref() == Some(crate::sessions::SESSION_TYPE) || o.expires_at.is_some())
         .map(|o| o.id)
         .collect();
     let (mut created, mut completed) = (std::collections::HashSet::new(), std::collections::HashSet::new());

@@ -64,6 +64,9 @@ pub struct Op {
     /// On a create: the delay it asked for; on a failure: the back-off.
     #[serde(default, skip_serializing_if = "Option::is_none")]
     pub wait_ms: Option<u64>,
+    /// On a create: the expiry it asked for (Unix ms).
+    #[serde(default, skip_serializing_if = "Option::is_none")]
+    pub expires_at: Option<i64>,
 }
 
 /// A job as one node's replica holds it after the faults healed.
@@ -94,6 +97,16 @@ pub struct FinalJob {
     /// Its variables or result carry the attacker's mark.
     #[serde(default, skip_serializing_if = "std::ops::Not::not")]
     pub forged: bool,
+    /// Its expiry (Unix ms, partition time; 0: none).
+    #[serde(default, skip_serializing_if = "is_zero")]
+    pub expires_at: i64,
+    /// When each of its activations began, in the partition's time.
+    #[serde(default, skip_serializing_if = "Vec::is_empty")]
+    pub activated_at: Vec<i64>,
+}
+
+fn is_zero(n: &i64) -> bool {
+    *n == 0
 }
 
 #[derive(Clone, Debug, Default, PartialEq, Eq, Serialize, Deserialize)]

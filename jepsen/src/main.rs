@@ -9,6 +9,7 @@ mod attacker;
 mod availability;
 mod checker;
 mod cluster;
+mod expiry;
 mod faketime;
 mod history;
 mod lossyfs;
@@ -16,6 +17,7 @@ mod nemesis;
 mod net;
 mod partition;
 mod proxy;
+mod schedules;
 mod sessions;
 mod timing;
 mod workload;
@@ -351,6 +353,11 @@ fn main() -> anyhow::Result<()> {
                     serde_json::from_str(&std::fs::read_to_string(dir.join("attacker-finals.json"))?)?;
                 report.add_cross_tenant(attacker::check(&attempts, &finals, &own));
             }
+            // Runs since schedules existed kept their ticks.
+            if let Ok(text) = std::fs::read_to_string(dir.join("schedules.json")) {
+                let (reads, ticks): (Vec<schedules::ScheduleRead>, schedules::TickReads) = serde_json::from_str(&text)?;
+                report.add_ticks(schedules::check(&reads, &ticks));
+            }
             println!("{}\n{}", report.summary(), report.details());
             println!("checked {} operations in {} ms", history.len(), started.elapsed().as_millis());
             std::process::exit(if report.valid { 0 } else { 1 });
@@ -575,6 +582,8 @@ async fn inner(dir: &Path) -> anyhow::Result<bool> {
         nodes.start(i)?;
     }
     nodes.wait_ready(Duration::from_secs(60)).await?;
+    // The cron workload's schedules tick from before the first fault.
+    schedules::register(&config.gateways, args.partitions).await?;
 
     let shared = Arc::new(workload::Shared {
         recorder: workload::Recorder::new(),
@@ -729,6 +738,9 @@ async fn inner(dir: &Path) -> anyhow::Result<bool> {
             break;
         }
     }
+    // The schedules stop where they are; every replica's ticks are read.
+    let schedule_reads = schedules::finish(&config.gateways, args.partitions).await?;
+    let ticks = tick_reads(&nodes, nodes.token.as_deref()).await;
     shared.stop.store(true, Ordering::Relaxed);
     session_workers.stop_all();
     for task in tasks {
@@ -753,6 +765,8 @@ async fn inner(dir: &Path) -> anyhow::Result<bool> {
         report.add_slow_recoveries(sessions::check(&starts, &worker_kills, &completed));
     }
     report.worker_kills = worker_kills.len();
+    report.add_ticks(schedules::check(&schedule_reads, &ticks));
+    std::fs::write(dir.join("schedules.json"), serde_json::to_string(&(&schedule_reads, &ticks))?)?;
     report.availability = availability::measure(&history, &stops);
     // Late timers say something only when nothing but clocks was faulted.
     let clocks_only = args.nemesis.iter().all(|n| *n == Nemesis::Clock);
@@ -798,21 +812,8 @@ fn replicas_of(nodes: usize, partitions: u32, locations: &[String]) -> impl Fn(u
 /// workload's token, the attacker's own with the attacker's.
 async fn final_reads(nodes: &cluster::Nodes, token: Option<&str>) -> FinalReads {
     let mut finals: FinalReads = BTreeMap::new();
-    'nodes: for i in 0..nodes.ips.len() {
-        // A page at a time, each from where the last ended.
-        let mut listed = Vec::new();
-        let mut path = "/actuator/jobs".to_string();
-        loop {
-            let Ok((200, body)) = nodes.admin_get_as(i, &path, token).await else { continue 'nodes };
-            let Ok(mut value) = serde_json::from_str::<serde_json::Value>(&body) else { continue 'nodes };
-            if let serde_json::Value::Array(jobs) = value["jobs"].take() {
-                listed.extend(jobs);
-            }
-            match value["next"].as_u64() {
-                Some(after) => path = format!("/actuator/jobs?after={after}"),
-                None => break,
-            }
-        }
+    for i in 0..nodes.ips.len() {
+        let Some(listed) = node_jobs(nodes, i, token).await else { continue };
         let mut jobs = BTreeMap::new();
         for job in &listed {
             let text = job["variables"].as_str().unwrap_or("{}");
@@ -840,13 +841,54 @@ async fn final_reads(nodes: &cluster::Nodes, token: Option<&str>) -> FinalReads 
                 // The attacker's mark on its own job is no forgery.
                 let forged = marked && tenant != attacker::NAME;
                 let state = state.to_string();
-                jobs.insert(
-                    key,
-                    FinalJob { id, state, job_type, checkpoints, attempt, timers, tenant, actors, forged },
-                );
+                let expires_at = job["expiresAt"].as_i64().unwrap_or(0);
+                let activated_at = serde_json::from_value(job["activatedAt"].clone()).unwrap_or_default();
+                let job = FinalJob {
+                    id,
+                    state,
+                    job_type,
+                    checkpoints,
+                    attempt,
+                    timers,
+                    tenant,
+                    actors,
+                    forged,
+                    expires_at,
+                    activated_at,
+                };
+                jobs.insert(key, job);
             }
         }
         finals.insert(i, jobs);
     }
     finals
+}
+
+/// Every job node `i` holds (its replicas, live and retained) that `token`
+/// may read, a page at a time; `None` when the node does not answer.
+async fn node_jobs(nodes: &cluster::Nodes, i: usize, token: Option<&str>) -> Option<Vec<serde_json::Value>> {
+    let mut listed = Vec::new();
+    let mut path = "/actuator/jobs".to_string();
+    loop {
+        let Ok((200, body)) = nodes.admin_get_as(i, &path, token).await else { return None };
+        let mut value = serde_json::from_str::<serde_json::Value>(&body).ok()?;
+        if let serde_json::Value::Array(jobs) = value["jobs"].take() {
+            listed.extend(jobs);
+        }
+        match value["next"].as_u64() {
+            Some(after) => path = format!("/actuator/jobs?after={after}"),
+            None => return Some(listed),
+        }
+    }
+}
+
+/// Every node's jobs made by a schedule, with their schedule and tick.
+async fn tick_reads(nodes: &cluster::Nodes, token: Option<&str>) -> schedules::TickReads {
+    let mut reads = schedules::TickReads::new();
+    for i in 0..nodes.ips.len() {
+        let Some(listed) = node_jobs(nodes, i, token).await else { continue };
+        let ticks = listed.iter().filter_map(|job| Some((job["key"].as_u64()?, schedules::tick_of(job)?))).collect();
+        reads.insert(i, ticks);
+    }
+    reads
 }

@@ -186,6 +186,9 @@ pub async fn producer(shared: Arc<Shared>, process: u64, seed: u64) {
         let id = shared.next_id.fetch_add(1, Ordering::Relaxed);
         // One in eight of the polled type waits 0.5-3 s before it is due.
         let delay = (job_type == JOB_TYPE && rng.random_ratio(1, 8)).then(|| rng.random_range(500..3_000));
+        // One in sixteen of the others expires 1-4 s after it is sent (see `expiry`).
+        let expires_at = (job_type == JOB_TYPE && delay.is_none() && rng.random_ratio(1, 16))
+            .then(|| drover::auth::now_ms() as i64 + rng.random_range(1_000..4_000));
         let request = CreateJobRequest {
             r#type: job_type.into(),
             variables: format!(r#"{{"id":{id}}}"#),
@@ -193,10 +196,16 @@ pub async fn producer(shared: Arc<Shared>, process: u64, seed: u64) {
             idempotency_key: format!("jepsen-{id}"),
             stages: if job_type == STAGED_TYPE { STAGES.map(String::from).to_vec() } else { Vec::new() },
             retries: (job_type == crate::sessions::SESSION_TYPE).then_some(crate::sessions::RETRIES),
+            expires_at: expires_at.unwrap_or(0),
             ..Default::default()
         };
-        // One in four of the polled type's undelayed creates goes through OJS.
-        if job_type == JOB_TYPE && delay.is_none() && !shared.ojs.is_empty() && rng.random_ratio(1, 4) {
+        // One in four of the polled type's other undelayed creates goes through OJS.
+        if job_type == JOB_TYPE
+            && delay.is_none()
+            && expires_at.is_none()
+            && !shared.ojs.is_empty()
+            && rng.random_ratio(1, 4)
+        {
             ojs_create(&shared, process, id, &mut rng).await;
             tokio::time::sleep(Duration::from_millis(rng.random_range(5..30))).await;
             continue;
@@ -212,6 +221,7 @@ pub async fn producer(shared: Arc<Shared>, process: u64, seed: u64) {
                 id,
                 job_type: Some(job_type.into()),
                 wait_ms: delay.map(|d| d as u64),
+                expires_at,
                 ..Op::default()
             });
             let create = clients[node].create(request.clone());
@@ -219,7 +229,10 @@ pub async fn producer(shared: Arc<Shared>, process: u64, seed: u64) {
                 Ok(Ok(key)) => {
                     shared.recorder.record(process, node, Kind::Create, Phase::Ok, id, Some(key), 0);
                     shared.leaks.key(key);
-                    shared.acknowledged(job_type, id);
+                    // A job that may expire unrun would never leave the backlog.
+                    if expires_at.is_none() {
+                        shared.acknowledged(job_type, id);
+                    }
                     break;
                 }
                 Ok(Err(status)) if certain_failure(&status) => {
