@@ -108,10 +108,15 @@ enum Rpc {
     SetQueuePaused,
     ListQueues,
     WatchEvents,
+    PutSchedule,
+    GetSchedule,
+    ListSchedules,
+    DeleteSchedule,
+    SetSchedulePaused,
 }
 
 impl Rpc {
-    const ALL: [Rpc; 28] = [
+    const ALL: [Rpc; 33] = [
         Rpc::CreateJob,
         Rpc::CreateJobs,
         Rpc::ActivateJobs,
@@ -140,12 +145,20 @@ impl Rpc {
         Rpc::SetQueuePaused,
         Rpc::ListQueues,
         Rpc::WatchEvents,
+        Rpc::PutSchedule,
+        Rpc::GetSchedule,
+        Rpc::ListSchedules,
+        Rpc::DeleteSchedule,
+        Rpc::SetSchedulePaused,
     ];
 
     /// The tokens of the table allowed to make this call.
     fn allowed(self) -> &'static [&'static str] {
         match self {
-            Rpc::CreateJob | Rpc::CreateJobs => &["admin", "create"],
+            // Scheduling jobs of a type is creating them.
+            Rpc::CreateJob | Rpc::CreateJobs | Rpc::PutSchedule | Rpc::DeleteSchedule | Rpc::SetSchedulePaused => {
+                &["admin", "create"]
+            }
             Rpc::ActivateJobs | Rpc::StreamActivatedJobs => &["admin", "work"],
             Rpc::CompleteJob | Rpc::CompleteJobs | Rpc::FailJob | Rpc::UpdateJobTimeout | Rpc::CheckpointJob => {
                 &["admin", "work"]
@@ -157,7 +170,13 @@ impl Rpc {
             | Rpc::CancelJobs
             | Rpc::SetSchema
             | Rpc::SetQueuePaused => &["admin", "manage"],
-            Rpc::GetJob | Rpc::GetJobHistory | Rpc::ListJobs | Rpc::ListQueues | Rpc::WatchEvents => &["admin", "read"],
+            Rpc::GetJob
+            | Rpc::GetJobHistory
+            | Rpc::ListJobs
+            | Rpc::ListQueues
+            | Rpc::WatchEvents
+            | Rpc::GetSchedule
+            | Rpc::ListSchedules => &["admin", "read"],
             Rpc::AwaitJob | Rpc::GetSchema => &["admin", "read", "create"],
             Rpc::Topology => {
                 &["admin", "create", "work", "read", "manage", "workers", "cluster-read", "cluster-admin", "nothing"]
@@ -282,8 +301,35 @@ impl Rpc {
                 let request = WatchEventsRequest { types: vec!["t".into()], from_now: true, ..Default::default() };
                 raw.watch_events(request).await.map(drop)
             }
+            // Schedule `s` of type `t` (see `schedule_t`): put again as it is,
+            // read, resumed while running; a delete of one that never was.
+            Rpc::PutSchedule => raw.put_schedule(schedule_t()).await.map(drop),
+            Rpc::GetSchedule => raw.get_schedule(named("s")).await.map(drop),
+            Rpc::ListSchedules => raw.list_schedules(ListSchedulesRequest::default()).await.map(drop),
+            Rpc::DeleteSchedule => match raw.delete_schedule(named("never")).await {
+                Err(status) if status.code() == Code::NotFound => Ok(()),
+                other => other.map(drop),
+            },
+            Rpc::SetSchedulePaused => {
+                let request = SetSchedulePausedRequest { name: "s".into(), paused: false, ..Default::default() };
+                raw.set_schedule_paused(request).await.map(drop)
+            }
         }
     }
+}
+
+/// Schedule `s`: a daily job of type `t`.
+fn schedule_t() -> PutScheduleRequest {
+    PutScheduleRequest {
+        name: "s".into(),
+        expression: "@daily".into(),
+        job: Some(CreateJobRequest { r#type: "t".into(), ..Default::default() }),
+        ..Default::default()
+    }
+}
+
+fn named(name: &str) -> GetScheduleRequest {
+    GetScheduleRequest { name: name.into(), ..Default::default() }
 }
 
 async fn first(answers: &mut tonic::Streaming<CreateJobResponse>) -> Result<(), tonic::Status> {
@@ -318,6 +364,7 @@ async fn no_token_is_unauthenticated_and_each_scope_allows_exactly_its_rpcs() {
     let node = node_with(&tokens).await;
     let admin = as_token(&node, tokens.secret("admin"));
     let mut failures = Vec::new();
+    admin.raw().put_schedule(schedule_t()).await.expect("the schedule the matrix reads and resumes");
     for rpc in Rpc::ALL {
         let key = activated_job(&admin, "").await;
         match rpc.call(&node.client, key).await {
@@ -1318,4 +1365,37 @@ async fn a_tenants_event_watch_hears_only_its_own_jobs() {
     let mine = mine.await.unwrap();
     let first = within(30, events.message()).await.expect("acme's create is heard").unwrap().unwrap();
     assert_eq!((first.key, first.tenant_id.as_str(), first.kind.as_str()), (mine, "acme", "created"), "{first:?}");
+}
+
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn another_tenants_schedule_is_invisible_and_untouchable() {
+    let tokens = Tokens::new();
+    let node = node_with(&tokens).await;
+    let (acme, globex) = (as_token(&node, tokens.secret("acme")), as_token(&node, tokens.secret("globex")));
+    let in_acme = |name: &str| GetScheduleRequest { name: name.into(), tenant_id: "acme".into() };
+    let put = PutScheduleRequest { tenant_id: "acme".into(), ..schedule_t() };
+    acme.raw().put_schedule(put.clone()).await.expect("acme schedules in its tenant");
+    // Named in acme's tenant, every schedule RPC is refused to globex.
+    let answer = globex.raw().put_schedule(put).await;
+    assert!(matches!(&answer, Err(s) if s.code() == Code::PermissionDenied), "{answer:?}");
+    for answer in [
+        globex.raw().get_schedule(in_acme("s")).await.map(drop),
+        globex.raw().delete_schedule(in_acme("s")).await.map(drop),
+        globex
+            .raw()
+            .set_schedule_paused(SetSchedulePausedRequest { name: "s".into(), tenant_id: "acme".into(), paused: true })
+            .await
+            .map(drop),
+        globex.raw().list_schedules(ListSchedulesRequest { tenant_id: "acme".into() }).await.map(drop),
+    ] {
+        assert!(matches!(&answer, Err(s) if s.code() == Code::PermissionDenied), "{answer:?}");
+    }
+    // In its own tenant there is no such schedule, and its listing is empty.
+    let in_globex = GetScheduleRequest { name: "s".into(), tenant_id: "globex".into() };
+    let answer = globex.raw().get_schedule(in_globex).await;
+    assert!(matches!(&answer, Err(s) if s.code() == Code::NotFound), "{answer:?}");
+    let listed = globex.raw().list_schedules(ListSchedulesRequest::default()).await.unwrap().into_inner();
+    assert!(listed.schedules.is_empty(), "globex sees {:?}", listed.schedules);
+    let schedule = acme.raw().get_schedule(in_acme("s")).await.expect("acme's schedule").into_inner();
+    assert!(!schedule.paused, "untouched: {schedule:?}");
 }

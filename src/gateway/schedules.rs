@@ -52,8 +52,10 @@ impl JobApi {
         }
     }
 
-    /// One schedule, by tenant and name.
+    /// One schedule, by tenant and name: NOT_FOUND too when the caller may
+    /// not read its job type.
     pub async fn get_schedule(&self, call: &Call, request: pb::GetScheduleRequest) -> Result<pb::Schedule, ApiError> {
+        call.principal.require_some(Verb::Read)?;
         let (tenant, name) = self.named(call, &request.tenant_id, &request.name)?;
         require_cluster_version(&self.ctx)?;
         let partition = schedule_partition(&tenant, &name, self.ctx.topology.partition_count());
@@ -110,6 +112,8 @@ impl JobApi {
         call: &Call,
         request: pb::GetScheduleRequest,
     ) -> Result<pb::Schedule, ApiError> {
+        // Of its job type, checked where the schedule lives.
+        call.principal.require_some(Verb::Create)?;
         let (tenant, name) = self.named(call, &request.tenant_id, &request.name)?;
         require_cluster_version(&self.ctx)?;
         crate::auth::audit(&call.principal, "delete_schedule", serde_json::json!({"name": name, "tenant": tenant}));
@@ -124,6 +128,7 @@ impl JobApi {
         call: &Call,
         request: pb::SetSchedulePausedRequest,
     ) -> Result<pb::Schedule, ApiError> {
+        call.principal.require_some(Verb::Create)?;
         let (tenant, name) = self.named(call, &request.tenant_id, &request.name)?;
         require_cluster_version(&self.ctx)?;
         let what = if request.paused { "pause_schedule" } else { "resume_schedule" };
