@@ -390,6 +390,57 @@ async fn a_paused_queue_is_snapshotted_at_version_11_and_stays_paused_where_inst
     assert_eq!(shared.lock().engine.activatable_count("t", &[]), 1, "resumed");
 }
 
+#[tokio::test]
+async fn a_schedule_is_snapshotted_at_version_12_and_ticks_on_once_where_installed() {
+    use crate::core::schedule::{Misfire, Overlap};
+    use crate::core::{ScheduleSpec, SCHEDULES};
+    let dir = tempfile::tempdir().unwrap();
+    let store = Store::open(&dir.path().join("a")).unwrap();
+    let cluster = mixed_versions();
+    cluster.heard(1, Some(SCHEDULES - 1));
+    let (mut sm, shared) = StateMachine::open(0, store, dir.path().join("snap-a"), cluster).unwrap();
+    sm.get_current_snapshot().await.unwrap(); // the identity Raft::new reads
+    let spec = ScheduleSpec {
+        tenant: DEFAULT_TENANT.into(),
+        name: "beat".into(),
+        expression: "* * * * * *".into(),
+        timezone: "UTC".into(),
+        template: Arc::new(JobSpec { job_type: "t".into(), tenant: DEFAULT_TENANT.into(), ..Default::default() }),
+        retries: 3,
+        overlap: Overlap::Allow,
+        misfire: Misfire::FireAll,
+        paused: false,
+        description: String::new(),
+    };
+    run(&mut sm, 1, 1_000, Command::PutSchedule { spec: Arc::new(spec), by: "ops".into() }).await;
+    // A paused queue too: both sections ride after the header, in order.
+    let pause = Command::SetPaused { tenant: DEFAULT_TENANT.into(), job_type: "other".into(), paused: true };
+    run(&mut sm, 2, 3_000, pause).await; // ticks 2 s and 3 s
+    assert_eq!(shared.lock().engine.activatable_count("t", &[]), 2);
+    let snapshot = sm.get_current_snapshot().await.unwrap().unwrap();
+    let meta = snapshot.meta.clone();
+    let mut bytes = Vec::new();
+    snapshot.snapshot.into_std().await.read_to_end(&mut bytes).unwrap();
+    assert_eq!(&bytes[..crate::codec::HEADER_LEN], crate::codec::header(SCHEDULES), "a schedule: version 12");
+    let schedules = shared.lock().engine.schedule_records();
+    assert_eq!((schedules[0].runs, schedules[0].next_at), (2, 4_000));
+    let follower_store = Store::open(&dir.path().join("follower")).unwrap();
+    let (mut follower, follower_shared) =
+        StateMachine::open(0, Arc::clone(&follower_store), dir.path().join("snap-f"), versions()).unwrap();
+    let mut file = tempfile::tempfile().unwrap();
+    std::io::Write::write_all(&mut file, &bytes).unwrap();
+    follower.install_snapshot(&meta, Box::new(tokio::fs::File::from_std(file))).await.unwrap();
+    assert_eq!(follower_shared.lock().engine.schedule_records(), schedules, "installed with its schedule");
+    assert_eq!(follower_shared.lock().engine.paused_records().len(), 1, "and the paused queue after it");
+    drop((follower, follower_shared));
+    let (mut reopened, shared) = StateMachine::open(0, follower_store, dir.path().join("snap-f"), versions()).unwrap();
+    assert_eq!(shared.lock().engine.schedule_records(), schedules, "and stored with it");
+    run(&mut reopened, 3, 3_000, Command::ListSessions).await;
+    assert_eq!(shared.lock().engine.activatable_count("t", &[]), 2, "no tick made twice");
+    run(&mut reopened, 4, 4_000, Command::ListSessions).await;
+    assert_eq!(shared.lock().engine.activatable_count("t", &[]), 3, "the next tick, once");
+}
+
 fn keyed(tenant: &str, key: &str, window: Millis) -> Command {
     let Command::Create(mut job) = create() else { unreachable!("create() makes a create") };
     job.request = Some(crate::core::RequestId::Key { tenant: tenant.into(), user: String::new(), key: key.into() });
