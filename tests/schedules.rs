@@ -129,6 +129,11 @@ async fn ojs_cron_jobs_are_schedules() {
     assert_eq!((status, paused["cron"]["next_run_at"].clone()), (200, Value::Null), "{paused}");
     let (_, listed) = ojs(&node, "GET", "/ojs/v1/cron?enabled=false", None).await;
     assert_eq!(listed["crons"].as_array().map(Vec::len), Some(1), "{listed}");
+    let hourly = json!({"name": "a-hourly", "cron": "@hourly", "type": "x.y", "args": []});
+    assert_eq!(ojs(&node, "POST", "/ojs/v1/cron", Some(hourly)).await.0, 201, "the spec's shape");
+    let (_, page) = ojs(&node, "GET", "/ojs/v1/cron?limit=1&offset=1", None).await;
+    assert_eq!(page["cron_jobs"][0]["name"], json!("nightly-report"), "by name: {page}");
+    assert_eq!(page["pagination"], json!({"total": 2, "limit": 1, "offset": 1, "has_more": false}));
     for bad in ["not a valid cron", "0 0 0 0 0 0 0", "99 25 32 13 8"] {
         let body = json!({"name": "bad", "expression": bad, "job_template": {"type": "x", "args": []}});
         let (status, error) = ojs(&node, "POST", "/ojs/v1/cron", Some(body)).await;

@@ -148,7 +148,11 @@ pub(super) async fn register(
     Ok(reply(status, one(&put.schedule.unwrap_or_default())))
 }
 
-/// `GET /ojs/v1/cron[?enabled=true|false]`: the tenant's cron jobs.
+/// The most cron jobs one page lists.
+const MAX_LIMIT: usize = 1_000;
+
+/// `GET /ojs/v1/cron[?enabled=true|false][&limit=N&offset=M]`: the tenant's
+/// cron jobs by name, a page at a time (limit 1 to 1000, 100 by default).
 pub(super) async fn list(
     State(ojs): State<Ojs>,
     call: OjsCall,
@@ -160,12 +164,26 @@ pub(super) async fn list(
         Some("false") => Some(false),
         Some(other) => return Err(OjsError::invalid(format!("enabled must be true or false, got {other:?}"))),
     };
+    let number = |name: &str, default: usize| match query.get(name) {
+        None => Ok(default),
+        Some(text) => {
+            text.parse::<usize>().map_err(|_| OjsError::invalid(format!("{name} must be a whole number, got {text:?}")))
+        }
+    };
+    let (limit, offset) = (number("limit", 100)?, number("offset", 0)?);
+    if !(1..=MAX_LIMIT).contains(&limit) {
+        return Err(OjsError::invalid(format!("limit must be from 1 to {MAX_LIMIT}, got {limit}")));
+    }
     let request = pb::ListSchedulesRequest { tenant_id: call.scope() };
     let schedules = ojs.api.list_schedules(&call, request).await?;
-    let crons: Vec<Value> =
-        schedules.iter().filter(|s| enabled.is_none_or(|enabled| enabled != s.paused)).map(described).collect();
+    let matching: Vec<&pb::Schedule> =
+        schedules.iter().filter(|s| enabled.is_none_or(|enabled| enabled != s.paused)).collect();
+    let total = matching.len();
+    let crons: Vec<Value> = matching.into_iter().skip(offset).take(limit).map(described).collect();
+    let pagination =
+        json!({ "total": total, "limit": limit, "offset": offset, "has_more": offset + crons.len() < total });
     let count = crons.len();
-    Ok(reply(StatusCode::OK, json!({ "crons": crons, "cron_jobs": crons, "count": count })))
+    Ok(reply(StatusCode::OK, json!({ "crons": crons, "cron_jobs": crons, "count": count, "pagination": pagination })))
 }
 
 /// `GET /ojs/v1/cron/{name}`.
