@@ -64,6 +64,11 @@ fn a_zone_moves_the_ticks_and_a_skipped_hour_has_none() {
     let march_13_0230 = 1_804_923_000_000; // 2027-03-13T07:30:00Z
     let next = new_york.next_after(march_13_0230, march_13_0230).expect("a next tick");
     assert_eq!(next, march_13_0230 + 2 * 86_400_000 - 3_600_000, "the 15th, 02:30 EDT");
+    // It falls back at 02:00 on 2026-11-01: 01:30 happens twice, and ticks once.
+    let fall = Timetable::parse("30 1 * * *", "America/New_York").expect("parses");
+    let first_0130 = 1_793_511_000_000; // 2026-11-01T05:30:00Z, 01:30 EDT
+    assert_eq!(fall.next_after(first_0130 - 1, first_0130 - 1), Some(first_0130));
+    assert_eq!(fall.next_after(first_0130, first_0130), Some(1_793_601_000_000), "the 2nd, 01:30 EST");
 }
 
 fn spec(tenant: &str, name: &str, expression: &str) -> ScheduleSpec {
