@@ -140,6 +140,11 @@ async fn ojs_cron_jobs_are_schedules() {
         assert_eq!(status, 400, "{bad}: {error}");
         assert!(error["error"]["message"].as_str().is_some_and(|m| m.contains("cron expression")), "{error}");
     }
+    // A template's fixed expiry would expire every later tick's job at once.
+    let expiring = json!({"name": "x", "cron": "@hourly", "type": "x.y", "args": [],
+        "options": {"expires_at": "2099-01-01T00:00:00Z"}});
+    let (status, error) = ojs(&node, "POST", "/ojs/v1/cron", Some(expiring)).await;
+    assert_eq!(status, 400, "{error}");
     let (status, deleted) = ojs(&node, "DELETE", "/ojs/v1/cron/nightly-report", None).await;
     assert_eq!((status, deleted["deleted"].clone()), (200, json!(true)), "{deleted}");
     let (status, _) = ojs(&node, "GET", "/ojs/v1/cron/nightly-report", None).await;

@@ -184,9 +184,16 @@ impl JobApi {
         let mut job = request.job.ok_or_else(|| {
             ApiError::InvalidArgument("job is missing: the template each tick makes a job from".into())
         })?;
-        if !job.idempotency_key.is_empty() || job.idempotency_window != 0 || job.run_at != 0 || job.delay != 0 {
+        let expiring = job.expires_at != 0 || job.custom_headers.contains_key(crate::core::EXPIRES_AT_HEADER);
+        if !job.idempotency_key.is_empty()
+            || job.idempotency_window != 0
+            || job.run_at != 0
+            || job.delay != 0
+            || expiring
+        {
             return Err(ApiError::InvalidArgument(
-                "a schedule's job takes no idempotency key, run_at or delay: each tick makes a new job at its tick"
+                "a schedule's job takes no idempotency key, run_at, delay or expires_at: each tick makes a new job \
+                 at its tick"
                     .into(),
             ));
         }
