@@ -107,3 +107,27 @@ fn an_expiry_survives_a_restore() {
     assert_eq!(out.results, vec![CommandResult::Activated(Vec::new())]);
     assert_eq!(out.finished.first().map(|j| (j.key, j.state)), Some((key, JobState::Expired)));
 }
+
+#[test]
+fn an_incident_past_its_expiry_ends_expired_when_its_retries_are_raised() {
+    let mut state = PartitionState::new(0);
+    let (key, _) = created(run(&mut state, 1_000, create(3_000, 0)).0);
+    assert_eq!(activated(&mut state, 2_000), vec![key]);
+    let fail = Command::Fail {
+        key,
+        attempt: 1,
+        retries: 0,
+        error_message: "boom".into(),
+        back_off_ms: 0,
+        variables: Default::default(),
+        max_payload_bytes: 1 << 20,
+        reason: FailReason::Failed,
+    };
+    assert_eq!(run(&mut state, 2_500, fail).0, CommandResult::Done);
+    state.apply(&Batch::at(3_000, Vec::new()));
+    assert_eq!(state.job(key).map(|j| j.state), Some(JobState::Incident), "an incident waits for its operator");
+    let raise = Command::UpdateRetries { key, retries: 2, by: "op".into() };
+    let (result, out) = run(&mut state, 4_000, raise);
+    assert_eq!(result, CommandResult::Done);
+    assert_eq!(out.finished.first().map(|j| (j.key, j.state)), Some((key, JobState::Expired)), "not handed out again");
+}
