@@ -101,6 +101,17 @@ pub fn tenants(requested: Vec<String>) -> Result<Vec<String>, ApiError> {
     Ok(tenants)
 }
 
+/// The tenants a listing covers: the one it names (which `principal` must
+/// act for), or every tenant `principal` acts for ("*" for all of them).
+pub fn listed_tenants(principal: &crate::auth::Principal, named: String) -> Result<Vec<String>, ApiError> {
+    if named.is_empty() {
+        return Ok(if principal.in_tenant("*") { vec!["*".to_string()] } else { principal.tenants.clone() });
+    }
+    let tenant = tenant_id("tenant_id", named)?;
+    principal.require_tenant(&tenant)?;
+    Ok(vec![tenant])
+}
+
 /// What a create's job weighs against `max_payload_bytes`: its variables and
 /// custom headers.
 pub fn payload_bytes(request: &pb::CreateJobRequest) -> usize {

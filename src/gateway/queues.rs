@@ -58,17 +58,7 @@ impl JobApi {
             convert::job_type(&request.r#type)?;
             principal.require_job(Verb::Read, &request.r#type)?;
         }
-        let tenants = if request.tenant_id.is_empty() {
-            if principal.in_tenant("*") {
-                vec!["*".to_string()]
-            } else {
-                principal.tenants.clone()
-            }
-        } else {
-            let tenant = convert::tenant_id("tenant_id", request.tenant_id)?;
-            principal.require_tenant(&tenant)?;
-            vec![tenant]
-        };
+        let tenants = convert::listed_tenants(principal, request.tenant_id)?;
         require_cluster_version(&self.ctx)?;
         let queues = figures(&self.ctx, Some(principal), tenants, &request.r#type, call).await?;
         Ok(queues.into_iter().filter(|q| principal.may(Verb::Read, &q.job_type)).map(queue).collect())

@@ -78,17 +78,7 @@ impl JobApi {
     ) -> Result<Vec<pb::Schedule>, ApiError> {
         let principal = &call.principal;
         principal.require_some(Verb::Read)?;
-        let tenants = if request.tenant_id.is_empty() {
-            if principal.in_tenant("*") {
-                vec!["*".to_string()]
-            } else {
-                principal.tenants.clone()
-            }
-        } else {
-            let tenant = convert::tenant_id("tenant_id", request.tenant_id)?;
-            principal.require_tenant(&tenant)?;
-            vec![tenant]
-        };
+        let tenants = convert::listed_tenants(principal, request.tenant_id)?;
         require_cluster_version(&self.ctx)?;
         let command = |_| Command::ListSchedules { tenants: tenants.clone() };
         let mut schedules = Vec::new();

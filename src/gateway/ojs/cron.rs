@@ -90,19 +90,13 @@ fn time_or_null(ms: i64) -> Value {
 fn described(s: &pb::Schedule) -> Value {
     let job = s.job.clone().unwrap_or_default();
     let stored = Stored::of(&job.r#type, &job.custom_headers);
-    let args = match serde_json::from_str::<Value>(&job.variables) {
-        Ok(Value::Object(mut vars)) if stored.is_ojs() => vars.remove("args").unwrap_or(json!([])),
-        Ok(vars) => json!([vars]),
-        Err(_) => json!([]),
-    };
     let mut options = stored.options();
     options.insert("queue".into(), json!(job.r#type));
     if job.priority != 0 {
         options.insert("priority".into(), json!(job.priority));
     }
-    let kind = job.custom_headers.get(envelope::TYPE).cloned().unwrap_or_else(|| job.r#type.clone());
-    let mut template = json!({ "type": kind, "args": args, "options": options });
-    if let Some(meta) = job.custom_headers.get(envelope::META).and_then(|m| serde_json::from_str::<Value>(m).ok()) {
+    let mut template = json!({ "type": stored.kind(), "args": stored.args(&job.variables), "options": options });
+    if let Some(meta) = stored.meta() {
         template["meta"] = meta;
     }
     json!({

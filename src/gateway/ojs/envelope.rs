@@ -305,6 +305,26 @@ impl<'a> Stored<'a> {
         self.headers.contains_key(TYPE)
     }
 
+    /// OJS's type of the job: the one it was enqueued with, its job type
+    /// for a job made elsewhere.
+    pub fn kind(&self) -> &str {
+        self.headers.get(TYPE).map_or(self.job_type, String::as_str)
+    }
+
+    /// The job's `args`: the variable `args` of a job made here, its
+    /// variables as the one argument of a job made elsewhere.
+    pub fn args(&self, variables: &str) -> Value {
+        match serde_json::from_str::<Value>(variables) {
+            Ok(Value::Object(mut vars)) if self.is_ojs() => vars.remove("args").unwrap_or(json!([])),
+            Ok(vars) => json!([vars]),
+            Err(_) => json!([]),
+        }
+    }
+
+    pub fn meta(&self) -> Option<Value> {
+        self.json(META)
+    }
+
     pub fn options(&self) -> Map<String, Value> {
         match self.json(OPTIONS) {
             Some(Value::Object(options)) => options,
@@ -346,18 +366,14 @@ impl<'a> Stored<'a> {
         if let Some(Value::Object(extra)) = self.json(EXTRA) {
             out.extend(extra);
         }
-        let args = match serde_json::from_str::<Value>(variables) {
-            Ok(Value::Object(mut vars)) if self.is_ojs() => vars.remove("args").unwrap_or(json!([])),
-            Ok(vars) => json!([vars]),
-            Err(_) => json!([]),
-        };
+        let args = self.args(variables);
         let options = self.options();
         out.insert("specversion".into(), json!("1.0"));
         out.insert("id".into(), json!(self.id(key, created_at)));
-        out.insert("type".into(), json!(self.headers.get(TYPE).map_or(self.job_type, String::as_str)));
+        out.insert("type".into(), json!(self.kind()));
         out.insert("queue".into(), json!(self.job_type));
         out.insert("args".into(), args);
-        let mut meta = self.json(META);
+        let mut meta = self.meta();
         // A job a cron schedule made names it and its tick (OJS's cron
         // correlation keys).
         if let Some(schedule) = self.headers.get(crate::core::schedule::SCHEDULE_HEADER) {

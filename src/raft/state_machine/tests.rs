@@ -22,6 +22,40 @@ fn mixed_versions() -> Arc<crate::transport::Versions> {
     Arc::new(crate::transport::Versions::new(0, vec![0, 1], 0))
 }
 
+/// A machine of partition 0 in `dir/a` whose other member last spoke
+/// `version`, its snapshot identity read as Raft::new reads it.
+async fn behind(dir: &std::path::Path, version: u16) -> (StateMachine, Arc<SharedState>) {
+    let store = Store::open(&dir.join("a")).unwrap();
+    let cluster = mixed_versions();
+    cluster.heard(1, Some(version));
+    let (mut sm, shared) = StateMachine::open(0, store, dir.join("snap-a"), cluster).unwrap();
+    sm.get_current_snapshot().await.unwrap();
+    (sm, shared)
+}
+
+/// The machine's snapshot now: its meta and its bytes.
+async fn snapshot_of(sm: &mut StateMachine) -> (openraft::SnapshotMeta<NodeId, BasicNode>, Vec<u8>) {
+    let snapshot = sm.get_current_snapshot().await.unwrap().unwrap();
+    let mut bytes = Vec::new();
+    snapshot.snapshot.into_std().await.read_to_end(&mut bytes).unwrap();
+    (snapshot.meta, bytes)
+}
+
+/// A follower in `dir/follower` that installed the snapshot, and its store
+/// (to open it again).
+async fn installed(
+    dir: &std::path::Path,
+    meta: &openraft::SnapshotMeta<NodeId, BasicNode>,
+    bytes: &[u8],
+) -> (Arc<Store>, StateMachine, Arc<SharedState>) {
+    let store = Store::open(&dir.join("follower")).unwrap();
+    let (mut follower, shared) = StateMachine::open(0, Arc::clone(&store), dir.join("snap-f"), versions()).unwrap();
+    let mut file = tempfile::tempfile().unwrap();
+    std::io::Write::write_all(&mut file, bytes).unwrap();
+    follower.install_snapshot(meta, Box::new(tokio::fs::File::from_std(file))).await.unwrap();
+    (store, follower, shared)
+}
+
 fn entry(index: u64, now: Millis, commands: Vec<Command>) -> Entry<TypeConfig> {
     Entry {
         log_id: LogId::new(CommittedLeaderId::new(1, 0), index),
@@ -304,21 +338,11 @@ async fn a_partition_with_owned_sessions_is_snapshotted_with_its_owners_at_versi
     use crate::core::principal::Principal;
     use crate::core::{SessionInfo, OWNED_SESSIONS};
     let dir = tempfile::tempdir().unwrap();
-    let store = Store::open(&dir.path().join("a")).unwrap();
     // A node that last heard its peer speak version 8.
-    let cluster = mixed_versions();
-    cluster.heard(1, Some(OWNED_SESSIONS - 1));
-    let (mut sm, _shared) = StateMachine::open(0, store, dir.path().join("snap-a"), cluster).unwrap();
-    sm.get_current_snapshot().await.unwrap();
+    let (mut sm, _shared) = behind(dir.path(), OWNED_SESSIONS - 1).await;
     let snapshot_header = |bytes: &[u8]| bytes[..crate::codec::HEADER_LEN].to_vec();
-    let read = |snapshot: openraft::storage::Snapshot<TypeConfig>| async move {
-        let mut file = snapshot.snapshot.into_std().await;
-        let mut bytes = Vec::new();
-        file.read_to_end(&mut bytes).unwrap();
-        bytes
-    };
     sm.apply([entry(1, 1_000, vec![create()])]).await.unwrap();
-    let plain = read(sm.get_current_snapshot().await.unwrap().unwrap()).await;
+    let (_, plain) = snapshot_of(&mut sm).await;
     assert_eq!(snapshot_header(&plain), crate::codec::header(OWNED_SESSIONS - 1), "no owners: the cluster version");
     let owner = Arc::new(Principal {
         name: "acme-worker".into(),
@@ -337,17 +361,10 @@ async fn a_partition_with_owned_sessions_is_snapshotted_with_its_owners_at_versi
     });
     let register = Command::As { by: owner, commands: vec![Command::RegisterOwned(info)] };
     sm.apply([entry(2, 2_000, vec![register])]).await.unwrap();
-    let snapshot = sm.get_current_snapshot().await.unwrap().unwrap();
-    let meta = snapshot.meta.clone();
-    let bytes = read(snapshot).await;
+    let (meta, bytes) = snapshot_of(&mut sm).await;
     assert_eq!(snapshot_header(&bytes), crate::codec::header(OWNED_SESSIONS), "owners: version 9");
     assert_eq!(check_snapshot(&bytes).unwrap(), 1, "the record after the owners reads");
-    let follower_store = Store::open(&dir.path().join("follower")).unwrap();
-    let (mut follower, follower_shared) =
-        StateMachine::open(0, Arc::clone(&follower_store), dir.path().join("snap-f"), versions()).unwrap();
-    let mut file = tempfile::tempfile().unwrap();
-    std::io::Write::write_all(&mut file, &bytes).unwrap();
-    follower.install_snapshot(&meta, Box::new(tokio::fs::File::from_std(file))).await.unwrap();
+    let (follower_store, follower, follower_shared) = installed(dir.path(), &meta, &bytes).await;
     let owners = vec![(7, "acme-worker".to_string())];
     assert_eq!(follower_shared.lock().engine.session_owners(), owners, "installed with its owners");
     drop((follower, follower_shared));
@@ -359,26 +376,14 @@ async fn a_partition_with_owned_sessions_is_snapshotted_with_its_owners_at_versi
 async fn a_paused_queue_is_snapshotted_at_version_11_and_stays_paused_where_installed() {
     use crate::core::PAUSED_QUEUES;
     let dir = tempfile::tempdir().unwrap();
-    let store = Store::open(&dir.path().join("a")).unwrap();
-    let cluster = mixed_versions();
-    cluster.heard(1, Some(PAUSED_QUEUES - 1));
-    let (mut sm, _shared) = StateMachine::open(0, store, dir.path().join("snap-a"), cluster).unwrap();
-    sm.get_current_snapshot().await.unwrap(); // the identity Raft::new reads
+    let (mut sm, _shared) = behind(dir.path(), PAUSED_QUEUES - 1).await;
     sm.apply([entry(1, 1_000, vec![create()])]).await.unwrap();
     let pause = Command::SetPaused { tenant: DEFAULT_TENANT.into(), job_type: "t".into(), paused: true };
     sm.apply([entry(2, 2_000, vec![pause])]).await.unwrap();
-    let snapshot = sm.get_current_snapshot().await.unwrap().unwrap();
-    let meta = snapshot.meta.clone();
-    let mut bytes = Vec::new();
-    snapshot.snapshot.into_std().await.read_to_end(&mut bytes).unwrap();
+    let (meta, bytes) = snapshot_of(&mut sm).await;
     assert_eq!(&bytes[..crate::codec::HEADER_LEN], crate::codec::header(PAUSED_QUEUES), "a pause: version 11");
     assert_eq!(check_snapshot(&bytes).unwrap(), 1, "the live job after the pauses reads");
-    let follower_store = Store::open(&dir.path().join("follower")).unwrap();
-    let (mut follower, shared) =
-        StateMachine::open(0, Arc::clone(&follower_store), dir.path().join("snap-f"), versions()).unwrap();
-    let mut file = tempfile::tempfile().unwrap();
-    std::io::Write::write_all(&mut file, &bytes).unwrap();
-    follower.install_snapshot(&meta, Box::new(tokio::fs::File::from_std(file))).await.unwrap();
+    let (follower_store, follower, shared) = installed(dir.path(), &meta, &bytes).await;
     let paused = vec![(DEFAULT_TENANT.to_string(), "t".to_string(), 2_000)];
     assert_eq!(shared.lock().engine.paused_records(), paused, "installed paused");
     assert_eq!(shared.lock().engine.activatable_count("t", &[]), 0, "its job waits");
@@ -395,11 +400,7 @@ async fn a_schedule_is_snapshotted_at_version_12_and_ticks_on_once_where_install
     use crate::core::schedule::{Misfire, Overlap};
     use crate::core::{ScheduleSpec, SCHEDULES};
     let dir = tempfile::tempdir().unwrap();
-    let store = Store::open(&dir.path().join("a")).unwrap();
-    let cluster = mixed_versions();
-    cluster.heard(1, Some(SCHEDULES - 1));
-    let (mut sm, shared) = StateMachine::open(0, store, dir.path().join("snap-a"), cluster).unwrap();
-    sm.get_current_snapshot().await.unwrap(); // the identity Raft::new reads
+    let (mut sm, shared) = behind(dir.path(), SCHEDULES - 1).await;
     let spec = ScheduleSpec {
         tenant: DEFAULT_TENANT.into(),
         name: "beat".into(),
@@ -417,19 +418,11 @@ async fn a_schedule_is_snapshotted_at_version_12_and_ticks_on_once_where_install
     let pause = Command::SetPaused { tenant: DEFAULT_TENANT.into(), job_type: "other".into(), paused: true };
     run(&mut sm, 2, 3_000, pause).await; // ticks 2 s and 3 s
     assert_eq!(shared.lock().engine.activatable_count("t", &[]), 2);
-    let snapshot = sm.get_current_snapshot().await.unwrap().unwrap();
-    let meta = snapshot.meta.clone();
-    let mut bytes = Vec::new();
-    snapshot.snapshot.into_std().await.read_to_end(&mut bytes).unwrap();
+    let (meta, bytes) = snapshot_of(&mut sm).await;
     assert_eq!(&bytes[..crate::codec::HEADER_LEN], crate::codec::header(SCHEDULES), "a schedule: version 12");
     let schedules = shared.lock().engine.schedule_records();
     assert_eq!((schedules[0].runs, schedules[0].next_at), (2, 4_000));
-    let follower_store = Store::open(&dir.path().join("follower")).unwrap();
-    let (mut follower, follower_shared) =
-        StateMachine::open(0, Arc::clone(&follower_store), dir.path().join("snap-f"), versions()).unwrap();
-    let mut file = tempfile::tempfile().unwrap();
-    std::io::Write::write_all(&mut file, &bytes).unwrap();
-    follower.install_snapshot(&meta, Box::new(tokio::fs::File::from_std(file))).await.unwrap();
+    let (follower_store, follower, follower_shared) = installed(dir.path(), &meta, &bytes).await;
     assert_eq!(follower_shared.lock().engine.schedule_records(), schedules, "installed with its schedule");
     assert_eq!(follower_shared.lock().engine.paused_records().len(), 1, "and the paused queue after it");
     drop((follower, follower_shared));
