@@ -42,18 +42,7 @@ fn create(tenant: &str) -> Command {
 }
 
 fn activate(tenant: &str, session: SessionId) -> Command {
-    Command::Activate(Activation {
-        job_type: TYPE.into(),
-        tenants: vec![tenant.into()],
-        worker: "w".into(),
-        timeout_ms: 60_000,
-        max_jobs: 10,
-        max_bytes: u64::MAX,
-        session,
-        via: Via::Unknown,
-        taker: Default::default(),
-        rivals: Vec::new(),
-    })
+    Command::Activate(Activation { session, ..Activation::plain(TYPE, tenant) })
 }
 
 fn session(id: SessionId, tenant: &str) -> Command {

@@ -41,6 +41,26 @@ pub struct Activation {
     pub rivals: Vec<Taker>,
 }
 
+#[cfg(test)]
+impl Activation {
+    /// A test's poll of `job_type` in `tenant`: worker "w", a minute's
+    /// timeout, up to 10 jobs, no session; change the rest with `..`.
+    pub fn plain(job_type: &str, tenant: &str) -> Activation {
+        Activation {
+            job_type: job_type.into(),
+            tenants: vec![tenant.into()],
+            worker: "w".into(),
+            timeout_ms: 60_000,
+            max_jobs: 10,
+            max_bytes: u64::MAX,
+            session: 0,
+            via: Via::Unknown,
+            taker: Default::default(),
+            rivals: Vec::new(),
+        }
+    }
+}
+
 /// One change requested of a partition. Commands are replicated in batches.
 #[derive(Clone, Debug, PartialEq, Serialize, Deserialize)]
 pub enum Command {

@@ -20,18 +20,7 @@ fn create(expires_at: Millis, delay_ms: i64) -> Command {
 }
 
 fn activate(timeout_ms: i64) -> Command {
-    Command::Activate(Activation {
-        job_type: TYPE.into(),
-        tenants: vec![String::new()],
-        worker: "w".into(),
-        timeout_ms,
-        max_jobs: 10,
-        max_bytes: u64::MAX,
-        session: 0,
-        via: Via::Unknown,
-        taker: Default::default(),
-        rivals: Vec::new(),
-    })
+    Command::Activate(Activation { timeout_ms, ..Activation::plain(TYPE, "") })
 }
 
 fn run(state: &mut PartitionState, now: Millis, command: Command) -> (CommandResult, ApplyOutput) {

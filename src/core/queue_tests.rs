@@ -21,18 +21,7 @@ fn create(tenant: &str, delay_ms: i64) -> Command {
 }
 
 fn activate(tenant: &str) -> Command {
-    Command::Activate(Activation {
-        job_type: TYPE.into(),
-        tenants: vec![tenant.into()],
-        worker: "w".into(),
-        timeout_ms: 60_000,
-        max_jobs: 10,
-        max_bytes: u64::MAX,
-        session: 0,
-        via: Via::Unknown,
-        taker: Default::default(),
-        rivals: Vec::new(),
-    })
+    Command::Activate(Activation::plain(TYPE, tenant))
 }
 
 fn pause(tenant: &str, paused: bool) -> Command {
