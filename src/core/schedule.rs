@@ -336,6 +336,11 @@ impl ScheduleSpec {
         if self.template.tenant != self.tenant {
             return Err("a schedule's job template belongs to the schedule's tenant".into());
         }
+        if super::job::expires_at(&self.template).is_some() {
+            return Err(
+                "a schedule's job takes no expiry: a fixed one would expire every later tick's job at once".into()
+            );
+        }
         Timetable::parse(&self.expression, &self.timezone)
     }
 }

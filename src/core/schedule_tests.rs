@@ -51,6 +51,10 @@ fn invalid_expressions_and_zones_are_refused_saying_why() {
     }
     let error = Timetable::parse("@daily", "Mars/Olympus").expect_err("an unknown zone");
     assert!(error.contains("unknown time zone"), "{error}");
+    // The partition refuses a template with an expiry too, not only the gateway.
+    let mut expiring = spec("acme", "nightly", "@daily");
+    Arc::make_mut(&mut expiring.template).custom_headers.push((EXPIRES_AT_HEADER.into(), "5000".into()));
+    assert!(expiring.validate().expect_err("an expiring template").contains("no expiry"));
 }
 
 #[test]
