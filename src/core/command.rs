@@ -15,6 +15,7 @@ use super::queue::QueueStats;
 use super::routing::Taker;
 use super::schedule::{Schedule, ScheduleSpec};
 use super::session::{Session, SessionId, SessionInfo, SessionTarget, WorkerState};
+use super::workflow::{Workflow, WorkflowSpec};
 
 /// Who an activation is for.
 #[derive(Clone, Debug, PartialEq, Serialize, Deserialize)]
@@ -228,6 +229,33 @@ pub enum Command {
     ListSchedules {
         tenants: Vec<String>,
     },
+    /// Creates a workflow and its first jobs, on this partition (its home);
+    /// answers [`CommandResult::Workflows`] with it. A repeat of the same
+    /// spec answers the workflow as it is. Data version 13 and later
+    /// ([`super::WORKFLOWS`]), like the other workflow commands.
+    CreateWorkflow {
+        spec: Arc<WorkflowSpec>,
+        /// Who asked (the principal's name), kept with the workflow.
+        by: String,
+    },
+    /// Cancels a running workflow; answers it.
+    CancelWorkflow {
+        tenant: String,
+        id: String,
+        by: String,
+    },
+    /// Reads one workflow; answers it. Changes nothing.
+    GetWorkflow {
+        tenant: String,
+        id: String,
+    },
+    /// Reads the workflows of `tenants` ("*": every tenant's), newest first,
+    /// at most `limit` (0: all), only running ones if `running`. Changes nothing.
+    ListWorkflows {
+        tenants: Vec<String>,
+        running: bool,
+        limit: u32,
+    },
 }
 
 /// One Raft entry's worth of commands, stamped with the leader's clock.
@@ -378,6 +406,12 @@ impl Command {
                 field_len(tenant.len()) + field_len(name.len()) + 1
             }
             Command::ListSchedules { tenants } => tenants.iter().map(|t| field_len(t.len())).sum::<usize>() + 8,
+            Command::CreateWorkflow { spec, by } => spec.encoded_len() + field_len(by.len()),
+            Command::CancelWorkflow { tenant, id, by } => {
+                field_len(tenant.len()) + field_len(id.len()) + field_len(by.len())
+            }
+            Command::GetWorkflow { tenant, id } => field_len(tenant.len()) + field_len(id.len()),
+            Command::ListWorkflows { tenants, .. } => tenants.iter().map(|t| field_len(t.len())).sum::<usize>() + 16,
             Command::As { by, commands } => by.encoded_len() + commands.iter().map(Command::encoded_len).sum::<usize>(),
             Command::UpdateTimeout { .. }
             | Command::UpdateRetries { .. }
@@ -440,6 +474,8 @@ pub enum CommandResult {
     },
     /// Schedules, by tenant and name.
     Schedules(Vec<Schedule>),
+    /// Workflows (one, for a create, cancel or read).
+    Workflows(Vec<Workflow>),
 }
 
 /// What happened to a job, for counting.

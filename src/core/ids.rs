@@ -26,7 +26,7 @@ const COUNTER_MASK: u64 = (1 << COUNTER_BITS) - 1;
 
 /// A job's identity. The partition sits in the high 16 bits and a per-partition
 /// counter (starting at 1) in the low 48, so any gateway routes by key alone.
-#[derive(Clone, Copy, PartialEq, Eq, Hash, PartialOrd, Ord, Serialize, Deserialize)]
+#[derive(Clone, Copy, Default, PartialEq, Eq, Hash, PartialOrd, Ord, Serialize, Deserialize)]
 pub struct JobKey(pub u64);
 
 impl JobKey {

@@ -19,6 +19,7 @@ mod queue;
 mod routing;
 pub mod schedule;
 mod session;
+pub mod workflow;
 
 pub use command::*;
 pub use engine::{
@@ -34,6 +35,7 @@ pub use queue::*;
 pub use routing::*;
 pub use schedule::{Schedule, ScheduleSpec, SCHEDULES};
 pub use session::*;
+pub use workflow::{Workflow, WorkflowSpec, WORKFLOWS};
 
 #[cfg(test)]
 mod authorize_tests;
@@ -47,3 +49,5 @@ mod queue_tests;
 mod schedule_tests;
 #[cfg(test)]
 mod tests;
+#[cfg(test)]
+mod workflow_tests;

@@ -194,6 +194,11 @@ pub struct Registry {
     /// version [`crate::core::SCHEDULES`] on, like `owners`.
     #[serde(skip)]
     pub schedules: Vec<crate::core::Schedule>,
+    /// Workflows, running and retained. Stored one record each, and
+    /// snapshotted on their own from data version
+    /// [`crate::core::workflow::WORKFLOWS`] on, like `owners`.
+    #[serde(skip)]
+    pub workflows: Vec<crate::core::workflow::Workflow>,
 }
 
 /// The data version from which sessions have owners: registrations travel

@@ -23,6 +23,7 @@
 mod mark;
 mod migrate;
 mod open;
+mod prefix;
 mod writer;
 
 use std::ops::Range;

@@ -76,6 +76,27 @@ impl PartitionState {
             Command::ListSchedules { tenants } => {
                 by.require_tenants(tenants).and_then(|()| by.require_some(Verb::Read))
             }
+            // A workflow makes jobs of every type its steps name: whoever may
+            // create them all may create it.
+            Command::CreateWorkflow { spec, .. } => by.require_tenant(&spec.tenant).and_then(|()| {
+                spec.job_types().into_iter().try_for_each(|job_type| by.require_job(Verb::Create, job_type))
+            }),
+            // Cancelling one cancels its jobs: as cancelling each of them does.
+            Command::CancelWorkflow { tenant, id, .. } => {
+                by.require_tenant(tenant).and_then(|()| match self.workflow_record(tenant, id) {
+                    Some(workflow) => workflow
+                        .spec
+                        .job_types()
+                        .into_iter()
+                        .try_for_each(|job_type| by.require_job(Verb::Manage, job_type)),
+                    None => Ok(()),
+                })
+            }
+            // The gateway keeps those whose every type `by` may read.
+            Command::GetWorkflow { tenant, .. } => by.require_tenant(tenant).and_then(|()| by.require_some(Verb::Read)),
+            Command::ListWorkflows { tenants, .. } => {
+                by.require_tenants(tenants).and_then(|()| by.require_some(Verb::Read))
+            }
             Command::As { .. } => Err(AuthError::PermissionDenied("a principal's commands are not nested".into())),
             // The broker's own commands: never a client's.
             Command::Yield { .. } | Command::BackupMark { .. } => {

@@ -11,6 +11,7 @@ use serde_json::value::RawValue;
 
 use super::sessions::unknown_session;
 use super::{queues, ApplyOutput, PartitionState, QueueKey};
+use crate::core::workflow::StepState;
 use crate::core::{
     describe_fence, event_text, fence_admits, payload_fingerprint, ActivatedJobData, Activation, Checkpoint,
     CommandError, CommandResult, EventKind, FailReason, History, Job, JobKey, JobSpec, JobState, Lifecycle, NewJob,
@@ -69,6 +70,7 @@ impl PartitionState {
         );
         out.happen(Lifecycle::Completed, &job, self.clock - job.activated_at, String::new());
         out.finished.push(job);
+        self.step_ended(key, StepState::Completed, variables, "", out);
         Ok(CommandResult::Done)
     }
 
@@ -146,6 +148,10 @@ impl PartitionState {
             self.make_ready(key, out);
         }
         out.touched.push(key);
+        if retries == 0 && !self.step_jobs.is_empty() {
+            let error = self.jobs[&key].error_message.clone();
+            self.step_ended(key, StepState::Failed, &Bytes::new(), &error, out);
+        }
     }
 
     pub(super) fn update_timeout(
@@ -208,6 +214,7 @@ impl PartitionState {
         out.happen(Lifecycle::Cancelled, &job, 0, event_text(by));
         out.count(&job.spec.job_type, Outcome::Cancelled);
         out.finished.push(job);
+        self.step_ended(key, StepState::Failed, &Bytes::new(), &format!("cancelled by {by}"), out);
         Ok(CommandResult::Done)
     }
 

@@ -9,8 +9,9 @@
 //! timeouts, yields, checkpoints) with the one failed-attempt path;
 //! [`sessions`] worker sessions and schemas; [`dedupe`] the table of
 //! creates remembered for their window; [`queues`] paused queues and their
-//! figures; [`schedules`] cron schedules and their ticks; [`timers`] what fires at the batch's time; [`reads`] the
-//! read-only views.
+//! figures; [`schedules`] cron schedules and their ticks; [`workflows`]
+//! chains, groups and batches and how each advances; [`timers`] what fires
+//! at the batch's time; [`reads`] the read-only views.
 
 mod authorize;
 mod dedupe;
@@ -20,6 +21,7 @@ mod reads;
 mod schedules;
 mod sessions;
 mod timers;
+mod workflows;
 
 use std::cmp::Reverse;
 use std::collections::{BTreeMap, BTreeSet, HashMap};
@@ -104,6 +106,12 @@ pub struct PartitionState {
     /// Whether any job here had an expiry: until one has, making a job
     /// ready reads no header.
     expiries_seen: bool,
+    /// Workflows by (tenant, id) (see `workflows`).
+    workflows: BTreeMap<workflows::Name, crate::core::workflow::Workflow>,
+    /// The live jobs of running steps: which workflow's which step each is.
+    step_jobs: FastMap<JobKey, (workflows::Name, crate::core::workflow::StepRef)>,
+    /// Finished workflows by when they ended, for forgetting them.
+    retired: BTreeSet<(Millis, workflows::Name)>,
 }
 
 /// One ready queue of a type: its jobs' tenant and labels.
@@ -159,6 +167,10 @@ pub struct ApplyOutput {
     /// Whether a schedule changed (registered, deleted, paused or ticked):
     /// [`PartitionState::schedule_records`] are to be stored.
     pub schedules_changed: bool,
+    /// (tenant, id) of each workflow created, changed or forgotten in this
+    /// batch (may repeat): [`PartitionState::workflow_record`] has it, or
+    /// it is to be deleted.
+    pub workflows_changed: Vec<(String, String)>,
     /// The lifecycle transitions of this batch, in order, for subscribers.
     pub happened: Vec<Happened>,
     /// Sessions this partition declared dead in this batch.
@@ -222,6 +234,7 @@ impl PartitionState {
         };
         state.restore_paused(registry.paused);
         state.restore_schedules(registry.schedules);
+        state.restore_workflows(registry.workflows);
         for job in jobs {
             if job.state.is_final() {
                 continue;
@@ -359,6 +372,12 @@ impl PartitionState {
             Command::DeleteSchedule { tenant, name } => self.delete_schedule(tenant, name, out),
             Command::SetSchedulePaused { tenant, name, paused } => self.set_schedule_paused(tenant, name, *paused, out),
             Command::ListSchedules { tenants } => Ok(CommandResult::Schedules(self.list_schedules(tenants))),
+            Command::CreateWorkflow { spec, by } => self.create_workflow(spec, by, out),
+            Command::CancelWorkflow { tenant, id, by } => self.cancel_workflow(tenant, id, by, out),
+            Command::GetWorkflow { tenant, id } => self.get_workflow(tenant, id),
+            Command::ListWorkflows { tenants, running, limit } => {
+                Ok(CommandResult::Workflows(self.list_workflows(tenants, *running, *limit)))
+            }
             // The state machine keeps the state for the backup; the engine's
             // state does not change.
             Command::BackupMark { .. } => Ok(CommandResult::Done),

@@ -19,6 +19,7 @@ impl PartitionState {
             owners: self.session_owners(),
             paused: self.paused_records(),
             schedules: self.schedule_records(),
+            workflows: self.workflow_records(),
         }
     }
     /// Each owned session's owner, as stored (rewritten with the sessions).

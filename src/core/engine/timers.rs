@@ -2,6 +2,9 @@
 //! deadline passed, sessions whose lease ran out, and schedules' ticks.
 
 use super::{ApplyOutput, PartitionState};
+use bytes::Bytes;
+
+use crate::core::workflow::StepState;
 use crate::core::{expires_at, EventKind, Job, JobKey, JobState, Lifecycle, Outcome};
 
 impl PartitionState {
@@ -61,6 +64,7 @@ impl PartitionState {
             self.expire_if_due(key, out);
         }
         self.fire_schedules(out);
+        self.forget_workflows(out);
     }
 }
 
@@ -92,6 +96,7 @@ impl PartitionState {
         out.happen(Lifecycle::Expired, &job, at, String::new());
         out.count(&job.spec.job_type, Outcome::Expired);
         out.finished.push(job);
+        self.step_ended(key, StepState::Failed, &Bytes::new(), "expired", out);
         true
     }
 }

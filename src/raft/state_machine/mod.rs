@@ -31,6 +31,7 @@ mod reads;
 mod requests;
 mod retention;
 mod snapshot;
+mod workflows;
 
 use std::io::{BufReader, Seek};
 use std::path::PathBuf;
@@ -153,6 +154,7 @@ impl StateMachine {
                 .map(|b| storage::decode("cron schedules", &b))
                 .transpose()?
                 .unwrap_or_default(),
+            workflows: workflows::load(&store, partition)?,
         };
         let (mut finished, first) = Finished::open(&store, partition)?;
         let inner = match meta {
@@ -284,6 +286,7 @@ fn install_records(
     batch.put(Table::Meta, meta_key(partition, PAUSED), storage::encode(&body.registry.paused));
     batch.put(Table::Meta, meta_key(partition, SCHEDULES), storage::encode(&body.registry.schedules));
     batch.put(Table::Meta, meta_key(partition, SCHEMAS), storage::encode(&body.registry.schemas));
+    workflows::replace_all(batch, partition, &body.registry.workflows);
     Ok(Installed { meta: body.engine, jobs: body.jobs, requests: counts, registry: body.registry, finished })
 }
 
@@ -358,6 +361,7 @@ impl RaftStateMachine<TypeConfig> for StateMachine {
         let pruned_from = inner.finished.first;
         let (mut sessions_changed, mut schemas_changed, mut paused_changed) = (false, false, false);
         let mut schedules_changed = false;
+        let mut workflows_changed = std::collections::BTreeSet::new();
         // Backups marked in these entries: (response, command, backup id).
         let mut marks: Vec<(usize, usize, String)> = Vec::new();
         for entry in entries {
@@ -399,6 +403,7 @@ impl RaftStateMachine<TypeConfig> for StateMachine {
                     schemas_changed |= out.schemas_changed;
                     paused_changed |= out.paused_changed;
                     schedules_changed |= out.schedules_changed;
+                    workflows_changed.extend(out.workflows_changed);
                     for died in &out.sessions_died {
                         tracing::warn!(
                             partition = self.partition,
@@ -472,6 +477,7 @@ impl RaftStateMachine<TypeConfig> for StateMachine {
             let schedules = inner.engine.schedule_records();
             batch.put(Table::Meta, meta_key(self.partition, SCHEDULES), storage::encode(&schedules));
         }
+        workflows::write_changed(&mut batch, self.partition, &inner.engine, &workflows_changed);
         self.persist_meta(&mut batch, &inner);
         // Written under the lock: a snapshot or a lookup never sees a job gone
         // from memory whose final record is not yet stored.

@@ -9,8 +9,9 @@
 //! stays that of older versions); a partition with owned sessions is
 //! snapshotted at version 9 or later whatever a node's view of the cluster
 //! version, since owners exist only once every member read version 9. From
-//! data version 11 on, the paused queues follow the owners, and from 12 on
-//! the cron schedules follow them, under the same rule. At data version 7 and later the header
+//! data version 11 on, the paused queues follow the owners, from 12 on
+//! the cron schedules follow them, and from 13 on the workflows follow
+//! those, under the same rule. At data version 7 and later the header
 //! and each frame's record carry the version ([`crate::codec`]); at 6 they are
 //! bare bincode, as a build of version 6 wrote and reads them. From data
 //! version 10 on, the remembered creates are not in the header but stream
@@ -31,6 +32,7 @@ use serde::{Deserialize, Serialize};
 use super::{records, sm_write_err, Inner, NodeId, SharedState, TypeConfig};
 use crate::core::{
     Deduped, Job, Millis, PartitionState, Registry, RequestId, StateSnapshot, OWNED_SESSIONS, PAUSED_QUEUES, SCHEDULES,
+    WORKFLOWS,
 };
 use crate::storage::{self, key, Table};
 
@@ -136,6 +138,7 @@ pub fn snapshot_bytes(state: &PartitionState, finished: &[Job]) -> Vec<u8> {
     out.extend_from_slice(&storage::encode(&header.registry.owners));
     out.extend_from_slice(&storage::encode(&header.registry.paused));
     out.extend_from_slice(&storage::encode(&header.registry.schedules));
+    out.extend_from_slice(&storage::encode(&header.registry.workflows));
     out.push(0);
     for job in finished {
         let record = storage::encode(job);
@@ -163,7 +166,10 @@ pub(super) fn read_header(input: &mut impl BufRead, size: u64) -> Result<(u16, S
             header.registry.paused = storage::decode_bounded("snapshot's paused queues", &mut *input, size)?;
         }
         if version >= SCHEDULES {
-            header.registry.schedules = storage::decode_bounded("snapshot's schedules", input, size)?;
+            header.registry.schedules = storage::decode_bounded("snapshot's schedules", &mut *input, size)?;
+        }
+        if version >= WORKFLOWS {
+            header.registry.workflows = storage::decode_bounded("snapshot's workflows", input, size)?;
         }
         return Ok((version, header));
     }
@@ -272,6 +278,7 @@ pub(super) fn write_snapshot(
     let version = if header.registry.owners.is_empty() { version } else { version.max(OWNED_SESSIONS) };
     let version = if header.registry.paused.is_empty() { version } else { version.max(PAUSED_QUEUES) };
     let version = if header.registry.schedules.is_empty() { version } else { version.max(SCHEDULES) };
+    let version = if header.registry.workflows.is_empty() { version } else { version.max(WORKFLOWS) };
     let each_request = |visit: &mut dyn FnMut(u64, RequestId, Deduped) -> Result<(), storage::StorageError>| {
         view.for_each(Table::Requests, partition, |id, bytes| {
             let (request, entry) = storage::decode("request entry", bytes)?;
@@ -294,6 +301,9 @@ pub(super) fn write_snapshot(
     }
     if version >= SCHEDULES {
         out.write_all(&encode_at(version, &header.registry.schedules))?;
+    }
+    if version >= WORKFLOWS {
+        out.write_all(&encode_at(version, &header.registry.workflows))?;
     }
     if version >= REQUESTS_STREAMED {
         each_request(&mut |id, request, entry| {
