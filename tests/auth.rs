@@ -113,10 +113,14 @@ enum Rpc {
     ListSchedules,
     DeleteSchedule,
     SetSchedulePaused,
+    CreateWorkflow,
+    GetWorkflow,
+    ListWorkflows,
+    CancelWorkflow,
 }
 
 impl Rpc {
-    const ALL: [Rpc; 33] = [
+    const ALL: [Rpc; 37] = [
         Rpc::CreateJob,
         Rpc::CreateJobs,
         Rpc::ActivateJobs,
@@ -150,15 +154,23 @@ impl Rpc {
         Rpc::ListSchedules,
         Rpc::DeleteSchedule,
         Rpc::SetSchedulePaused,
+        Rpc::CreateWorkflow,
+        Rpc::GetWorkflow,
+        Rpc::ListWorkflows,
+        Rpc::CancelWorkflow,
     ];
 
     /// The tokens of the table allowed to make this call.
     fn allowed(self) -> &'static [&'static str] {
         match self {
             // Scheduling jobs of a type is creating them.
-            Rpc::CreateJob | Rpc::CreateJobs | Rpc::PutSchedule | Rpc::DeleteSchedule | Rpc::SetSchedulePaused => {
-                &["admin", "create"]
-            }
+            // ... and so is making a workflow of it.
+            Rpc::CreateJob
+            | Rpc::CreateJobs
+            | Rpc::PutSchedule
+            | Rpc::DeleteSchedule
+            | Rpc::SetSchedulePaused
+            | Rpc::CreateWorkflow => &["admin", "create"],
             Rpc::ActivateJobs | Rpc::StreamActivatedJobs => &["admin", "work"],
             Rpc::CompleteJob | Rpc::CompleteJobs | Rpc::FailJob | Rpc::UpdateJobTimeout | Rpc::CheckpointJob => {
                 &["admin", "work"]
@@ -169,14 +181,17 @@ impl Rpc {
             | Rpc::RetryJobs
             | Rpc::CancelJobs
             | Rpc::SetSchema
-            | Rpc::SetQueuePaused => &["admin", "manage"],
+            | Rpc::SetQueuePaused
+            | Rpc::CancelWorkflow => &["admin", "manage"],
             Rpc::GetJob
             | Rpc::GetJobHistory
             | Rpc::ListJobs
             | Rpc::ListQueues
             | Rpc::WatchEvents
             | Rpc::GetSchedule
-            | Rpc::ListSchedules => &["admin", "read"],
+            | Rpc::ListSchedules
+            | Rpc::GetWorkflow
+            | Rpc::ListWorkflows => &["admin", "read"],
             Rpc::AwaitJob | Rpc::GetSchema => &["admin", "read", "create"],
             Rpc::Topology => {
                 &["admin", "create", "work", "read", "manage", "workers", "cluster-read", "cluster-admin", "nothing"]
@@ -314,6 +329,15 @@ impl Rpc {
                 let request = SetSchedulePausedRequest { name: "s".into(), paused: false, ..Default::default() };
                 raw.set_schedule_paused(request).await.map(drop)
             }
+            // Workflow `w` of type `t` (see `workflow_t`): created again as
+            // it is, read; a cancel of one that never was.
+            Rpc::CreateWorkflow => raw.create_workflow(workflow_t()).await.map(drop),
+            Rpc::GetWorkflow => raw.get_workflow(workflow_named("w")).await.map(drop),
+            Rpc::ListWorkflows => raw.list_workflows(ListWorkflowsRequest::default()).await.map(drop),
+            Rpc::CancelWorkflow => match raw.cancel_workflow(workflow_named("never")).await {
+                Err(status) if status.code() == Code::NotFound => Ok(()),
+                other => other.map(drop),
+            },
         }
     }
 }
@@ -326,6 +350,20 @@ fn schedule_t() -> PutScheduleRequest {
         job: Some(CreateJobRequest { r#type: "t".into(), ..Default::default() }),
         ..Default::default()
     }
+}
+
+/// Workflow `w`: a group of one job of type `t`.
+fn workflow_t() -> CreateWorkflowRequest {
+    CreateWorkflowRequest {
+        id: "w".into(),
+        kind: "group".into(),
+        steps: vec![CreateJobRequest { r#type: "t".into(), ..Default::default() }],
+        ..Default::default()
+    }
+}
+
+fn workflow_named(id: &str) -> GetWorkflowRequest {
+    GetWorkflowRequest { id: id.into(), ..Default::default() }
 }
 
 fn named(name: &str) -> GetScheduleRequest {
@@ -365,6 +403,7 @@ async fn no_token_is_unauthenticated_and_each_scope_allows_exactly_its_rpcs() {
     let admin = as_token(&node, tokens.secret("admin"));
     let mut failures = Vec::new();
     admin.raw().put_schedule(schedule_t()).await.expect("the schedule the matrix reads and resumes");
+    admin.raw().create_workflow(workflow_t()).await.expect("the workflow the matrix reads");
     for rpc in Rpc::ALL {
         let key = activated_job(&admin, "").await;
         match rpc.call(&node.client, key).await {
@@ -1398,4 +1437,35 @@ async fn another_tenants_schedule_is_invisible_and_untouchable() {
     assert!(listed.schedules.is_empty(), "globex sees {:?}", listed.schedules);
     let schedule = acme.raw().get_schedule(in_acme("s")).await.expect("acme's schedule").into_inner();
     assert!(!schedule.paused, "untouched: {schedule:?}");
+}
+
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn another_tenants_workflow_is_invisible_and_untouchable() {
+    let tokens = Tokens::new();
+    let node = node_with(&tokens).await;
+    let (acme, globex) = (as_token(&node, tokens.secret("acme")), as_token(&node, tokens.secret("globex")));
+    let in_acme = |id: &str| GetWorkflowRequest { id: id.into(), tenant_id: "acme".into() };
+    let create = CreateWorkflowRequest { tenant_id: "acme".into(), ..workflow_t() };
+    acme.raw().create_workflow(create.clone()).await.expect("acme makes a workflow in its tenant");
+    // Named in acme's tenant, every workflow RPC is refused to globex.
+    for answer in [
+        globex.raw().create_workflow(create).await.map(drop),
+        globex.raw().get_workflow(in_acme("w")).await.map(drop),
+        globex.raw().cancel_workflow(in_acme("w")).await.map(drop),
+        globex
+            .raw()
+            .list_workflows(ListWorkflowsRequest { tenant_id: "acme".into(), ..Default::default() })
+            .await
+            .map(drop),
+    ] {
+        assert!(matches!(&answer, Err(s) if s.code() == Code::PermissionDenied), "{answer:?}");
+    }
+    // In its own tenant there is no such workflow, and its listing is empty.
+    let in_globex = GetWorkflowRequest { id: "w".into(), tenant_id: "globex".into() };
+    let answer = globex.raw().get_workflow(in_globex).await;
+    assert!(matches!(&answer, Err(s) if s.code() == Code::NotFound), "{answer:?}");
+    let listed = globex.raw().list_workflows(ListWorkflowsRequest::default()).await.unwrap().into_inner();
+    assert!(listed.workflows.is_empty(), "globex sees {:?}", listed.workflows);
+    let workflow = acme.raw().get_workflow(in_acme("w")).await.expect("acme's workflow").into_inner();
+    assert_eq!(workflow.state, "running", "untouched: {workflow:?}");
 }

@@ -83,6 +83,17 @@ async fn an_operator_retries_an_incident_from_the_console_in_a_browser() {
         ..Default::default()
     };
     client.raw().put_schedule(schedule).await.unwrap();
+    // A chain for the workflows page: nobody works its steps.
+    let chain = CreateWorkflowRequest {
+        id: "console-chain".into(),
+        kind: "chain".into(),
+        steps: ["wf-fetch", "wf-store"]
+            .into_iter()
+            .map(|t| CreateJobRequest { r#type: t.into(), ..Default::default() })
+            .collect(),
+        ..Default::default()
+    };
+    client.raw().create_workflow(chain).await.unwrap();
 
     // The browser works against another node than the one the job was made
     // through and the one the worker uses.
@@ -121,6 +132,8 @@ async fn an_operator_retries_an_incident_from_the_console_in_a_browser() {
         "queues-paused.png",
         "schedules.png",
         "schedules-paused.png",
+        "workflows.png",
+        "workflows-cancelled.png",
     ] {
         let size = std::fs::metadata(shots.join(page)).map(|m| m.len()).unwrap_or(0);
         assert!(size > 10_000, "the screenshot {page} is missing or blank ({size} bytes)");

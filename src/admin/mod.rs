@@ -228,6 +228,8 @@ fn job_json(j: &crate::core::Job) -> serde_json::Value {
             .map(|e| e.at).collect::<Vec<_>>(),
         "schedule": header(j, crate::core::schedule::SCHEDULE_HEADER),
         "tick": header(j, crate::core::schedule::TICK_HEADER).and_then(|t| t.parse::<i64>().ok()),
+        "workflow": header(j, crate::core::workflow::WORKFLOW_HEADER),
+        "step": header(j, crate::core::workflow::STEP_HEADER),
     })
 }
 

@@ -12,6 +12,7 @@ mod schema;
 mod serve;
 mod token;
 mod worker;
+mod workflow;
 
 use std::time::Duration;
 
@@ -27,6 +28,7 @@ use schedule::ScheduleCommand;
 use schema::SchemaCommand;
 use token::TokenCommand;
 use worker::WorkerCommand;
+use workflow::WorkflowCommand;
 
 #[derive(Parser)]
 #[command(name = "drover", version, about = "A clustered, replicated job broker")]
@@ -73,6 +75,15 @@ pub(crate) enum Command {
     Schedule {
         #[command(subcommand)]
         command: ScheduleCommand,
+        #[command(flatten)]
+        target: Target,
+    },
+    /// Workflows: create a chain, group or batch of jobs (each step made
+    /// once, whichever leader is in office), show one with its steps, list
+    /// them, cancel one.
+    Workflow {
+        #[command(subcommand)]
+        command: WorkflowCommand,
         #[command(flatten)]
         target: Target,
     },
@@ -162,6 +173,7 @@ pub(crate) async fn run(cli: Cli) -> anyhow::Result<()> {
         },
         Command::Queue { command, target } => queue::queue(command, &target).await,
         Command::Schedule { command, target } => schedule::schedule(command, &target).await,
+        Command::Workflow { command, target } => workflow::workflow(command, &target).await,
         Command::Schema { command, target } => schema::schema(command, &target).await,
         Command::Backup { command, target } => backup::backup(command, &target).await,
         Command::Token { command } => token::token(command),

@@ -41,6 +41,7 @@ pub mod sessions;
 pub mod status;
 pub mod v1;
 mod workers;
+pub mod workflows;
 pub mod yields;
 pub mod zeebe;
 

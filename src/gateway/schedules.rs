@@ -144,7 +144,7 @@ impl JobApi {
     }
 
     /// `command` on `partition`, as the caller (checked again at apply).
-    async fn run(&self, call: &Call, partition: u32, command: Command) -> Result<CommandResult, ApiError> {
+    pub(super) async fn run(&self, call: &Call, partition: u32, command: Command) -> Result<CommandResult, ApiError> {
         let mut results =
             router::submit_as(&self.ctx, Some(&call.principal), partition, vec![command], call.deadline).await?;
         match results.pop() {

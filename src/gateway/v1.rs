@@ -322,6 +322,29 @@ impl Gateway for GatewayService {
         Ok(Response::new(self.api.set_schedule_paused(&call, request).await?))
     }
 
+    async fn create_workflow(&self, request: Request<CreateWorkflowRequest>) -> Result<Response<Workflow>, Status> {
+        let (call, request) = parts(request)?;
+        Ok(Response::new(self.api.create_workflow(&call, request).await?))
+    }
+
+    async fn get_workflow(&self, request: Request<GetWorkflowRequest>) -> Result<Response<Workflow>, Status> {
+        let (call, request) = parts(request)?;
+        Ok(Response::new(self.api.get_workflow(&call, request).await?))
+    }
+
+    async fn list_workflows(
+        &self,
+        request: Request<ListWorkflowsRequest>,
+    ) -> Result<Response<ListWorkflowsResponse>, Status> {
+        let (call, request) = parts(request)?;
+        Ok(Response::new(ListWorkflowsResponse { workflows: self.api.list_workflows(&call, request).await? }))
+    }
+
+    async fn cancel_workflow(&self, request: Request<GetWorkflowRequest>) -> Result<Response<Workflow>, Status> {
+        let (call, request) = parts(request)?;
+        Ok(Response::new(self.api.cancel_workflow(&call, request).await?))
+    }
+
     type WatchEventsStream = BoxStream<LifecycleEvent>;
 
     async fn watch_events(

@@ -9,8 +9,9 @@ Opens the cluster page (three nodes, every partition with a leader), finds the
 incident on the incidents page, opens its job page and history timeline,
 presses retry, and waits for the page to show the job completed by the
 worker. Then finds the job's queue on the queues page, with the completion
-counted, and pauses it, and the schedule "hourly-digest" on the schedules
-page, with its next run, and pauses it. Saves a screenshot of each page in SCREENSHOT_DIR. Exits non-zero,
+counted, and pauses it; the schedule "hourly-digest" on the schedules
+page, with its next run, and pauses it; and the chain "console-chain" on
+the workflows page, with its steps, and cancels it. Saves a screenshot of each page in SCREENSHOT_DIR. Exits non-zero,
 with what it saw, when a step does not hold.
 """
 
@@ -180,6 +181,30 @@ try:
     if state != "paused":
         fail(f"the schedule does not show paused after the pause: {state!r}")
     shot("schedules-paused.png")
-    print(f"console: incident {key} found, retried and completed; its queue and a schedule paused; screenshots in {shots}")
+
+    # The chain: running at its first step; then cancelled.
+    driver.get(url + "/console/workflows")
+    row_of = '#workflows tr[data-workflow="<default>/console-chain"]'
+    rows = driver.find_elements(By.CSS_SELECTOR, row_of)
+    if not rows:
+        fail("the workflow console-chain is not on the workflows page")
+    if rows[0].find_element(By.CLASS_NAME, "state").text != "running":
+        fail(f"the workflow is not running: {rows[0].text!r}")
+    steps = [li.get_attribute("data-state") for li in rows[0].find_elements(By.CSS_SELECTOR, "li.step")]
+    if steps != ["created", "waiting"]:
+        fail(f"the chain's steps are {steps!r}, not its first made and its second waiting")
+    shot("workflows.png")
+    rows[0].find_element(By.CSS_SELECTOR, "button.cancel").click()
+    driver.switch_to.alert.accept()
+    until("the workflow's cancel notice", lambda: "cancelled" in driver.find_element(By.CLASS_NAME, "notice").text)
+    state = driver.find_element(By.CSS_SELECTOR, row_of + " .state").text
+    if state != "cancelled":
+        fail(f"the workflow does not show cancelled after the cancel: {state!r}")
+    steps = [li.get_attribute("data-state") for li in driver.find_elements(By.CSS_SELECTOR, row_of + " li.step")]
+    if steps != ["cancelled", "cancelled"]:
+        fail(f"after the cancel the chain's steps are {steps!r}")
+    shot("workflows-cancelled.png")
+    print(f"console: incident {key} found, retried and completed; its queue and a schedule paused; a workflow "
+          f"cancelled; screenshots in {shots}")
 finally:
     driver.quit()

@@ -2,8 +2,9 @@
 //! partitions with leaders, terms and lag, sparklines of this node's own
 //! metrics), worker sessions and job streams (quiet, resume, terminate), job
 //! search, a job's page with its history, incidents with retry and cancel,
-//! queues with their figures, pause and resume, and cron schedules with
-//! their next and last runs, pause, resume and delete.
+//! queues with their figures, pause and resume, cron schedules with
+//! their next and last runs, pause, resume and delete, and workflows with
+//! their steps' states and cancel.
 //!
 //! Owns the console's pages, its sign-in cookie and its metric samples. Every
 //! read and every action goes through this node's job API in-process
@@ -35,6 +36,7 @@ mod samples;
 mod schedules;
 mod time;
 mod workers;
+mod workflows;
 
 pub use samples::run as sample_metrics;
 
@@ -65,6 +67,7 @@ pub fn routes() -> Router<Arc<NodeContext>> {
         .route("/console/queues", get(queues::queues))
         .route("/console/queues/paused", post(queues::set_paused))
         .route("/console/schedules", get(schedules::schedules).post(schedules::act))
+        .route("/console/workflows", get(workflows::workflows).post(workflows::cancel))
 }
 
 /// Console paths open to anyone: the sign-in page and the static files.
@@ -118,6 +121,7 @@ fn templates() -> &'static Environment<'static> {
             ("incidents.html", include_str!("templates/incidents.html")),
             ("queues.html", include_str!("templates/queues.html")),
             ("schedules.html", include_str!("templates/schedules.html")),
+            ("workflows.html", include_str!("templates/workflows.html")),
             ("job_rows.html", include_str!("templates/job_rows.html")),
             ("error.html", include_str!("templates/error.html")),
         ] {
@@ -136,6 +140,7 @@ pub(super) fn render(ctx: &NodeContext, principal: Option<&Principal>, name: &st
         "incidents.html" => "incidents",
         "queues.html" => "queues",
         "schedules.html" => "schedules",
+        "workflows.html" => "workflows",
         _ => "",
     };
     let common = context! {

@@ -389,6 +389,7 @@ impl<'a> Stored<'a> {
         if let Some(meta) = meta {
             out.insert("meta".into(), meta);
         }
+        super::workflows::workflow_fields(self.headers, variables, &mut out);
         out.insert("priority".into(), json!(priority));
         for name in ["timeout_ms", "visibility_timeout_ms", "tags", "unique", "expires_at"] {
             if let Some(value) = options.get(name) {

@@ -20,12 +20,13 @@ mod cron;
 mod dead_letter;
 mod envelope;
 mod events;
-mod ids;
+pub(crate) mod ids;
 mod jobs;
 mod queues;
 mod retry;
 mod time;
 mod worker;
+mod workflows;
 
 use std::sync::Arc;
 
@@ -77,7 +78,7 @@ pub async fn serve(
 }
 
 /// The paths served, with `{id}` for a job id (the metrics' route labels).
-const ROUTES: [&str; 21] = [
+const ROUTES: [&str; 23] = [
     "/ojs/manifest",
     "/ojs/v1/health",
     "/ojs/v1/jobs",
@@ -99,6 +100,8 @@ const ROUTES: [&str; 21] = [
     "/ojs/v1/queues/{name}/resume",
     "/ojs/v1/cron",
     "/ojs/v1/cron/{name}",
+    "/ojs/v1/workflows",
+    "/ojs/v1/workflows/{id}",
 ];
 
 fn routes(ctx: Arc<NodeContext>) -> Router {
@@ -120,6 +123,8 @@ fn routes(ctx: Arc<NodeContext>) -> Router {
         .route("/ojs/v1/queues", get(queues::list))
         .route("/ojs/v1/cron", get(cron::list).post(cron::register))
         .route("/ojs/v1/cron/{name}", get(cron::get).delete(cron::delete).patch(cron::toggle))
+        .route("/ojs/v1/workflows", post(workflows::create))
+        .route("/ojs/v1/workflows/{id}", get(workflows::get).delete(workflows::cancel))
         .route("/ojs/v1/events", get(events::list))
         .route("/ojs/v1/events/stream", get(events::stream))
         .route("/ojs/v1/queues/{name}/stats", get(queues::stats))
@@ -257,6 +262,10 @@ impl OjsError {
     fn new(status: StatusCode, code: &'static str, message: impl Into<String>) -> Self {
         let retryable = status.is_server_error() || status == StatusCode::TOO_MANY_REQUESTS;
         OjsError { status, code, message: message.into(), retryable }
+    }
+
+    pub(crate) fn message(&self) -> &str {
+        &self.message
     }
 
     pub(crate) fn invalid(message: impl Into<String>) -> Self {
@@ -416,13 +425,13 @@ async fn manifest(State(ojs): State<Ojs>) -> Response {
                 "language": "rust",
                 "backend": "raft+rocksdb",
             },
-            // Level 2 (scheduled) is met; level 3 (workflows) is not yet.
-            "conformance_level": 2,
+            // Level 3 (workflows) is met; level 4's rate limits are not yet.
+            "conformance_level": 3,
             "protocols": ["http"],
             "capabilities": {
                 "priority": true, "unique_jobs": true, "batch_enqueue": true, "dead_letter": true,
                 "retries": true, "visibility_timeout": true, "heartbeat": true, "events": true,
-                "queue_pause": true, "cron": true, "expiry": true, "workflows": false,
+                "queue_pause": true, "cron": true, "expiry": true, "workflows": true,
             },
             "partitions": ojs.ctx.topology.partition_count(),
         }),
