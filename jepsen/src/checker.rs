@@ -133,6 +133,8 @@ pub struct Report {
     pub expired_handed_out: Vec<crate::expiry::ExpiredHandedOut>,
     /// Each schedule's ticks: doubled and missed (see `schedules`).
     pub ticks: crate::schedules::Ticks,
+    /// Each workflow's steps and callbacks: lost and twice (see `workflows`).
+    pub workflows: crate::workflows::Workflows,
     pub valid: bool,
 }
 
@@ -159,6 +161,12 @@ impl Report {
         self.ticks = ticks;
     }
 
+    /// Steps and callbacks lost or made twice: each one makes the run invalid.
+    pub fn add_workflows(&mut self, workflows: crate::workflows::Workflows) {
+        self.valid &= workflows.anomalies() == 0;
+        self.workflows = workflows;
+    }
+
     /// Timing anomalies: each one makes the run invalid.
     pub fn add_timing(&mut self, timing: crate::timing::Timing) {
         self.valid &= timing.anomalies() == 0;
@@ -170,7 +178,7 @@ impl Report {
             "{}: {} attempted, {} acknowledged, {} completed, {} incidents, {} expired; lost {}, unexpected {}, \
              duplicated {}, stale {}, duplicate creates {}, misdelivered {}, stage twice {}, lost checkpoints {} (of \
              {}), divergent {}, recovered {}, worker kills {}, slow recoveries {}, early reactivations {}, early \
-             timers {}, late timers {}, expired job handed out {}; {}; {}",
+             timers {}, late timers {}, expired job handed out {}; {}; {}; {}",
             if self.valid { "VALID" } else { "INVALID" },
             self.attempted,
             self.acknowledged,
@@ -195,6 +203,7 @@ impl Report {
             self.timing.late_timers.len(),
             self.expired_handed_out.len(),
             self.ticks.summary(),
+            self.workflows.summary(),
             self.cross_tenant.summary(),
         )
     }
@@ -350,6 +359,7 @@ impl Report {
                 .collect(),
         );
         section(self.ticks.missed.iter().map(|m| format!("tick missed: {} at {}", m.schedule, m.tick)).collect());
+        section(self.workflows.lines());
         section(self.cross_tenant.effects.iter().map(|e| format!("cross-tenant effect: {e}")).collect());
         section(self.cross_tenant.reads.iter().map(|r| format!("cross-tenant read: {r}")).collect());
         lines.join("\n")

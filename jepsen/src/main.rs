@@ -20,6 +20,7 @@ mod proxy;
 mod schedules;
 mod sessions;
 mod timing;
+mod workflows;
 mod workload;
 
 use std::collections::BTreeMap;
@@ -358,6 +359,11 @@ fn main() -> anyhow::Result<()> {
                 let (reads, ticks): (Vec<schedules::ScheduleRead>, schedules::TickReads) = serde_json::from_str(&text)?;
                 report.add_ticks(schedules::check(&reads, &ticks));
             }
+            // And runs since workflows existed their workflows.
+            if let Ok(text) = std::fs::read_to_string(dir.join("workflows.json")) {
+                let (reads, steps): (Vec<workflows::WorkflowRead>, workflows::StepReads) = serde_json::from_str(&text)?;
+                report.add_workflows(workflows::check(&reads, &steps));
+            }
             println!("{}\n{}", report.summary(), report.details());
             println!("checked {} operations in {} ms", history.len(), started.elapsed().as_millis());
             std::process::exit(if report.valid { 0 } else { 1 });
@@ -609,6 +615,12 @@ async fn inner(dir: &Path) -> anyhow::Result<bool> {
         false => None,
     };
     let mut tasks = Vec::new();
+    // Workflows: one producer, two workers (see `workflows`).
+    let acknowledged = Arc::new(workflows::Acknowledged::default());
+    tasks.push(tokio::spawn(workflows::producer(Arc::clone(&shared), Arc::clone(&acknowledged))));
+    for home in 0..2 {
+        tasks.push(tokio::spawn(workflows::worker(Arc::clone(&shared), home)));
+    }
     let producers = args.producers.max(1);
     for p in 0..producers {
         tasks.push(tokio::spawn(workload::producer(Arc::clone(&shared), p, config.seed ^ (p + 1))));
@@ -738,6 +750,18 @@ async fn inner(dir: &Path) -> anyhow::Result<bool> {
             break;
         }
     }
+    // The workflows end (their workers still run), then every replica's
+    // steps are read, then any still running is read again: an end a
+    // replica showed, a later read of its workflow shows.
+    let mut workflow_reads = workflows::finish(&config.gateways, &acknowledged.ids(), Duration::from_secs(60)).await;
+    let step_reads = step_reads(&nodes, nodes.token.as_deref()).await;
+    let running: Vec<String> = workflow_reads.iter().filter(|w| w.state == "running").map(|w| w.id.clone()).collect();
+    let again = workflows::finish(&config.gateways, &running, Duration::from_secs(5)).await;
+    for read in again {
+        if let Some(first) = workflow_reads.iter_mut().find(|w| w.id == read.id) {
+            *first = read;
+        }
+    }
     // The schedules stop where they are; every replica's ticks are read.
     let schedule_reads = schedules::finish(&config.gateways, args.partitions).await?;
     let ticks = tick_reads(&nodes, nodes.token.as_deref()).await;
@@ -767,6 +791,8 @@ async fn inner(dir: &Path) -> anyhow::Result<bool> {
     report.worker_kills = worker_kills.len();
     report.add_ticks(schedules::check(&schedule_reads, &ticks));
     std::fs::write(dir.join("schedules.json"), serde_json::to_string(&(&schedule_reads, &ticks))?)?;
+    report.add_workflows(workflows::check(&workflow_reads, &step_reads));
+    std::fs::write(dir.join("workflows.json"), serde_json::to_string(&(&workflow_reads, &step_reads))?)?;
     report.availability = availability::measure(&history, &stops);
     // Late timers say something only when nothing but clocks was faulted.
     let clocks_only = args.nemesis.iter().all(|n| *n == Nemesis::Clock);
@@ -880,6 +906,17 @@ async fn node_jobs(nodes: &cluster::Nodes, i: usize, token: Option<&str>) -> Opt
             None => return Some(listed),
         }
     }
+}
+
+/// Every node's jobs made by a workflow, with their workflow, step and state.
+async fn step_reads(nodes: &cluster::Nodes, token: Option<&str>) -> workflows::StepReads {
+    let mut reads = workflows::StepReads::new();
+    for i in 0..nodes.ips.len() {
+        let Some(listed) = node_jobs(nodes, i, token).await else { continue };
+        let steps = listed.iter().filter_map(|job| Some((job["key"].as_u64()?, workflows::step_of(job)?))).collect();
+        reads.insert(i, steps);
+    }
+    reads
 }
 
 /// Every node's jobs made by a schedule, with their schedule and tick.

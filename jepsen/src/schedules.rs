@@ -56,7 +56,7 @@ pub struct ScheduleRead {
 pub type TickReads = BTreeMap<usize, BTreeMap<u64, (String, i64)>>;
 
 /// Runs `call` through each gateway in turn until one answers, for at most `limit`.
-async fn through_any<T, F, Fut>(gateways: &[String], limit: Duration, what: &str, mut call: F) -> anyhow::Result<T>
+pub async fn through_any<T, F, Fut>(gateways: &[String], limit: Duration, what: &str, mut call: F) -> anyhow::Result<T>
 where
     F: FnMut(Client) -> Fut,
     Fut: std::future::Future<Output = Result<T, tonic::Status>>,
