@@ -310,7 +310,12 @@ fn main() -> anyhow::Result<()> {
                             remove_node_data(&dir);
                         }
                     }
-                    Ok((false, _)) => failed.push(label),
+                    // With what it found: the first lines of its report.
+                    Ok((false, dir)) => {
+                        let report = std::fs::read_to_string(dir.join("report.txt")).unwrap_or_default();
+                        let found: Vec<&str> = report.lines().take(12).collect();
+                        failed.push(format!("{label} ({})\n  {}", dir.display(), found.join("\n  ")));
+                    }
                     Err(e) => {
                         eprintln!("jepsen: run failed: {e:#}");
                         failed.push(format!("{label}: {e:#}"));
