@@ -64,6 +64,16 @@ async fn a_backup_taken_under_load_restores_every_job_acknowledged_before_its_cu
     }
     let schema = r#"{"type":"object","required":["x"]}"#;
     client.raw().set_schema(SetSchemaRequest { r#type: "typed".into(), schema: schema.into() }).await.unwrap();
+    // A chain half done: its first step completed, its second made.
+    let chain = CreateWorkflowRequest {
+        id: "half-done".into(),
+        kind: "chain".into(),
+        steps: ["bk-a", "bk-b"].into_iter().map(|t| CreateJobRequest { r#type: t.into(), ..Default::default() }).collect(),
+        ..Default::default()
+    };
+    client.raw().create_workflow(chain).await.unwrap();
+    let first = client.activate("bk-a", "w", 1, 600_000, 10_000).await.unwrap();
+    client.complete(first[0].key, first[0].attempt, r#"{"fetched":1}"#).await.unwrap();
 
     // The workload: creates through another gateway, one after another.
     let created = Arc::new(Mutex::new(Vec::<Created>::new()));
@@ -156,6 +166,17 @@ async fn a_backup_taken_under_load_restores_every_job_acknowledged_before_its_cu
     assert_eq!((again.key, again.created), (keyed, false), "the idempotency key still names its job");
     let refused = client.create_job("typed", "{}").await.expect_err("the schema came back");
     assert_eq!(refused.code(), Code::InvalidArgument, "{refused:?}");
+    // The chain is where it was, and goes on from there once.
+    let half_done = GetWorkflowRequest { id: "half-done".into(), ..Default::default() };
+    let chain = client.raw().get_workflow(half_done.clone()).await.unwrap().into_inner();
+    let states: Vec<&str> = chain.steps.iter().map(|s| s.state.as_str()).collect();
+    assert_eq!((chain.state.as_str(), states), ("running", vec!["completed", "created"]));
+    let second = client.activate("bk-b", "w", 1, 60_000, 10_000).await.unwrap();
+    assert_eq!(second.len(), 1, "the second step's one job");
+    assert!(second[0].variables.contains(r#""parent_results":[{"fetched":1}]"#), "{}", second[0].variables);
+    client.complete(second[0].key, second[0].attempt, "{}").await.unwrap();
+    let chain = client.raw().get_workflow(half_done).await.unwrap().into_inner();
+    assert_eq!((chain.state.as_str(), chain.steps_completed), ("completed", 2));
 
     // The restored cluster serves: new jobs take new keys, and complete.
     let fresh = client.create_job("fresh", "{}").await.unwrap();

@@ -565,3 +565,5 @@ impl RaftStateMachine<TypeConfig> for StateMachine {
 
 #[cfg(test)]
 mod tests;
+#[cfg(test)]
+mod workflow_tests;

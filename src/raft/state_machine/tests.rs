@@ -12,7 +12,7 @@ use crate::core::{Batch, Command, CommandResult, JobSpec, JobState, NewJob, Rete
 const RETENTION: Retention = Retention { max_age_ms: 10_000, max_jobs: 3 };
 
 /// A one-node cluster's versions: it speaks its own.
-fn versions() -> Arc<crate::transport::Versions> {
+pub(super) fn versions() -> Arc<crate::transport::Versions> {
     Arc::new(crate::transport::Versions::new(0, vec![0], 0))
 }
 
@@ -24,7 +24,7 @@ fn mixed_versions() -> Arc<crate::transport::Versions> {
 
 /// A machine of partition 0 in `dir/a` whose other member last spoke
 /// `version`, its snapshot identity read as Raft::new reads it.
-async fn behind(dir: &std::path::Path, version: u16) -> (StateMachine, Arc<SharedState>) {
+pub(super) async fn behind(dir: &std::path::Path, version: u16) -> (StateMachine, Arc<SharedState>) {
     let store = Store::open(&dir.join("a")).unwrap();
     let cluster = mixed_versions();
     cluster.heard(1, Some(version));
@@ -34,7 +34,7 @@ async fn behind(dir: &std::path::Path, version: u16) -> (StateMachine, Arc<Share
 }
 
 /// The machine's snapshot now: its meta and its bytes.
-async fn snapshot_of(sm: &mut StateMachine) -> (openraft::SnapshotMeta<NodeId, BasicNode>, Vec<u8>) {
+pub(super) async fn snapshot_of(sm: &mut StateMachine) -> (openraft::SnapshotMeta<NodeId, BasicNode>, Vec<u8>) {
     let snapshot = sm.get_current_snapshot().await.unwrap().unwrap();
     let mut bytes = Vec::new();
     snapshot.snapshot.into_std().await.read_to_end(&mut bytes).unwrap();
@@ -43,7 +43,7 @@ async fn snapshot_of(sm: &mut StateMachine) -> (openraft::SnapshotMeta<NodeId, B
 
 /// A follower in `dir/follower` that installed the snapshot, and its store
 /// (to open it again).
-async fn installed(
+pub(super) async fn installed(
     dir: &std::path::Path,
     meta: &openraft::SnapshotMeta<NodeId, BasicNode>,
     bytes: &[u8],
@@ -443,7 +443,7 @@ fn keyed(tenant: &str, key: &str, window: Millis) -> Command {
 }
 
 /// Applies `command` alone at `now` as entry `index`; its result.
-async fn run(sm: &mut StateMachine, index: u64, now: Millis, command: Command) -> CommandResult {
+pub(super) async fn run(sm: &mut StateMachine, index: u64, now: Millis, command: Command) -> CommandResult {
     let mut responses = sm.apply([entry(index, now, vec![command])]).await.unwrap();
     responses.pop().unwrap().results.pop().unwrap()
 }
