@@ -68,7 +68,10 @@ async fn a_backup_taken_under_load_restores_every_job_acknowledged_before_its_cu
     let chain = CreateWorkflowRequest {
         id: "half-done".into(),
         kind: "chain".into(),
-        steps: ["bk-a", "bk-b"].into_iter().map(|t| CreateJobRequest { r#type: t.into(), ..Default::default() }).collect(),
+        steps: ["bk-a", "bk-b"]
+            .into_iter()
+            .map(|t| CreateJobRequest { r#type: t.into(), ..Default::default() })
+            .collect(),
         ..Default::default()
     };
     client.raw().create_workflow(chain).await.unwrap();

@@ -105,6 +105,17 @@ async fn a_chain_advances_once_per_step_through_a_leader_kill() {
         assert_eq!(made.len(), 1, "step {step} made one job: {made:?}");
         assert_eq!(made[0].1, "completed");
     }
+    // Its end is counted, once, by the leader that applied it.
+    let mut completed = 0.0;
+    for id in cluster.live() {
+        let (_, body) = common::http_get(&cluster.node(id).admin.to_string(), "/metrics").await.expect("metrics");
+        completed += body
+            .lines()
+            .filter(|l| l.starts_with("drover_workflows_total{") && l.contains(r#"event="completed""#))
+            .filter_map(|l| l.rsplit(' ').next()?.parse::<f64>().ok())
+            .sum::<f64>();
+    }
+    assert_eq!(completed, 1.0, "drover_workflows_total{{event=\"completed\"}} over the live nodes");
     // The same id and steps again: the same workflow, nothing new made.
     let again = CreateWorkflowRequest { id: made.id.clone(), ..request };
     let repeat = survivor.raw().create_workflow(again).await.expect("a repeat").into_inner();

@@ -66,6 +66,8 @@ pub struct BatchResponse {
     pub checkpoints: Vec<(String, String)>,
     /// (job type, reason, worker) of each failure recorded in this entry.
     pub failures: Vec<(String, crate::core::FailReason, String)>,
+    /// (kind, created or how it ended) of each workflow made or ended here.
+    pub workflows: Vec<(String, String)>,
 }
 
 openraft::declare_raft_types!(

@@ -171,6 +171,9 @@ pub struct ApplyOutput {
     /// batch (may repeat): [`PartitionState::workflow_record`] has it, or
     /// it is to be deleted.
     pub workflows_changed: Vec<(String, String)>,
+    /// (kind, what happened: created, completed, failed or cancelled) of
+    /// each workflow made or ended in this batch, for counting.
+    pub workflows: Vec<(&'static str, &'static str)>,
     /// The lifecycle transitions of this batch, in order, for subscribers.
     pub happened: Vec<Happened>,
     /// Sessions this partition declared dead in this batch.

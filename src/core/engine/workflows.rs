@@ -54,6 +54,7 @@ impl PartitionState {
             )));
         }
         let mut workflow = Workflow::new(Arc::clone(spec), by, self.clock);
+        out.workflows.push((spec.kind.as_str(), "created"));
         if spec.kind != Kind::Chain {
             for i in 0..spec.steps.len() {
                 self.start_step(&mut workflow, StepRef::Step(i), out);
@@ -82,7 +83,7 @@ impl PartitionState {
             self.workflows.insert(name, workflow);
             return Err(CommandError::precondition(format!("workflow {id:?} is already {state}")));
         }
-        self.end_workflow(&mut workflow, State::Cancelled);
+        self.end_workflow(&mut workflow, State::Cancelled, out);
         let why = format!("{by} (cancelling workflow {id:?})");
         let count = workflow.steps.len() + workflow.callbacks.len();
         for n in 0..count {
@@ -231,9 +232,10 @@ impl PartitionState {
         out.workflows_changed.push(name);
     }
 
-    fn end_workflow(&mut self, workflow: &mut Workflow, state: State) {
+    fn end_workflow(&mut self, workflow: &mut Workflow, state: State, out: &mut ApplyOutput) {
         workflow.state = state;
         workflow.ended_at = self.clock;
+        out.workflows.push((workflow.spec.kind.as_str(), state.as_str()));
     }
 
     /// Makes the job of a waiting step. A create the partition refuses (a
@@ -300,11 +302,11 @@ impl PartitionState {
                             step.state = StepState::Cancelled;
                             step.ended_at = now;
                         }
-                        self.end_workflow(workflow, State::Failed);
+                        self.end_workflow(workflow, State::Failed, out);
                         return;
                     }
                     match workflow.steps.iter().position(|s| s.state != StepState::Completed) {
-                        None => self.end_workflow(workflow, State::Completed),
+                        None => self.end_workflow(workflow, State::Completed, out),
                         Some(i) if workflow.steps[i].state == StepState::Waiting => {
                             self.start_step(workflow, StepRef::Step(i), out)
                         }
@@ -342,7 +344,7 @@ impl PartitionState {
                         (false, true, _) | (false, false, true) => State::Completed,
                         (false, false, false) => State::Failed,
                     };
-                    self.end_workflow(workflow, state);
+                    self.end_workflow(workflow, state, out);
                 }
             }
         }

@@ -45,6 +45,9 @@ pub(super) async fn write(
                 metrics::counter!("drover_jobs_total", "partition" => p.clone(), "type" => job_type, "outcome" => outcome.as_str())
                     .increment(count);
             }
+            for (kind, what) in response.workflows {
+                metrics::counter!("drover_workflows_total", "kind" => kind, "event" => what).increment(1);
+            }
             for (job_type, reason, worker) in response.failures {
                 let job_type = crate::metrics::job_type_label(job_type);
                 metrics::counter!("drover_job_failures_total", "type" => job_type, "reason" => reason.as_str())

@@ -438,6 +438,7 @@ impl RaftStateMachine<TypeConfig> for StateMachine {
                         activated_to_completed: out.activated_to_completed,
                         checkpoints: out.checkpoints,
                         failures: out.failures,
+                        workflows: out.workflows.iter().map(|(k, e)| (k.to_string(), e.to_string())).collect(),
                     });
                 }
             }
