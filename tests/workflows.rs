@@ -189,3 +189,34 @@ async fn a_batch_fires_its_callbacks_once_and_ojs_shows_the_workflow() {
     assert_eq!(ojs(&addr, "DELETE", &path, &Value::Null).await.0, 409);
     assert_eq!(ojs(&addr, "GET", "/ojs/v1/workflows/no-such-workflow", &Value::Null).await.0, 404);
 }
+
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn the_cli_creates_shows_lists_and_cancels_a_workflow() {
+    let node = LocalNode::start().await;
+    let address = node.node().grpc_addr.to_string();
+    let drover = |args: &[&str]| {
+        let mut all = vec!["workflow"];
+        all.extend_from_slice(args);
+        all.extend_from_slice(&["--address", &address]);
+        let all: Vec<String> = all.into_iter().map(String::from).collect();
+        async move {
+            let all: Vec<&str> = all.iter().map(String::as_str).collect();
+            common::run_drover(&all, &[]).await
+        }
+    };
+    let (ok, out, err) = drover(&["create", "batch", "send", "send", "--on-failure", "alarm", "--id", "cli-1"]).await;
+    assert!(ok, "{err}");
+    let made: Value = serde_json::from_str(&out).expect("the workflow as JSON");
+    assert_eq!((made["kind"].as_str(), made["steps"].as_array().map(Vec::len)), (Some("batch"), Some(2)), "{made}");
+    assert_eq!(made["callbacks"][0]["name"], "on_failure");
+    let (ok, out, err) = drover(&["list", "--running"]).await;
+    assert!(ok && out.lines().any(|l| l.contains("cli-1") && l.contains("running")), "{out}{err}");
+    let (ok, out, err) = drover(&["get", "cli-1"]).await;
+    assert!(ok && out.contains(r#""state": "running""#), "{out}{err}");
+    let (ok, out, err) = drover(&["cancel", "cli-1"]).await;
+    assert!(ok && out.contains("cancelled"), "{out}{err}");
+    let (ok, _, err) = drover(&["cancel", "cli-1"]).await;
+    assert!(!ok && err.contains("already cancelled"), "a second cancel says why: {err}");
+    let (ok, _, err) = drover(&["create", "pipeline", "a"]).await;
+    assert!(!ok && err.contains("chain, group or batch"), "{err}");
+}
