@@ -366,8 +366,9 @@ fn main() -> anyhow::Result<()> {
             }
             // And runs since workflows existed their workflows.
             if let Ok(text) = std::fs::read_to_string(dir.join("workflows.json")) {
-                let (reads, steps): (Vec<workflows::WorkflowRead>, workflows::StepReads) = serde_json::from_str(&text)?;
-                report.add_workflows(workflows::check(&reads, &steps));
+                let (reads, before, after): (Vec<workflows::WorkflowRead>, workflows::StepReads, workflows::StepReads) =
+                    serde_json::from_str(&text)?;
+                report.add_workflows(workflows::check(&reads, &before, &after));
             }
             println!("{}\n{}", report.summary(), report.details());
             println!("checked {} operations in {} ms", history.len(), started.elapsed().as_millis());
@@ -756,17 +757,23 @@ async fn inner(dir: &Path) -> anyhow::Result<bool> {
         }
     }
     // The workflows end (their workers still run), then every replica's
-    // steps are read, then any still running is read again: an end a
-    // replica showed, a later read of its workflow shows.
+    // steps are read; any still running is read again, and the replicas
+    // after it: an end a replica showed, a later read of its workflow
+    // shows, and a job a workflow names, a later read of the replicas.
     let mut workflow_reads = workflows::finish(&config.gateways, &acknowledged.ids(), Duration::from_secs(60)).await;
-    let step_reads = step_reads(&nodes, nodes.token.as_deref()).await;
+    let steps_before = step_reads(&nodes, nodes.token.as_deref()).await;
     let running: Vec<String> = workflow_reads.iter().filter(|w| w.state == "running").map(|w| w.id.clone()).collect();
-    let again = workflows::finish(&config.gateways, &running, Duration::from_secs(5)).await;
-    for read in again {
-        if let Some(first) = workflow_reads.iter_mut().find(|w| w.id == read.id) {
-            *first = read;
+    let steps_after = if running.is_empty() {
+        steps_before.clone()
+    } else {
+        let again = workflows::finish(&config.gateways, &running, Duration::from_secs(5)).await;
+        for read in again {
+            if let Some(first) = workflow_reads.iter_mut().find(|w| w.id == read.id) {
+                *first = read;
+            }
         }
-    }
+        step_reads(&nodes, nodes.token.as_deref()).await
+    };
     // The schedules stop where they are; every replica's ticks are read.
     let schedule_reads = schedules::finish(&config.gateways, args.partitions).await?;
     let ticks = tick_reads(&nodes, nodes.token.as_deref()).await;
@@ -796,8 +803,9 @@ async fn inner(dir: &Path) -> anyhow::Result<bool> {
     report.worker_kills = worker_kills.len();
     report.add_ticks(schedules::check(&schedule_reads, &ticks));
     std::fs::write(dir.join("schedules.json"), serde_json::to_string(&(&schedule_reads, &ticks))?)?;
-    report.add_workflows(workflows::check(&workflow_reads, &step_reads));
-    std::fs::write(dir.join("workflows.json"), serde_json::to_string(&(&workflow_reads, &step_reads))?)?;
+    report.add_workflows(workflows::check(&workflow_reads, &steps_before, &steps_after));
+    let kept = (&workflow_reads, &steps_before, &steps_after);
+    std::fs::write(dir.join("workflows.json"), serde_json::to_string(&kept)?)?;
     report.availability = availability::measure(&history, &stops);
     // Late timers say something only when nothing but clocks was faulted.
     let clocks_only = args.nemesis.iter().all(|n| *n == Nemesis::Clock);

@@ -160,9 +160,11 @@ pub async fn finish(gateways: &[String], ids: &[String], limit: Duration) -> Vec
                     let steps = named.map(|s| (s.name.clone(), s.state.clone(), s.job_key)).collect();
                     WorkflowRead { id: id.clone(), kind: w.kind, state: w.state, steps }
                 }
-                Ok(None) | Err(_) => WorkflowRead { id: id.clone(), ..Default::default() },
+                Ok(None) => WorkflowRead { id: id.clone(), ..Default::default() },
+                // No gateway answered: not judged (counted as unread).
+                Err(_) => WorkflowRead { id: id.clone(), state: "unread".into(), ..Default::default() },
             };
-            if read.state != "running" || Instant::now() > until {
+            if !matches!(read.state.as_str(), "running" | "unread") || Instant::now() > until {
                 reads.push(read);
                 break;
             }
@@ -198,22 +200,34 @@ pub struct Workflows {
     pub step_lost: Vec<Anomaly>,
     pub callback_twice: Vec<Anomaly>,
     pub callback_lost: Vec<Anomaly>,
+    /// A workflow whose own state its steps' contradict: ended otherwise
+    /// than its rule says, or running with nothing left to wait for.
+    pub wrong_end: Vec<Anomaly>,
+    /// Workflows no gateway answered for at the end: not judged.
+    pub unread: usize,
 }
 
 impl Workflows {
     pub fn anomalies(&self) -> usize {
-        self.step_twice.len() + self.step_lost.len() + self.callback_twice.len() + self.callback_lost.len()
+        self.step_twice.len()
+            + self.step_lost.len()
+            + self.callback_twice.len()
+            + self.callback_lost.len()
+            + self.wrong_end.len()
     }
 
     pub fn summary(&self) -> String {
         format!(
-            "workflows {} ({} jobs): step lost {}, step twice {}, callback lost {}, callback twice {}",
+            "workflows {} ({} jobs, {} unread): step lost {}, step twice {}, callback lost {}, callback twice {}, \
+             wrong end {}",
             self.workflows,
             self.jobs,
+            self.unread,
             self.step_lost.len(),
             self.step_twice.len(),
             self.callback_lost.len(),
-            self.callback_twice.len()
+            self.callback_twice.len(),
+            self.wrong_end.len()
         )
     }
 
@@ -223,6 +237,7 @@ impl Workflows {
             ("step twice", &self.step_twice),
             ("callback lost", &self.callback_lost),
             ("callback twice", &self.callback_twice),
+            ("wrong end", &self.wrong_end),
         ];
         classes
             .into_iter()
@@ -237,20 +252,37 @@ fn ended(state: &str) -> bool {
     matches!(state, "completed" | "incident" | "cancelled" | "expired")
 }
 
-/// Each workflow against its rule, by its read and every replica's jobs.
-pub fn check(reads: &[WorkflowRead], jobs: &StepReads) -> Workflows {
-    // (workflow, step) -> key -> the states replicas hold it in.
-    let mut made: BTreeMap<(String, String), BTreeMap<u64, Vec<&str>>> = BTreeMap::new();
+/// (workflow, step) -> key -> the states replicas hold it in.
+type Made<'a> = BTreeMap<(String, String), BTreeMap<u64, Vec<&'a str>>>;
+
+fn made_of(jobs: &StepReads) -> Made<'_> {
+    let mut made: Made<'_> = BTreeMap::new();
     for (key, (workflow, step, state)) in jobs.values().flatten() {
         made.entry((workflow.clone(), step.clone())).or_default().entry(*key).or_default().push(state.as_str());
     }
+    made
+}
+
+/// Each workflow against its rule, by its read and every replica's jobs
+/// read `before` it and `after` it: a job that ended on a replica before the
+/// workflow's read must have ended in it, and a job the workflow names
+/// must be on a replica after it. (A workflow that had ended when read
+/// changes no more: both reads agree on it.)
+pub fn check(reads: &[WorkflowRead], before: &StepReads, after: &StepReads) -> Workflows {
+    let ended_before = made_of(before);
+    let made = made_of(after);
     let mut found = Workflows { workflows: reads.len(), jobs: made.len(), ..Workflows::default() };
+    let unread = reads.iter().filter(|w| w.state == "unread").count();
+    found.unread = unread;
     let anomaly =
         |w: &WorkflowRead, step: &str, why: String| Anomaly { workflow: w.id.clone(), step: step.into(), why };
     for w in reads {
         let of = |step: &str| made.get(&(w.id.clone(), step.to_string()));
         if w.state.is_empty() {
             found.step_lost.push(anomaly(w, "*", "acknowledged, and no partition knows it".into()));
+            continue;
+        }
+        if w.state == "unread" {
             continue;
         }
         for (step, keys) in made.range((w.id.clone(), String::new())..).take_while(|((id, _), _)| *id == w.id) {
@@ -270,7 +302,8 @@ pub fn check(reads: &[WorkflowRead], jobs: &StepReads) -> Workflows {
             }
             // Read after the replicas (see `finish`): an end a replica
             // shows, the workflow's own read shows too.
-            let job_ended = on_replicas.is_some_and(|states| states.iter().all(|s| ended(s)));
+            let before = ended_before.get(&(w.id.clone(), name.clone())).and_then(|keys| keys.get(key));
+            let job_ended = before.is_some_and(|states| states.iter().all(|s| ended(s)));
             if state == "created" && job_ended {
                 found.step_lost.push(anomaly(w, name, "its job ended and the workflow never took the end".into()));
             }
@@ -304,8 +337,28 @@ pub fn check(reads: &[WorkflowRead], jobs: &StepReads) -> Workflows {
                 }
             }
         }
+        if let Some(why) = wrong_end(w, &outcomes) {
+            found.wrong_end.push(anomaly(w, "*", why));
+        }
     }
     found
+}
+
+/// Why a workflow's own state contradicts its steps' (`outcomes`, steps
+/// only), if it does.
+fn wrong_end(w: &WorkflowRead, outcomes: &[&str]) -> Option<String> {
+    let all_completed = outcomes.iter().all(|s| *s == "completed");
+    let any_live = w.steps.iter().any(|(_, s, _)| s == "created");
+    let expected = match (w.kind.as_str(), w.state.as_str()) {
+        (_, "running") if !any_live => return Some("running, with no step or callback left to end".into()),
+        (_, "running") => return None,
+        ("chain" | "group", "completed") => all_completed,
+        ("chain" | "group", "failed") => !all_completed,
+        // A batch ends by its callbacks, which this run never fails.
+        ("batch", "completed") => true,
+        (_, other) => return Some(format!("ended {other}, which nothing in this run asks for")),
+    };
+    (!expected).then(|| format!("ended {} with its steps {outcomes:?}", w.state))
 }
 
 #[cfg(test)]
@@ -338,7 +391,7 @@ mod tests {
     fn a_chain_that_ran_each_step_once_is_clean() {
         let w = read("w", "chain", "completed", &[("0", "completed", 1), ("1", "completed", 2)]);
         let held: &[_] = &[(1, "w", "0", "completed"), (2, "w", "1", "completed")];
-        let found = check(&[w], &jobs(&[(0, held), (1, held)]));
+        let found = check(&[w], &jobs(&[(0, held), (1, held)]), &jobs(&[(0, held), (1, held)]));
         assert_eq!((found.anomalies(), found.jobs), (0, 2), "{found:?}");
     }
 
@@ -351,7 +404,7 @@ mod tests {
             (3, "w", "on_complete", "completed"),
             (4, "w", "on_complete", "activatable"),
         ];
-        let found = check(&[w], &jobs(&[(0, held)]));
+        let found = check(&[w], &jobs(&[(0, held)]), &jobs(&[(0, held)]));
         assert_eq!((found.step_twice.len(), found.callback_twice.len()), (1, 1), "{found:?}");
     }
 
@@ -360,10 +413,50 @@ mod tests {
         let stuck = read("a", "chain", "running", &[("0", "created", 1), ("1", "waiting", 0)]);
         let skipped = read("b", "chain", "running", &[("0", "completed", 2), ("1", "waiting", 0)]);
         let held: &[_] = &[(1, "a", "0", "completed"), (2, "b", "0", "completed")];
-        let found = check(&[stuck, skipped], &jobs(&[(0, held)]));
+        let found = check(&[stuck, skipped], &jobs(&[(0, held)]), &jobs(&[(0, held)]));
         assert_eq!(found.step_lost.len(), 2, "{found:?}");
         let gone = read("c", "", "", &[]);
-        assert_eq!(check(&[gone], &StepReads::new()).step_lost.len(), 1, "an acknowledged workflow nobody knows");
+        assert_eq!(
+            check(&[gone], &StepReads::new(), &StepReads::new()).step_lost.len(),
+            1,
+            "an acknowledged workflow nobody knows"
+        );
+        let unread = read("d", "", "unread", &[]);
+        let found = check(&[unread], &StepReads::new(), &StepReads::new());
+        assert_eq!((found.anomalies(), found.unread), (0, 1), "no answer is not judged");
+    }
+
+    #[test]
+    fn reads_after_a_workflow_read_name_its_new_jobs_and_reads_before_it_its_ended_ones() {
+        // Read before: step 0 still running. The workflow, read next, made
+        // step 1; read after, both are on the replicas.
+        let w = read("w", "chain", "running", &[("0", "completed", 1), ("1", "created", 2)]);
+        let before: &[_] = &[(1, "w", "0", "activated")];
+        let after: &[_] = &[(1, "w", "0", "completed"), (2, "w", "1", "activatable")];
+        let found = check(std::slice::from_ref(&w), &jobs(&[(0, before)]), &jobs(&[(0, after)]));
+        assert_eq!(found.anomalies(), 0, "{found:?}");
+        // Step 1's job ended before the read, and the workflow still holds it made.
+        let ended: &[_] = &[(1, "w", "0", "completed"), (2, "w", "1", "completed")];
+        let found = check(&[w], &jobs(&[(0, ended)]), &jobs(&[(0, ended)]));
+        assert_eq!(found.step_lost.len(), 1, "{found:?}");
+    }
+
+    #[test]
+    fn a_workflow_ended_against_its_steps_or_stuck_running_is_a_wrong_end() {
+        let chain_done = read("a", "chain", "completed", &[("0", "completed", 1), ("1", "failed", 2)]);
+        let group_stuck = read("b", "group", "running", &[("0", "completed", 3), ("1", "completed", 4)]);
+        let fine = read("c", "group", "failed", &[("0", "completed", 5), ("1", "failed", 6)]);
+        let held: &[_] = &[
+            (1, "a", "0", "completed"),
+            (2, "a", "1", "incident"),
+            (3, "b", "0", "completed"),
+            (4, "b", "1", "completed"),
+            (5, "c", "0", "completed"),
+            (6, "c", "1", "incident"),
+        ];
+        let found = check(&[chain_done, group_stuck, fine], &jobs(&[(0, held)]), &jobs(&[(0, held)]));
+        let wrong: Vec<&str> = found.wrong_end.iter().map(|a| a.workflow.as_str()).collect();
+        assert_eq!(wrong, vec!["a", "b"], "{found:?}");
     }
 
     #[test]
@@ -377,7 +470,7 @@ mod tests {
             (3, "w", "on_complete", "completed"),
             (5, "w", "on_success", "completed"),
         ];
-        let found = check(&[w], &jobs(&[(0, held)]));
+        let found = check(&[w], &jobs(&[(0, held)]), &jobs(&[(0, held)]));
         let lost: Vec<&str> = found.callback_lost.iter().map(|a| a.step.as_str()).collect();
         let twice: Vec<&str> = found.callback_twice.iter().map(|a| a.step.as_str()).collect();
         assert_eq!((lost, twice), (vec!["on_failure"], vec!["on_success"]));

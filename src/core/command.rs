@@ -237,12 +237,17 @@ pub enum Command {
         spec: Arc<WorkflowSpec>,
         /// Who asked (the principal's name), kept with the workflow.
         by: String,
+        /// The largest variables and headers a job it makes may have.
+        max_payload_bytes: u64,
     },
-    /// Cancels a running workflow; answers it.
+    /// Cancels a running workflow; answers it. `request` names the call:
+    /// a resend of the cancel that took effect is answered with the
+    /// workflow, another cancel of a cancelled workflow is refused.
     CancelWorkflow {
         tenant: String,
         id: String,
         by: String,
+        request: u64,
     },
     /// Reads one workflow; answers it. Changes nothing.
     GetWorkflow {
@@ -406,9 +411,9 @@ impl Command {
                 field_len(tenant.len()) + field_len(name.len()) + 1
             }
             Command::ListSchedules { tenants } => tenants.iter().map(|t| field_len(t.len())).sum::<usize>() + 8,
-            Command::CreateWorkflow { spec, by } => spec.encoded_len() + field_len(by.len()),
-            Command::CancelWorkflow { tenant, id, by } => {
-                field_len(tenant.len()) + field_len(id.len()) + field_len(by.len())
+            Command::CreateWorkflow { spec, by, .. } => spec.encoded_len() + field_len(by.len()) + 8,
+            Command::CancelWorkflow { tenant, id, by, .. } => {
+                field_len(tenant.len()) + field_len(id.len()) + field_len(by.len()) + 8
             }
             Command::GetWorkflow { tenant, id } => field_len(tenant.len()) + field_len(id.len()),
             Command::ListWorkflows { tenants, .. } => tenants.iter().map(|t| field_len(t.len())).sum::<usize>() + 16,

@@ -207,6 +207,12 @@ pub struct Workflow {
     pub steps: Vec<Step>,
     /// One per callback of the spec, in order.
     pub callbacks: Vec<Step>,
+    /// The largest variables (and headers) a job it makes may have: a
+    /// step whose predecessors' results would make more fails instead.
+    pub max_payload_bytes: u64,
+    /// The request that cancelled it (0: none), so that its resend is
+    /// answered as done rather than refused.
+    pub cancelled_by: u64,
 }
 
 /// Which of a workflow's jobs a job is.
@@ -308,8 +314,10 @@ fn with_parent_results(variables: &[u8], results: &[Bytes]) -> Bytes {
 
 impl Workflow {
     /// A new workflow, every step waiting.
-    pub fn new(spec: Arc<WorkflowSpec>, by: &str, now: Millis) -> Self {
+    pub fn new(spec: Arc<WorkflowSpec>, by: &str, now: Millis, max_payload_bytes: u64) -> Self {
         Workflow {
+            max_payload_bytes,
+            cancelled_by: 0,
             steps: vec![Step::default(); spec.steps.len()],
             callbacks: vec![Step::default(); spec.callbacks.len()],
             spec,
@@ -332,6 +340,20 @@ impl Workflow {
             StepRef::Step(i) => &mut self.steps[i],
             StepRef::Callback(i) => &mut self.callbacks[i],
         }
+    }
+
+    /// The step `which`, if this workflow has it.
+    pub fn get_mut(&mut self, which: StepRef) -> Option<&mut Step> {
+        match which {
+            StepRef::Step(i) => self.steps.get_mut(i),
+            StepRef::Callback(i) => self.callbacks.get_mut(i),
+        }
+    }
+
+    /// Every step and callback, with which it is.
+    pub fn each(&self) -> impl Iterator<Item = (StepRef, &Step)> {
+        let steps = self.steps.iter().enumerate().map(|(i, s)| (StepRef::Step(i), s));
+        steps.chain(self.callbacks.iter().enumerate().map(|(i, s)| (StepRef::Callback(i), s)))
     }
 
     /// Steps (not callbacks) in each state: (completed, failed, ended).

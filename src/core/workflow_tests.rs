@@ -11,6 +11,9 @@ use super::principal::Principal;
 use super::workflow::{Kind, State, StepSpec, StepState, When, PARENT_RESULTS, STEP_HEADER, WORKFLOW_HEADER};
 use super::*;
 
+/// The largest variables a step's job may have, in these tests.
+const LIMIT: u64 = 1_000;
+
 fn step(job_type: &str, retries: i32) -> StepSpec {
     let template =
         JobSpec { job_type: job_type.into(), tenant: "acme".into(), variables: "{}".into(), ..Default::default() };
@@ -43,7 +46,7 @@ impl Partition {
         out.results.pop().expect("one result")
     }
     fn create(&mut self, spec: &Arc<WorkflowSpec>) -> Workflow {
-        match self.run(Command::CreateWorkflow { spec: Arc::clone(spec), by: "ops".into() }) {
+        match self.run(Command::CreateWorkflow { spec: Arc::clone(spec), by: "ops".into(), max_payload_bytes: LIMIT }) {
             CommandResult::Workflows(mut one) => one.remove(0),
             other => panic!("create: {other:?}"),
         }
@@ -175,7 +178,7 @@ fn cancelling_cancels_what_waits_and_lets_a_held_job_finish() {
     let mut p = Partition::new();
     p.create(&workflow(Kind::Group, &["a", "b"], &[]));
     let held = p.take("a").expect("a to take");
-    let cancel = Command::CancelWorkflow { tenant: "acme".into(), id: "wf-1".into(), by: "ops".into() };
+    let cancel = Command::CancelWorkflow { tenant: "acme".into(), id: "wf-1".into(), by: "ops".into(), request: 7 };
     let CommandResult::Workflows(one) = p.run(cancel.clone()) else { panic!("cancelled") };
     assert_eq!(one[0].state, State::Cancelled);
     assert_eq!(p.waiting(), vec!["a"], "b cancelled; a held by its worker");
@@ -186,9 +189,70 @@ fn cancelling_cancels_what_waits_and_lets_a_held_job_finish() {
         (after.state, after.steps[0].state, after.steps[1].state),
         (State::Cancelled, StepState::Completed, StepState::Cancelled)
     );
-    let again = Partition::rejected(p.run(cancel));
+    // The same cancel again (its answer lost) is done; another is refused.
+    let CommandResult::Workflows(resent) = p.run(cancel.clone()) else { panic!("a resend is answered") };
+    assert_eq!(resent[0].state, State::Cancelled);
+    let Command::CancelWorkflow { tenant, id, by, .. } = cancel else { unreachable!() };
+    let again = Partition::rejected(p.run(Command::CancelWorkflow { tenant, id, by, request: 9 }));
     assert_eq!(again.kind, ErrorKind::FailedPrecondition);
     assert!(again.message.contains("already cancelled"), "{}", again.message);
+}
+
+#[test]
+fn a_held_job_of_a_cancelled_workflow_that_comes_back_is_cancelled_not_run_again() {
+    let mut p = Partition::new();
+    p.create(&workflow(Kind::Group, &["a"], &[]));
+    let held = p.take("a").expect("a to take");
+    let cancel = Command::CancelWorkflow { tenant: "acme".into(), id: "wf-1".into(), by: "ops".into(), request: 1 };
+    p.run(cancel);
+    // Its worker fails it with retries left: it would be activatable again.
+    let fail = Command::Fail {
+        key: held.key,
+        attempt: held.attempt,
+        retries: 2,
+        error_message: "flaky".into(),
+        back_off_ms: 0,
+        variables: Bytes::new(),
+        max_payload_bytes: u64::MAX,
+        reason: FailReason::default(),
+    };
+    assert_eq!(p.run(fail), CommandResult::Done);
+    assert!(p.take("a").is_none(), "not handed out again");
+    assert!(p.waiting().is_empty(), "cancelled");
+    assert_eq!(p.get().steps[0].state, StepState::Cancelled);
+}
+
+#[test]
+fn a_forgotten_workflow_leaves_nothing_a_later_one_of_its_id_could_trip_on() {
+    let mut p = Partition::new();
+    p.create(&workflow(Kind::Chain, &["a", "b", "c"], &[]));
+    // Held for two days: it neither ends nor times out before it is forgotten.
+    let activation = Activation { max_jobs: 1, timeout_ms: 2 * workflow::RETAIN_MS, ..Activation::plain("a", "acme") };
+    let CommandResult::Activated(mut jobs) = p.run(Command::Activate(activation)) else { panic!("activates") };
+    let held = jobs.pop().expect("a to take");
+    let cancel = Command::CancelWorkflow { tenant: "acme".into(), id: "wf-1".into(), by: "ops".into(), request: 1 };
+    let CommandResult::Workflows(one) = p.run(cancel) else { panic!("cancelled") };
+    // A day later it is forgotten, and the same id names a new, shorter workflow.
+    p.now = one[0].ended_at + workflow::RETAIN_MS;
+    let other = workflow(Kind::Group, &["x"], &[]);
+    p.create(&other);
+    // The old job, still held, completes: it is nobody's step now.
+    let done = Command::Complete { key: held.key, attempt: held.attempt, variables: Bytes::from("{}") };
+    assert_eq!(p.run(done), CommandResult::Done);
+    let new = p.get();
+    assert_eq!((new.state, new.steps.len(), new.steps[0].state), (State::Running, 1, StepState::Created));
+}
+
+#[test]
+fn a_step_whose_predecessors_results_are_too_large_fails_saying_why() {
+    let mut p = Partition::new();
+    p.create(&workflow(Kind::Chain, &["a", "b"], &[]));
+    let big = format!(r#"{{"blob":"{}"}}"#, "x".repeat(LIMIT as usize));
+    p.complete("a", &big);
+    let failed = p.get();
+    assert_eq!((failed.state, failed.steps[1].state), (State::Failed, StepState::Failed));
+    assert!(failed.steps[1].error.contains("parent_results"), "{}", failed.steps[1].error);
+    assert!(p.waiting().is_empty(), "no job made");
 }
 
 #[test]
@@ -200,7 +264,8 @@ fn a_repeat_answers_the_workflow_and_another_spec_under_its_id_is_refused() {
     assert_eq!(p.waiting(), vec!["a"], "no second job");
     assert_eq!(again.steps[0].state, StepState::Created);
     let other = workflow(Kind::Chain, &["x"], &[]);
-    let refused = Partition::rejected(p.run(Command::CreateWorkflow { spec: other, by: "ops".into() }));
+    let refused =
+        Partition::rejected(p.run(Command::CreateWorkflow { spec: other, by: "ops".into(), max_payload_bytes: LIMIT }));
     assert_eq!(refused.kind, ErrorKind::FailedPrecondition);
 }
 
@@ -236,11 +301,19 @@ fn a_step_cancelled_or_expired_by_itself_is_failed_and_a_finished_workflow_is_fo
 fn bad_workflows_are_refused_by_the_partition_too() {
     let mut p = Partition::new();
     let mut spec = WorkflowSpec::clone(&workflow(Kind::Group, &["a"], &[(When::Success, "cb")]));
-    let refused = Partition::rejected(p.run(Command::CreateWorkflow { spec: Arc::new(spec.clone()), by: "o".into() }));
+    let refused = Partition::rejected(p.run(Command::CreateWorkflow {
+        spec: Arc::new(spec.clone()),
+        by: "o".into(),
+        max_payload_bytes: LIMIT,
+    }));
     assert!(refused.message.contains("only a batch"), "{}", refused.message);
     spec.callbacks.clear();
     spec.steps.clear();
-    let refused = Partition::rejected(p.run(Command::CreateWorkflow { spec: Arc::new(spec), by: "o".into() }));
+    let refused = Partition::rejected(p.run(Command::CreateWorkflow {
+        spec: Arc::new(spec),
+        by: "o".into(),
+        max_payload_bytes: LIMIT,
+    }));
     assert!(refused.message.contains("at least one step"), "{}", refused.message);
 }
 
@@ -249,14 +322,14 @@ fn creating_needs_create_on_every_type_and_cancelling_manage() {
     let mut p = Partition::new();
     let spec = workflow(Kind::Chain, &["a", "b"], &[]);
     let only_a = principal("alice", &["jobs:create:a"]);
-    let create = Command::CreateWorkflow { spec: Arc::clone(&spec), by: "alice".into() };
+    let create = Command::CreateWorkflow { spec: Arc::clone(&spec), by: "alice".into(), max_payload_bytes: LIMIT };
     let as_alice = Command::As { by: only_a, commands: vec![create] };
     let refused = Partition::rejected(p.run(as_alice));
     assert_eq!(refused.kind, ErrorKind::PermissionDenied);
     assert!(p.waiting().is_empty(), "nothing made");
     p.create(&spec);
     let reader = principal("bob", &["jobs:read", "jobs:create"]);
-    let cancel = Command::CancelWorkflow { tenant: "acme".into(), id: "wf-1".into(), by: "bob".into() };
+    let cancel = Command::CancelWorkflow { tenant: "acme".into(), id: "wf-1".into(), by: "bob".into(), request: 8 };
     let as_bob = Command::As { by: reader, commands: vec![cancel] };
     assert_eq!(Partition::rejected(p.run(as_bob)).kind, ErrorKind::PermissionDenied);
     assert_eq!(p.get().state, State::Running);

@@ -43,7 +43,8 @@ impl JobApi {
             serde_json::json!({"id": spec.id, "tenant": spec.tenant, "kind": spec.kind.as_str()}),
         );
         let partition = workflow_partition(&spec.tenant, &spec.id, self.ctx.topology.partition_count());
-        let command = Command::CreateWorkflow { spec: Arc::new(spec), by: principal.name.clone() };
+        let max_payload_bytes = self.ctx.settings.limits.max_payload_bytes as u64;
+        let command = Command::CreateWorkflow { spec: Arc::new(spec), by: principal.name.clone(), max_payload_bytes };
         let workflow = self.one_workflow(call, partition, command).await?;
         tracing::info!(
             workflow = workflow.id,
@@ -121,13 +122,28 @@ impl JobApi {
         require_cluster_version(&self.ctx)?;
         crate::auth::audit(&call.principal, "cancel_workflow", serde_json::json!({"id": id, "tenant": tenant}));
         let partition = workflow_partition(&tenant, &id, self.ctx.topology.partition_count());
-        let command = Command::CancelWorkflow { tenant, id, by: call.principal.name.clone() };
+        // Names this call: a resend of it after a lost answer is answered as done.
+        let request = rand::random::<u64>().max(1);
+        let command = Command::CancelWorkflow { tenant, id, by: call.principal.name.clone(), request };
         self.one_workflow(call, partition, command).await
     }
 
+    /// The workflow a create or cancel answers; its steps' results and
+    /// errors only for a caller who may read every job it makes.
     async fn one_workflow(&self, call: &Call, partition: u32, command: Command) -> Result<pb::Workflow, ApiError> {
         match self.run(call, partition, command).await? {
-            CommandResult::Workflows(mut one) if one.len() == 1 => Ok(to_pb(one.remove(0), partition)),
+            CommandResult::Workflows(mut one) if one.len() == 1 => {
+                let workflow = one.remove(0);
+                let readable = readable(call, &workflow);
+                let mut answer = to_pb(workflow, partition);
+                if !readable {
+                    for step in answer.steps.iter_mut().chain(answer.callbacks.iter_mut()) {
+                        step.result.clear();
+                        step.error.clear();
+                    }
+                }
+                Ok(answer)
+            }
             other => Err(unexpected(other)),
         }
     }

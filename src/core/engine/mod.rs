@@ -375,8 +375,10 @@ impl PartitionState {
             Command::DeleteSchedule { tenant, name } => self.delete_schedule(tenant, name, out),
             Command::SetSchedulePaused { tenant, name, paused } => self.set_schedule_paused(tenant, name, *paused, out),
             Command::ListSchedules { tenants } => Ok(CommandResult::Schedules(self.list_schedules(tenants))),
-            Command::CreateWorkflow { spec, by } => self.create_workflow(spec, by, out),
-            Command::CancelWorkflow { tenant, id, by } => self.cancel_workflow(tenant, id, by, out),
+            Command::CreateWorkflow { spec, by, max_payload_bytes } => {
+                self.create_workflow(spec, by, *max_payload_bytes, out)
+            }
+            Command::CancelWorkflow { tenant, id, by, request } => self.cancel_workflow(tenant, id, by, *request, out),
             Command::GetWorkflow { tenant, id } => self.get_workflow(tenant, id),
             Command::ListWorkflows { tenants, running, limit } => {
                 Ok(CommandResult::Workflows(self.list_workflows(tenants, *running, *limit)))
@@ -431,6 +433,9 @@ impl PartitionState {
 
     fn make_ready(&mut self, key: JobKey, out: &mut ApplyOutput) {
         if self.expiries_seen && self.expire_if_due(key, out) {
+            return;
+        }
+        if !self.step_jobs.is_empty() && self.cancel_if_workflow_ended(key, out) {
             return;
         }
         let job = &self.jobs[&key];

@@ -35,6 +35,7 @@ impl PartitionState {
         &mut self,
         spec: &Arc<WorkflowSpec>,
         by: &str,
+        max_payload_bytes: u64,
         out: &mut ApplyOutput,
     ) -> Result<CommandResult, CommandError> {
         spec.validate().map_err(CommandError::invalid)?;
@@ -53,7 +54,7 @@ impl PartitionState {
                 "this partition holds {MAX_WORKFLOWS} running workflows, the most it keeps; let some finish first"
             )));
         }
-        let mut workflow = Workflow::new(Arc::clone(spec), by, self.clock);
+        let mut workflow = Workflow::new(Arc::clone(spec), by, self.clock, max_payload_bytes);
         out.workflows.push((spec.kind.as_str(), "created"));
         if spec.kind != Kind::Chain {
             for i in 0..spec.steps.len() {
@@ -74,16 +75,24 @@ impl PartitionState {
         tenant: &str,
         id: &str,
         by: &str,
+        request: u64,
         out: &mut ApplyOutput,
     ) -> Result<CommandResult, CommandError> {
         let name = (tenant.to_string(), id.to_string());
         let Some(mut workflow) = self.workflows.remove(&name) else { return Err(unknown(tenant, id)) };
+        if workflow.state == State::Cancelled && request != 0 && workflow.cancelled_by == request {
+            // The resend of the cancel that took effect (its answer was lost).
+            let answer = workflow.clone();
+            self.workflows.insert(name, workflow);
+            return Ok(CommandResult::Workflows(vec![answer]));
+        }
         if workflow.state != State::Running {
             let state = workflow.state.as_str();
             self.workflows.insert(name, workflow);
             return Err(CommandError::precondition(format!("workflow {id:?} is already {state}")));
         }
         self.end_workflow(&mut workflow, State::Cancelled, out);
+        workflow.cancelled_by = request;
         let why = format!("{by} (cancelling workflow {id:?})");
         let count = workflow.steps.len() + workflow.callbacks.len();
         for n in 0..count {
@@ -155,16 +164,8 @@ impl PartitionState {
     pub(super) fn restore_workflows(&mut self, records: Vec<Workflow>) {
         for workflow in records {
             let name = name_of(&workflow.spec);
-            for n in 0..workflow.steps.len() + workflow.callbacks.len() {
-                let which = if n < workflow.steps.len() {
-                    StepRef::Step(n)
-                } else {
-                    StepRef::Callback(n - workflow.steps.len())
-                };
-                let step = workflow.step(which);
-                if step.state == StepState::Created {
-                    self.step_jobs.insert(step.job, (name.clone(), which));
-                }
+            for (which, step) in workflow.each().filter(|(_, s)| s.state == StepState::Created) {
+                self.step_jobs.insert(step.job, (name.clone(), which));
             }
             if workflow.state != State::Running {
                 self.retired.insert((workflow.ended_at, name.clone()));
@@ -189,15 +190,45 @@ impl PartitionState {
         let Some((name, which)) = self.step_jobs.remove(&key) else { return };
         let Some(mut workflow) = self.workflows.remove(&name) else { return };
         let now = self.clock;
-        let step = workflow.step_mut(which);
-        if step.state == StepState::Created && step.job == key {
-            step.state = state;
-            step.ended_at = now;
-            step.result = result.clone();
-            step.error = error.to_string();
+        match workflow.get_mut(which) {
+            Some(step) if step.state == StepState::Created && step.job == key => {
+                step.state = state;
+                step.ended_at = now;
+                step.result = result.clone();
+                step.error = error.to_string();
+            }
+            // Not this workflow's job (an index entry left behind): nothing to record.
+            _ => {
+                self.workflows.insert(name, workflow);
+                return;
+            }
         }
         self.advance(&mut workflow, out);
         self.keep_workflow(workflow, out);
+    }
+
+    /// Cancels a step's job coming back to wait (its worker died, it timed
+    /// out or failed with retries left) when its workflow has ended (was
+    /// cancelled while a worker held the job): nothing follows it, and it
+    /// must not run again. Answers whether it did.
+    pub(super) fn cancel_if_workflow_ended(&mut self, key: JobKey, out: &mut ApplyOutput) -> bool {
+        let Some((name, which)) = self.step_jobs.get(&key).cloned() else { return false };
+        let Some(mut workflow) = self.workflows.remove(&name) else { return false };
+        if workflow.state == State::Running {
+            self.workflows.insert(name, workflow);
+            return false;
+        }
+        self.step_jobs.remove(&key);
+        let now = self.clock;
+        if let Some(step) = workflow.get_mut(which).filter(|s| s.state == StepState::Created && s.job == key) {
+            step.state = StepState::Cancelled;
+            step.ended_at = now;
+        }
+        let why = format!("its workflow {:?} ({})", workflow.spec.id, workflow.state.as_str());
+        self.keep_workflow(workflow, out);
+        // Live (the caller is making it ready), so the cancel succeeds.
+        let _ = self.cancel(key, &why, out);
+        true
     }
 
     /// Forgets finished workflows whose retention ran out.
@@ -208,17 +239,26 @@ impl PartitionState {
                 break;
             }
             let (_, name) = self.retired.pop_first().expect("just looked");
-            self.workflows.remove(&name);
-            out.workflows_changed.push(name);
+            self.forget(name, out);
         }
+    }
+
+    /// Forgets a finished workflow, and the index entries of any job of it
+    /// a worker still holds (that job's end is nobody's step now).
+    fn forget(&mut self, name: Name, out: &mut ApplyOutput) {
+        if let Some(workflow) = self.workflows.remove(&name) {
+            for (_, step) in workflow.each().filter(|(_, s)| s.state == StepState::Created) {
+                self.step_jobs.remove(&step.job);
+            }
+        }
+        out.workflows_changed.push(name);
     }
 
     /// Forgets the finished workflow that ended first, to make room;
     /// answers whether there was one.
     fn forget_oldest_finished(&mut self, out: &mut ApplyOutput) -> bool {
         let Some((_, name)) = self.retired.pop_first() else { return false };
-        self.workflows.remove(&name);
-        out.workflows_changed.push(name);
+        self.forget(name, out);
         true
     }
 
@@ -251,14 +291,24 @@ impl PartitionState {
             StepRef::Step(i) => spec.steps[i].retries,
             StepRef::Callback(i) => spec.callbacks[i].1.retries,
         };
-        let job = NewJob {
-            spec: Arc::new(spec.job_for(which, parents.as_deref())),
-            retries,
-            run_at: None,
-            delay_ms: 0,
-            request: None,
-            dedupe_window_ms: 0,
-        };
+        let made = spec.job_for(which, parents.as_deref());
+        let size = made.variables.len() + made.custom_headers.iter().map(|(k, v)| k.len() + v.len()).sum::<usize>();
+        if workflow.max_payload_bytes > 0 && size as u64 > workflow.max_payload_bytes {
+            let now = self.clock;
+            let error = format!(
+                "its variables with the results before it (parent_results) take {size} bytes, more than the {} a \
+                 job may have: pass references to large results instead",
+                workflow.max_payload_bytes
+            );
+            let step = workflow.step_mut(which);
+            step.created_at = now;
+            step.state = StepState::Failed;
+            step.ended_at = now;
+            step.error = error;
+            return;
+        }
+        let job =
+            NewJob { spec: Arc::new(made), retries, run_at: None, delay_ms: 0, request: None, dedupe_window_ms: 0 };
         let now: Millis = self.clock;
         let made = self.create(&job, out);
         let step = workflow.step_mut(which);

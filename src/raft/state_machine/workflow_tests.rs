@@ -37,7 +37,8 @@ async fn work(sm: &mut StateMachine, index: u64, now: Millis, job_type: &str) {
 async fn a_workflow_is_snapshotted_at_version_13_stored_advanced_where_installed_and_forgotten() {
     let dir = tempfile::tempdir().unwrap();
     let (mut sm, shared) = behind(dir.path(), WORKFLOWS - 1).await;
-    run(&mut sm, 1, 1_000, Command::CreateWorkflow { spec: chain(), by: "ops".into() }).await;
+    run(&mut sm, 1, 1_000, Command::CreateWorkflow { spec: chain(), by: "ops".into(), max_payload_bytes: 4 << 20 })
+        .await;
     let (meta, bytes) = snapshot_of(&mut sm).await;
     assert_eq!(&bytes[..crate::codec::HEADER_LEN], crate::codec::header(WORKFLOWS), "a workflow: version 13");
     let records = shared.lock().engine.workflow_records();
