@@ -244,6 +244,21 @@ fn a_forgotten_workflow_leaves_nothing_a_later_one_of_its_id_could_trip_on() {
 }
 
 #[test]
+fn a_workflow_keeps_results_up_to_what_a_job_may_carry_and_a_step_after_one_not_kept_fails() {
+    let mut p = Partition::new();
+    p.create(&workflow(Kind::Batch, &["a", "b"], &[(When::Complete, "done")]));
+    let half = format!(r#"{{"blob":"{}"}}"#, "x".repeat(LIMIT as usize / 2 + 10));
+    p.complete("a", &half);
+    p.complete("b", &half);
+    let ended = p.get();
+    assert_eq!(ended.steps[0].result.len(), half.len(), "the first kept");
+    assert!(ended.steps[1].result.is_empty() && ended.steps[1].error.contains("not kept"), "{:?}", ended.steps[1]);
+    assert_eq!(ended.steps[1].state, StepState::Completed, "it completed all the same");
+    assert_eq!((ended.callbacks[0].state, ended.state), (StepState::Failed, State::Failed));
+    assert!(ended.callbacks[0].error.contains("parent_results"), "{}", ended.callbacks[0].error);
+}
+
+#[test]
 fn a_step_whose_predecessors_results_are_too_large_fails_saying_why() {
     let mut p = Partition::new();
     p.create(&workflow(Kind::Chain, &["a", "b"], &[]));

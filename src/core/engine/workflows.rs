@@ -19,6 +19,9 @@ pub const MAX_WORKFLOWS: usize = 50_000;
 /// (tenant, id).
 pub(super) type Name = (String, String);
 
+/// How a completed step's error begins when its result was not kept.
+const NOT_KEPT: &str = "its result is not kept";
+
 fn name_of(spec: &WorkflowSpec) -> Name {
     (spec.tenant.clone(), spec.id.clone())
 }
@@ -190,12 +193,25 @@ impl PartitionState {
         let Some((name, which)) = self.step_jobs.remove(&key) else { return };
         let Some(mut workflow) = self.workflows.remove(&name) else { return };
         let now = self.clock;
+        // The results a workflow keeps are bounded by what one job may
+        // carry: a step after one not kept fails, saying why.
+        let kept: usize = workflow.each().map(|(_, s)| s.result.len()).sum();
+        let limit = workflow.max_payload_bytes;
+        let fits = limit == 0 || (kept + result.len()) as u64 <= limit;
         match workflow.get_mut(which) {
             Some(step) if step.state == StepState::Created && step.job == key => {
                 step.state = state;
                 step.ended_at = now;
-                step.result = result.clone();
                 step.error = error.to_string();
+                if fits {
+                    step.result = result.clone();
+                } else {
+                    step.error = format!(
+                        "{NOT_KEPT}: with the results kept before it, the workflow's would take {} bytes, more than \
+                         the {limit} a job may carry",
+                        kept + result.len()
+                    );
+                }
             }
             // Not this workflow's job (an index entry left behind): nothing to record.
             _ => {
@@ -293,11 +309,17 @@ impl PartitionState {
         };
         let made = spec.job_for(which, parents.as_deref());
         let size = made.variables.len() + made.custom_headers.iter().map(|(k, v)| k.len() + v.len()).sum::<usize>();
-        if workflow.max_payload_bytes > 0 && size as u64 > workflow.max_payload_bytes {
+        let upto = match which {
+            StepRef::Step(i) => i,
+            StepRef::Callback(_) => workflow.steps.len(),
+        };
+        let dropped = parents.is_some() && workflow.steps[..upto].iter().any(|s| s.error.starts_with(NOT_KEPT));
+        if dropped || (workflow.max_payload_bytes > 0 && size as u64 > workflow.max_payload_bytes) {
             let now = self.clock;
             let error = format!(
-                "its variables with the results before it (parent_results) take {size} bytes, more than the {} a \
+                "its variables with the results before it (parent_results) take {} bytes, more than the {} a \
                  job may have: pass references to large results instead",
+                if dropped { "more".to_string() } else { size.to_string() },
                 workflow.max_payload_bytes
             );
             let step = workflow.step_mut(which);
