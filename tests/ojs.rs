@@ -603,3 +603,31 @@ async fn an_ojs_worker_is_a_drover_session_that_operators_direct() {
     let workers = node.client.raw().list_workers(pb::ListWorkersRequest::default()).await.unwrap().into_inner();
     assert!(workers.workers.iter().any(|w| w.worker_id == "ojs-w3"), "{workers:?}");
 }
+
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn an_ack_of_a_client_id_that_looks_server_made_completes_its_own_job_only() {
+    let node = node().await;
+    let ojs = Ojs::of(&node);
+    // Another job, held by a drover.v1 worker at attempt 1.
+    let victim =
+        node.client.create(pb::CreateJobRequest { r#type: "victim".into(), ..Default::default() }).await.unwrap();
+    let held = node.client.activate("victim", "w", 1, 600_000, 10_000).await.unwrap();
+    assert_eq!((held.len(), held[0].attempt), (1, 1));
+    // A client's own id that passes the check of a server-made id for that
+    // job's key (at another time than the job's).
+    let id = drover::gateway::ojs::ids::job_id(drover::core::JobKey(victim), 1_700_000_000_000);
+    assert_eq!(drover::gateway::ojs::ids::key_of(&id), Some(drover::core::JobKey(victim)));
+    let (code, created) =
+        ojs.post("/ojs/v1/jobs", json!({"type": "mine", "id": id, "args": [], "options": {"queue": "mine"}})).await;
+    assert_eq!(code, 201, "{created}");
+    let (_, fetched) = ojs.post("/ojs/v1/workers/fetch", json!({"queues": ["mine"], "worker_id": "m"})).await;
+    assert_eq!(
+        (fetched["jobs"][0]["id"].as_str(), fetched["jobs"][0]["attempt"].as_u64()),
+        (Some(id.as_str()), Some(1))
+    );
+    let (code, acked) = ojs.post("/ojs/v1/workers/ack", json!({"job_id": id, "attempt": 1})).await;
+    assert_eq!(code, 200, "{acked}");
+    assert_eq!(ojs.job(&json!(id)).await["state"], "completed", "the acked job is the client's");
+    let still = node.client.get_job(victim).await.unwrap();
+    assert_eq!((still.state.as_str(), still.attempt), ("activated", 1), "the other job is untouched");
+}

@@ -20,7 +20,7 @@ mod cron;
 mod dead_letter;
 mod envelope;
 mod events;
-pub(crate) mod ids;
+pub mod ids;
 mod jobs;
 mod queues;
 mod retry;
