@@ -247,3 +247,12 @@ pub(crate) async fn status(target: &Target) -> anyhow::Result<()> {
     }
     Ok(())
 }
+
+/// A Unix-ms time as the CLI prints it (UTC to the second), or "-" for none.
+pub(crate) fn time(ms: i64) -> String {
+    if ms == 0 {
+        return "-".into();
+    }
+    let (year, month, day, h, m, s, _) = drover::calendar::utc_parts(ms);
+    format!("{year:04}-{month:02}-{day:02} {h:02}:{m:02}:{s:02}Z")
+}

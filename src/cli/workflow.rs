@@ -5,7 +5,7 @@ use clap::Subcommand;
 use drover::client::Client;
 use drover::proto::gateway::*;
 
-use super::{status_error, Target};
+use super::{status_error, time, Target};
 
 #[derive(Subcommand)]
 pub(crate) enum WorkflowCommand {
@@ -61,14 +61,6 @@ pub(crate) enum WorkflowCommand {
         #[arg(long)]
         tenant: Option<String>,
     },
-}
-
-fn time(ms: i64) -> String {
-    if ms == 0 {
-        return "-".into();
-    }
-    let (year, month, day, h, m, s, _) = drover::calendar::utc_parts(ms);
-    format!("{year:04}-{month:02}-{day:02} {h:02}:{m:02}:{s:02}Z")
 }
 
 fn print(workflows: &[Workflow]) {
