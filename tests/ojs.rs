@@ -631,3 +631,45 @@ async fn an_ack_of_a_client_id_that_looks_server_made_completes_its_own_job_only
     let still = node.client.get_job(victim).await.unwrap();
     assert_eq!((still.state.as_str(), still.attempt), ("activated", 1), "the other job is untouched");
 }
+
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn a_worker_token_acks_and_nacks_its_queue_without_read_and_another_tenants_worker_may_not() {
+    use drover::auth::keys::{generate_secret, token_entry};
+    let dir = tempfile::tempdir().unwrap();
+    let (producer, worker, stranger) = (generate_secret(), generate_secret(), generate_secret());
+    let tokens = dir.path().join("tokens.toml");
+    let entries = token_entry("producer", &producer, &["jobs:create:mail".into()], &["acme".into()])
+        + &token_entry("worker", &worker, &["jobs:work:mail".into()], &["acme".into()])
+        + &token_entry("stranger", &stranger, &["jobs:*".into()], &["globex".into()]);
+    std::fs::write(&tokens, entries).unwrap();
+    let node = LocalNode::start_with(move |config| {
+        config.ojs_addr = Some("127.0.0.1:0".parse().unwrap());
+        config.auth.tokens_file = Some(tokens);
+    })
+    .await;
+    let mut ojs = Ojs::of(&node);
+    ojs.tenant = Some("acme".into());
+    ojs.token = Some(producer);
+    for _ in 0..2 {
+        ojs.enqueue(json!({"type": "send", "args": [], "options": {"queue": "mail"}})).await;
+    }
+    ojs.token = Some(worker);
+    let fetch = json!({"queues": ["mail"], "count": 2, "worker_id": "w"});
+    let (code, fetched) = ojs.post("/ojs/v1/workers/fetch", fetch).await;
+    assert_eq!(code, 200, "{fetched}");
+    let jobs = fetched["jobs"].as_array().cloned().unwrap_or_default();
+    assert_eq!(jobs.len(), 2, "{fetched}");
+    // Another tenant's worker, naming the job and its attempt, is refused and changes nothing.
+    let stranger_ojs = Ojs { token: Some(stranger), tenant: Some("globex".into()), ..Ojs::of(&node) };
+    let ack = json!({"job_id": jobs[0]["id"], "attempt": jobs[0]["attempt"]});
+    let (code, answer) = stranger_ojs.post("/ojs/v1/workers/ack", ack.clone()).await;
+    assert_error(code, &answer, 404, "not_found");
+    let (code, answer) = stranger_ojs.post("/ojs/v1/workers/nack", ack.clone()).await;
+    assert_error(code, &answer, 404, "not_found");
+    // Its own worker, with jobs:work:mail alone, acks one and nacks the other.
+    let (code, answer) = ojs.post("/ojs/v1/workers/ack", ack).await;
+    assert_eq!((code, answer["state"].as_str()), (200, Some("completed")), "{answer}");
+    let nack = json!({"job_id": jobs[1]["id"], "attempt": jobs[1]["attempt"], "error": {"message": "bounced"}});
+    let (code, answer) = ojs.post("/ojs/v1/workers/nack", nack).await;
+    assert_eq!(code, 200, "{answer}");
+}

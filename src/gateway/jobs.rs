@@ -282,8 +282,14 @@ impl JobApi {
 
     /// A job, with its history when the request asks for it.
     pub async fn get(&self, call: &Call, request: pb::GetJobRequest) -> Result<pb::Job, ApiError> {
+        self.get_for(call, request, Verb::Read).await
+    }
+
+    /// A job as `get` answers it, to a caller who may `verb` it: a worker
+    /// finds the job it holds to answer for it with `jobs:work:<type>`.
+    pub async fn get_for(&self, call: &Call, request: pb::GetJobRequest, verb: Verb) -> Result<pb::Job, ApiError> {
         let include_history = request.include_history;
-        let job = self.read_job(&call.principal, request, call.deadline).await?;
+        let job = self.read_job(&call.principal, request, verb, call.deadline).await?;
         let mut answer = convert::job_for(&call.principal, &job);
         if include_history {
             answer.history = convert::history_for(&call.principal, &job);
@@ -297,7 +303,7 @@ impl JobApi {
         call: &Call,
         request: pb::GetJobRequest,
     ) -> Result<pb::GetJobHistoryResponse, ApiError> {
-        let job = self.read_job(&call.principal, request, call.deadline).await?;
+        let job = self.read_job(&call.principal, request, Verb::Read, call.deadline).await?;
         let events = convert::history_for(&call.principal, &job);
         Ok(pb::GetJobHistoryResponse { key: job.key.0, events, dropped: job.history.dropped() })
     }
@@ -429,11 +435,12 @@ impl JobApi {
     }
 
     /// The job a `GetJobRequest` names, read from its partition's leader, if
-    /// `principal` may read it.
+    /// `principal` may `verb` it.
     async fn read_job(
         &self,
         principal: &Principal,
         request: pb::GetJobRequest,
+        verb: Verb,
         deadline: Instant,
     ) -> Result<Job, ApiError> {
         if !request.tenant_id.is_empty() {
@@ -441,7 +448,7 @@ impl JobApi {
         }
         let job = job_ref(request.key, request.idempotency_key, request.tenant_id, request.user)?;
         let found = router::read(&self.ctx, &job, None, deadline).await?;
-        principal.check_job(Verb::Read, &found.spec.tenant, &found.spec.job_type, found.key.0)?;
+        principal.check_job(verb, &found.spec.tenant, &found.spec.job_type, found.key.0)?;
         Ok(found)
     }
 

@@ -10,6 +10,7 @@ use serde_json::{json, Value};
 
 use super::envelope::{self, Conflict, Enqueue, Unique};
 use super::{body_json, ids, now_ms, reply, JsonBody, Ojs, OjsCall, OjsError};
+use crate::auth::Verb;
 use crate::gateway::{convert, ApiError};
 use crate::proto::gateway as pb;
 
@@ -20,15 +21,28 @@ const MAX_UNIQUE_GENERATIONS: usize = 64;
 const MAX_BATCH: usize = 1000;
 
 impl Ojs {
-    /// The job OJS id `id` names, with its history when `history`.
+    /// The job OJS id `id` names, with its history when `history`, if the
+    /// caller may read it.
     pub(super) async fn find(&self, call: &OjsCall, id: &str, history: bool) -> Result<pb::Job, OjsError> {
+        self.find_for(call, id, history, Verb::Read).await
+    }
+
+    /// The job OJS id `id` names, if the caller may `verb` it (a worker
+    /// answering for a job it holds: `jobs:work:<queue>`).
+    pub(super) async fn find_for(
+        &self,
+        call: &OjsCall,
+        id: &str,
+        history: bool,
+        verb: Verb,
+    ) -> Result<pb::Job, OjsError> {
         let missing = || OjsError::not_found(format!("no job with id {id}"));
         if !ids::is_uuidv7(id) {
             return Err(missing());
         }
         if let Some(key) = ids::key_of(id).filter(|k| k.partition() < self.ctx.topology.partition_count()) {
             let request = pb::GetJobRequest { key: key.0, include_history: history, ..Default::default() };
-            match self.api.get(call, request).await {
+            match self.api.get_for(call, request, verb).await {
                 Ok(job) if envelope::Stored::of(&job.r#type, &job.custom_headers).id(job.key, job.created_at) == id => {
                     return Ok(job)
                 }
@@ -36,17 +50,23 @@ impl Ojs {
                 Err(error) => return Err(error.into()),
             }
         }
-        self.by_idempotency_key(call, &envelope::id_key(id), history).await?.ok_or_else(missing)
+        self.by_idempotency_key(call, &envelope::id_key(id), history, verb).await?.ok_or_else(missing)
     }
 
-    async fn by_idempotency_key(&self, call: &OjsCall, key: &str, history: bool) -> Result<Option<pb::Job>, OjsError> {
+    async fn by_idempotency_key(
+        &self,
+        call: &OjsCall,
+        key: &str,
+        history: bool,
+        verb: Verb,
+    ) -> Result<Option<pb::Job>, OjsError> {
         let request = pb::GetJobRequest {
             idempotency_key: key.to_string(),
             tenant_id: call.tenant.clone(),
             include_history: history,
             ..Default::default()
         };
-        match self.api.get(call, request).await {
+        match self.api.get_for(call, request, verb).await {
             Ok(job) => Ok(Some(job)),
             Err(ApiError::NotFound(_)) => Ok(None),
             Err(error) => Err(error.into()),
@@ -103,7 +123,7 @@ impl Ojs {
         let now = now_ms();
         let mut key = unique.key.clone();
         for _ in 0..MAX_UNIQUE_GENERATIONS {
-            if let Some(existing) = self.by_idempotency_key(call, &key, false).await? {
+            if let Some(existing) = self.by_idempotency_key(call, &key, false, Verb::Read).await? {
                 let state = envelope::state(&existing.state, existing.attempt);
                 let blocks = unique.states.iter().any(|s| s == state)
                     && unique.period_ms.is_none_or(|period| existing.created_at + period > now);

@@ -25,6 +25,7 @@ use serde_json::{json, Map, Value};
 use super::envelope::{self, Stored};
 use super::time::rfc3339;
 use super::{now_ms, reply, JsonBody, Ojs, OjsCall, OjsError};
+use crate::auth::Verb;
 use crate::gateway::ApiError;
 use crate::proto::gateway as pb;
 
@@ -199,7 +200,7 @@ pub(super) async fn fetch(
 /// one. A request with neither acts on whatever activation the job has.
 async fn active(ojs: &Ojs, call: &OjsCall, body: &Value, verb: &str) -> Result<(String, pb::Job), OjsError> {
     let id = job_id(body)?;
-    let job = ojs.find(call, &id, false).await?;
+    let job = ojs.find_for(call, &id, false, Verb::Work).await?;
     held(id, job, body, verb)
 }
 
@@ -248,7 +249,7 @@ pub(super) async fn ack(State(ojs): State<Ojs>, call: OjsCall, JsonBody(body): J
     // passes the check of a server-made one by chance one time in 1024, and
     // would then name another job's key.
     let id = job_id(&body)?;
-    let job = ojs.find(&call, &id, false).await?;
+    let job = ojs.find_for(&call, &id, false, Verb::Work).await?;
     // The same ack again (its answer was lost): the job completed by the
     // attempt it names, with its result.
     let named = body.get("attempt").and_then(Value::as_u64);
@@ -333,7 +334,7 @@ pub(super) async fn heartbeat(
     }
     let (mut extended, mut revoked) = (Vec::new(), Vec::new());
     for id in ids {
-        let job = match ojs.find(&call, &id, false).await {
+        let job = match ojs.find_for(&call, &id, false, Verb::Work).await {
             Ok(job) if job.state == "activated" => job,
             Ok(_) | Err(OjsError { code: "not_found", .. }) => {
                 revoked.push(id);
