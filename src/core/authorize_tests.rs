@@ -9,7 +9,7 @@ use super::*;
 
 const TYPE: &str = "t";
 
-fn principal(name: &str, scopes: &[&str], tenants: &[&str]) -> Arc<Principal> {
+pub(super) fn principal(name: &str, scopes: &[&str], tenants: &[&str]) -> Arc<Principal> {
     Arc::new(Principal {
         name: name.into(),
         scopes: scopes.iter().map(|s| s.to_string()).collect(),

@@ -351,12 +351,7 @@ fn creating_needs_create_on_every_type_and_cancelling_manage() {
 }
 
 fn principal(name: &str, scopes: &[&str]) -> Arc<Principal> {
-    Arc::new(Principal {
-        name: name.into(),
-        scopes: scopes.iter().map(|s| s.to_string()).collect(),
-        tenants: vec!["acme".into()],
-        job: None,
-    })
+    super::authorize_tests::principal(name, scopes, &["acme"])
 }
 
 impl Partition {
