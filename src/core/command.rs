@@ -8,8 +8,9 @@ use serde::{Deserialize, Serialize};
 
 use super::failure::FailReason;
 use super::history::{Via, YieldReason};
-use super::ids::{JobKey, Millis};
+use super::ids::{JobKey, Millis, PartitionId};
 use super::job::{field_len, ActivatedJobData, JobState, NewJob};
+use super::limit::{LimitState, QueueLimit};
 use super::principal::Principal;
 use super::queue::QueueStats;
 use super::routing::Taker;
@@ -261,6 +262,22 @@ pub enum Command {
         running: bool,
         limit: u32,
     },
+    /// Sets `tenant`'s queue of `job_type` a rate and concurrency limit
+    /// (`None`: lifts it) on this partition; answers done. Sent to every
+    /// partition, like a pause: the queue's creates go to its home, and each
+    /// partition holds the jobs of it that it has to the limit (see
+    /// [`super::limit`]). Data version 14 and later ([`super::limit::LIMITS`]).
+    SetLimit {
+        tenant: String,
+        job_type: String,
+        limit: Option<QueueLimit>,
+    },
+    /// Reads the limits of `tenants`' queues here (of `job_type` only, when
+    /// it is not empty); answers [`CommandResult::Limits`]. Changes nothing.
+    GetLimits {
+        tenants: Vec<String>,
+        job_type: String,
+    },
 }
 
 /// One Raft entry's worth of commands, stamped with the leader's clock.
@@ -417,6 +434,10 @@ impl Command {
             }
             Command::GetWorkflow { tenant, id } => field_len(tenant.len()) + field_len(id.len()),
             Command::ListWorkflows { tenants, .. } => tenants.iter().map(|t| field_len(t.len())).sum::<usize>() + 16,
+            Command::SetLimit { tenant, job_type, .. } => field_len(tenant.len()) + field_len(job_type.len()) + 64,
+            Command::GetLimits { tenants, job_type } => {
+                tenants.iter().map(|t| field_len(t.len())).sum::<usize>() + field_len(job_type.len()) + 8
+            }
             Command::As { by, commands } => by.encoded_len() + commands.iter().map(Command::encoded_len).sum::<usize>(),
             Command::UpdateTimeout { .. }
             | Command::UpdateRetries { .. }
@@ -481,6 +502,11 @@ pub enum CommandResult {
     Schedules(Vec<Schedule>),
     /// Workflows (one, for a create, cancel or read).
     Workflows(Vec<Workflow>),
+    /// A create of a limited queue belongs on its home partition: made
+    /// nothing here; the gateway sends it there.
+    Elsewhere(PartitionId),
+    /// The limits of a partition's queues, as it holds them now.
+    Limits(Vec<LimitState>),
 }
 
 /// What happened to a job, for counting.

@@ -14,6 +14,7 @@ mod history;
 mod ids;
 mod job;
 mod lifecycle;
+pub mod limit;
 pub mod principal;
 mod queue;
 mod routing;
@@ -31,6 +32,7 @@ pub use history::*;
 pub use ids::*;
 pub use job::*;
 pub use lifecycle::{event_text, lifecycle_kinds, Happened, Lifecycle, MAX_EVENT_TEXT};
+pub use limit::{LimitState, QueueLimit, LIMITS};
 pub use queue::*;
 pub use routing::*;
 pub use schedule::{Schedule, ScheduleSpec, SCHEDULES};
@@ -41,6 +43,8 @@ pub use workflow::{Workflow, WorkflowSpec, WORKFLOWS};
 mod authorize_tests;
 #[cfg(test)]
 mod expiry_tests;
+#[cfg(test)]
+mod limit_tests;
 #[cfg(test)]
 mod model_tests;
 #[cfg(test)]

@@ -199,6 +199,11 @@ pub struct Registry {
     /// [`crate::core::workflow::WORKFLOWS`] on, like `owners`.
     #[serde(skip)]
     pub workflows: Vec<crate::core::workflow::Workflow>,
+    /// Queue limits with their buckets. Stored one record each, and
+    /// snapshotted on their own from data version
+    /// [`crate::core::limit::LIMITS`] on, like `owners`.
+    #[serde(skip)]
+    pub limits: Vec<crate::core::limit::LimitRecord>,
 }
 
 /// The data version from which sessions have owners: registrations travel

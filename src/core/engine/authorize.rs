@@ -97,6 +97,15 @@ impl PartitionState {
             Command::ListWorkflows { tenants, .. } => {
                 by.require_tenants(tenants).and_then(|()| by.require_some(Verb::Read))
             }
+            Command::SetLimit { tenant, job_type, .. } => {
+                by.require_tenant(tenant).and_then(|()| by.require_job(Verb::Manage, job_type))
+            }
+            Command::GetLimits { tenants, job_type } if job_type.is_empty() => {
+                by.require_tenants(tenants).and_then(|()| by.require_some(Verb::Read))
+            }
+            Command::GetLimits { tenants, job_type } => {
+                by.require_tenants(tenants).and_then(|()| by.require_job(Verb::Read, job_type))
+            }
             Command::As { .. } => Err(AuthError::PermissionDenied("a principal's commands are not nested".into())),
             // The broker's own commands: never a client's.
             Command::Yield { .. } | Command::BackupMark { .. } => {

@@ -45,6 +45,10 @@ impl PartitionState {
                 Some(_) => {}
             }
         }
+        if !self.limit_active.is_empty() {
+            // Slots this batch freed so far are free for this activation.
+            self.release_slots(out);
+        }
         Ok(CommandResult::Activated(self.activate(activation, out)))
     }
 
@@ -351,6 +355,13 @@ impl PartitionState {
                 return Ok(CommandResult::Created { key: seen.job, created: false, state });
             }
         }
+        // A limited queue's jobs are made on its home, but a create with an
+        // idempotency key stays where its repeats will look for it.
+        if !matches!(new_job.request, Some(RequestId::Key { .. })) {
+            if let Some(home) = self.limit_elsewhere(&new_job.spec.tenant, &new_job.spec.job_type) {
+                return Ok(CommandResult::Elsewhere(home));
+            }
+        }
         if let Some(schema) = self.schemas.get(&new_job.spec.job_type) {
             schema.check(&new_job.spec.variables).map_err(|e| {
                 CommandError::invalid(format!(
@@ -425,7 +436,7 @@ impl PartitionState {
         let deadline = self.clock.saturating_add(timeout_ms);
         let mut bytes = 0u64;
         // The queues this taker may serve, decided once per queue.
-        let queues: Vec<QueueKey> = self.ready.get(&activation.job_type).map_or_else(Vec::new, |queues| {
+        let mut queues: Vec<QueueKey> = self.ready.get(&activation.job_type).map_or_else(Vec::new, |queues| {
             queues
                 .keys()
                 .filter(|k| {
@@ -435,6 +446,13 @@ impl PartitionState {
                 .cloned()
                 .collect()
         });
+        // Which of them are limited (none, the usual case, costs nothing).
+        let mut limited: Vec<bool> = match self.limits.is_empty() {
+            true => Vec::new(),
+            false => queues.iter().map(|q| self.is_limited(&q.tenant, &activation.job_type)).collect(),
+        };
+        // Jobs passed over because their key's limit holds them back.
+        let mut passed: Vec<(QueueKey, JobKey)> = Vec::new();
         while (activated.len() as u32) < activation.max_jobs {
             let Some((queue, key)) = self.best_ready(&activation.job_type, &queues) else { break };
             let size = ActivatedJobData::encoded_len(&self.jobs[&key].spec, &activation.worker) as u64;
@@ -442,6 +460,33 @@ impl PartitionState {
             // message, and a job that never fit the budget would never run.
             if !activated.is_empty() && bytes.saturating_add(size) > activation.max_bytes {
                 break;
+            }
+            let is_limited = limited.get(queue).copied().unwrap_or(false);
+            if is_limited {
+                match self.admit(key) {
+                    Ok(()) => {
+                        let name = (queues[queue].tenant.clone(), activation.job_type.clone());
+                        if !out.limits_changed.contains(&name) {
+                            out.limits_changed.push(name);
+                        }
+                    }
+                    Err(super::limits::Blocked::Queue) => {
+                        queues.remove(queue);
+                        limited.remove(queue);
+                        continue;
+                    }
+                    Err(super::limits::Blocked::Key) => {
+                        let popped = self.pop_ready(&activation.job_type, &queues[queue]);
+                        debug_assert_eq!(popped, Some(key));
+                        passed.push((queues[queue].clone(), key));
+                        if passed.len() >= super::limits::MAX_PASSED {
+                            // Enough looked at: the rest of the queue waits.
+                            queues.remove(queue);
+                            limited.remove(queue);
+                        }
+                        continue;
+                    }
+                }
             }
             bytes = bytes.saturating_add(size);
             let popped = self.pop_ready(&activation.job_type, &queues[queue]);
@@ -470,6 +515,10 @@ impl PartitionState {
             if activation.session != 0 {
                 self.held.insert((activation.session, key));
             }
+            if is_limited {
+                self.note_admitted(key);
+            }
+            let job = &self.jobs[&key];
             self.deadlines.insert((deadline, key));
             out.touched.push(key);
             out.count(&activation.job_type, Outcome::Activated);
@@ -483,6 +532,10 @@ impl PartitionState {
                 created_at: job.created_at,
                 stage: job.stage().unwrap_or_default().to_string(),
             });
+        }
+        for (queue, key) in passed {
+            let priority = self.jobs[&key].spec.priority;
+            self.put_back(&activation.job_type, queue, (std::cmp::Reverse(priority), key));
         }
         activated
     }

@@ -10,12 +10,15 @@
 //! [`sessions`] worker sessions and schemas; [`dedupe`] the table of
 //! creates remembered for their window; [`queues`] paused queues and their
 //! figures; [`schedules`] cron schedules and their ticks; [`workflows`]
-//! chains, groups and batches and how each advances; [`timers`] what fires
+//! chains, groups and batches and how each advances; [`limits`] queues'
+//! rate and concurrency limits and what an activation may take under them;
+//! [`timers`] what fires
 //! at the batch's time; [`reads`] the read-only views.
 
 mod authorize;
 mod dedupe;
 mod jobs;
+mod limits;
 mod queues;
 mod reads;
 mod schedules;
@@ -112,6 +115,13 @@ pub struct PartitionState {
     step_jobs: FastMap<JobKey, (workflows::Name, crate::core::workflow::StepRef)>,
     /// Finished workflows by when they ended, for forgetting them.
     retired: BTreeSet<(Millis, workflows::Name)>,
+    /// Limited queues (see `limits`).
+    limits: BTreeMap<limits::QueueName, limits::Limited>,
+    /// Activations of limited queues held now: (queue, attempt) by job.
+    limit_active: FastMap<JobKey, (limits::QueueName, u32)>,
+    /// When a bucket that held jobs back has a token again. In memory
+    /// only: a new leader offers every waiting job anyway.
+    limit_wake: Option<Millis>,
 }
 
 /// One ready queue of a type: its jobs' tenant and labels.
@@ -174,6 +184,13 @@ pub struct ApplyOutput {
     /// (kind, what happened: created, completed, failed or cancelled) of
     /// each workflow made or ended in this batch, for counting.
     pub workflows: Vec<(&'static str, &'static str)>,
+    /// (tenant, job type) of each limited queue whose limit or buckets
+    /// changed in this batch (may repeat): [`PartitionState::limit_records`]
+    /// has it, or it is to be deleted.
+    pub limits_changed: Vec<(String, String)>,
+    /// How far into `touched` and `finished` ended activations of limited
+    /// queues were looked for (see `limits`).
+    limits_scanned: (usize, usize),
     /// The lifecycle transitions of this batch, in order, for subscribers.
     pub happened: Vec<Happened>,
     /// Sessions this partition declared dead in this batch.
@@ -238,13 +255,18 @@ impl PartitionState {
         state.restore_paused(registry.paused);
         state.restore_schedules(registry.schedules);
         state.restore_workflows(registry.workflows);
+        state.restore_limits(registry.limits);
         for job in jobs {
             if job.state.is_final() {
                 continue;
             }
             state.index(&job);
             state.list_under_tenant(&job);
-            state.jobs.insert(job.key, job);
+            let key = job.key;
+            state.jobs.insert(key, job);
+            if !state.limits.is_empty() {
+                state.restore_held(key);
+            }
         }
         for session in registry.sessions {
             state.session_expiry.insert((session.expires_at(), session.info.id));
@@ -274,6 +296,9 @@ impl PartitionState {
             self.renew_sessions(&mut out);
         }
         self.fire_timers(&mut out);
+        if !self.limit_active.is_empty() {
+            self.release_slots(&mut out);
+        }
         for command in &batch.commands {
             match command {
                 Command::As { by, commands } => {
@@ -287,6 +312,9 @@ impl PartitionState {
                     out.results.push(result.unwrap_or_else(CommandResult::Rejected));
                 }
             }
+        }
+        if !self.limit_active.is_empty() {
+            self.release_slots(&mut out);
         }
         out
     }
@@ -383,6 +411,8 @@ impl PartitionState {
             Command::ListWorkflows { tenants, running, limit } => {
                 Ok(CommandResult::Workflows(self.list_workflows(tenants, *running, *limit)))
             }
+            Command::SetLimit { tenant, job_type, limit } => self.set_limit(tenant, job_type, limit, out),
+            Command::GetLimits { tenants, job_type } => Ok(CommandResult::Limits(self.limit_states(tenants, job_type))),
             // The state machine keeps the state for the backup; the engine's
             // state does not change.
             Command::BackupMark { .. } => Ok(CommandResult::Done),

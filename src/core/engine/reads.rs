@@ -20,6 +20,7 @@ impl PartitionState {
             paused: self.paused_records(),
             schedules: self.schedule_records(),
             workflows: self.workflow_records(),
+            limits: self.all_limit_records(),
         }
     }
     /// Each owned session's owner, as stored (rewritten with the sessions).
@@ -139,7 +140,7 @@ impl PartitionState {
         let deadline = self.deadlines.first().map(|(at, _)| *at);
         let session = self.session_expiry.first().map(|(at, _)| *at);
         let expiry = self.expiring.first().map(|(at, _)| *at);
-        [due, deadline, session, expiry, self.next_tick()].into_iter().flatten().min()
+        [due, deadline, session, expiry, self.next_tick(), self.limit_wake].into_iter().flatten().min()
     }
     /// Activatable jobs of a type, over the given tenants (all tenants if empty).
     pub fn activatable_count(&self, job_type: &str, tenants: &[String]) -> usize {
@@ -153,7 +154,11 @@ impl PartitionState {
         queues
             .iter()
             .filter(|(k, _)| tenants.contains(&k.tenant) && k.routing.admits(&k.tenant, taker, rivals))
-            .map(|(_, q)| q.len())
+            .map(|(k, q)| match self.limits.is_empty() {
+                true => q.len(),
+                // A limited queue offers only what its limit lets go now.
+                false => self.limit_room(&k.tenant, job_type).map_or(q.len(), |room| q.len().min(room as usize)),
+            })
             .sum()
     }
     /// Activatable jobs of a type by their labels (jobs without labels left

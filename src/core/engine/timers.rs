@@ -65,6 +65,7 @@ impl PartitionState {
         }
         self.fire_schedules(out);
         self.forget_workflows(out);
+        self.wake_limits(out);
     }
 }
 

@@ -27,11 +27,11 @@
 
 pub mod backup;
 pub mod events;
+mod named;
 mod reads;
 mod requests;
 mod retention;
 mod snapshot;
-mod workflows;
 
 use std::io::{BufReader, Seek};
 use std::path::PathBuf;
@@ -154,7 +154,8 @@ impl StateMachine {
                 .map(|b| storage::decode("cron schedules", &b))
                 .transpose()?
                 .unwrap_or_default(),
-            workflows: workflows::load(&store, partition)?,
+            workflows: named::WORKFLOWS.load(&store, partition)?,
+            limits: named::LIMITS.load(&store, partition)?,
         };
         let (mut finished, first) = Finished::open(&store, partition)?;
         let inner = match meta {
@@ -286,7 +287,8 @@ fn install_records(
     batch.put(Table::Meta, meta_key(partition, PAUSED), storage::encode(&body.registry.paused));
     batch.put(Table::Meta, meta_key(partition, SCHEDULES), storage::encode(&body.registry.schedules));
     batch.put(Table::Meta, meta_key(partition, SCHEMAS), storage::encode(&body.registry.schemas));
-    workflows::replace_all(batch, partition, &body.registry.workflows);
+    named::WORKFLOWS.replace_all(batch, partition, &body.registry.workflows, |w| (&w.spec.tenant, &w.spec.id));
+    named::LIMITS.replace_all(batch, partition, &body.registry.limits, |l| (&l.tenant, &l.job_type));
     Ok(Installed { meta: body.engine, jobs: body.jobs, requests: counts, registry: body.registry, finished })
 }
 
@@ -362,6 +364,7 @@ impl RaftStateMachine<TypeConfig> for StateMachine {
         let (mut sessions_changed, mut schemas_changed, mut paused_changed) = (false, false, false);
         let mut schedules_changed = false;
         let mut workflows_changed = std::collections::BTreeSet::new();
+        let mut limits_changed = std::collections::BTreeSet::new();
         // Backups marked in these entries: (response, command, backup id).
         let mut marks: Vec<(usize, usize, String)> = Vec::new();
         for entry in entries {
@@ -404,6 +407,7 @@ impl RaftStateMachine<TypeConfig> for StateMachine {
                     paused_changed |= out.paused_changed;
                     schedules_changed |= out.schedules_changed;
                     workflows_changed.extend(out.workflows_changed);
+                    limits_changed.extend(out.limits_changed);
                     for died in &out.sessions_died {
                         tracing::warn!(
                             partition = self.partition,
@@ -478,7 +482,13 @@ impl RaftStateMachine<TypeConfig> for StateMachine {
             let schedules = inner.engine.schedule_records();
             batch.put(Table::Meta, meta_key(self.partition, SCHEDULES), storage::encode(&schedules));
         }
-        workflows::write_changed(&mut batch, self.partition, &inner.engine, &workflows_changed);
+        let engine = &inner.engine;
+        named::WORKFLOWS.write_changed(&mut batch, self.partition, &workflows_changed, |tenant, id| {
+            engine.workflow_record(tenant, id)
+        });
+        named::LIMITS.write_changed(&mut batch, self.partition, &limits_changed, |tenant, job_type| {
+            engine.limit_record(tenant, job_type)
+        });
         self.persist_meta(&mut batch, &inner);
         // Written under the lock: a snapshot or a lookup never sees a job gone
         // from memory whose final record is not yet stored.

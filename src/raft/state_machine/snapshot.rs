@@ -10,8 +10,9 @@
 //! snapshotted at version 9 or later whatever a node's view of the cluster
 //! version, since owners exist only once every member read version 9. From
 //! data version 11 on, the paused queues follow the owners, from 12 on
-//! the cron schedules follow them, and from 13 on the workflows follow
-//! those, under the same rule. At data version 7 and later the header
+//! the cron schedules follow them, from 13 on the workflows follow
+//! those, and from 14 on the queue limits follow the workflows, under the
+//! same rule. At data version 7 and later the header
 //! and each frame's record carry the version ([`crate::codec`]); at 6 they are
 //! bare bincode, as a build of version 6 wrote and reads them. From data
 //! version 10 on, the remembered creates are not in the header but stream
@@ -31,8 +32,8 @@ use serde::{Deserialize, Serialize};
 
 use super::{records, sm_write_err, Inner, NodeId, SharedState, TypeConfig};
 use crate::core::{
-    Deduped, Job, Millis, PartitionState, Registry, RequestId, StateSnapshot, OWNED_SESSIONS, PAUSED_QUEUES, SCHEDULES,
-    WORKFLOWS,
+    Deduped, Job, Millis, PartitionState, Registry, RequestId, StateSnapshot, LIMITS, OWNED_SESSIONS, PAUSED_QUEUES,
+    SCHEDULES, WORKFLOWS,
 };
 use crate::storage::{self, key, Table};
 
@@ -139,6 +140,7 @@ pub fn snapshot_bytes(state: &PartitionState, finished: &[Job]) -> Vec<u8> {
     out.extend_from_slice(&storage::encode(&header.registry.paused));
     out.extend_from_slice(&storage::encode(&header.registry.schedules));
     out.extend_from_slice(&storage::encode(&header.registry.workflows));
+    out.extend_from_slice(&storage::encode(&header.registry.limits));
     out.push(0);
     for job in finished {
         let record = storage::encode(job);
@@ -169,7 +171,10 @@ pub(super) fn read_header(input: &mut impl BufRead, size: u64) -> Result<(u16, S
             header.registry.schedules = storage::decode_bounded("snapshot's schedules", &mut *input, size)?;
         }
         if version >= WORKFLOWS {
-            header.registry.workflows = storage::decode_bounded("snapshot's workflows", input, size)?;
+            header.registry.workflows = storage::decode_bounded("snapshot's workflows", &mut *input, size)?;
+        }
+        if version >= LIMITS {
+            header.registry.limits = storage::decode_bounded("snapshot's queue limits", input, size)?;
         }
         return Ok((version, header));
     }
@@ -279,6 +284,7 @@ pub(super) fn write_snapshot(
     let version = if header.registry.paused.is_empty() { version } else { version.max(PAUSED_QUEUES) };
     let version = if header.registry.schedules.is_empty() { version } else { version.max(SCHEDULES) };
     let version = if header.registry.workflows.is_empty() { version } else { version.max(WORKFLOWS) };
+    let version = if header.registry.limits.is_empty() { version } else { version.max(LIMITS) };
     let each_request = |visit: &mut dyn FnMut(u64, RequestId, Deduped) -> Result<(), storage::StorageError>| {
         view.for_each(Table::Requests, partition, |id, bytes| {
             let (request, entry) = storage::decode("request entry", bytes)?;
@@ -304,6 +310,9 @@ pub(super) fn write_snapshot(
     }
     if version >= WORKFLOWS {
         out.write_all(&encode_at(version, &header.registry.workflows))?;
+    }
+    if version >= LIMITS {
+        out.write_all(&encode_at(version, &header.registry.limits))?;
     }
     if version >= REQUESTS_STREAMED {
         each_request(&mut |id, request, entry| {

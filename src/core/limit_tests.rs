@@ -1,0 +1,242 @@
+//! Queue limits in the engine: a rate hands out its burst and then one job
+//! per refill, by partition time; a concurrency holds at most its count and
+//! frees a slot whichever way an activation ends; a key's limit holds back
+//! its own jobs only; a limited queue's creates go to its home; and a
+//! restored replica admits what the others admit.
+
+use std::sync::Arc;
+
+use super::limit::{limit_home, Bucket, Limit, QueueLimit, Rate, LIMIT_KEY_HEADER};
+use super::*;
+
+const TYPE: &str = "charge";
+const TENANT: &str = DEFAULT_TENANT;
+
+fn create_with(headers: Vec<(String, String)>, request: Option<RequestId>) -> Command {
+    Command::Create(NewJob {
+        spec: Arc::new(JobSpec {
+            job_type: TYPE.into(),
+            tenant: TENANT.into(),
+            custom_headers: headers,
+            ..Default::default()
+        }),
+        retries: 3,
+        run_at: None,
+        delay_ms: 0,
+        request,
+        dedupe_window_ms: 60_000,
+    })
+}
+
+fn keyed(key: &str) -> Vec<(String, String)> {
+    vec![(LIMIT_KEY_HEADER.to_string(), key.to_string())]
+}
+
+fn set(limit: Option<QueueLimit>) -> Command {
+    Command::SetLimit { tenant: TENANT.into(), job_type: TYPE.into(), limit }
+}
+
+fn rate(limit: u32, period_ms: Millis, burst: u32) -> Limit {
+    Limit { rate: Some(Rate { limit, period_ms, burst }), concurrency: None }
+}
+
+fn concurrency(most: u32) -> Limit {
+    Limit { rate: None, concurrency: Some(most) }
+}
+
+fn on_home(queue: Limit, per_key: Limit) -> Option<QueueLimit> {
+    Some(QueueLimit { home: 0, queue, per_key })
+}
+
+struct Partition {
+    state: PartitionState,
+    now: Millis,
+}
+
+impl Partition {
+    fn new() -> Self {
+        Partition { state: PartitionState::new(0), now: 1_000 }
+    }
+    fn at(&mut self, now: Millis, command: Command) -> (CommandResult, ApplyOutput) {
+        self.now = now;
+        let mut out = self.state.apply(&Batch::at(now, vec![command]));
+        (out.results.pop().expect("one result per command"), out)
+    }
+    fn run(&mut self, command: Command) -> CommandResult {
+        self.at(self.now, command).0
+    }
+    fn create(&mut self, headers: Vec<(String, String)>) -> JobKey {
+        match self.run(create_with(headers, None)) {
+            CommandResult::Created { key, .. } => key,
+            other => panic!("not created: {other:?}"),
+        }
+    }
+    fn take(&mut self, max_jobs: u32) -> Vec<ActivatedJobData> {
+        let activation = Activation { max_jobs, ..Activation::plain(TYPE, TENANT) };
+        match self.run(Command::Activate(activation)) {
+            CommandResult::Activated(jobs) => jobs,
+            other => panic!("not an activation: {other:?}"),
+        }
+    }
+    fn complete(&mut self, job: &ActivatedJobData) {
+        let command = Command::Complete { key: job.key, attempt: job.attempt, variables: Default::default() };
+        assert_eq!(self.run(command), CommandResult::Done);
+    }
+}
+
+#[test]
+fn a_rate_hands_out_its_burst_then_one_job_per_refill_by_partition_time() {
+    let mut p = Partition::new();
+    assert_eq!(p.run(set(on_home(rate(10, 1_000, 3), Limit::default()))), CommandResult::Done);
+    for _ in 0..20 {
+        p.create(Vec::new());
+    }
+    assert_eq!(p.take(10).len(), 3, "the burst");
+    assert_eq!(p.take(10).len(), 0, "then nothing until a token comes back");
+    assert_eq!(p.state.next_timer(), Some(1_100), "the engine wakes when one does");
+    let (_, out) = p.at(1_100, Command::ListSessions);
+    assert_eq!(out.available, vec![TYPE.to_string()], "and offers the type then");
+    assert_eq!(p.take(10).len(), 1, "one token, one job");
+    // Over a second of partition time at most the rate goes, whoever asks.
+    let mut taken = 0;
+    for now in (1_110..=2_100).step_by(10) {
+        p.now = now;
+        taken += p.take(10).len();
+    }
+    assert_eq!(taken, 10, "10 jobs a second");
+}
+
+#[test]
+fn a_concurrency_holds_its_count_and_frees_a_slot_however_an_activation_ends() {
+    let mut p = Partition::new();
+    p.run(set(on_home(concurrency(2), Limit::default())));
+    for _ in 0..6 {
+        p.create(Vec::new());
+    }
+    let held = p.take(10);
+    assert_eq!(held.len(), 2, "two at once");
+    assert!(p.take(10).is_empty(), "no third while two are held");
+    // A completion frees one, and says so.
+    p.now += 1;
+    let command = Command::Complete { key: held[0].key, attempt: held[0].attempt, variables: Default::default() };
+    let (result, out) = p.at(p.now, command);
+    assert_eq!(result, CommandResult::Done);
+    assert_eq!(out.available, vec![TYPE.to_string()], "a freed slot offers the type again");
+    let third = p.take(10);
+    assert_eq!(third.len(), 1, "the freed slot only");
+    // A failure with retries frees one too (the job is ready again).
+    let fail = Command::Fail {
+        key: held[1].key,
+        attempt: held[1].attempt,
+        retries: 2,
+        error_message: "no".into(),
+        back_off_ms: 0,
+        variables: Default::default(),
+        max_payload_bytes: u64::MAX,
+        reason: FailReason::Failed,
+    };
+    assert_eq!(p.run(fail), CommandResult::Done);
+    assert_eq!(p.take(10).len(), 1, "the failed attempt's slot");
+    // A timeout frees one, and the job taken again in the same batch holds
+    // one slot, not two.
+    let timeout = p.now + 60_001;
+    let (result, _) = p.at(timeout, Command::Activate(Activation { max_jobs: 10, ..Activation::plain(TYPE, TENANT) }));
+    let CommandResult::Activated(again) = &result else { panic!("activation") };
+    assert_eq!(again.len(), 2, "both timed-out jobs' slots came back and were taken again");
+    assert!(p.take(10).is_empty(), "and still no more than two");
+    for job in again.clone() {
+        p.complete(&job);
+    }
+    assert_eq!(p.take(10).len(), 2, "two slots free again");
+}
+
+#[test]
+fn a_keys_limit_holds_back_its_own_jobs_only_and_keeps_the_order() {
+    let mut p = Partition::new();
+    p.run(set(on_home(Limit::default(), concurrency(1))));
+    let a1 = p.create(keyed("a"));
+    let a2 = p.create(keyed("a"));
+    let b1 = p.create(keyed("b"));
+    let none = p.create(Vec::new());
+    let first = p.take(10);
+    let keys: Vec<JobKey> = first.iter().map(|j| j.key).collect();
+    assert_eq!(keys, vec![a1, b1, none], "one of each key, and the job without one");
+    assert!(p.take(10).is_empty(), "a's second waits for a's first");
+    p.complete(&first[0]);
+    assert_eq!(p.take(10).iter().map(|j| j.key).collect::<Vec<_>>(), vec![a2], "then a's second");
+}
+
+#[test]
+fn a_limited_queues_creates_go_home_but_an_idempotent_one_stays_where_its_key_leads() {
+    let mut p = Partition { state: PartitionState::new(1), now: 1_000 };
+    let away = Some(QueueLimit { home: 2, queue: concurrency(5), per_key: Limit::default() });
+    p.run(set(away));
+    assert_eq!(p.run(create_with(Vec::new(), None)), CommandResult::Elsewhere(2), "made at home, not here");
+    let request = RequestId::Key { tenant: TENANT.into(), user: String::new(), key: "k1".into() };
+    assert!(
+        matches!(p.run(create_with(Vec::new(), Some(request))), CommandResult::Created { created: true, .. }),
+        "an idempotency key's job is made where its repeats will look"
+    );
+    assert_eq!(p.take(10).len(), 1, "and held to the limit here");
+    p.run(set(None));
+    assert!(matches!(p.run(create_with(Vec::new(), None)), CommandResult::Created { .. }), "lifted: made anywhere");
+    assert_eq!(limit_home(TENANT, TYPE, 8), idempotency_partition(TENANT, "", &format!("ordering:{TYPE}"), 8));
+}
+
+#[test]
+fn a_restored_replica_admits_what_the_others_admit() {
+    let mut p = Partition::new();
+    p.run(set(on_home(rate(5, 1_000, 2), concurrency(1))));
+    for key in ["a", "a", "b", "c", "c"] {
+        p.create(keyed(key));
+    }
+    assert_eq!(p.take(10).len(), 2, "the burst: a and b");
+    p.now = 1_250;
+    let records: Vec<Job> = p.state.jobs().cloned().collect();
+    let registry = p.state.registry();
+    assert_eq!(registry.limits.len(), 1, "the limit is stored with its buckets");
+    let mut restored =
+        Partition { state: PartitionState::restore(p.state.meta(), records, Vec::new(), registry), now: p.now };
+    for now in [1_250, 1_450, 1_700, 2_500] {
+        p.now = now;
+        restored.now = now;
+        let original: Vec<JobKey> = p.take(10).iter().map(|j| j.key).collect();
+        let again: Vec<JobKey> = restored.take(10).iter().map(|j| j.key).collect();
+        assert_eq!(original, again, "at {now} ms both replicas take the same jobs");
+    }
+}
+
+#[test]
+fn a_limit_that_asks_for_nothing_or_zero_is_refused_saying_why() {
+    let mut p = Partition::new();
+    let CommandResult::Rejected(error) = p.run(set(on_home(Limit::default(), Limit::default()))) else {
+        panic!("refused")
+    };
+    assert!(error.message.contains("needs a rate or a concurrency"), "{}", error.message);
+    let CommandResult::Rejected(error) = p.run(set(on_home(concurrency(0), Limit::default()))) else {
+        panic!("refused")
+    };
+    assert!(error.message.contains("at least 1"), "{}", error.message);
+    let CommandResult::Rejected(error) = p.run(set(on_home(rate(1, 0, 1), Limit::default()))) else {
+        panic!("refused")
+    };
+    assert!(error.message.contains("period"), "{}", error.message);
+}
+
+#[test]
+fn a_bucket_refills_evenly_never_past_its_burst() {
+    let rate = Rate { limit: 3, period_ms: 1_000, burst: 2 };
+    let mut bucket = Bucket::full(&rate, 0);
+    bucket.take();
+    bucket.take();
+    assert_eq!(bucket.tokens(), 0);
+    assert_eq!(bucket.next_token_at(&rate), 334, "a third of a second, rounded up");
+    bucket.refill(&rate, 333);
+    assert_eq!(bucket.tokens(), 0, "not yet");
+    bucket.refill(&rate, 334);
+    assert_eq!(bucket.tokens(), 1);
+    bucket.refill(&rate, 100_000);
+    assert_eq!(bucket.tokens(), 2, "never past the burst");
+    assert_eq!(Rate::new(1, 1_000).burst, 1);
+    assert_eq!(Rate::new(100, 1_000).burst, 10, "a tenth of the limit by default");
+}
