@@ -106,6 +106,7 @@ enum Rpc {
     SetSchema,
     GetSchema,
     SetQueuePaused,
+    SetQueueLimit,
     ListQueues,
     WatchEvents,
     PutSchedule,
@@ -120,7 +121,7 @@ enum Rpc {
 }
 
 impl Rpc {
-    const ALL: [Rpc; 37] = [
+    const ALL: [Rpc; 38] = [
         Rpc::CreateJob,
         Rpc::CreateJobs,
         Rpc::ActivateJobs,
@@ -147,6 +148,7 @@ impl Rpc {
         Rpc::SetSchema,
         Rpc::GetSchema,
         Rpc::SetQueuePaused,
+        Rpc::SetQueueLimit,
         Rpc::ListQueues,
         Rpc::WatchEvents,
         Rpc::PutSchedule,
@@ -182,6 +184,7 @@ impl Rpc {
             | Rpc::CancelJobs
             | Rpc::SetSchema
             | Rpc::SetQueuePaused
+            | Rpc::SetQueueLimit
             | Rpc::CancelWorkflow => &["admin", "manage"],
             Rpc::GetJob
             | Rpc::GetJobHistory
@@ -309,6 +312,10 @@ impl Rpc {
                 .set_queue_paused(SetQueuePausedRequest { r#type: "t".into(), paused: false, ..Default::default() })
                 .await
                 .map(drop),
+            // Lifting the limit of a queue no job of the matrix uses.
+            Rpc::SetQueueLimit => {
+                raw.set_queue_limit(SetQueueLimitRequest { r#type: "t".into(), ..Default::default() }).await.map(drop)
+            }
             Rpc::ListQueues => {
                 raw.list_queues(ListQueuesRequest { r#type: "t".into(), ..Default::default() }).await.map(drop)
             }
@@ -1363,6 +1370,23 @@ async fn a_tenant_pauses_and_sees_its_own_queues_only() {
     let pause = |tenant: &str| SetQueuePausedRequest { r#type: "t".into(), tenant_id: tenant.into(), paused: true };
     let refused = acme.raw().set_queue_paused(pause("globex")).await.unwrap_err();
     assert_eq!(refused.code(), Code::PermissionDenied, "{refused:?}");
+    // Nor may it limit (or lift the limit of) another tenant's queue.
+    let limit = |tenant: &str| SetQueueLimitRequest {
+        r#type: "t".into(),
+        tenant_id: tenant.into(),
+        limit: Some(QueueLimit {
+            queue: Some(LimitLevel { concurrency: 1, ..Default::default() }),
+            ..Default::default()
+        }),
+    };
+    let refused = acme.raw().set_queue_limit(limit("globex")).await.unwrap_err();
+    assert_eq!(refused.code(), Code::PermissionDenied, "{refused:?}");
+    let limited = acme.raw().set_queue_limit(limit("acme")).await.expect("acme limits its own queue").into_inner();
+    assert_eq!(limited.queue.map(|q| (q.tenant_id, q.limit.is_some())), Some(("acme".to_string(), true)));
+    acme.raw()
+        .set_queue_limit(SetQueueLimitRequest { r#type: "t".into(), tenant_id: "acme".into(), limit: None })
+        .await
+        .expect("and lifts it");
     acme.raw().set_queue_paused(pause("acme")).await.expect("acme pauses its own queue");
     // globex's queue of the same type runs on.
     let activate = ActivateJobsRequest {

@@ -673,3 +673,54 @@ async fn a_worker_token_acks_and_nacks_its_queue_without_read_and_another_tenant
     let (code, answer) = ojs.post("/ojs/v1/workers/nack", nack).await;
     assert_eq!(code, 200, "{answer}");
 }
+
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn a_rate_limit_option_throttles_its_queue_and_only_a_manager_may_change_it() {
+    use drover::auth::keys::{generate_secret, token_entry};
+    let dir = tempfile::tempdir().unwrap();
+    let (admin, producer) = (generate_secret(), generate_secret());
+    let tokens = dir.path().join("tokens.toml");
+    let scopes = ["jobs:create:throttled".into(), "jobs:work:throttled".into(), "jobs:read:throttled".into()];
+    let entries = token_entry("admin", &admin, &["*".into()], &["*".into()])
+        + &token_entry("producer", &producer, &scopes, &["*".into()]);
+    std::fs::write(&tokens, entries).unwrap();
+    let node = LocalNode::start_with(move |config| {
+        config.ojs_addr = Some("127.0.0.1:0".parse().unwrap());
+        config.partitions = 3;
+        config.auth.tokens_file = Some(tokens);
+    })
+    .await;
+    let mut ojs = Ojs::of(&node);
+    let job = |n: u32, per_second: u32| json!({"type": "throttled.job", "args": [n], "options": {"queue": "throttled", "rate_limit": {"max_per_second": per_second}}});
+    // Declaring a limit the queue does not have is managing it.
+    ojs.token = Some(producer.clone());
+    let (code, answer) = ojs.post("/ojs/v1/jobs", job(0, 1)).await;
+    assert_error(code, &answer, 403, "forbidden");
+    ojs.token = Some(admin);
+    for n in 0..3 {
+        ojs.enqueue(job(n, 1)).await;
+    }
+    // The limit it has already: creating is enough; another: refused.
+    ojs.token = Some(producer);
+    ojs.enqueue(job(3, 1)).await;
+    let (code, answer) = ojs.post("/ojs/v1/jobs", job(4, 5)).await;
+    assert_error(code, &answer, 403, "forbidden");
+    assert_eq!(ojs.fetch(&["throttled"]).await.len(), 1, "the first job");
+    assert!(ojs.fetch(&["throttled"]).await.is_empty(), "no second within the second");
+    let started = std::time::Instant::now();
+    let mut next = Vec::new();
+    while next.is_empty() {
+        assert!(started.elapsed() < Duration::from_secs(5), "a token came back within 5 s");
+        next = ojs.fetch(&["throttled"]).await;
+    }
+    assert_eq!(next.len(), 1, "one a second");
+    let (code, stats) = ojs.get("/ojs/v1/queues/throttled/stats").await;
+    assert_eq!(code, 200, "{stats}");
+    assert_eq!(stats["queue"]["configuration"]["rate_limit"]["limit"], json!(1), "{stats}");
+    assert_eq!(stats["queue"]["configuration"]["rate_limit"]["period_ms"], json!(1000), "{stats}");
+    // Malformed: 400 naming the field.
+    let bad = json!({"type": "a", "args": [], "options": {"queue": "throttled", "rate_limit": {"max_per_second": 0}}});
+    let (code, answer) = ojs.post("/ojs/v1/jobs", bad).await;
+    assert!(code == 400 || code == 422, "{code} {answer}");
+    assert!(answer["error"]["message"].as_str().unwrap_or_default().contains("max_per_second"), "{answer}");
+}

@@ -1,5 +1,5 @@
 //! `drover queue ...`: queues (a tenant's jobs of one type): their figures,
-//! pause and resume.
+//! pause and resume, and their rate and concurrency limits.
 
 use clap::Subcommand;
 use drover::client::Client;
@@ -32,6 +32,44 @@ pub(crate) enum QueueCommand {
         #[arg(long)]
         tenant: Option<String>,
     },
+    /// Limit how fast TYPE's queue starts jobs and how many it holds at
+    /// once, across the cluster; for the queue as a whole and for each key
+    /// (a job's custom header drover.limit_key). Replaces the queue's limit.
+    Limit {
+        #[arg(value_name = "TYPE")]
+        job_type: String,
+        #[arg(long)]
+        tenant: Option<String>,
+        /// Job starts per period (default: a second).
+        #[arg(long, default_value_t = 0)]
+        rate: u32,
+        /// The rate's period in ms.
+        #[arg(long, default_value_t = 0)]
+        period_ms: i64,
+        /// Starts at once, at most (default: a tenth of the rate, at least 1).
+        #[arg(long, default_value_t = 0)]
+        burst: u32,
+        /// Jobs held by workers at once, at most.
+        #[arg(long, default_value_t = 0)]
+        concurrency: u32,
+        /// Each key's job starts per period.
+        #[arg(long, default_value_t = 0)]
+        key_rate: u32,
+        #[arg(long, default_value_t = 0)]
+        key_period_ms: i64,
+        #[arg(long, default_value_t = 0)]
+        key_burst: u32,
+        /// Each key's jobs held at once, at most.
+        #[arg(long, default_value_t = 0)]
+        key_concurrency: u32,
+    },
+    /// Lift TYPE's queue's limit.
+    Unlimit {
+        #[arg(value_name = "TYPE")]
+        job_type: String,
+        #[arg(long)]
+        tenant: Option<String>,
+    },
 }
 
 fn print(queues: &[Queue]) {
@@ -51,6 +89,7 @@ fn print(queues: &[Queue]) {
     );
     for q in queues {
         let hour = q.last_hour.unwrap_or_default();
+        let limit = q.limit.as_ref().map(|l| limit_text(l, q)).unwrap_or_default();
         let oldest =
             if q.oldest_available_at == 0 { "-".into() } else { ((q.at - q.oldest_available_at) / 1000).to_string() };
         println!(
@@ -67,7 +106,39 @@ fn print(queues: &[Queue]) {
             hour.completed,
             hour.failed
         );
+        if !limit.is_empty() {
+            println!("  limit: {limit}");
+        }
     }
+}
+
+fn limit_text(limit: &QueueLimit, q: &Queue) -> String {
+    let level = |l: &Option<LimitLevel>| {
+        let l = l.unwrap_or_default();
+        let mut parts = Vec::new();
+        if l.rate > 0 {
+            parts.push(format!("{} per {} ms (burst {})", l.rate, l.period_ms, l.burst));
+        }
+        if l.concurrency > 0 {
+            parts.push(format!("{} at once", l.concurrency));
+        }
+        parts.join(", ")
+    };
+    let mut text = format!("home partition {}", q.limit_home);
+    for (name, l) in [("queue", &limit.queue), ("each key", &limit.per_key)] {
+        let said = level(l);
+        if !said.is_empty() {
+            text.push_str(&format!("; {name} {said}"));
+        }
+    }
+    text.push_str(&format!("; held now {}", q.limit_active));
+    if q.limit_tokens >= 0 {
+        text.push_str(&format!(", tokens {}", q.limit_tokens));
+    }
+    if q.limit_waiting_elsewhere > 0 {
+        text.push_str(&format!(", {} waiting on other partitions", q.limit_waiting_elsewhere));
+    }
+    text
 }
 
 pub(crate) async fn queue(command: QueueCommand, target: &Target) -> anyhow::Result<()> {
@@ -82,9 +153,45 @@ pub(crate) async fn queue(command: QueueCommand, target: &Target) -> anyhow::Res
         }
         QueueCommand::Pause { job_type, tenant } => (job_type, tenant, true),
         QueueCommand::Resume { job_type, tenant } => (job_type, tenant, false),
+        QueueCommand::Limit {
+            job_type,
+            tenant,
+            rate,
+            period_ms,
+            burst,
+            concurrency,
+            key_rate,
+            key_period_ms,
+            key_burst,
+            key_concurrency,
+        } => {
+            let limit = QueueLimit {
+                queue: Some(LimitLevel { rate, period_ms, burst, concurrency }),
+                per_key: Some(LimitLevel {
+                    rate: key_rate,
+                    period_ms: key_period_ms,
+                    burst: key_burst,
+                    concurrency: key_concurrency,
+                }),
+            };
+            return set_limit(&client, job_type, tenant, Some(limit)).await;
+        }
+        QueueCommand::Unlimit { job_type, tenant } => return set_limit(&client, job_type, tenant, None).await,
     };
     let request = SetQueuePausedRequest { r#type: job_type, tenant_id: tenant.unwrap_or_default(), paused };
     let queue = client.raw().set_queue_paused(request).await.map_err(status_error)?.into_inner().queue;
+    print(&queue.into_iter().collect::<Vec<_>>());
+    Ok(())
+}
+
+async fn set_limit(
+    client: &Client,
+    job_type: String,
+    tenant: Option<String>,
+    limit: Option<QueueLimit>,
+) -> anyhow::Result<()> {
+    let request = SetQueueLimitRequest { r#type: job_type, tenant_id: tenant.unwrap_or_default(), limit };
+    let queue = client.raw().set_queue_limit(request).await.map_err(status_error)?.into_inner().queue;
     print(&queue.into_iter().collect::<Vec<_>>());
     Ok(())
 }

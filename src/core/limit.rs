@@ -94,6 +94,9 @@ impl QueueLimit {
 /// equal to the type sends its creates (so an OJS queue, which is sent so,
 /// is already there).
 pub fn limit_home(tenant: &str, job_type: &str, partitions: u32) -> PartitionId {
+    // A create names the default tenant by leaving it empty, and its
+    // ordering key hashes that way.
+    let tenant = if tenant == super::DEFAULT_TENANT { "" } else { tenant };
     super::idempotency_partition(tenant, "", &format!("ordering:{job_type}"), partitions)
 }
 

@@ -180,7 +180,10 @@ fn a_limited_queues_creates_go_home_but_an_idempotent_one_stays_where_its_key_le
     assert_eq!(p.take(10).len(), 1, "and held to the limit here");
     p.run(set(None));
     assert!(matches!(p.run(create_with(Vec::new(), None)), CommandResult::Created { .. }), "lifted: made anywhere");
-    assert_eq!(limit_home(TENANT, TYPE, 8), idempotency_partition(TENANT, "", &format!("ordering:{TYPE}"), 8));
+    // Where a create with the type as its ordering key goes (the default
+    // tenant named by leaving it empty), as an OJS queue's do.
+    assert_eq!(limit_home(TENANT, TYPE, 8), idempotency_partition("", "", &format!("ordering:{TYPE}"), 8));
+    assert_eq!(limit_home("acme", TYPE, 8), idempotency_partition("acme", "", &format!("ordering:{TYPE}"), 8));
 }
 
 #[test]

@@ -72,7 +72,13 @@ impl JobApi {
             partition = (partition + 1) % partitions;
             submitted = router::submit_as(&self.ctx, principal, partition, vec![command.clone()], call.deadline).await;
         }
-        match submitted?.pop() {
+        let mut result = submitted?.pop();
+        if let Some(CommandResult::Elsewhere(home)) = result {
+            // A limited queue's jobs are made on its home partition.
+            partition = home;
+            result = router::submit_as(&self.ctx, principal, home, vec![command], call.deadline).await?.pop();
+        }
+        match result {
             Some(CommandResult::Created { key, created, state }) => {
                 tracing::Span::current().record("key", key.0);
                 metrics::histogram!("drover_create_ack_seconds").record(started.elapsed().as_secs_f64());
@@ -88,9 +94,32 @@ impl JobApi {
         let started = Instant::now();
         let commands: Vec<_> =
             requests.into_iter().map(|r| self.create_command(&call.principal, r, call.traceparent.clone())).collect();
-        let partitions: Vec<Option<PartitionId>> = commands.iter().map(|c| c.as_ref().ok().map(|(p, _)| *p)).collect();
+        let mut partitions: Vec<Option<PartitionId>> =
+            commands.iter().map(|c| c.as_ref().ok().map(|(p, _)| *p)).collect();
         let deadline = Instant::now() + self.ctx.settings.request_timeout;
-        let results = run_chunk(&self.ctx, Some(&call.principal), commands, deadline).await;
+        let sent: Vec<Option<Command>> = commands.iter().map(|c| c.as_ref().ok().map(|(_, c)| c.clone())).collect();
+        let mut results = run_chunk(&self.ctx, Some(&call.principal), commands, deadline).await;
+        // A limited queue's jobs are made on its home partition: those
+        // creates go there now, in one more round.
+        let elsewhere: Vec<(usize, PartitionId)> = results
+            .iter()
+            .enumerate()
+            .filter_map(|(i, r)| match r {
+                Ok(CommandResult::Elsewhere(home)) => Some((i, *home)),
+                _ => None,
+            })
+            .collect();
+        if !elsewhere.is_empty() {
+            let again = elsewhere
+                .iter()
+                .map(|(i, home)| Ok((*home, sent[*i].clone().expect("a sent command was answered"))))
+                .collect();
+            let answers = run_chunk(&self.ctx, Some(&call.principal), again, deadline).await;
+            for ((i, home), answer) in elsewhere.into_iter().zip(answers) {
+                partitions[i] = Some(home);
+                results[i] = answer;
+            }
+        }
         metrics::histogram!("drover_create_ack_seconds").record(started.elapsed().as_secs_f64());
         let mut out = Vec::with_capacity(results.len());
         for (result, partition) in results.into_iter().zip(partitions) {

@@ -31,6 +31,7 @@ pub mod error;
 pub mod events;
 pub mod fanout;
 pub mod jobs;
+pub mod limits;
 mod listing;
 mod observe;
 pub mod ojs;

@@ -42,8 +42,8 @@ impl JobApi {
         }
         tracing::info!(job_type, tenant, paused, "queue {}", if paused { "paused" } else { "resumed" });
         // Its manager sees the queue's figures, whether or not it may read its jobs.
-        let mut queues = figures(&self.ctx, None, vec![tenant.clone()], &job_type, call).await?;
-        Ok(queues.pop().map(queue).unwrap_or_else(|| {
+        let mut queues = described(&self.ctx, None, vec![tenant.clone()], &job_type, call).await?;
+        Ok(queues.pop().unwrap_or_else(|| {
             // Resumed with nothing in it: a queue with no figures.
             queue(QueueStats { tenant, job_type, ..Default::default() })
         }))
@@ -60,9 +60,28 @@ impl JobApi {
         }
         let tenants = convert::listed_tenants(principal, request.tenant_id)?;
         require_cluster_version(&self.ctx)?;
-        let queues = figures(&self.ctx, Some(principal), tenants, &request.r#type, call).await?;
-        Ok(queues.into_iter().filter(|q| principal.may(Verb::Read, &q.job_type)).map(queue).collect())
+        let queues = described(&self.ctx, Some(principal), tenants, &request.r#type, call).await?;
+        Ok(queues.into_iter().filter(|q| principal.may(Verb::Read, &q.r#type)).collect())
     }
+}
+
+/// `tenants`' queues (of `job_type`, unless empty) as `drover.v1` gives
+/// them: every partition's figures merged, with each queue's limit once
+/// every member reads limits.
+pub async fn described(
+    ctx: &NodeContext,
+    principal: Option<&Arc<Principal>>,
+    tenants: Vec<String>,
+    job_type: &str,
+    call: &Call,
+) -> Result<Vec<pb::Queue>, ApiError> {
+    let mut queues: Vec<pb::Queue> =
+        figures(ctx, principal, tenants.clone(), job_type, call).await?.into_iter().map(queue).collect();
+    if super::limits::require_cluster_version(ctx).is_ok() {
+        let states = super::limits::states(ctx, principal, tenants, job_type, call).await?;
+        super::limits::attach(&mut queues, states);
+    }
+    Ok(queues)
 }
 
 /// Queues travel as data version 11 commands: refused, saying why, while a
@@ -119,5 +138,6 @@ pub fn queue(s: QueueStats) -> pb::Queue {
         last_minute: Some(counts(s.last_minute)),
         last_hour: Some(counts(s.last_hour)),
         at: s.at,
+        ..Default::default()
     }
 }

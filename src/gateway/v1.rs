@@ -283,6 +283,14 @@ impl Gateway for GatewayService {
         Ok(Response::new(SetQueuePausedResponse { queue: Some(self.api.set_queue_paused(&call, request).await?) }))
     }
 
+    async fn set_queue_limit(
+        &self,
+        request: Request<SetQueueLimitRequest>,
+    ) -> Result<Response<SetQueueLimitResponse>, Status> {
+        let (call, request) = parts(request)?;
+        Ok(Response::new(SetQueueLimitResponse { queue: Some(self.api.set_queue_limit(&call, request).await?) }))
+    }
+
     async fn list_queues(&self, request: Request<ListQueuesRequest>) -> Result<Response<ListQueuesResponse>, Status> {
         let (call, request) = parts(request)?;
         Ok(Response::new(ListQueuesResponse { queues: self.api.list_queues(&call, request).await? }))

@@ -281,7 +281,7 @@ impl PartitionState {
                 },
             };
             self.free_slot(&name, &spec.custom_headers);
-            if !out.available.iter().any(|t| *t == name.1) {
+            if !out.available.contains(&name.1) {
                 out.available.push(name.1.clone());
             }
         }

@@ -88,6 +88,9 @@ impl Ojs {
     async fn create(&self, call: &OjsCall, mut enqueue: Enqueue) -> Result<(StatusCode, Value), OjsError> {
         self.check_size(&enqueue.request)?;
         enqueue.request.tenant_id.clone_from(&call.tenant);
+        if let Some(declared) = &enqueue.limit {
+            self.declare_limit(call, &enqueue.request.r#type, declared).await?;
+        }
         match enqueue.unique.clone() {
             Some(unique) if enqueue.request.idempotency_key.is_empty() => {
                 self.create_unique(call, enqueue, unique).await

@@ -41,7 +41,7 @@ fn ms_or_null(ms: i64) -> Value {
 /// counts), with the spec's names beside (`status`, `completed_last_hour`).
 fn described(q: &pb::Queue) -> Value {
     let hour = q.last_hour.unwrap_or_default();
-    json!({
+    let mut described = json!({
         "name": q.r#type,
         "status": status(q),
         "paused": q.paused,
@@ -54,7 +54,26 @@ fn described(q: &pb::Queue) -> Value {
         "completed": hour.completed,
         "failed": hour.failed,
         "oldest_available_at": ms_or_null(q.oldest_available_at),
-    })
+    });
+    if let Some(limit) = &q.limit {
+        described["configuration"] = configuration(limit);
+    }
+    described
+}
+
+/// A limit as the admin API's queue `configuration` shows it: the queue's
+/// concurrency and rate, and each key's.
+fn configuration(limit: &pb::QueueLimit) -> Value {
+    let level = |l: &Option<pb::LimitLevel>| {
+        let l = l.unwrap_or_default();
+        json!({
+            "concurrency": (l.concurrency > 0).then_some(l.concurrency),
+            "rate_limit": (l.rate > 0).then(|| json!({"limit": l.rate, "period_ms": l.period_ms, "burst": l.burst})),
+        })
+    };
+    let mut shown = level(&limit.queue);
+    shown["per_key"] = level(&limit.per_key);
+    shown
 }
 
 /// The spec's statistics block: counts, the last hour's figures, and the
