@@ -94,6 +94,16 @@ async fn an_operator_retries_an_incident_from_the_console_in_a_browser() {
         ..Default::default()
     };
     client.raw().create_workflow(chain).await.unwrap();
+    // A limited queue for the queues page.
+    let limit = SetQueueLimitRequest {
+        r#type: "limited-mail".into(),
+        limit: Some(QueueLimit {
+            queue: Some(LimitLevel { rate: 5, concurrency: 2, ..Default::default() }),
+            ..Default::default()
+        }),
+        ..Default::default()
+    };
+    client.raw().set_queue_limit(limit).await.unwrap();
 
     // The browser works against another node than the one the job was made
     // through and the one the worker uses.

@@ -5,6 +5,8 @@ use clap::Subcommand;
 use drover::client::Client;
 use drover::proto::gateway::*;
 
+use drover::gateway::limits::{describe, describe_now};
+
 use super::{status_error, Target};
 
 #[derive(Subcommand)]
@@ -89,7 +91,7 @@ fn print(queues: &[Queue]) {
     );
     for q in queues {
         let hour = q.last_hour.unwrap_or_default();
-        let limit = q.limit.as_ref().map(|l| limit_text(l, q)).unwrap_or_default();
+        let limit = q.limit.as_ref().map(|l| format!("{}; {}", describe(l), describe_now(q))).unwrap_or_default();
         let oldest =
             if q.oldest_available_at == 0 { "-".into() } else { ((q.at - q.oldest_available_at) / 1000).to_string() };
         println!(
@@ -110,35 +112,6 @@ fn print(queues: &[Queue]) {
             println!("  limit: {limit}");
         }
     }
-}
-
-fn limit_text(limit: &QueueLimit, q: &Queue) -> String {
-    let level = |l: &Option<LimitLevel>| {
-        let l = l.unwrap_or_default();
-        let mut parts = Vec::new();
-        if l.rate > 0 {
-            parts.push(format!("{} per {} ms (burst {})", l.rate, l.period_ms, l.burst));
-        }
-        if l.concurrency > 0 {
-            parts.push(format!("{} at once", l.concurrency));
-        }
-        parts.join(", ")
-    };
-    let mut text = format!("home partition {}", q.limit_home);
-    for (name, l) in [("queue", &limit.queue), ("each key", &limit.per_key)] {
-        let said = level(l);
-        if !said.is_empty() {
-            text.push_str(&format!("; {name} {said}"));
-        }
-    }
-    text.push_str(&format!("; held now {}", q.limit_active));
-    if q.limit_tokens >= 0 {
-        text.push_str(&format!(", tokens {}", q.limit_tokens));
-    }
-    if q.limit_waiting_elsewhere > 0 {
-        text.push_str(&format!(", {} waiting on other partitions", q.limit_waiting_elsewhere));
-    }
-    text
 }
 
 pub(crate) async fn queue(command: QueueCommand, target: &Target) -> anyhow::Result<()> {

@@ -243,3 +243,22 @@ fn a_bucket_refills_evenly_never_past_its_burst() {
     assert_eq!(Rate::new(1, 1_000).burst, 1);
     assert_eq!(Rate::new(100, 1_000).burst, 10, "a tenth of the limit by default");
 }
+
+#[test]
+fn a_partitions_limits_read_back_for_the_tenants_asked_and_for_every_tenant() {
+    let mut p = Partition::new();
+    p.run(set(on_home(rate(10, 1_000, 3), concurrency(2))));
+    p.create(Vec::new());
+    p.take(1);
+    let read = |p: &mut Partition, tenants: Vec<String>| match p
+        .run(Command::GetLimits { tenants, job_type: String::new() })
+    {
+        CommandResult::Limits(states) => states,
+        other => panic!("not limits: {other:?}"),
+    };
+    let states = read(&mut p, vec!["*".into()]);
+    assert_eq!(states.len(), 1, "every tenant's");
+    assert_eq!((states[0].active, states[0].tokens, states[0].waiting), (1, Some(2), 0));
+    assert_eq!(read(&mut p, vec![TENANT.into()]).len(), 1);
+    assert!(read(&mut p, vec!["acme".into()]).is_empty(), "another tenant's are not");
+}

@@ -140,3 +140,41 @@ pub fn to_proto(limit: &QueueLimit) -> pb::QueueLimit {
     };
     pb::QueueLimit { queue: Some(level(&limit.queue)), per_key: Some(level(&limit.per_key)) }
 }
+
+/// A limit in words, for people: "10 per 1000 ms (burst 2), 4 at once;
+/// each key: 1 at once".
+pub fn describe(limit: &pb::QueueLimit) -> String {
+    let level = |l: &Option<pb::LimitLevel>| {
+        let l = l.unwrap_or_default();
+        let mut parts = Vec::new();
+        if l.rate > 0 {
+            parts.push(format!("{} per {} ms (burst {})", l.rate, l.period_ms, l.burst));
+        }
+        if l.concurrency > 0 {
+            parts.push(format!("{} at once", l.concurrency));
+        }
+        parts.join(", ")
+    };
+    let (queue, per_key) = (level(&limit.queue), level(&limit.per_key));
+    match (queue.is_empty(), per_key.is_empty()) {
+        (false, true) => queue,
+        (true, false) => format!("each key: {per_key}"),
+        _ => format!("{queue}; each key: {per_key}"),
+    }
+}
+
+/// What a limited queue's limit holds now, in words: "home partition 2,
+/// 3 held, 1 token, 5 waiting on other partitions".
+pub fn describe_now(q: &pb::Queue) -> String {
+    let mut text = format!("home partition {}, {} held", q.limit_home, q.limit_active);
+    if q.limit_tokens >= 0 {
+        text.push_str(&format!(", {} token{}", q.limit_tokens, if q.limit_tokens == 1 { "" } else { "s" }));
+    }
+    if q.limit_keys > 0 {
+        text.push_str(&format!(", {} keys", q.limit_keys));
+    }
+    if q.limit_waiting_elsewhere > 0 {
+        text.push_str(&format!(", {} waiting on other partitions", q.limit_waiting_elsewhere));
+    }
+    text
+}

@@ -163,6 +163,13 @@ try:
     if not driver.find_elements(By.CSS_SELECTOR, row_of + " button.resume"):
         fail("a paused queue offers no resume")
     shot("queues-paused.png")
+    # A limited queue with no job yet shows its limit and what it holds.
+    limited = driver.find_elements(By.CSS_SELECTOR, '#queues tr[data-queue="<default>/limited-mail"] .limit')
+    if not limited:
+        fail("the limited queue is not on the queues page")
+    said = limited[0].text
+    if "5 per 1000 ms" not in said or "2 at once" not in said or "home partition" not in said:
+        fail(f"the limited queue's limit reads {said!r}")
 
     # The schedule: active with a next run; then paused.
     driver.get(url + "/console/schedules")

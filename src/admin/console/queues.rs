@@ -1,6 +1,6 @@
 //! The console's queues page: per tenant and job type, jobs by state, the
-//! oldest waiting job's age, the last minute's and hour's rates, and
-//! whether it is paused, with pause and resume.
+//! oldest waiting job's age, the last minute's and hour's rates, whether
+//! it is paused, with pause and resume, and its rate and concurrency limit.
 
 use std::sync::Arc;
 
@@ -67,6 +67,8 @@ pub(super) async fn queues(
                 failed_hour => hour.failed,
                 wait => mean_ms(hour.wait_ms, hour.activated),
                 run => mean_ms(hour.run_ms, hour.completed),
+                limit => q.limit.as_ref().map(crate::gateway::limits::describe).unwrap_or_default(),
+                limit_now => q.limit.as_ref().map(|_| crate::gateway::limits::describe_now(q)).unwrap_or_default(),
             }
         })
         .collect();

@@ -341,11 +341,15 @@ impl PartitionState {
         }
     }
 
-    /// The limits of `tenants`' queues (of `job_type`, unless empty) here.
+    /// The limits of `tenants`' queues ("*": every tenant's; of `job_type`,
+    /// unless empty) here.
     pub(super) fn limit_states(&self, tenants: &[String], job_type: &str) -> Vec<LimitState> {
+        let every_tenant = tenants.iter().any(|t| t == "*");
         self.limits
             .iter()
-            .filter(|((tenant, t), _)| tenants.contains(tenant) && (job_type.is_empty() || t == job_type))
+            .filter(|((tenant, t), _)| {
+                (every_tenant || tenants.contains(tenant)) && (job_type.is_empty() || t == job_type)
+            })
             .map(|((tenant, t), limited)| {
                 let limit = limited.limit().clone();
                 let tokens = limit.queue.rate.map(|rate| {

@@ -575,6 +575,8 @@ impl RaftStateMachine<TypeConfig> for StateMachine {
 }
 
 #[cfg(test)]
+mod limit_tests;
+#[cfg(test)]
 mod tests;
 #[cfg(test)]
 mod workflow_tests;
