@@ -77,7 +77,12 @@ impl FaultFigures {
 
 /// The node that leads `partition`, by the nodes' own statuses: the first
 /// live node whose replica says it leads, within `limit`.
-async fn leader_of(cluster: &LocalCluster, partition: u32, live: &[bool], limit: Duration) -> anyhow::Result<usize> {
+pub(super) async fn leader_of(
+    cluster: &LocalCluster,
+    partition: u32,
+    live: &[bool],
+    limit: Duration,
+) -> anyhow::Result<usize> {
     let started = Instant::now();
     loop {
         for index in (0..cluster.nodes.len()).filter(|i| live[*i]) {

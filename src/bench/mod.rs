@@ -30,6 +30,7 @@
 mod conditions;
 pub mod delay;
 mod faults;
+mod limited;
 mod local;
 mod ojs;
 mod regions;
@@ -59,6 +60,11 @@ pub enum Workload {
     /// The throughput workload's jobs through the Open Job Spec HTTP binding:
     /// one request per enqueue, per fetch of up to 32 jobs and per ack.
     Ojs,
+    /// A queue limited to --limit-rate jobs a second, a backlog beyond it and
+    /// a streaming worker per gateway, the home partition's leader killed
+    /// half way through --duration: what the workers receive each second
+    /// (needs --local-nodes 3 or more).
+    Limited,
     /// Five local nodes in two regions, 40 ms apart each way: create-to-worker
     /// latency of a worker in each region at --rate, with leaders in one
     /// region, then the other (starts its own nodes; --local-nodes is not used).
@@ -116,6 +122,9 @@ pub struct BenchArgs {
     /// Seconds the latency workload runs.
     #[arg(long, default_value_t = 20)]
     pub duration: u64,
+    /// The limited workload's limit, jobs a second.
+    #[arg(long, default_value_t = 1000)]
+    pub limit_rate: u64,
     /// Leader kills the failover workload makes.
     #[arg(long, default_value_t = 5)]
     pub kills: usize,
@@ -293,6 +302,18 @@ pub async fn run(args: BenchArgs) -> anyhow::Result<bool> {
             };
             let figures = ojs::ojs(&args, &addresses).await?;
             clean &= figures.lost == 0 && figures.completed_twice == 0;
+            if args.json {
+                println!("{}", serde_json::to_string(&Report { workload: *workload, parameters: &args, figures })?);
+            } else {
+                figures.print();
+            }
+            continue;
+        }
+        if *workload == Workload::Limited {
+            let Some(cluster) = cluster.as_mut() else {
+                bail!("the limited workload kills and restarts a node: it needs --local-nodes");
+            };
+            let figures = limited::limited(&args, cluster).await?;
             if args.json {
                 println!("{}", serde_json::to_string(&Report { workload: *workload, parameters: &args, figures })?);
             } else {
