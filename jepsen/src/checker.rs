@@ -135,6 +135,8 @@ pub struct Report {
     pub ticks: crate::schedules::Ticks,
     /// Each workflow's steps and callbacks: lost and twice (see `workflows`).
     pub workflows: crate::workflows::Workflows,
+    /// The limited queue's activations held to its limit (see `limits`).
+    pub limits: crate::limits::Limits,
     pub valid: bool,
 }
 
@@ -167,6 +169,12 @@ impl Report {
         self.workflows = workflows;
     }
 
+    /// A limit exceeded or a limited job stuck: each one makes the run invalid.
+    pub fn add_limits(&mut self, limits: crate::limits::Limits) {
+        self.valid &= limits.anomalies() == 0;
+        self.limits = limits;
+    }
+
     /// Timing anomalies: each one makes the run invalid.
     pub fn add_timing(&mut self, timing: crate::timing::Timing) {
         self.valid &= timing.anomalies() == 0;
@@ -178,7 +186,7 @@ impl Report {
             "{}: {} attempted, {} acknowledged, {} completed, {} incidents, {} expired; lost {}, unexpected {}, \
              duplicated {}, stale {}, duplicate creates {}, misdelivered {}, stage twice {}, lost checkpoints {} (of \
              {}), divergent {}, recovered {}, worker kills {}, slow recoveries {}, early reactivations {}, early \
-             timers {}, late timers {}, expired job handed out {}; {}; {}; {}",
+             timers {}, late timers {}, expired job handed out {}; {}; {}; {}; {}",
             if self.valid { "VALID" } else { "INVALID" },
             self.attempted,
             self.acknowledged,
@@ -204,6 +212,7 @@ impl Report {
             self.expired_handed_out.len(),
             self.ticks.summary(),
             self.workflows.summary(),
+            self.limits.summary(),
             self.cross_tenant.summary(),
         )
     }
@@ -360,6 +369,7 @@ impl Report {
         );
         section(self.ticks.missed.iter().map(|m| format!("tick missed: {} at {}", m.schedule, m.tick)).collect());
         section(self.workflows.lines());
+        section(self.limits.lines());
         section(self.cross_tenant.effects.iter().map(|e| format!("cross-tenant effect: {e}")).collect());
         section(self.cross_tenant.reads.iter().map(|r| format!("cross-tenant read: {r}")).collect());
         lines.join("\n")

@@ -12,6 +12,7 @@ mod cluster;
 mod expiry;
 mod faketime;
 mod history;
+mod limits;
 mod lossyfs;
 mod nemesis;
 mod net;
@@ -596,6 +597,7 @@ async fn inner(dir: &Path) -> anyhow::Result<bool> {
     nodes.wait_ready(Duration::from_secs(60)).await?;
     // The cron workload's schedules tick from before the first fault.
     schedules::register(&config.gateways, args.partitions).await?;
+    limits::set(&config.gateways).await?;
 
     let shared = Arc::new(workload::Shared {
         recorder: workload::Recorder::new(),
@@ -626,6 +628,12 @@ async fn inner(dir: &Path) -> anyhow::Result<bool> {
     tasks.push(tokio::spawn(workflows::producer(Arc::clone(&shared), Arc::clone(&acknowledged))));
     for home in 0..2 {
         tasks.push(tokio::spawn(workflows::worker(Arc::clone(&shared), home)));
+    }
+    // A limited queue: one producer, three workers (see `limits`).
+    let limited = Arc::new(limits::Acknowledged::default());
+    tasks.push(tokio::spawn(limits::producer(Arc::clone(&shared), Arc::clone(&limited))));
+    for home in 0..3 {
+        tasks.push(tokio::spawn(limits::worker(Arc::clone(&shared), home)));
     }
     let producers = args.producers.max(1);
     for p in 0..producers {
@@ -774,6 +782,8 @@ async fn inner(dir: &Path) -> anyhow::Result<bool> {
         }
         step_reads(&nodes, nodes.token.as_deref()).await
     };
+    // The limited queue's jobs run out; their histories are read.
+    let limited_reads = limits::finish(&config.gateways, &limited.keys(), Duration::from_secs(60)).await;
     // The schedules stop where they are; every replica's ticks are read.
     let schedule_reads = schedules::finish(&config.gateways, args.partitions).await?;
     let ticks = tick_reads(&nodes, nodes.token.as_deref()).await;
@@ -804,6 +814,8 @@ async fn inner(dir: &Path) -> anyhow::Result<bool> {
     report.add_ticks(schedules::check(&schedule_reads, &ticks));
     std::fs::write(dir.join("schedules.json"), serde_json::to_string(&(&schedule_reads, &ticks))?)?;
     report.add_workflows(workflows::check(&workflow_reads, &steps_before, &steps_after));
+    report.add_limits(limits::check(&limited_reads));
+    std::fs::write(dir.join("limits.json"), serde_json::to_string(&limited_reads)?)?;
     let kept = (&workflow_reads, &steps_before, &steps_after);
     std::fs::write(dir.join("workflows.json"), serde_json::to_string(&kept)?)?;
     report.availability = availability::measure(&history, &stops);
