@@ -121,13 +121,22 @@ impl Bucket {
     }
 
     /// Refills to `now` (never past the burst, never backwards in time).
+    /// Only the time the whole thousandths gained took is spent: the rest
+    /// carries to the next refill, so a slow rate refilled often still
+    /// refills (a thousandth of 1,000 a day takes 86 ms).
     pub fn refill(&mut self, rate: &Rate, now: Millis) {
         let cap = i64::from(rate.burst) * MILLI;
         if now > self.at {
-            let gained = i128::from(now - self.at) * i128::from(rate.limit) * i128::from(MILLI)
-                / i128::from(rate.period_ms.max(1));
-            self.milli = (i128::from(self.milli) + gained).min(i128::from(cap)) as i64;
-            self.at = now;
+            let per_period = i128::from(rate.limit) * i128::from(MILLI);
+            let period = i128::from(rate.period_ms.max(1));
+            let gained = i128::from(now - self.at) * per_period / period;
+            let filled = i128::from(self.milli) + gained;
+            if filled >= i128::from(cap) {
+                (self.milli, self.at) = (cap, now);
+            } else {
+                self.milli = filled as i64;
+                self.at += (gained * period / per_period) as Millis;
+            }
         }
         self.milli = self.milli.min(cap);
     }

@@ -240,6 +240,15 @@ fn a_bucket_refills_evenly_never_past_its_burst() {
     assert_eq!(bucket.tokens(), 1);
     bucket.refill(&rate, 100_000);
     assert_eq!(bucket.tokens(), 2, "never past the burst");
+    // A slow rate refilled every millisecond still refills: the time a
+    // thousandth takes carries over.
+    let slow = Rate { limit: 1_000, period_ms: 3_600_000, burst: 1 };
+    let mut bucket = Bucket::full(&slow, 0);
+    bucket.take();
+    for now in 1..=3_600 {
+        bucket.refill(&slow, now);
+    }
+    assert_eq!(bucket.tokens(), 1, "one token after 3.6 s at 1,000 an hour, refilled each ms");
     assert_eq!(Rate::new(1, 1_000).burst, 1);
     assert_eq!(Rate::new(100, 1_000).burst, 10, "a tenth of the limit by default");
 }
