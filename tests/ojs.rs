@@ -680,7 +680,8 @@ async fn a_rate_limit_option_throttles_its_queue_and_only_a_manager_may_change_i
     let dir = tempfile::tempdir().unwrap();
     let (admin, producer) = (generate_secret(), generate_secret());
     let tokens = dir.path().join("tokens.toml");
-    let scopes = ["jobs:create:throttled".into(), "jobs:work:throttled".into(), "jobs:read:throttled".into()];
+    // A producer that may create and work, not read or manage.
+    let scopes = ["jobs:create:throttled".into(), "jobs:work:throttled".into()];
     let entries = token_entry("admin", &admin, &["*".into()], &["*".into()])
         + &token_entry("producer", &producer, &scopes, &["*".into()]);
     std::fs::write(&tokens, entries).unwrap();
@@ -696,13 +697,15 @@ async fn a_rate_limit_option_throttles_its_queue_and_only_a_manager_may_change_i
     ojs.token = Some(producer.clone());
     let (code, answer) = ojs.post("/ojs/v1/jobs", job(0, 1)).await;
     assert_error(code, &answer, 403, "forbidden");
-    ojs.token = Some(admin);
+    // An operator sets it (on gRPC, so the OJS port has not seen it).
+    let operator = node.client.clone().with_token(&admin).unwrap();
+    let limit = pb::QueueLimit { queue: Some(pb::LimitLevel { rate: 1, ..Default::default() }), per_key: None };
+    let request = pb::SetQueueLimitRequest { r#type: "throttled".into(), limit: Some(limit), ..Default::default() };
+    operator.raw().set_queue_limit(request).await.expect("the operator limits the queue");
+    // The limit it has already: creating is enough; another: refused.
     for n in 0..3 {
         ojs.enqueue(job(n, 1)).await;
     }
-    // The limit it has already: creating is enough; another: refused.
-    ojs.token = Some(producer);
-    ojs.enqueue(job(3, 1)).await;
     let (code, answer) = ojs.post("/ojs/v1/jobs", job(4, 5)).await;
     assert_error(code, &answer, 403, "forbidden");
     assert_eq!(ojs.fetch(&["throttled"]).await.len(), 1, "the first job");
@@ -714,6 +717,7 @@ async fn a_rate_limit_option_throttles_its_queue_and_only_a_manager_may_change_i
         next = ojs.fetch(&["throttled"]).await;
     }
     assert_eq!(next.len(), 1, "one a second");
+    ojs.token = Some(admin);
     let (code, stats) = ojs.get("/ojs/v1/queues/throttled/stats").await;
     assert_eq!(code, 200, "{stats}");
     assert_eq!(stats["queue"]["configuration"]["rate_limit"]["limit"], json!(1), "{stats}");

@@ -105,11 +105,15 @@ pub fn limit_key(headers: &[(String, String)]) -> Option<&str> {
     headers.iter().find(|(name, _)| name == LIMIT_KEY_HEADER).map(|(_, v)| v.as_str()).filter(|v| !v.is_empty())
 }
 
-/// A rate's bucket: thousandths of a token at `at` (partition time). A
-/// bucket not kept is full.
+/// A rate's bucket at `at` (partition time): `milli` thousandths of a
+/// token, and `rem` of the next thousandth counted in `1 / period_ms`ths
+/// (a millisecond adds `limit * 1000` of those), so refilling is exact and
+/// the same however often it is done: a replica that refilled once reaches
+/// what one that refilled at every entry did. A bucket not kept is full.
 #[derive(Clone, Copy, Debug, PartialEq, Eq, Serialize, Deserialize)]
 pub struct Bucket {
     pub milli: i64,
+    pub rem: i64,
     pub at: Millis,
 }
 
@@ -117,28 +121,25 @@ const MILLI: i64 = 1000;
 
 impl Bucket {
     pub fn full(rate: &Rate, now: Millis) -> Bucket {
-        Bucket { milli: i64::from(rate.burst) * MILLI, at: now }
+        Bucket { milli: i64::from(rate.burst) * MILLI, rem: 0, at: now }
     }
 
-    /// Refills to `now` (never past the burst, never backwards in time).
-    /// Only the time the whole thousandths gained took is spent: the rest
-    /// carries to the next refill, so a slow rate refilled often still
-    /// refills (a thousandth of 1,000 a day takes 86 ms).
+    /// Refills to `now`: never past the burst, never backwards in time.
     pub fn refill(&mut self, rate: &Rate, now: Millis) {
         let cap = i64::from(rate.burst) * MILLI;
         if now > self.at {
-            let per_period = i128::from(rate.limit) * i128::from(MILLI);
             let period = i128::from(rate.period_ms.max(1));
-            let gained = i128::from(now - self.at) * per_period / period;
-            let filled = i128::from(self.milli) + gained;
-            if filled >= i128::from(cap) {
-                (self.milli, self.at) = (cap, now);
-            } else {
-                self.milli = filled as i64;
-                self.at += (gained * period / per_period) as Millis;
-            }
+            let total = i128::from(self.rem) + i128::from(now - self.at) * i128::from(rate.limit) * i128::from(MILLI);
+            let milli = i128::from(self.milli) + total / period;
+            (self.milli, self.rem) = match milli >= i128::from(cap) {
+                true => (cap, 0),
+                false => (milli as i64, (total % period) as i64),
+            };
+            self.at = now;
         }
-        self.milli = self.milli.min(cap);
+        if self.milli >= cap {
+            (self.milli, self.rem) = (cap, 0);
+        }
     }
 
     /// Whole tokens in the bucket (after [`Self::refill`]).
@@ -160,10 +161,10 @@ impl Bucket {
         if self.milli >= MILLI {
             return self.at;
         }
-        let missing = i128::from(MILLI - self.milli);
-        let per = i128::from(rate.limit) * i128::from(MILLI);
-        let wait = (missing * i128::from(rate.period_ms.max(1))).div_euclid(per)
-            + i128::from((missing * i128::from(rate.period_ms.max(1))).rem_euclid(per) != 0);
+        let period = i128::from(rate.period_ms.max(1));
+        let missing = i128::from(MILLI - self.milli) * period - i128::from(self.rem);
+        let per_ms = i128::from(rate.limit) * i128::from(MILLI);
+        let wait = (missing + per_ms - 1) / per_ms;
         self.at.saturating_add(wait as Millis)
     }
 }

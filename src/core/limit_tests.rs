@@ -242,13 +242,27 @@ fn a_bucket_refills_evenly_never_past_its_burst() {
     assert_eq!(bucket.tokens(), 2, "never past the burst");
     // A slow rate refilled every millisecond still refills: the time a
     // thousandth takes carries over.
-    let slow = Rate { limit: 1_000, period_ms: 3_600_000, burst: 1 };
-    let mut bucket = Bucket::full(&slow, 0);
-    bucket.take();
-    for now in 1..=3_600 {
-        bucket.refill(&slow, now);
+    // Refilled at every millisecond or once, a bucket holds the same: a
+    // token exactly when the rate has made one, for odd rates too.
+    for (limit, period_ms, token_at) in [(1_000, 3_600_000, 3_600), (7, 3_000, 429), (100, 300, 3), (100, 60_000, 600)]
+    {
+        let rate = Rate { limit, period_ms, burst: 1 };
+        let (mut often, mut once) = (Bucket::full(&rate, 0), Bucket::full(&rate, 0));
+        often.take();
+        once.take();
+        assert_eq!(often.next_token_at(&rate), token_at, "{limit} per {period_ms} ms");
+        for now in 1..token_at {
+            often.refill(&rate, now);
+            assert_eq!(often.tokens(), 0, "{limit} per {period_ms} ms: no token yet at {now} ms");
+        }
+        often.refill(&rate, token_at);
+        once.refill(&rate, token_at);
+        assert_eq!(
+            (often.tokens(), often),
+            (1, once),
+            "{limit} per {period_ms} ms: a token at {token_at} ms, either way"
+        );
     }
-    assert_eq!(bucket.tokens(), 1, "one token after 3.6 s at 1,000 an hour, refilled each ms");
     assert_eq!(Rate::new(1, 1_000).burst, 1);
     assert_eq!(Rate::new(100, 1_000).burst, 10, "a tenth of the limit by default");
 }
@@ -270,4 +284,49 @@ fn a_partitions_limits_read_back_for_the_tenants_asked_and_for_every_tenant() {
     assert_eq!((states[0].active, states[0].tokens, states[0].waiting), (1, Some(2), 0));
     assert_eq!(read(&mut p, vec![TENANT.into()]).len(), 1);
     assert!(read(&mut p, vec!["acme".into()]).is_empty(), "another tenant's are not");
+}
+
+#[test]
+fn a_schedules_ticks_and_a_workflows_steps_of_a_limited_queue_are_made_where_they_live_and_held_there() {
+    use super::schedule::{Misfire, Overlap};
+    use super::workflow::{Kind, StepSpec};
+    // This partition is not the queue's home.
+    let mut p = Partition { state: PartitionState::new(1), now: 0 };
+    p.run(set(Some(QueueLimit { home: 2, queue: concurrency(1), per_key: Limit::default() })));
+    let template = Arc::new(JobSpec { job_type: TYPE.into(), tenant: TENANT.into(), ..Default::default() });
+    let schedule = super::ScheduleSpec {
+        tenant: TENANT.into(),
+        name: "every-second".into(),
+        expression: "* * * * * *".into(),
+        timezone: "UTC".into(),
+        template: Arc::clone(&template),
+        retries: 3,
+        overlap: Overlap::Allow,
+        misfire: Misfire::FireAll,
+        paused: false,
+        description: String::new(),
+    };
+    assert!(matches!(
+        p.run(Command::PutSchedule { spec: Arc::new(schedule), by: "ops".into() }),
+        CommandResult::ScheduleSet { .. }
+    ));
+    p.now = 2_000;
+    let CommandResult::Schedules(schedules) = p.run(Command::ListSchedules { tenants: vec![TENANT.into()] }) else {
+        panic!("schedules")
+    };
+    assert_eq!(schedules[0].runs, 2, "both ticks made their job here: {:?}", schedules[0]);
+    let step = StepSpec { template, retries: 3 };
+    let workflow = super::WorkflowSpec {
+        tenant: TENANT.into(),
+        id: "wf".into(),
+        name: String::new(),
+        kind: Kind::Group,
+        steps: vec![step.clone(), step],
+        callbacks: Vec::new(),
+    };
+    let made =
+        p.run(Command::CreateWorkflow { spec: Arc::new(workflow), by: "ops".into(), max_payload_bytes: 1 << 20 });
+    let CommandResult::Workflows(made) = made else { panic!("a workflow: {made:?}") };
+    assert!(made[0].steps.iter().all(|s| s.job.0 != 0), "each step's job made here: {:?}", made[0].steps);
+    assert_eq!(p.take(10).len(), 1, "and held to the limit here: four jobs, one at a time");
 }

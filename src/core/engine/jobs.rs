@@ -341,6 +341,27 @@ impl PartitionState {
         }
         Ok(Arc::new(JobSpec { variables: merged, ..JobSpec::clone(spec) }))
     }
+    /// A producer's create: made here, or, for a limited queue whose home
+    /// is another partition, answered [`CommandResult::Elsewhere`] (the
+    /// gateway sends it there). A create with an idempotency key stays where
+    /// its repeats will look for it, and so does a repeat of one made here
+    /// before the limit; the jobs a schedule or workflow makes are made
+    /// where they are (through [`Self::create`]).
+    pub(super) fn create_or_redirect(
+        &mut self,
+        new_job: &NewJob,
+        out: &mut ApplyOutput,
+    ) -> Result<CommandResult, CommandError> {
+        if !matches!(new_job.request, Some(RequestId::Key { .. })) {
+            if let Some(home) = self.limit_elsewhere(&new_job.spec.tenant, &new_job.spec.job_type) {
+                if new_job.request.as_ref().is_none_or(|request| self.requests.find(request).is_none()) {
+                    return Ok(CommandResult::Elsewhere(home));
+                }
+            }
+        }
+        self.create(new_job, out)
+    }
+
     pub(super) fn create(&mut self, new_job: &NewJob, out: &mut ApplyOutput) -> Result<CommandResult, CommandError> {
         if let Some(request) = &new_job.request {
             if let Some(seen) = self.requests.find(request) {
@@ -353,13 +374,6 @@ impl PartitionState {
                 }
                 let state = self.jobs.get(&seen.job).map(|job| job.state);
                 return Ok(CommandResult::Created { key: seen.job, created: false, state });
-            }
-        }
-        // A limited queue's jobs are made on its home, but a create with an
-        // idempotency key stays where its repeats will look for it.
-        if !matches!(new_job.request, Some(RequestId::Key { .. })) {
-            if let Some(home) = self.limit_elsewhere(&new_job.spec.tenant, &new_job.spec.job_type) {
-                return Ok(CommandResult::Elsewhere(home));
             }
         }
         if let Some(schema) = self.schemas.get(&new_job.spec.job_type) {
@@ -451,8 +465,10 @@ impl PartitionState {
             true => Vec::new(),
             false => queues.iter().map(|q| self.is_limited(&q.tenant, &activation.job_type)).collect(),
         };
-        // Jobs passed over because their key's limit holds them back.
+        // Jobs passed over because their key's limit holds them back, and
+        // how many of each queue.
         let mut passed: Vec<(QueueKey, JobKey)> = Vec::new();
+        let mut passes: Vec<usize> = vec![0; limited.len()];
         while (activated.len() as u32) < activation.max_jobs {
             let Some((queue, key)) = self.best_ready(&activation.job_type, &queues) else { break };
             let size = ActivatedJobData::encoded_len(&self.jobs[&key].spec, &activation.worker) as u64;
@@ -463,26 +479,29 @@ impl PartitionState {
             }
             let is_limited = limited.get(queue).copied().unwrap_or(false);
             if is_limited {
+                // Asking refills the buckets, taken from or not: stored either way.
+                let name = (queues[queue].tenant.clone(), activation.job_type.clone());
+                if !out.limits_changed.contains(&name) {
+                    out.limits_changed.push(name);
+                }
                 match self.admit(key) {
-                    Ok(()) => {
-                        let name = (queues[queue].tenant.clone(), activation.job_type.clone());
-                        if !out.limits_changed.contains(&name) {
-                            out.limits_changed.push(name);
-                        }
-                    }
+                    Ok(()) => {}
                     Err(super::limits::Blocked::Queue) => {
                         queues.remove(queue);
                         limited.remove(queue);
+                        passes.remove(queue);
                         continue;
                     }
                     Err(super::limits::Blocked::Key) => {
                         let popped = self.pop_ready(&activation.job_type, &queues[queue]);
                         debug_assert_eq!(popped, Some(key));
                         passed.push((queues[queue].clone(), key));
-                        if passed.len() >= super::limits::MAX_PASSED {
+                        passes[queue] += 1;
+                        if passes[queue] >= super::limits::MAX_PASSED {
                             // Enough looked at: the rest of the queue waits.
                             queues.remove(queue);
                             limited.remove(queue);
+                            passes.remove(queue);
                         }
                         continue;
                     }

@@ -16,8 +16,8 @@ use super::{ApplyOutput, PartitionState, QueueKey};
 use crate::core::limit::{limit_key, Bucket, Limit, LimitRecord, LimitState, QueueLimit, MAX_KEYS};
 use crate::core::{CommandResult, JobKey, JobState, Millis, PartitionId};
 
-/// Jobs one activation passes over for their keys' limits, at most; the
-/// rest of their queue waits for the next.
+/// Jobs of one queue an activation passes over for their keys' limits, at
+/// most; the rest of the queue waits for the next.
 pub(super) const MAX_PASSED: usize = 1024;
 
 /// (tenant, job type).
@@ -31,6 +31,9 @@ pub(super) struct Limited {
     buckets: BTreeMap<String, Bucket>,
     /// Activations held, by key (`""`: the whole queue's).
     active: BTreeMap<String, u32>,
+    /// When full buckets were last forgotten to make room for a new key
+    /// (once per entry's time at most).
+    dropped_at: Option<Millis>,
 }
 
 /// Why an activation may not take a job now.
@@ -55,8 +58,12 @@ impl Limited {
         if let Some(key) = key {
             if !per_key.is_none() {
                 if !self.buckets.contains_key(key) && self.buckets.len() >= MAX_KEYS {
-                    // Full buckets are as good as none: forget them first.
-                    self.drop_full(now);
+                    // Full buckets are as good as none: forget them first
+                    // (once per entry: another new key finds them gone).
+                    if self.dropped_at != Some(now) {
+                        self.dropped_at = Some(now);
+                        self.drop_full(now);
+                    }
                     if self.buckets.len() >= MAX_KEYS {
                         return Err(Blocked::Key);
                     }
@@ -141,10 +148,16 @@ impl PartitionState {
         self.limit_active.retain(|_, (queue, _)| *queue != name);
         match limit {
             None => {
-                self.limits.remove(&name);
+                if let Some(tenants) = self.limits.get_mut(job_type) {
+                    tenants.remove(tenant);
+                    if tenants.is_empty() {
+                        self.limits.remove(job_type);
+                    }
+                }
             }
             Some(limit) => {
-                let limited = self.limits.entry(name.clone()).or_default();
+                let limited =
+                    self.limits.entry(job_type.to_string()).or_default().entry(tenant.to_string()).or_default();
                 limited.limit = Some(limit.clone());
                 limited.active.clear();
                 limited.drop_full(self.clock);
@@ -172,8 +185,10 @@ impl PartitionState {
     /// Counts an activated job against its queue's limit, if it has one.
     fn count_held(&mut self, key: JobKey) {
         let job = &self.jobs[&key];
+        let Some(limited) = self.limits.get_mut(&job.spec.job_type).and_then(|t| t.get_mut(&job.spec.tenant)) else {
+            return;
+        };
         let name = (job.spec.tenant.clone(), job.spec.job_type.clone());
-        let Some(limited) = self.limits.get_mut(&name) else { return };
         let per_key = limited.limit().per_key;
         let job_key = limit_key(&job.spec.custom_headers).filter(|_| !per_key.is_none()).map(str::to_string);
         *limited.active.entry(String::new()).or_default() += 1;
@@ -183,9 +198,18 @@ impl PartitionState {
         self.limit_active.insert(key, (name, job.attempt));
     }
 
-    /// Whether the queue of `job` is limited here.
+    /// The queue's limit here, if it has one.
+    fn limited(&self, tenant: &str, job_type: &str) -> Option<&Limited> {
+        self.limits.get(job_type)?.get(tenant)
+    }
+
+    fn limited_mut(&mut self, tenant: &str, job_type: &str) -> Option<&mut Limited> {
+        self.limits.get_mut(job_type)?.get_mut(tenant)
+    }
+
+    /// Whether the queue is limited here.
     pub(super) fn is_limited(&self, tenant: &str, job_type: &str) -> bool {
-        !self.limits.is_empty() && self.limits.contains_key(&(tenant.to_string(), job_type.to_string()))
+        !self.limits.is_empty() && self.limited(tenant, job_type).is_some()
     }
 
     /// Where a create of a limited queue is to be made, when not here.
@@ -193,7 +217,7 @@ impl PartitionState {
         if self.limits.is_empty() {
             return None;
         }
-        let home = self.limits.get(&(tenant.to_string(), job_type.to_string()))?.limit().home;
+        let home = self.limited(tenant, job_type)?.limit().home;
         (home != self.partition).then_some(home)
     }
 
@@ -201,20 +225,23 @@ impl PartitionState {
     /// queue) now; takes its start if so.
     pub(super) fn admit(&mut self, key: JobKey) -> Result<(), Blocked> {
         let now = self.clock;
-        let job = &self.jobs[&key];
-        let name = (job.spec.tenant.clone(), job.spec.job_type.clone());
-        let job_key = limit_key(&job.spec.custom_headers).map(str::to_string);
-        let limited = self.limits.get_mut(&name).expect("admit is asked of limited queues");
-        match limited.check(job_key.as_deref(), now) {
+        let spec = std::sync::Arc::clone(&self.jobs[&key].spec);
+        let job_key = limit_key(&spec.custom_headers);
+        let limited = self.limited_mut(&spec.tenant, &spec.job_type).expect("admit is asked of limited queues");
+        match limited.check(job_key, now) {
             Ok(()) => {
-                limited.take(job_key.as_deref(), now);
+                limited.take(job_key, now);
                 Ok(())
             }
             Err(blocked) => {
                 let QueueLimit { queue, per_key, .. } = *limited.limit();
-                let wake = match blocked {
-                    Blocked::Queue => limited.next_token_at("", &queue),
-                    Blocked::Key => job_key.as_deref().and_then(|k| limited.next_token_at(k, &per_key)),
+                let wake = match (blocked, job_key) {
+                    (Blocked::Queue, _) => limited.next_token_at("", &queue),
+                    // No room for another key's bucket: full ones free up in time.
+                    (Blocked::Key, Some(k)) if !limited.buckets.contains_key(k) && !limited.active.contains_key(k) => {
+                        per_key.rate.map(|rate| now.saturating_add(rate.period_ms.min(1_000)))
+                    }
+                    (Blocked::Key, k) => k.and_then(|k| limited.next_token_at(k, &per_key)),
                 };
                 if let Some(at) = wake {
                     self.limit_wake = Some(self.limit_wake.map_or(at, |w| w.min(at)));
@@ -238,7 +265,7 @@ impl PartitionState {
 
     /// An activation of `name` whose job has `headers` ended.
     fn free_slot(&mut self, name: &QueueName, headers: &[(String, String)]) {
-        let Some(limited) = self.limits.get_mut(name) else { return };
+        let Some(limited) = self.limited_mut(&name.0, &name.1) else { return };
         let per_key = limited.limit().per_key;
         let job_key = limit_key(headers).filter(|_| !per_key.is_none());
         for level in std::iter::once("").chain(job_key) {
@@ -263,23 +290,20 @@ impl PartitionState {
         // Each key is looked at once per batch: from where the last look stopped.
         let (touched, finished) = out.limits_scanned;
         out.limits_scanned = (out.touched.len(), out.finished.len());
-        let keys = out.touched[touched..].iter().copied().chain(out.finished[finished..].iter().map(|j| j.key));
-        let ended: Vec<JobKey> = keys
-            .filter(|key| {
+        // (key, its spec) of each job touched or finished since.
+        let live = out.touched[touched..].iter().filter_map(|key| Some((*key, &self.jobs.get(key)?.spec)));
+        let gone = out.finished[finished..].iter().map(|job| (job.key, &job.spec));
+        let ended: Vec<(JobKey, std::sync::Arc<crate::core::JobSpec>)> = live
+            .chain(gone)
+            .filter(|(key, _)| {
                 self.limit_active.get(key).is_some_and(|(_, attempt)| {
                     !self.jobs.get(key).is_some_and(|j| j.state == JobState::Activated && j.attempt == *attempt)
                 })
             })
+            .map(|(key, spec)| (key, std::sync::Arc::clone(spec)))
             .collect();
-        for key in ended {
+        for (key, spec) in ended {
             let Some((name, _)) = self.limit_active.remove(&key) else { continue };
-            let spec = match self.jobs.get(&key) {
-                Some(job) => std::sync::Arc::clone(&job.spec),
-                None => match out.finished.iter().find(|j| j.key == key) {
-                    Some(job) => std::sync::Arc::clone(&job.spec),
-                    None => continue,
-                },
-            };
             self.free_slot(&name, &spec.custom_headers);
             if !out.available.contains(&name.1) {
                 out.available.push(name.1.clone());
@@ -295,7 +319,7 @@ impl PartitionState {
             return;
         }
         self.limit_wake = None;
-        for (_, job_type) in self.limits.keys() {
+        for job_type in self.limits.keys() {
             if self.ready.contains_key(job_type) && !out.available.iter().any(|t| t == job_type) {
                 out.available.push(job_type.clone());
             }
@@ -304,7 +328,7 @@ impl PartitionState {
 
     /// A queue's limit as stored, with its buckets; `None`: not limited.
     pub fn limit_record(&self, tenant: &str, job_type: &str) -> Option<LimitRecord> {
-        let limited = self.limits.get(&(tenant.to_string(), job_type.to_string()))?;
+        let limited = self.limited(tenant, job_type)?;
         Some(LimitRecord {
             tenant: tenant.to_string(),
             job_type: job_type.to_string(),
@@ -315,21 +339,21 @@ impl PartitionState {
 
     /// Every limit, as stored.
     pub fn all_limit_records(&self) -> Vec<LimitRecord> {
-        self.limits.keys().filter_map(|(tenant, job_type)| self.limit_record(tenant, job_type)).collect()
+        let names = self.limits.iter().flat_map(|(job_type, tenants)| tenants.keys().map(move |t| (t, job_type)));
+        names.filter_map(|(tenant, job_type)| self.limit_record(tenant, job_type)).collect()
     }
 
     /// Restores the stored limits (before the jobs are indexed, which
     /// counts the activations they hold).
     pub(super) fn restore_limits(&mut self, records: Vec<LimitRecord>) {
         for record in records {
-            self.limits.insert(
-                (record.tenant, record.job_type),
-                Limited {
-                    limit: Some(record.limit),
-                    buckets: record.buckets.into_iter().collect(),
-                    active: Default::default(),
-                },
-            );
+            let limited = Limited {
+                limit: Some(record.limit),
+                buckets: record.buckets.into_iter().collect(),
+                active: Default::default(),
+                dropped_at: None,
+            };
+            self.limits.entry(record.job_type).or_default().insert(record.tenant, limited);
         }
     }
 
@@ -347,10 +371,10 @@ impl PartitionState {
         let every_tenant = tenants.iter().any(|t| t == "*");
         self.limits
             .iter()
-            .filter(|((tenant, t), _)| {
-                (every_tenant || tenants.contains(tenant)) && (job_type.is_empty() || t == job_type)
-            })
-            .map(|((tenant, t), limited)| {
+            .filter(|(t, _)| job_type.is_empty() || *t == job_type)
+            .flat_map(|(t, by_tenant)| by_tenant.iter().map(move |(tenant, limited)| (tenant, t, limited)))
+            .filter(|(tenant, _, _)| every_tenant || tenants.contains(tenant))
+            .map(|(tenant, t, limited)| {
                 let limit = limited.limit().clone();
                 let tokens = limit.queue.rate.map(|rate| {
                     let mut bucket =
@@ -376,22 +400,14 @@ impl PartitionState {
             .collect()
     }
 
-    /// How many jobs of the queue an activation could take now, at most, by
-    /// its limit (`None`: not limited); for the leader's offers.
+    /// How many jobs of the queue an activation could take, at most, by
+    /// its concurrency (`None`: not limited so); for the leader's offers. A
+    /// rate is not judged here: the leader's time has moved on since the
+    /// last entry, and an activation the bucket refuses sets the wake-up
+    /// for its next token.
     pub(super) fn limit_room(&self, tenant: &str, job_type: &str) -> Option<u64> {
-        let limited = self.limits.get(&(tenant.to_string(), job_type.to_string()))?;
-        let queue = limited.limit().queue;
-        let mut room = u64::MAX;
-        if let Some(most) = queue.concurrency {
-            room = room.min(u64::from(most.saturating_sub(limited.active.get("").copied().unwrap_or(0))));
-        }
-        if let Some(rate) = queue.rate {
-            if let Some(bucket) = limited.buckets.get("") {
-                let mut bucket = *bucket;
-                bucket.refill(&rate, self.clock);
-                room = room.min(bucket.tokens().max(0) as u64);
-            }
-        }
-        Some(room)
+        let limited = self.limited(tenant, job_type)?;
+        let most = limited.limit().queue.concurrency?;
+        Some(u64::from(most.saturating_sub(limited.active.get("").copied().unwrap_or(0))))
     }
 }

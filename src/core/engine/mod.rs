@@ -115,8 +115,8 @@ pub struct PartitionState {
     step_jobs: FastMap<JobKey, (workflows::Name, crate::core::workflow::StepRef)>,
     /// Finished workflows by when they ended, for forgetting them.
     retired: BTreeSet<(Millis, workflows::Name)>,
-    /// Limited queues (see `limits`).
-    limits: BTreeMap<limits::QueueName, limits::Limited>,
+    /// Limited queues: type -> tenant -> limit (see `limits`).
+    limits: BTreeMap<String, BTreeMap<String, limits::Limited>>,
     /// Activations of limited queues held now: (queue, attempt) by job.
     limit_active: FastMap<JobKey, (limits::QueueName, u32)>,
     /// When a bucket that held jobs back has a token again. In memory
@@ -341,7 +341,7 @@ impl PartitionState {
 
     fn execute(&mut self, command: &Command, out: &mut ApplyOutput) -> Result<CommandResult, CommandError> {
         match command {
-            Command::Create(new_job) => self.create(new_job, out),
+            Command::Create(new_job) => self.create_or_redirect(new_job, out),
             Command::Activate(activation) => self.activate_for(activation, out),
             Command::Complete { key, attempt, variables } => self.complete(*key, *attempt, variables, out),
             Command::Fail {

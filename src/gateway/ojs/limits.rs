@@ -3,7 +3,9 @@
 //! queue before the job is made, when it is not the queue's limit already.
 //! Setting it is managing the queue: it needs `jobs:manage:<queue>`, as
 //! `drover queue limit` does; an enqueue that declares the limit the queue
-//! has needs only `jobs:create`.
+//! has needs only `jobs:create`. Two enqueues declaring different levels at
+//! once both read, merge and write: the later write wins, and the next
+//! enqueue that declares the lost level sets it again.
 
 use std::time::{Duration, Instant};
 
@@ -24,7 +26,11 @@ pub(super) type Known = std::collections::HashMap<(String, String), (pb::QueueLi
 
 impl Ojs {
     /// Makes `declared` the limit of `queue` (merged with the level it does
-    /// not name), unless it is already.
+    /// not name), unless it is already. The queue's limit is read as the
+    /// broker (a producer that may only create learns no more than whether
+    /// its declaration matched), fresh whenever this gateway's last sight of
+    /// it does not already match: a level another gateway set meanwhile is
+    /// kept, not overwritten from a stale copy.
     pub(super) async fn declare_limit(
         &self,
         call: &OjsCall,
@@ -33,42 +39,45 @@ impl Ojs {
     ) -> Result<(), OjsError> {
         let tenant = call.scope();
         let name = (tenant.clone(), queue.to_string());
+        let home = limit_home(&tenant, queue, self.ctx.topology.partition_count());
         let known = {
             let known = self.limits.lock().expect("limits lock");
             known.get(&name).filter(|(_, at)| at.elapsed() < KNOWN_FOR).map(|(limit, _)| *limit)
         };
-        let current = match known {
-            Some(limit) => Some(limit),
-            None => {
-                limits::require_cluster_version(&self.ctx).map_err(OjsError::from)?;
-                let states =
-                    limits::states(&self.ctx, Some(&call.principal), vec![tenant.clone()], queue, call).await?;
-                states.first().map(|s| limits::to_proto(&s.limit))
-            }
-        };
-        let mut wanted = current.unwrap_or_default();
-        if declared.per_key {
-            wanted.per_key = Some(declared.level);
-        } else {
-            wanted.queue = Some(declared.level);
+        if known.is_some() && Some(merged(known, declared, home)?) == known {
+            return Ok(());
         }
-        if current.as_ref() != Some(&wanted) {
-            let home = limit_home(&tenant, queue, self.ctx.topology.partition_count());
+        limits::require_cluster_version(&self.ctx).map_err(OjsError::from)?;
+        let states = limits::states(&self.ctx, None, vec![tenant.clone()], queue, call).await?;
+        let current = states.first().map(|s| limits::to_proto(&s.limit));
+        let wanted = merged(current, declared, home)?;
+        if current != Some(wanted) {
             let limit = limits::from_proto(wanted, home)?;
-            // Stored as the limit reads back: defaults filled in.
-            wanted = limits::to_proto(&limit);
-            if current.as_ref() != Some(&wanted) {
-                crate::auth::audit(
-                    &call.principal,
-                    "limit_queue",
-                    serde_json::json!({"type": queue, "tenant": tenant, "limit": format!("{limit:?}"), "via": "ojs"}),
-                );
-                limits::set_everywhere(&self.ctx, Some(&call.principal), &tenant, queue, Some(limit), call).await?;
-            }
+            crate::auth::audit(
+                &call.principal,
+                "limit_queue",
+                serde_json::json!({"type": queue, "tenant": tenant, "limit": format!("{limit:?}"), "via": "ojs"}),
+            );
+            limits::set_everywhere(&self.ctx, Some(&call.principal), &tenant, queue, Some(limit), call).await?;
         }
         self.limits.lock().expect("limits lock").insert(name, (wanted, Instant::now()));
         Ok(())
     }
+}
+
+/// `current` with the level `declared` names replaced, as it reads back
+/// once set (defaults filled in).
+fn merged(
+    current: Option<pb::QueueLimit>,
+    declared: &DeclaredLimit,
+    home: crate::core::PartitionId,
+) -> Result<pb::QueueLimit, OjsError> {
+    let mut wanted = current.unwrap_or_default();
+    match declared.per_key {
+        true => wanted.per_key = Some(declared.level),
+        false => wanted.queue = Some(declared.level),
+    }
+    Ok(limits::to_proto(&limits::from_proto(wanted, home)?))
 }
 
 /// `options.rate_limit` as a limit level and its key: `max_per_second`,
