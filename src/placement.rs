@@ -13,6 +13,8 @@
 
 use std::collections::{BTreeMap, BTreeSet};
 
+pub mod rebalance;
+
 /// A node's id, as in the member list.
 pub type NodeId = u64;
 /// A partition's number.
