@@ -130,3 +130,29 @@ async fn a_queue_limit_holds_across_the_cluster_and_through_a_leader_kill() {
         );
     }
 }
+
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn the_cli_limits_shows_and_lifts_a_queues_limit_and_says_why_it_refuses_one() {
+    let node = common::LocalNode::start().await;
+    let address = node.node().grpc_addr.to_string();
+    let drover = |args: &[&str]| {
+        let mut all = vec!["queue"];
+        all.extend_from_slice(args);
+        all.extend_from_slice(&["--address", &address]);
+        let all: Vec<String> = all.into_iter().map(String::from).collect();
+        async move {
+            let all: Vec<&str> = all.iter().map(String::as_str).collect();
+            common::run_drover(&all, &[]).await
+        }
+    };
+    let (ok, out, err) =
+        drover(&["limit", "mail", "--rate", "5", "--concurrency", "2", "--key-concurrency", "1"]).await;
+    assert!(ok, "{err}");
+    assert!(out.contains("5 per 1000 ms (burst 1), 2 at once; each key: 1 at once"), "{out}");
+    let (ok, out, err) = drover(&["list", "mail"]).await;
+    assert!(ok && out.contains("limit: 5 per 1000 ms") && out.contains("home partition"), "{out}{err}");
+    let (ok, _, err) = drover(&["limit", "mail", "--concurrency", "0"]).await;
+    assert!(!ok && err.contains("needs a rate or a concurrency"), "{err}");
+    let (ok, out, err) = drover(&["unlimit", "mail"]).await;
+    assert!(ok && !out.contains("limit:"), "{out}{err}");
+}
