@@ -21,6 +21,22 @@ async fn node() -> LocalNode {
     .await
 }
 
+/// A node serving OJS on `partitions` partitions that knows the tokens of
+/// `entries` (a tokens file's text); the directory holding the file is
+/// returned to live as long as the node.
+async fn node_with_tokens(entries: &str, partitions: u32) -> (LocalNode, tempfile::TempDir) {
+    let dir = tempfile::tempdir().unwrap();
+    let tokens = dir.path().join("tokens.toml");
+    std::fs::write(&tokens, entries).unwrap();
+    let node = LocalNode::start_with(move |config| {
+        config.ojs_addr = Some("127.0.0.1:0".parse().unwrap());
+        config.partitions = partitions;
+        config.auth.tokens_file = Some(tokens);
+    })
+    .await;
+    (node, dir)
+}
+
 struct Ojs {
     addr: String,
     token: Option<String>,
@@ -429,9 +445,7 @@ async fn ojs_drover_and_zeebe_workers_share_one_job_type() {
 #[tokio::test(flavor = "multi_thread", worker_threads = 2)]
 async fn the_ojs_port_takes_the_same_tokens_and_scopes_as_the_grpc_port() {
     use drover::auth::keys::{generate_secret, token_entry};
-    let dir = tempfile::tempdir().unwrap();
     let (admin, worker) = (generate_secret(), generate_secret());
-    let tokens = dir.path().join("tokens.toml");
     let entries = token_entry("admin", &admin, &["*".into()], &["*".into()])
         + &token_entry(
             "mailer",
@@ -439,12 +453,7 @@ async fn the_ojs_port_takes_the_same_tokens_and_scopes_as_the_grpc_port() {
             &["jobs:create:mail".into(), "jobs:work:mail".into(), "jobs:read:mail".into()],
             &["acme".into()],
         );
-    std::fs::write(&tokens, entries).unwrap();
-    let node = LocalNode::start_with(move |config| {
-        config.ojs_addr = Some("127.0.0.1:0".parse().unwrap());
-        config.auth.tokens_file = Some(tokens);
-    })
-    .await;
+    let (node, _dir) = node_with_tokens(&entries, 1).await;
     let mut ojs = Ojs::of(&node);
     let (code, health) = ojs.get("/ojs/v1/health").await;
     assert_eq!((code, health["status"].as_str()), (200, Some("ok")), "probes need no token");
@@ -635,18 +644,11 @@ async fn an_ack_of_a_client_id_that_looks_server_made_completes_its_own_job_only
 #[tokio::test(flavor = "multi_thread", worker_threads = 2)]
 async fn a_worker_token_acks_and_nacks_its_queue_without_read_and_another_tenants_worker_may_not() {
     use drover::auth::keys::{generate_secret, token_entry};
-    let dir = tempfile::tempdir().unwrap();
     let (producer, worker, stranger) = (generate_secret(), generate_secret(), generate_secret());
-    let tokens = dir.path().join("tokens.toml");
     let entries = token_entry("producer", &producer, &["jobs:create:mail".into()], &["acme".into()])
         + &token_entry("worker", &worker, &["jobs:work:mail".into()], &["acme".into()])
         + &token_entry("stranger", &stranger, &["jobs:*".into()], &["globex".into()]);
-    std::fs::write(&tokens, entries).unwrap();
-    let node = LocalNode::start_with(move |config| {
-        config.ojs_addr = Some("127.0.0.1:0".parse().unwrap());
-        config.auth.tokens_file = Some(tokens);
-    })
-    .await;
+    let (node, _dir) = node_with_tokens(&entries, 1).await;
     let mut ojs = Ojs::of(&node);
     ojs.tenant = Some("acme".into());
     ojs.token = Some(producer);
@@ -677,20 +679,12 @@ async fn a_worker_token_acks_and_nacks_its_queue_without_read_and_another_tenant
 #[tokio::test(flavor = "multi_thread", worker_threads = 2)]
 async fn a_rate_limit_option_throttles_its_queue_and_only_a_manager_may_change_it() {
     use drover::auth::keys::{generate_secret, token_entry};
-    let dir = tempfile::tempdir().unwrap();
     let (admin, producer) = (generate_secret(), generate_secret());
-    let tokens = dir.path().join("tokens.toml");
     // A producer that may create and work, not read or manage.
     let scopes = ["jobs:create:throttled".into(), "jobs:work:throttled".into()];
     let entries = token_entry("admin", &admin, &["*".into()], &["*".into()])
         + &token_entry("producer", &producer, &scopes, &["*".into()]);
-    std::fs::write(&tokens, entries).unwrap();
-    let node = LocalNode::start_with(move |config| {
-        config.ojs_addr = Some("127.0.0.1:0".parse().unwrap());
-        config.partitions = 3;
-        config.auth.tokens_file = Some(tokens);
-    })
-    .await;
+    let (node, _dir) = node_with_tokens(&entries, 3).await;
     let mut ojs = Ojs::of(&node);
     let job = |n: u32, per_second: u32| json!({"type": "throttled.job", "args": [n], "options": {"queue": "throttled", "rate_limit": {"max_per_second": per_second}}});
     // Declaring a limit the queue does not have is managing it.

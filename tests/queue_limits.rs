@@ -135,16 +135,8 @@ async fn a_queue_limit_holds_across_the_cluster_and_through_a_leader_kill() {
 async fn the_cli_limits_shows_and_lifts_a_queues_limit_and_says_why_it_refuses_one() {
     let node = common::LocalNode::start().await;
     let address = node.node().grpc_addr.to_string();
-    let drover = |args: &[&str]| {
-        let mut all = vec!["queue"];
-        all.extend_from_slice(args);
-        all.extend_from_slice(&["--address", &address]);
-        let all: Vec<String> = all.into_iter().map(String::from).collect();
-        async move {
-            let all: Vec<&str> = all.iter().map(String::as_str).collect();
-            common::run_drover(&all, &[]).await
-        }
-    };
+    let cli = common::Cli::new("queue", address);
+    let drover = |args: &'static [&'static str]| cli.run(args);
     let (ok, out, err) =
         drover(&["limit", "mail", "--rate", "5", "--concurrency", "2", "--key-concurrency", "1"]).await;
     assert!(ok, "{err}");

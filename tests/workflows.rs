@@ -194,16 +194,8 @@ async fn a_batch_fires_its_callbacks_once_and_ojs_shows_the_workflow() {
 async fn the_cli_creates_shows_lists_and_cancels_a_workflow() {
     let node = LocalNode::start().await;
     let address = node.node().grpc_addr.to_string();
-    let drover = |args: &[&str]| {
-        let mut all = vec!["workflow"];
-        all.extend_from_slice(args);
-        all.extend_from_slice(&["--address", &address]);
-        let all: Vec<String> = all.into_iter().map(String::from).collect();
-        async move {
-            let all: Vec<&str> = all.iter().map(String::as_str).collect();
-            common::run_drover(&all, &[]).await
-        }
-    };
+    let cli = common::Cli::new("workflow", address);
+    let drover = |args: &'static [&'static str]| cli.run(args);
     let (ok, out, err) = drover(&["create", "batch", "send", "send", "--on-failure", "alarm", "--id", "cli-1"]).await;
     assert!(ok, "{err}");
     let made: Value = serde_json::from_str(&out).expect("the workflow as JSON");

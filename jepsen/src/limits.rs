@@ -20,7 +20,9 @@ use std::time::Duration;
 
 use drover::client::Client;
 use drover::core::limit::LIMIT_KEY_HEADER;
-use drover::proto::gateway::{CreateJobRequest, GetJobRequest, LimitLevel, QueueLimit, SetQueueLimitRequest};
+use drover::proto::gateway::{
+    ActivatedJob, CreateJobRequest, GetJobRequest, LimitLevel, QueueLimit, SetQueueLimitRequest,
+};
 use serde::Serialize;
 
 use crate::schedules::through_any;
@@ -90,25 +92,14 @@ pub async fn producer(shared: Arc<Shared>, acknowledged: Arc<Acknowledged>) {
 
 /// Takes the queue's jobs through gateway `home` and the next ones in turn.
 pub async fn worker(shared: Arc<Shared>, home: usize) {
-    let gateways = &shared.gateways;
-    let mut at = home;
-    while !shared.stop.load(Ordering::Relaxed) {
-        at = (at + 1) % gateways.len();
-        let Ok(client) = Client::connect_lazy(&gateways[at]) else { continue };
-        let activated = tokio::time::timeout(
-            Duration::from_secs(5),
-            client.activate(LIMITED_TYPE, "jepsen-limited", 4, 5_000, 1_000),
-        )
-        .await;
-        let Ok(Ok(jobs)) = activated else {
-            tokio::time::sleep(Duration::from_millis(200)).await;
-            continue;
-        };
-        for job in jobs {
-            tokio::time::sleep(HOLD).await;
-            // A lost answer: the job times out and is taken again.
-            drop(client.complete(job.key, job.attempt, "{}").await);
-        }
+    shared.poll_in_turn(home, LIMITED_TYPE, "jepsen-limited", 4, work).await
+}
+
+async fn work(client: Client, jobs: Vec<ActivatedJob>) {
+    for job in jobs {
+        tokio::time::sleep(HOLD).await;
+        // A lost answer: the job times out and is taken again.
+        drop(client.complete(job.key, job.attempt, "{}").await);
     }
 }
 

@@ -91,37 +91,26 @@ pub async fn producer(shared: Arc<Shared>, acknowledged: Arc<Acknowledged>) {
 /// Works the steps and callbacks through gateway `home` and the next ones
 /// in turn: completes each, or fails it for good when it says so.
 pub async fn worker(shared: Arc<Shared>, home: usize) {
-    let gateways = &shared.gateways;
-    let mut at = home;
-    while !shared.stop.load(Ordering::Relaxed) {
-        at = (at + 1) % gateways.len();
-        let Ok(client) = Client::connect_lazy(&gateways[at]) else { continue };
-        let activated = tokio::time::timeout(
-            Duration::from_secs(5),
-            client.activate(STEP_TYPE, "jepsen-wf-worker", 10, 5_000, 1_000),
-        )
-        .await;
-        let Ok(Ok(jobs)) = activated else {
-            tokio::time::sleep(Duration::from_millis(200)).await;
-            continue;
-        };
-        for job in jobs {
-            let fail = job.variables.contains("\"fail\":true");
-            let answer = if fail {
-                let request = FailJobRequest {
-                    key: job.key,
-                    attempt: job.attempt,
-                    retries: 0,
-                    error_message: "the fault suite's failing step".into(),
-                    ..Default::default()
-                };
-                client.raw().fail_job(request).await.map(drop)
-            } else {
-                client.complete(job.key, job.attempt, r#"{"done":true}"#).await
+    shared.poll_in_turn(home, STEP_TYPE, "jepsen-wf-worker", 10, work).await
+}
+
+async fn work(client: Client, jobs: Vec<drover::proto::gateway::ActivatedJob>) {
+    for job in jobs {
+        let fail = job.variables.contains("\"fail\":true");
+        let answer = if fail {
+            let request = FailJobRequest {
+                key: job.key,
+                attempt: job.attempt,
+                retries: 0,
+                error_message: "the fault suite's failing step".into(),
+                ..Default::default()
             };
-            // A lost answer: the job times out and is worked again.
-            drop(answer);
-        }
+            client.raw().fail_job(request).await.map(drop)
+        } else {
+            client.complete(job.key, job.attempt, r#"{"done":true}"#).await
+        };
+        // A lost answer: the job times out and is worked again.
+        drop(answer);
     }
 }
 

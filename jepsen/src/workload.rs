@@ -132,6 +132,29 @@ pub struct Shared {
 }
 
 impl Shared {
+    /// Until everything stops: polls up to `max` jobs of `job_type` (5 s
+    /// activations) through gateway `home + 1` and the next ones in turn,
+    /// and hands each batch, with the client that took it, to `work`.
+    pub async fn poll_in_turn<F, Fut>(&self, home: usize, job_type: &str, worker: &str, max: i32, mut work: F)
+    where
+        F: FnMut(Client, Vec<drover::proto::gateway::ActivatedJob>) -> Fut,
+        Fut: std::future::Future<Output = ()>,
+    {
+        let mut at = home;
+        while !self.stop.load(Ordering::Relaxed) {
+            at = (at + 1) % self.gateways.len();
+            let Ok(client) = Client::connect_lazy(&self.gateways[at]) else { continue };
+            let activated =
+                tokio::time::timeout(Duration::from_secs(5), client.activate(job_type, worker, max, 5_000, 1_000))
+                    .await;
+            let Ok(Ok(jobs)) = activated else {
+                tokio::time::sleep(Duration::from_millis(200)).await;
+                continue;
+            };
+            work(client, jobs).await;
+        }
+    }
+
     fn backlog_of(&self, job_type: &str) -> Option<&Mutex<HashSet<u64>>> {
         match job_type {
             JOB_TYPE => Some(&self.backlog[0]),

@@ -128,3 +128,26 @@ pub async fn everywhere_as(
     });
     join_all(runs).await
 }
+
+/// A read run on every partition (see [`everywhere_as`]), each answer's
+/// items gathered in partition order: `take` takes them out of the answer,
+/// or answers `None` when it is of another kind (an internal error naming
+/// `what` and the answer).
+pub async fn gather_everywhere<T>(
+    ctx: &NodeContext,
+    principal: Option<&Arc<Principal>>,
+    command: impl FnMut(PartitionId) -> Command,
+    deadline: Instant,
+    what: &str,
+    take: impl Fn(&mut CommandResult) -> Option<Vec<T>>,
+) -> Result<Vec<T>, ApiError> {
+    let mut gathered = Vec::new();
+    for result in everywhere_as(ctx, principal, command, deadline).await {
+        let mut answer = result?;
+        match take(&mut answer) {
+            Some(items) => gathered.extend(items),
+            None => return Err(ApiError::Internal(format!("{what} was answered with {answer:?}"))),
+        }
+    }
+    Ok(gathered)
+}

@@ -9,7 +9,7 @@ use std::sync::Arc;
 use super::call::Call;
 use super::convert;
 use super::error::ApiError;
-use super::fanout::everywhere_as;
+use super::fanout::{everywhere_as, gather_everywhere};
 use super::jobs::JobApi;
 use crate::auth::{Principal, Verb};
 use crate::context::NodeContext;
@@ -76,14 +76,11 @@ pub async fn states(
     call: &Call,
 ) -> Result<Vec<LimitState>, ApiError> {
     let command = |_| Command::GetLimits { tenants: tenants.clone(), job_type: job_type.to_string() };
-    let mut parts = Vec::new();
-    for result in everywhere_as(ctx, principal, command, call.deadline).await {
-        match result? {
-            CommandResult::Limits(states) => parts.extend(states),
-            other => return Err(ApiError::Internal(format!("a limit listing was answered with {other:?}"))),
-        }
-    }
-    Ok(parts)
+    gather_everywhere(ctx, principal, command, call.deadline, "a limit listing", |result| match result {
+        CommandResult::Limits(states) => Some(std::mem::take(states)),
+        _ => None,
+    })
+    .await
 }
 
 /// Puts each limited queue's limit and its figures over the partitions on

@@ -9,7 +9,7 @@ use std::sync::Arc;
 use super::call::Call;
 use super::convert;
 use super::error::ApiError;
-use super::fanout::everywhere_as;
+use super::fanout::{everywhere_as, gather_everywhere};
 use super::jobs::JobApi;
 use crate::auth::{Principal, Verb};
 use crate::context::NodeContext;
@@ -100,13 +100,11 @@ async fn figures(
     call: &Call,
 ) -> Result<Vec<QueueStats>, ApiError> {
     let command = |_| Command::QueueStats { tenants: tenants.clone(), job_type: job_type.to_string() };
-    let mut parts = Vec::new();
-    for result in everywhere_as(ctx, principal, command, call.deadline).await {
-        match result? {
-            CommandResult::Queues(queues) => parts.extend(queues),
-            other => return Err(ApiError::Internal(format!("a queue listing was answered with {other:?}"))),
-        }
-    }
+    let parts = gather_everywhere(ctx, principal, command, call.deadline, "a queue listing", |result| match result {
+        CommandResult::Queues(queues) => Some(std::mem::take(queues)),
+        _ => None,
+    })
+    .await?;
     Ok(QueueStats::merge_all(parts))
 }
 

@@ -85,6 +85,30 @@ pub fn drover_bin() -> &'static str {
     env!("CARGO_BIN_EXE_drover")
 }
 
+/// One of the `drover` CLI's commands pointed at one node:
+/// `Cli::new("queue", addr).run(&["list"])` runs
+/// `drover queue list --address addr`.
+#[allow(dead_code)] // not every test binary runs the CLI
+pub struct Cli {
+    command: &'static str,
+    address: String,
+}
+
+#[allow(dead_code)]
+impl Cli {
+    pub fn new(command: &'static str, address: impl Into<String>) -> Cli {
+        Cli { command, address: address.into() }
+    }
+
+    /// Whether it succeeded, its output and its errors.
+    pub async fn run(&self, args: &[&str]) -> (bool, String, String) {
+        let mut all = vec![self.command];
+        all.extend_from_slice(args);
+        all.extend_from_slice(&["--address", &self.address]);
+        run_drover(&all, &[]).await
+    }
+}
+
 /// Runs `drover ARGS...` to its end, as an operator would, with `envs`
 /// added to its environment; its exit status, stdout and stderr.
 #[allow(dead_code)] // not every test binary runs the CLI

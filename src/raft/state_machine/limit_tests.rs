@@ -3,28 +3,13 @@
 //! one record each; a replica reopened from storage admits what it would
 //! have admitted running on; a lifted limit leaves storage.
 
-use super::tests::{behind, installed, run, snapshot_of, versions};
+use super::tests::{behind, create, installed, run, snapshot_of, versions};
 use super::*;
 use crate::core::limit::{Limit, Rate};
-use crate::core::{Activation, Command, CommandResult, JobSpec, NewJob, QueueLimit, DEFAULT_TENANT, LIMITS};
+use crate::core::{Activation, Command, CommandResult, QueueLimit, DEFAULT_TENANT, LIMITS};
 
 fn limit(limit: Option<QueueLimit>) -> Command {
     Command::SetLimit { tenant: DEFAULT_TENANT.into(), job_type: "t".into(), limit }
-}
-
-fn create() -> Command {
-    Command::Create(NewJob {
-        spec: std::sync::Arc::new(JobSpec {
-            job_type: "t".into(),
-            tenant: DEFAULT_TENANT.into(),
-            ..Default::default()
-        }),
-        retries: 1,
-        run_at: None,
-        delay_ms: 0,
-        request: None,
-        dedupe_window_ms: 0,
-    })
 }
 
 async fn taken(sm: &mut StateMachine, index: u64, now: Millis) -> usize {

@@ -63,7 +63,8 @@ fn entry(index: u64, now: Millis, commands: Vec<Command>) -> Entry<TypeConfig> {
     }
 }
 
-fn create() -> Command {
+/// A job of type "t" in the default tenant.
+pub(super) fn create() -> Command {
     Command::Create(NewJob {
         spec: Arc::new(JobSpec {
             job_type: "t".into(),
