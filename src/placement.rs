@@ -21,7 +21,7 @@ pub type NodeId = u64;
 pub type PartitionId = u32;
 
 /// A node's region and zone; empty strings where not given.
-#[derive(Clone, Debug, Default, PartialEq, Eq, PartialOrd, Ord, Hash)]
+#[derive(Clone, Debug, Default, PartialEq, Eq, PartialOrd, Ord, Hash, serde::Serialize, serde::Deserialize)]
 pub struct Location {
     pub region: String,
     pub zone: String,

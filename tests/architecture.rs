@@ -11,8 +11,10 @@ use std::path::{Path, PathBuf};
 
 /// Floors, lowest first. A module may name modules of lower floors only.
 const FLOORS: &[&[&str]] = &[
+    // Where replicas go: pure, and the engine's cluster plan places by it.
+    &["placement"],
     // The ground: the pure engine, the generated contracts, and pieces that import nothing of Drover's.
-    &["core", "proto", "placement", "failpoints", "tasks", "codec", "calendar"],
+    &["core", "proto", "failpoints", "tasks", "codec", "calendar"],
     &["trace_context", "metrics", "tls", "memory"],
     &["client", "telemetry", "storage", "auth", "transport"],
     &["raft"],

@@ -11,6 +11,7 @@ use super::history::{Via, YieldReason};
 use super::ids::{JobKey, Millis, PartitionId};
 use super::job::{field_len, ActivatedJobData, JobState, NewJob};
 use super::limit::{LimitState, QueueLimit};
+use super::plan::{ClusterPlan, PlanChange};
 use super::principal::Principal;
 use super::queue::QueueStats;
 use super::routing::Taker;
@@ -278,6 +279,24 @@ pub enum Command {
         tenants: Vec<String>,
         job_type: String,
     },
+    /// Changes the cluster plan (partition 0 only), starting from `initial`
+    /// when the partition holds none yet; answers [`CommandResult::Plan`].
+    /// Refused when `epoch` is given and is not the plan's. Data version 15
+    /// and later ([`super::plan::PLANS`]).
+    ChangePlan {
+        initial: Box<ClusterPlan>,
+        epoch: Option<u64>,
+        change: PlanChange,
+    },
+    /// A partition's leader reports its voters to the plan (partition 0
+    /// only; a report of the voters known changes nothing). The broker's own.
+    ReportVoters {
+        partition: PartitionId,
+        voters: Vec<crate::core::NodeId>,
+    },
+    /// Reads the cluster plan (partition 0 only); answers
+    /// [`CommandResult::Plan`]. Changes nothing.
+    GetPlan,
 }
 
 /// One Raft entry's worth of commands, stamped with the leader's clock.
@@ -438,6 +457,13 @@ impl Command {
             Command::GetLimits { tenants, job_type } => {
                 tenants.iter().map(|t| field_len(t.len())).sum::<usize>() + field_len(job_type.len()) + 8
             }
+            Command::ChangePlan { initial, .. } => {
+                initial.members.values().map(|m| field_len(m.addr.len()) + 64).sum::<usize>()
+                    + initial.target.iter().map(|t| 8 * t.len() + 8).sum::<usize>() * 2
+                    + 128
+            }
+            Command::ReportVoters { voters, .. } => 8 * voters.len() + 16,
+            Command::GetPlan => 1,
             Command::As { by, commands } => by.encoded_len() + commands.iter().map(Command::encoded_len).sum::<usize>(),
             Command::UpdateTimeout { .. }
             | Command::UpdateRetries { .. }
@@ -507,6 +533,8 @@ pub enum CommandResult {
     Elsewhere(PartitionId),
     /// The limits of a partition's queues, as it holds them now.
     Limits(Vec<LimitState>),
+    /// The cluster plan (none: never changed, the member list's holds).
+    Plan(Option<Box<ClusterPlan>>),
 }
 
 /// What happened to a job, for counting.

@@ -204,6 +204,11 @@ pub struct Registry {
     /// [`crate::core::limit::LIMITS`] on, like `owners`.
     #[serde(skip)]
     pub limits: Vec<crate::core::limit::LimitRecord>,
+    /// The cluster plan (partition 0's). Stored as one record, and
+    /// snapshotted on its own from data version [`crate::core::plan::PLANS`]
+    /// on, like `owners`.
+    #[serde(skip)]
+    pub plan: Option<Box<crate::core::plan::ClusterPlan>>,
 }
 
 /// The data version from which sessions have owners: registrations travel

@@ -106,9 +106,11 @@ impl PartitionState {
             Command::GetLimits { tenants, job_type } => {
                 by.require_tenants(tenants).and_then(|()| by.require_job(Verb::Read, job_type))
             }
+            Command::ChangePlan { .. } => by.require(crate::core::principal::CLUSTER_ADMIN),
+            Command::GetPlan => by.require(crate::core::principal::CLUSTER_READ),
             Command::As { .. } => Err(AuthError::PermissionDenied("a principal's commands are not nested".into())),
             // The broker's own commands: never a client's.
-            Command::Yield { .. } | Command::BackupMark { .. } => {
+            Command::Yield { .. } | Command::BackupMark { .. } | Command::ReportVoters { .. } => {
                 if by.unrestricted() {
                     Ok(())
                 } else {

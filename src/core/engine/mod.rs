@@ -19,6 +19,7 @@ mod authorize;
 mod dedupe;
 mod jobs;
 mod limits;
+mod plan;
 mod queues;
 mod reads;
 mod schedules;
@@ -119,6 +120,9 @@ pub struct PartitionState {
     limits: BTreeMap<String, BTreeMap<String, limits::Limited>>,
     /// Activations of limited queues held now: (queue, attempt) by job.
     limit_active: FastMap<JobKey, (limits::QueueName, u32)>,
+    /// The cluster plan, on partition 0 once it was first changed (see
+    /// `plan`).
+    plan: Option<Box<crate::core::ClusterPlan>>,
     /// When a bucket that held jobs back has a token again. In memory
     /// only: a new leader offers every waiting job anyway.
     limit_wake: Option<Millis>,
@@ -188,6 +192,8 @@ pub struct ApplyOutput {
     /// changed in this batch (may repeat): [`PartitionState::limit_records`]
     /// has it, or it is to be deleted.
     pub limits_changed: Vec<(String, String)>,
+    /// Whether the cluster plan changed in this batch: it is to be stored.
+    pub plan_changed: bool,
     /// How far into `touched` and `finished` ended activations of limited
     /// queues were looked for (see `limits`).
     limits_scanned: (usize, usize),
@@ -256,6 +262,7 @@ impl PartitionState {
         state.restore_schedules(registry.schedules);
         state.restore_workflows(registry.workflows);
         state.restore_limits(registry.limits);
+        state.plan = registry.plan;
         for job in jobs {
             if job.state.is_final() {
                 continue;
@@ -413,6 +420,9 @@ impl PartitionState {
             }
             Command::SetLimit { tenant, job_type, limit } => self.set_limit(tenant, job_type, limit, out),
             Command::GetLimits { tenants, job_type } => Ok(CommandResult::Limits(self.limit_states(tenants, job_type))),
+            Command::ChangePlan { initial, epoch, change } => self.change_plan(initial, *epoch, change, out),
+            Command::ReportVoters { partition, voters } => Ok(self.report_voters(*partition, voters, out)),
+            Command::GetPlan => Ok(CommandResult::Plan(self.plan.clone())),
             // The state machine keeps the state for the backup; the engine's
             // state does not change.
             Command::BackupMark { .. } => Ok(CommandResult::Done),

@@ -21,6 +21,7 @@ impl PartitionState {
             schedules: self.schedule_records(),
             workflows: self.workflow_records(),
             limits: self.all_limit_records(),
+            plan: self.plan.clone(),
         }
     }
     /// Each owned session's owner, as stored (rewritten with the sessions).

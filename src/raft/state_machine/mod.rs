@@ -60,6 +60,8 @@ const PAUSED: &str = "paused_queues";
 /// The cron schedules (data version 12 on; see [`crate::core::Registry::schedules`]),
 /// rewritten whenever one changes (every tick does).
 const SCHEDULES: &str = "schedules";
+/// Partition 0's cluster plan (data version 15 on).
+const PLAN: &str = "cluster_plan";
 /// The partition's job schemas, kept apart from the sessions: they are large
 /// and rarely change.
 const SCHEMAS: &str = "schemas";
@@ -156,6 +158,10 @@ impl StateMachine {
                 .unwrap_or_default(),
             workflows: named::WORKFLOWS.load(&store, partition)?,
             limits: named::LIMITS.load(&store, partition)?,
+            plan: store
+                .get(Table::Meta, meta_key(partition, PLAN))?
+                .map(|b| storage::decode("cluster plan", &b))
+                .transpose()?,
         };
         let (mut finished, first) = Finished::open(&store, partition)?;
         let inner = match meta {
@@ -289,6 +295,10 @@ fn install_records(
     batch.put(Table::Meta, meta_key(partition, SCHEMAS), storage::encode(&body.registry.schemas));
     named::WORKFLOWS.replace_all(batch, partition, &body.registry.workflows, |w| (&w.spec.tenant, &w.spec.id));
     named::LIMITS.replace_all(batch, partition, &body.registry.limits, |l| (&l.tenant, &l.job_type));
+    match &body.registry.plan {
+        Some(plan) => batch.put(Table::Meta, meta_key(partition, PLAN), storage::encode(plan)),
+        None => batch.delete(Table::Meta, meta_key(partition, PLAN)),
+    }
     Ok(Installed { meta: body.engine, jobs: body.jobs, requests: counts, registry: body.registry, finished })
 }
 
@@ -365,6 +375,7 @@ impl RaftStateMachine<TypeConfig> for StateMachine {
         let mut schedules_changed = false;
         let mut workflows_changed = std::collections::BTreeSet::new();
         let mut limits_changed = std::collections::BTreeSet::new();
+        let mut plan_changed = false;
         // Backups marked in these entries: (response, command, backup id).
         let mut marks: Vec<(usize, usize, String)> = Vec::new();
         for entry in entries {
@@ -408,6 +419,7 @@ impl RaftStateMachine<TypeConfig> for StateMachine {
                     schedules_changed |= out.schedules_changed;
                     workflows_changed.extend(out.workflows_changed);
                     limits_changed.extend(out.limits_changed);
+                    plan_changed |= out.plan_changed;
                     for died in &out.sessions_died {
                         tracing::warn!(
                             partition = self.partition,
@@ -477,6 +489,9 @@ impl RaftStateMachine<TypeConfig> for StateMachine {
         if paused_changed {
             let paused = inner.engine.paused_records();
             batch.put(Table::Meta, meta_key(self.partition, PAUSED), storage::encode(&paused));
+        }
+        if let Some(plan) = inner.engine.plan().filter(|_| plan_changed) {
+            batch.put(Table::Meta, meta_key(self.partition, PLAN), storage::encode(plan));
         }
         if schedules_changed {
             let schedules = inner.engine.schedule_records();
@@ -576,6 +591,8 @@ impl RaftStateMachine<TypeConfig> for StateMachine {
 
 #[cfg(test)]
 mod limit_tests;
+#[cfg(test)]
+mod plan_tests;
 #[cfg(test)]
 mod tests;
 #[cfg(test)]

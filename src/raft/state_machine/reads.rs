@@ -54,6 +54,12 @@ impl SharedState {
         self.inner.lock().expect("state machine lock poisoned")
     }
 
+    /// The cluster plan this replica has applied (partition 0's; `None`
+    /// before it was first changed).
+    pub fn plan(&self) -> Option<crate::core::ClusterPlan> {
+        self.lock().engine.plan().cloned()
+    }
+
     /// The partition's leader time now, from this process's own steady clock:
     /// the time of the last live entry applied here plus the time since it
     /// was applied. `None` until this process has applied an entry written

@@ -33,7 +33,7 @@ use serde::{Deserialize, Serialize};
 use super::{records, sm_write_err, Inner, NodeId, SharedState, TypeConfig};
 use crate::core::{
     Deduped, Job, Millis, PartitionState, Registry, RequestId, StateSnapshot, LIMITS, OWNED_SESSIONS, PAUSED_QUEUES,
-    SCHEDULES, WORKFLOWS,
+    PLANS, SCHEDULES, WORKFLOWS,
 };
 use crate::storage::{self, key, Table};
 
@@ -174,7 +174,10 @@ pub(super) fn read_header(input: &mut impl BufRead, size: u64) -> Result<(u16, S
             header.registry.workflows = storage::decode_bounded("snapshot's workflows", &mut *input, size)?;
         }
         if version >= LIMITS {
-            header.registry.limits = storage::decode_bounded("snapshot's queue limits", input, size)?;
+            header.registry.limits = storage::decode_bounded("snapshot's queue limits", &mut *input, size)?;
+        }
+        if version >= PLANS {
+            header.registry.plan = storage::decode_bounded("snapshot's cluster plan", input, size)?;
         }
         return Ok((version, header));
     }
@@ -285,6 +288,7 @@ pub(super) fn write_snapshot(
     let version = if header.registry.schedules.is_empty() { version } else { version.max(SCHEDULES) };
     let version = if header.registry.workflows.is_empty() { version } else { version.max(WORKFLOWS) };
     let version = if header.registry.limits.is_empty() { version } else { version.max(LIMITS) };
+    let version = if header.registry.plan.is_none() { version } else { version.max(PLANS) };
     let each_request = |visit: &mut dyn FnMut(u64, RequestId, Deduped) -> Result<(), storage::StorageError>| {
         view.for_each(Table::Requests, partition, |id, bytes| {
             let (request, entry) = storage::decode("request entry", bytes)?;
@@ -313,6 +317,9 @@ pub(super) fn write_snapshot(
     }
     if version >= LIMITS {
         out.write_all(&encode_at(version, &header.registry.limits))?;
+    }
+    if version >= PLANS {
+        out.write_all(&encode_at(version, &header.registry.plan))?;
     }
     if version >= REQUESTS_STREAMED {
         each_request(&mut |id, request, entry| {
