@@ -154,7 +154,7 @@ async fn partitions(State(ctx): State<Arc<NodeContext>>) -> impl IntoResponse {
         "clusterSize": ctx.topology.cluster_size(),
         "partitionsCount": ctx.topology.partition_count(),
         "replicationFactor": ctx.topology.replication_factor,
-        "local": ctx.routing.replicas.values().map(|r| r.status()).collect::<Vec<_>>(),
+        "local": ctx.routing.replicas().iter().map(|r| r.status()).collect::<Vec<_>>(),
         "brokers": brokers,
     }))
 }
@@ -190,8 +190,9 @@ async fn local_jobs(
     let max_bytes = ctx.settings.limits.max_request_bytes();
     let mut jobs = Vec::new();
     let mut next = None;
-    for (partition, replica) in ctx.routing.replicas.range(after.partition()..) {
-        let from = if *partition == after.partition() { after } else { crate::core::JobKey::new(*partition, 0) };
+    for replica in ctx.routing.replicas().into_iter().filter(|r| r.partition >= after.partition()) {
+        let partition = replica.partition;
+        let from = if partition == after.partition() { after } else { crate::core::JobKey::new(partition, 0) };
         let filter = crate::core::JobFilter::default();
         let page = match replica.state().list(&filter, &tenants, from, limit, max_bytes) {
             Ok(page) => page,
@@ -500,7 +501,7 @@ pub async fn record_gauges(ctx: Arc<NodeContext>, mut stop: watch::Receiver<bool
     let mut unroutable_before: BTreeSet<(String, String)> = BTreeSet::new();
     loop {
         let mut unroutable: BTreeMap<(String, String), usize> = BTreeMap::new();
-        for replica in ctx.routing.replicas.values() {
+        for replica in ctx.routing.replicas().iter() {
             let status = replica.status();
             let p = status.partition.to_string();
             let leader = if status.role == "leader" { 1.0 } else { 0.0 };
@@ -544,7 +545,7 @@ pub async fn record_gauges(ctx: Arc<NodeContext>, mut stop: watch::Receiver<bool
         }
         record_storage(&ctx.store);
         crate::metrics::recorder().run_upkeep();
-        status.set(format!("gauges of {} partitions read", ctx.routing.replicas.len()));
+        status.set(format!("gauges of {} partitions read", ctx.routing.replicas().len()));
         tokio::select! {
             _ = tokio::time::sleep(Duration::from_secs(1)) => {}
             _ = stop.wait_for(|s| *s) => return,

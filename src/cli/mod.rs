@@ -5,6 +5,7 @@
 //! `serve`, the node's start-up.
 
 mod backup;
+mod cluster;
 mod job;
 mod queue;
 mod schedule;
@@ -161,6 +162,8 @@ pub(crate) enum Command {
 pub(crate) enum ClusterCommand {
     /// Nodes, partitions, leaders, followers, terms, indexes and health.
     Status,
+    #[command(flatten)]
+    Plan(cluster::PlanCommand),
 }
 
 pub(crate) async fn run(cli: Cli) -> anyhow::Result<()> {
@@ -200,6 +203,7 @@ pub(crate) async fn run(cli: Cli) -> anyhow::Result<()> {
         Command::Status { target } | Command::Cluster { command: ClusterCommand::Status, target } => {
             status(&target).await
         }
+        Command::Cluster { command: ClusterCommand::Plan(command), target } => cluster::cluster(command, &target).await,
     }
 }
 

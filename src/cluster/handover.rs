@@ -18,8 +18,8 @@ use crate::raft::Replica;
 /// waits for leadership to move, all within `limit`. A partition whose
 /// hand-over fails within it is left to its election timeout, as before.
 pub async fn hand_over_leadership(ctx: &NodeContext, limit: Duration) {
-    let led: Vec<&std::sync::Arc<Replica>> =
-        ctx.routing.replicas.values().filter(|r| r.leadership().is_leader).collect();
+    let led: Vec<std::sync::Arc<Replica>> =
+        ctx.routing.replicas().into_iter().filter(|r| r.leadership().is_leader).collect();
     if led.is_empty() {
         return;
     }

@@ -178,9 +178,9 @@ impl GatewayLink for Links {
         let job_type: Arc<str> = Arc::from(job_type);
         let _ = ctx.gateway.available.send((partition, Arc::clone(&job_type)));
         let now = Instant::now();
-        for (node, _) in ctx.topology.members.iter().filter(|(id, _)| **id != ctx.topology.node_id) {
-            let Some(mut client) = ctx.transport.peers.client(*node) else { continue };
-            let key = (*node, partition, Arc::clone(&job_type));
+        for node in ctx.topology.peers() {
+            let Some(mut client) = ctx.transport.peers.client(node) else { continue };
+            let key = (node, partition, Arc::clone(&job_type));
             let when = self.notices.lock().expect("notice lock poisoned").admit(key.clone(), now);
             let at = match when {
                 Notice::AlreadyDue => continue,
@@ -401,8 +401,8 @@ pub fn from_spec(spec: StreamSpec) -> RemoteStream {
 /// refresh retries the ones that failed).
 pub fn register_everywhere(ctx: &Arc<NodeContext>, stream: &RemoteStream) {
     ctx.broker_register(stream.clone());
-    for (node, _) in ctx.topology.members.iter().filter(|(id, _)| **id != ctx.topology.node_id) {
-        let Some(mut client) = ctx.transport.peers.client(*node) else { continue };
+    for node in ctx.topology.peers() {
+        let Some(mut client) = ctx.transport.peers.client(node) else { continue };
         let spec = to_spec(stream);
         tokio::spawn(async move {
             let mut request = tonic::Request::new(RegisterStreamRequest { stream: Some(spec) });
@@ -420,8 +420,8 @@ pub async fn remove_all_everywhere(ctx: &Arc<NodeContext>, streams: &[RemoteStre
     let mut calls = Vec::new();
     for stream in streams {
         ctx.broker.streams.remove(stream.gateway, stream.stream_id);
-        for (node, _) in ctx.topology.members.iter().filter(|(id, _)| **id != ctx.topology.node_id) {
-            let Some(mut client) = ctx.transport.peers.client(*node) else { continue };
+        for node in ctx.topology.peers() {
+            let Some(mut client) = ctx.transport.peers.client(node) else { continue };
             let request = RemoveStreamRequest { gateway_node_id: stream.gateway, stream_id: stream.stream_id };
             calls.push(async move {
                 let mut request = tonic::Request::new(request);
@@ -435,8 +435,8 @@ pub async fn remove_all_everywhere(ctx: &Arc<NodeContext>, streams: &[RemoteStre
 
 pub fn remove_everywhere(ctx: &Arc<NodeContext>, stream: &RemoteStream) {
     ctx.broker.streams.remove(stream.gateway, stream.stream_id);
-    for (node, _) in ctx.topology.members.iter().filter(|(id, _)| **id != ctx.topology.node_id) {
-        let Some(mut client) = ctx.transport.peers.client(*node) else { continue };
+    for node in ctx.topology.peers() {
+        let Some(mut client) = ctx.transport.peers.client(node) else { continue };
         let request = RemoveStreamRequest { gateway_node_id: stream.gateway, stream_id: stream.stream_id };
         tokio::spawn(async move {
             let mut request = tonic::Request::new(request);
@@ -461,8 +461,8 @@ pub async fn refresh_stream_registrations(ctx: Arc<NodeContext>, mut stop: watch
         // Re-register with every other broker; count the brokers that have
         // all of this gateway's streams.
         let mut servers = 1;
-        for (node, _) in ctx.topology.members.iter().filter(|(id, _)| **id != ctx.topology.node_id) {
-            let Some(mut client) = ctx.transport.peers.client(*node) else { continue };
+        for node in ctx.topology.peers() {
+            let Some(mut client) = ctx.transport.peers.client(node) else { continue };
             let mut all = true;
             for stream in &streams {
                 let mut request = tonic::Request::new(RegisterStreamRequest { stream: Some(to_spec(stream)) });

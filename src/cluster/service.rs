@@ -172,7 +172,7 @@ fn append_replies(
 
 /// This node's replica of `partition` when this node leads it; otherwise
 /// the code and message of a reply that tells the caller to look elsewhere.
-fn led_replica(ctx: &NodeContext, partition: u32) -> Result<&Arc<crate::raft::Replica>, (i32, String)> {
+fn led_replica(ctx: &NodeContext, partition: u32) -> Result<Arc<crate::raft::Replica>, (i32, String)> {
     match (ctx.routing.replica(partition), ctx.routing.local_leader(partition).is_some()) {
         (Some(replica), true) => Ok(replica),
         _ => Err((
@@ -400,7 +400,7 @@ impl Cluster for ClusterService {
 
     async fn status(&self, _request: Request<StatusRequest>) -> Result<Response<StatusReply>, Status> {
         let ctx = self.ctx()?;
-        let statuses: Vec<_> = ctx.routing.replicas.values().map(|r| r.status()).collect();
+        let statuses: Vec<_> = ctx.routing.replicas().iter().map(|r| r.status()).collect();
         Ok(Response::new(StatusReply {
             node_id: ctx.topology.node_id,
             partitions: bincode::serialize(&statuses).map_err(|e| Status::internal(e.to_string()))?.into(),
@@ -409,13 +409,19 @@ impl Cluster for ClusterService {
             wall_ms: crate::partition::now_millis(),
             partition_clocks: ctx
                 .routing
-                .replicas
+                .replicas()
                 .iter()
-                .filter_map(|(partition, r)| {
+                .filter_map(|r| {
                     let estimate_ms = r.state().clock_estimate()?;
-                    Some(PartitionClock { partition_id: *partition, estimate_ms })
+                    Some(PartitionClock { partition_id: r.partition, estimate_ms })
                 })
                 .collect(),
+            plan: ctx
+                .topology
+                .plan()
+                .map(|plan| serde_json::to_vec(&plan).unwrap_or_default())
+                .unwrap_or_default()
+                .into(),
         }))
     }
 

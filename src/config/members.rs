@@ -21,6 +21,15 @@ pub(super) fn node_id_from_hostname() -> anyhow::Result<NodeId> {
 /// Members as ID=HOST:PORT[@REGION[/ZONE]]: addresses and locations (all
 /// empty when no entry names one; all entries or none must).
 pub fn parse_members(entries: &[String]) -> anyhow::Result<(BTreeMap<NodeId, String>, BTreeMap<NodeId, Location>)> {
+    parse_members_as(entries, false)
+}
+
+/// [`parse_members`]; a node being added to a running cluster (`joining`)
+/// may list any ids, as ids that left are never used again.
+pub fn parse_members_as(
+    entries: &[String],
+    joining: bool,
+) -> anyhow::Result<(BTreeMap<NodeId, String>, BTreeMap<NodeId, Location>)> {
     let mut members = BTreeMap::new();
     let mut locations = BTreeMap::new();
     for entry in entries.iter().map(|e| e.trim()).filter(|e| !e.is_empty()) {
@@ -39,7 +48,7 @@ pub fn parse_members(entries: &[String]) -> anyhow::Result<(BTreeMap<NodeId, Str
         }
         locations.insert(id, location);
     }
-    if !members.is_empty() {
+    if !members.is_empty() && !joining {
         let expected: Vec<NodeId> = (0..members.len() as NodeId).collect();
         let actual: Vec<NodeId> = members.keys().copied().collect();
         if actual != expected {

@@ -14,8 +14,8 @@ mod limits;
 mod members;
 
 pub use limits::Limits;
-pub use members::parse_members;
 use members::{node_id_from_hostname, own_location};
+pub use members::{parse_members, parse_members_as};
 
 use crate::core::Retention;
 use crate::placement::Location;
@@ -69,6 +69,13 @@ pub struct ServeArgs {
     /// has formed or joined. [default: false]
     #[arg(long, env = "DROVER_JOIN_EXISTING", num_args = 0..=1, default_missing_value = "true")]
     pub join_existing: Option<bool>,
+    /// Start as a node being added to a running cluster (`drover cluster
+    /// add-node`, or `replace-node` for one whose disk is lost): it hosts
+    /// nothing until the cluster plan places replicas here, and learns the
+    /// plan from the members listed in --members (docs/membership.md).
+    /// Ignored once the node follows a plan. [default: false]
+    #[arg(long, env = "DROVER_JOIN_PLAN", num_args = 0..=1, default_missing_value = "true")]
+    pub join_plan: Option<bool>,
     /// Partitions in the cluster; fixed when the cluster first forms. [default: 1]
     #[arg(long, env = "DROVER_PARTITIONS")]
     pub partitions: Option<u32>,
@@ -341,6 +348,9 @@ pub struct NodeConfig {
     /// Join the existing cluster instead of forming it, if the data directory
     /// has formed nothing yet (see [`crate::raft::Formation`]).
     pub join_existing: bool,
+    /// A node being added to a running cluster: it hosts what the cluster
+    /// plan places on it ([`crate::core::ClusterPlan`]).
+    pub join_plan: bool,
     pub partitions: u32,
     pub replication_factor: u32,
     pub limits: Limits,
@@ -379,6 +389,7 @@ impl NodeConfig {
             local_creates: true,
             local_pushes: false,
             join_existing: false,
+            join_plan: false,
             partitions: 1,
             replication_factor: 1,
             limits: Limits::default(),
@@ -417,7 +428,8 @@ impl ServeArgs {
                 self.$field.clone().or(file.$field.clone())
             };
         }
-        let (members, locations) = parse_members(&pick!(members).unwrap_or_default())?;
+        let (members, locations) =
+            members::parse_members_as(&pick!(members).unwrap_or_default(), pick!(join_plan).unwrap_or(false))?;
         let node_id = match (pick!(node_id), pick!(node_id_from_hostname).unwrap_or(false)) {
             (Some(id), _) => id,
             (None, true) => node_id_from_hostname()?,
@@ -575,6 +587,7 @@ impl ServeArgs {
             local_creates,
             local_pushes,
             join_existing: pick!(join_existing).unwrap_or(false),
+            join_plan: pick!(join_plan).unwrap_or(false),
             partitions,
             replication_factor,
             limits,

@@ -16,8 +16,8 @@ use crate::raft::{NodeId, Replica};
 /// it leads, hints of the leaders elsewhere, and the turns of round-robins.
 pub struct Routing {
     topology: Arc<Topology>,
-    /// The replicas this node hosts.
-    pub replicas: BTreeMap<PartitionId, Arc<Replica>>,
+    /// The replicas this node hosts (the cluster plan adds and removes them).
+    replicas: RwLock<BTreeMap<PartitionId, Arc<Replica>>>,
     leaders: RwLock<HashMap<PartitionId, ActorRef<LeaderMsg>>>,
     hints: Mutex<HashMap<PartitionId, NodeId>>,
     next_partition: AtomicU32,
@@ -46,7 +46,7 @@ impl Routing {
     pub fn new(topology: Arc<Topology>, replicas: BTreeMap<PartitionId, Arc<Replica>>, local_creates: bool) -> Self {
         Routing {
             topology,
-            replicas,
+            replicas: RwLock::new(replicas),
             leaders: RwLock::new(HashMap::new()),
             hints: Mutex::new(HashMap::new()),
             next_partition: AtomicU32::new(rand::random::<u32>()),
@@ -130,11 +130,27 @@ impl Routing {
 
     /// The partitions this node hosts no replica of.
     pub fn remote_partitions(&self) -> Vec<PartitionId> {
-        (0..self.topology.partitions).filter(|p| !self.replicas.contains_key(p)).collect()
+        let replicas = self.replicas.read().expect("replicas lock");
+        (0..self.topology.partitions).filter(|p| !replicas.contains_key(p)).collect()
     }
 
-    pub fn replica(&self, partition: PartitionId) -> Option<&Arc<Replica>> {
-        self.replicas.get(&partition)
+    pub fn replica(&self, partition: PartitionId) -> Option<Arc<Replica>> {
+        self.replicas.read().expect("replicas lock").get(&partition).cloned()
+    }
+
+    /// The replicas this node hosts, by partition.
+    pub fn replicas(&self) -> Vec<Arc<Replica>> {
+        self.replicas.read().expect("replicas lock").values().cloned().collect()
+    }
+
+    /// Adds a replica the cluster plan placed here.
+    pub fn add_replica(&self, replica: Arc<Replica>) {
+        self.replicas.write().expect("replicas lock").insert(replica.partition, replica);
+    }
+
+    /// Removes the replica of `partition` (the plan moved it away).
+    pub fn remove_replica(&self, partition: PartitionId) -> Option<Arc<Replica>> {
+        self.replicas.write().expect("replicas lock").remove(&partition)
     }
 
     pub fn local_leader(&self, partition: PartitionId) -> Option<ActorRef<LeaderMsg>> {
@@ -162,7 +178,7 @@ impl Routing {
 
     /// The leader this node knows of: its replica's view, else the last hint.
     pub fn known_leader(&self, partition: PartitionId) -> Option<NodeId> {
-        if let Some(replica) = self.replicas.get(&partition) {
+        if let Some(replica) = self.replica(partition) {
             if let Some(leader) = replica.leadership().leader {
                 return Some(leader);
             }
@@ -174,7 +190,7 @@ impl Routing {
     /// partition and it learns of a new leader first: a gateway retrying a
     /// leaderless partition follows the election's winner at once.
     pub async fn back_off_for_leader(&self, partition: PartitionId, back_off: Duration) {
-        match self.replicas.get(&partition) {
+        match self.replica(partition) {
             Some(replica) => {
                 let known = replica.leadership().leader;
                 replica.new_leader(known, back_off).await;
@@ -211,6 +227,6 @@ impl Routing {
 
     /// True when every partition this node hosts has a known leader.
     pub fn ready(&self) -> bool {
-        self.replicas.values().all(|r| r.leadership().leader.is_some())
+        self.replicas().iter().all(|r| r.leadership().leader.is_some())
     }
 }

@@ -137,8 +137,8 @@ impl JobApi {
         crate::raft::release_staged_backup(&self.ctx.settings.snapshot_dir, &request.backup_id)
             .map_err(|e| ApiError::Internal(format!("deleting the staged backup here: {e}")))?;
         let mut failed = Vec::new();
-        for (node, _) in self.ctx.topology.members.iter().filter(|(n, _)| **n != self.ctx.topology.node_id) {
-            let Some(mut client) = self.ctx.transport.peers.client(*node) else { continue };
+        for node in self.ctx.topology.peers() {
+            let Some(mut client) = self.ctx.transport.peers.client(node) else { continue };
             let mut release = tonic::Request::new(ReleaseStagedBackupRequest { backup_id: request.backup_id.clone() });
             release.set_timeout(call.deadline.saturating_duration_since(Instant::now()));
             if let Err(status) = client.release_staged_backup(release).await {

@@ -35,6 +35,7 @@ pub mod limits;
 mod listing;
 mod observe;
 pub mod ojs;
+pub mod plan;
 pub mod queues;
 pub mod router;
 pub mod schedules;

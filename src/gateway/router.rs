@@ -191,20 +191,19 @@ async fn submit_local(
 ) -> Result<Attempt<Vec<CommandResult>>, ApiError> {
     // The failpoint stands for a gateway whose fast path was wrong: what
     // stops a stranger then is the check at apply.
-    let replica =
-        ctx.routing.replicas.get(&partition).filter(|_| crate::failpoints::fire("gateway_skip_checks").is_none());
+    let replica = ctx.routing.replica(partition).filter(|_| crate::failpoints::fire("gateway_skip_checks").is_none());
     // A principal that holds everything (carried only for an override's
     // history) has nothing to screen.
     let (commands, refused) = match (principal.filter(|p| !p.unrestricted()), replica) {
-        (Some(principal), Some(replica)) => match screen(replica, principal, commands)? {
+        (Some(principal), Some(replica)) => match screen(&replica, principal, commands)? {
             Screened::Ready(commands, refused) => (commands, refused),
             // Its create is in flight here: ask again once it has applied.
             Screened::NotApplied => return Ok(Attempt::Retry(Some(ctx.topology.node_id))),
         },
         _ => (commands, Vec::new()),
     };
-    let (commands, mut refused) = match ctx.routing.replicas.get(&partition) {
-        Some(replica) => bound_dedupe(replica, &ctx.settings.dedupe, commands, refused),
+    let (commands, mut refused) = match ctx.routing.replica(partition) {
+        Some(replica) => bound_dedupe(&replica, &ctx.settings.dedupe, commands, refused),
         None => (commands, refused),
     };
     let commands = match principal {
@@ -665,7 +664,7 @@ where
     loop {
         if ctx.routing.local_leader(partition).is_some() {
             if let Some(replica) = ctx.routing.replica(partition) {
-                return local(Arc::clone(replica)).await;
+                return local(replica).await;
             }
         }
         let target = ctx.routing.leader_hint(partition, rotation);

@@ -28,18 +28,18 @@ pub async fn cluster_status(ctx: &Arc<NodeContext>) -> Vec<BrokerInfo> {
     let mut brokers = Vec::new();
     let versions = ctx.transport.peers.versions().members();
     let data_version = |node: u64| versions.iter().find(|(n, _)| *n == node).and_then(|(_, v)| *v).map_or(0, u32::from);
-    for (node, _) in ctx.topology.members.iter() {
-        if *node == ctx.topology.node_id {
+    for node in ctx.topology.members().into_keys() {
+        if node == ctx.topology.node_id {
             brokers.push(BrokerInfo {
-                node_id: *node,
+                node_id: node,
                 address: ctx.topology.grpc_addr.to_string(),
-                partitions: ctx.routing.replicas.values().map(|r| partition_info(&r.status())).collect(),
-                data_version: data_version(*node),
+                partitions: ctx.routing.replicas().iter().map(|r| partition_info(&r.status())).collect(),
+                data_version: data_version(node),
             });
             continue;
         }
-        let mut info = BrokerInfo { node_id: *node, address: String::new(), partitions: Vec::new(), data_version: 0 };
-        if let Some(mut client) = ctx.transport.peers.client(*node) {
+        let mut info = BrokerInfo { node_id: node, address: String::new(), partitions: Vec::new(), data_version: 0 };
+        if let Some(mut client) = ctx.transport.peers.client(node) {
             let mut request = Request::new(StatusRequest {});
             request.set_timeout(Duration::from_millis(1500));
             if let Ok(reply) = client.status(request).await {
@@ -50,7 +50,7 @@ pub async fn cluster_status(ctx: &Arc<NodeContext>) -> Vec<BrokerInfo> {
             }
         }
         // Read after the call: its answer told this node the peer's version.
-        info.data_version = data_version(*node);
+        info.data_version = data_version(node);
         brokers.push(info);
     }
     brokers

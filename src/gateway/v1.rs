@@ -364,6 +364,19 @@ impl Gateway for GatewayService {
         Ok(Response::new(Box::pin(self.api.watch_events(cursor, filter))))
     }
 
+    async fn get_cluster_plan(&self, request: Request<GetClusterPlanRequest>) -> Result<Response<ClusterPlan>, Status> {
+        let (call, _) = parts(request)?;
+        Ok(Response::new(self.api.get_cluster_plan(&call).await?))
+    }
+
+    async fn change_cluster_plan(
+        &self,
+        request: Request<ChangeClusterPlanRequest>,
+    ) -> Result<Response<ClusterPlan>, Status> {
+        let (call, request) = parts(request)?;
+        Ok(Response::new(self.api.change_cluster_plan(&call, request).await?))
+    }
+
     async fn topology(&self, request: Request<TopologyRequest>) -> Result<Response<TopologyResponse>, Status> {
         let (call, _) = parts(request)?;
         Ok(Response::new(self.api.topology(&call).await))

@@ -13,6 +13,9 @@ use serde::{Deserialize, Serialize};
 use crate::raft::Formation;
 
 const RECORD: &str = "cluster.json";
+/// The cluster plan this node last followed, once the plan was changed: its
+/// members and placement replace the member list's at the next start.
+const PLAN: &str = "plan.json";
 
 /// The layout of the records in the database. Raised whenever a stored record
 /// changes shape; a node refuses a data directory of another format rather
@@ -88,16 +91,32 @@ pub struct Opened {
 /// whether the records need migrating first. `join_existing` turns a data
 /// directory that has not formed its groups into a joining one; it changes
 /// nothing once the groups are formed or joined.
-pub fn open(dir: &Path, identity: Identity, join_existing: bool) -> anyhow::Result<Opened> {
+pub fn open(dir: &Path, identity: Identity, join: Join) -> anyhow::Result<Opened> {
     std::fs::create_dir_all(dir).with_context(|| format!("creating data directory {}", dir.display()))?;
     let stored = read_record(dir)?;
+    // Under a plan the members and placement are the plan's, not those the
+    // directory formed with: the node's id and the partitions still hold.
+    let planned = join == Join::Plan || read_plan(dir)?.is_some();
+    let identity = match &stored {
+        Some(record) if planned => {
+            let fixed = |i: &Identity| (i.node_id, i.partitions, i.replication_factor);
+            if fixed(&record.identity) != fixed(&identity) {
+                check_identity(dir, &record.identity, &identity)?;
+            }
+            record.identity
+        }
+        _ => identity,
+    };
     if let Some(record) = &stored {
         check_identity(dir, &record.identity, &identity)?;
         check_format(dir, record.format)?;
     }
     let formation = match stored.as_ref().map(|r| r.formation) {
         Some(Formation::Formed) => Formation::Formed,
-        _ if join_existing => Formation::Joining,
+        // It forms no group: each replica the plan places here is copied
+        // from its leader (and votes once it caught up).
+        _ if join == Join::Plan => Formation::Formed,
+        _ if join == Join::Existing => Formation::Joining,
         stored => stored.unwrap_or(Formation::New),
     };
     let migrate_from = match &stored {
@@ -116,6 +135,32 @@ pub fn open(dir: &Path, identity: Identity, join_existing: bool) -> anyhow::Resu
         write_record(dir, &record)?;
     }
     Ok(Opened { formation, migrate_from, cluster_version })
+}
+
+/// How a start on an empty data directory comes into the cluster.
+#[derive(Clone, Copy, Debug, PartialEq, Eq)]
+pub enum Join {
+    /// It forms the cluster with the other members (first start).
+    Form,
+    /// `--join-existing`: it re-seeds its groups from their leaders.
+    Existing,
+    /// `--join-plan`: it is being added; it hosts what the plan places here.
+    Plan,
+}
+
+/// The cluster plan this node last followed, if the plan was ever changed.
+pub fn read_plan(dir: &Path) -> anyhow::Result<Option<crate::core::ClusterPlan>> {
+    let path = dir.join(PLAN);
+    match std::fs::read_to_string(&path) {
+        Ok(text) => Ok(Some(serde_json::from_str(&text).with_context(|| format!("reading {}", path.display()))?)),
+        Err(e) if e.kind() == std::io::ErrorKind::NotFound => Ok(None),
+        Err(e) => Err(e).with_context(|| format!("reading {}", path.display())),
+    }
+}
+
+/// Records the cluster plan this node follows now, durably.
+pub fn record_plan(dir: &Path, plan: &crate::core::ClusterPlan) -> anyhow::Result<()> {
+    write_durably(dir, PLAN, serde_json::to_string_pretty(plan)?.as_bytes())
 }
 
 fn read_record(dir: &Path) -> anyhow::Result<Option<Record>> {
@@ -212,11 +257,15 @@ fn check_identity(dir: &Path, stored: &Identity, identity: &Identity) -> anyhow:
 /// Replaces the record durably: a crash leaves the old record or the new one,
 /// never a torn one.
 fn write_record(dir: &Path, record: &Record) -> anyhow::Result<()> {
-    let path = dir.join(RECORD);
-    let temporary = dir.join(format!("{RECORD}.tmp"));
+    write_durably(dir, RECORD, serde_json::to_string_pretty(record)?.as_bytes())
+}
+
+fn write_durably(dir: &Path, name: &str, bytes: &[u8]) -> anyhow::Result<()> {
+    let path = dir.join(name);
+    let temporary = dir.join(format!("{name}.tmp"));
     let write = || -> std::io::Result<()> {
         let mut file = std::fs::File::create(&temporary)?;
-        file.write_all(serde_json::to_string_pretty(record)?.as_bytes())?;
+        file.write_all(bytes)?;
         file.sync_all()?;
         std::fs::rename(&temporary, &path)?;
         std::fs::File::open(dir)?.sync_all()
@@ -235,7 +284,8 @@ mod tests {
     #[test]
     fn a_data_directory_forms_once_and_join_existing_changes_nothing_after() {
         let dir = tempfile::tempdir().unwrap();
-        let formation = |join| open(dir.path(), identity(), join).unwrap().formation;
+        let formation =
+            |join| open(dir.path(), identity(), if join { Join::Existing } else { Join::Form }).unwrap().formation;
         assert_eq!(formation(false), Formation::New);
         assert_eq!(formation(false), Formation::New, "not formed until recorded");
         record_formed(dir.path(), identity()).unwrap();
@@ -246,7 +296,8 @@ mod tests {
     #[test]
     fn an_empty_data_directory_joins_with_join_existing_and_stays_joining_until_formed() {
         let dir = tempfile::tempdir().unwrap();
-        let formation = |join| open(dir.path(), identity(), join).unwrap().formation;
+        let formation =
+            |join| open(dir.path(), identity(), if join { Join::Existing } else { Join::Form }).unwrap().formation;
         assert_eq!(formation(true), Formation::Joining);
         // Restarted without the flag before it caught up: still joining.
         assert_eq!(formation(false), Formation::Joining);
@@ -260,7 +311,7 @@ mod tests {
         let old =
             format!(r#"{{"node_id":1,"partitions":3,"replication_factor":3,"cluster_size":3,"format":{FORMAT}}}"#);
         std::fs::write(dir.path().join(RECORD), old).unwrap();
-        assert_eq!(open(dir.path(), identity(), false).unwrap().formation, Formation::New);
+        assert_eq!(open(dir.path(), identity(), Join::Form).unwrap().formation, Formation::New);
     }
 
     #[test]
@@ -269,7 +320,7 @@ mod tests {
         let six =
             r#"{"node_id":1,"partitions":3,"replication_factor":3,"cluster_size":3,"formation":"formed","format":6}"#;
         std::fs::write(dir.path().join(RECORD), six).unwrap();
-        let opened = open(dir.path(), identity(), false).unwrap();
+        let opened = open(dir.path(), identity(), Join::Form).unwrap();
         assert_eq!((opened.formation, opened.migrate_from), (Formation::Formed, Some(6)));
         let record = std::fs::read_to_string(dir.path().join(RECORD)).unwrap();
         assert!(
@@ -277,32 +328,48 @@ mod tests {
             "{record}"
         );
         // Interrupted: the next start migrates again, resuming.
-        assert_eq!(open(dir.path(), identity(), false).unwrap().migrate_from, Some(6));
+        assert_eq!(open(dir.path(), identity(), Join::Form).unwrap().migrate_from, Some(6));
         record_migrated(dir.path()).unwrap();
-        assert_eq!(open(dir.path(), identity(), false).unwrap().migrate_from, None);
+        assert_eq!(open(dir.path(), identity(), Join::Form).unwrap().migrate_from, None);
         record_cluster_version(dir.path(), 7).unwrap();
         record_formed(dir.path(), identity()).unwrap();
-        assert_eq!(open(dir.path(), identity(), false).unwrap().cluster_version, 7, "kept by later records");
+        assert_eq!(open(dir.path(), identity(), Join::Form).unwrap().cluster_version, 7, "kept by later records");
 
         let old = r#"{"node_id":1,"partitions":3,"replication_factor":3,"cluster_size":3,"formation":"formed"}"#;
         std::fs::write(dir.path().join(RECORD), old).unwrap();
-        let error = open(dir.path(), identity(), false).unwrap_err().to_string();
+        let error = open(dir.path(), identity(), Join::Form).unwrap_err().to_string();
         assert!(error.contains("storage format 1") && error.contains("one format at a time"), "{error}");
         let newer = format!(
             r#"{{"node_id":1,"partitions":3,"replication_factor":3,"cluster_size":3,"format":{}}}"#,
             FORMAT + 1
         );
         std::fs::write(dir.path().join(RECORD), newer).unwrap();
-        let error = open(dir.path(), identity(), false).unwrap_err().to_string();
+        let error = open(dir.path(), identity(), Join::Form).unwrap_err().to_string();
         assert!(error.contains("written by a newer build"), "{error}");
     }
 
     #[test]
     fn other_settings_are_refused() {
         let dir = tempfile::tempdir().unwrap();
-        open(dir.path(), identity(), false).unwrap();
+        open(dir.path(), identity(), Join::Form).unwrap();
         let other = Identity { partitions: 6, ..identity() };
-        let error = open(dir.path(), other, false).unwrap_err().to_string();
+        let error = open(dir.path(), other, Join::Form).unwrap_err().to_string();
         assert!(error.contains("was formed as node 1") && error.contains("3 partitions"), "{error}");
+    }
+
+    #[test]
+    fn under_a_plan_the_members_may_change_but_the_node_and_partitions_may_not() {
+        let dir = tempfile::tempdir().unwrap();
+        open(dir.path(), identity(), Join::Form).unwrap();
+        let grown = Identity { cluster_size: 5, placement: 42, ..identity() };
+        assert!(open(dir.path(), grown, Join::Form).is_err(), "no plan yet: the member list is fixed");
+        let members = [(1, crate::core::Member { addr: "a:1".into(), ..Default::default() })].into();
+        record_plan(dir.path(), &crate::core::ClusterPlan::initial(members, vec![vec![1]; 3], 3)).unwrap();
+        assert_eq!(read_plan(dir.path()).unwrap().unwrap().members.len(), 1);
+        open(dir.path(), grown, Join::Form).unwrap();
+        let other = Identity { partitions: 6, ..grown };
+        assert!(open(dir.path(), other, Join::Form).unwrap_err().to_string().contains("3 partitions"));
+        let joined = tempfile::tempdir().unwrap();
+        assert_eq!(open(joined.path(), identity(), Join::Plan).unwrap().formation, Formation::Formed);
     }
 }

@@ -5,6 +5,7 @@
 //! it, and stops them.
 
 pub mod data_dir;
+mod membership;
 mod supervisor;
 
 use std::net::SocketAddr;
@@ -57,6 +58,8 @@ pub struct Node {
     background: Vec<JoinHandle<()>>,
     cluster_stop: watch::Sender<bool>,
     cluster_server: JoinHandle<()>,
+    /// The leadership loops of replicas the cluster plan opened.
+    plan_loops: Arc<std::sync::Mutex<std::collections::BTreeMap<crate::core::PartitionId, JoinHandle<()>>>>,
 }
 
 /// Where a node's partitions are: the members, which nodes host each
@@ -70,9 +73,40 @@ pub struct Layout {
 
 impl Layout {
     pub fn of(config: &NodeConfig, cluster_addr: &str) -> Layout {
+        Self::planned(config, cluster_addr, None)
+    }
+
+    /// The layout under the cluster plan this node last followed, if any:
+    /// its members and placement; or, for a node being added that follows
+    /// none yet, no replica here (each partition's other members are where
+    /// it looks for the plan and the leaders).
+    pub fn planned(config: &NodeConfig, cluster_addr: &str, plan: Option<&crate::core::ClusterPlan>) -> Layout {
         let mut members = config.members.clone();
         if members.is_empty() {
             members.insert(config.node_id, cluster_addr.to_string());
+        }
+        let identity = |members: &std::collections::BTreeMap<_, _>, placement: &[Vec<_>]| {
+            let locations: std::collections::BTreeMap<_, _> =
+                members.keys().map(|n| (*n, config.locations.get(n).cloned().unwrap_or_default())).collect();
+            data_dir::Identity {
+                node_id: config.node_id,
+                partitions: config.partitions,
+                replication_factor: config.replication_factor,
+                cluster_size: members.len() as u32,
+                placement: crate::placement::digest(placement, &locations),
+            }
+        };
+        if let Some(plan) = plan {
+            let members = plan.members.iter().map(|(n, m)| (*n, m.addr.clone())).collect();
+            let placement = plan.placement();
+            let identity = identity(&members, &placement);
+            return Layout { members, placement, identity };
+        }
+        if config.join_plan {
+            let others: Vec<_> = members.keys().copied().filter(|n| *n != config.node_id).collect();
+            let placement = vec![others; config.partitions as usize];
+            let identity = identity(&members, &placement);
+            return Layout { members, placement, identity };
         }
         let locations: std::collections::BTreeMap<_, _> =
             members.keys().map(|n| (*n, config.locations.get(n).cloned().unwrap_or_default())).collect();
@@ -147,8 +181,15 @@ impl Node {
             }
         }
 
-        let Layout { members, placement, identity } = Layout::of(&config, &cluster_addr.to_string());
-        let opened = data_dir::open(&config.data_dir, identity, config.join_existing)?;
+        let plan = data_dir::read_plan(&config.data_dir)?;
+        let Layout { members, placement, identity } =
+            Layout::planned(&config, &cluster_addr.to_string(), plan.as_ref());
+        let join = match (config.join_plan, config.join_existing) {
+            (true, _) => data_dir::Join::Plan,
+            (false, true) => data_dir::Join::Existing,
+            (false, false) => data_dir::Join::Form,
+        };
+        let opened = data_dir::open(&config.data_dir, identity, join)?;
         let formation = opened.formation;
         let store = Store::open_with(&config.data_dir.join("db"), config.storage_memory)
             .with_context(|| format!("opening storage in {}", config.data_dir.display()))?;
@@ -203,6 +244,11 @@ impl Node {
                 continue;
             }
             let group = hosts.iter().map(|id| (*id, members[id].clone())).collect();
+            // A replica the plan placed here that is not yet among its
+            // group's voters is a newcomer: copied from its leader.
+            let newcomer = plan.as_ref().is_some_and(|plan| {
+                !plan.current.get(partition as usize).is_some_and(|voters| voters.contains(&config.node_id))
+            });
             let replica = Replica::start(
                 partition,
                 config.node_id,
@@ -210,7 +256,7 @@ impl Node {
                 Arc::clone(&store),
                 peers.clone(),
                 &raft_settings,
-                formation,
+                if newcomer { Formation::Joining } else { formation },
             )
             .await
             .with_context(|| format!("starting partition {partition}"))?;
@@ -238,6 +284,9 @@ impl Node {
         }
 
         let topology = Arc::new(crate::context::Topology::new(&config, members, placement, (grpc_addr, admin_addr)));
+        if let Some(plan) = &plan {
+            topology.follow_plan(plan);
+        }
         let ctx = Arc::new(NodeContext::new(
             &config,
             topology,
@@ -253,13 +302,25 @@ impl Node {
         let _ = late_ctx.set(Arc::clone(&ctx));
         ctx.gateway.streams.connect(Arc::new(crate::cluster::Links::new(Arc::downgrade(&ctx))));
 
-        for replica in ctx.routing.replicas.values() {
+        for replica in ctx.routing.replicas().iter() {
             let (ctx, replica, stopping) = (Arc::clone(&ctx), Arc::clone(replica), stop_rx.clone());
             let name = format!("leadership p{}", replica.partition);
             background.push(
                 tasks.spawn(named(name, move |status| supervisor::lead_while_leader(ctx, replica, stopping, status))),
             );
         }
+        let loops = Arc::new(std::sync::Mutex::new(std::collections::BTreeMap::new()));
+        let hosting = membership::Hosting {
+            store: Arc::clone(&store),
+            settings: raft_settings.clone(),
+            data_dir: config.data_dir.clone(),
+            formation,
+            loops: Arc::clone(&loops),
+        };
+        let (plans, stopping) = (Arc::clone(&ctx), stop_rx.clone());
+        background.push(
+            tasks.spawn(named("cluster plan", move |status| membership::follow_plan(plans, hosting, stopping, status))),
+        );
         let (refresh, stopping) = (Arc::clone(&ctx), stop_rx.clone());
         background.push(tasks.spawn(named("stream registrations", move |status| {
             crate::cluster::refresh_stream_registrations(refresh, stopping, status)
@@ -348,6 +409,7 @@ impl Node {
             background,
             cluster_stop,
             cluster_server,
+            plan_loops: loops,
         })
     }
 
@@ -376,8 +438,11 @@ impl Node {
         for task in self.background {
             task.abort();
         }
+        for (_, task) in std::mem::take(&mut *self.plan_loops.lock().expect("leadership loops")) {
+            task.abort();
+        }
         self.ctx.routing.stop_leaders().await;
-        for replica in self.ctx.routing.replicas.values() {
+        for replica in self.ctx.routing.replicas().iter() {
             replica.shutdown().await;
         }
         let _ = self.cluster_stop.send(true);

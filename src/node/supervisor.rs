@@ -84,7 +84,7 @@ async fn stop_leader(ctx: &NodeContext, partition: u32, (actor, handle): Running
     let _ = handle.await;
 }
 
-pub(super) async fn lead_while_leader(
+pub(crate) async fn lead_while_leader(
     ctx: Arc<NodeContext>,
     replica: Arc<Replica>,
     mut stop: watch::Receiver<bool>,
@@ -99,6 +99,13 @@ pub(super) async fn lead_while_leader(
         // A stopping node starts no leader actor (a failed hand-over below
         // comes back here): its shutdown hands leadership away.
         if *stop.borrow() {
+            break;
+        }
+        // The cluster plan moved the replica away: its loop ends.
+        if !ctx.routing.replica(partition).is_some_and(|r| Arc::ptr_eq(&r, &replica)) {
+            if let Some(running) = running.take() {
+                stop_leader(&ctx, partition, running, "the replica moved to other nodes", false).await;
+            }
             break;
         }
         let leadership = replica.leadership();

@@ -243,6 +243,16 @@ impl Batch<'_> {
 }
 
 impl Batch<'_> {
+    /// Deletes every record of `partition` in every table, its indexes
+    /// included: a replica the cluster plan moved to other nodes.
+    pub fn delete_partition(&mut self, partition: PartitionId) {
+        for table in Table::ALL {
+            let cf = self.store.cf(table);
+            self.inner.delete_range_cf(cf, partition.to_be_bytes(), (partition + 1).to_be_bytes());
+            self.delete_index(table, partition);
+        }
+    }
+
     /// Deletes a partition's whole index in a table ([`index_key`]).
     pub fn delete_index(&mut self, table: Table, partition: PartitionId) {
         let cf = self.store.cf(table);

@@ -32,7 +32,7 @@ use crate::proto::cluster::cluster_client::ClusterClient;
 /// partition and every caller (Raft, forwarding, stream registration, pushes).
 #[derive(Clone)]
 pub struct PeerChannels {
-    addresses: Arc<BTreeMap<NodeId, String>>,
+    addresses: Arc<std::sync::RwLock<BTreeMap<NodeId, String>>>,
     channels: Arc<Mutex<HashMap<NodeId, Channel>>>,
     max_message_bytes: usize,
     /// Mutual TLS to peers, when the cluster port has it.
@@ -81,13 +81,23 @@ impl PeerChannels {
         versions: Arc<Versions>,
     ) -> Self {
         PeerChannels {
-            addresses: Arc::new(addresses),
+            addresses: Arc::new(std::sync::RwLock::new(addresses)),
             channels: Default::default(),
             max_message_bytes,
             tls,
             answered: Default::default(),
             versions,
         }
+    }
+
+    /// The members are now `addresses` (the cluster plan changed them): a
+    /// new member is dialled at its address from now on, and a member whose
+    /// address changed is dialled again.
+    pub fn set_addresses(&self, addresses: BTreeMap<NodeId, String>) {
+        let mut known = self.addresses.write().expect("peer addresses lock");
+        let mut channels = self.channels.lock().expect("peer channel lock poisoned");
+        channels.retain(|node, _| known.get(node) == addresses.get(node));
+        *known = addresses;
     }
 
     /// What each peer speaks, and the cluster version.
@@ -137,7 +147,7 @@ impl PeerChannels {
         if let Some(channel) = channels.get(&node) {
             return Some(channel.clone());
         }
-        let address = self.addresses.get(&node)?;
+        let address = self.addresses.read().expect("peer addresses lock").get(&node)?.clone();
         let endpoint = Endpoint::from_shared(format!("http://{address}"))
             .ok()?
             .connect_timeout(Duration::from_millis(500))

@@ -32,7 +32,8 @@ pub const VERSION_HEADER: &str = "drover-data-version";
 /// What this node knows of its members' data versions.
 pub struct Versions {
     own: NodeId,
-    members: Vec<NodeId>,
+    /// The members (the cluster plan changes them).
+    members: Mutex<Vec<NodeId>>,
     heard: Mutex<HashMap<NodeId, u16>>,
     /// The cluster version this node has recorded as reached: it never goes
     /// back below it.
@@ -48,7 +49,7 @@ impl Versions {
         let floor = floor.clamp(OLDEST_VERSION, DATA_VERSION);
         let versions = Versions {
             own,
-            members,
+            members: Mutex::new(members),
             heard: Mutex::default(),
             floor: AtomicU16::new(floor),
             cluster: watch::channel(floor).0,
@@ -57,13 +58,19 @@ impl Versions {
         versions
     }
 
+    /// The members are now `members` (the cluster plan changed them).
+    pub fn set_members(&self, members: Vec<NodeId>) {
+        *self.members.lock().expect("versions lock") = members;
+        self.update();
+    }
+
     pub fn own_node(&self) -> NodeId {
         self.own
     }
 
     /// `node` spoke `version` (no version: 6, the last build without them).
     pub fn heard(&self, node: NodeId, version: Option<u16>) {
-        if node == self.own || !self.members.contains(&node) {
+        if node == self.own || !self.members.lock().expect("versions lock").contains(&node) {
             return;
         }
         let version = version.unwrap_or(OLDEST_VERSION);
@@ -105,6 +112,8 @@ impl Versions {
     pub fn members(&self) -> Vec<(NodeId, Option<u16>)> {
         let heard = self.heard.lock().expect("versions lock");
         self.members
+            .lock()
+            .expect("versions lock")
             .iter()
             .map(|node| (*node, if *node == self.own { Some(DATA_VERSION) } else { heard.get(node).copied() }))
             .collect()
@@ -135,6 +144,8 @@ impl Versions {
         let heard = self.heard.lock().expect("versions lock");
         let lowest = self
             .members
+            .lock()
+            .expect("versions lock")
             .iter()
             .filter(|n| **n != self.own)
             .map(|n| heard.get(n).copied().unwrap_or(OLDEST_VERSION))

@@ -146,7 +146,7 @@ pub(super) fn render(ctx: &NodeContext, principal: Option<&Principal>, name: &st
     let common = context! {
         nav => nav,
         node_id => ctx.topology.node_id,
-        nodes => ctx.topology.members.len(),
+        nodes => ctx.topology.cluster_size() as usize,
         viewer => principal.map(|p| p.name.clone()),
         signed_in => ctx.auth.enabled(),
         page => page,

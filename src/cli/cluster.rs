@@ -1,0 +1,158 @@
+//! `drover cluster ...`: the cluster plan: show it, add, remove and replace
+//! nodes, pause, resume and cancel the moves (docs/membership.md).
+
+use clap::Subcommand;
+use drover::client::Client;
+use drover::proto::gateway::change_cluster_plan_request::Change;
+use drover::proto::gateway::*;
+
+use super::{status_error, Target};
+
+#[derive(Subcommand)]
+pub(crate) enum PlanCommand {
+    /// Show the plan: members, each partition's voters now and where they go.
+    Plan {
+        /// Stop starting moves (those under way finish).
+        #[arg(long, conflicts_with_all = ["resume", "cancel"])]
+        pause: bool,
+        /// Start moves again.
+        #[arg(long, conflicts_with = "cancel")]
+        resume: bool,
+        /// Drop the moves not yet made: each partition keeps the voters it has.
+        #[arg(long)]
+        cancel: bool,
+        /// Partitions moving at once, at most.
+        #[arg(long)]
+        max_moves: Option<u32>,
+        /// Print the plan as JSON.
+        #[arg(long)]
+        json: bool,
+    },
+    /// Add a node started with --join-plan: ID=HOST:PORT[@REGION/ZONE], its
+    /// cluster address. Replicas move to it until the load is even.
+    AddNode {
+        #[arg(value_name = "ID=HOST:PORT[@REGION/ZONE]")]
+        node: String,
+    },
+    /// Move every replica of node ID to the other members, then drop it.
+    RemoveNode {
+        #[arg(value_name = "ID")]
+        node: u64,
+    },
+    /// Give each of node OLD's replicas to a new node (started with
+    /// --join-plan, under an id never used), then drop OLD: how a node whose
+    /// disk is lost comes back.
+    ReplaceNode {
+        #[arg(value_name = "OLD")]
+        old: u64,
+        #[arg(value_name = "NEW=HOST:PORT[@REGION/ZONE]")]
+        new: String,
+    },
+}
+
+fn plan_node(text: &str) -> anyhow::Result<PlanNode> {
+    let (members, locations) = drover::config::parse_members_as(&[text.to_string()], true)?;
+    let (id, address) = members.into_iter().next().ok_or_else(|| anyhow::anyhow!("name a node: ID=HOST:PORT"))?;
+    let location = locations.get(&id).cloned().unwrap_or_default();
+    Ok(PlanNode { node_id: id, address, region: location.region, zone: location.zone })
+}
+
+pub(crate) async fn cluster(command: PlanCommand, target: &Target) -> anyhow::Result<()> {
+    let client = Client::connect_lazy(&target.address)?;
+    let change = match command {
+        PlanCommand::Plan { pause, resume, cancel, max_moves, json } => {
+            let change = match (pause, resume, cancel, max_moves) {
+                (true, ..) => Some(Change::Pause(true)),
+                (_, true, ..) => Some(Change::Pause(false)),
+                (_, _, true, _) => Some(Change::Cancel(true)),
+                (_, _, _, Some(moves)) => Some(Change::MaxMoves(moves)),
+                _ => None,
+            };
+            let plan = match change {
+                Some(change) => client
+                    .raw()
+                    .change_cluster_plan(ChangeClusterPlanRequest { change: Some(change) })
+                    .await
+                    .map_err(status_error)?
+                    .into_inner(),
+                None => {
+                    client.raw().get_cluster_plan(GetClusterPlanRequest {}).await.map_err(status_error)?.into_inner()
+                }
+            };
+            print(&plan, json);
+            return Ok(());
+        }
+        PlanCommand::AddNode { node } => Change::AddNode(plan_node(&node)?),
+        PlanCommand::RemoveNode { node } => Change::RemoveNode(node),
+        PlanCommand::ReplaceNode { old, new } => {
+            Change::ReplaceNode(ReplaceNode { old_node_id: old, new_node: Some(plan_node(&new)?) })
+        }
+    };
+    let request = ChangeClusterPlanRequest { change: Some(change) };
+    let plan = client.raw().change_cluster_plan(request).await.map_err(status_error)?.into_inner();
+    print(&plan, false);
+    Ok(())
+}
+
+fn nodes(ids: &[u64]) -> String {
+    ids.iter().map(u64::to_string).collect::<Vec<_>>().join(",")
+}
+
+fn print(plan: &ClusterPlan, json: bool) {
+    if json {
+        let members: Vec<serde_json::Value> = plan
+            .members
+            .iter()
+            .map(|m| {
+                let node = m.node.clone().unwrap_or_default();
+                serde_json::json!({
+                    "node": node.node_id, "address": node.address, "region": node.region, "zone": node.zone,
+                    "leaving": m.leaving, "replicas": m.replicas, "target_replicas": m.target_replicas,
+                })
+            })
+            .collect();
+        let partitions: Vec<serde_json::Value> = plan
+            .partitions
+            .iter()
+            .map(|p| serde_json::json!({"partition": p.partition_id, "current": p.current, "target": p.target, "moving": p.moving}))
+            .collect();
+        super::print_json(&serde_json::json!({
+            "epoch": plan.epoch, "changed": plan.changed, "paused": plan.paused, "max_moves": plan.max_moves,
+            "replication_factor": plan.replication_factor, "retired": plan.retired,
+            "members": members, "partitions": partitions,
+        }));
+        return;
+    }
+    let moving = plan.partitions.iter().filter(|p| p.moving).count();
+    println!(
+        "plan epoch {}{}: {} members, replication factor {}, {moving} partitions moving{} (at most {} at once)",
+        plan.epoch,
+        if plan.changed { "" } else { " (as the cluster formed)" },
+        plan.members.len(),
+        plan.replication_factor,
+        if plan.paused { ", PAUSED" } else { "" },
+        plan.max_moves
+    );
+    println!("{:<6} {:<28} {:<24} {:>9} {:>7}", "NODE", "ADDRESS", "LOCATION", "REPLICAS", "TARGET");
+    for member in &plan.members {
+        let node = member.node.clone().unwrap_or_default();
+        let location = match (node.region.as_str(), node.zone.as_str()) {
+            ("", _) => "-".to_string(),
+            (region, "") => region.to_string(),
+            (region, zone) => format!("{region}/{zone}"),
+        };
+        let leaving = if member.leaving { " leaving" } else { "" };
+        println!(
+            "{:<6} {:<28} {:<24} {:>9} {:>7}{leaving}",
+            node.node_id, node.address, location, member.replicas, member.target_replicas
+        );
+    }
+    println!("{:<10} {:<16} {:<16}", "PARTITION", "VOTERS", "TARGET");
+    for p in &plan.partitions {
+        let mark = if p.moving { "  moving" } else { "" };
+        println!("{:<10} {:<16} {:<16}{mark}", p.partition_id, nodes(&p.current), nodes(&p.target));
+    }
+    if !plan.retired.is_empty() {
+        println!("retired ids (never used again): {}", nodes(&plan.retired));
+    }
+}

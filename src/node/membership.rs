@@ -1,0 +1,279 @@
+//! Follows the cluster plan on this node (`docs/membership.md`):
+//!
+//! - learns the newest plan: from its own replica of partition 0, whose
+//!   state the plan is, or from the nodes that host it (their status
+//!   carries the plan they follow);
+//! - takes its members and placement ([`crate::context::Topology::follow_plan`]),
+//!   dials new members, and records the plan in the data directory so that a
+//!   restart starts from it;
+//! - opens the replicas the plan places here (empty ones join their group
+//!   as learners, copied from its leader) and closes, deleting their data,
+//!   those it moved away once their partition reported the move;
+//! - and, for each partition this node leads that the plan may move now,
+//!   drives its voters to the plan's target: the new replicas are added as
+//!   learners and caught up, then one joint-consensus change makes the
+//!   target the voters, and the partition reports its voters to the plan.
+//!
+//! Every step is idempotent: whichever node leads a partition after a crash
+//! takes up from what the plan and the group's own membership say.
+
+use std::collections::{BTreeMap, BTreeSet};
+use std::path::PathBuf;
+use std::sync::{Arc, Mutex};
+use std::time::{Duration, Instant};
+
+use tokio::sync::watch;
+use tokio::task::JoinHandle;
+
+use super::data_dir;
+use crate::context::NodeContext;
+use crate::core::{ClusterPlan, Command, NodeId, PartitionId};
+use crate::proto::cluster::StatusRequest;
+use crate::raft::{Formation, RaftSettings, Replica};
+use crate::storage::Store;
+use crate::tasks::LoopStatus;
+
+/// How often the plan is looked at.
+const LOOK_EVERY: Duration = Duration::from_millis(500);
+/// How long a new replica may take to copy its partition before the move
+/// is tried again (a partition of a few GiB copies well within it).
+const CATCH_UP_WITHIN: Duration = Duration::from_secs(600);
+/// How long a report of a partition's voters may take.
+const REPORT_WITHIN: Duration = Duration::from_secs(5);
+
+/// What opening a replica here takes.
+pub(super) struct Hosting {
+    pub store: Arc<Store>,
+    pub settings: RaftSettings,
+    pub data_dir: PathBuf,
+    /// The data directory's formation: replicas the plan lists among a
+    /// partition's voters open with it (their Raft state must be here once
+    /// formed); others are newcomers and join.
+    pub formation: Formation,
+    /// The leadership loops of replicas opened here, by partition.
+    pub loops: Arc<Mutex<BTreeMap<PartitionId, JoinHandle<()>>>>,
+}
+
+pub(super) async fn follow_plan(
+    ctx: Arc<NodeContext>,
+    hosting: Hosting,
+    mut stop: watch::Receiver<bool>,
+    status: LoopStatus,
+) {
+    let mut driving: BTreeMap<PartitionId, JoinHandle<()>> = BTreeMap::new();
+    loop {
+        if let Some(plan) = newest_plan(&ctx).await {
+            if ctx.topology.follow_plan(&plan) {
+                let members = ctx.topology.members();
+                ctx.transport.peers.versions().set_members(members.keys().copied().collect());
+                ctx.transport.peers.set_addresses(members);
+                if let Err(e) = data_dir::record_plan(&hosting.data_dir, &plan) {
+                    status.error(format!("recording cluster plan epoch {}: {e:#}", plan.epoch));
+                }
+                tracing::info!(epoch = plan.epoch, members = ?plan.members.keys().collect::<Vec<_>>(), "following the cluster plan");
+            }
+        }
+        match ctx.topology.plan() {
+            Some(plan) if !*stop.borrow() => {
+                let problems = host(&ctx, &hosting, &plan).await;
+                drive(&ctx, &plan, &mut driving);
+                let moving = (0..plan.partitions()).filter(|p| plan.moving(*p)).count();
+                let summary = format!(
+                    "plan epoch {}: {} members, {moving} partitions moving{}",
+                    plan.epoch,
+                    plan.members.len(),
+                    if plan.paused { " (paused)" } else { "" }
+                );
+                match problems {
+                    Some(problem) => status.error(format!("{summary}; {problem}")),
+                    None => status.set(summary),
+                }
+            }
+            Some(_) => {}
+            None => status.set("no plan change yet: the member list's placement holds"),
+        }
+        tokio::select! {
+            _ = tokio::time::sleep(LOOK_EVERY) => {}
+            _ = stop.wait_for(|s| *s) => break,
+        }
+    }
+    for (_, task) in driving {
+        task.abort();
+    }
+}
+
+/// The newest plan this node can learn of now: its own replica of partition
+/// 0's, or one a node hosting partition 0 follows.
+async fn newest_plan(ctx: &NodeContext) -> Option<ClusterPlan> {
+    let known = ctx.topology.plan().map_or(0, |p| p.epoch);
+    let mut newest = ctx.routing.replica(0).and_then(|r| r.state().plan()).filter(|p| p.epoch > known);
+    if newest.is_some() {
+        return newest;
+    }
+    // A node without partition 0 (or whose replica is still catching up)
+    // asks those that host it; a node being added asks every member it knows.
+    let mut ask: Vec<NodeId> = ctx.topology.replica_nodes(0);
+    if ctx.topology.plan().is_none() {
+        ask.extend(ctx.topology.peers());
+    }
+    let mut asked = BTreeSet::new();
+    for node in ask.into_iter().filter(|n| *n != ctx.topology.node_id) {
+        if !asked.insert(node) {
+            continue;
+        }
+        let Some(mut client) = ctx.transport.peers.client(node) else { continue };
+        let mut request = tonic::Request::new(StatusRequest {});
+        request.set_timeout(Duration::from_secs(1));
+        let Ok(reply) = client.status(request).await else { continue };
+        let bytes = reply.into_inner().plan;
+        let Ok(plan) = serde_json::from_slice::<ClusterPlan>(&bytes) else { continue };
+        if plan.epoch > newest.as_ref().map_or(known, |p| p.epoch) {
+            newest = Some(plan);
+        }
+    }
+    newest
+}
+
+/// Opens the replicas `plan` places here and closes those it moved away;
+/// answers what went wrong, if anything.
+async fn host(ctx: &Arc<NodeContext>, hosting: &Hosting, plan: &ClusterPlan) -> Option<String> {
+    let me = ctx.topology.node_id;
+    let mut problems = Vec::new();
+    for partition in 0..ctx.topology.partitions {
+        let wanted = plan.hosts(partition).contains(&me);
+        match (wanted, ctx.routing.replica(partition)) {
+            (true, None) => {
+                if let Err(e) = open(ctx, hosting, plan, partition).await {
+                    problems.push(format!("opening partition {partition}: {e:#}"));
+                }
+            }
+            (false, Some(replica)) => close(ctx, hosting, replica).await,
+            _ => {}
+        }
+    }
+    (!problems.is_empty()).then(|| problems.join("; "))
+}
+
+async fn open(
+    ctx: &Arc<NodeContext>,
+    hosting: &Hosting,
+    plan: &ClusterPlan,
+    partition: PartitionId,
+) -> anyhow::Result<()> {
+    let me = ctx.topology.node_id;
+    let voter = plan.current.get(partition as usize).is_some_and(|v| v.contains(&me));
+    let formation = if voter { hosting.formation } else { Formation::Joining };
+    let group: BTreeMap<NodeId, String> =
+        plan.hosts(partition).into_iter().filter_map(|n| plan.members.get(&n).map(|m| (n, m.addr.clone()))).collect();
+    let replica = Replica::start(
+        partition,
+        me,
+        &group,
+        Arc::clone(&hosting.store),
+        ctx.transport.peers.clone(),
+        &hosting.settings,
+        formation,
+    )
+    .await?;
+    tracing::info!(partition, ?formation, "the cluster plan placed a replica of partition {partition} here");
+    ctx.routing.add_replica(Arc::clone(&replica));
+    let (loop_ctx, stopping) = (Arc::clone(ctx), ctx.stopping.clone());
+    let name = format!("leadership p{partition}");
+    let task = ctx.tasks.spawn(crate::tasks::named(name, move |status| {
+        super::supervisor::lead_while_leader(loop_ctx, replica, stopping, status)
+    }));
+    if let Some(old) = hosting.loops.lock().expect("leadership loops").insert(partition, task) {
+        old.abort();
+    }
+    Ok(())
+}
+
+/// Closes a replica the plan moved away: its leadership loop ends (it
+/// notices the replica is gone), its group stops here, and its data goes.
+async fn close(ctx: &NodeContext, hosting: &Hosting, replica: Arc<Replica>) {
+    let partition = replica.partition;
+    ctx.routing.remove_replica(partition);
+    let task = hosting.loops.lock().expect("leadership loops").remove(&partition);
+    if let Some(task) = task {
+        if tokio::time::timeout(Duration::from_secs(5), task).await.is_err() {
+            tracing::warn!(partition, "the leadership loop of a closed replica did not end within 5 s");
+        }
+    } else {
+        // A replica opened at start: its loop ends on its own.
+        let until = Instant::now() + Duration::from_secs(5);
+        while ctx.routing.local_leader(partition).is_some() && Instant::now() < until {
+            tokio::time::sleep(Duration::from_millis(50)).await;
+        }
+    }
+    replica.shutdown().await;
+    let mut batch = ctx.store.batch();
+    batch.delete_partition(partition);
+    ctx.store.write_synced(batch);
+    tracing::info!(
+        partition,
+        "the cluster plan moved partition {partition} off this node: its replica is closed and deleted"
+    );
+}
+
+/// Starts driving each partition this node leads that the plan may move now
+/// (or whose voters the plan does not know yet), one task per partition.
+fn drive(ctx: &Arc<NodeContext>, plan: &ClusterPlan, driving: &mut BTreeMap<PartitionId, JoinHandle<()>>) {
+    driving.retain(|_, task| !task.is_finished());
+    for replica in ctx.routing.replicas() {
+        let partition = replica.partition;
+        if driving.contains_key(&partition) || !replica.leadership().is_leader {
+            continue;
+        }
+        let members = replica.membership();
+        let voters: BTreeSet<NodeId> = members.voters.iter().copied().collect();
+        let known: BTreeSet<NodeId> = plan.current.get(partition as usize).into_iter().flatten().copied().collect();
+        let target: BTreeSet<NodeId> = plan.target.get(partition as usize).into_iter().flatten().copied().collect();
+        let settled = voters == target && !members.changing;
+        let report = !members.changing && voters != known;
+        if !report && (settled || !plan.may_move(partition)) {
+            continue;
+        }
+        let (ctx, plan) = (Arc::clone(ctx), plan.clone());
+        driving.insert(
+            partition,
+            tokio::spawn(async move {
+                if let Err(e) = drive_partition(&ctx, &replica, &plan).await {
+                    metrics::counter!("drover_plan_step_failures_total").increment(1);
+                    tracing::warn!(partition, "moving partition {partition} to the plan's replicas: {e}");
+                }
+            }),
+        );
+    }
+}
+
+async fn drive_partition(ctx: &NodeContext, replica: &Replica, plan: &ClusterPlan) -> Result<(), String> {
+    let partition = replica.partition;
+    let target: BTreeSet<NodeId> = plan.target[partition as usize].iter().copied().collect();
+    let members = replica.membership();
+    let voters: BTreeSet<NodeId> = members.voters.iter().copied().collect();
+    if (voters != target || members.changing) && plan.may_move(partition) {
+        let started = Instant::now();
+        for node in target.difference(&voters) {
+            let member = plan.members.get(node).ok_or_else(|| format!("node {node} is in no member list"))?;
+            tracing::info!(partition, node, "adding node {node} to partition {partition} as a learner");
+            replica.add_learner(*node, &member.addr, CATCH_UP_WITHIN).await?;
+        }
+        tracing::info!(partition, ?target, "changing the voters of partition {partition}");
+        replica.change_voters(target.clone()).await?;
+        metrics::counter!("drover_plan_moves_total").increment(1);
+        metrics::histogram!("drover_plan_move_seconds").record(started.elapsed().as_secs_f64());
+        tracing::info!(
+            partition,
+            ?target,
+            elapsed_ms = started.elapsed().as_millis() as u64,
+            "partition {partition} has its new voters"
+        );
+    }
+    let voters = replica.membership().voters;
+    let deadline = Instant::now() + REPORT_WITHIN;
+    let report = Command::ReportVoters { partition, voters };
+    crate::gateway::router::submit(ctx, 0, vec![report], deadline)
+        .await
+        .map(|_| ())
+        .map_err(|e| format!("reporting the voters of partition {partition} to the plan: {e}"))
+}
