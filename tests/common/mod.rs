@@ -487,6 +487,28 @@ impl ProcessCluster {
         self.start_node_with(id, &[]);
     }
 
+    /// Starts a node to be added to the running cluster (`--join-plan`),
+    /// under the next id, at `location` (REGION/ZONE; empty: none), with
+    /// every member and itself in its member list. Answers its id.
+    pub fn start_joining(&mut self, location: &str) -> usize {
+        let id = self.ports.len();
+        let ports = Ports { grpc: free_port(), cluster: free_port(), admin: free_port() };
+        self.ports.push(ports);
+        let entry = match location {
+            "" => format!("{id}=127.0.0.1:{}", ports.cluster),
+            at => format!("{id}=127.0.0.1:{}@{at}", ports.cluster),
+        };
+        self.members.push(format!("{},{entry}", self.members[0]));
+        self.nodes.push(None);
+        self.start_node_with(id, &["--join-plan"]);
+        id
+    }
+
+    /// Node `id`'s cluster (node-to-node) address.
+    pub fn cluster_addr(&self, id: usize) -> String {
+        format!("127.0.0.1:{}", self.ports[id].cluster)
+    }
+
     /// Starts node `id` with its usual arguments and `extra`.
     pub fn start_node_with(&mut self, id: usize, extra: &[&str]) {
         let (data, mut args) = self.node_args(id);
