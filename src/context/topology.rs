@@ -159,8 +159,16 @@ impl Topology {
     /// partition's preferred leader unless that is this node; then (and
     /// without balance, only) its replicas in a leader region when this node
     /// is in none, so that a leader outside them still moves in when the
-    /// preferred one is down. Empty: it stays here.
+    /// preferred one is down. Empty: it stays here. Before all that, a
+    /// replica the cluster plan moves away hands leadership to the replicas
+    /// that stay, so the partition is never without a leader for the move.
     pub fn preferred_leaders_of(&self, partition: PartitionId) -> Vec<NodeId> {
+        if let Some(plan) = self.plan() {
+            let staying = plan.staying(partition);
+            if !staying.contains(&self.node_id) && plan.hosts(partition).contains(&self.node_id) {
+                return staying;
+            }
+        }
         let mut preferred = Vec::new();
         if self.balance_leaders {
             match self.shape().preferred_leaders.get(partition as usize) {

@@ -118,6 +118,13 @@ impl ClusterPlan {
         hosts
     }
 
+    /// `partition`'s voters that its target keeps, in the target's order.
+    pub fn staying(&self, partition: PartitionId) -> Vec<NodeId> {
+        let current = self.current.get(partition as usize).cloned().unwrap_or_default();
+        let target = self.target.get(partition as usize).into_iter().flatten();
+        target.copied().filter(|n| current.contains(n)).collect()
+    }
+
     /// Every partition's hosts ([`ClusterPlan::hosts`]).
     pub fn placement(&self) -> Vec<Vec<NodeId>> {
         (0..self.partitions()).map(|p| self.hosts(p)).collect()

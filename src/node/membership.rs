@@ -38,6 +38,10 @@ const LOOK_EVERY: Duration = Duration::from_millis(500);
 /// How long a new replica may take to copy its partition before the move
 /// is tried again (a partition of a few GiB copies well within it).
 const CATCH_UP_WITHIN: Duration = Duration::from_secs(600);
+/// How long a leader the plan moves away waits for its leadership loop to
+/// hand leadership to a replica that stays (it settles for 5 s after an
+/// election, then checks every second).
+const HAND_OVER_WITHIN: Duration = Duration::from_secs(15);
 /// How long a report of a partition's voters may take.
 const REPORT_WITHIN: Duration = Duration::from_secs(5);
 
@@ -257,6 +261,26 @@ async fn drive_partition(ctx: &NodeContext, replica: &Replica, plan: &ClusterPla
             let member = plan.members.get(node).ok_or_else(|| format!("node {node} is in no member list"))?;
             tracing::info!(partition, node, "adding node {node} to partition {partition} as a learner");
             replica.add_learner(*node, &member.addr, CATCH_UP_WITHIN).await?;
+        }
+        let me = ctx.topology.node_id;
+        let staying = plan.staying(partition);
+        if !target.contains(&me) && !staying.is_empty() {
+            // The leadership loop hands leadership to a replica that stays
+            // (`Topology::preferred_leaders_of`), which then goes on; past
+            // the wait, this leader changes the voters itself and steps down
+            // once they are committed.
+            tracing::info!(
+                partition,
+                ?staying,
+                "partition {partition} leaves this node: handing leadership over first"
+            );
+            if replica.leadership_moved(HAND_OVER_WITHIN).await {
+                return Ok(());
+            }
+            tracing::warn!(
+                partition,
+                "leadership did not move within {HAND_OVER_WITHIN:?}: changing the voters from here"
+            );
         }
         tracing::info!(partition, ?target, "changing the voters of partition {partition}");
         replica.change_voters(target.clone()).await?;
