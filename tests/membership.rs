@@ -148,6 +148,19 @@ async fn a_cluster_grows_from_three_nodes_to_five_and_shrinks_to_four_keeping_ev
     })
     .await;
 
+    // Every node shows the plan it follows (within a look or two), and counts it.
+    let node_3_view = || async {
+        let (code, body) = common::http_get(&cluster.node(3).admin, "/actuator/plan").await.expect("the admin port");
+        assert_eq!(code, 200, "{body}");
+        serde_json::from_str::<serde_json::Value>(&body).expect("JSON")
+    };
+    eventually(Duration::from_secs(10), "node 3 to follow the plan that retired node 0", || async {
+        let view = node_3_view().await;
+        view["changed"] == true && view["plan"]["retired"] == serde_json::json!([0])
+    })
+    .await;
+    assert!(cluster.metric(3, "drover_plan_epoch").await >= 4.0, "four changes at least");
+
     stop.send(true).unwrap();
     let keys = load.await.unwrap();
     assert!(keys.len() > 50, "jobs were created throughout: {}", keys.len());

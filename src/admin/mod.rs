@@ -36,6 +36,7 @@ pub async fn serve(
         .route("/actuator/partitions", get(partitions))
         .route("/actuator/jobstreams", get(jobstreams))
         .route("/actuator/tasks", get(tasks))
+        .route("/actuator/plan", get(plan))
         .route("/actuator/jobs", get(local_jobs))
         .route("/actuator/workers", get(workers))
         .route("/actuator/workers/{state}", axum::routing::post(direct_workers))
@@ -391,6 +392,30 @@ async fn direct_workers(
 /// The node's background loops: name, state, status and last error.
 async fn tasks(State(ctx): State<Arc<NodeContext>>) -> impl IntoResponse {
     Json(json!({ "nodeId": ctx.topology.node_id, "tasks": ctx.tasks.list() }))
+}
+
+/// The cluster plan this node follows (docs/membership.md), with the moves
+/// still to make; before the plan's first change, the placement the cluster
+/// formed with.
+async fn plan(State(ctx): State<Arc<NodeContext>>) -> impl IntoResponse {
+    let (plan, changed) = match ctx.topology.plan() {
+        Some(plan) => (Some((*plan).clone()), true),
+        None => (ctx.topology.formed_with.clone(), false),
+    };
+    let pending: Vec<_> = plan
+        .iter()
+        .flat_map(|p| p.pending())
+        .map(|m| json!({ "partition": m.partition, "from": m.from, "to": m.to }))
+        .collect();
+    let moving: Vec<_> =
+        plan.iter().flat_map(|p| (0..p.partitions()).filter(|i| p.may_move(*i)).collect::<Vec<_>>()).collect();
+    Json(json!({
+        "nodeId": ctx.topology.node_id,
+        "changed": changed,
+        "plan": plan,
+        "pendingMoves": pending,
+        "movingNow": moving,
+    }))
 }
 
 /// Only streams that serve one of the principal's tenants.

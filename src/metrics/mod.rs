@@ -62,6 +62,8 @@ pub fn register_metrics() {
     use metrics::{describe_counter, describe_gauge, describe_histogram, Unit};
     recorder();
     let counters: &[(&str, &str)] = &[
+        ("drover_plan_moves_total", "Partitions this node moved to the cluster plan's voters, as their leader (docs/membership.md)"),
+        ("drover_plan_step_failures_total", "Tries to move a partition to the plan's voters that failed and are tried again"),
         ("drover_jobs_total", "Jobs reaching an outcome (created, activated, completed, failed, timed_out, yielded, incident, cancelled), counted by the partition leader"),
         ("drover_gateway_job_stream_push_total", "Jobs a gateway handed to a stream client"),
         ("drover_gateway_job_stream_push_fail_try_total", "Tries to hand a pushed job to a client that was not ready"),
@@ -134,6 +136,11 @@ pub fn register_metrics() {
         ("drover_storage_wal_syncs", "WAL syncs since start"),
         ("drover_cluster_version", "The data version every member speaks, as this node knows it (docs/upgrades.md)"),
         ("drover_node_data_version", "The data version this node's build writes"),
+        ("drover_plan_epoch", "The epoch of the cluster plan this node follows (0: never changed)"),
+        ("drover_plan_members", "Members of the cluster plan this node follows"),
+        ("drover_plan_partitions_moving", "Partitions whose voters are not yet the plan's target"),
+        ("drover_plan_moves_pending", "Replica moves the cluster plan still has to make"),
+        ("drover_plan_paused", "1 while the cluster plan's moves are paused"),
         ("drover_storage_appends_synced", "Log appends covered by WAL syncs since start"),
     ];
     for (name, help) in gauges {
@@ -143,6 +150,10 @@ pub fn register_metrics() {
     metrics::gauge!("drover_node_data_version").set(f64::from(crate::codec::DATA_VERSION));
     let histograms: &[(&str, &str)] = &[
         ("drover_create_ack_seconds", "CreateJob received to acknowledged"),
+        (
+            "drover_plan_move_seconds",
+            "A partition's move to the plan's voters, new replicas caught up to voters committed",
+        ),
         ("drover_raft_append_to_commit_seconds", "Raft write submitted to committed and applied"),
         ("drover_storage_write_sync_seconds", "One group-commit WAL sync"),
         ("drover_raft_rpc_seconds", "Raft RPCs sent to peers, by rpc, from send to reply"),

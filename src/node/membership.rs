@@ -82,6 +82,11 @@ pub(super) async fn follow_plan(
                 let problems = host(&ctx, &hosting, &plan).await;
                 drive(&ctx, &plan, &mut driving);
                 let moving = (0..plan.partitions()).filter(|p| plan.moving(*p)).count();
+                metrics::gauge!("drover_plan_epoch").set(plan.epoch as f64);
+                metrics::gauge!("drover_plan_members").set(plan.members.len() as f64);
+                metrics::gauge!("drover_plan_partitions_moving").set(moving as f64);
+                metrics::gauge!("drover_plan_moves_pending").set(plan.pending().len() as f64);
+                metrics::gauge!("drover_plan_paused").set(if plan.paused { 1.0 } else { 0.0 });
                 let summary = format!(
                     "plan epoch {}: {} members, {moving} partitions moving{}",
                     plan.epoch,

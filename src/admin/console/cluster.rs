@@ -95,7 +95,37 @@ pub(super) async fn cluster(
             }
         })
         .collect();
+    // The plan this node follows (docs/membership.md): members, and each
+    // partition's voters with where they are going.
+    let (plan, changed) = match ctx.topology.plan() {
+        Some(plan) => (Some((*plan).clone()), true),
+        None => (ctx.topology.formed_with.clone(), false),
+    };
+    let plan = plan.map(|plan| {
+        let nodes = |ids: &[u64]| ids.iter().map(u64::to_string).collect::<Vec<_>>().join(", ");
+        context! {
+            epoch => plan.epoch,
+            changed => changed,
+            paused => plan.paused,
+            max_moves => plan.max_moves,
+            retired => nodes(&plan.retired.iter().copied().collect::<Vec<_>>()),
+            members => plan.members.iter().map(|(id, m)| context! {
+                id => id,
+                address => &m.addr,
+                location => m.location().to_string(),
+                leaving => plan.leaving.contains(id),
+            }).collect::<Vec<_>>(),
+            partitions => (0..plan.partitions()).map(|p| context! {
+                id => p,
+                current => nodes(&plan.current[p as usize]),
+                target => nodes(&plan.target[p as usize]),
+                moving => plan.moving(p),
+                now => plan.may_move(p),
+            }).collect::<Vec<_>>(),
+        }
+    });
     let page = context! {
+        plan => plan,
         ready => ctx.routing.ready(),
         partitions_count => ctx.topology.partition_count(),
         replication_factor => ctx.topology.replication_factor,
