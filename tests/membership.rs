@@ -10,7 +10,7 @@ use std::collections::BTreeSet;
 use std::sync::{Arc, Mutex};
 use std::time::Duration;
 
-use common::{eventually, ProcessCluster};
+use common::{eventually, free_port, run_drover, ProcessCluster};
 use drover::client::Client;
 use drover::proto::gateway::change_cluster_plan_request::Change;
 use drover::proto::gateway::{ChangeClusterPlanRequest, ClusterPlan, GetClusterPlanRequest, GetJobRequest, PlanNode};
@@ -216,4 +216,66 @@ async fn a_node_whose_disk_is_lost_is_replaced_under_a_new_id() {
         Change::AddNode(PlanNode { node_id: 2, address: "127.0.0.1:1".into(), ..Default::default() }),
     );
     assert_eq!(back.await.unwrap_err().code(), tonic::Code::FailedPrecondition, "the old id never returns");
+}
+
+/// Ten loopback ports from `base`, where `base` ends in 0 and each is free now.
+fn free_decade() -> u16 {
+    loop {
+        let base = free_port() / 10 * 10;
+        if base > 1_000 && (0..10).all(|i| std::net::TcpListener::bind(("127.0.0.1", base + i)).is_ok()) {
+            return base;
+        }
+    }
+}
+
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn the_scale_command_of_the_chart_adds_unlisted_pods_and_removes_those_beyond_the_size() {
+    let mut cluster = ProcessCluster::start(3, 2, 3, FAST_RAFT);
+    cluster.wait_ready().await;
+    // Pods 3 and 4 know only the member list the cluster formed with, as a
+    // StatefulSet's new pods do; their addresses follow one template.
+    let base = free_decade();
+    let template = format!("127.0.0.1:{}{{id}}", base / 10);
+    for id in [3u16, 4] {
+        let node = cluster.start_unlisted(base + id);
+        cluster.node(node).wait_ready().await;
+    }
+    let gateway = cluster.gateway(0);
+    let scale = |args: Vec<String>| {
+        let gateway = gateway.clone();
+        async move {
+            let mut all = vec!["cluster".to_string(), "scale".into(), "--address".into(), gateway];
+            all.extend(args);
+            let all: Vec<&str> = all.iter().map(String::as_str).collect();
+            run_drover(&all, &[]).await
+        }
+    };
+    let arg = |s: &str| s.to_string();
+    let (ok, out, err) =
+        scale(vec![arg("--size"), arg("5"), arg("--address-template"), template.clone(), arg("--wait"), arg("60")])
+            .await;
+    assert!(ok, "scale to 5: {out}{err}");
+    let client = cluster.node(0).client().await;
+    let plan = plan_of(&client).await;
+    let ids: Vec<u64> = plan.members.iter().filter_map(|m| m.node.as_ref().map(|n| n.node_id)).collect();
+    assert_eq!(ids, vec![0, 1, 2, 3, 4], "{plan:?}");
+    assert!(plan.partitions.iter().all(|p| !p.moving), "it waited for the moves: {plan:?}");
+    assert!(plan.members.iter().any(|m| m.node.as_ref().is_some_and(|n| n.node_id >= 3) && m.replicas > 0));
+
+    // The chart's pre-upgrade hook before the StatefulSet shrinks to 4.
+    let (ok, out, err) = scale(vec![
+        arg("--size"),
+        arg("4"),
+        arg("--address-template"),
+        template.clone(),
+        arg("--remove-only"),
+        arg("--wait"),
+        arg("60"),
+    ])
+    .await;
+    assert!(ok, "scale to 4: {out}{err}");
+    assert_eq!(plan_of(&client).await.retired, vec![4], "node 4 left");
+    // Ordinal 4 cannot come back under its old id.
+    let (ok, _, err) = scale(vec![arg("--size"), arg("5"), arg("--address-template"), template]).await;
+    assert!(!ok && err.contains("never used again"), "{err}");
 }

@@ -138,6 +138,40 @@ fn helm_chart_renders_a_consistent_cluster_for_1_3_and_5_nodes() {
 }
 
 #[test]
+fn helm_chart_grows_a_cluster_through_the_plan_keeping_the_member_list_it_formed_with() {
+    let mut template = Command::new(tool("helm"));
+    template
+        .args(["template", "drover", "--namespace", "jobs"])
+        .arg(repo("helm/drover"))
+        .args(["--set", "clusterSize=5,formedSize=3,tls.enabled=false,membership.token.secretName=admin"]);
+    let docs = documents(&run(template));
+    let set = kind(&docs, "StatefulSet")[0];
+    assert_eq!(set["spec"]["replicas"].as_u64(), Some(5));
+    let container = &set["spec"]["template"]["spec"]["containers"][0];
+    let members: Vec<&str> = env_of(container, "DROVER_MEMBERS").unwrap().split(',').collect();
+    assert_eq!(members.len(), 3, "pods keep the member list the cluster formed with: no restart, no refusal");
+    assert_eq!(env_of(container, "DROVER_JOIN_IF_UNLISTED"), Some("true"), "pods 3 and 4 join the running cluster");
+    let jobs = kind(&docs, "Job");
+    let hooks: Vec<&str> =
+        jobs.iter().map(|j| j["metadata"]["annotations"]["helm.sh/hook"].as_str().unwrap()).collect();
+    assert_eq!(hooks, ["pre-upgrade", "post-upgrade"]);
+    for job in &jobs {
+        let hook = job["metadata"]["annotations"]["helm.sh/hook"].as_str().unwrap();
+        let container = &job["spec"]["template"]["spec"]["containers"][0];
+        let args: Vec<&str> = container["args"].as_sequence().unwrap().iter().map(|a| a.as_str().unwrap()).collect();
+        assert_eq!(&args[..4], ["cluster", "scale", "--size", "5"]);
+        let template = args[args.iter().position(|a| *a == "--address-template").unwrap() + 1];
+        assert_eq!(template, "drover-{id}.drover-headless.jobs.svc:26502", "the members' addresses, by ordinal");
+        assert_eq!(args.contains(&"--remove-only"), hook == "pre-upgrade", "only removals before the set shrinks");
+        assert!(env_of(container, "DROVER_TOKEN").is_none(), "the token comes from the Secret");
+        assert_eq!(container["env"][1]["valueFrom"]["secretKeyRef"]["name"].as_str(), Some("admin"));
+    }
+    // The arguments parse as the CLI takes them.
+    let help = std::process::Command::new(common::drover_bin()).args(["cluster", "scale", "--help"]).output().unwrap();
+    assert!(String::from_utf8_lossy(&help.stdout).contains("--address-template"));
+}
+
+#[test]
 fn helm_chart_schedules_backups_into_a_named_claim_or_a_bucket_when_asked() {
     let helm = tool("helm");
     let chart = repo("helm/drover");

@@ -34,6 +34,27 @@ pub(crate) enum PlanCommand {
         #[arg(value_name = "ID=HOST:PORT[@REGION/ZONE]")]
         node: String,
     },
+    /// Make the members nodes 0..SIZE (their addresses from --address-template)
+    /// and wait, with --wait, until the plan is carried out: adds the ids
+    /// below SIZE that are not members, removes the members from SIZE up.
+    /// What the Helm chart's hooks run when clusterSize changes.
+    Scale {
+        #[arg(long)]
+        size: u64,
+        /// Each node's cluster address, `{id}` standing for its id, e.g.
+        /// drover-{id}.drover-headless.default.svc:26502.
+        #[arg(long)]
+        address_template: String,
+        /// Each node's REGION/ZONE, by id, comma separated (none: no locations).
+        #[arg(long, value_delimiter = ',')]
+        locations: Vec<String>,
+        /// Only remove (before a StatefulSet shrinks, whose pods must leave first).
+        #[arg(long)]
+        remove_only: bool,
+        /// Wait until no partition moves, at most this many seconds (0: do not wait).
+        #[arg(long, default_value_t = 0)]
+        wait: u64,
+    },
     /// Move every replica of node ID to the other members, then drop it.
     RemoveNode {
         #[arg(value_name = "ID")]
@@ -60,6 +81,9 @@ fn plan_node(text: &str) -> anyhow::Result<PlanNode> {
 pub(crate) async fn cluster(command: PlanCommand, target: &Target) -> anyhow::Result<()> {
     let client = Client::connect_lazy(&target.address)?;
     let change = match command {
+        PlanCommand::Scale { size, address_template, locations, remove_only, wait } => {
+            return scale(&client, size, &address_template, &locations, remove_only, wait).await;
+        }
         PlanCommand::Plan { pause, resume, cancel, max_moves, json } => {
             let change = match (pause, resume, cancel, max_moves) {
                 (true, ..) => Some(Change::Pause(true)),
@@ -91,6 +115,74 @@ pub(crate) async fn cluster(command: PlanCommand, target: &Target) -> anyhow::Re
     let request = ChangeClusterPlanRequest { change: Some(change) };
     let plan = client.raw().change_cluster_plan(request).await.map_err(status_error)?.into_inner();
     print(&plan, false);
+    Ok(())
+}
+
+/// Adds and removes members until they are nodes 0..size; then waits up to
+/// `wait` seconds for the plan to settle.
+async fn scale(
+    client: &Client,
+    size: u64,
+    template: &str,
+    locations: &[String],
+    remove_only: bool,
+    wait: u64,
+) -> anyhow::Result<()> {
+    if !template.contains("{id}") {
+        anyhow::bail!("--address-template must contain {{id}}, where each node's id goes");
+    }
+    let plan = client.raw().get_cluster_plan(GetClusterPlanRequest {}).await.map_err(status_error)?.into_inner();
+    let members: Vec<u64> = plan.members.iter().filter_map(|m| m.node.as_ref().map(|n| n.node_id)).collect();
+    let leaving: Vec<u64> =
+        plan.members.iter().filter(|m| m.leaving).filter_map(|m| m.node.as_ref().map(|n| n.node_id)).collect();
+    let mut changes = Vec::new();
+    for id in members.iter().copied().filter(|id| *id >= size && !leaving.contains(id)) {
+        changes.push((format!("remove node {id}"), Change::RemoveNode(id)));
+    }
+    if !remove_only {
+        for id in (0..size).filter(|id| !members.contains(id)) {
+            if plan.retired.contains(&id) {
+                anyhow::bail!(
+                    "node id {id} left the cluster before, and ids are never used again: a StatefulSet cannot bring                      ordinal {id} back (docs/membership.md, Kubernetes)"
+                );
+            }
+            let location = locations.get(id as usize).map(String::as_str).unwrap_or("");
+            let entry = format!(
+                "{id}={}{}",
+                template.replace("{id}", &id.to_string()),
+                match location {
+                    "" => String::new(),
+                    at => format!("@{at}"),
+                }
+            );
+            changes.push((format!("add node {entry}"), Change::AddNode(plan_node(&entry)?)));
+        }
+    }
+    for (what, change) in changes {
+        let request = ChangeClusterPlanRequest { change: Some(change) };
+        match client.raw().change_cluster_plan(request).await {
+            Ok(_) => println!("{what}: planned"),
+            // A repeat of a change another run made already.
+            Err(status) if status.code() == tonic::Code::FailedPrecondition && status.message().contains("already") => {
+                println!("{what}: {}", status.message())
+            }
+            Err(status) => return Err(status_error(status)),
+        }
+    }
+    let until = std::time::Instant::now() + std::time::Duration::from_secs(wait);
+    while wait > 0 {
+        let plan = client.raw().get_cluster_plan(GetClusterPlanRequest {}).await.map_err(status_error)?.into_inner();
+        let gone = plan.members.iter().all(|m| m.node.as_ref().is_none_or(|n| n.node_id < size));
+        if plan.partitions.iter().all(|p| !p.moving) && (gone || !plan.members.iter().any(|m| m.leaving)) {
+            print(&plan, false);
+            return Ok(());
+        }
+        if std::time::Instant::now() > until {
+            print(&plan, false);
+            anyhow::bail!("the plan still has moves to make after {wait} s");
+        }
+        tokio::time::sleep(std::time::Duration::from_secs(1)).await;
+    }
     Ok(())
 }
 

@@ -24,6 +24,11 @@ pub fn parse_members(entries: &[String]) -> anyhow::Result<(BTreeMap<NodeId, Str
     parse_members_as(entries, false)
 }
 
+/// Whether `entries` (a member list, unparsed) name node `id`.
+pub(super) fn lists(entries: &[String], id: NodeId) -> bool {
+    entries.iter().any(|e| e.split_once('=').is_some_and(|(n, _)| n.trim().parse::<NodeId>().ok() == Some(id)))
+}
+
 /// [`parse_members`]; a node being added to a running cluster (`joining`)
 /// may list any ids, as ids that left are never used again.
 pub fn parse_members_as(

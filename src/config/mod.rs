@@ -76,6 +76,11 @@ pub struct ServeArgs {
     /// Ignored once the node follows a plan. [default: false]
     #[arg(long, env = "DROVER_JOIN_PLAN", num_args = 0..=1, default_missing_value = "true")]
     pub join_plan: Option<bool>,
+    /// A node whose id is not in --members starts as with --join-plan
+    /// instead of refusing (a StatefulSet's pods beyond the size the
+    /// cluster formed with). [default: false]
+    #[arg(long, env = "DROVER_JOIN_IF_UNLISTED", num_args = 0..=1, default_missing_value = "true")]
+    pub join_if_unlisted: Option<bool>,
     /// Partitions in the cluster; fixed when the cluster first forms. [default: 1]
     #[arg(long, env = "DROVER_PARTITIONS")]
     pub partitions: Option<u32>,
@@ -428,14 +433,15 @@ impl ServeArgs {
                 self.$field.clone().or(file.$field.clone())
             };
         }
-        let (members, locations) =
-            members::parse_members_as(&pick!(members).unwrap_or_default(), pick!(join_plan).unwrap_or(false))?;
         let node_id = match (pick!(node_id), pick!(node_id_from_hostname).unwrap_or(false)) {
             (Some(id), _) => id,
             (None, true) => node_id_from_hostname()?,
             (None, false) => 0,
         };
-        if !members.is_empty() && !members.contains_key(&node_id) {
+        let listed = members::lists(&pick!(members).unwrap_or_default(), node_id);
+        let join_plan = pick!(join_plan).unwrap_or(false) || (!listed && pick!(join_if_unlisted).unwrap_or(false));
+        let (members, locations) = members::parse_members_as(&pick!(members).unwrap_or_default(), join_plan)?;
+        if !members.is_empty() && !members.contains_key(&node_id) && !join_plan {
             bail!(
                 "node id {node_id} is not in the member list (ids {:?}); give every node the same list and its own id",
                 members.keys().collect::<Vec<_>>()
@@ -587,7 +593,7 @@ impl ServeArgs {
             local_creates,
             local_pushes,
             join_existing: pick!(join_existing).unwrap_or(false),
-            join_plan: pick!(join_plan).unwrap_or(false),
+            join_plan,
             partitions,
             replication_factor,
             limits,

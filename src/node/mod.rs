@@ -103,6 +103,10 @@ impl Layout {
             return Layout { members, placement, identity };
         }
         if config.join_plan {
+            // Not listed (a pod beyond the size the cluster formed with):
+            // its own entry is only for itself; peers learn its address
+            // from the plan.
+            members.entry(config.node_id).or_insert_with(|| cluster_addr.to_string());
             let others: Vec<_> = members.keys().copied().filter(|n| *n != config.node_id).collect();
             let placement = vec![others; config.partitions as usize];
             let identity = identity(&members, &placement);

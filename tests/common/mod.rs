@@ -504,6 +504,18 @@ impl ProcessCluster {
         id
     }
 
+    /// Starts a node the member list does not name, as a StatefulSet's pod
+    /// beyond the size the cluster formed with: the next id, with
+    /// `--join-if-unlisted`, its cluster port `cluster_port`. Answers its id.
+    pub fn start_unlisted(&mut self, cluster_port: u16) -> usize {
+        let id = self.ports.len();
+        self.ports.push(Ports { grpc: free_port(), cluster: cluster_port, admin: free_port() });
+        self.members.push(self.members[0].clone());
+        self.nodes.push(None);
+        self.start_node_with(id, &["--join-if-unlisted"]);
+        id
+    }
+
     /// Node `id`'s cluster (node-to-node) address.
     pub fn cluster_addr(&self, id: usize) -> String {
         format!("127.0.0.1:{}", self.ports[id].cluster)

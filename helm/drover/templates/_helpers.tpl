@@ -27,7 +27,7 @@ app.kubernetes.io/instance: {{ .Release.Name }}
 {{- $full := include "drover.fullname" . -}}
 {{- $headless := include "drover.headless" . -}}
 {{- $members := list -}}
-{{- range $i := until (int .Values.clusterSize) -}}
+{{- range $i := until (int (include "drover.formedSize" .)) -}}
 {{- $member := printf "%d=%s-%d.%s.%s.svc:%d" $i $full $i $headless $.Release.Namespace (int $.Values.ports.cluster) -}}
 {{- with ($.Values.locality | default dict).locations -}}
 {{- if ne (len .) (int $.Values.clusterSize) -}}
@@ -38,6 +38,16 @@ app.kubernetes.io/instance: {{ .Release.Name }}
 {{- $members = append $members $member -}}
 {{- end -}}
 {{- join "," $members -}}
+{{- end -}}
+
+{{/* The size the cluster formed with: its member list. */}}
+{{- define "drover.formedSize" -}}
+{{- if gt (int .Values.formedSize) 0 -}}{{ .Values.formedSize }}{{- else -}}{{ .Values.clusterSize }}{{- end -}}
+{{- end -}}
+
+{{/* Each node's cluster address, {id} standing for its ordinal. */}}
+{{- define "drover.addressTemplate" -}}
+{{- printf "%s-{id}.%s.%s.svc:%d" (include "drover.fullname" .) (include "drover.headless" .) .Release.Namespace (int .Values.ports.cluster) -}}
 {{- end -}}
 
 {{/* The Secret with the nodes' TLS certificate, key and CA. */}}
