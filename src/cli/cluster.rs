@@ -169,8 +169,11 @@ async fn scale(
             Err(status) => return Err(status_error(status)),
         }
     }
+    if wait == 0 {
+        return Ok(());
+    }
     let until = std::time::Instant::now() + std::time::Duration::from_secs(wait);
-    while wait > 0 {
+    loop {
         let plan = client.raw().get_cluster_plan(GetClusterPlanRequest {}).await.map_err(status_error)?.into_inner();
         let gone = plan.members.iter().all(|m| m.node.as_ref().is_none_or(|n| n.node_id < size));
         if plan.partitions.iter().all(|p| !p.moving) && (gone || !plan.members.iter().any(|m| m.leaving)) {
@@ -183,7 +186,6 @@ async fn scale(
         }
         tokio::time::sleep(std::time::Duration::from_secs(1)).await;
     }
-    Ok(())
 }
 
 fn nodes(ids: &[u64]) -> String {
