@@ -115,8 +115,10 @@ pub(super) async fn follow_plan(
 /// 0's, or one a node hosting partition 0 follows.
 async fn newest_plan(ctx: &NodeContext) -> Option<ClusterPlan> {
     let known = ctx.topology.plan().map_or(0, |p| p.epoch);
-    let mut newest = ctx.routing.replica(0).and_then(|r| r.state().plan()).filter(|p| p.epoch > known);
-    if newest.is_some() {
+    let local = ctx.routing.replica(0);
+    let mut newest = local.as_ref().and_then(|r| r.state().plan()).filter(|p| p.epoch > known);
+    // A voter of partition 0 learns every plan from its own log.
+    if newest.is_some() || local.is_some_and(|r| matches!(r.status().role.as_str(), "leader" | "follower")) {
         return newest;
     }
     // A node without partition 0 (or whose replica is still catching up)
