@@ -64,7 +64,7 @@ pub(super) async fn follow_plan(
     mut stop: watch::Receiver<bool>,
     status: LoopStatus,
 ) {
-    let mut driving: BTreeMap<PartitionId, JoinHandle<()>> = BTreeMap::new();
+    let mut driving = Driving::new();
     loop {
         if let Some(plan) = newest_plan(&ctx).await {
             if ctx.topology.follow_plan(&plan) {
@@ -106,7 +106,7 @@ pub(super) async fn follow_plan(
             _ = stop.wait_for(|s| *s) => break,
         }
     }
-    for (_, task) in driving {
+    for (_, (task, _)) in driving {
         task.abort();
     }
 }
@@ -226,10 +226,21 @@ async fn close(ctx: &NodeContext, hosting: &Hosting, replica: Arc<Replica>) {
     );
 }
 
+/// The partitions this node is moving, each with the target it moves toward.
+type Driving = BTreeMap<PartitionId, (JoinHandle<()>, Vec<NodeId>)>;
+
 /// Starts driving each partition this node leads that the plan may move now
 /// (or whose voters the plan does not know yet), one task per partition.
-fn drive(ctx: &Arc<NodeContext>, plan: &ClusterPlan, driving: &mut BTreeMap<PartitionId, JoinHandle<()>>) {
-    driving.retain(|_, task| !task.is_finished());
+fn drive(ctx: &Arc<NodeContext>, plan: &ClusterPlan, driving: &mut Driving) {
+    // A move whose target changed since it started (cancelled, say) stops
+    // where it is: one toward the new target starts in its place.
+    driving.retain(|partition, (task, target)| {
+        let current = plan.target.get(*partition as usize);
+        if current != Some(target) {
+            task.abort();
+        }
+        !task.is_finished() && current == Some(target)
+    });
     for replica in ctx.routing.replicas() {
         let partition = replica.partition;
         if driving.contains_key(&partition) || !replica.leadership().is_leader {
@@ -239,20 +250,28 @@ fn drive(ctx: &Arc<NodeContext>, plan: &ClusterPlan, driving: &mut BTreeMap<Part
         let voters: BTreeSet<NodeId> = members.voters.iter().copied().collect();
         let known: BTreeSet<NodeId> = plan.current.get(partition as usize).into_iter().flatten().copied().collect();
         let target: BTreeSet<NodeId> = plan.target.get(partition as usize).into_iter().flatten().copied().collect();
-        let settled = voters == target && !members.changing;
+        // A learner the target does not name (a move cancelled after it was
+        // added) is dropped too.
+        let stray = members.learners.iter().any(|n| !target.contains(n));
+        let settled = voters == target && !members.changing && !stray;
         let report = !members.changing && voters != known;
-        if !report && (settled || !plan.may_move(partition)) {
+        let cleanup = stray && voters == target && !members.changing;
+        if !report && !cleanup && (settled || !plan.may_move(partition)) {
             continue;
         }
         let (ctx, plan) = (Arc::clone(ctx), plan.clone());
+        let target = plan.target[partition as usize].clone();
         driving.insert(
             partition,
-            tokio::spawn(async move {
-                if let Err(e) = drive_partition(&ctx, &replica, &plan).await {
-                    metrics::counter!("drover_plan_step_failures_total").increment(1);
-                    tracing::warn!(partition, "moving partition {partition} to the plan's replicas: {e}");
-                }
-            }),
+            (
+                tokio::spawn(async move {
+                    if let Err(e) = drive_partition(&ctx, &replica, &plan).await {
+                        metrics::counter!("drover_plan_step_failures_total").increment(1);
+                        tracing::warn!(partition, "moving partition {partition} to the plan's replicas: {e}");
+                    }
+                }),
+                target,
+            ),
         );
     }
 }
@@ -262,7 +281,9 @@ async fn drive_partition(ctx: &NodeContext, replica: &Replica, plan: &ClusterPla
     let target: BTreeSet<NodeId> = plan.target[partition as usize].iter().copied().collect();
     let members = replica.membership();
     let voters: BTreeSet<NodeId> = members.voters.iter().copied().collect();
-    if (voters != target || members.changing) && plan.may_move(partition) {
+    let stray = members.learners.iter().any(|n| !target.contains(n));
+    let moving = (voters != target || members.changing) && plan.may_move(partition);
+    if moving || (stray && voters == target) {
         let started = Instant::now();
         for node in target.difference(&voters) {
             let member = plan.members.get(node).ok_or_else(|| format!("node {node} is in no member list"))?;
