@@ -318,7 +318,7 @@ pub async fn attack(shared: Arc<Shared>, attacker: Arc<Attacker>, seed: u64) {
     let mut rng = StdRng::seed_from_u64(seed);
     let mut made = 0u64;
     while !shared.stop_creating.load(Ordering::Relaxed) {
-        let node = rng.random_range(0..attacker.v1.len());
+        let node = shared.live.pick(&mut rng);
         let roll = rng.random_range(0..100);
         match roll {
             0..10 => {

@@ -3,9 +3,31 @@
 use std::os::unix::process::CommandExt;
 use std::path::{Path, PathBuf};
 use std::process::{Child, Command};
+use std::sync::Arc;
 use std::time::{Duration, Instant};
 
 use anyhow::Context;
+use serde::Serialize;
+
+/// What a node slot is. Slot `i` is node id `i`, and an id serves one node
+/// at most: a slot that leaves never starts again. Without the `membership`
+/// nemesis every slot is a member for the whole run.
+#[derive(Clone, Copy, Debug, PartialEq, Eq, Serialize)]
+#[serde(rename_all = "kebab-case")]
+pub enum Slot {
+    /// Never started: a node the `membership` nemesis may add.
+    Spare,
+    /// Started with `--join-plan`; the plan does not list it (yet).
+    Joining,
+    /// A member of the cluster plan.
+    Member,
+    /// Removed: a member still, its replicas moving away; stopped once the
+    /// plan retires it.
+    Leaving,
+    /// Gone for good (retired by the plan, replaced, or never added): never
+    /// started again.
+    Retired,
+}
 
 pub struct Nodes {
     pub drover: PathBuf,
@@ -41,6 +63,16 @@ pub struct Nodes {
     pub skip_wal_sync: bool,
     /// Each node's REGION/ZONE, named in the member list (none: empty).
     pub locations: Vec<String>,
+    /// The members the cluster formed with: ids `0..original`, named in
+    /// the member list of every node not started with `--join-plan`.
+    pub original: usize,
+    /// What each slot is (see [`Slot`]).
+    pub slots: Vec<Slot>,
+    /// Nodes started with `--join-plan`: the member ids their `--members`
+    /// names (themselves among them); empty for the original members.
+    pub join_members: Vec<Vec<usize>>,
+    /// The members whose gateways clients use, kept in step with `slots`.
+    pub live: Arc<crate::workload::Live>,
 }
 
 /// Every node's data directory on a file system of its own that loses what
@@ -130,7 +162,15 @@ pub enum Started {
 }
 
 impl Nodes {
-    pub fn from_parts(drover: &Path, dir: &Path, namespaces: &[String], ips: &[String], partitions: u32) -> Nodes {
+    /// Nodes in every slot of `ips`, the first `members` of them the
+    /// cluster's members (the others spare).
+    pub fn from_parts(
+        drover: &Path,
+        dir: &Path,
+        (namespaces, ips): (&[String], &[String]),
+        members: usize,
+        partitions: u32,
+    ) -> Nodes {
         let n = ips.len();
         Nodes {
             drover: drover.to_path_buf(),
@@ -150,7 +190,85 @@ impl Nodes {
             reseeds: 0,
             skip_wal_sync: false,
             locations: Vec::new(),
+            original: members,
+            slots: (0..n).map(|i| if i < members { Slot::Member } else { Slot::Spare }).collect(),
+            join_members: vec![Vec::new(); n],
+            live: Arc::new(crate::workload::Live::new((0..members.min(n)).collect())),
         }
+    }
+
+    /// The slots in `states`, in id order.
+    pub fn in_states(&self, states: &[Slot]) -> Vec<usize> {
+        (0..self.slots.len()).filter(|i| states.contains(&self.slots[*i])).collect()
+    }
+
+    /// The members (leaving ones too: they hold replicas until they
+    /// retire): what faults strike, what is waited for and read.
+    pub fn members(&self) -> Vec<usize> {
+        self.in_states(&[Slot::Member, Slot::Leaving])
+    }
+
+    /// The nodes that should be running: the members and nodes joining.
+    pub fn active(&self) -> Vec<usize> {
+        self.in_states(&[Slot::Joining, Slot::Member, Slot::Leaving])
+    }
+
+    /// Slots ever started (not spare).
+    pub fn used(&self) -> Vec<usize> {
+        (0..self.slots.len()).filter(|i| self.slots[*i] != Slot::Spare).collect()
+    }
+
+    /// Slot `i` is now `slot`; clients use the members' gateways.
+    pub fn set_slot(&mut self, i: usize, slot: Slot) {
+        self.slots[i] = slot;
+        self.live.set(self.in_states(&[Slot::Member]));
+    }
+
+    /// The gateways of the members clients use, in id order.
+    pub fn live_gateways(&self, gateways: &[String]) -> Vec<String> {
+        self.live.ids().into_iter().filter_map(|i| gateways.get(i).cloned()).collect()
+    }
+
+    /// Starts spare slot `i` as a node to be added, with `--join-plan` and
+    /// a member list naming `members` (itself among them).
+    pub fn join(&mut self, i: usize, members: &[usize]) -> anyhow::Result<()> {
+        anyhow::ensure!(self.slots[i] == Slot::Spare, "slot {i} is {:?}, not spare", self.slots[i]);
+        let mut members = members.to_vec();
+        members.push(i);
+        members.sort_unstable();
+        members.dedup();
+        self.join_members[i] = members;
+        self.set_slot(i, Slot::Joining);
+        self.start(i)
+    }
+
+    /// Node `i` leaves for good: stopped (SIGTERM, SIGKILL after `grace`),
+    /// never started again.
+    pub async fn retire(&mut self, i: usize, grace: Duration) -> anyhow::Result<Option<Stopped>> {
+        self.set_slot(i, Slot::Retired);
+        if !self.running(i) {
+            return Ok(None);
+        }
+        Ok(Some(self.stop(i, libc::SIGTERM, grace).await?))
+    }
+
+    /// Deletes everything in stopped node `i`'s data directory (its disk is
+    /// lost); the directory stays, as it may be a mount.
+    pub fn wipe(&mut self, i: usize) -> anyhow::Result<u64> {
+        anyhow::ensure!(!self.running(i), "node {i} must be stopped to wipe it");
+        let mut bytes = 0;
+        let Ok(entries) = std::fs::read_dir(self.data_dir(i)) else { return Ok(0) };
+        for entry in entries {
+            let path = entry?.path();
+            if path.is_dir() {
+                bytes += dir_size(&path);
+                std::fs::remove_dir_all(&path)?;
+            } else {
+                bytes += std::fs::metadata(&path).map_or(0, |m| m.len());
+                std::fs::remove_file(&path)?;
+            }
+        }
+        Ok(bytes)
     }
 
     fn clock_file(&self, i: usize) -> PathBuf {
@@ -242,7 +360,14 @@ impl Nodes {
     pub fn start(&mut self, i: usize) -> anyhow::Result<()> {
         // Peers are dialled through this node's proxy (see `proxy.rs`); the
         // node still listens on its own address.
-        let members: Vec<String> = (0..self.ips.len())
+        // The original members name the members the cluster formed with; a
+        // node added later those it was given when it joined.
+        let ids: Vec<usize> = match self.join_members[i].is_empty() {
+            true => (0..self.original).collect(),
+            false => self.join_members[i].clone(),
+        };
+        let members: Vec<String> = ids
+            .into_iter()
             .map(|id| match self.locations.get(id) {
                 Some(at) => format!("{id}={}@{at}", crate::proxy::member_addr(id)),
                 None => format!("{id}={}", crate::proxy::member_addr(id)),
@@ -266,7 +391,7 @@ impl Nodes {
             .args(["--node-id", &i.to_string()])
             .args(["--members", &members.join(",")])
             .args(["--partitions", &self.partitions.to_string()])
-            .args(["--replication-factor", &self.ips.len().min(3).to_string()])
+            .args(["--replication-factor", &crate::membership::replication_factor(self.original).to_string()])
             .args(["--grpc-addr", &format!("{}:26500", self.ips[i])])
             .args(["--cluster-addr", &format!("{}:26502", self.ips[i])])
             .args(["--admin-addr", &format!("{}:9600", self.ips[i])])
@@ -280,6 +405,7 @@ impl Nodes {
             .args(self.tls_args())
             .args(self.token_args())
             .args(if self.joining[i] { &["--join-existing"][..] } else { &[] })
+            .args(if self.join_members[i].is_empty() { &[][..] } else { &["--join-plan"] })
             .arg("--data-dir")
             .arg(self.dir.join(format!("node-{i}")))
             .env("RUST_LOG", "warn,drover=info")
@@ -429,7 +555,7 @@ impl Nodes {
     /// Whether every node's data directory records that it formed or joined
     /// its groups (`cluster.json`), so none is still catching up.
     pub fn all_formed(&self) -> bool {
-        (0..self.ips.len()).all(|i| {
+        self.members().into_iter().all(|i| {
             std::fs::read_to_string(self.data_dir(i).join("cluster.json"))
                 .ok()
                 .and_then(|t| serde_json::from_str::<serde_json::Value>(&t).ok())
@@ -441,9 +567,10 @@ impl Nodes {
         self.children[i].is_some()
     }
 
-    /// Resumes paused nodes, restarts killed ones, and sets every clock right.
+    /// Resumes paused nodes, restarts killed ones, and sets every clock
+    /// right; spare and retired slots stay down.
     pub fn heal(&mut self) -> anyhow::Result<()> {
-        for i in 0..self.children.len() {
+        for i in self.active() {
             if self.clocks {
                 if self.rated[i] && self.running(i) {
                     // SIGKILL then start: the new process's clock starts right.
@@ -463,7 +590,7 @@ impl Nodes {
 
     pub async fn wait_ready(&self, limit: Duration) -> anyhow::Result<()> {
         let started = Instant::now();
-        for i in 0..self.ips.len() {
+        for i in self.members() {
             while self.admin_get(i, "/ready").await.map(|(c, _)| c != 200).unwrap_or(true) {
                 if started.elapsed() > limit {
                     anyhow::bail!("node {i} not ready within {limit:?}");
@@ -476,7 +603,7 @@ impl Nodes {
 
     /// The node leading `partition`, by the nodes' own reports.
     pub async fn leader_of(&self, partition: u32) -> Option<usize> {
-        for i in 0..self.ips.len() {
+        for i in self.members() {
             if !self.running(i) || self.paused[i] {
                 continue;
             }
@@ -507,6 +634,18 @@ impl Nodes {
             self.kill(i);
         }
     }
+}
+
+/// The bytes of the files under `dir`.
+fn dir_size(dir: &Path) -> u64 {
+    let Ok(entries) = std::fs::read_dir(dir) else { return 0 };
+    entries
+        .flatten()
+        .map(|e| match e.file_type() {
+            Ok(t) if t.is_dir() => dir_size(&e.path()),
+            _ => e.metadata().map_or(0, |m| m.len()),
+        })
+        .sum()
 }
 
 /// How a stopped node ended.
@@ -600,4 +739,51 @@ async fn request_over(
     let code = text.split_whitespace().nth(1).and_then(|c| c.parse().ok()).unwrap_or(0);
     let body = text.split_once("\r\n\r\n").map(|(_, b)| b.to_string()).unwrap_or_default();
     Ok((code, body))
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+
+    fn nodes(slots: usize, members: usize) -> Nodes {
+        let names: Vec<String> = (0..slots).map(|i| format!("n{i}")).collect();
+        Nodes::from_parts(Path::new("drover"), Path::new("/nonexistent"), (&names, &names), members, 3)
+    }
+
+    #[test]
+    fn without_spares_every_node_is_a_member_for_good() {
+        let nodes = nodes(3, 3);
+        assert_eq!(nodes.members(), [0, 1, 2]);
+        assert_eq!(nodes.active(), [0, 1, 2]);
+        assert_eq!(nodes.live.ids(), [0, 1, 2]);
+    }
+
+    #[test]
+    fn spare_and_retired_slots_are_neither_struck_nor_started_nor_read() {
+        let mut nodes = nodes(9, 3);
+        assert_eq!(nodes.members(), [0, 1, 2]);
+        assert!(nodes.used() == [0, 1, 2] && nodes.in_states(&[Slot::Spare]) == [3, 4, 5, 6, 7, 8]);
+        nodes.set_slot(3, Slot::Joining);
+        // Joining: started (restarted at a heal), not yet struck by faults nor used by clients.
+        assert_eq!(nodes.members(), [0, 1, 2]);
+        assert_eq!(nodes.active(), [0, 1, 2, 3]);
+        nodes.set_slot(3, Slot::Member);
+        nodes.set_slot(0, Slot::Leaving);
+        nodes.set_slot(1, Slot::Retired);
+        // A leaving node still holds replicas: faults strike it, clients no longer prefer it.
+        assert_eq!(nodes.members(), [0, 2, 3]);
+        assert_eq!(nodes.active(), [0, 2, 3]);
+        assert_eq!(nodes.live.ids(), [2, 3]);
+        assert_eq!(nodes.used(), [0, 1, 2, 3]);
+        let gateways: Vec<String> = (0..9).map(|i| format!("g{i}")).collect();
+        assert_eq!(nodes.live_gateways(&gateways), ["g2", "g3"]);
+    }
+
+    #[test]
+    fn only_a_spare_slot_joins() {
+        let mut nodes = nodes(5, 3);
+        nodes.set_slot(3, Slot::Retired);
+        assert!(nodes.join(3, &[0, 1, 2]).is_err(), "an id is used once");
+        assert!(nodes.join(1, &[0, 1, 2]).is_err());
+    }
 }

@@ -78,11 +78,12 @@ pub async fn producer(shared: Arc<Shared>, acknowledged: Arc<Acknowledged>) {
         if n.is_multiple_of(2) {
             request.custom_headers.insert(LIMIT_KEY_HEADER.into(), format!("key-{}", n % 4 / 2));
         }
-        let created = through_any(&shared.gateways, Duration::from_secs(10), "creating a limited job", |client| {
-            let request = request.clone();
-            async move { client.raw().create_job(request).await }
-        })
-        .await;
+        let created =
+            through_any(&shared.live_gateways(), Duration::from_secs(10), "creating a limited job", |client| {
+                let request = request.clone();
+                async move { client.raw().create_job(request).await }
+            })
+            .await;
         if let Ok(made) = created {
             acknowledged.0.lock().unwrap().push(made.into_inner().key);
         }

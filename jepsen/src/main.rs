@@ -14,6 +14,7 @@ mod faketime;
 mod history;
 mod limits;
 mod lossyfs;
+mod membership;
 mod nemesis;
 mod net;
 mod partition;
@@ -75,10 +76,13 @@ enum Nemesis {
     /// starts each again on `--drover-next`, so the cluster runs two builds
     /// until every node was replaced. Not in the suite: it needs two builds.
     Upgrade,
+    /// Adds, removes and replaces nodes through the cluster plan (spare node
+    /// slots are provisioned for the nodes it adds).
+    Membership,
 }
 
 impl Nemesis {
-    const ALL: [Nemesis; 10] = [
+    const ALL: [Nemesis; 11] = [
         Nemesis::Partition,
         Nemesis::Kill,
         Nemesis::Pause,
@@ -89,6 +93,7 @@ impl Nemesis {
         Nemesis::Clock,
         Nemesis::Corrupt,
         Nemesis::Power,
+        Nemesis::Membership,
     ];
 }
 
@@ -158,13 +163,38 @@ struct RunArgs {
     regions: bool,
 }
 
-/// Each node's REGION/ZONE with --regions (none without).
+/// Each node slot's REGION/ZONE with --regions (none without): the members
+/// formed with, then spare slots alternately in b and a, each in a zone of
+/// its own.
 fn locations(args: &RunArgs) -> Vec<String> {
     if !args.regions {
         return Vec::new();
     }
     let in_a = args.nodes / 2 + 1;
-    (0..args.nodes).map(|i| if i < in_a { format!("a/a{}", i + 1) } else { format!("b/b{}", i - in_a + 1) }).collect()
+    let mut zones = (in_a, args.nodes - in_a);
+    (0..slots(args))
+        .map(|i| match i {
+            _ if i < in_a => format!("a/a{}", i + 1),
+            _ if i < args.nodes => format!("b/b{}", i - in_a + 1),
+            _ if (i - args.nodes).is_multiple_of(2) => {
+                zones.1 += 1;
+                format!("b/b{}", zones.1)
+            }
+            _ => {
+                zones.0 += 1;
+                format!("a/a{}", zones.0)
+            }
+        })
+        .collect()
+}
+
+/// Node slots of a run: its members, and with the membership nemesis spare
+/// slots for the nodes it adds (see `membership::slots`).
+fn slots(args: &RunArgs) -> usize {
+    let mut distinct = args.nemesis.clone();
+    distinct.sort_by_key(|n| *n as u8);
+    distinct.dedup();
+    membership::slots(args.nodes, args.time, distinct.len(), args.nemesis.contains(&Nemesis::Membership))
 }
 
 /// Links between regions, both ways, with --regions: (delay, jitter) in ms.
@@ -351,7 +381,12 @@ fn main() -> anyhow::Result<()> {
             let finals: FinalReads = serde_json::from_str(&std::fs::read_to_string(dir.join("finals.json"))?)?;
             let started = std::time::Instant::now();
             let args: RunArgs = serde_json::from_value(config["args"].clone())?;
-            let mut report = checker::check(&history, &finals, replicas_of(nodes, args.partitions, &locations(&args)));
+            // A run whose members changed kept the placement it checked against.
+            let placement = match std::fs::read_to_string(dir.join("placement.json")) {
+                Ok(text) => serde_json::from_str(&text)?,
+                Err(_) => placement_of(nodes, args.partitions, &locations(&args)),
+            };
+            let mut report = checker::check(&history, &finals, replicas_in(&placement));
             // A run with tokens had an attacker: its attempts and its reads of its own jobs.
             if let Ok(attacks) = std::fs::read_to_string(dir.join("attacks.jsonl")) {
                 let attempts: Vec<attacker::Attempt> =
@@ -452,14 +487,15 @@ fn run(args: RunArgs) -> anyhow::Result<(bool, PathBuf)> {
     };
     let runner = keep(&std::env::current_exe()?, &bin.join("drover-jepsen"))?;
     let prefix = format!("drj{:05}", seed % 100_000);
-    let net = net::Network::create(&prefix, args.nodes).context("creating the test network (run as root)")?;
+    // A namespace and an address for every node slot, spare ones too.
+    let slots = slots(&args);
+    let net = net::Network::create(&prefix, slots).context("creating the test network (run as root)")?;
     let scheme = if args.tls { "https://" } else { "" };
     if args.tls {
         // Peers dial each other through the proxies on 127.0.0.1, clients the nodes' addresses.
         let mut certify = std::process::Command::new(&drover);
         certify.arg("dev-certificates").arg("--out").arg(dir.join("tls"));
-        for name in
-            ["127.0.0.1".to_string(), "localhost".into()].into_iter().chain((0..args.nodes).map(|i| net.node_ip(i)))
+        for name in ["127.0.0.1".to_string(), "localhost".into()].into_iter().chain((0..slots).map(|i| net.node_ip(i)))
         {
             certify.args(["--name", &name]);
         }
@@ -491,6 +527,20 @@ fn run(args: RunArgs) -> anyhow::Result<(bool, PathBuf)> {
         std::fs::write(dir.join("attacker-token"), String::from_utf8(output.stdout)?.trim())?;
         tokens_file.extend_from_slice(b"\n");
         tokens_file.extend_from_slice(&output.stderr);
+        if args.nemesis.contains(&Nemesis::Membership) {
+            // The membership nemesis changes the cluster plan: cluster:admin
+            // for every tenant, which no other client holds.
+            let output = std::process::Command::new(&drover)
+                .args(["token", "secret", "--name", "jepsen-admin", "--scopes", "cluster:admin", "--tenants", "*"])
+                .output()
+                .context("running drover token secret")?;
+            if !output.status.success() {
+                bail!("drover token secret failed: {}", String::from_utf8_lossy(&output.stderr));
+            }
+            std::fs::write(dir.join("admin-token"), String::from_utf8(output.stdout)?.trim())?;
+            tokens_file.extend_from_slice(b"\n");
+            tokens_file.extend_from_slice(&output.stderr);
+        }
         std::fs::write(dir.join("tokens.toml"), &tokens_file)?;
         // And job tokens: the session workers report each outcome with theirs.
         let key = std::process::Command::new(&drover)
@@ -501,16 +551,17 @@ fn run(args: RunArgs) -> anyhow::Result<(bool, PathBuf)> {
     }
     let config = InnerConfig {
         seed,
-        gateways: (0..args.nodes).map(|i| format!("{scheme}{}:26500", net.node_ip(i))).collect(),
-        namespaces: (0..args.nodes).map(|i| net.node_ns(i)).collect(),
-        ips: (0..args.nodes).map(|i| net.node_ip(i)).collect(),
+        gateways: (0..slots).map(|i| format!("{scheme}{}:26500", net.node_ip(i))).collect(),
+        namespaces: (0..slots).map(|i| net.node_ns(i)).collect(),
+        ips: (0..slots).map(|i| net.node_ip(i)).collect(),
         drover,
         drover_next,
         args: args.clone(),
     };
     std::fs::write(dir.join("config.json"), serde_json::to_string_pretty(&config)?)?;
+    let spares = if slots > args.nodes { format!(" (and {} spare slots)", slots - args.nodes) } else { String::new() };
     println!(
-        "jepsen: nemesis {} for {} s on {} nodes, seed {seed}, run dir {}",
+        "jepsen: nemesis {} for {} s on {} nodes{spares}, seed {seed}, run dir {}",
         names.join("+"),
         args.time,
         args.nodes,
@@ -563,16 +614,18 @@ async fn inner(dir: &Path) -> anyhow::Result<bool> {
     let network = net::Network::attach(&config.namespaces, &config.ips);
     let mut proxies = proxy::Proxies::start(&std::env::current_exe()?, dir, &config.namespaces, &config.ips)?;
     let locations = locations(args);
+    let slots = config.ips.len();
     if args.regions {
         let region = |i: usize| locations[i].split('/').next().unwrap_or_default().to_string();
-        let base: proxy::Delays = (0..args.nodes)
-            .flat_map(|a| (0..args.nodes).map(move |b| (a, b)))
+        let base: proxy::Delays = (0..slots)
+            .flat_map(|a| (0..slots).map(move |b| (a, b)))
             .filter(|(a, b)| region(*a) != region(*b))
             .map(|link| (link, REGION_DELAY_MS.0))
             .collect();
         proxies.set_base(base, REGION_DELAY_MS.1)?;
     }
-    let mut nodes = cluster::Nodes::from_parts(&config.drover, dir, &config.namespaces, &config.ips, args.partitions);
+    let mut nodes =
+        cluster::Nodes::from_parts(&config.drover, dir, (&config.namespaces, &config.ips), args.nodes, args.partitions);
     nodes.next = config.drover_next.clone();
     nodes.locations = locations.clone();
     if args.tls {
@@ -586,7 +639,7 @@ async fn inner(dir: &Path) -> anyhow::Result<bool> {
     nodes.clocks = args.nemesis.contains(&Nemesis::Clock);
     nodes.skip_wal_sync = args.skip_wal_sync;
     let disks = if args.nemesis.contains(&Nemesis::Power) {
-        let mounts: Vec<PathBuf> = (0..args.nodes).map(|i| nodes.data_dir(i)).collect();
+        let mounts: Vec<PathBuf> = (0..slots).map(|i| nodes.data_dir(i)).collect();
         Some(cluster::LossyDisks::mount(&std::env::current_exe()?, dir, &mounts).await?)
     } else {
         None
@@ -596,12 +649,13 @@ async fn inner(dir: &Path) -> anyhow::Result<bool> {
     }
     nodes.wait_ready(Duration::from_secs(60)).await?;
     // The cron workload's schedules tick from before the first fault.
-    schedules::register(&config.gateways, args.partitions).await?;
-    limits::set(&config.gateways).await?;
+    schedules::register(&nodes.live_gateways(&config.gateways), args.partitions).await?;
+    limits::set(&nodes.live_gateways(&config.gateways)).await?;
 
     let shared = Arc::new(workload::Shared {
         recorder: workload::Recorder::new(),
         gateways: config.gateways.clone(),
+        live: Arc::clone(&nodes.live),
         next_id: AtomicU64::new(1),
         stop_creating: AtomicBool::new(false),
         draining: AtomicBool::new(false),
@@ -616,7 +670,7 @@ async fn inner(dir: &Path) -> anyhow::Result<bool> {
     let attacker = match args.tokens {
         true => {
             let token = std::fs::read_to_string(dir.join("attacker-token")).context("reading the attacker's token")?;
-            let admins = (0..args.nodes).map(|i| nodes.admin(i)).collect();
+            let admins = (0..slots).map(|i| nodes.admin(i)).collect();
             let ca = nodes.tls.as_ref().map(|(_, ca)| ca.clone());
             Some(Arc::new(attacker::Attacker::new(token.trim(), &config.gateways, admins, ca)?))
         }
@@ -639,9 +693,13 @@ async fn inner(dir: &Path) -> anyhow::Result<bool> {
     for p in 0..producers {
         tasks.push(tokio::spawn(workload::producer(Arc::clone(&shared), p, config.seed ^ (p + 1))));
     }
-    for (task, attacker) in (0..attacker::TASKS).zip(std::iter::repeat(attacker.iter()).flatten()) {
-        let seed = config.seed ^ (0xa77a_c4e5 + task);
-        tasks.push(tokio::spawn(attacker::attack(Arc::clone(&shared), Arc::clone(attacker), seed)));
+    // (Not a zip with `repeat(attacker.iter()).flatten()`: without an
+    // attacker that iterator never yields, and never ends.)
+    if let Some(attacker) = &attacker {
+        for task in 0..attacker::TASKS {
+            let seed = config.seed ^ (0xa77a_c4e5 + task);
+            tasks.push(tokio::spawn(attacker::attack(Arc::clone(&shared), Arc::clone(attacker), seed)));
+        }
     }
     // Workers' process numbers follow the producers', one per worker task.
     let mut next_process = producers..;
@@ -663,8 +721,9 @@ async fn inner(dir: &Path) -> anyhow::Result<bool> {
         // Part of the polled type's work goes through the OJS port.
         let p = next_process.next().unwrap();
         tasks.push(tokio::spawn(workload::ojs_poller(Arc::clone(&shared), p, config.seed ^ (p + 1))));
-        // One stream-only worker per gateway, always on that gateway.
-        for node in 0..args.nodes {
+        // One stream-only worker per gateway, always on that gateway (a
+        // spare slot's waits until its node is a member).
+        for node in 0..slots {
             let p = next_process.next().unwrap();
             let home = workload::Gateways::Home(node);
             let worker = workload::streamer(Arc::clone(&shared), p, config.seed ^ (p + 1), workload::PUSHED_TYPE, home);
@@ -673,7 +732,7 @@ async fn inner(dir: &Path) -> anyhow::Result<bool> {
     }
 
     // Session workers: real processes, killed by the `workers` nemesis.
-    let mut session_workers = sessions::Workers::new(&config.drover, dir, &config.gateways);
+    let mut session_workers = sessions::Workers::new(&config.drover, dir, &nodes.live_gateways(&config.gateways));
     for _ in 0..sessions::WORKERS {
         session_workers.start()?;
     }
@@ -686,18 +745,36 @@ async fn inner(dir: &Path) -> anyhow::Result<bool> {
     let started = Instant::now();
     let end = started + Duration::from_secs(args.time);
     let mut schedule = Schedule::new(&args.nemesis);
+    let membership = args.nemesis.contains(&Nemesis::Membership);
+    let admin_token = std::fs::read_to_string(dir.join("admin-token")).ok().map(|t| t.trim().to_string());
     let mut faults = Faults {
         network: &network,
         proxies: &proxies,
         nodes: &mut nodes,
         workers: &mut session_workers,
         disks: disks.as_ref(),
+        gateways: &config.gateways,
+        membership,
+        admin_token,
+        reserve: usize::from(membership && args.nemesis.contains(&Nemesis::Corrupt)),
+        notes: Vec::new(),
+    };
+    // Membership events between faults (nodes the plan retired, stopped).
+    let note = |faults: &mut Faults, shared: &workload::Shared| {
+        for note in faults.notes.drain(..) {
+            let mut event = serde_json::json!({ "time_ms": shared.recorder.now_ms(), "event": "membership" });
+            if let (Some(event), serde_json::Value::Object(note)) = (event.as_object_mut(), note) {
+                event.extend(note);
+            }
+            append_line(&timeline, &event);
+        }
     };
     while Instant::now() + Duration::from_secs(4) < end {
         tokio::time::sleep(Duration::from_millis(rng.random_range(1_500..3_000))).await;
         let nemesis = schedule.nemeses.next(&mut rng);
         let began = shared.recorder.now_ms();
         let fault = faults.inject(nemesis, &mut schedule, &mut rng).await?;
+        note(&mut faults, &shared);
         let t = shared.recorder.now_ms();
         if fault.stops_nodes {
             let kind = format!("{nemesis:?}/{}", fault.kind).to_lowercase();
@@ -719,21 +796,41 @@ async fn inner(dir: &Path) -> anyhow::Result<bool> {
         let hold =
             rng.random_range(shortest..5_000).min(end.saturating_duration_since(Instant::now()).as_millis() as u64);
         tokio::time::sleep(Duration::from_millis(hold)).await;
-        faults.heal()?;
+        faults.heal().await?;
+        note(&mut faults, &shared);
         append_line(&timeline, &serde_json::json!({ "time_ms": shared.recorder.now_ms(), "event": "heal" }));
     }
     tokio::time::sleep(end.saturating_duration_since(Instant::now())).await;
 
     // Heal everything, stop creating, and drain with well-behaved workers.
-    faults.heal()?;
+    faults.heal().await?;
+    note(&mut faults, &shared);
     shared.stop_creating.store(true, Ordering::Relaxed);
     shared.draining.store(true, Ordering::Relaxed);
     append_line(&timeline, &serde_json::json!({ "time_ms": shared.recorder.now_ms(), "event": "drain" }));
-    nodes.wait_ready(Duration::from_secs(60)).await?;
     let drain_end = Instant::now() + Duration::from_secs(args.drain);
-    let replicas = replicas_of(args.nodes, args.partitions, &locations);
-    let replicas = &replicas;
     let drain_start = Instant::now();
+    // The members change no more: changes whose outcome is unknown are made,
+    // moves finish, and nodes that left stop.
+    let mut settled_plan = None;
+    if membership {
+        let (settled, plan) = faults.settle(&mut schedule, &mut rng, Duration::from_secs(args.drain)).await?;
+        settled_plan = plan;
+        note(&mut faults, &shared);
+        let mut event = serde_json::json!({ "time_ms": shared.recorder.now_ms(), "event": "settled" });
+        if let (Some(event), serde_json::Value::Object(settled)) = (event.as_object_mut(), settled) {
+            event.extend(settled);
+        }
+        append_line(&timeline, &event);
+    }
+    nodes.wait_ready(Duration::from_secs(60)).await?;
+    // Where each partition's replicas are: as the cluster formed, or as the
+    // plan has them now that the members changed.
+    let mut placement = match settled_plan {
+        Some(plan) => plan.current,
+        None => placement_of(args.nodes, args.partitions, &locations),
+    };
+    let gateways = || nodes.live_gateways(&config.gateways);
     let mut finals;
     // Reading every job from every replica is heavy on long runs (tens of
     // thousands of jobs each): it happens once clients have heard every
@@ -751,9 +848,15 @@ async fn inner(dir: &Path) -> anyhow::Result<bool> {
             continue;
         }
         last_full_read = Instant::now();
+        if membership {
+            match membership::read_plan(&gateways(), Duration::from_secs(20)).await {
+                Ok(plan) => placement = plan.current,
+                Err(e) => eprintln!("jepsen: reading the cluster plan for the replicas: {e:#}"),
+            }
+        }
         finals = final_reads(&nodes, nodes.token.as_deref()).await;
         let history = shared.recorder.take();
-        let report = checker::check(&history, &finals, replicas);
+        let report = checker::check(&history, &finals, replicas_in(&placement));
         let settled = report.lost.is_empty() && report.divergent.is_empty();
         if settled || Instant::now() > drain_end {
             let event = serde_json::json!({
@@ -768,13 +871,13 @@ async fn inner(dir: &Path) -> anyhow::Result<bool> {
     // steps are read; any still running is read again, and the replicas
     // after it: an end a replica showed, a later read of its workflow
     // shows, and a job a workflow names, a later read of the replicas.
-    let mut workflow_reads = workflows::finish(&config.gateways, &acknowledged.ids(), Duration::from_secs(60)).await;
+    let mut workflow_reads = workflows::finish(&gateways(), &acknowledged.ids(), Duration::from_secs(60)).await;
     let steps_before = step_reads(&nodes, nodes.token.as_deref()).await;
     let running: Vec<String> = workflow_reads.iter().filter(|w| w.state == "running").map(|w| w.id.clone()).collect();
     let steps_after = if running.is_empty() {
         steps_before.clone()
     } else {
-        let again = workflows::finish(&config.gateways, &running, Duration::from_secs(5)).await;
+        let again = workflows::finish(&gateways(), &running, Duration::from_secs(5)).await;
         for read in again {
             if let Some(first) = workflow_reads.iter_mut().find(|w| w.id == read.id) {
                 *first = read;
@@ -783,9 +886,9 @@ async fn inner(dir: &Path) -> anyhow::Result<bool> {
         step_reads(&nodes, nodes.token.as_deref()).await
     };
     // The limited queue's jobs run out; their histories are read.
-    let limited_reads = limits::finish(&config.gateways, &limited.keys(), Duration::from_secs(60)).await;
+    let limited_reads = limits::finish(&gateways(), &limited.keys(), Duration::from_secs(60)).await;
     // The schedules stop where they are; every replica's ticks are read.
-    let schedule_reads = schedules::finish(&config.gateways, args.partitions).await?;
+    let schedule_reads = schedules::finish(&gateways(), args.partitions).await?;
     let ticks = tick_reads(&nodes, nodes.token.as_deref()).await;
     shared.stop.store(true, Ordering::Relaxed);
     session_workers.stop_all();
@@ -793,7 +896,11 @@ async fn inner(dir: &Path) -> anyhow::Result<bool> {
         let _ = tokio::time::timeout(Duration::from_secs(10), task).await;
     }
     let history = shared.recorder.take();
-    let mut report = checker::check(&history, &finals, replicas);
+    let mut report = checker::check(&history, &finals, replicas_in(&placement));
+    if membership {
+        // The placement the checker used, for `recheck`.
+        std::fs::write(dir.join("placement.json"), serde_json::to_string(&placement)?)?;
+    }
     // A killed worker's jobs come back within the bound. Other faults may
     // hold the cluster up for longer, so the bound holds only when killing
     // workers is the only fault; loss is checked in every run.
@@ -844,18 +951,22 @@ async fn inner(dir: &Path) -> anyhow::Result<bool> {
     Ok(report.valid)
 }
 
-/// The nodes holding a job's partition, by its key: where the cluster placed
-/// the partition (node locations decide it, as they do in Drover).
-fn replicas_of(nodes: usize, partitions: u32, locations: &[String]) -> impl Fn(u64) -> Vec<usize> + Clone {
+/// Each partition's replicas where the cluster placed them when it formed
+/// (node locations decide it, as they do in Drover).
+fn placement_of(nodes: usize, partitions: u32, locations: &[String]) -> Vec<Vec<usize>> {
     use drover::placement::{place, Location};
     let located: std::collections::BTreeMap<u64, Location> = (0..nodes)
         .map(|i| (i as u64, locations.get(i).and_then(|l| Location::parse(l).ok()).unwrap_or_default()))
         .collect();
-    let placement = place(partitions, nodes.min(3) as u32, &located);
-    move |key: u64| {
-        let partition = (key >> 48) as usize;
-        placement.get(partition).map(|nodes| nodes.iter().map(|n| *n as usize).collect()).unwrap_or_default()
-    }
+    place(partitions, nodes.min(3) as u32, &located)
+        .into_iter()
+        .map(|replicas| replicas.into_iter().map(|n| n as usize).collect())
+        .collect()
+}
+
+/// The nodes holding a job's partition, by its key, in `placement`.
+fn replicas_in(placement: &[Vec<usize>]) -> impl Fn(u64) -> Vec<usize> + Clone + '_ {
+    move |key: u64| placement.get((key >> 48) as usize).cloned().unwrap_or_default()
 }
 
 /// Every node's own view of every job (not routed to leaders) that `token`
@@ -863,7 +974,7 @@ fn replicas_of(nodes: usize, partitions: u32, locations: &[String]) -> impl Fn(u
 /// workload's token, the attacker's own with the attacker's.
 async fn final_reads(nodes: &cluster::Nodes, token: Option<&str>) -> FinalReads {
     let mut finals: FinalReads = BTreeMap::new();
-    for i in 0..nodes.ips.len() {
+    for i in nodes.members() {
         let Some(listed) = node_jobs(nodes, i, token).await else { continue };
         let mut jobs = BTreeMap::new();
         for job in &listed {
@@ -936,7 +1047,7 @@ async fn node_jobs(nodes: &cluster::Nodes, i: usize, token: Option<&str>) -> Opt
 /// Every node's jobs made by a workflow, with their workflow, step and state.
 async fn step_reads(nodes: &cluster::Nodes, token: Option<&str>) -> workflows::StepReads {
     let mut reads = workflows::StepReads::new();
-    for i in 0..nodes.ips.len() {
+    for i in nodes.members() {
         let Some(listed) = node_jobs(nodes, i, token).await else { continue };
         let steps = listed.iter().filter_map(|job| Some((job["key"].as_u64()?, workflows::step_of(job)?))).collect();
         reads.insert(i, steps);
@@ -947,10 +1058,53 @@ async fn step_reads(nodes: &cluster::Nodes, token: Option<&str>) -> workflows::S
 /// Every node's jobs made by a schedule, with their schedule and tick.
 async fn tick_reads(nodes: &cluster::Nodes, token: Option<&str>) -> schedules::TickReads {
     let mut reads = schedules::TickReads::new();
-    for i in 0..nodes.ips.len() {
+    for i in nodes.members() {
         let Some(listed) = node_jobs(nodes, i, token).await else { continue };
         let ticks = listed.iter().filter_map(|job| Some((job["key"].as_u64()?, schedules::tick_of(job)?))).collect();
         reads.insert(i, ticks);
     }
     reads
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+
+    fn args(nemesis: &[Nemesis], nodes: usize, regions: bool) -> RunArgs {
+        let Command::Run(mut args) = Cli::try_parse_from(["drover-jepsen", "run"]).expect("defaults").command else {
+            unreachable!("a run")
+        };
+        args.nemesis = nemesis.to_vec();
+        args.nodes = nodes;
+        args.regions = regions;
+        args
+    }
+
+    #[test]
+    fn spare_slots_come_with_the_membership_nemesis_only() {
+        assert_eq!(slots(&args(&[Nemesis::Partition, Nemesis::Kill], 3, false)), 3);
+        assert_eq!(slots(&args(&[Nemesis::Membership], 3, false)), 9);
+        // Named twice, counted once.
+        assert_eq!(slots(&args(&[Nemesis::Membership, Nemesis::Membership], 3, false)), 9);
+    }
+
+    #[test]
+    fn spare_slots_get_zones_of_their_own_in_both_regions() {
+        assert_eq!(locations(&args(&[Nemesis::Badlinks], 5, true)), ["a/a1", "a/a2", "a/a3", "b/b1", "b/b2"]);
+        let located = locations(&args(&[Nemesis::Membership], 3, true));
+        assert_eq!(located[..5], ["a/a1", "a/a2", "b/b1", "b/b2", "a/a3"]);
+        assert_eq!(located.len(), 9);
+        let distinct: std::collections::BTreeSet<&String> = located.iter().collect();
+        assert_eq!(distinct.len(), 9);
+    }
+
+    #[test]
+    fn replicas_are_the_placement_s_by_a_key_s_partition() {
+        let placement = vec![vec![0, 1, 2], vec![3, 1, 4]];
+        let replicas = replicas_in(&placement);
+        assert_eq!(replicas(1 << 48 | 17), [3, 1, 4]);
+        assert_eq!(replicas(5), [0, 1, 2]);
+        assert!(replicas(7 << 48).is_empty());
+        assert_eq!(placement_of(3, 3, &[]).len(), 3);
+    }
 }

@@ -9,6 +9,7 @@ use rand::seq::{IndexedRandom, SliceRandom};
 use rand::Rng;
 use serde::Serialize;
 
+use crate::membership::{Change, Pending};
 use crate::{cluster, net, partition, proxy, sessions, Nemesis};
 
 /// Draws from a fixed set in shuffled rounds: each item once per round, so a
@@ -174,7 +175,7 @@ impl RestartKind {
 /// How long a node may take to stop after SIGTERM before it is killed: its
 /// shutdown waits for requests in flight, up to the request timeout (10 s by
 /// default).
-const GRACEFUL_STOP: Duration = Duration::from_secs(20);
+pub const GRACEFUL_STOP: Duration = Duration::from_secs(20);
 
 /// Which nemesis, partition, kill, link fault and restart come next.
 pub struct Schedule {
@@ -189,6 +190,9 @@ pub struct Schedule {
     corruptions: Bag<CorruptKind>,
     powers: Bag<PowerKind>,
     db_files: Bag<DbFile>,
+    pub memberships: Bag<Change>,
+    /// A membership change whose outcome is not known yet.
+    pub pending: Option<Pending>,
 }
 
 impl Schedule {
@@ -210,6 +214,8 @@ impl Schedule {
             powers: Bag::new(&[PowerKind::One, PowerKind::Minority, PowerKind::All]),
             corruptions: Bag::new(&[CorruptKind::FlipBits, CorruptKind::Truncate, CorruptKind::Delete]),
             db_files: Bag::new(&[DbFile::Wal, DbFile::Sst, DbFile::Manifest]),
+            memberships: Bag::new(&Change::ALL),
+            pending: None,
             rolling: 0,
         }
     }
@@ -225,12 +231,12 @@ pub struct Fault {
 }
 
 impl Fault {
-    fn new(kind: impl Serialize, description: String, detail: serde_json::Value) -> Fault {
+    pub fn new(kind: impl Serialize, description: String, detail: serde_json::Value) -> Fault {
         let kind = serde_json::to_value(kind).ok().and_then(|k| k.as_str().map(str::to_string)).unwrap_or_default();
         Fault { kind, description, detail, stops_nodes: false }
     }
 
-    fn stopping_nodes(mut self) -> Fault {
+    pub fn stopping_nodes(mut self) -> Fault {
         self.stops_nodes = true;
         self
     }
@@ -244,15 +250,33 @@ pub struct Faults<'a> {
     pub workers: &'a mut sessions::Workers,
     /// The nodes' lossy file systems, with the `power` nemesis.
     pub disks: Option<&'a cluster::LossyDisks>,
+    /// Every slot's gateway, by node id.
+    pub gateways: &'a [String],
+    /// The `membership` nemesis is on: the members change.
+    pub membership: bool,
+    /// With tokens: the token plan changes send (`cluster:admin`, tenant `*`).
+    pub admin_token: Option<String>,
+    /// Spare slots the `membership` nemesis leaves for the `corrupt`
+    /// nemesis, which replaces a node that refuses to start.
+    pub reserve: usize,
+    /// Membership events between faults (nodes retired and stopped), for
+    /// the timeline.
+    pub notes: Vec<serde_json::Value>,
 }
 
 impl Faults<'_> {
     /// Ends every fault: rules and limits removed, delays cleared, paused
     /// nodes resumed, killed nodes restarted. (A restarted node is already
     /// running again: nothing to do for it.)
-    pub fn heal(&mut self) -> anyhow::Result<()> {
-        self.network.heal();
+    ///
+    /// With the `membership` nemesis, nodes the plan retired meanwhile are
+    /// stopped first (when some node is leaving), so none starts again.
+    pub async fn heal(&mut self) -> anyhow::Result<()> {
+        self.network.heal(&self.nodes.used());
         self.proxies.clear();
+        if self.membership && !self.nodes.in_states(&[cluster::Slot::Leaving]).is_empty() {
+            self.reconcile(Duration::from_secs(3)).await?;
+        }
         self.nodes.heal()
     }
 
@@ -262,11 +286,14 @@ impl Faults<'_> {
         schedule: &mut Schedule,
         rng: &mut StdRng,
     ) -> anyhow::Result<Fault> {
-        let n = self.nodes.ips.len();
-        let all: Vec<usize> = (0..n).collect();
+        // The members (every node, without the membership nemesis): what
+        // faults strike. Spare and retired slots are left alone.
+        let all: Vec<usize> = self.nodes.members();
+        let n = all.len();
         let mut order = all.clone();
         order.shuffle(rng);
         Ok(match nemesis {
+            Nemesis::Membership => self.membership(schedule, rng).await?,
             Nemesis::Workers => {
                 // Killed and replaced at once: nothing to heal.
                 let killed = self.workers.kill_one(rng.random_range(0..sessions::WORKERS))?;
@@ -324,7 +351,7 @@ impl Faults<'_> {
                     }
                 };
                 self.network.partition(&grudge)?;
-                let detail = serde_json::json!({ "drops": grudge, "hears": partition::hears(&grudge, n) });
+                let detail = serde_json::json!({ "drops": grudge, "hears": partition::hears(&grudge, &all) });
                 Fault::new(kind, description, detail)
             }
             Nemesis::Kill => {
@@ -407,8 +434,24 @@ impl Faults<'_> {
                     }
                     tokio::time::sleep(Duration::from_millis(200)).await;
                 }
+                // With the membership nemesis: nor while replicas move (a
+                // node that refuses to start is replaced, below).
+                let mut unsettled = false;
+                if self.membership {
+                    let settled = self.wait_settled(Duration::from_secs(60)).await?;
+                    unsettled = !settled.as_ref().is_some_and(crate::membership::PlanView::settled);
+                }
                 let kind = schedule.corruptions.next(rng);
-                let victim = order[0];
+                // A member not leaving (every node, without the membership nemesis).
+                let victim =
+                    *order.iter().find(|i| self.nodes.slots[**i] == cluster::Slot::Member).unwrap_or(&order[0]);
+                if unsettled {
+                    let description = format!(
+                        "no corruption: the cluster plan did not settle within 60 s (node {victim} would have been \
+                         damaged)"
+                    );
+                    return Ok(Fault::new(kind, description, serde_json::json!({ "node": victim, "skipped": true })));
+                }
                 // A graceful stop writes the memtables to table files, so
                 // there are SSTs to damage; a crash leaves the WAL to replay.
                 let graceful = rng.random_bool(0.5);
@@ -427,8 +470,18 @@ impl Faults<'_> {
                 let name = (*candidates.choose(rng).expect("one at least")).clone();
                 let done = corrupt(&db.join(&name), kind, rng)?;
                 let started = self.nodes.start_watching(victim, Duration::from_secs(60)).await?;
+                let refused = matches!(started, cluster::Started::Refused { .. });
+                let mut replaced = None;
                 let (outcome, line, reseeded) = match started {
                     cluster::Started::Ready => ("started and served".to_string(), String::new(), None),
+                    // Its disk is lost: with the membership nemesis a new
+                    // node replaces it under a new id, as docs/membership.md
+                    // says; otherwise it is re-seeded under its own.
+                    cluster::Started::Refused { status, line } if self.membership => {
+                        let (done, detail) = self.replace_lost(victim, schedule, rng).await?;
+                        replaced = Some(detail);
+                        (format!("refused to start ({status}); {done}"), line, None)
+                    }
                     cluster::Started::Refused { status, line } => {
                         let aside = self.nodes.reseed(victim)?;
                         (format!("refused to start ({status}); re-seeded from its peers"), line, Some(aside))
@@ -438,8 +491,8 @@ impl Faults<'_> {
                 let description = format!("{how} node {victim}, {class:?} {name} {done}: {outcome}");
                 let detail = serde_json::json!({
                     "node": victim, "signal": how, "file": name, "class": class, "damage": done,
-                    "refused": reseeded.is_some(), "log": line,
-                    "reseeded_from_empty": reseeded.map(|p| p.display().to_string()),
+                    "refused": refused, "log": line,
+                    "reseeded_from_empty": reseeded.map(|p| p.display().to_string()), "replaced": replaced,
                 });
                 Fault::new(kind, description, detail).stopping_nodes()
             }
@@ -471,7 +524,7 @@ impl Faults<'_> {
             Nemesis::Upgrade => {
                 // The next node in order, as `rolling`; it starts again at
                 // the heal, on the next build.
-                let victim = schedule.rolling % n;
+                let victim = all[schedule.rolling % n];
                 schedule.rolling += 1;
                 let stopped = self.nodes.stop(victim, libc::SIGTERM, GRACEFUL_STOP).await?;
                 let moved = self.nodes.upgrade(victim);
@@ -493,7 +546,7 @@ impl Faults<'_> {
             Nemesis::Rolling => {
                 // The next node in order, as an upgrade goes through a
                 // StatefulSet's pods; it starts again at the heal.
-                let victim = schedule.rolling % n;
+                let victim = all[schedule.rolling % n];
                 schedule.rolling += 1;
                 let stopped = self.nodes.stop(victim, libc::SIGTERM, GRACEFUL_STOP).await?;
                 let escalated = if stopped.escalated { ", then SIGKILL" } else { "" };

@@ -41,7 +41,6 @@ pub fn nft(ns: &str, script: &str) -> anyhow::Result<()> {
 
 pub struct Network {
     pub prefix: String,
-    pub nodes: usize,
     hosts: Vec<String>,
 }
 
@@ -66,12 +65,12 @@ impl Network {
     pub fn attach(namespaces: &[String], _ips: &[String]) -> Network {
         let prefix =
             namespaces.first().and_then(|n| n.rsplit_once('-')).map(|(p, _)| p.to_string()).unwrap_or_default();
-        Network { prefix, nodes: namespaces.len(), hosts: Vec::new() }
+        Network { prefix, hosts: Vec::new() }
     }
 
     /// Creates the namespaces, the bridge and one veth pair per host.
     pub fn create(prefix: &str, nodes: usize) -> anyhow::Result<Network> {
-        let mut net = Network { prefix: prefix.to_string(), nodes, hosts: Vec::new() };
+        let mut net = Network { prefix: prefix.to_string(), hosts: Vec::new() };
         let sw = net.switch_ns();
         sh(&["ip", "netns", "add", &sw])?;
         net.hosts.push(sw.clone());
@@ -143,9 +142,10 @@ impl Network {
         )
     }
 
-    /// Removes every fault rule and bandwidth limit from every node.
-    pub fn heal(&self) {
-        for i in 0..self.nodes {
+    /// Removes every fault rule and bandwidth limit from the given nodes
+    /// (every node ever started: a spare slot has none).
+    pub fn heal(&self, nodes: &[usize]) {
+        for &i in nodes {
             for table in ["drj_part", "drj_loss"] {
                 let _ = sh(&["ip", "netns", "exec", &self.node_ns(i), "nft", "delete", "table", "inet", table]);
             }

@@ -96,9 +96,12 @@ pub fn one_way(node: usize, from: &[usize]) -> Grudge {
     grudge
 }
 
-/// The nodes each node hears (itself included), for `n` nodes.
-pub fn hears(grudge: &Grudge, n: usize) -> Vec<BTreeSet<usize>> {
-    (0..n).map(|i| (0..n).filter(|j| grudge.get(&i).is_none_or(|from| !from.contains(j))).collect()).collect()
+/// The nodes each of `nodes` hears (itself included), by node id.
+pub fn hears(grudge: &Grudge, nodes: &[usize]) -> BTreeMap<usize, BTreeSet<usize>> {
+    nodes
+        .iter()
+        .map(|i| (*i, nodes.iter().copied().filter(|j| grudge.get(i).is_none_or(|from| !from.contains(j))).collect()))
+        .collect()
 }
 
 /// Whether every dropped direction is dropped the other way too.
@@ -126,13 +129,13 @@ mod tests {
             order.shuffle(&mut StdRng::seed_from_u64(n as u64));
             let grudge = ring(&order);
             assert!(symmetric(&grudge), "{n} nodes: {grudge:?}");
-            let hears = hears(&grudge, n);
-            for (i, set) in hears.iter().enumerate() {
-                assert!(set.contains(&i));
+            let hears = hears(&grudge, &(0..n).collect::<Vec<_>>());
+            for (i, set) in &hears {
+                assert!(set.contains(i));
                 assert!(set.len() >= majority(n), "{n} nodes: node {i} hears {set:?}");
                 assert!(set.len() < n || n == 3, "{n} nodes: node {i} hears everyone");
             }
-            let distinct: BTreeSet<&BTreeSet<usize>> = hears.iter().collect();
+            let distinct: BTreeSet<&BTreeSet<usize>> = hears.values().collect();
             assert_eq!(distinct.len(), n, "{n} nodes: {hears:?}");
         }
     }
@@ -140,22 +143,22 @@ mod tests {
     #[test]
     fn five_node_ring_is_neighbours_only() {
         let grudge = ring(&[3, 0, 4, 1, 2]);
-        let hears = hears(&grudge, 5);
-        assert_eq!(hears[3], BTreeSet::from([2, 3, 0]));
-        assert_eq!(hears[0], BTreeSet::from([3, 0, 4]));
-        assert_eq!(hears[4], BTreeSet::from([0, 4, 1]));
-        assert_eq!(hears[1], BTreeSet::from([4, 1, 2]));
-        assert_eq!(hears[2], BTreeSet::from([1, 2, 3]));
+        let hears = hears(&grudge, &[0, 1, 2, 3, 4]);
+        assert_eq!(hears[&3], BTreeSet::from([2, 3, 0]));
+        assert_eq!(hears[&0], BTreeSet::from([3, 0, 4]));
+        assert_eq!(hears[&4], BTreeSet::from([0, 4, 1]));
+        assert_eq!(hears[&1], BTreeSet::from([4, 1, 2]));
+        assert_eq!(hears[&2], BTreeSet::from([1, 2, 3]));
     }
 
     #[test]
     fn three_node_ring_is_a_bridge() {
         let grudge = ring(&[1, 2, 0]);
         assert_eq!(grudge, bridge(&[1, 2, 0]));
-        let hears = hears(&grudge, 3);
-        assert_eq!(hears[1], BTreeSet::from([0, 1, 2]));
-        assert_eq!(hears[2], BTreeSet::from([1, 2]));
-        assert_eq!(hears[0], BTreeSet::from([0, 1]));
+        let hears = hears(&grudge, &[0, 1, 2]);
+        assert_eq!(hears[&1], BTreeSet::from([0, 1, 2]));
+        assert_eq!(hears[&2], BTreeSet::from([1, 2]));
+        assert_eq!(hears[&0], BTreeSet::from([0, 1]));
     }
 
     #[test]
@@ -163,17 +166,17 @@ mod tests {
         for (n, order) in [(3, vec![2, 0, 1]), (5, vec![4, 1, 3, 0, 2])] {
             let grudge = bridge(&order);
             assert!(symmetric(&grudge));
-            let hears = hears(&grudge, n);
-            assert_eq!(hears[order[0]].len(), n, "the bridge sees all");
+            let hears = hears(&grudge, &(0..n).collect::<Vec<_>>());
+            assert_eq!(hears[&order[0]].len(), n, "the bridge sees all");
             let half = (n - 1) / 2;
             let (a, b) = order[1..].split_at(half);
             for x in a {
-                assert_eq!(hears[*x], a.iter().copied().chain([order[0]]).collect());
-                assert!(hears[*x].len() >= majority(n));
+                assert_eq!(hears[x], a.iter().copied().chain([order[0]]).collect());
+                assert!(hears[x].len() >= majority(n));
             }
             for y in b {
-                assert_eq!(hears[*y], b.iter().copied().chain([order[0]]).collect());
-                assert!(hears[*y].len() >= majority(n));
+                assert_eq!(hears[y], b.iter().copied().chain([order[0]]).collect());
+                assert!(hears[y].len() >= majority(n));
             }
         }
     }
@@ -183,9 +186,9 @@ mod tests {
         let grudge = one_way(1, &[0, 1, 2]);
         assert_eq!(grudge, Grudge::from([(1, BTreeSet::from([0, 2]))]));
         assert!(!symmetric(&grudge));
-        let hears = hears(&grudge, 3);
-        assert_eq!(hears[1], BTreeSet::from([1]));
-        assert_eq!(hears[0], BTreeSet::from([0, 1, 2]));
+        let hears = hears(&grudge, &[0, 1, 2]);
+        assert_eq!(hears[&1], BTreeSet::from([1]));
+        assert_eq!(hears[&0], BTreeSet::from([0, 1, 2]));
         assert!(one_way(1, &[1]).is_empty());
     }
 
@@ -193,7 +196,17 @@ mod tests {
     fn split_is_symmetric() {
         let grudge = split(&[0], &[1, 2]);
         assert!(symmetric(&grudge));
-        assert_eq!(hears(&grudge, 3)[0], BTreeSet::from([0]));
-        assert_eq!(hears(&grudge, 3)[1], BTreeSet::from([1, 2]));
+        assert_eq!(hears(&grudge, &[0, 1, 2])[&0], BTreeSet::from([0]));
+        assert_eq!(hears(&grudge, &[0, 1, 2])[&1], BTreeSet::from([1, 2]));
+    }
+
+    #[test]
+    fn hears_names_nodes_by_id_when_ids_have_gaps() {
+        // Members after the membership nemesis removed 0 and 2 and added 4 and 7.
+        let grudge = split(&[4], &[1, 7]);
+        let hears = hears(&grudge, &[1, 4, 7]);
+        assert_eq!(hears[&4], BTreeSet::from([4]));
+        assert_eq!(hears[&7], BTreeSet::from([1, 7]));
+        assert_eq!(hears.len(), 3);
     }
 }

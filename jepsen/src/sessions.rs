@@ -50,7 +50,8 @@ pub struct Workers {
     log: PathBuf,
     dir: PathBuf,
     gateways: Vec<String>,
-    running: Vec<(String, Child)>,
+    /// Each running worker: its name, its process and the gateways it was given.
+    running: Vec<(String, Child, Vec<String>)>,
     started: usize,
 }
 
@@ -91,14 +92,38 @@ impl Workers {
             .stdout(Stdio::null())
             .stderr(stderr)
             .spawn()?;
-        self.running.push((name.clone(), child));
+        self.running.push((name.clone(), child, self.gateways.clone()));
         Ok(name)
+    }
+
+    /// The gateways workers use from now on (the `membership` nemesis
+    /// changed the members): each running worker given a gateway not among
+    /// them is SIGKILLed and replaced by one on these, so no worker is left
+    /// with only gateways of nodes that left. Answers the replaced workers.
+    pub fn follow(&mut self, gateways: &[String]) -> anyhow::Result<Vec<String>> {
+        self.gateways = gateways.to_vec();
+        let mut replaced = Vec::new();
+        let mut i = 0;
+        while i < self.running.len() {
+            if self.running[i].2.iter().all(|g| gateways.contains(g)) {
+                i += 1;
+                continue;
+            }
+            let (name, mut child, _) = self.running.remove(i);
+            child.kill()?;
+            child.wait()?;
+            replaced.push(name);
+        }
+        for _ in 0..replaced.len() {
+            self.start()?;
+        }
+        Ok(replaced)
     }
 
     /// SIGKILLs the `index % running`th worker and starts a replacement;
     /// answers the killed worker's name.
     pub fn kill_one(&mut self, index: usize) -> anyhow::Result<String> {
-        let (name, mut child) = self.running.remove(index % self.running.len());
+        let (name, mut child, _) = self.running.remove(index % self.running.len());
         child.kill()?;
         child.wait()?;
         self.start()?;
@@ -106,7 +131,7 @@ impl Workers {
     }
 
     pub fn stop_all(&mut self) {
-        for (_, child) in &mut self.running {
+        for (_, child, _) in &mut self.running {
             let _ = child.kill();
             let _ = child.wait();
         }

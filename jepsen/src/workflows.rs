@@ -76,7 +76,7 @@ pub async fn producer(shared: Arc<Shared>, acknowledged: Arc<Acknowledged>) {
         n += 1;
         let request = workflow(n);
         let id = request.id.clone();
-        let created = through_any(&shared.gateways, Duration::from_secs(10), "creating a workflow", |client| {
+        let created = through_any(&shared.live_gateways(), Duration::from_secs(10), "creating a workflow", |client| {
             let request = request.clone();
             async move { client.raw().create_workflow(request).await }
         })

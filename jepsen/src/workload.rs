@@ -20,7 +20,7 @@
 
 use std::collections::HashSet;
 use std::sync::atomic::{AtomicBool, AtomicU64, Ordering};
-use std::sync::{Arc, Mutex};
+use std::sync::{Arc, Mutex, RwLock};
 use std::time::{Duration, Instant};
 
 use drover::client::Client;
@@ -108,9 +108,57 @@ fn certain_failure(status: &tonic::Status) -> bool {
     matches!(status.code(), Code::InvalidArgument | Code::NotFound | Code::FailedPrecondition | Code::ResourceExhausted)
 }
 
+/// The nodes whose gateways clients use: every node, unless the
+/// `membership` nemesis changes the cluster's members. Then it holds the
+/// members the plan lists and not leaving, set by `cluster::Nodes` as the
+/// nemesis adds, removes and replaces nodes (a node leaving or retired may
+/// still run; clients prefer the members, as a load balancer would).
+pub struct Live {
+    ids: RwLock<Vec<usize>>,
+}
+
+impl Live {
+    pub fn new(ids: Vec<usize>) -> Live {
+        Live { ids: RwLock::new(ids) }
+    }
+
+    pub fn set(&self, mut ids: Vec<usize>) {
+        ids.sort_unstable();
+        ids.dedup();
+        *self.ids.write().unwrap() = ids;
+    }
+
+    pub fn ids(&self) -> Vec<usize> {
+        self.ids.read().unwrap().clone()
+    }
+
+    pub fn contains(&self, node: usize) -> bool {
+        self.ids.read().unwrap().contains(&node)
+    }
+
+    /// A random one (one draw of `rng`, as a draw over `0..n` was when every
+    /// node was a member).
+    pub fn pick(&self, rng: &mut StdRng) -> usize {
+        let ids = self.ids.read().unwrap();
+        if ids.is_empty() {
+            return 0;
+        }
+        ids[rng.random_range(0..ids.len())]
+    }
+
+    /// The one after `at`, in id order, wrapping round.
+    pub fn after(&self, at: usize) -> usize {
+        let ids = self.ids.read().unwrap();
+        ids.iter().copied().find(|i| *i > at).or_else(|| ids.first().copied()).unwrap_or(0)
+    }
+}
+
 pub struct Shared {
     pub recorder: Recorder,
+    /// Every node slot's gateway, by node id (spare slots' too, with the
+    /// `membership` nemesis): clients pick among [`Shared::live`].
     pub gateways: Vec<String>,
+    pub live: Arc<Live>,
     pub next_id: AtomicU64,
     /// Producers stop when this is set.
     pub stop_creating: AtomicBool,
@@ -132,6 +180,11 @@ pub struct Shared {
 }
 
 impl Shared {
+    /// The gateways of the live nodes, in id order.
+    pub fn live_gateways(&self) -> Vec<String> {
+        self.live.ids().into_iter().filter_map(|i| self.gateways.get(i).cloned()).collect()
+    }
+
     /// Until everything stops: polls up to `max` jobs of `job_type` (5 s
     /// activations) through gateway `home + 1` and the next ones in turn,
     /// and hands each batch, with the client that took it, to `work`.
@@ -142,7 +195,7 @@ impl Shared {
     {
         let mut at = home;
         while !self.stop.load(Ordering::Relaxed) {
-            at = (at + 1) % self.gateways.len();
+            at = self.live.after(at);
             let Ok(client) = Client::connect_lazy(&self.gateways[at]) else { continue };
             let activated =
                 tokio::time::timeout(Duration::from_secs(5), client.activate(job_type, worker, max, 5_000, 1_000))
@@ -235,7 +288,7 @@ pub async fn producer(shared: Arc<Shared>, process: u64, seed: u64) {
         }
         for _ in 0..CREATE_SENDS {
             // Each send through any gateway, as a producer behind a load balancer.
-            let node = rng.random_range(0..clients.len());
+            let node = shared.live.pick(&mut rng);
             shared.recorder.record_op(Op {
                 process,
                 node,
@@ -292,7 +345,7 @@ async fn ojs_create(shared: &Shared, process: u64, id: u64, rng: &mut StdRng) {
         serde_json::from_str::<serde_json::Value>(body).ok()?["job"]["drover"]["key"].as_str()?.parse().ok()
     };
     for _ in 0..CREATE_SENDS {
-        let node = rng.random_range(0..shared.ojs.len());
+        let node = shared.live.pick(rng);
         // The sender is named, so the history shows which creates went through OJS.
         let invoke = Op { process, node, kind: Kind::Create, phase: Phase::Invoke, id, ..Op::default() };
         shared.recorder.record_op(Op { job_type: Some(JOB_TYPE.into()), worker: Some(OJS_PRODUCER.into()), ..invoke });
@@ -424,13 +477,13 @@ async fn handle(
 /// One long poll for up to `max` jobs through a random gateway: the
 /// gateway's index and its jobs, or `None` after a pause when it failed.
 async fn poll(
-    clients: &[Client],
+    (clients, live): (&[Client], &Live),
     job_type: &str,
     worker: &str,
     max: i32,
     rng: &mut StdRng,
 ) -> Option<(usize, Vec<ActivatedJob>)> {
-    let node = rng.random_range(0..clients.len());
+    let node = live.pick(rng);
     let activate = clients[node].activate(job_type, worker, max, ACTIVATION_TIMEOUT_MS, 500);
     match tokio::time::timeout(Duration::from_secs(5), activate).await {
         Ok(Ok(jobs)) => Some((node, jobs)),
@@ -447,7 +500,7 @@ pub async fn poller(shared: Arc<Shared>, process: u64, seed: u64) {
     let worker = format!("poller-{process}");
     while !shared.stop.load(Ordering::Relaxed) {
         let requested = shared.recorder.now_ms();
-        let Some((node, jobs)) = poll(&clients, JOB_TYPE, &worker, 8, &mut rng).await else { continue };
+        let Some((node, jobs)) = poll((&clients, &shared.live), JOB_TYPE, &worker, 8, &mut rng).await else { continue };
         let wanted = Wanted { job_type: JOB_TYPE, worker: &worker, requested_ms: Some(requested) };
         for job in jobs {
             handle(&shared, &clients[node], (process, node), &wanted, job, &mut rng).await;
@@ -469,7 +522,7 @@ pub async fn ojs_poller(shared: Arc<Shared>, process: u64, seed: u64) {
     })
     .to_string();
     while !shared.stop.load(Ordering::Relaxed) {
-        let node = rng.random_range(0..shared.ojs.len());
+        let node = shared.live.pick(&mut rng);
         let requested = shared.recorder.now_ms();
         let sent = crate::cluster::http_as(&shared.ojs[node], "POST", "/ojs/v1/workers/fetch", &fetch, ca, token);
         let jobs = match tokio::time::timeout(Duration::from_secs(5), sent).await {
@@ -538,7 +591,9 @@ pub async fn staged(shared: Arc<Shared>, process: u64, seed: u64) {
     let worker = format!("staged-{process}");
     while !shared.stop.load(Ordering::Relaxed) {
         let requested = shared.recorder.now_ms();
-        let Some((node, jobs)) = poll(&clients, STAGED_TYPE, &worker, 4, &mut rng).await else { continue };
+        let Some((node, jobs)) = poll((&clients, &shared.live), STAGED_TYPE, &worker, 4, &mut rng).await else {
+            continue;
+        };
         for job in jobs {
             let Some(id) = id_of(&job) else { continue };
             let wanted = Wanted { job_type: STAGED_TYPE, worker: &worker, requested_ms: Some(requested) };
@@ -705,7 +760,13 @@ pub async fn streamer(shared: Arc<Shared>, process: u64, seed: u64, job_type: &'
     let prefix = if job_type == PUSHED_TYPE { "pushed" } else { "streamer" };
     while !shared.stop.load(Ordering::Relaxed) {
         let node = match gateways {
-            Gateways::Any => rng.random_range(0..shared.gateways.len()),
+            Gateways::Any => shared.live.pick(&mut rng),
+            // A spare slot not started yet, or a node that left: wait until
+            // (if ever) its gateway serves the cluster.
+            Gateways::Home(node) if !shared.live.contains(node) => {
+                tokio::time::sleep(Duration::from_millis(500)).await;
+                continue;
+            }
             Gateways::Home(node) => node,
         };
         let client = Client::connect_lazy(&shared.gateways[node]).unwrap();
@@ -757,6 +818,29 @@ pub async fn streamer(shared: Arc<Shared>, process: u64, seed: u64, job_type: &'
 #[cfg(test)]
 mod tests {
     use super::*;
+
+    #[test]
+    fn live_gateways_are_drawn_as_a_range_was_when_every_node_is_live() {
+        // Runs without the membership nemesis keep their seeds' choices.
+        let live = Live::new(vec![0, 1, 2]);
+        let (mut a, mut b) = (StdRng::seed_from_u64(7), StdRng::seed_from_u64(7));
+        for _ in 0..50 {
+            assert_eq!(live.pick(&mut a), b.random_range(0..3));
+        }
+        assert_eq!([live.after(0), live.after(1), live.after(2)], [1, 2, 0]);
+    }
+
+    #[test]
+    fn live_gateways_follow_the_members() {
+        let live = Live::new(vec![0, 1, 2]);
+        live.set(vec![5, 2, 3, 2]);
+        assert_eq!(live.ids(), [2, 3, 5]);
+        assert!(live.contains(5) && !live.contains(0));
+        let mut rng = StdRng::seed_from_u64(1);
+        assert!((0..50).all(|_| [2, 3, 5].contains(&live.pick(&mut rng))));
+        // In turn from a node that left, or from a spare slot's index.
+        assert_eq!([live.after(0), live.after(3), live.after(5), live.after(8)], [2, 5, 2, 2]);
+    }
 
     #[test]
     fn the_backoff_doubles_up_to_its_bound_and_starts_over() {
