@@ -42,6 +42,9 @@ const CATCH_UP_WITHIN: Duration = Duration::from_secs(600);
 /// hand leadership to a replica that stays (it settles for 5 s after an
 /// election, then checks every second).
 const HAND_OVER_WITHIN: Duration = Duration::from_secs(15);
+/// How long a node placed on a partition may take to open its replica (it
+/// must be running, and have learned the plan) before the move is tried again.
+const OPEN_WITHIN: Duration = Duration::from_secs(30);
 /// How long a report of a partition's voters may take.
 const REPORT_WITHIN: Duration = Duration::from_secs(5);
 
@@ -276,6 +279,31 @@ fn drive(ctx: &Arc<NodeContext>, plan: &ClusterPlan, driving: &mut Driving) {
     }
 }
 
+/// Waits until node `node` hosts a replica of `partition` (it opens one
+/// once it follows the plan that places it there), up to [`OPEN_WITHIN`].
+async fn opened_on(ctx: &NodeContext, node: NodeId, partition: PartitionId) -> Result<(), String> {
+    let until = Instant::now() + OPEN_WITHIN;
+    loop {
+        if let Some(mut client) = ctx.transport.peers.client(node) {
+            let mut request = tonic::Request::new(StatusRequest {});
+            request.set_timeout(Duration::from_secs(1));
+            if let Ok(reply) = client.status(request).await {
+                let statuses: Vec<crate::raft::ReplicaStatus> =
+                    bincode::deserialize(&reply.into_inner().partitions).unwrap_or_default();
+                if statuses.iter().any(|s| s.partition == partition) {
+                    return Ok(());
+                }
+            }
+        }
+        if Instant::now() > until {
+            return Err(format!(
+                "node {node} has not opened a replica of partition {partition} within {OPEN_WITHIN:?}"
+            ));
+        }
+        tokio::time::sleep(Duration::from_millis(200)).await;
+    }
+}
+
 async fn drive_partition(ctx: &NodeContext, replica: &Replica, plan: &ClusterPlan) -> Result<(), String> {
     let partition = replica.partition;
     let target: BTreeSet<NodeId> = plan.target[partition as usize].iter().copied().collect();
@@ -287,6 +315,9 @@ async fn drive_partition(ctx: &NodeContext, replica: &Replica, plan: &ClusterPla
         let started = Instant::now();
         for node in target.difference(&voters) {
             let member = plan.members.get(node).ok_or_else(|| format!("node {node} is in no member list"))?;
+            // Appends to a node that has not opened its replica yet would
+            // be refused, over and over, until it has.
+            opened_on(ctx, *node, partition).await?;
             tracing::info!(partition, node, "adding node {node} to partition {partition} as a learner");
             replica.add_learner(*node, &member.addr, CATCH_UP_WITHIN).await?;
         }

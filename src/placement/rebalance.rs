@@ -89,6 +89,36 @@ pub fn target(
             *load.get_mut(&to).expect("a member") += 1;
         }
     }
+    // Regions: a partition whose replicas leave a region out while they
+    // share another moves one there (a node in a zone it does not use, the
+    // least loaded), as a new cluster's placement spreads them.
+    let regions: BTreeSet<&str> = members.values().map(|l| l.region.as_str()).collect();
+    for nodes in placement.iter_mut() {
+        loop {
+            let used: BTreeSet<&str> = nodes.iter().map(|n| members[n].region.as_str()).collect();
+            if used.len() >= regions.len().min(nodes.len()) {
+                break;
+            }
+            // The later replica of the region that holds the most of them.
+            let crowded = *used
+                .iter()
+                .max_by_key(|r| nodes.iter().filter(|n| members[*n].region == **r).count())
+                .expect("replicas in some region");
+            let from = *nodes.iter().rev().find(|n| members[*n].region == crowded).expect("a replica there");
+            let zones: BTreeSet<_> = nodes.iter().filter(|n| **n != from).map(|n| zone_of(members, *n)).collect();
+            let to = members
+                .iter()
+                .filter(|(n, loc)| !nodes.contains(n) && !used.contains(loc.region.as_str()))
+                .filter(|(n, loc)| !zones.contains(&loc_zone(loc, **n)))
+                .min_by_key(|(n, _)| (load[n], **n))
+                .map(|(n, _)| *n);
+            let Some(to) = to else { break };
+            let at = nodes.iter().position(|n| *n == from).expect("a replica");
+            nodes[at] = to;
+            *load.get_mut(&from).expect("a member") -= 1;
+            *load.get_mut(&to).expect("a member") += 1;
+        }
+    }
     // Even out: one replica at a time from the most to the least loaded
     // node that can take it without losing a zone or a region's spread.
     let bound = placement.len() * want + 1;
@@ -305,5 +335,18 @@ mod tests {
             }
             assert_eq!(target(&placed, &after, 3), placed, "case {case}: a second pass moves nothing");
         }
+    }
+
+    #[test]
+    fn a_replacement_in_another_region_does_not_leave_a_region_without_a_replica() {
+        // Region b's node 5 is replaced by node 6 in region a: partition 0
+        // would have all three replicas in a while node 4 is in b.
+        let members = members(&[(0, "a/a1"), (1, "a/a2"), (4, "b/b1"), (6, "a/a3")]);
+        let current = vec![vec![0, 1, 6], vec![4, 0, 1]];
+        let target = target(&current, &members, 3);
+        for (p, nodes) in target.iter().enumerate() {
+            assert_eq!(spread(nodes, &members), (3, 2), "partition {p} covers both regions: {nodes:?}");
+        }
+        assert_spread(&target, &members, 3);
     }
 }
