@@ -102,6 +102,10 @@ pub struct BenchArgs {
     /// Size of each job's JSON variables.
     #[arg(long, default_value_t = 256)]
     pub payload_bytes: usize,
+    /// Pad the variables with characters that do not compress (storage
+    /// then holds what the payloads weigh: for sizing a partition's state).
+    #[arg(long)]
+    pub incompressible: bool,
     /// Concurrent producers.
     #[arg(long, default_value_t = 4)]
     pub producers: usize,

@@ -31,12 +31,25 @@ pub(crate) fn now_micros() -> u64 {
     SystemTime::now().duration_since(UNIX_EPOCH).map(|d| d.as_micros() as u64).unwrap_or(0)
 }
 
-pub(super) fn payload(seq: u64, size: usize) -> String {
+/// Padded with letters drawn from `seq` (xorshift) when `incompressible`,
+/// else with `x`.
+pub(super) fn padded(seq: u64, size: usize, incompressible: bool) -> String {
     let head = format!("{{\"seq\":{seq},\"sent\":{},\"pad\":\"", now_micros());
     let pad = size.saturating_sub(head.len() + 2);
     let mut text = String::with_capacity(head.len() + pad + 2);
     text.push_str(&head);
-    text.extend(std::iter::repeat_n('x', pad));
+    if incompressible {
+        const LETTERS: &[u8] = b"ABCDEFGHIJKLMNOPQRSTUVWXYZabcdefghijklmnopqrstuvwxyz0123456789+/";
+        let mut state = seq.wrapping_mul(0x9E37_79B9_7F4A_7C15) | 1;
+        text.extend((0..pad).map(|_| {
+            state ^= state << 13;
+            state ^= state >> 7;
+            state ^= state << 17;
+            LETTERS[(state % 64) as usize] as char
+        }));
+    } else {
+        text.extend(std::iter::repeat_n('x', pad));
+    }
     text.push_str("\"}");
     text
 }
@@ -130,6 +143,7 @@ pub(super) fn each_answer<B: Send + 'static, A: Send + 'static>(
 #[derive(Clone, Copy)]
 pub(super) struct CreateShape {
     pub(super) payload_bytes: usize,
+    pub(super) incompressible: bool,
     /// Every create carries an idempotency key.
     pub(super) keyed: bool,
     /// Creates travel several to a message (CreateJobBatches).
@@ -148,7 +162,7 @@ pub(super) async fn produce(
     rate: Option<u64>,
     tracker: Arc<Tracker>,
 ) -> anyhow::Result<Histogram<u64>> {
-    let CreateShape { payload_bytes, keyed, batched } = shape;
+    let CreateShape { payload_bytes, incompressible, keyed, batched } = shape;
     let client = connect(&gateway).await?;
     let (tx, rx) = mpsc::channel::<Vec<CreateJobRequest>>(in_flight);
     let permits = Arc::new(Semaphore::new(in_flight));
@@ -171,7 +185,7 @@ pub(super) async fn produce(
             });
             let create = |seq: u64| CreateJobRequest {
                 r#type: job_type.clone(),
-                variables: payload(seq, payload_bytes),
+                variables: padded(seq, payload_bytes, incompressible),
                 idempotency_key: if keyed { format!("{job_type}-{seq}") } else { String::new() },
                 ..Default::default()
             };

@@ -168,6 +168,7 @@ async fn run(
             range,
             CreateShape {
                 payload_bytes: args.payload_bytes,
+                incompressible: args.incompressible,
                 keyed: args.idempotency_keys,
                 batched: !args.one_job_per_message,
             },
