@@ -134,13 +134,15 @@ pub fn snapshot_bytes(state: &PartitionState, finished: &[Job]) -> Vec<u8> {
         finished: finished.iter().map(|j| (0, j.key.0)).collect(),
     };
     let mut out = storage::encode(&header);
-    // This build's version carries the sessions' owners and the paused
-    // queues after the header, then the remembered creates (none).
+    // This build's version carries the registry's sections after the
+    // header (owners, paused queues, schedules, workflows, limits, the
+    // cluster plan), then the remembered creates (none).
     out.extend_from_slice(&storage::encode(&header.registry.owners));
     out.extend_from_slice(&storage::encode(&header.registry.paused));
     out.extend_from_slice(&storage::encode(&header.registry.schedules));
     out.extend_from_slice(&storage::encode(&header.registry.workflows));
     out.extend_from_slice(&storage::encode(&header.registry.limits));
+    out.extend_from_slice(&storage::encode(&header.registry.plan));
     out.push(0);
     for job in finished {
         let record = storage::encode(job);
