@@ -671,6 +671,32 @@ async fn only_an_admin_of_every_tenant_may_take_read_or_release_a_backup() {
     admin.raw().release_backup(release("b")).await.unwrap();
 }
 
+/// The cluster plan decides where every tenant's jobs live: changing it
+/// takes cluster:admin over every tenant; reading it, cluster:read.
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn only_an_admin_of_every_tenant_may_change_the_cluster_plan() {
+    use drover::proto::gateway::change_cluster_plan_request::Change;
+    use drover::proto::gateway::{ChangeClusterPlanRequest, GetClusterPlanRequest};
+    let tokens = Tokens::new();
+    let node = node_with(&tokens).await;
+    let pause = || ChangeClusterPlanRequest { change: Some(Change::Pause(true)) };
+    for (name, why) in [("acme", "cluster:admin"), ("cluster-admin", "tenant"), ("cluster-read", "cluster:admin")] {
+        let refused = as_token(&node, tokens.secret(name)).raw().change_cluster_plan(pause()).await.unwrap_err();
+        assert_eq!(refused.code(), Code::PermissionDenied, "{name}: {refused:?}");
+        assert!(refused.message().contains(why), "{name}: {}", refused.message());
+    }
+    for name in ["nothing", "create"] {
+        let refused = as_token(&node, tokens.secret(name)).raw().get_cluster_plan(GetClusterPlanRequest {}).await;
+        assert_eq!(refused.unwrap_err().code(), Code::PermissionDenied, "{name} reads the plan");
+    }
+    let admin = as_token(&node, tokens.secret("admin"));
+    let paused = admin.raw().change_cluster_plan(pause()).await.expect("the admin pauses the plan").into_inner();
+    assert!(paused.paused && paused.changed, "{paused:?}");
+    let reader = as_token(&node, tokens.secret("cluster-read"));
+    let read = reader.raw().get_cluster_plan(GetClusterPlanRequest {}).await.expect("cluster:read reads it");
+    assert!(read.into_inner().paused, "the change is partition 0's");
+}
+
 async fn within<T>(
     seconds: u64,
     future: impl std::future::Future<Output = T>,
