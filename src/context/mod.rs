@@ -196,7 +196,9 @@ impl NodeContext {
                 streams: Arc::new(BrokerStreams::default()),
                 locality: Arc::new(Locality {
                     own: config.location.region.clone(),
-                    regions: config.locations.iter().map(|(n, l)| (*n, l.region.clone())).collect(),
+                    regions: std::sync::RwLock::new(
+                        config.locations.iter().map(|(n, l)| (*n, l.region.clone())).collect(),
+                    ),
                     node: config.local_pushes.then_some(config.node_id),
                 }),
             },

@@ -74,6 +74,10 @@ pub(super) async fn follow_plan(
                 let members = ctx.topology.members();
                 ctx.transport.peers.versions().set_members(members.keys().copied().collect());
                 ctx.transport.peers.set_addresses(members);
+                // Pushes prefer gateways in this node's region: the plan's
+                // members' regions, new nodes included.
+                *ctx.broker.locality.regions.write().expect("regions lock") =
+                    plan.members.iter().map(|(n, m)| (*n, m.region.clone())).collect();
                 if let Err(e) = data_dir::record_plan(&hosting.data_dir, &plan) {
                     status.error(format!("recording cluster plan epoch {}: {e:#}", plan.epoch));
                 }
@@ -220,6 +224,11 @@ async fn close(ctx: &NodeContext, hosting: &Hosting, replica: Arc<Replica>) {
         }
     }
     replica.shutdown().await;
+    // Its gauges would otherwise keep their last values: a leader here, a
+    // leader known (which would hide a partition without one elsewhere).
+    let p = partition.to_string();
+    metrics::gauge!("drover_partition_role_leader", "partition" => p.clone()).set(0.0);
+    metrics::gauge!("drover_partition_has_leader", "partition" => p).set(0.0);
     let mut batch = ctx.store.batch();
     batch.delete_partition(partition);
     ctx.store.write_synced(batch);

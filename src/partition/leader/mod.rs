@@ -224,12 +224,12 @@ pub struct LeaderArgs {
 
 /// Which gateways are in the leader's region: streams and polls there are
 /// preferred among equals (see [`crate::core::routing`]).
-#[derive(Clone, Debug, Default)]
+#[derive(Debug, Default)]
 pub struct Locality {
     /// This node's region (empty: none, every gateway is as near as any).
     pub own: String,
-    /// Node id -> region.
-    pub regions: HashMap<NodeId, String>,
+    /// Node id -> region (the cluster plan's members, once it changed).
+    pub regions: std::sync::RwLock<HashMap<NodeId, String>>,
     /// This node, when its leaders prefer an equivalent stream on its own
     /// gateway to the one picked at random (`--push-placement local`).
     pub node: Option<NodeId>,
@@ -237,7 +237,7 @@ pub struct Locality {
 
 impl Locality {
     pub fn near(&self, gateway: NodeId) -> bool {
-        !self.own.is_empty() && self.regions.get(&gateway).is_some_and(|r| *r == self.own)
+        !self.own.is_empty() && self.regions.read().expect("regions lock").get(&gateway).is_some_and(|r| *r == self.own)
     }
 
     fn taker(&self, stream: &RemoteStream) -> Taker {
