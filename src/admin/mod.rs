@@ -398,10 +398,7 @@ async fn tasks(State(ctx): State<Arc<NodeContext>>) -> impl IntoResponse {
 /// still to make; before the plan's first change, the placement the cluster
 /// formed with.
 async fn plan(State(ctx): State<Arc<NodeContext>>) -> impl IntoResponse {
-    let (plan, changed) = match ctx.topology.plan() {
-        Some(plan) => (Some((*plan).clone()), true),
-        None => (ctx.topology.formed_with.clone(), false),
-    };
+    let (plan, changed) = ctx.topology.shown_plan().map_or((None, false), |(plan, changed)| (Some(plan), changed));
     let pending: Vec<_> = plan
         .iter()
         .flat_map(|p| p.pending())

@@ -11,7 +11,6 @@ use std::time::Duration;
 use tokio::sync::watch;
 
 use crate::context::NodeContext;
-use crate::proto::cluster::StatusRequest;
 use crate::tasks::LoopStatus;
 
 /// How often the estimates are asked for again: well within the time an
@@ -36,11 +35,8 @@ pub async fn learn_partition_clocks(ctx: Arc<NodeContext>, mut stop: watch::Rece
             // Any node that hosts the partition, asked once for every
             // partition it hosts.
             for node in ctx.topology.replica_nodes(*partition) {
-                let Some(mut client) = ctx.transport.peers.client(node) else { continue };
-                let mut request = tonic::Request::new(StatusRequest {});
-                request.set_timeout(Duration::from_secs(1));
-                let Ok(reply) = client.status(request).await else { continue };
-                for clock in reply.into_inner().partition_clocks {
+                let Some(reply) = ctx.transport.peers.status(node, Duration::from_secs(1)).await else { continue };
+                for clock in reply.partition_clocks {
                     if remote.contains(&clock.partition_id) && heard.insert(clock.partition_id) {
                         ctx.routing.heard_partition_time(clock.partition_id, clock.estimate_ms);
                     }

@@ -116,6 +116,16 @@ impl Topology {
         true
     }
 
+    /// The plan to show: the one followed (`true`), or before the plan's
+    /// first change the one the cluster formed with (`false`); `None` on a
+    /// node being added that follows none yet.
+    pub fn shown_plan(&self) -> Option<(ClusterPlan, bool)> {
+        match self.plan() {
+            Some(plan) => Some(((*plan).clone(), true)),
+            None => self.formed_with.clone().map(|plan| (plan, false)),
+        }
+    }
+
     /// The cluster plan this topology follows (`None`: the member list's,
     /// never changed).
     pub fn plan(&self) -> Option<Arc<ClusterPlan>> {

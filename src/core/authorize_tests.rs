@@ -303,3 +303,17 @@ fn owners_survive_a_restore_and_die_with_their_session() {
     assert_eq!(out.sessions_died.len(), 1);
     assert_eq!(p.state.session_owners(), Vec::new());
 }
+
+#[test]
+fn only_an_admin_of_every_tenant_changes_the_cluster_plan_at_apply() {
+    let mut p = Partition::new();
+    let member = crate::core::Member { addr: "10.0.0.0:26502".into(), ..Default::default() };
+    let formed = Box::new(crate::core::ClusterPlan::initial([(0, member)].into(), vec![vec![0]], 1));
+    let pause = || Command::ChangePlan { initial: formed.clone(), epoch: None, change: crate::core::PlanChange::Pause };
+    let one_tenant = principal("ops", &["cluster:admin"], &["acme"]);
+    assert_eq!(p.refused(by(&one_tenant, pause())), ErrorKind::PermissionDenied, "one tenant's admin");
+    let reader = principal("reader", &["cluster:read"], &["*"]);
+    assert_eq!(p.refused(by(&reader, pause())), ErrorKind::PermissionDenied, "a reader");
+    let admin = principal("ops", &["cluster:admin"], &["*"]);
+    assert!(matches!(p.run(by(&admin, pause())), CommandResult::Plan(Some(plan)) if plan.paused));
+}

@@ -62,10 +62,7 @@ impl JobApi {
     /// the member list's the cluster formed with (partition 0 holds none
     /// until the first change, and then ignores this).
     fn starting_plan(&self) -> Result<ClusterPlan, ApiError> {
-        if let Some(plan) = self.ctx.topology.plan() {
-            return Ok((*plan).clone());
-        }
-        self.ctx.topology.formed_with.clone().ok_or_else(|| {
+        self.ctx.topology.shown_plan().map(|(plan, _)| plan).ok_or_else(|| {
             ApiError::FailedPrecondition(
                 "this node was started with --join-plan and follows no plan yet: ask a member of the cluster".into(),
             )

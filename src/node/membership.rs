@@ -28,7 +28,6 @@ use tokio::task::JoinHandle;
 use super::data_dir;
 use crate::context::NodeContext;
 use crate::core::{ClusterPlan, Command, NodeId, PartitionId};
-use crate::proto::cluster::StatusRequest;
 use crate::raft::{Formation, RaftSettings, Replica};
 use crate::storage::Store;
 use crate::tasks::LoopStatus;
@@ -139,12 +138,8 @@ async fn newest_plan(ctx: &NodeContext) -> Option<ClusterPlan> {
         if !asked.insert(node) {
             continue;
         }
-        let Some(mut client) = ctx.transport.peers.client(node) else { continue };
-        let mut request = tonic::Request::new(StatusRequest {});
-        request.set_timeout(Duration::from_secs(1));
-        let Ok(reply) = client.status(request).await else { continue };
-        let bytes = reply.into_inner().plan;
-        let Ok(plan) = serde_json::from_slice::<ClusterPlan>(&bytes) else { continue };
+        let Some(reply) = ctx.transport.peers.status(node, Duration::from_secs(1)).await else { continue };
+        let Ok(plan) = serde_json::from_slice::<ClusterPlan>(&reply.plan) else { continue };
         if plan.epoch > newest.as_ref().map_or(known, |p| p.epoch) {
             newest = Some(plan);
         }
@@ -293,15 +288,10 @@ fn drive(ctx: &Arc<NodeContext>, plan: &ClusterPlan, driving: &mut Driving) {
 async fn opened_on(ctx: &NodeContext, node: NodeId, partition: PartitionId) -> Result<(), String> {
     let until = Instant::now() + OPEN_WITHIN;
     loop {
-        if let Some(mut client) = ctx.transport.peers.client(node) {
-            let mut request = tonic::Request::new(StatusRequest {});
-            request.set_timeout(Duration::from_secs(1));
-            if let Ok(reply) = client.status(request).await {
-                let statuses: Vec<crate::raft::ReplicaStatus> =
-                    bincode::deserialize(&reply.into_inner().partitions).unwrap_or_default();
-                if statuses.iter().any(|s| s.partition == partition) {
-                    return Ok(());
-                }
+        if let Some(reply) = ctx.transport.peers.status(node, Duration::from_secs(1)).await {
+            let statuses: Vec<crate::raft::ReplicaStatus> = bincode::deserialize(&reply.partitions).unwrap_or_default();
+            if statuses.iter().any(|s| s.partition == partition) {
+                return Ok(());
             }
         }
         if Instant::now() > until {

@@ -132,6 +132,16 @@ impl PeerChannels {
         self.max_message_bytes
     }
 
+    /// `node`'s status (its replicas, clocks, addresses and the plan it
+    /// follows), if it answers within `limit`.
+    pub async fn status(&self, node: NodeId, limit: Duration) -> Option<crate::proto::cluster::StatusReply> {
+        let mut client = self.client(node)?;
+        let mut request = tonic::Request::new(crate::proto::cluster::StatusRequest {});
+        request.set_timeout(limit);
+        let answer = tokio::time::timeout(limit, client.status(request)).await;
+        Some(answer.ok()?.ok()?.into_inner())
+    }
+
     /// The cluster-service client for `node`, if it is a member.
     pub fn client(&self, node: NodeId) -> Option<PeerClient> {
         let channel = Stamped::new(self.channel(node)?, node, Arc::clone(&self.versions));

@@ -97,10 +97,7 @@ pub(super) async fn cluster(
         .collect();
     // The plan this node follows (docs/membership.md): members, and each
     // partition's voters with where they are going.
-    let (plan, changed) = match ctx.topology.plan() {
-        Some(plan) => (Some((*plan).clone()), true),
-        None => (ctx.topology.formed_with.clone(), false),
-    };
+    let (plan, changed) = ctx.topology.shown_plan().map_or((None, false), |(plan, changed)| (Some(plan), changed));
     let plan = plan.map(|plan| {
         let nodes = |ids: &[u64]| ids.iter().map(u64::to_string).collect::<Vec<_>>().join(", ");
         context! {

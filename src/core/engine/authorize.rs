@@ -106,7 +106,10 @@ impl PartitionState {
             Command::GetLimits { tenants, job_type } => {
                 by.require_tenants(tenants).and_then(|()| by.require_job(Verb::Read, job_type))
             }
-            Command::ChangePlan { .. } => by.require(crate::core::principal::CLUSTER_ADMIN),
+            // The plan places every tenant's jobs: an admin of all of them.
+            Command::ChangePlan { .. } => {
+                by.require(crate::core::principal::CLUSTER_ADMIN).and_then(|()| by.require_tenant("*"))
+            }
             Command::GetPlan => by.require(crate::core::principal::CLUSTER_READ),
             Command::As { .. } => Err(AuthError::PermissionDenied("a principal's commands are not nested".into())),
             // The broker's own commands: never a client's.
