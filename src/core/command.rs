@@ -297,6 +297,39 @@ pub enum Command {
     /// Reads the cluster plan (partition 0 only); answers
     /// [`CommandResult::Plan`]. Changes nothing.
     GetPlan,
+    /// Asks a partition that an idempotency key hashed to under an older
+    /// partition count whether it made a job for `request`: answers
+    /// [`CommandResult::Created`] (not created) with that job, or, when it
+    /// made none, remembers for `window_ms` that the key now goes to
+    /// partition `to` and answers [`CommandResult::Elsewhere`]: a create of
+    /// the key that reaches this partition later (from a gateway routing by
+    /// the older count) is sent there. The broker's own. Data version 16
+    /// ([`super::plan::MORE_PARTITIONS`]).
+    ProbeKey {
+        request: super::ids::RequestId,
+        to: PartitionId,
+        window_ms: Millis,
+        fingerprint: u64,
+    },
+    /// Reads what a partition being added copies from partition 0 before it
+    /// takes work (see [`Adoptable`]); answers [`CommandResult::Adoptable`].
+    /// The broker's own. Data version 16.
+    GetAdoptable,
+    /// A partition being added takes partition 0's sessions, schemas,
+    /// paused queues and queue limits, so that the fan-outs made before it
+    /// existed hold on it too. The broker's own. Data version 16.
+    Adopt(Box<Adoptable>),
+}
+
+/// What every partition holds alike because gateways send it to every
+/// partition: what a partition being added copies from partition 0.
+#[derive(Clone, Debug, Default, PartialEq, Serialize, Deserialize)]
+pub struct Adoptable {
+    pub sessions: Vec<Session>,
+    pub owners: Vec<(SessionId, String)>,
+    pub schemas: Vec<(String, Bytes)>,
+    pub paused: Vec<(String, String, Millis)>,
+    pub limits: Vec<super::limit::LimitRecord>,
 }
 
 /// One Raft entry's worth of commands, stamped with the leader's clock.
@@ -463,7 +496,9 @@ impl Command {
                     + 128
             }
             Command::ReportVoters { voters, .. } => 8 * voters.len() + 16,
-            Command::GetPlan => 1,
+            Command::GetPlan | Command::GetAdoptable => 1,
+            Command::ProbeKey { request, .. } => bincode::serialized_size(request).unwrap_or(0) as usize + 32,
+            Command::Adopt(adoptable) => bincode::serialized_size(adoptable).unwrap_or(0) as usize,
             Command::As { by, commands } => by.encoded_len() + commands.iter().map(Command::encoded_len).sum::<usize>(),
             Command::UpdateTimeout { .. }
             | Command::UpdateRetries { .. }
@@ -535,6 +570,8 @@ pub enum CommandResult {
     Limits(Vec<LimitState>),
     /// The cluster plan (none: never changed, the member list's holds).
     Plan(Option<Box<ClusterPlan>>),
+    /// What a partition being added copies ([`Command::GetAdoptable`]).
+    Adoptable(Box<Adoptable>),
 }
 
 /// What happened to a job, for counting.

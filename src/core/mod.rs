@@ -46,6 +46,8 @@ mod authorize_tests;
 #[cfg(test)]
 mod expiry_tests;
 #[cfg(test)]
+mod growth_tests;
+#[cfg(test)]
 mod limit_tests;
 #[cfg(test)]
 mod model_tests;

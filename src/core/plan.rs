@@ -18,6 +18,11 @@ use crate::placement::{rebalance, Location};
 /// The data version from which partition 0 keeps a cluster plan.
 pub const PLANS: u16 = 15;
 
+/// The data version from which a cluster adds partitions
+/// ([`PlanChange::AddPartitions`], [`crate::core::Command::ProbeKey`],
+/// [`crate::core::Command::Adopt`]).
+pub const MORE_PARTITIONS: u16 = 16;
+
 /// Replica moves in flight at once by default (partitions whose voters are
 /// being changed).
 pub const DEFAULT_MAX_MOVES: u32 = 2;
@@ -43,7 +48,8 @@ pub struct ClusterPlan {
     pub epoch: u64,
     pub members: BTreeMap<NodeId, Member>,
     pub replication_factor: u32,
-    /// Partition -> its voters, as its leader last reported them.
+    /// Partition -> its voters, as its leader last reported them; empty for
+    /// a partition being added whose group has not reported yet (forming).
     pub current: Vec<Vec<NodeId>>,
     /// Partition -> the voters it is being moved to.
     pub target: Vec<Vec<NodeId>>,
@@ -81,6 +87,13 @@ pub enum PlanChange {
     /// voters, and members leaving stay.
     Cancel,
     SetMaxMoves(u32),
+    /// Raises the partition count to `to`: the new partitions' groups form
+    /// on the nodes the placement rules pick, and the count routes new work
+    /// once every one of them has reported its voters. Data version 16
+    /// ([`MORE_PARTITIONS`]).
+    AddPartitions {
+        to: u32,
+    },
 }
 
 fn refused(kind: ErrorKind, message: String) -> CommandError {
@@ -103,8 +116,23 @@ impl ClusterPlan {
         }
     }
 
+    /// Every partition the plan names, those still forming included.
     pub fn partitions(&self) -> u32 {
         self.target.len() as u32
+    }
+
+    /// Whether `partition` is being added and its group has not reported
+    /// its voters yet.
+    pub fn forming(&self, partition: PartitionId) -> bool {
+        self.current.get(partition as usize).is_some_and(Vec::is_empty)
+    }
+
+    /// The partitions new work is routed over: all of them once the
+    /// partitions being added have formed; until then the count before.
+    /// Partitions are added only while none is forming, so the forming ones
+    /// are the last, and they form together ([`ClusterPlan::reported`]).
+    pub fn partitions_in_force(&self) -> u32 {
+        self.current.iter().position(Vec::is_empty).unwrap_or(self.current.len()) as u32
     }
 
     /// The nodes that hold or are to hold a replica of `partition`.
@@ -142,7 +170,7 @@ impl ClusterPlan {
     pub fn may_move(&self, partition: PartitionId) -> bool {
         !self.paused
             && (0..self.partitions())
-                .filter(|p| self.moving(*p))
+                .filter(|p| self.moving(*p) && !self.forming(*p))
                 .take(self.max_moves.max(1) as usize)
                 .any(|p| p == partition)
     }
@@ -244,14 +272,48 @@ impl ClusterPlan {
                 }
                 next.max_moves = *moves;
             }
+            PlanChange::AddPartitions { to } => self.add_partitions(*to, &mut next)?,
         }
         next.retire_departed();
         next.epoch += 1;
         Ok(next)
     }
 
+    fn add_partitions(&self, to: u32, next: &mut ClusterPlan) -> Result<(), CommandError> {
+        let now = self.partitions();
+        if let Some(forming) = (0..now).find(|p| self.forming(*p)) {
+            return Err(refused(
+                ErrorKind::FailedPrecondition,
+                format!("partition {forming} is still being added: wait until it has formed (drover cluster plan)"),
+            ));
+        }
+        if to <= now {
+            return Err(refused(
+                ErrorKind::FailedPrecondition,
+                format!("the cluster has {now} partitions already; partitions are only ever added, never removed"),
+            ));
+        }
+        if to > crate::core::MAX_PARTITIONS {
+            return Err(refused(
+                ErrorKind::InvalidArgument,
+                format!("at most {} partitions", crate::core::MAX_PARTITIONS),
+            ));
+        }
+        // The rules place the new partitions as they would a new cluster's,
+        // counting the replicas already held; the partitions there stay put.
+        let mut from = self.target.clone();
+        from.resize(to as usize, Vec::new());
+        let placed = rebalance::target(&from, &self.locations(&self.leaving), self.replication_factor);
+        next.target.extend(placed.into_iter().skip(now as usize));
+        next.current.resize(to as usize, Vec::new());
+        Ok(())
+    }
+
     /// Records `partition`'s voters as its leader reports them; `None` when
-    /// the plan knew them already.
+    /// the plan knew them already. A report for a partition being added
+    /// says they all formed (its leader saw each of them commit): each of
+    /// them has its target as its voters, so that the count routing new
+    /// work goes up once, not a partition at a time.
     pub fn reported(&self, partition: PartitionId, voters: &[NodeId]) -> Option<ClusterPlan> {
         let p = partition as usize;
         let mut voters = voters.to_vec();
@@ -261,7 +323,7 @@ impl ClusterPlan {
             v.sort_unstable();
             v
         });
-        if p >= self.current.len() || known.as_ref() == Some(&voters) {
+        if p >= self.current.len() || known.as_ref() == Some(&voters) || voters.is_empty() {
             return None;
         }
         let mut next = self.clone();
@@ -270,6 +332,11 @@ impl ClusterPlan {
         let target = &self.target[p];
         let mut ordered: Vec<NodeId> = target.iter().copied().filter(|n| voters.contains(n)).collect();
         ordered.extend(voters.iter().copied().filter(|n| !target.contains(n)));
+        if self.forming(partition) {
+            for q in (0..self.partitions()).filter(|q| self.forming(*q)) {
+                next.current[q as usize] = self.target[q as usize].clone();
+            }
+        }
         next.current[p] = ordered;
         next.retire_departed();
         next.epoch += 1;
@@ -350,6 +417,27 @@ mod tests {
         let cancelled = paused.changed(&PlanChange::Cancel).unwrap();
         assert!(cancelled.pending().is_empty() && cancelled.leaving.is_empty());
         assert!(cancelled.members.contains_key(&7), "an added member stays, holding nothing");
+    }
+
+    #[test]
+    fn added_partitions_form_where_the_rules_place_them_and_count_once_all_have_reported() {
+        let mut plan = three().changed(&PlanChange::AddNode { id: 3, member: member(9003, "z3") }).unwrap();
+        settle(&mut plan);
+        let grown = plan.changed(&PlanChange::AddPartitions { to: 6 }).unwrap();
+        assert_eq!(grown.target[..3], plan.target[..], "the partitions there stay put");
+        assert_eq!((grown.partitions(), grown.partitions_in_force()), (6, 3));
+        assert!((3..6).all(|p| grown.forming(p) && grown.target[p as usize].len() == 3));
+        let load = rebalance::load(&grown.target, &grown.locations(&BTreeSet::new()));
+        assert!(load.values().all(|n| (4..=5).contains(n)), "even: {load:?}");
+        assert!(!grown.may_move(3), "a forming partition is not a move");
+        let again = grown.changed(&PlanChange::AddPartitions { to: 8 }).unwrap_err();
+        assert!(again.message.contains("still being added"), "{}", again.message);
+        let formed = grown.reported(3, &grown.target[3].clone()).unwrap();
+        assert_eq!(formed.partitions_in_force(), 6, "one report: they all formed");
+        assert_eq!(formed.current[3..], grown.target[3..]);
+        assert!(formed.pending().is_empty());
+        let same = formed.changed(&PlanChange::AddPartitions { to: 6 }).unwrap_err();
+        assert!(same.message.contains("never removed"), "{}", same.message);
     }
 
     #[test]

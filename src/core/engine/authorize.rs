@@ -113,7 +113,12 @@ impl PartitionState {
             Command::GetPlan => by.require(crate::core::principal::CLUSTER_READ),
             Command::As { .. } => Err(AuthError::PermissionDenied("a principal's commands are not nested".into())),
             // The broker's own commands: never a client's.
-            Command::Yield { .. } | Command::BackupMark { .. } | Command::ReportVoters { .. } => {
+            Command::Yield { .. }
+            | Command::BackupMark { .. }
+            | Command::ReportVoters { .. }
+            | Command::ProbeKey { .. }
+            | Command::GetAdoptable
+            | Command::Adopt(_) => {
                 if by.unrestricted() {
                     Ok(())
                 } else {

@@ -173,7 +173,11 @@ impl PartitionState {
             RequestId::Gateway { .. } => 0,
         };
         let expires_at = self.clock.saturating_add(window.max(0));
-        let entry = Deduped { job, expires_at, fingerprint };
+        self.remember_entry(request, Deduped { job, expires_at, fingerprint }, out);
+    }
+
+    /// Remembers `entry` for `request` until it expires.
+    pub(super) fn remember_entry(&mut self, request: &RequestId, entry: Deduped, out: &mut ApplyOutput) {
         let id = request_storage_id(entry.expires_at, self.next_request_seq);
         self.next_request_seq += 1;
         if let Some(displaced) = self.requests.at(id) {

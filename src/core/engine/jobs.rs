@@ -365,6 +365,11 @@ impl PartitionState {
     pub(super) fn create(&mut self, new_job: &NewJob, out: &mut ApplyOutput) -> Result<CommandResult, CommandError> {
         if let Some(request) = &new_job.request {
             if let Some(seen) = self.requests.find(request) {
+                // The key went to another partition after partitions were
+                // added (see `probe_key`): the create goes there.
+                if seen.job.counter() == 0 {
+                    return Ok(CommandResult::Elsewhere(seen.job.partition()));
+                }
                 if matches!(request, RequestId::Key { .. }) && seen.fingerprint != payload_fingerprint(&new_job.spec) {
                     return Err(CommandError::precondition(format!(
                         "{request} was used for job {} with another type, variables or custom headers; \

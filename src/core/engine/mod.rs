@@ -423,6 +423,11 @@ impl PartitionState {
             Command::ChangePlan { initial, epoch, change } => self.change_plan(initial, *epoch, change, out),
             Command::ReportVoters { partition, voters } => Ok(self.report_voters(*partition, voters, out)),
             Command::GetPlan => Ok(CommandResult::Plan(self.plan.clone())),
+            Command::ProbeKey { request, to, window_ms, fingerprint } => {
+                self.probe_key(request, *to, *window_ms, *fingerprint, out)
+            }
+            Command::GetAdoptable => Ok(CommandResult::Adoptable(Box::new(self.adoptable()))),
+            Command::Adopt(adopted) => Ok(self.adopt(adopted, out)),
             // The state machine keeps the state for the backup; the engine's
             // state does not change.
             Command::BackupMark { .. } => Ok(CommandResult::Done),
