@@ -765,8 +765,20 @@ mod tests {
             epoch: 4,
             members: vec![member(0, true), member(1, false), member(2, false), member(3, false)],
             partitions: vec![
-                pb::PlanPartition { partition_id: 0, current: vec![0, 1, 2], target: vec![3, 1, 2], moving: true },
-                pb::PlanPartition { partition_id: 1, current: vec![1, 2, 3], target: vec![1, 2, 3], moving: false },
+                pb::PlanPartition {
+                    partition_id: 0,
+                    current: vec![0, 1, 2],
+                    target: vec![3, 1, 2],
+                    moving: true,
+                    forming: false,
+                },
+                pb::PlanPartition {
+                    partition_id: 1,
+                    current: vec![1, 2, 3],
+                    target: vec![1, 2, 3],
+                    moving: false,
+                    forming: false,
+                },
             ],
             retired: vec![5],
             changed: true,

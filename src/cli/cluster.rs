@@ -1,5 +1,6 @@
 //! `drover cluster ...`: the cluster plan: show it, add, remove and replace
-//! nodes, pause, resume and cancel the moves (docs/membership.md).
+//! nodes, add partitions, pause, resume and cancel the moves
+//! (docs/membership.md).
 
 use clap::Subcommand;
 use drover::client::Client;
@@ -55,6 +56,17 @@ pub(crate) enum PlanCommand {
         #[arg(long, default_value_t = 0)]
         wait: u64,
     },
+    /// Raise the partition count to TO: the new partitions form on the
+    /// members the placement rules pick, then take new keyless creates;
+    /// existing jobs stay where they are. Nothing to do when the cluster has
+    /// TO partitions or more. With --wait, waits until they take work.
+    AddPartitions {
+        #[arg(long)]
+        to: u32,
+        /// Wait until the new partitions take work, at most this many seconds (0: do not wait).
+        #[arg(long, default_value_t = 0)]
+        wait: u64,
+    },
     /// Move every replica of node ID to the other members, then drop it.
     RemoveNode {
         #[arg(value_name = "ID")]
@@ -106,6 +118,7 @@ pub(crate) async fn cluster(command: PlanCommand, target: &Target) -> anyhow::Re
             print(&plan, json);
             return Ok(());
         }
+        PlanCommand::AddPartitions { to, wait } => return add_partitions(&client, to, wait).await,
         PlanCommand::AddNode { node } => Change::AddNode(plan_node(&node)?),
         PlanCommand::RemoveNode { node } => Change::RemoveNode(node),
         PlanCommand::ReplaceNode { old, new } => {
@@ -188,6 +201,32 @@ async fn scale(
     }
 }
 
+/// Raises the partition count to `to` unless it is there already; then
+/// waits up to `wait` seconds until new work is routed over them all.
+async fn add_partitions(client: &Client, to: u32, wait: u64) -> anyhow::Result<()> {
+    let plan = client.raw().get_cluster_plan(GetClusterPlanRequest {}).await.map_err(status_error)?.into_inner();
+    if plan.partitions.len() as u32 >= to {
+        println!("the cluster has {} partitions already", plan.partitions.len());
+    } else {
+        let request = ChangeClusterPlanRequest { change: Some(Change::AddPartitionsTo(to)) };
+        client.raw().change_cluster_plan(request).await.map_err(status_error)?;
+        println!("partitions {} to {}: planned", plan.partitions.len(), to - 1);
+    }
+    let until = std::time::Instant::now() + std::time::Duration::from_secs(wait);
+    loop {
+        let plan = client.raw().get_cluster_plan(GetClusterPlanRequest {}).await.map_err(status_error)?.into_inner();
+        let formed = plan.partitions_in_force as usize == plan.partitions.len();
+        if formed || std::time::Instant::now() >= until {
+            print(&plan, false);
+            if !formed && wait > 0 {
+                anyhow::bail!("partitions still forming after {wait} s");
+            }
+            return Ok(());
+        }
+        tokio::time::sleep(std::time::Duration::from_secs(1)).await;
+    }
+}
+
 fn nodes(ids: &[u64]) -> String {
     ids.iter().map(u64::to_string).collect::<Vec<_>>().join(",")
 }
@@ -208,11 +247,12 @@ fn print(plan: &ClusterPlan, json: bool) {
         let partitions: Vec<serde_json::Value> = plan
             .partitions
             .iter()
-            .map(|p| serde_json::json!({"partition": p.partition_id, "current": p.current, "target": p.target, "moving": p.moving}))
+            .map(|p| serde_json::json!({"partition": p.partition_id, "current": p.current, "target": p.target, "moving": p.moving, "forming": p.forming}))
             .collect();
         super::print_json(&serde_json::json!({
             "epoch": plan.epoch, "changed": plan.changed, "paused": plan.paused, "max_moves": plan.max_moves,
             "replication_factor": plan.replication_factor, "retired": plan.retired,
+            "partitions_in_force": plan.partitions_in_force, "formed_partitions": plan.formed_partitions,
             "members": members, "partitions": partitions,
         }));
         return;
@@ -241,9 +281,20 @@ fn print(plan: &ClusterPlan, json: bool) {
             node.node_id, node.address, location, member.replicas, member.target_replicas
         );
     }
+    if plan.partitions_in_force != 0 && plan.partitions_in_force as usize != plan.partitions.len() {
+        println!(
+            "{} partitions, new work routed over the first {} until the rest have formed",
+            plan.partitions.len(),
+            plan.partitions_in_force
+        );
+    }
     println!("{:<10} {:<16} {:<16}", "PARTITION", "VOTERS", "TARGET");
     for p in &plan.partitions {
-        let mark = if p.moving { "  moving" } else { "" };
+        let mark = match (p.moving, p.forming) {
+            (_, true) => "  forming",
+            (true, _) => "  moving",
+            _ => "",
+        };
         println!("{:<10} {:<16} {:<16}{mark}", p.partition_id, nodes(&p.current), nodes(&p.target));
     }
     if !plan.retired.is_empty() {

@@ -59,7 +59,7 @@ impl Routing {
 
     /// The next partition of a round-robin over all of them.
     pub fn next_partition(&self) -> PartitionId {
-        self.next_partition.fetch_add(1, Ordering::Relaxed) % self.topology.partitions
+        self.next_partition.fetch_add(1, Ordering::Relaxed) % self.topology.partition_count()
     }
 
     /// The partition for a new job that may go anywhere (no idempotency key).
@@ -70,15 +70,17 @@ impl Routing {
     /// round-robin over all partitions.
     pub fn next_create_partition(&self) -> PartitionId {
         let turn = self.next_create.fetch_add(1, Ordering::Relaxed);
-        let partitions = self.topology.partitions;
+        let partitions = self.topology.partition_count();
         if !self.local_creates {
             return turn % partitions;
         }
-        // The map's order holds while leadership does not change.
+        // The map's order holds while leadership does not change; a
+        // partition still being added takes no work yet.
         let leaders = self.leaders.read().expect("leaders lock");
-        match leaders.len() {
+        let led = || leaders.keys().filter(|p| **p < partitions);
+        match led().count() {
             0 => turn % partitions,
-            led => *leaders.keys().nth(turn as usize % led).expect("within the map"),
+            count => *led().nth(turn as usize % count).expect("within the map"),
         }
     }
 
@@ -131,7 +133,7 @@ impl Routing {
     /// The partitions this node hosts no replica of.
     pub fn remote_partitions(&self) -> Vec<PartitionId> {
         let replicas = self.replicas.read().expect("replicas lock");
-        (0..self.topology.partitions).filter(|p| !replicas.contains_key(p)).collect()
+        (0..self.topology.partition_count()).filter(|p| !replicas.contains_key(p)).collect()
     }
 
     pub fn replica(&self, partition: PartitionId) -> Option<Arc<Replica>> {

@@ -3,6 +3,7 @@
 
 use std::collections::BTreeMap;
 use std::net::SocketAddr;
+use std::sync::atomic::{AtomicU32, Ordering};
 use std::sync::{Arc, RwLock};
 
 use crate::config::NodeConfig;
@@ -10,15 +11,26 @@ use crate::core::{ClusterPlan, Member, PartitionId};
 use crate::placement::Location;
 use crate::raft::NodeId;
 
-/// Who the members are, where they are, and which of them hold each
-/// partition. The partition count, replication factor and this node's own
-/// place never change while the node runs; the members and placement change
-/// with the cluster plan ([`Topology::follow_plan`]).
+/// Who the members are, where they are, which of them hold each partition,
+/// and how many partitions there are. The replication factor and this
+/// node's own place never change while the node runs; the members,
+/// placement and partition count change with the cluster plan
+/// ([`Topology::follow_plan`]).
 pub struct Topology {
     pub node_id: NodeId,
-    pub partitions: u32,
+    /// The partition count the cluster formed with: ordering keys, limited
+    /// queues, schedules and workflows hash over it for good, so they keep
+    /// their partition when partitions are added.
+    pub formed_partitions: u32,
     pub replication_factor: u32,
     shape: RwLock<Shape>,
+    /// Each partition count this node has seen routing new work, with when
+    /// (ms since the epoch, this node's clock) it first did; the first is
+    /// the count formed with, seen at 0.
+    counts: RwLock<Vec<(u32, i64)>>,
+    /// [`Topology::partition_count`], kept apart from the shape's lock for
+    /// the create path.
+    in_force: AtomicU32,
     /// This node's region and zone.
     pub location: Location,
     /// Regions partitions prefer their leaders in (empty: any).
@@ -73,9 +85,11 @@ impl Topology {
         let topology = Topology {
             formed_with,
             node_id: config.node_id,
-            partitions: config.partitions,
+            formed_partitions: config.partitions,
             replication_factor: config.replication_factor,
             shape: RwLock::new(Shape::default()),
+            counts: RwLock::new(vec![(config.partitions, 0)]),
+            in_force: AtomicU32::new(config.partitions),
             balance_leaders: config.balance_leaders,
             location: config.location.clone(),
             leader_regions: config.leader_regions.clone(),
@@ -97,7 +111,12 @@ impl Topology {
             let region = locations.get(&n).map_or("", |l| l.region.as_str());
             self.leader_regions.is_empty() || self.leader_regions.iter().any(|r| r == region)
         });
+        let in_force = plan.as_ref().map_or(self.formed_partitions, |plan| plan.partitions_in_force());
         *self.shape.write().expect("topology lock") = Shape { members, locations, placement, preferred_leaders, plan };
+        // Noted before it routes: a key is never routed by a count without
+        // being looked for under the counts before it.
+        self.note_counts(Vec::new(), in_force, crate::auth::now_ms() as i64);
+        self.in_force.store(in_force, Ordering::Release);
     }
 
     fn shape(&self) -> std::sync::RwLockReadGuard<'_, Shape> {
@@ -152,8 +171,59 @@ impl Topology {
         self.shape().placement.clone()
     }
 
+    /// The partitions new work is routed over (`0..count`): the count the
+    /// cluster formed with until partitions are added, then the plan's count
+    /// in force ([`ClusterPlan::partitions_in_force`]).
     pub fn partition_count(&self) -> u32 {
-        self.partitions
+        self.in_force.load(Ordering::Acquire)
+    }
+
+    /// Every partition the cluster has, those still being added included:
+    /// each has a placement, and its replicas are opened.
+    pub fn all_partitions(&self) -> u32 {
+        self.shape().placement.len() as u32
+    }
+
+    /// Takes the partition counts seen before a restart (as recorded).
+    pub fn recall_counts(&self, recorded: Vec<(u32, i64)>) {
+        self.note_counts(recorded, self.partition_count(), crate::auth::now_ms() as i64);
+    }
+
+    fn note_counts(&self, recorded: Vec<(u32, i64)>, in_force: u32, now_ms: i64) {
+        let mut counts = self.counts.write().expect("counts lock");
+        for (count, since) in recorded.into_iter().chain([(in_force, now_ms)]) {
+            match counts.iter_mut().find(|(c, _)| *c == count) {
+                // The earliest sighting wins: a count seen late is looked
+                // under longer, never shorter.
+                Some((_, seen)) => *seen = (*seen).min(since),
+                None => counts.push((count, since)),
+            }
+        }
+        counts.sort_unstable();
+    }
+
+    /// The partition counts this node has seen route new work, each with
+    /// when it first did (what the data directory records).
+    pub fn counts(&self) -> Vec<(u32, i64)> {
+        self.counts.read().expect("counts lock").clone()
+    }
+
+    /// The partition counts an idempotency key is looked for under at
+    /// `now_ms`, newest first: the count in force, then each older count
+    /// that routed new work within `window` (a key made under it may still
+    /// be remembered where it hashed then).
+    pub fn key_counts(&self, now_ms: i64, window: i64) -> Vec<u32> {
+        let in_force = self.partition_count();
+        let counts = self.counts.read().expect("counts lock");
+        let mut keys = vec![in_force];
+        // A count routed until its successor was first seen here.
+        for pair in counts.windows(2).rev() {
+            let ((older, _), (_, succeeded_at)) = (pair[0], pair[1]);
+            if older < in_force && now_ms.saturating_sub(succeeded_at) <= window {
+                keys.push(older);
+            }
+        }
+        keys
     }
 
     pub fn cluster_size(&self) -> u32 {

@@ -25,6 +25,7 @@ use super::call::Call;
 use super::convert;
 use super::error::ApiError;
 use super::fanout::run_chunk;
+use super::keys;
 use super::listing;
 use super::router;
 use crate::auth::{Principal, Verb};
@@ -60,6 +61,11 @@ impl JobApi {
         let keyless = matches!(&command, Command::Create(job) if !matches!(job.request, Some(RequestId::Key { .. })));
         let partitions = self.ctx.topology.partition_count();
         let principal = Some(&call.principal);
+        if let Some((made_on, result)) =
+            keys::made_under_older_count(&self.ctx, &command, partition, call.deadline).await?
+        {
+            return self.answer_create(made_on, Some(result), started, call.deadline).await;
+        }
         let mut submitted =
             router::submit_as(&self.ctx, principal, partition, vec![command.clone()], call.deadline).await;
         // A create without an idempotency key may be made on any partition:
@@ -78,11 +84,21 @@ impl JobApi {
             partition = home;
             result = router::submit_as(&self.ctx, principal, home, vec![command], call.deadline).await?.pop();
         }
+        self.answer_create(partition, result, started, call.deadline).await
+    }
+
+    async fn answer_create(
+        &self,
+        partition: PartitionId,
+        result: Option<CommandResult>,
+        started: Instant,
+        deadline: Instant,
+    ) -> Result<pb::CreateJobResponse, ApiError> {
         match result {
             Some(CommandResult::Created { key, created, state }) => {
                 tracing::Span::current().record("key", key.0);
                 metrics::histogram!("drover_create_ack_seconds").record(started.elapsed().as_secs_f64());
-                Ok(self.created(partition, key, created, state, call.deadline).await)
+                Ok(self.created(partition, key, created, state, deadline).await)
             }
             Some(CommandResult::Rejected(error)) => Err(error.into()),
             other => Err(ApiError::Internal(format!("unexpected create result {other:?}"))),
@@ -92,13 +108,32 @@ impl JobApi {
     /// Creates a chunk of a create stream's jobs: one answer per request, in order.
     pub async fn create_many(&self, call: &Call, requests: Vec<pb::CreateJobRequest>) -> Vec<pb::CreateJobResponse> {
         let started = Instant::now();
-        let commands: Vec<_> =
+        let mut commands: Vec<_> =
             requests.into_iter().map(|r| self.create_command(&call.principal, r, call.traceparent.clone())).collect();
         let mut partitions: Vec<Option<PartitionId>> =
             commands.iter().map(|c| c.as_ref().ok().map(|(p, _)| *p)).collect();
         let deadline = Instant::now() + self.ctx.settings.request_timeout;
         let sent: Vec<Option<Command>> = commands.iter().map(|c| c.as_ref().ok().map(|(_, c)| c.clone())).collect();
+        // Keys made under an older partition count are answered from there
+        // (nothing to probe while the count never changed).
+        let mut made_before = Vec::new();
+        if self.ctx.topology.partition_count() != self.ctx.topology.formed_partitions {
+            for (i, command) in commands.iter_mut().enumerate() {
+                let Ok((partition, sent)) = command else { continue };
+                match keys::made_under_older_count(&self.ctx, sent, *partition, deadline).await {
+                    Ok(None) => continue,
+                    Ok(Some((made_on, result))) => made_before.push((i, made_on, Ok(result))),
+                    Err(error) => made_before.push((i, *partition, Err(error))),
+                }
+                // Sent nowhere; its answer is filled in below.
+                *command = Err(ApiError::Internal("answered by an older partition".into()));
+            }
+        }
         let mut results = run_chunk(&self.ctx, Some(&call.principal), commands, deadline).await;
+        for (i, made_on, result) in made_before {
+            partitions[i] = Some(made_on);
+            results[i] = result;
+        }
         // A limited queue's jobs are made on its home partition: those
         // creates go there now, in one more round.
         let elsewhere: Vec<(usize, PartitionId)> = results
@@ -413,7 +448,7 @@ impl JobApi {
         principal.require_tenant(&request.tenant_id)?;
         let ctx = &self.ctx;
         let settings = &ctx.settings;
-        let ordering = convert::ordering_partition(&request, ctx.topology.partition_count())?;
+        let ordering = convert::ordering_partition(&request, ctx.topology.formed_partitions)?;
         let job = convert::new_job(request, traceparent, &settings.limits, &settings.dedupe, || {
             ctx.gateway.next_request_id()
         })?;

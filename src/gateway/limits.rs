@@ -28,7 +28,7 @@ impl JobApi {
         principal.require_tenant(&tenant)?;
         require_cluster_version(&self.ctx)?;
         let job_type = request.r#type;
-        let home = limit_home(&tenant, &job_type, self.ctx.topology.partition_count());
+        let home = limit_home(&tenant, &job_type, self.ctx.topology.formed_partitions);
         let limit = request.limit.map(|l| from_proto(l, home)).transpose()?;
         crate::auth::audit(
             principal,

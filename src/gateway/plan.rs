@@ -9,6 +9,7 @@ use super::error::ApiError;
 use super::jobs::JobApi;
 use super::router::submit_as;
 use crate::auth::{CLUSTER_ADMIN, CLUSTER_READ};
+use crate::core::plan::MORE_PARTITIONS;
 use crate::core::{ClusterPlan, Command, CommandResult, Member, PlanChange, PLANS};
 use crate::placement::Location;
 use crate::proto::gateway as pb;
@@ -21,14 +22,14 @@ impl JobApi {
         if self.ctx.transport.peers.versions().cluster_version() >= PLANS {
             let results = submit_as(&self.ctx, Some(&call.principal), 0, vec![Command::GetPlan], call.deadline).await?;
             match results.into_iter().next() {
-                Some(CommandResult::Plan(Some(plan))) => return Ok(to_proto(&plan, true)),
+                Some(CommandResult::Plan(Some(plan))) => return Ok(self.to_proto(&plan, true)),
                 Some(CommandResult::Plan(None)) => {}
                 Some(CommandResult::Rejected(error)) => return Err(error.into()),
                 other => return Err(ApiError::Internal(format!("unexpected answer to a plan read: {other:?}"))),
             }
         }
         let formed = self.starting_plan()?;
-        Ok(to_proto(&formed, formed.epoch > 0))
+        Ok(self.to_proto(&formed, formed.epoch > 0))
     }
 
     pub async fn change_cluster_plan(
@@ -40,6 +41,9 @@ impl JobApi {
         call.principal.require_tenant("*")?;
         super::status::require_cluster_version(&self.ctx, PLANS, "cluster plan changes")?;
         let change = change_from(request)?;
+        if matches!(change, PlanChange::AddPartitions { .. }) {
+            super::status::require_cluster_version(&self.ctx, MORE_PARTITIONS, "adding partitions")?;
+        }
         let initial = Box::new(self.starting_plan()?);
         crate::auth::audit(
             &call.principal,
@@ -51,11 +55,16 @@ impl JobApi {
         match results.into_iter().next() {
             Some(CommandResult::Plan(Some(plan))) => {
                 tracing::info!(epoch = plan.epoch, moves = plan.pending().len(), "cluster plan changed");
-                Ok(to_proto(&plan, true))
+                Ok(self.to_proto(&plan, true))
             }
             Some(CommandResult::Rejected(error)) => Err(error.into()),
             other => Err(ApiError::Internal(format!("unexpected answer to a plan change: {other:?}"))),
         }
+    }
+
+    /// The plan as the API shows it; `changed`: partition 0 holds it.
+    pub fn to_proto(&self, plan: &ClusterPlan, changed: bool) -> pb::ClusterPlan {
+        to_proto(plan, changed, self.ctx.topology.formed_partitions)
     }
 
     /// The plan a first change starts from: the one this node follows, or
@@ -91,7 +100,8 @@ fn change_from(request: pb::ChangeClusterPlanRequest) -> Result<PlanChange, ApiE
     Ok(match request.change {
         None => {
             return Err(ApiError::InvalidArgument(
-                "name a change: add_node, remove_node, replace_node, pause, cancel or max_moves".into(),
+                "name a change: add_node, remove_node, replace_node, pause, cancel, max_moves or add_partitions_to"
+                    .into(),
             ))
         }
         Some(Change::AddNode(node)) => {
@@ -107,12 +117,13 @@ fn change_from(request: pb::ChangeClusterPlanRequest) -> Result<PlanChange, ApiE
         Some(Change::Pause(false)) => PlanChange::Resume,
         Some(Change::Cancel(_)) => PlanChange::Cancel,
         Some(Change::MaxMoves(moves)) => PlanChange::SetMaxMoves(moves),
+        Some(Change::AddPartitionsTo(to)) => PlanChange::AddPartitions { to },
     })
 }
 
 /// The plan as the API shows it; `changed`: partition 0 holds it (not the
-/// member list's).
-pub fn to_proto(plan: &ClusterPlan, changed: bool) -> pb::ClusterPlan {
+/// member list's); `formed_partitions`: the count the cluster formed with.
+pub fn to_proto(plan: &ClusterPlan, changed: bool, formed_partitions: u32) -> pb::ClusterPlan {
     let count = |placement: &[Vec<u64>], node: u64| placement.iter().filter(|nodes| nodes.contains(&node)).count();
     pb::ClusterPlan {
         epoch: plan.epoch,
@@ -136,7 +147,8 @@ pub fn to_proto(plan: &ClusterPlan, changed: bool) -> pb::ClusterPlan {
                 partition_id: p,
                 current: plan.current[p as usize].clone(),
                 target: plan.target[p as usize].clone(),
-                moving: plan.moving(p),
+                moving: plan.moving(p) && !plan.forming(p),
+                forming: plan.forming(p),
             })
             .collect(),
         paused: plan.paused,
@@ -144,5 +156,7 @@ pub fn to_proto(plan: &ClusterPlan, changed: bool) -> pb::ClusterPlan {
         retired: plan.retired.iter().copied().collect(),
         replication_factor: plan.replication_factor,
         changed,
+        partitions_in_force: plan.partitions_in_force(),
+        formed_partitions,
     }
 }

@@ -20,7 +20,6 @@
 //! out after such a failure the answer is DEADLINE_EXCEEDED, "outcome unknown".
 
 use std::collections::{BTreeMap, HashMap};
-use std::future::Future;
 use std::sync::Arc;
 use std::time::{Duration, Instant};
 
@@ -29,19 +28,16 @@ use ractor::rpc::CallResult;
 use super::error::ApiError;
 use crate::auth::{AuthError, Principal, Verb};
 use crate::context::NodeContext;
-use crate::core::{
-    Command, CommandError, CommandResult, ErrorKind, Job, JobFilter, JobKey, JobRef, PartitionId, RequestId,
-};
+use crate::core::{Command, CommandError, CommandResult, ErrorKind, JobKey, PartitionId, RequestId};
 use crate::metrics::stages::{self, Stage};
 use crate::partition::{LeaderMsg, SubmitError};
 
-use crate::proto::cluster::{DescribeRequest, ForwardRequest, ListJobsRequest, ReadEventsRequest};
-use crate::raft::EventsPage;
+use crate::proto::cluster::ForwardRequest;
 use crate::raft::{NodeId, Replica};
-use crate::transport::{Delivered, PeerClient, FORWARDS_ON_STREAMS};
+use crate::transport::{Delivered, FORWARDS_ON_STREAMS};
 
-const FIRST_BACK_OFF: Duration = Duration::from_millis(10);
-const MAX_BACK_OFF: Duration = Duration::from_millis(250);
+pub(super) const FIRST_BACK_OFF: Duration = Duration::from_millis(10);
+pub(super) const MAX_BACK_OFF: Duration = Duration::from_millis(250);
 
 /// The outcome of one attempt on one node.
 enum Attempt<T> {
@@ -530,170 +526,4 @@ fn never_connected(status: &tonic::Status) -> bool {
     false
 }
 
-/// Reads a job from its partition's leader.
-pub async fn describe(ctx: &NodeContext, key: JobKey, deadline: Instant) -> Result<Job, ApiError> {
-    read(ctx, &JobRef::Key(key), None, deadline).await
-}
-
-/// Reads a job from its partition's leader; with `final_by`, the leader
-/// answers once the job is final or at that time, whichever comes first.
-pub async fn read(
-    ctx: &NodeContext,
-    job: &JobRef,
-    final_by: Option<Instant>,
-    deadline: Instant,
-) -> Result<Job, ApiError> {
-    let partition = job.partition(ctx.topology.partition_count());
-    if partition >= ctx.topology.partition_count() {
-        return Err(ApiError::NotFound(format!(
-            "no job with {job} (it names partition {partition}, which does not exist)"
-        )));
-    }
-    let request_bytes: bytes::Bytes = match job {
-        JobRef::Key(_) => Default::default(),
-        JobRef::Request(request) => bincode::serialize(request).map_err(|e| ApiError::Internal(e.to_string()))?.into(),
-    };
-    let key = match job {
-        JobRef::Key(key) => key.0,
-        JobRef::Request(_) => 0,
-    };
-    let wait = || final_by.map_or(Duration::ZERO, |at| at.saturating_duration_since(Instant::now()));
-    let local = |replica: Arc<Replica>| async move {
-        let state = replica.state();
-        let Some(key) = state.resolve(job) else { return Err(no_record(job)) };
-        state.await_final(key, wait()).await?.ok_or_else(|| no_record(job))
-    };
-    let remote = |mut client: PeerClient, timeout: Duration| {
-        let request_bytes = request_bytes.clone();
-        async move {
-            let wait_ms = wait().as_millis() as u64;
-            let mut request =
-                tonic::Request::new(DescribeRequest { partition_id: partition, key, request: request_bytes, wait_ms });
-            request.set_timeout(timeout.max(Duration::from_millis(wait_ms)));
-            let reply = client.describe(request).await.ok()?.into_inner();
-            if reply.code != 0 {
-                return None;
-            }
-            let found: Result<Option<Job>, _> = bincode::deserialize(&reply.job);
-            Some(found.map_err(|e| ApiError::Internal(e.to_string())).and_then(|f| f.ok_or_else(|| no_record(job))))
-        }
-    };
-    on_leader(ctx, partition, deadline, local, remote).await
-}
-
-/// Up to `limit` of a partition's jobs matching `filter` with keys after
-/// `after`, in key order, of `tenants` (empty: every tenant), from its leader.
-pub async fn list(
-    ctx: &NodeContext,
-    partition: PartitionId,
-    (filter, tenants): (&JobFilter, &[String]),
-    after: JobKey,
-    limit: usize,
-    deadline: Instant,
-) -> Result<Vec<Job>, ApiError> {
-    let encoded: bytes::Bytes = bincode::serialize(filter).map_err(|e| ApiError::Internal(e.to_string()))?.into();
-    let max_bytes = ctx.settings.limits.max_request_bytes();
-    let local =
-        |replica: Arc<Replica>| async move { Ok(replica.state().list(filter, tenants, after, limit, max_bytes)?) };
-    let remote = |mut client: PeerClient, timeout: Duration| {
-        let filter = encoded.clone();
-        async move {
-            let mut request = tonic::Request::new(ListJobsRequest {
-                partition_id: partition,
-                filter,
-                after: after.0,
-                limit: limit as u32,
-                tenants: tenants.to_vec(),
-            });
-            request.set_timeout(timeout);
-            let reply = client.list_jobs(request).await.ok()?.into_inner();
-            if reply.code != 0 {
-                return None;
-            }
-            let jobs: Result<Vec<Job>, _> = bincode::deserialize(&reply.jobs);
-            Some(jobs.map_err(|e| ApiError::Internal(e.to_string())))
-        }
-    };
-    on_leader(ctx, partition, deadline, local, remote).await
-}
-
-/// Up to about `limit` of a partition's lifecycle events after log index
-/// `after`, from its leader.
-pub async fn events(
-    ctx: &NodeContext,
-    partition: PartitionId,
-    after: u64,
-    limit: usize,
-    deadline: Instant,
-) -> Result<EventsPage, ApiError> {
-    let local = |replica: Arc<Replica>| async move { Ok(replica.state().events(after, limit)?) };
-    let remote = |mut client: PeerClient, timeout: Duration| async move {
-        let mut request =
-            tonic::Request::new(ReadEventsRequest { partition_id: partition, after, limit: limit as u32 });
-        request.set_timeout(timeout);
-        let reply = client.read_events(request).await.ok()?.into_inner();
-        if reply.code != 0 {
-            return None;
-        }
-        let page: Result<EventsPage, _> = bincode::deserialize(&reply.page);
-        Some(page.map_err(|e| ApiError::Internal(e.to_string())))
-    };
-    on_leader(ctx, partition, deadline, local, remote).await
-}
-
-/// Runs a read on a partition's leader: on this node's replica when this
-/// node leads the partition, else on the node the leader hints name (`remote`
-/// answers `None` when that node did not lead it), backing off until
-/// `deadline`, then UNAVAILABLE.
-async fn on_leader<T, L, LF, R, RF>(
-    ctx: &NodeContext,
-    partition: PartitionId,
-    deadline: Instant,
-    local: L,
-    remote: R,
-) -> Result<T, ApiError>
-where
-    L: Fn(Arc<Replica>) -> LF,
-    LF: Future<Output = Result<T, ApiError>>,
-    R: Fn(PeerClient, Duration) -> RF,
-    RF: Future<Output = Option<Result<T, ApiError>>>,
-{
-    let started = Instant::now();
-    let mut back_off = FIRST_BACK_OFF;
-    let mut rotation = 0usize;
-    loop {
-        if ctx.routing.local_leader(partition).is_some() {
-            if let Some(replica) = ctx.routing.replica(partition) {
-                return local(replica).await;
-            }
-        }
-        let target = ctx.routing.leader_hint(partition, rotation);
-        rotation += 1;
-        if let Some(node) = target.filter(|n| *n != ctx.topology.node_id) {
-            if let Some(client) = ctx.transport.peers.client(node) {
-                let timeout = deadline.saturating_duration_since(Instant::now()).max(Duration::from_millis(1));
-                if let Some(result) = remote(client, timeout).await {
-                    return result;
-                }
-            }
-        }
-        if Instant::now() + back_off >= deadline {
-            return Err(ApiError::no_leader(partition, started.elapsed().as_millis()));
-        }
-        ctx.routing.back_off_for_leader(partition, back_off).await;
-        back_off = (back_off * 2).min(MAX_BACK_OFF);
-    }
-}
-
-/// NOT_FOUND for a job whose partition exists but holds no record of it.
-fn no_record(job: &JobRef) -> ApiError {
-    match job {
-        JobRef::Key(key) => ApiError::NotFound(format!(
-            "no job with key {key} (records of completed and cancelled jobs are kept only for the retention period)"
-        )),
-        JobRef::Request(request) => ApiError::NotFound(format!(
-            "no job for {request} (a key names its job only within its idempotency window, and records of \
-             completed and cancelled jobs are kept only for the retention period)"
-        )),
-    }
-}
+pub use super::reads::{describe, events, list, read};

@@ -35,7 +35,7 @@ impl JobApi {
             "put_schedule",
             serde_json::json!({"name": spec.name, "tenant": spec.tenant, "expression": spec.expression}),
         );
-        let partition = schedule_partition(&spec.tenant, &spec.name, self.ctx.topology.partition_count());
+        let partition = schedule_partition(&spec.tenant, &spec.name, self.ctx.topology.formed_partitions);
         let command = Command::PutSchedule { spec: Arc::new(spec), by: principal.name.clone() };
         match self.run(call, partition, command).await? {
             CommandResult::ScheduleSet { schedule, created } => {
@@ -58,7 +58,7 @@ impl JobApi {
         call.principal.require_some(Verb::Read)?;
         let (tenant, name) = self.named(call, &request.tenant_id, &request.name)?;
         require_cluster_version(&self.ctx)?;
-        let partition = schedule_partition(&tenant, &name, self.ctx.topology.partition_count());
+        let partition = schedule_partition(&tenant, &name, self.ctx.topology.formed_partitions);
         let command = Command::ListSchedules { tenants: vec![tenant.clone()] };
         let CommandResult::Schedules(all) = self.run(call, partition, command).await? else {
             return Err(ApiError::Internal("a schedule read was answered with something else".into()));
@@ -107,7 +107,7 @@ impl JobApi {
         let (tenant, name) = self.named(call, &request.tenant_id, &request.name)?;
         require_cluster_version(&self.ctx)?;
         crate::auth::audit(&call.principal, "delete_schedule", serde_json::json!({"name": name, "tenant": tenant}));
-        let partition = schedule_partition(&tenant, &name, self.ctx.topology.partition_count());
+        let partition = schedule_partition(&tenant, &name, self.ctx.topology.formed_partitions);
         let command = Command::DeleteSchedule { tenant, name };
         self.one_schedule(call, partition, command).await
     }
@@ -123,7 +123,7 @@ impl JobApi {
         require_cluster_version(&self.ctx)?;
         let what = if request.paused { "pause_schedule" } else { "resume_schedule" };
         crate::auth::audit(&call.principal, what, serde_json::json!({"name": name, "tenant": tenant}));
-        let partition = schedule_partition(&tenant, &name, self.ctx.topology.partition_count());
+        let partition = schedule_partition(&tenant, &name, self.ctx.topology.formed_partitions);
         let command = Command::SetSchedulePaused { tenant, name, paused: request.paused };
         self.one_schedule(call, partition, command).await
     }

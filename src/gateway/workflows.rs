@@ -42,7 +42,7 @@ impl JobApi {
             "create_workflow",
             serde_json::json!({"id": spec.id, "tenant": spec.tenant, "kind": spec.kind.as_str()}),
         );
-        let partition = workflow_partition(&spec.tenant, &spec.id, self.ctx.topology.partition_count());
+        let partition = workflow_partition(&spec.tenant, &spec.id, self.ctx.topology.formed_partitions);
         let max_payload_bytes = self.ctx.settings.limits.max_payload_bytes as u64;
         let command = Command::CreateWorkflow { spec: Arc::new(spec), by: principal.name.clone(), max_payload_bytes };
         let workflow = self.one_workflow(call, partition, command).await?;
@@ -62,7 +62,7 @@ impl JobApi {
         call.principal.require_some(Verb::Read)?;
         let (tenant, id) = named(call, &request.tenant_id, &request.id)?;
         require_cluster_version(&self.ctx)?;
-        let partition = workflow_partition(&tenant, &id, self.ctx.topology.partition_count());
+        let partition = workflow_partition(&tenant, &id, self.ctx.topology.formed_partitions);
         let command = Command::GetWorkflow { tenant: tenant.clone(), id: id.clone() };
         let found = self.run(call, partition, command).await;
         match found {
@@ -121,7 +121,7 @@ impl JobApi {
         let (tenant, id) = named(call, &request.tenant_id, &request.id)?;
         require_cluster_version(&self.ctx)?;
         crate::auth::audit(&call.principal, "cancel_workflow", serde_json::json!({"id": id, "tenant": tenant}));
-        let partition = workflow_partition(&tenant, &id, self.ctx.topology.partition_count());
+        let partition = workflow_partition(&tenant, &id, self.ctx.topology.formed_partitions);
         // Names this call: a resend of it after a lost answer is answered as done.
         let request = rand::random::<u64>().max(1);
         let command = Command::CancelWorkflow { tenant, id, by: call.principal.name.clone(), request };

@@ -16,6 +16,8 @@ const RECORD: &str = "cluster.json";
 /// The cluster plan this node last followed, once the plan was changed: its
 /// members and placement replace the member list's at the next start.
 const PLAN: &str = "plan.json";
+/// The partition counts this node has seen in force.
+const COUNTS: &str = "partition_counts.json";
 
 /// The layout of the records in the database. Raised whenever a stored record
 /// changes shape; a node refuses a data directory of another format rather
@@ -150,7 +152,22 @@ pub enum Join {
 
 /// The cluster plan this node last followed, if the plan was ever changed.
 pub fn read_plan(dir: &Path) -> anyhow::Result<Option<crate::core::ClusterPlan>> {
-    let path = dir.join(PLAN);
+    read_json(dir, PLAN)
+}
+
+/// The partition counts this node has seen in force, each with when it
+/// first saw it (see [`crate::context::Topology::key_counts`]).
+pub fn read_counts(dir: &Path) -> anyhow::Result<Option<Vec<(u32, i64)>>> {
+    read_json(dir, COUNTS)
+}
+
+/// Records the partition counts seen, durably.
+pub fn record_counts(dir: &Path, counts: &[(u32, i64)]) -> anyhow::Result<()> {
+    write_durably(dir, COUNTS, serde_json::to_string(counts)?.as_bytes())
+}
+
+fn read_json<T: serde::de::DeserializeOwned>(dir: &Path, name: &str) -> anyhow::Result<Option<T>> {
+    let path = dir.join(name);
     match std::fs::read_to_string(&path) {
         Ok(text) => Ok(Some(serde_json::from_str(&text).with_context(|| format!("reading {}", path.display()))?)),
         Err(e) if e.kind() == std::io::ErrorKind::NotFound => Ok(None),

@@ -12,7 +12,12 @@
 //! - and, for each partition this node leads that the plan may move now,
 //!   drives its voters to the plan's target: the new replicas are added as
 //!   learners and caught up, then one joint-consensus change makes the
-//!   target the voters, and the partition reports its voters to the plan.
+//!   target the voters, and the partition reports its voters to the plan;
+//! - a partition being added forms on the nodes the plan places it on; its
+//!   leader copies partition 0's registrations into it and reports its
+//!   voters, and once every new partition has, the count routes work to
+//!   them. The counts seen are recorded, for idempotency keys
+//!   ([`crate::context::Topology::key_counts`]).
 //!
 //! Every step is idempotent: whichever node leads a partition after a crash
 //! takes up from what the plan and the group's own membership say.
@@ -44,6 +49,9 @@ const HAND_OVER_WITHIN: Duration = Duration::from_secs(15);
 /// How long a node placed on a partition may take to open its replica (it
 /// must be running, and have learned the plan) before the move is tried again.
 const OPEN_WITHIN: Duration = Duration::from_secs(30);
+/// How long after a new partition's report it copies partition 0's
+/// registrations again: gateways learn a plan within [`LOOK_EVERY`].
+const ADOPT_AGAIN_AFTER: Duration = Duration::from_secs(2);
 /// How long a report of a partition's voters may take.
 const REPORT_WITHIN: Duration = Duration::from_secs(5);
 
@@ -67,6 +75,7 @@ pub(super) async fn follow_plan(
     status: LoopStatus,
 ) {
     let mut driving = Driving::new();
+    let mut recorded_counts = data_dir::read_counts(&hosting.data_dir).ok().flatten().unwrap_or_default();
     loop {
         if let Some(plan) = newest_plan(&ctx).await {
             if ctx.topology.follow_plan(&plan) {
@@ -81,6 +90,14 @@ pub(super) async fn follow_plan(
                     status.error(format!("recording cluster plan epoch {}: {e:#}", plan.epoch));
                 }
                 tracing::info!(epoch = plan.epoch, members = ?plan.members.keys().collect::<Vec<_>>(), "following the cluster plan");
+            }
+            let counts = ctx.topology.counts();
+            if counts != recorded_counts {
+                tracing::info!(partitions = ctx.topology.partition_count(), "new work is routed over more partitions");
+                match data_dir::record_counts(&hosting.data_dir, &counts) {
+                    Ok(()) => recorded_counts = counts,
+                    Err(e) => status.error(format!("recording the partition counts seen: {e:#}")),
+                }
             }
         }
         match ctx.topology.plan() {
@@ -152,7 +169,7 @@ async fn newest_plan(ctx: &NodeContext) -> Option<ClusterPlan> {
 async fn host(ctx: &Arc<NodeContext>, hosting: &Hosting, plan: &ClusterPlan) -> Option<String> {
     let me = ctx.topology.node_id;
     let mut problems = Vec::new();
-    for partition in 0..ctx.topology.partitions {
+    for partition in 0..plan.partitions() {
         let wanted = plan.hosts(partition).contains(&me);
         match (wanted, ctx.routing.replica(partition)) {
             (true, None) => {
@@ -175,7 +192,13 @@ async fn open(
 ) -> anyhow::Result<()> {
     let me = ctx.topology.node_id;
     let voter = plan.current.get(partition as usize).is_some_and(|v| v.contains(&me));
-    let formation = if voter { hosting.formation } else { Formation::Joining };
+    let formation = match (voter, plan.forming(partition)) {
+        (true, _) => hosting.formation,
+        // A partition being added forms from its placement, here as on
+        // each of its nodes (the same configuration everywhere).
+        (false, true) => Formation::New,
+        (false, false) => Formation::Joining,
+    };
     let group: BTreeMap<NodeId, String> =
         plan.hosts(partition).into_iter().filter_map(|n| plan.members.get(&n).map(|m| (n, m.addr.clone()))).collect();
     let replica = Replica::start(
@@ -251,6 +274,11 @@ fn drive(ctx: &Arc<NodeContext>, plan: &ClusterPlan, driving: &mut Driving) {
     for replica in ctx.routing.replicas() {
         let partition = replica.partition;
         if driving.contains_key(&partition) || !replica.leadership().is_leader {
+            continue;
+        }
+        // Partitions being added form together: the first one's leader
+        // brings them all in.
+        if plan.forming(partition) && partition != plan.partitions_in_force() {
             continue;
         }
         let members = replica.membership();
@@ -351,11 +379,43 @@ async fn drive_partition(ctx: &NodeContext, replica: &Replica, plan: &ClusterPla
             "partition {partition} has its new voters"
         );
     }
+    let forming: Vec<PartitionId> = (0..plan.partitions()).filter(|p| plan.forming(*p)).collect();
+    for new in &forming {
+        // Each one commits (it has formed and has a leader) and copies
+        // partition 0's registrations before any takes work.
+        adopt(ctx, *new).await?;
+    }
     let voters = replica.membership().voters;
     let deadline = Instant::now() + REPORT_WITHIN;
     let report = Command::ReportVoters { partition, voters };
     crate::gateway::router::submit(ctx, 0, vec![report], deadline)
         .await
-        .map(|_| ())
-        .map_err(|e| format!("reporting the voters of partition {partition} to the plan: {e}"))
+        .map_err(|e| format!("reporting the voters of partition {partition} to the plan: {e}"))?;
+    if !forming.is_empty() {
+        tracing::info!(partitions = ?forming, "the partitions added have formed and take work");
+        // Once more after every gateway has learned the new count: what a
+        // gateway sent only to the partitions it knew meanwhile.
+        tokio::time::sleep(ADOPT_AGAIN_AFTER).await;
+        for new in &forming {
+            adopt(ctx, *new).await?;
+        }
+    }
+    Ok(())
+}
+
+/// Copies partition 0's registrations into `partition`, being added, before
+/// it takes work: what gateways sent to every partition before it existed.
+async fn adopt(ctx: &NodeContext, partition: PartitionId) -> Result<(), String> {
+    let deadline = Instant::now() + OPEN_WITHIN;
+    let read = crate::gateway::router::submit(ctx, 0, vec![Command::GetAdoptable], deadline).await;
+    let adoptable = match read.map_err(|e| e.to_string())?.pop() {
+        Some(crate::core::CommandResult::Adoptable(adoptable)) => adoptable,
+        other => return Err(format!("reading partition 0's registrations: unexpected answer {other:?}")),
+    };
+    let (sessions, schemas) = (adoptable.sessions.len(), adoptable.schemas.len());
+    crate::gateway::router::submit(ctx, partition, vec![Command::Adopt(adoptable)], deadline)
+        .await
+        .map_err(|e| format!("copying partition 0's registrations into partition {partition}: {e}"))?;
+    tracing::info!(partition, sessions, schemas, "partition {partition} took partition 0's registrations");
+    Ok(())
 }

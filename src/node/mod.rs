@@ -242,17 +242,20 @@ impl Node {
         crate::raft::clear_staged_backups(&raft_settings.snapshot_dir)
             .with_context(|| format!("clearing staged backups in {}", raft_settings.snapshot_dir.display()))?;
         let mut replicas = std::collections::BTreeMap::new();
-        for partition in 0..config.partitions {
-            let hosts = &placement[partition as usize];
+        for (partition, hosts) in (0..).zip(&placement) {
             if !hosts.contains(&config.node_id) {
                 continue;
             }
             let group = hosts.iter().map(|id| (*id, members[id].clone())).collect();
             // A replica the plan placed here that is not yet among its
-            // group's voters is a newcomer: copied from its leader.
-            let newcomer = plan.as_ref().is_some_and(|plan| {
-                !plan.current.get(partition as usize).is_some_and(|voters| voters.contains(&config.node_id))
-            });
+            // group's voters is a newcomer, copied from its leader; a
+            // partition being added forms from its placement, as before the
+            // restart (a no-op with Raft state here).
+            let formation = match plan.as_ref() {
+                Some(plan) if plan.forming(partition) => Formation::New,
+                Some(plan) if !plan.current[partition as usize].contains(&config.node_id) => Formation::Joining,
+                _ => formation,
+            };
             let replica = Replica::start(
                 partition,
                 config.node_id,
@@ -260,7 +263,7 @@ impl Node {
                 Arc::clone(&store),
                 peers.clone(),
                 &raft_settings,
-                if newcomer { Formation::Joining } else { formation },
+                formation,
             )
             .await
             .with_context(|| format!("starting partition {partition}"))?;
@@ -291,6 +294,9 @@ impl Node {
         if let Some(plan) = &plan {
             topology.follow_plan(plan);
         }
+        // The counts seen before the restart: idempotency keys made under
+        // an older count are still looked for where they hashed then.
+        topology.recall_counts(data_dir::read_counts(&config.data_dir)?.unwrap_or_default());
         let ctx = Arc::new(NodeContext::new(
             &config,
             topology,

@@ -39,7 +39,7 @@ impl Ojs {
     ) -> Result<(), OjsError> {
         let tenant = call.scope();
         let name = (tenant.clone(), queue.to_string());
-        let home = limit_home(&tenant, queue, self.ctx.topology.partition_count());
+        let home = limit_home(&tenant, queue, self.ctx.topology.formed_partitions);
         let known = {
             let known = self.limits.lock().expect("limits lock");
             known.get(&name).filter(|(_, at)| at.elapsed() < KNOWN_FOR).map(|(limit, _)| *limit)

@@ -114,7 +114,10 @@ impl SharedState {
     pub fn resolve(&self, job: &JobRef) -> Option<JobKey> {
         match job {
             JobRef::Key(key) => Some(*key),
-            JobRef::Request(request) => self.lock().engine.request(request).map(|seen| seen.job),
+            // An entry with counter 0 names no job, only where the key went.
+            JobRef::Request(request) => {
+                self.lock().engine.request(request).map(|seen| seen.job).filter(|key| key.counter() != 0)
+            }
         }
     }
 

@@ -1,0 +1,188 @@
+//! More partitions in a running cluster, on real processes: three nodes
+//! grow from three partitions to six while keyless and keyed creates run.
+//! The new partitions form, take keyless creates through every gateway and
+//! hold the schema set before they existed; jobs made before stay where
+//! they are; and no idempotency key, repeated before, during and after the
+//! change, ever makes a second job.
+
+mod common;
+
+use std::collections::{BTreeMap, BTreeSet};
+use std::time::Duration;
+
+use common::{eventually, run_drover, ProcessCluster};
+use drover::client::leaders::partition_of;
+use drover::client::Client;
+use drover::proto::gateway::{CreateJobRequest, GetClusterPlanRequest, SetSchemaRequest};
+use tokio::sync::watch;
+
+const FAST_RAFT: &[&str] = &["--heartbeat-ms", "50", "--election-timeout-ms", "300"];
+
+fn keyed(key: &str) -> CreateJobRequest {
+    CreateJobRequest {
+        r#type: "grow".into(),
+        variables: format!(r#"{{"key":"{key}"}}"#),
+        idempotency_key: key.into(),
+        ..Default::default()
+    }
+}
+
+/// Creates `key` through `client`, retrying what is safe to retry, and
+/// answers the job it names.
+async fn create_keyed(client: &Client, key: &str) -> u64 {
+    let mut last = None;
+    for _ in 0..50 {
+        match tokio::time::timeout(Duration::from_secs(5), client.create(keyed(key))).await {
+            Ok(Ok(job)) => return job,
+            Ok(Err(status)) if status.code() == tonic::Code::InvalidArgument => panic!("{key}: {status:?}"),
+            Ok(Err(status)) => last = Some(format!("{status:?}")),
+            Err(_) => last = Some("timed out".into()),
+        }
+        tokio::time::sleep(Duration::from_millis(100)).await;
+    }
+    panic!("idempotency key {key} could not be created: {last:?}");
+}
+
+/// Keyed creates until told to stop, each key twice (the second a repeat
+/// through another gateway); answers every (key, job) seen.
+fn keyed_until(clients: Vec<Client>, stop: watch::Receiver<bool>) -> tokio::task::JoinHandle<Vec<(String, u64)>> {
+    tokio::spawn(async move {
+        let mut seen = Vec::new();
+        let mut n = 0usize;
+        while !*stop.borrow() {
+            n += 1;
+            let key = format!("during-{n}");
+            seen.push((key.clone(), create_keyed(&clients[n % clients.len()], &key).await));
+            seen.push((key.clone(), create_keyed(&clients[(n + 1) % clients.len()], &key).await));
+        }
+        seen
+    })
+}
+
+/// Keyless creates through every gateway until told to stop; answers the
+/// keys acknowledged.
+fn keyless_until(clients: Vec<Client>, stop: watch::Receiver<bool>) -> tokio::task::JoinHandle<Vec<u64>> {
+    tokio::spawn(async move {
+        let mut acknowledged = Vec::new();
+        let mut n = 0usize;
+        while !*stop.borrow() {
+            n += 1;
+            let create = clients[n % clients.len()].create_job("grow", r#"{"keyless":true}"#);
+            if let Ok(Ok(key)) = tokio::time::timeout(Duration::from_secs(5), create).await {
+                acknowledged.push(key);
+            }
+            tokio::time::sleep(Duration::from_millis(5)).await;
+        }
+        acknowledged
+    })
+}
+
+/// Each key names one job, whichever gateway and whenever it was sent.
+fn assert_one_job_per_key(seen: &[(String, u64)]) {
+    let mut jobs: BTreeMap<&str, BTreeSet<u64>> = BTreeMap::new();
+    for (key, job) in seen {
+        jobs.entry(key).or_default().insert(*job);
+    }
+    let twice: Vec<_> = jobs.iter().filter(|(_, jobs)| jobs.len() > 1).collect();
+    assert!(twice.is_empty(), "idempotency keys that made two jobs: {twice:?}");
+}
+
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn three_partitions_become_six_while_keyless_and_keyed_creates_run() {
+    let locations = ["r/z0", "r/z1", "r/z2"];
+    let mut args = FAST_RAFT.to_vec();
+    args.extend(["--idempotency-window-secs", "600"]);
+    let cluster = ProcessCluster::start_located(3, 3, 3, &args, &locations, &|_, _, port| format!("127.0.0.1:{port}"));
+    cluster.wait_ready().await;
+    let mut clients = Vec::new();
+    for id in 0..3 {
+        clients.push(cluster.node(id).client().await);
+    }
+    let admin = &clients[0];
+    let schema = r#"{"type":"object","required":["ok"]}"#;
+    admin
+        .raw()
+        .set_schema(SetSchemaRequest { r#type: "strict".into(), schema: schema.into() })
+        .await
+        .expect("a schema is set");
+
+    // Keys made before the change, and where they are.
+    let mut seen = Vec::new();
+    for n in 0..60 {
+        let key = format!("before-{n}");
+        seen.push((key.clone(), create_keyed(&clients[n % 3], &key).await));
+    }
+    let before: Vec<u64> = seen.iter().map(|(_, job)| *job).collect();
+    assert!(before.iter().all(|job| partition_of(*job) < 3));
+
+    let (stop, stopped) = watch::channel(false);
+    let keyless = keyless_until(clients.clone(), stopped.clone());
+    let keyed = keyed_until(clients.clone(), stopped);
+
+    let (ok, out, err) = run_drover(
+        &["cluster", "add-partitions", "--to", "6", "--wait", "60", "--address", &cluster.node(1).grpc],
+        &[],
+    )
+    .await;
+    assert!(ok, "add-partitions: {out}\n{err}");
+    assert!(out.contains("partitions 3 to 5: planned"), "{out}");
+    let plan = admin.raw().get_cluster_plan(GetClusterPlanRequest {}).await.expect("the plan reads").into_inner();
+    assert_eq!((plan.partitions.len(), plan.partitions_in_force, plan.formed_partitions), (6, 6, 3), "{plan:?}");
+    for partition in &plan.partitions[3..] {
+        assert_eq!(partition.current.len(), 3, "a new partition's voters: {partition:?}");
+        assert!(!partition.forming && !partition.moving, "{partition:?}");
+    }
+    for id in 0..3 {
+        eventually(Duration::from_secs(10), "every gateway to route over six partitions", || async {
+            let topology = cluster.node(id).client().await.topology().await;
+            topology.is_ok_and(|t| t.partitions_count == 6)
+        })
+        .await;
+    }
+
+    // The keys made before are still answered by their first jobs, through
+    // every gateway; so are those made while the count changed.
+    for (n, (key, job)) in seen.clone().iter().enumerate() {
+        assert_eq!(create_keyed(&clients[(n + 1) % 3], key).await, *job, "{key} made a second job");
+    }
+    // Keyless creates reach the new partitions, through every gateway.
+    eventually(Duration::from_secs(30), "keyless creates to land on partitions 3 to 5", || async {
+        let mut reached = BTreeSet::new();
+        for client in &clients {
+            for _ in 0..6 {
+                if let Ok(job) = client.create_job("grow", "{}").await {
+                    reached.insert(partition_of(job));
+                }
+            }
+        }
+        (3..6).all(|p| reached.contains(&p))
+    })
+    .await;
+    // The schema set before the new partitions existed holds on them.
+    for client in &clients {
+        for _ in 0..6 {
+            let refused = client.create_job("strict", "{}").await.expect_err("the schema refuses it");
+            assert_eq!(refused.code(), tonic::Code::InvalidArgument, "{refused:?}");
+        }
+    }
+    // New keys spread over the new partitions too.
+    let mut after = Vec::new();
+    for n in 0..60 {
+        let key = format!("after-{n}");
+        after.push((key.clone(), create_keyed(&clients[n % 3], &key).await));
+    }
+    assert!(after.iter().any(|(_, job)| partition_of(*job) >= 3), "no new key hashed to a new partition");
+
+    stop.send(true).unwrap();
+    let made = keyless.await.unwrap();
+    seen.extend(keyed.await.unwrap());
+    seen.extend(after);
+    assert!(seen.iter().any(|(key, _)| key.starts_with("during-")), "keyed creates ran during the change");
+    assert_one_job_per_key(&seen);
+    for job in made.iter().chain(seen.iter().map(|(_, job)| job)) {
+        let found = admin.get_job(*job).await;
+        assert!(found.is_ok(), "acknowledged job {job} is lost: {found:?}");
+    }
+    let moved: Vec<_> = before.iter().filter(|job| partition_of(**job) >= 3).collect();
+    assert!(moved.is_empty(), "existing jobs stay where they are: {moved:?}");
+}
