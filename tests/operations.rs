@@ -172,6 +172,32 @@ fn helm_chart_grows_a_cluster_through_the_plan_keeping_the_member_list_it_formed
 }
 
 #[test]
+fn helm_chart_adds_partitions_after_the_pods_are_up_only_when_the_target_is_above_the_count() {
+    let render = |set: &str| {
+        let mut template = Command::new(tool("helm"));
+        template.args(["template", "drover", "--namespace", "jobs"]).arg(repo("helm/drover")).args(["--set", set]);
+        documents(&run(template))
+    };
+    let names = |docs: &[Value]| -> Vec<String> {
+        kind(docs, "Job").iter().map(|j| j["metadata"]["name"].as_str().unwrap().to_string()).collect()
+    };
+    let unchanged = render("tls.enabled=false,partitionsTarget=3");
+    assert!(!names(&unchanged).iter().any(|n| n.ends_with("-partitions")), "{:?}", names(&unchanged));
+    let docs = render("tls.enabled=false,partitionsTarget=6");
+    let jobs = kind(&docs, "Job");
+    let job = jobs.iter().find(|j| j["metadata"]["name"].as_str().unwrap().ends_with("-partitions")).expect("a job");
+    assert_eq!(job["metadata"]["annotations"]["helm.sh/hook"].as_str(), Some("post-upgrade"));
+    let container = &job["spec"]["template"]["spec"]["containers"][0];
+    let args: Vec<&str> = container["args"].as_sequence().unwrap().iter().map(|a| a.as_str().unwrap()).collect();
+    assert_eq!(&args[..4], ["cluster", "add-partitions", "--to", "6"]);
+    let set = kind(&docs, "StatefulSet")[0];
+    let pod = &set["spec"]["template"]["spec"]["containers"][0];
+    assert_eq!(env_of(pod, "DROVER_PARTITIONS"), Some("3"), "pods keep the count the cluster formed with");
+    let help = std::process::Command::new(common::drover_bin()).args(["cluster", "add-partitions", "--help"]).output();
+    assert!(String::from_utf8_lossy(&help.unwrap().stdout).contains("--wait"));
+}
+
+#[test]
 fn helm_chart_schedules_backups_into_a_named_claim_or_a_bucket_when_asked() {
     let helm = tool("helm");
     let chart = repo("helm/drover");
