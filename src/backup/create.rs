@@ -61,6 +61,10 @@ pub async fn create(client: &Client, destination: &Destination, id: &str) -> any
         drover_version: env!("CARGO_PKG_VERSION").to_string(),
         cluster_version: u16::try_from(started.cluster_version).context("the cluster version is out of range")?,
         partitions_count: started.partitions_count,
+        formed_partitions: match started.formed_partitions {
+            formed if formed == started.partitions_count => 0,
+            formed => formed,
+        },
         replication_factor: started.replication_factor,
         cluster_size: started.cluster_size,
         parts,

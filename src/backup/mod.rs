@@ -50,13 +50,28 @@ pub struct Manifest {
     /// The cluster version it was taken at; a restored cluster starts there.
     pub cluster_version: u16,
     pub partitions_count: u32,
+    /// The partition count the cluster formed with, when partitions were
+    /// added since (0: `partitions_count`, as before partitions could be).
+    #[serde(default, skip_serializing_if = "is_zero")]
+    pub formed_partitions: u32,
     pub replication_factor: u32,
     pub cluster_size: u32,
     /// One per partition, by partition id.
     pub parts: Vec<PartitionBackup>,
 }
 
+fn is_zero(n: &u32) -> bool {
+    *n == 0
+}
+
 impl Manifest {
+    /// The partition count the backed-up cluster formed with.
+    pub fn formed_partitions(&self) -> u32 {
+        match self.formed_partitions {
+            0 => self.partitions_count,
+            formed => formed,
+        }
+    }
     /// The jobs (live and final) the backup holds.
     pub fn records(&self) -> u64 {
         self.parts.iter().map(|p| p.records).sum()

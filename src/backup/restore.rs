@@ -17,6 +17,7 @@ use anyhow::{bail, Context as _};
 
 use super::{Destination, Manifest};
 use crate::config::NodeConfig;
+use crate::core::{ClusterPlan, Member, PlanChange};
 use crate::node::{data_dir, Layout};
 use crate::raft::PartitionBackup;
 
@@ -76,12 +77,18 @@ pub async fn verify(destination: &Destination, id: &str) -> anyhow::Result<Verif
 /// new cluster is restored so, then started. Returns the jobs restored here.
 pub async fn restore(destination: &Destination, id: &str, config: &NodeConfig) -> anyhow::Result<u64> {
     let manifest = destination.manifest(id).await?;
-    if manifest.partitions_count != config.partitions {
+    if manifest.formed_partitions() != config.partitions {
         bail!(
-            "backup {id} holds {} partitions; restore it into a cluster of {} partitions (--partitions), as a job's \
-             key names its partition",
-            manifest.partitions_count,
-            manifest.partitions_count
+            "backup {id} is of a cluster formed with {} partitions; restore it into a cluster of {} partitions \
+             (--partitions), as a job's key names its partition{}",
+            manifest.formed_partitions(),
+            manifest.formed_partitions(),
+            match manifest.partitions_count {
+                count if count != manifest.formed_partitions() => {
+                    format!(" (the {count} it had when backed up are restored: partitions were added to it)")
+                }
+                _ => String::new(),
+            }
         );
     }
     let dir = &config.data_dir;
@@ -100,8 +107,11 @@ pub async fn restore(destination: &Destination, id: &str, config: &NodeConfig) -
         _ => {}
     }
     std::fs::create_dir_all(&staging).with_context(|| format!("creating {}", staging.display()))?;
-    let layout = Layout::of(config, &config.cluster_addr.to_string());
-    let restored = match fill(destination, &manifest, config, &layout, &staging).await {
+    let (layout, plan) = restored_layout(config, &manifest);
+    if let Some(plan) = &plan {
+        data_dir::record_plan(&staging, plan)?;
+    }
+    let restored = match fill(destination, &manifest, config, (&layout, plan.as_ref()), &staging).await {
         Ok(restored) => restored,
         Err(e) => {
             let _ = std::fs::remove_dir_all(&staging);
@@ -117,12 +127,40 @@ pub async fn restore(destination: &Destination, id: &str, config: &NodeConfig) -
     Ok(restored)
 }
 
+/// Where the new cluster's partitions go: its member list's placement; and,
+/// when the backed-up cluster had partitions added, a cluster plan placing
+/// the added ones too (by the same rules, the same on every node), which
+/// partition 0 keeps and every node follows from its start.
+fn restored_layout(config: &NodeConfig, manifest: &Manifest) -> (Layout, Option<ClusterPlan>) {
+    let cluster_addr = config.cluster_addr.to_string();
+    let layout = Layout::of(config, &cluster_addr);
+    if manifest.partitions_count == config.partitions {
+        return (layout, None);
+    }
+    let members = layout
+        .members
+        .iter()
+        .map(|(n, addr)| {
+            let at = config.locations.get(n).cloned().unwrap_or_default();
+            (*n, Member { addr: addr.clone(), region: at.region, zone: at.zone })
+        })
+        .collect();
+    let formed = ClusterPlan::initial(members, layout.placement.clone(), config.replication_factor);
+    let grown = formed
+        .changed(&PlanChange::AddPartitions { to: manifest.partitions_count })
+        .expect("more partitions than the cluster formed with, none forming");
+    let first_added = config.partitions as usize;
+    let plan =
+        grown.reported(config.partitions, &grown.target[first_added].clone()).expect("the added partitions form");
+    (Layout::planned(config, &cluster_addr, Some(&plan)), Some(plan))
+}
+
 /// Writes the partitions this node hosts into a database in `staging`.
 async fn fill(
     destination: &Destination,
     manifest: &Manifest,
     config: &NodeConfig,
-    layout: &Layout,
+    (layout, plan): (&Layout, Option<&ClusterPlan>),
     staging: &Path,
 ) -> anyhow::Result<u64> {
     let store = crate::storage::Store::open_with(&staging.join("db"), config.storage_memory)
@@ -132,12 +170,13 @@ async fn fill(
         let part = manifest.parts[partition as usize].clone();
         let file = open_part(destination, &part).await?;
         let voters = layout.placement[partition as usize].iter().map(|n| (*n, layout.members[n].clone())).collect();
-        let (store, node) = (std::sync::Arc::clone(&store), config.node_id);
+        let (store, node, plan) = (std::sync::Arc::clone(&store), config.node_id, plan.cloned());
         let jobs = tokio::task::spawn_blocking(move || -> anyhow::Result<u64> {
             let mut input = BufReader::with_capacity(1 << 20, file);
             let at = (part.term, part.leader, part.index);
-            let jobs = crate::raft::restore(&store, partition, at, &mut input, part.bytes, (node, &voters))
-                .with_context(|| format!("restoring partition {partition} from backup {}", part.backup))?;
+            let jobs =
+                crate::raft::restore(&store, partition, at, &mut input, part.bytes, (node, &voters, plan.as_ref()))
+                    .with_context(|| format!("restoring partition {partition} from backup {}", part.backup))?;
             Ok(jobs)
         })
         .await??;

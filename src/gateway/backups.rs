@@ -88,6 +88,7 @@ impl JobApi {
             replication_factor: topology.replication_factor,
             cluster_size: topology.cluster_size(),
             cluster_version: u32::from(versions.cluster_version()),
+            formed_partitions: topology.formed_partitions,
         })
     }
 

@@ -312,7 +312,9 @@ pub const RESTORED_KEY_GAP: u64 = 1 << 40;
 /// `voters`, this node being `node`: the records as a follower installing a
 /// snapshot writes them, applied and committed up to `at` (where the part
 /// was taken), the log purged up to it, and this node's vote for `at`'s term,
-/// so the group's first election moves to the next term. Returns the jobs
+/// so the group's first election moves to the next term. Partition 0 takes
+/// `plan` as its cluster plan (the new cluster's; none: its member list's),
+/// never the backed-up cluster's, whose members are gone. Returns the jobs
 /// restored (live and final). Synced before it returns.
 pub fn restore(
     store: &Store,
@@ -320,10 +322,14 @@ pub fn restore(
     (term, leader, index): (u64, NodeId, u64),
     input: &mut impl std::io::BufRead,
     size: u64,
-    (node, voters): (NodeId, &std::collections::BTreeMap<NodeId, String>),
+    (node, voters, plan): (NodeId, &std::collections::BTreeMap<NodeId, String>, Option<&crate::core::ClusterPlan>),
 ) -> Result<u64, storage::StorageError> {
     let mut batch = store.batch();
     let Installed { meta: engine, jobs, finished, .. } = install_records(&mut batch, partition, input, size)?;
+    match plan.filter(|_| partition == 0) {
+        Some(plan) => batch.put(Table::Meta, meta_key(partition, PLAN), storage::encode(plan)),
+        None => batch.delete(Table::Meta, meta_key(partition, PLAN)),
+    }
     let at = LogId::new(openraft::CommittedLeaderId::new(term, leader), index);
     let nodes: std::collections::BTreeMap<NodeId, BasicNode> =
         voters.iter().map(|(id, addr)| (*id, BasicNode { addr: addr.clone() })).collect();
