@@ -38,20 +38,26 @@ impl Cursor {
         Cursor(vec![0; partitions as usize])
     }
 
-    pub fn parse(text: &str, partitions: u32) -> Result<Cursor, ApiError> {
+    /// A cursor as an event carried it, for the partitions `topology` routes
+    /// over; one taken before partitions were added (as long as a count the
+    /// cluster had) reads the added ones from their start.
+    pub fn parse(text: &str, topology: &crate::context::Topology) -> Result<Cursor, ApiError> {
+        let partitions = topology.partition_count();
         if text.is_empty() {
             return Ok(Cursor::start(partitions));
         }
         let bad = || {
             ApiError::InvalidArgument(format!(
-                "cursor {text:?} is not one an event carried (one log index per partition, {partitions} here, \
-                 joined by '.'); start without one"
+                "cursor {text:?} is not one an event carried (one log index per partition, joined by '.'); \
+                 start without one"
             ))
         };
-        let indexes: Vec<u64> = text.split('.').map(|i| i.parse().map_err(|_| bad())).collect::<Result<_, _>>()?;
-        if indexes.len() != partitions as usize {
+        let mut indexes: Vec<u64> = text.split('.').map(|i| i.parse().map_err(|_| bad())).collect::<Result<_, _>>()?;
+        let known = topology.counts().iter().any(|(count, _)| *count as usize == indexes.len());
+        if indexes.len() > partitions as usize || !known {
             return Err(bad());
         }
+        indexes.resize(partitions as usize, 0);
         Ok(Cursor(indexes))
     }
 
@@ -129,7 +135,7 @@ impl JobApi {
         let filter = EventFilter::new(&call.principal, &request.kinds, request.types, tenant)?;
         let cursor = match request.from_now {
             true => self.events_now(call).await?,
-            false => Cursor::parse(&request.cursor, self.ctx.topology.partition_count())?,
+            false => Cursor::parse(&request.cursor, &self.ctx.topology)?,
         };
         Ok((cursor, filter))
     }
@@ -203,6 +209,12 @@ async fn read_round(
     deadline: Instant,
 ) -> Result<Round, ApiError> {
     let partitions = ctx.topology.partition_count();
+    // A watch that began before partitions were added reads them from their start.
+    let mut padded = cursor.clone();
+    if padded.0.len() < partitions as usize {
+        padded.0.resize(partitions as usize, 0);
+    }
+    let cursor = &padded;
     let reads = (0..partitions).map(|p| router::events(ctx, p, cursor.0[p as usize], READ_PER_PARTITION, deadline));
     let pages = futures::future::join_all(reads).await;
     let mut next = cursor.clone();

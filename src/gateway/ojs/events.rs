@@ -141,7 +141,7 @@ pub(super) async fn list(
     }
     let wanted = Wanted::of(&query);
     let filter = filter(&call)?;
-    let mut cursor = Cursor::parse(&query.cursor, ojs.ctx.topology.partition_count())?;
+    let mut cursor = Cursor::parse(&query.cursor, &ojs.ctx.topology)?;
     let (mut shown, mut jobs) = (Vec::new(), Jobs::default());
     loop {
         let round = ojs.api.read_events(&call, &cursor, &filter).await?;
@@ -151,7 +151,7 @@ pub(super) async fn list(
                 break;
             }
             shown.push(envelope(&ojs, &call, &mut jobs, event).await);
-            cursor = Cursor::parse(&event.cursor, ojs.ctx.topology.partition_count())?;
+            cursor = Cursor::parse(&event.cursor, &ojs.ctx.topology)?;
         }
         if shown.len() == limit {
             break;
@@ -177,9 +177,8 @@ pub(super) async fn stream(
     let wanted = Wanted::of(&query);
     let filter = filter(&call)?;
     let resume = headers.get("last-event-id").and_then(|v| v.to_str().ok()).map(str::to_string);
-    let partitions = ojs.ctx.topology.partition_count();
     let cursor = match resume.or((!query.cursor.is_empty()).then_some(query.cursor.clone())) {
-        Some(text) => Cursor::parse(&text, partitions)?,
+        Some(text) => Cursor::parse(&text, &ojs.ctx.topology)?,
         None => ojs.api.events_now(&call).await?,
     };
     let events = ojs.api.watch_events(cursor, filter).filter(move |e| {
