@@ -13,7 +13,7 @@ use std::time::Duration;
 use common::{eventually, run_drover, ProcessCluster};
 use drover::client::leaders::partition_of;
 use drover::client::Client;
-use drover::proto::gateway::{CreateJobRequest, GetClusterPlanRequest, SetSchemaRequest};
+use drover::proto::gateway::{CreateJobRequest, GetClusterPlanRequest, SetSchemaRequest, WatchEventsRequest};
 use tokio::sync::watch;
 
 const FAST_RAFT: &[&str] = &["--heartbeat-ms", "50", "--election-timeout-ms", "300"];
@@ -115,6 +115,10 @@ async fn three_partitions_become_six_while_keyless_and_keyed_creates_run() {
     let before: Vec<u64> = seen.iter().map(|(_, job)| *job).collect();
     assert!(before.iter().all(|job| partition_of(*job) < 3));
 
+    // A watch opened before the change follows the new partitions' events too.
+    let request = WatchEventsRequest { from_now: true, types: vec!["watched".into()], ..Default::default() };
+    let mut events = admin.raw().watch_events(request).await.expect("a watch opens").into_inner();
+
     let (stop, stopped) = watch::channel(false);
     let keyless = keyless_until(clients.clone(), stopped.clone());
     let keyed = keyed_until(clients.clone(), stopped);
@@ -150,7 +154,7 @@ async fn three_partitions_become_six_while_keyless_and_keyed_creates_run() {
         let mut reached = BTreeSet::new();
         for client in &clients {
             for _ in 0..6 {
-                if let Ok(job) = client.create_job("grow", "{}").await {
+                if let Ok(job) = client.create_job("watched", "{}").await {
                     reached.insert(partition_of(job));
                 }
             }
@@ -158,6 +162,17 @@ async fn three_partitions_become_six_while_keyless_and_keyed_creates_run() {
         (3..6).all(|p| reached.contains(&p))
     })
     .await;
+    let on_new = tokio::time::timeout(Duration::from_secs(30), async {
+        while let Some(event) = events.message().await.expect("the watch goes on") {
+            if partition_of(event.key) >= 3 {
+                return event;
+            }
+        }
+        panic!("the watch ended");
+    })
+    .await
+    .expect("the watch opened before the change sees an added partition's event within 30 s");
+    assert_eq!(on_new.kind, "created");
     // The schema set before the new partitions existed holds on them.
     for client in &clients {
         for _ in 0..6 {
@@ -185,4 +200,75 @@ async fn three_partitions_become_six_while_keyless_and_keyed_creates_run() {
     }
     let moved: Vec<_> = before.iter().filter(|job| partition_of(**job) >= 3).collect();
     assert!(moved.is_empty(), "existing jobs stay where they are: {moved:?}");
+}
+
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn a_backup_of_a_grown_cluster_restores_every_partition_into_a_cluster_of_the_count_it_formed_with() {
+    let cluster = ProcessCluster::start(3, 2, 3, FAST_RAFT);
+    cluster.wait_ready().await;
+    let client = cluster.node(0).client().await;
+    let made_before = create_keyed(&client, "made-before").await;
+    let (ok, out, err) =
+        run_drover(&["cluster", "add-partitions", "--to", "4", "--wait", "60", "--address", &cluster.gateway(0)], &[])
+            .await;
+    assert!(ok, "add-partitions: {out}\n{err}");
+    let mut jobs = vec![made_before];
+    let mut clients = Vec::new();
+    for id in 0..3 {
+        clients.push(cluster.node(id).client().await);
+    }
+    // Every gateway routes over four partitions within a look or two.
+    for _ in 0..100 {
+        for client in &clients {
+            jobs.push(client.create_job("grow", "{}").await.expect("created"));
+        }
+        if jobs.iter().any(|job| partition_of(*job) == 2) && jobs.iter().any(|job| partition_of(*job) == 3) {
+            break;
+        }
+        tokio::time::sleep(Duration::from_millis(100)).await;
+    }
+    assert!((2..4).all(|p| jobs.iter().any(|job| partition_of(*job) == p)), "no job on the added partitions");
+    let made_after = create_keyed(&client, "made-after").await;
+
+    let store = tempfile::tempdir().unwrap();
+    let to = store.path().to_str().unwrap();
+    let (ok, out, err) =
+        run_drover(&["backup", "create", "--to", to, "--id", "grown", "-a", &cluster.gateway(1)], &[]).await;
+    assert!(ok, "backup create: {out}\n{err}");
+    drop(cluster);
+
+    let mut restored = ProcessCluster::unstarted(3, 2, 3, FAST_RAFT);
+    for id in 0..3 {
+        let (data, flags) = restored.node_args(id);
+        let mut restore: Vec<String> =
+            ["backup", "restore", "--from", to, "--id", "grown", "--data-dir"].iter().map(|s| s.to_string()).collect();
+        restore.push(data.to_str().unwrap().to_string());
+        restore.extend(flags);
+        let restore: Vec<&str> = restore.iter().map(String::as_str).collect();
+        let (ok, out, err) = run_drover(&restore, &[]).await;
+        assert!(ok, "restoring node {id}: {out}\n{err}");
+    }
+    for id in 0..3 {
+        restored.start_node(id);
+    }
+    restored.wait_ready().await;
+    let client = Client::connect(&restored.gateway(2)).await.unwrap();
+    let plan = client.raw().get_cluster_plan(GetClusterPlanRequest {}).await.expect("the plan reads").into_inner();
+    assert_eq!((plan.partitions.len(), plan.partitions_in_force, plan.formed_partitions), (4, 4, 2), "{plan:?}");
+    for job in &jobs {
+        client.get_job(*job).await.unwrap_or_else(|e| panic!("job {job}, made before the backup: {e}"));
+    }
+    assert_eq!(create_keyed(&client, "made-before").await, made_before, "a key made under the formed count");
+    assert_eq!(create_keyed(&client, "made-after").await, made_after, "a key made under the added count");
+    eventually(Duration::from_secs(30), "the restored cluster to create on every partition", || async {
+        let mut reached = BTreeSet::new();
+        for id in 0..3 {
+            let client = Client::connect(&restored.gateway(id)).await.unwrap();
+            for _ in 0..4 {
+                reached.insert(partition_of(client.create_job("grow", "{}").await.expect("created")));
+            }
+        }
+        reached.len() == 4
+    })
+    .await;
 }
