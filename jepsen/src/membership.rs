@@ -43,10 +43,13 @@ pub enum Change {
     Add,
     Remove,
     Replace,
+    /// Two more partitions (`AddPartitions`), while creates with
+    /// idempotency keys run: each key must still name one job.
+    Partitions,
 }
 
 impl Change {
-    pub const ALL: [Change; 3] = [Change::Add, Change::Remove, Change::Replace];
+    pub const ALL: [Change; 4] = [Change::Add, Change::Remove, Change::Replace, Change::Partitions];
 }
 
 /// What the cluster leaves room for when a membership fault is drawn.
@@ -60,6 +63,9 @@ pub struct Room {
     pub settled: bool,
     pub min_members: usize,
     pub max_members: usize,
+    /// Partitions the plan has, and the most the nemesis adds up to.
+    pub partitions: usize,
+    pub max_partitions: usize,
 }
 
 impl Room {
@@ -69,6 +75,7 @@ impl Room {
             Change::Remove => self.members > self.min_members,
             // The count stays; the victim's replicas must be whole elsewhere.
             Change::Replace => self.spares > 0 && self.settled && self.members > 0,
+            Change::Partitions => self.settled && self.partitions + 2 <= self.max_partitions,
         }
     }
 }
@@ -135,7 +142,8 @@ impl PlanView {
             members: plan.members.iter().filter_map(|m| Some((m.node.as_ref()?.node_id as usize, m.leaving))).collect(),
             retired: plan.retired.iter().map(|id| *id as usize).collect(),
             current: plan.partitions.iter().map(|p| p.current.iter().map(|n| *n as usize).collect()).collect(),
-            moving: plan.partitions.iter().filter(|p| p.moving).map(|p| p.partition_id).collect(),
+            // A partition being added is not settled either.
+            moving: plan.partitions.iter().filter(|p| p.moving || p.forming).map(|p| p.partition_id).collect(),
             paused: plan.paused,
             changed: plan.changed,
         }
@@ -385,7 +393,7 @@ impl Faults<'_> {
             return Ok(Fault::new("none", description, json!({ "outcome": "plan unread" })));
         };
         let drawn = schedule.memberships.next(rng);
-        let (original, reserve) = (self.nodes.original, self.reserve);
+        let (original, reserve, formed_partitions) = (self.nodes.original, self.reserve, self.nodes.partitions);
         let spares = self.nodes.in_states(&[Slot::Spare]);
         let room = |plan: &PlanView| Room {
             members: plan.staying().len(),
@@ -393,6 +401,8 @@ impl Faults<'_> {
             settled: plan.settled(),
             min_members: min_members(replication_factor(original)),
             max_members: max_members(original),
+            partitions: plan.current.len(),
+            max_partitions: 2 * formed_partitions as usize,
         };
         let mut waited = None;
         if drawn == Change::Replace && !room(&plan).settled && (Room { settled: true, ..room(&plan) }).allows(drawn) {
@@ -407,7 +417,8 @@ impl Faults<'_> {
         // that it runs as members.
         let victims: Vec<usize> =
             plan.staying().into_iter().filter(|i| self.nodes.slots.get(*i) == Some(&Slot::Member)).collect();
-        let chosen = choose(drawn, &room).filter(|c| *c == Change::Add || !victims.is_empty());
+        let chosen =
+            choose(drawn, &room).filter(|c| matches!(c, Change::Add | Change::Partitions) || !victims.is_empty());
         let mut fault = match chosen {
             None => {
                 let description = format!(
@@ -422,6 +433,7 @@ impl Faults<'_> {
                 Fault::new("none", description, json!({ "drawn": drawn, "plan": plan }))
             }
             Some(Change::Add) => self.add(spares[0], &plan, schedule, rng).await?,
+            Some(Change::Partitions) => self.add_partitions(plan.current.len() + 2, rng).await,
             Some(Change::Remove) => {
                 let node = *victims.choose(rng).expect("a victim");
                 self.remove(node, schedule, rng).await?
@@ -499,6 +511,22 @@ impl Faults<'_> {
             }
         };
         Ok((description, outcome(node, &answer, &tries)))
+    }
+
+    /// Raises the partition count to `to`; a change whose outcome is unknown
+    /// is not tried again (a later draw adds more instead).
+    async fn add_partitions(&mut self, to: usize, rng: &mut StdRng) -> Fault {
+        let change = PlanChange::AddPartitionsTo(to as u32);
+        let (answer, tries) = self.change(change, move |p| p.current.len() >= to, rng).await;
+        let description = match &answer {
+            Answer::Done(plan) => format!("add partitions up to {to}: {}", plan.summary()),
+            Answer::Refused(why) => format!("add partitions up to {to}: refused ({why})"),
+            Answer::Unknown(why) => format!("add partitions up to {to}: outcome unknown ({why})"),
+        };
+        let mut detail = outcome(0, &answer, &tries);
+        detail["node"] = json!(null);
+        detail["partitions"] = json!(to);
+        Fault::new(Change::Partitions, description, detail)
     }
 
     async fn remove(&mut self, node: usize, schedule: &mut Schedule, rng: &mut StdRng) -> anyhow::Result<Fault> {
@@ -690,7 +718,7 @@ mod tests {
     use super::*;
 
     fn room(members: usize, spares: usize, settled: bool) -> Room {
-        Room { members, spares, settled, min_members: 3, max_members: 5 }
+        Room { members, spares, settled, min_members: 3, max_members: 5, partitions: 3, max_partitions: 6 }
     }
 
     #[test]
@@ -726,9 +754,16 @@ mod tests {
     }
 
     #[test]
+    fn adding_partitions_needs_a_settled_plan_and_room_below_the_most() {
+        assert!(room(3, 0, true).allows(Change::Partitions));
+        assert!(!room(3, 0, false).allows(Change::Partitions), "never while partitions move or form");
+        assert!(!Room { partitions: 5, ..room(3, 0, true) }.allows(Change::Partitions));
+    }
+
+    #[test]
     fn nothing_is_possible_at_the_fewest_members_without_spares() {
         for change in Change::ALL {
-            assert_eq!(choose(change, &room(3, 0, true)), None);
+            assert_eq!(choose(change, &Room { partitions: 6, ..room(3, 0, true) }), None);
         }
         // Without spares only removals remain.
         assert_eq!(choose(Change::Replace, &room(4, 0, true)), Some(Change::Remove));
