@@ -141,6 +141,8 @@ pub fn register_metrics() {
         ("drover_plan_partitions_moving", "Partitions whose voters are not yet the plan's target"),
         ("drover_plan_moves_pending", "Replica moves the cluster plan still has to make"),
         ("drover_plan_paused", "1 while the cluster plan's moves are paused"),
+        ("drover_partitions", "Partitions new work is routed over (the plan's count in force)"),
+        ("drover_plan_partitions_forming", "Partitions being added whose groups have not formed yet"),
         ("drover_storage_appends_synced", "Log appends covered by WAL syncs since start"),
     ];
     for (name, help) in gauges {

@@ -110,6 +110,9 @@ pub(super) async fn follow_plan(
                 metrics::gauge!("drover_plan_partitions_moving").set(moving as f64);
                 metrics::gauge!("drover_plan_moves_pending").set(plan.pending().len() as f64);
                 metrics::gauge!("drover_plan_paused").set(if plan.paused { 1.0 } else { 0.0 });
+                metrics::gauge!("drover_partitions").set(f64::from(plan.partitions_in_force()));
+                let forming = (0..plan.partitions()).filter(|p| plan.forming(*p)).count();
+                metrics::gauge!("drover_plan_partitions_forming").set(forming as f64);
                 let summary = format!(
                     "plan epoch {}: {} members, {moving} partitions moving{}",
                     plan.epoch,
