@@ -86,6 +86,11 @@ pub struct Figures {
     /// timeout (a run's slowest job then takes that long).
     pub pushed_outcome_unknown: u64,
     pub handed_back_late: u64,
+    /// What each completed job cost each local node (CPU, context switches,
+    /// syscalls, Raft entries), from `/proc` and the nodes' metrics.
+    pub node_costs: Vec<super::costs::Cost>,
+    /// The same of the bench's own process (producers and workers).
+    pub bench_cost: Option<super::costs::Cost>,
 }
 
 impl Figures {
@@ -172,6 +177,9 @@ impl Figures {
         }
         if let (Some(busy), Some(steal)) = (self.cpu_busy_percent, self.cpu_steal_percent) {
             println!("  CPU during the run            busy {busy:.1}%, stolen {steal:.1}%");
+        }
+        for line in super::costs::describe(&self.node_costs, self.bench_cost.as_ref()) {
+            println!("  {line}");
         }
         super::super::stages::print(&self.stages);
     }

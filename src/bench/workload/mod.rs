@@ -3,6 +3,7 @@
 //! and what is read off the nodes around a run [`samples`]'s.
 
 mod clients;
+mod costs;
 mod figures;
 mod samples;
 
@@ -72,6 +73,10 @@ async fn run(
     tokio::time::sleep(Duration::from_millis(300)).await;
     let load_average_before = super::conditions::load_average();
     let cpu_before = super::conditions::CpuTimes::read();
+    let pids: Vec<u32> = cluster.map(|c| c.nodes.iter().map(|n| n.child.id()).collect()).unwrap_or_default();
+    let procs_before: Vec<Option<costs::ProcCounters>> = pids.iter().map(|p| costs::ProcCounters::read(*p)).collect();
+    let bench_before = costs::ProcCounters::read(std::process::id());
+    let entries_before = sample_per_node(cluster, "drover_raft_entries_appended_total ").await;
     let stages_before = match cluster {
         Some(cluster) => super::stages::read(cluster).await,
         None => Default::default(),
@@ -201,6 +206,8 @@ async fn run(
         tokio::time::sleep(Duration::from_millis(5)).await;
     }
     let elapsed = started.elapsed();
+    let procs_after: Vec<Option<costs::ProcCounters>> = pids.iter().map(|p| costs::ProcCounters::read(*p)).collect();
+    let bench_after = costs::ProcCounters::read(std::process::id());
     let _ = stop_tx.send(true);
     let mut latency = Histogram::<u64>::new(3)?;
     for worker in workers {
@@ -277,6 +284,16 @@ async fn run(
         figures.cluster_requests_per_job = per_job_by_method(&cluster_requests_before, &cluster_requests_after, jobs);
         figures.client_requests_per_job = per_job_by_method(&client_requests_before, &client_requests_after, jobs);
         figures.client_messages_per_job = per_job_by_method(&client_messages_before, &client_messages_after, jobs);
+        let entries_after = sample_per_node(cluster, "drover_raft_entries_appended_total ").await;
+        for (i, (before, after)) in procs_before.iter().zip(&procs_after).enumerate() {
+            if let (Some(before), Some(after)) = (before, after) {
+                let entries = entries_after.get(i).zip(entries_before.get(i)).map(|(a, b)| (a - b).max(0.0));
+                figures.node_costs.push(costs::Cost::between(before, after, entries, jobs));
+            }
+        }
+    }
+    if let (Some(before), Some(after)) = (bench_before, bench_after) {
+        figures.bench_cost = Some(costs::Cost::between(&before, &after, None, figures.jobs_completed_unique));
     }
     Ok(figures)
 }
