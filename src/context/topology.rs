@@ -178,12 +178,6 @@ impl Topology {
         self.in_force.load(Ordering::Acquire)
     }
 
-    /// Every partition the cluster has, those still being added included:
-    /// each has a placement, and its replicas are opened.
-    pub fn all_partitions(&self) -> u32 {
-        self.shape().placement.len() as u32
-    }
-
     /// Takes the partition counts seen before a restart (as recorded).
     pub fn recall_counts(&self, recorded: Vec<(u32, i64)>) {
         self.note_counts(recorded, self.partition_count(), crate::auth::now_ms() as i64);

@@ -317,3 +317,20 @@ fn only_an_admin_of_every_tenant_changes_the_cluster_plan_at_apply() {
     let admin = principal("ops", &["cluster:admin"], &["*"]);
     assert!(matches!(p.run(by(&admin, pause())), CommandResult::Plan(Some(plan)) if plan.paused));
 }
+
+#[test]
+fn the_brokers_own_commands_for_added_partitions_are_refused_to_every_principal() {
+    let mut p = Partition::new();
+    let admin = principal("ops", &["cluster:admin", "jobs:*"], &["*"]);
+    let probe = Command::ProbeKey {
+        request: RequestId::Key { tenant: "globex".into(), user: String::new(), key: "k".into() },
+        to: 1,
+        window_ms: 60_000,
+        fingerprint: 0,
+    };
+    // Every tenant's sessions and schemas are in what a new partition adopts.
+    for command in [probe, Command::GetAdoptable, Command::Adopt(Box::default())] {
+        assert_eq!(p.refused(by(&acme(), command.clone())), ErrorKind::PermissionDenied, "{command:?}");
+        assert_eq!(p.refused(by(&admin, command.clone())), ErrorKind::PermissionDenied, "{command:?} by an admin");
+    }
+}
