@@ -272,3 +272,51 @@ async fn a_backup_of_a_grown_cluster_restores_every_partition_into_a_cluster_of_
     })
     .await;
 }
+
+/// A node down while partitions are added is made a voter of them by the
+/// others (they form with a majority); back up, it has no Raft state for
+/// them and copies them from their leaders instead of refusing to start.
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn a_node_down_while_partitions_are_added_copies_them_when_it_comes_back() {
+    let mut cluster = ProcessCluster::start(3, 2, 3, FAST_RAFT);
+    cluster.wait_ready().await;
+    cluster.kill(2);
+    let (ok, out, err) =
+        run_drover(&["cluster", "add-partitions", "--to", "3", "--wait", "60", "--address", &cluster.gateway(0)], &[])
+            .await;
+    assert!(ok, "add-partitions with a node down: {out}\n{err}");
+    let client = cluster.node(0).client().await;
+    let mut made = Vec::new();
+    for _ in 0..200 {
+        let job = client.create_job("grow", "{}").await.expect("created with two of three nodes");
+        made.push(job);
+        if made.iter().filter(|job| partition_of(**job) == 2).count() >= 5 {
+            break;
+        }
+    }
+    assert!(made.iter().any(|job| partition_of(*job) == 2), "no job on the added partition");
+
+    cluster.start_node(2);
+    cluster.node(2).wait_ready().await;
+    eventually(Duration::from_secs(30), "node 2 to hold the added partition, caught up", || async {
+        let leader_applied = cluster.status(0).await.unwrap_or_default().into_iter().find(|s| s.partition == 2);
+        let here = cluster.status(2).await.unwrap_or_default().into_iter().find(|s| s.partition == 2);
+        match (leader_applied, here) {
+            (Some(there), Some(here)) => here.leader.is_some() && here.applied_index >= there.applied_index,
+            _ => false,
+        }
+    })
+    .await;
+    // Node 2 carries the added partition: with node 1 gone it still commits.
+    cluster.kill(1);
+    for _ in 0..20 {
+        let job = tokio::time::timeout(Duration::from_secs(30), client.create_job("grow", "{}"))
+            .await
+            .expect("a create within 30 s")
+            .expect("created by nodes 0 and 2");
+        made.push(job);
+    }
+    for job in &made {
+        client.get_job(*job).await.unwrap_or_else(|e| panic!("job {job}: {e}"));
+    }
+}

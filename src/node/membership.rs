@@ -196,7 +196,7 @@ async fn open(
     let me = ctx.topology.node_id;
     let voter = plan.current.get(partition as usize).is_some_and(|v| v.contains(&me));
     let formation = match (voter, plan.forming(partition)) {
-        (true, _) => hosting.formation,
+        (true, _) => voter_formation(&hosting.store, partition, ctx.topology.formed_partitions, hosting.formation)?,
         // A partition being added forms from its placement, here as on
         // each of its nodes (the same configuration everywhere).
         (false, true) => Formation::New,
@@ -225,6 +225,23 @@ async fn open(
         old.abort();
     }
     Ok(())
+}
+
+/// How a replica the plan lists among `partition`'s voters opens here: as
+/// the data directory formed (`formed`), except a replica of a partition
+/// added after the cluster formed that has no Raft state here: this node
+/// was down or cut off while it formed, and the others made it a voter
+/// anyway (they form it together, [`crate::core::ClusterPlan::reported`]).
+/// It forgot no vote (it never had one), and joins: copied from the leader,
+/// granting no vote until caught up.
+pub(super) fn voter_formation(
+    store: &Store,
+    partition: PartitionId,
+    formed_partitions: u32,
+    formed: Formation,
+) -> anyhow::Result<Formation> {
+    let never_formed_here = partition >= formed_partitions && !crate::raft::has_raft_state(store, partition)?;
+    Ok(if never_formed_here { Formation::Joining } else { formed })
 }
 
 /// Closes a replica the plan moved away: its leadership loop ends (it

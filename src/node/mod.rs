@@ -254,7 +254,8 @@ impl Node {
             let formation = match plan.as_ref() {
                 Some(plan) if plan.forming(partition) => Formation::New,
                 Some(plan) if !plan.current[partition as usize].contains(&config.node_id) => Formation::Joining,
-                _ => formation,
+                Some(_) => membership::voter_formation(&store, partition, config.partitions, formation)?,
+                None => formation,
             };
             let replica = Replica::start(
                 partition,

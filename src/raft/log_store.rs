@@ -40,6 +40,13 @@ pub(super) fn restored(batch: &mut storage::Batch<'_>, partition: PartitionId, a
     batch.put(Table::Meta, meta_key(partition, VOTE), storage::encode(&vote));
 }
 
+/// Whether `partition` has Raft state in `store`: a vote, a log entry or a
+/// purge point (what openraft counts as initialized).
+pub fn has_raft_state(store: &Store, partition: PartitionId) -> Result<bool, storage::StorageError> {
+    let stored = |name| store.get(Table::Meta, meta_key(partition, name)).map(|bytes| bytes.is_some());
+    Ok(stored(VOTE)? || stored(PURGED)? || store.last(Table::Log, partition)?.is_some())
+}
+
 const VOTE: &str = "vote";
 const PURGED: &str = "purged";
 const COMMITTED: &str = "committed";

@@ -34,6 +34,7 @@ use tokio::sync::watch;
 pub use crate::transport::PeerChannels;
 use formation::CatchUp;
 pub use formation::Formation;
+pub use log_store::has_raft_state;
 pub use network::ClusterNetwork;
 pub use state_machine::backup::{check_id as check_backup_id, PartitionBackup};
 pub use state_machine::backup::{
