@@ -286,9 +286,11 @@ async fn a_node_down_while_partitions_are_added_copies_them_when_it_comes_back()
             .await;
     assert!(ok, "add-partitions with a node down: {out}\n{err}");
     let client = cluster.node(0).client().await;
+    // Keyless creates go to partitions their gateway leads: through both.
+    let gateways = [cluster.node(0).client().await, cluster.node(1).client().await];
     let mut made = Vec::new();
-    for _ in 0..200 {
-        let job = client.create_job("grow", "{}").await.expect("created with two of three nodes");
+    for n in 0..400 {
+        let job = gateways[n % 2].create_job("grow", "{}").await.expect("created with two of three nodes");
         made.push(job);
         if made.iter().filter(|job| partition_of(**job) == 2).count() >= 5 {
             break;
