@@ -506,40 +506,19 @@ fn run(args: RunArgs) -> anyhow::Result<(bool, PathBuf)> {
     }
     if args.tokens {
         // One token for the whole workload, as a tokens-file entry.
-        let output = std::process::Command::new(&drover)
-            .args(["token", "secret", "--name", "jepsen", "--scopes", "jobs:*,cluster:read", "--tenants", "<default>"])
-            .output()
-            .context("running drover token secret")?;
-        if !output.status.success() {
-            bail!("drover token secret failed: {}", String::from_utf8_lossy(&output.stderr));
-        }
-        std::fs::write(dir.join("token"), String::from_utf8(output.stdout)?.trim())?;
-        let mut tokens_file = output.stderr;
+        let mut tokens_file = mint_token(
+            &drover,
+            &dir.join("token"),
+            &["--name", "jepsen", "--scopes", "jobs:*,cluster:read", "--tenants", "<default>"],
+        )?;
         // And the attacker's, for its own tenant only (see `attacker`).
-        let output = std::process::Command::new(&drover)
-            .args(["token", "secret", "--name", attacker::NAME, "--scopes", attacker::SCOPES])
-            .args(["--tenants", attacker::NAME])
-            .output()
-            .context("running drover token secret")?;
-        if !output.status.success() {
-            bail!("drover token secret failed: {}", String::from_utf8_lossy(&output.stderr));
-        }
-        std::fs::write(dir.join("attacker-token"), String::from_utf8(output.stdout)?.trim())?;
-        tokens_file.extend_from_slice(b"\n");
-        tokens_file.extend_from_slice(&output.stderr);
+        let attacker = ["--name", attacker::NAME, "--scopes", attacker::SCOPES, "--tenants", attacker::NAME];
+        tokens_file.extend(mint_token(&drover, &dir.join("attacker-token"), &attacker)?);
         if args.nemesis.contains(&Nemesis::Membership) {
             // The membership nemesis changes the cluster plan: cluster:admin
             // for every tenant, which no other client holds.
-            let output = std::process::Command::new(&drover)
-                .args(["token", "secret", "--name", "jepsen-admin", "--scopes", "cluster:admin", "--tenants", "*"])
-                .output()
-                .context("running drover token secret")?;
-            if !output.status.success() {
-                bail!("drover token secret failed: {}", String::from_utf8_lossy(&output.stderr));
-            }
-            std::fs::write(dir.join("admin-token"), String::from_utf8(output.stdout)?.trim())?;
-            tokens_file.extend_from_slice(b"\n");
-            tokens_file.extend_from_slice(&output.stderr);
+            let admin = ["--name", "jepsen-admin", "--scopes", "cluster:admin", "--tenants", "*"];
+            tokens_file.extend(mint_token(&drover, &dir.join("admin-token"), &admin)?);
         }
         std::fs::write(dir.join("tokens.toml"), &tokens_file)?;
         // And job tokens: the session workers report each outcome with theirs.
@@ -949,6 +928,23 @@ async fn inner(dir: &Path) -> anyhow::Result<bool> {
     drop(disks);
     drop(proxies);
     Ok(report.valid)
+}
+
+/// Mints a token with `drover token secret ARGS`: writes the secret to
+/// `secret_to` and answers its tokens-file entry, a line of its own.
+fn mint_token(drover: &std::path::Path, secret_to: &std::path::Path, args: &[&str]) -> anyhow::Result<Vec<u8>> {
+    let output = std::process::Command::new(drover)
+        .args(["token", "secret"])
+        .args(args)
+        .output()
+        .context("running drover token secret")?;
+    if !output.status.success() {
+        bail!("drover token secret failed: {}", String::from_utf8_lossy(&output.stderr));
+    }
+    std::fs::write(secret_to, String::from_utf8(output.stdout)?.trim())?;
+    let mut entry = output.stderr;
+    entry.push(b'\n');
+    Ok(entry)
 }
 
 /// Each partition's replicas where the cluster placed them when it formed
