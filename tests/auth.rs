@@ -680,10 +680,14 @@ async fn only_an_admin_of_every_tenant_may_change_the_cluster_plan() {
     let tokens = Tokens::new();
     let node = node_with(&tokens).await;
     let pause = || ChangeClusterPlanRequest { change: Some(Change::Pause(true)) };
+    let grow = ChangeClusterPlanRequest { change: Some(Change::AddPartitionsTo(9)) };
     for (name, why) in [("acme", "cluster:admin"), ("cluster-admin", "tenant"), ("cluster-read", "cluster:admin")] {
-        let refused = as_token(&node, tokens.secret(name)).raw().change_cluster_plan(pause()).await.unwrap_err();
-        assert_eq!(refused.code(), Code::PermissionDenied, "{name}: {refused:?}");
-        assert!(refused.message().contains(why), "{name}: {}", refused.message());
+        for change in [pause(), grow.clone()] {
+            let refused = as_token(&node, tokens.secret(name)).raw().change_cluster_plan(change.clone()).await;
+            let refused = refused.unwrap_err();
+            assert_eq!(refused.code(), Code::PermissionDenied, "{name} {change:?}: {refused:?}");
+            assert!(refused.message().contains(why), "{name}: {}", refused.message());
+        }
     }
     for name in ["nothing", "create"] {
         let refused = as_token(&node, tokens.secret(name)).raw().get_cluster_plan(GetClusterPlanRequest {}).await;
