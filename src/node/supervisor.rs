@@ -56,6 +56,14 @@ const RETRY_AFTER: Duration = Duration::from_secs(10);
 /// 3 s in all before a SIGTERMed node gives up on it, so the drain gets 2.
 const DRAIN_WITHIN: Duration = Duration::from_secs(2);
 
+/// How often a leader looks again at whether it is cut off from its majority
+/// (or has heard from it again), besides every change of leadership: a tenth
+/// of a second on top of the election timeouts the check waits for.
+const LEADER_LOOK_EVERY: Duration = Duration::from_millis(100);
+/// How often a replica that does not lead looks again without a change of
+/// leadership (an actor that stopped, a replica the plan moved away).
+const FOLLOWER_LOOK_EVERY: Duration = Duration::from_millis(500);
+
 type Running = (ActorRef<LeaderMsg>, tokio::task::JoinHandle<()>);
 
 /// Stops a leader actor. When leadership is about to move on purpose
@@ -207,11 +215,15 @@ pub(crate) async fn lead_while_leader(
             (None, Some(leader)) => format!("following node {leader} in term {}", leadership.term),
             (None, None) => format!("no leader known in term {}", leadership.term),
         });
+        // `metrics` changes with leadership, not with the log: whether a
+        // leader is cut off from its majority (and when it hears from it
+        // again) is looked at on this timer, as is a leader actor that
+        // stopped on its own.
+        let look_again = if leadership.is_leader { LEADER_LOOK_EVERY } else { FOLLOWER_LOOK_EVERY };
         tokio::select! {
             changed = metrics.changed() => if changed.is_err() { break },
             _ = stop.wait_for(|s| *s) => break,
-            // Also notice a leader actor that stopped on its own.
-            _ = tokio::time::sleep(Duration::from_millis(500)) => {}
+            _ = tokio::time::sleep(look_again) => {}
         }
     }
     match running.take() {

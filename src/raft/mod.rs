@@ -414,9 +414,12 @@ impl Replica {
         }
     }
 
-    /// A stream of leadership changes (and other metric updates).
-    pub fn watch(&self) -> watch::Receiver<openraft::RaftMetrics<NodeId, BasicNode>> {
-        self.raft.metrics()
+    /// Changes of this replica's vote, role, leader or membership. Not of
+    /// its log: openraft's full metrics change with every loop of its core
+    /// (every append, sync, acknowledgement and apply), and a loop that woke
+    /// on each did its work several times per entry on every node.
+    pub fn watch(&self) -> watch::Receiver<openraft::metrics::RaftServerMetrics<NodeId, BasicNode>> {
+        self.raft.server_metrics()
     }
 
     pub fn status(&self) -> ReplicaStatus {
