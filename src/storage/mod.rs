@@ -171,18 +171,6 @@ pub struct Store {
     _mark: mark::MarkWriter,
 }
 
-impl Drop for Store {
-    /// Writes and syncs the WAL records still in RocksDB's buffer (unsynced
-    /// writes since the last group commit, see `set_manual_wal_flush`), so a
-    /// clean stop leaves everything written on disk, as it did when each
-    /// write went to the file at once.
-    fn drop(&mut self) {
-        if let Err(e) = self.db.flush_wal(!writer::skip_wal_sync()) {
-            tracing::warn!("flushing the WAL as the database closes failed: {e}");
-        }
-    }
-}
-
 /// Bytes a node's database wrote, by where they went (see [`Store::written`]).
 #[derive(Clone, Copy, Debug, Default, PartialEq)]
 pub struct Written {
