@@ -37,6 +37,12 @@ pub struct Conditions {
     pub fdatasync_samples: usize,
     pub fdatasync_p50_ms: f64,
     pub fdatasync_p99_ms: f64,
+    /// The median round trip of a small message over a loopback TCP
+    /// connection (`TCP_NODELAY`, one thread each side).
+    pub loopback_rtt_p50_ms: f64,
+    /// The floor a replicated create cannot beat here: the leader's and a
+    /// follower's fdatasync in series plus one round trip between them.
+    pub floor_ms: f64,
     /// The fastest of several runs of [`cpu_reference`] on one core: lower
     /// is a faster core. Figures scale with it on a CPU-bound workload.
     pub cpu_reference_ms: f64,
@@ -57,6 +63,10 @@ impl Conditions {
             "conditions: load average {load}; CPU reference {:.1} ms (lower is faster); 4 KiB write + fdatasync in \
              {}: p50 {:.3} ms, p99 {:.3} ms ({} samples)",
             self.cpu_reference_ms, self.disk_dir, self.fdatasync_p50_ms, self.fdatasync_p99_ms, self.fdatasync_samples
+        );
+        println!(
+            "conditions: loopback round trip p50 {:.3} ms; floor (two fdatasyncs in series and a round trip) {:.3} ms",
+            self.loopback_rtt_p50_ms, self.floor_ms
         );
         if let Some(dirty) = self.dirty_before_mib {
             println!(
@@ -89,14 +99,17 @@ pub fn measure(dir: &Path, samples: usize) -> std::io::Result<Conditions> {
         file.sync_data()?;
         took.push(started.elapsed().as_secs_f64() * 1000.0);
     }
-    took.sort_by(f64::total_cmp);
-    let at = |q: f64| took[((took.len() - 1) as f64 * q).round() as usize];
+    let fdatasync_p50_ms = quantile_ms(&mut took, 0.5);
+    let fdatasync_p99_ms = quantile_ms(&mut took, 0.99);
+    let loopback_rtt_p50_ms = loopback_rtt_p50_ms(samples.max(1))?;
     Ok(Conditions {
         load_average,
         disk_dir: dir.display().to_string(),
         fdatasync_samples: took.len(),
-        fdatasync_p50_ms: (at(0.5) * 1000.0).round() / 1000.0,
-        fdatasync_p99_ms: (at(0.99) * 1000.0).round() / 1000.0,
+        fdatasync_p50_ms,
+        fdatasync_p99_ms,
+        loopback_rtt_p50_ms,
+        floor_ms: ((2.0 * fdatasync_p50_ms + loopback_rtt_p50_ms) * 1000.0).round() / 1000.0,
         cpu_reference_ms: cpu_reference_ms(5),
         node_binary: node_binary().map(|path| path.display().to_string()),
         dirty_before_mib,
@@ -105,6 +118,43 @@ pub fn measure(dir: &Path, samples: usize) -> std::io::Result<Conditions> {
 }
 
 /// The `Dirty:` line of a `/proc/meminfo`, in MiB.
+/// The `q` quantile of `samples` (milliseconds), to the microsecond.
+fn quantile_ms(samples: &mut [f64], q: f64) -> f64 {
+    samples.sort_by(f64::total_cmp);
+    let at = samples[((samples.len() - 1) as f64 * q).round() as usize];
+    (at * 1000.0).round() / 1000.0
+}
+
+/// The median of `samples` round trips of 64 bytes over a loopback TCP
+/// connection to an echoing thread.
+fn loopback_rtt_p50_ms(samples: usize) -> std::io::Result<f64> {
+    use std::io::Read;
+    let listener = std::net::TcpListener::bind("127.0.0.1:0")?;
+    let addr = listener.local_addr()?;
+    let echo = std::thread::spawn(move || -> std::io::Result<()> {
+        let (mut stream, _) = listener.accept()?;
+        stream.set_nodelay(true)?;
+        let mut message = [0u8; 64];
+        while stream.read_exact(&mut message).is_ok() {
+            stream.write_all(&message)?;
+        }
+        Ok(())
+    });
+    let mut stream = std::net::TcpStream::connect(addr)?;
+    stream.set_nodelay(true)?;
+    let mut message = [0x5au8; 64];
+    let mut took: Vec<f64> = Vec::with_capacity(samples);
+    for _ in 0..samples {
+        let started = Instant::now();
+        stream.write_all(&message)?;
+        stream.read_exact(&mut message)?;
+        took.push(started.elapsed().as_secs_f64() * 1000.0);
+    }
+    drop(stream);
+    echo.join().map_err(|_| std::io::Error::other("the loopback echo thread panicked"))??;
+    Ok(quantile_ms(&mut took, 0.5))
+}
+
 fn dirty_mib(meminfo: &str) -> Option<f64> {
     let line = meminfo.lines().find(|l| l.starts_with("Dirty:"))?;
     let kib: f64 = line.split_whitespace().nth(1)?.parse().ok()?;
@@ -195,6 +245,8 @@ mod tests {
         let conditions = super::measure(dir.path(), 5).unwrap();
         assert_eq!(conditions.fdatasync_samples, 5);
         assert!(conditions.fdatasync_p50_ms <= conditions.fdatasync_p99_ms);
+        assert!(conditions.loopback_rtt_p50_ms > 0.0, "a round trip takes some time");
+        assert!(conditions.floor_ms >= 2.0 * conditions.fdatasync_p50_ms);
         assert_eq!(std::fs::read_dir(dir.path()).unwrap().count(), 0, "the scratch file is removed");
         assert!(conditions.cpu_reference_ms > 0.0 && conditions.cpu_reference_ms.is_finite());
     }
