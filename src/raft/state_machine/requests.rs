@@ -82,6 +82,11 @@ pub struct DiskRequests {
     by_id: BTreeMap<u64, Option<RequestId>>,
     /// Stored entries below this storage id have been reported expiring.
     scanned_below: u64,
+    /// No stored entry lies in `scanned_below..next_stored` (the last scan
+    /// stopped at `next_stored`, and every insert since lowers it): while the
+    /// bound stays below it, an apply needs no scan (each scan is an iterator
+    /// and a seek, on every replica, with every entry).
+    next_stored: u64,
 }
 
 impl std::fmt::Debug for DiskRequests {
@@ -135,6 +140,7 @@ impl DiskRequests {
             by_request: HashMap::new(),
             by_id: BTreeMap::new(),
             scanned_below: 0,
+            next_stored: 0,
         }
     }
 }
@@ -169,6 +175,7 @@ impl RequestTable for DiskRequests {
         // An entry of a 0 ms window is stored below the bound it was made
         // at: the next expiry scan starts from it.
         self.scanned_below = self.scanned_below.min(id);
+        self.next_stored = self.next_stored.min(id);
         self.counts.add(request);
         self.by_request.insert(request.clone(), Some(entry));
         self.by_id.insert(id, Some(request.clone()));
@@ -180,9 +187,11 @@ impl RequestTable for DiskRequests {
     }
     fn expiring(&mut self, bound: u64) -> Vec<(u64, RequestId)> {
         let mut expiring = Vec::new();
-        if bound > self.scanned_below {
+        if bound > self.scanned_below && bound > self.next_stored {
+            let mut stopped_at = u64::MAX;
             let scan = self.store.scan_while(Table::Requests, self.partition, self.scanned_below, |id, bytes| {
                 if id >= bound {
+                    stopped_at = id;
                     return Ok(false);
                 }
                 // An unwritten change of this id stands for it (below).
@@ -193,6 +202,10 @@ impl RequestTable for DiskRequests {
                 Ok(true)
             });
             must("remembered creates", scan);
+            self.scanned_below = bound;
+            self.next_stored = stopped_at;
+        } else if bound > self.scanned_below {
+            // Nothing stored below the bound that was not reported already.
             self.scanned_below = bound;
         }
         expiring.extend(self.by_id.range(..bound).filter_map(|(id, change)| Some((*id, change.clone()?))));

@@ -234,6 +234,36 @@ async fn expired_request_entries_and_pruned_expiry_entries_leave_storage_one_by_
     assert_eq!(stored_ids(&store, Table::Expiry), Vec::<u64>::new(), "past their age every final record goes");
 }
 
+#[tokio::test]
+async fn an_entry_of_a_shorter_window_made_after_a_longer_one_still_expires_on_time() {
+    use crate::core::RequestId;
+    let dir = tempfile::tempdir().unwrap();
+    let store = Store::open(&dir.path().join("a")).unwrap();
+    let (mut sm, _shared) = StateMachine::open(0, Arc::clone(&store), dir.path().join("snap-a"), versions()).unwrap();
+    let create_as = |seq: u64, window: Millis| {
+        let Command::Create(mut job) = create() else { unreachable!("create() makes a create") };
+        job.request = Some(RequestId::Gateway { node: 1, epoch: 7, seq });
+        job.dedupe_window_ms = window;
+        Command::Create(job)
+    };
+    // A minute's entry, then applies that look for expired entries and
+    // find the minute's first in storage (so later ones need not look).
+    sm.apply([entry(1, 1_000, vec![create_as(1, 60_000)])]).await.unwrap();
+    sm.apply([entry(2, 2_000, Vec::new())]).await.unwrap();
+    sm.apply([entry(3, 3_000, Vec::new())]).await.unwrap();
+    let minute = stored_ids(&store, Table::Requests);
+    assert_eq!(minute.len(), 1);
+    // A 5 s entry made now is stored before the minute's one.
+    sm.apply([entry(4, 4_000, vec![create_as(2, 5_000)])]).await.unwrap();
+    sm.apply([entry(5, 5_000, Vec::new())]).await.unwrap();
+    assert_eq!(stored_ids(&store, Table::Requests).len(), 2);
+    // At 10 s it has expired, the minute's has not.
+    sm.apply([entry(6, 10_000, Vec::new())]).await.unwrap();
+    assert_eq!(stored_ids(&store, Table::Requests), minute, "the 5 s entry expired at 9 s");
+    sm.apply([entry(7, 62_000, Vec::new())]).await.unwrap();
+    assert_eq!(stored_ids(&store, Table::Requests), Vec::<u64>::new());
+}
+
 fn spec_bytes(store: &Store) -> u64 {
     store.put_bytes().iter().find(|(t, _)| t.cf_name() == "job_specs").map(|(_, b)| *b).unwrap()
 }
