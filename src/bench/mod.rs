@@ -236,10 +236,12 @@ pub async fn run(args: BenchArgs) -> anyhow::Result<bool> {
         (false, _) => None,
     };
     // The conditions go first, so that every figure below is read beside them.
+    let mut floor_ms = None;
     if args.local_nodes.is_some() {
         let disk = args.local_dir.clone().unwrap_or_else(std::env::temp_dir);
         std::fs::create_dir_all(&disk).with_context(|| format!("creating {}", disk.display()))?;
         let conditions = conditions::measure(&disk, 200).context("measuring the disk's fdatasync latency")?;
+        floor_ms = Some(conditions.floor_ms);
         if args.json {
             println!("{}", serde_json::json!({ "conditions": conditions }));
         } else {
@@ -350,6 +352,15 @@ pub async fn run(args: BenchArgs) -> anyhow::Result<bool> {
             println!("{}", serde_json::to_string(&Report { workload: *workload, parameters: &args, figures })?);
         } else {
             figures.print(*workload);
+            // The same latency read against this disk: what a newcomer's
+            // rerun on another disk should land near.
+            if let (Some(l), Some(floor)) = (figures.latency_ms, floor_ms) {
+                println!(
+                    "  create sent -> worker received, above the floor of {floor:.3} ms  p50 {:.2} ms  p99 {:.2} ms",
+                    l.p50 - floor,
+                    l.p99 - floor
+                );
+            }
         }
     }
     if let Some(cluster) = cluster.as_mut() {
