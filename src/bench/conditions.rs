@@ -117,7 +117,6 @@ pub fn measure(dir: &Path, samples: usize) -> std::io::Result<Conditions> {
     })
 }
 
-/// The `Dirty:` line of a `/proc/meminfo`, in MiB.
 /// The `q` quantile of `samples` (milliseconds), to the microsecond.
 fn quantile_ms(samples: &mut [f64], q: f64) -> f64 {
     samples.sort_by(f64::total_cmp);
@@ -155,6 +154,7 @@ fn loopback_rtt_p50_ms(samples: usize) -> std::io::Result<f64> {
     Ok(quantile_ms(&mut took, 0.5))
 }
 
+/// The `Dirty:` line of a `/proc/meminfo`, in MiB.
 fn dirty_mib(meminfo: &str) -> Option<f64> {
     let line = meminfo.lines().find(|l| l.starts_with("Dirty:"))?;
     let kib: f64 = line.split_whitespace().nth(1)?.parse().ok()?;
