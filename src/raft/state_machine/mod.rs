@@ -600,6 +600,8 @@ mod limit_tests;
 #[cfg(test)]
 mod plan_tests;
 #[cfg(test)]
+mod requests_tests;
+#[cfg(test)]
 mod tests;
 #[cfg(test)]
 mod workflow_tests;

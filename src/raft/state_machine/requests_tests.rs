@@ -1,0 +1,77 @@
+//! Remembered creates (request ids and idempotency keys) leave storage when
+//! their window ends, one point deletion each, whatever order their windows
+//! were made in; a replica reopened from storage expires what is left.
+
+use super::tests::{create, entry, stored_ids, versions};
+use super::*;
+use crate::core::{Command, JobKey};
+
+#[tokio::test]
+async fn expired_request_entries_and_pruned_expiry_entries_leave_storage_one_by_one() {
+    use crate::core::RequestId;
+    let dir = tempfile::tempdir().unwrap();
+    let store = Store::open(&dir.path().join("a")).unwrap();
+    let (mut sm, _shared) = StateMachine::open(0, Arc::clone(&store), dir.path().join("snap-a"), versions()).unwrap();
+    let create_as = |seq: u64, window: Millis| {
+        let Command::Create(mut job) = create() else { unreachable!("create() makes a create") };
+        job.request = Some(RequestId::Gateway { node: 1, epoch: 7, seq });
+        job.dedupe_window_ms = window;
+        Command::Create(job)
+    };
+    // Request 1 is remembered for 5 s, request 2 for a minute.
+    sm.apply([entry(1, 1_000, vec![create_as(1, 5_000), create_as(2, 60_000)])]).await.unwrap();
+    let requests = stored_ids(&store, Table::Requests);
+    assert_eq!(requests.len(), 2);
+    // At 10 s the first has expired: its entry, and only it, leaves storage.
+    sm.apply([entry(2, 10_000, Vec::new())]).await.unwrap();
+    assert_eq!(stored_ids(&store, Table::Requests), vec![requests[1]]);
+
+    // Six final records with three kept: the expiry index keeps the newest three.
+    sm.apply([entry(3, 11_000, (0..4).map(|_| create()).collect())]).await.unwrap();
+    let cancels = (1..=6).map(|c| Command::Cancel { key: JobKey::new(0, c), by: String::new() }).collect();
+    sm.apply([entry(4, 12_000, cancels)]).await.unwrap();
+    assert_eq!(stored_ids(&store, Table::Expiry), vec![3, 4, 5]);
+    assert_eq!(stored_ids(&store, Table::Done).len(), 3);
+    // Each went as a point deletion: range deletions, one or more per
+    // apply, made RocksDB fragment thousands of them at each flush.
+    store.flush_memtables();
+    assert_eq!(store.range_deletions_in_files(Table::Requests), 0);
+    assert_eq!(store.range_deletions_in_files(Table::Expiry), 0);
+
+    // A restart finds the same, and expires what is left as before.
+    drop(sm);
+    let (mut sm, _shared) = StateMachine::open(0, Arc::clone(&store), dir.path().join("snap-a"), versions()).unwrap();
+    sm.apply([entry(5, 70_000, Vec::new())]).await.unwrap();
+    assert_eq!(stored_ids(&store, Table::Requests), Vec::<u64>::new());
+    assert_eq!(stored_ids(&store, Table::Expiry), Vec::<u64>::new(), "past their age every final record goes");
+}
+
+#[tokio::test]
+async fn an_entry_of_a_shorter_window_made_after_a_longer_one_still_expires_on_time() {
+    use crate::core::RequestId;
+    let dir = tempfile::tempdir().unwrap();
+    let store = Store::open(&dir.path().join("a")).unwrap();
+    let (mut sm, _shared) = StateMachine::open(0, Arc::clone(&store), dir.path().join("snap-a"), versions()).unwrap();
+    let create_as = |seq: u64, window: Millis| {
+        let Command::Create(mut job) = create() else { unreachable!("create() makes a create") };
+        job.request = Some(RequestId::Gateway { node: 1, epoch: 7, seq });
+        job.dedupe_window_ms = window;
+        Command::Create(job)
+    };
+    // A minute's entry, then applies that look for expired entries and
+    // find the minute's first in storage (so later ones need not look).
+    sm.apply([entry(1, 1_000, vec![create_as(1, 60_000)])]).await.unwrap();
+    sm.apply([entry(2, 2_000, Vec::new())]).await.unwrap();
+    sm.apply([entry(3, 3_000, Vec::new())]).await.unwrap();
+    let minute = stored_ids(&store, Table::Requests);
+    assert_eq!(minute.len(), 1);
+    // A 5 s entry made now is stored before the minute's one.
+    sm.apply([entry(4, 4_000, vec![create_as(2, 5_000)])]).await.unwrap();
+    sm.apply([entry(5, 5_000, Vec::new())]).await.unwrap();
+    assert_eq!(stored_ids(&store, Table::Requests).len(), 2);
+    // At 10 s it has expired, the minute's has not.
+    sm.apply([entry(6, 10_000, Vec::new())]).await.unwrap();
+    assert_eq!(stored_ids(&store, Table::Requests), minute, "the 5 s entry expired at 9 s");
+    sm.apply([entry(7, 62_000, Vec::new())]).await.unwrap();
+    assert_eq!(stored_ids(&store, Table::Requests), Vec::<u64>::new());
+}
