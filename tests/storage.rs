@@ -196,6 +196,26 @@ fn a_torn_last_record_is_dropped_and_everything_before_it_opens() {
 }
 
 #[test]
+fn writes_not_yet_synced_are_on_disk_after_a_clean_close() {
+    let dir = tempfile::tempdir().unwrap();
+    let db = dir.path().join("db");
+    let store = Store::open(&db).unwrap();
+    append_synced(&store);
+    // Unsynced writes (an apply, a commit index) wait in RocksDB's WAL
+    // buffer for the next group commit; none comes before the close.
+    let mut batch = store.batch();
+    batch.put(Table::Log, storage::key(0, ENTRIES as u64), vec![0xee; 1000]);
+    store.write(batch);
+    let wal = newest_wal(&db);
+    let before_close = std::fs::metadata(&wal).unwrap().len();
+    drop(store);
+    assert!(std::fs::metadata(&wal).unwrap().len() > before_close, "the close wrote the buffered record");
+
+    let store = Store::open(&db).unwrap();
+    assert_eq!(log_entries(&store), ENTRIES + 1, "the write after the last sync is there too");
+}
+
+#[test]
 fn a_wal_cut_short_below_what_was_synced_refuses_the_open() {
     let dir = tempfile::tempdir().unwrap();
     let db = dir.path().join("db");

@@ -32,9 +32,9 @@ impl Default for MemoryBudget {
 
 impl Drop for Store {
     /// Writes and syncs the WAL records still in RocksDB's buffer (unsynced
-    /// writes since the last group commit, see `set_manual_wal_flush`), so a
-    /// clean stop leaves everything written on disk, as it did when each
-    /// write went to the file at once.
+    /// writes since the last group commit, see `set_manual_wal_flush`).
+    /// RocksDB would write them to the file as it closes, but not sync them:
+    /// a clean stop followed by a power cut keeps them this way.
     fn drop(&mut self) {
         if let Err(e) = self.db.flush_wal(!super::writer::skip_wal_sync()) {
             tracing::warn!("flushing the WAL as the database closes failed: {e}");
