@@ -29,6 +29,14 @@ fn append_synced(store: &Store) {
     }
 }
 
+/// Writes one more log record after [`append_synced`]'s, which no sync
+/// covers (so nothing acknowledged it).
+fn write_unsynced(store: &Store) {
+    let mut batch = store.batch();
+    batch.put(Table::Log, storage::key(0, ENTRIES as u64), vec![0xee; 1000]);
+    store.write(batch);
+}
+
 fn log_entries(store: &Store) -> usize {
     store.scan(Table::Log, 0, 0..u64::MAX).unwrap().len()
 }
@@ -181,11 +189,9 @@ fn a_torn_last_record_is_dropped_and_everything_before_it_opens() {
     let db = dir.path().join("db");
     let store = Store::open(&db).unwrap();
     append_synced(&store);
-    // One more write that is never synced, so never acknowledged: a crash in
-    // the middle of writing it tears it, and recovery may drop it.
-    let mut batch = store.batch();
-    batch.put(Table::Log, storage::key(0, ENTRIES as u64), vec![0xee; 1000]);
-    store.write(batch);
+    // A crash in the middle of writing an unsynced record tears it, and
+    // recovery may drop it.
+    write_unsynced(&store);
     drop(store);
     let wal = newest_wal(&db);
     let length = std::fs::metadata(&wal).unwrap().len();
@@ -203,9 +209,7 @@ fn writes_not_yet_synced_are_on_disk_after_a_clean_close() {
     append_synced(&store);
     // Unsynced writes (an apply, a commit index) wait in RocksDB's WAL
     // buffer for the next group commit; none comes before the close.
-    let mut batch = store.batch();
-    batch.put(Table::Log, storage::key(0, ENTRIES as u64), vec![0xee; 1000]);
-    store.write(batch);
+    write_unsynced(&store);
     let wal = newest_wal(&db);
     let before_close = std::fs::metadata(&wal).unwrap().len();
     drop(store);

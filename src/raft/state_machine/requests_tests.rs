@@ -4,20 +4,21 @@
 
 use super::tests::{create, entry, stored_ids, versions};
 use super::*;
-use crate::core::{Command, JobKey};
+use crate::core::{Command, JobKey, RequestId};
+
+/// A create of request `seq` (from one gateway) remembered for `window` ms.
+fn create_as(seq: u64, window: Millis) -> Command {
+    let Command::Create(mut job) = create() else { unreachable!("create() makes a create") };
+    job.request = Some(RequestId::Gateway { node: 1, epoch: 7, seq });
+    job.dedupe_window_ms = window;
+    Command::Create(job)
+}
 
 #[tokio::test]
 async fn expired_request_entries_and_pruned_expiry_entries_leave_storage_one_by_one() {
-    use crate::core::RequestId;
     let dir = tempfile::tempdir().unwrap();
     let store = Store::open(&dir.path().join("a")).unwrap();
     let (mut sm, _shared) = StateMachine::open(0, Arc::clone(&store), dir.path().join("snap-a"), versions()).unwrap();
-    let create_as = |seq: u64, window: Millis| {
-        let Command::Create(mut job) = create() else { unreachable!("create() makes a create") };
-        job.request = Some(RequestId::Gateway { node: 1, epoch: 7, seq });
-        job.dedupe_window_ms = window;
-        Command::Create(job)
-    };
     // Request 1 is remembered for 5 s, request 2 for a minute.
     sm.apply([entry(1, 1_000, vec![create_as(1, 5_000), create_as(2, 60_000)])]).await.unwrap();
     let requests = stored_ids(&store, Table::Requests);
@@ -48,16 +49,9 @@ async fn expired_request_entries_and_pruned_expiry_entries_leave_storage_one_by_
 
 #[tokio::test]
 async fn an_entry_of_a_shorter_window_made_after_a_longer_one_still_expires_on_time() {
-    use crate::core::RequestId;
     let dir = tempfile::tempdir().unwrap();
     let store = Store::open(&dir.path().join("a")).unwrap();
     let (mut sm, _shared) = StateMachine::open(0, Arc::clone(&store), dir.path().join("snap-a"), versions()).unwrap();
-    let create_as = |seq: u64, window: Millis| {
-        let Command::Create(mut job) = create() else { unreachable!("create() makes a create") };
-        job.request = Some(RequestId::Gateway { node: 1, epoch: 7, seq });
-        job.dedupe_window_ms = window;
-        Command::Create(job)
-    };
     // A minute's entry, then applies that look for expired entries and
     // find the minute's first in storage (so later ones need not look).
     sm.apply([entry(1, 1_000, vec![create_as(1, 60_000)])]).await.unwrap();
