@@ -98,6 +98,19 @@ impl Store {
             table.set_block_cache(&cache);
             table.set_cache_index_and_filter_blocks(true);
             table.set_pin_l0_filter_and_index_blocks_in_cache(true);
+            // A table file's index and filter come in 4 KiB partitions under
+            // a small top level that stays pinned, so a lookup loads one
+            // partition of each. Whole, they grow with the file, and RocksDB
+            // pins them only for files about a memtable's size: once a
+            // compaction's file had a filter larger than a shard of the cache
+            // (512 KiB of the default 32 MiB), every lookup read it from the
+            // file and checksummed it again, and a 3-node throughput run fell
+            // from 40,000 to 11,000 jobs/s after 300,000 jobs
+            // (docs/benchmarks.md).
+            table.set_index_type(rocksdb::BlockBasedIndexType::TwoLevelIndexSearch);
+            table.set_partition_filters(true);
+            table.set_metadata_block_size(4096);
+            table.set_pin_top_level_index_and_filter(true);
             let mut cf_opts = column_family_base.clone();
             if name == CF_REQUESTS {
                 // Nearly every lookup there is of a request not remembered
@@ -250,3 +263,45 @@ fn recovery_options() -> Result<Options, StorageError> {
 /// Every column family's memtable inserts start from the last insert with
 /// the same partition prefix (see [`Store::open_with`]).
 pub(super) const MEMTABLE_INSERT_HINT: &str = "memtable_insert_with_hint_prefix_extractor=rocksdb.FixedPrefix.4";
+
+#[cfg(test)]
+mod tests {
+    use super::super::{key, Table};
+    use super::*;
+
+    /// A lookup of a key a large table file does not hold reads a few KiB
+    /// of that file's filter and index, not all of it, even when the whole
+    /// filter would not fit in a shard of the cache.
+    #[test]
+    fn a_lookup_in_a_large_table_file_loads_a_partition_of_its_filter_not_all_of_it() {
+        let dir = tempfile::tempdir().unwrap();
+        // One cache shard of 64 KiB; the file's whole filter is about 125 KB.
+        // RocksDB pins the filter of a file about a memtable's size as it
+        // pins level 0's; a compaction's file of several memtables is not.
+        let store = Store::open_with(dir.path(), MemoryBudget { memtables: 4 << 20, block_cache: 64 << 10 }).unwrap();
+        let mut batch = store.batch();
+        for id in (0..200_000u64).step_by(2) {
+            let value: Vec<u8> =
+                (0..8).flat_map(|i| id.wrapping_mul(0x9e37_79b9_7f4a_7c15).rotate_left(i * 8).to_le_bytes()).collect();
+            batch.put(Table::Requests, key(1, id), value);
+        }
+        store.write(batch);
+        let cf = store.cf(Table::Requests);
+        store.db.flush_cf(cf).unwrap();
+        // Out of level 0, whose filters stay pinned whatever their size.
+        store.db.compact_range_cf(cf, None::<&[u8]>, None::<&[u8]>);
+        let loaded = || {
+            use rocksdb::statistics::Ticker;
+            store.options.get_ticker_count(Ticker::BlockCacheFilterBytesInsert)
+                + store.options.get_ticker_count(Ticker::BlockCacheIndexBytesInsert)
+        };
+        let before = loaded();
+        let lookups = 200;
+        for n in 0..lookups {
+            // Odd ids: inside the file's key range, never written.
+            assert_eq!(store.get(Table::Requests, key(1, (2 * 997 * n) % 200_000 + 1)).unwrap(), None);
+        }
+        let per_lookup = (loaded() - before) / lookups;
+        assert!(per_lookup <= 16 << 10, "each lookup loaded {per_lookup} bytes of filter and index into the cache");
+    }
+}
