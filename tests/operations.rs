@@ -754,6 +754,10 @@ async fn storage_gauges_count_every_column_family() {
     let memtables = common::metric_sum(&body, "drover_rocksdb_memtable_bytes");
     assert!(put > 150_000.0, "300 jobs of 512-byte variables put {put} bytes");
     assert!(memtables >= put, "the memtables ({memtables} bytes) hold what was put ({put} bytes)");
+    for block in ["filter", "index", "data"] {
+        let loaded = format!("drover_rocksdb_block_cache_loaded_bytes_total{{block=\"{block}\"}}");
+        assert!(body.contains(&loaded), "no {loaded} in the metrics");
+    }
 
     // The allocator's totals (this test binary links the node's jemalloc):
     // what is allocated includes the memtables' arenas, and fits in what is

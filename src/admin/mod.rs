@@ -503,6 +503,12 @@ fn record_storage(store: &crate::storage::Store) {
     for (kind, bytes) in store.written().kinds() {
         metrics::counter!(crate::metrics::WRITTEN_METRIC, "kind" => kind).absolute(bytes);
     }
+    for (block, reads) in store.block_cache_reads() {
+        metrics::counter!("drover_rocksdb_block_cache_hits_total", "block" => block).absolute(reads.hits);
+        metrics::counter!("drover_rocksdb_block_cache_misses_total", "block" => block).absolute(reads.misses);
+        metrics::counter!("drover_rocksdb_block_cache_loaded_bytes_total", "block" => block)
+            .absolute(reads.loaded_bytes);
+    }
     for (table, bytes) in store.put_bytes() {
         metrics::counter!(crate::metrics::PUT_METRIC, "table" => table.cf_name()).absolute(bytes);
     }

@@ -93,6 +93,12 @@ pub fn register_metrics() {
             "Bytes the node's RocksDB wrote, by kind: user (write batches), wal, flush and compaction (table files)",
         ),
         (PUT_METRIC, "Key and value bytes put into each table (column family) of the node's database"),
+        ("drover_rocksdb_block_cache_hits_total", "RocksDB block cache lookups that found the block, by kind (filter, index, data)"),
+        ("drover_rocksdb_block_cache_misses_total", "RocksDB block cache lookups that read the block from a table file, by kind"),
+        (
+            "drover_rocksdb_block_cache_loaded_bytes_total",
+            "Bytes RocksDB read from table files into the block cache, by kind of block (filter, index, data)",
+        ),
         ("drover_malloc_trim_released_bytes_total", "Resident memory handed back to the kernel by heap trims"),
     ];
     for (name, help) in counters {

@@ -24,6 +24,7 @@ mod mark;
 mod migrate;
 mod open;
 mod prefix;
+mod stats;
 mod writer;
 
 use std::ops::Range;
@@ -36,6 +37,7 @@ use rocksdb::{Direction, IteratorMode, Options, WriteBatch, WriteOptions, DB};
 pub use migrate::Migrated;
 pub use open::MemoryBudget;
 use open::COLUMN_FAMILIES;
+pub use stats::CacheReads;
 pub use writer::{fail_stop, SyncWriter};
 
 use crate::core::PartitionId;

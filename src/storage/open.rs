@@ -291,9 +291,8 @@ mod tests {
         // Out of level 0, whose filters stay pinned whatever their size.
         store.db.compact_range_cf(cf, None::<&[u8]>, None::<&[u8]>);
         let loaded = || {
-            use rocksdb::statistics::Ticker;
-            store.options.get_ticker_count(Ticker::BlockCacheFilterBytesInsert)
-                + store.options.get_ticker_count(Ticker::BlockCacheIndexBytesInsert)
+            let reads = store.block_cache_reads();
+            reads.iter().filter(|(block, _)| *block != "data").map(|(_, reads)| reads.loaded_bytes).sum::<u64>()
         };
         let before = loaded();
         let lookups = 200;
