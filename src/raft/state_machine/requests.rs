@@ -87,6 +87,11 @@ pub struct DiskRequests {
     /// bound stays below it, an apply needs no scan (each scan is an iterator
     /// and a seek, on every replica, with every entry).
     next_stored: u64,
+    /// No entry is stored at this storage id or above: the last stored one
+    /// when the table was opened, raised by every insert. A new create's id
+    /// is above it unless a longer window's entry expires later, so most
+    /// creates learn that nothing holds their id without reading the table.
+    stored_below: u64,
 }
 
 impl std::fmt::Debug for DiskRequests {
@@ -133,6 +138,7 @@ impl DiskRequests {
     /// The table of entries just written (a snapshot's, a backup's),
     /// counted as `counts`.
     pub fn installed(store: &Arc<Store>, partition: PartitionId, counts: RequestCounts) -> DiskRequests {
+        let last = must("the last remembered create", store.last(Table::Requests, partition));
         DiskRequests {
             store: Arc::clone(store),
             partition,
@@ -141,6 +147,7 @@ impl DiskRequests {
             by_id: BTreeMap::new(),
             scanned_below: 0,
             next_stored: 0,
+            stored_below: last.map_or(0, |(id, _)| id.saturating_add(1)),
         }
     }
 }
@@ -166,6 +173,9 @@ impl RequestTable for DiskRequests {
         if let Some(change) = self.by_id.get(&id) {
             return change.clone();
         }
+        if id >= self.stored_below {
+            return None;
+        }
         let stored = must("a remembered create", self.store.get(Table::Requests, key(self.partition, id)));
         stored.map(|bytes| {
             must("a remembered create", storage::decode::<(RequestId, Deduped)>("request entry", &bytes)).0
@@ -176,6 +186,7 @@ impl RequestTable for DiskRequests {
         // at: the next expiry scan starts from it.
         self.scanned_below = self.scanned_below.min(id);
         self.next_stored = self.next_stored.min(id);
+        self.stored_below = self.stored_below.max(id.saturating_add(1));
         self.counts.add(request);
         self.by_request.insert(request.clone(), Some(entry));
         self.by_id.insert(id, Some(request.clone()));

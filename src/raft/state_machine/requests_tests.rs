@@ -69,3 +69,36 @@ async fn an_entry_of_a_shorter_window_made_after_a_longer_one_still_expires_on_t
     sm.apply([entry(7, 62_000, Vec::new())]).await.unwrap();
     assert_eq!(stored_ids(&store, Table::Requests), Vec::<u64>::new());
 }
+
+/// A create finds the entry stored at its storage id (the rare one it
+/// displaces) whether the table learnt of it from an insert or from the
+/// stored entries when it opened, and reads nothing for an id above them all.
+#[test]
+fn the_entry_at_a_storage_id_is_found_after_a_reopen_and_above_every_stored_id_none_is_read() {
+    use crate::core::{Deduped, RequestTable};
+    let dir = tempfile::tempdir().unwrap();
+    let store = Store::open(dir.path()).unwrap();
+    let request = |seq| RequestId::Gateway { node: 1, epoch: 7, seq };
+    let entry = |job| Deduped { job: JobKey::new(0, job), expires_at: 9_000, fingerprint: 0 };
+    let mut table = requests::DiskRequests::open(&store, 0).unwrap();
+    let (low, high) = (1_000, 5_000);
+    for (id, seq) in [(low, 1), (high, 2)] {
+        table.insert(id, &request(seq), entry(seq));
+        let mut batch = store.batch();
+        requests::put(&mut batch, 0, id, &request(seq), &entry(seq));
+        store.write(batch);
+    }
+    table.written();
+    // From storage, through the insert's bound.
+    assert_eq!(table.at(high), Some(request(2)));
+    assert_eq!(table.at(low), Some(request(1)));
+    // Reopened: the bound comes from the last stored entry.
+    let table = requests::DiskRequests::open(&store, 0).unwrap();
+    assert_eq!(table.at(high), Some(request(2)));
+    assert_eq!(table.at(low), Some(request(1)));
+    assert_eq!(table.at(high - 1), None);
+    let read = store.records_read();
+    assert_eq!(table.at(high + 1), None);
+    assert_eq!(table.at(u64::MAX), None);
+    assert_eq!(store.records_read(), read, "ids above every stored one read the table");
+}
