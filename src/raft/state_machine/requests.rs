@@ -87,11 +87,11 @@ pub struct DiskRequests {
     /// bound stays below it, an apply needs no scan (each scan is an iterator
     /// and a seek, on every replica, with every entry).
     next_stored: u64,
-    /// No entry is stored at this storage id or above: the last stored one
-    /// when the table was opened, raised by every insert. A new create's id
-    /// is above it unless a longer window's entry expires later, so most
-    /// creates learn that nothing holds their id without reading the table.
-    stored_below: u64,
+    /// No entry is stored above this storage id: the last stored one when
+    /// the table was opened, raised by every insert. A new create's id is
+    /// above it unless a longer window's entry expires later, so most creates
+    /// learn that nothing holds their id without reading the table.
+    highest_stored: Option<u64>,
 }
 
 impl std::fmt::Debug for DiskRequests {
@@ -147,7 +147,7 @@ impl DiskRequests {
             by_id: BTreeMap::new(),
             scanned_below: 0,
             next_stored: 0,
-            stored_below: last.map_or(0, |(id, _)| id.saturating_add(1)),
+            highest_stored: last.map(|(id, _)| id),
         }
     }
 }
@@ -173,7 +173,7 @@ impl RequestTable for DiskRequests {
         if let Some(change) = self.by_id.get(&id) {
             return change.clone();
         }
-        if id >= self.stored_below {
+        if self.highest_stored.is_none_or(|highest| id > highest) {
             return None;
         }
         let stored = must("a remembered create", self.store.get(Table::Requests, key(self.partition, id)));
@@ -186,7 +186,7 @@ impl RequestTable for DiskRequests {
         // at: the next expiry scan starts from it.
         self.scanned_below = self.scanned_below.min(id);
         self.next_stored = self.next_stored.min(id);
-        self.stored_below = self.stored_below.max(id.saturating_add(1));
+        self.highest_stored = self.highest_stored.max(Some(id));
         self.counts.add(request);
         self.by_request.insert(request.clone(), Some(entry));
         self.by_id.insert(id, Some(request.clone()));
