@@ -275,9 +275,8 @@ mod tests {
     #[test]
     fn a_lookup_in_a_large_table_file_loads_a_partition_of_its_filter_not_all_of_it() {
         let dir = tempfile::tempdir().unwrap();
-        // One cache shard of 64 KiB; the file's whole filter is about 125 KB.
-        // RocksDB pins the filter of a file about a memtable's size as it
-        // pins level 0's; a compaction's file of several memtables is not.
+        // One cache shard of 64 KiB, and 2 MiB memtables; the file's whole
+        // filter is about 125 KB.
         let store = Store::open_with(dir.path(), MemoryBudget { memtables: 4 << 20, block_cache: 64 << 10 }).unwrap();
         let mut batch = store.batch();
         for id in (0..200_000u64).step_by(2) {
@@ -288,7 +287,8 @@ mod tests {
         store.write(batch);
         let cf = store.cf(Table::Requests);
         store.db.flush_cf(cf).unwrap();
-        // Out of level 0, whose filters stay pinned whatever their size.
+        // One file of several memtables' size: RocksDB pins the filter of a
+        // file about a memtable's size (a flush's), not of this one.
         store.db.compact_range_cf(cf, None::<&[u8]>, None::<&[u8]>);
         let loaded = || {
             let reads = store.block_cache_reads();
