@@ -116,6 +116,25 @@ def spawn_consumer(consume, jobs, *args):
     return process, ours
 
 
+async def consume_all(jobs, subscribe, tell):
+    """The body of a throughput consumer: `subscribe(on_body)` as for
+    `latency`, then tells the publisher, and returns when `jobs` messages came
+    (the time of the last)."""
+    received = 0
+    done = asyncio.Event()
+
+    def on_body(_body):
+        nonlocal received
+        received += 1
+        if received >= jobs:
+            done.set()
+
+    await subscribe(on_body)
+    tell("subscribed")
+    await asyncio.wait_for(done.wait(), timeout=600)
+    return time.perf_counter()
+
+
 async def throughput(args, publish, consumer, described):
     process, pipe = consumer
     loop = asyncio.get_running_loop()

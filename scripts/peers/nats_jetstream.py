@@ -99,19 +99,7 @@ async def consume(client_ports, jobs, tell):
     worker = await nats.connect(servers=[f"nats://127.0.0.1:{p}" for p in client_ports])
     wjs = worker.jetstream()
     await make_stream(wjs, time.monotonic() + 30)
-    received = 0
-    done = asyncio.Event()
-
-    def on_body(_body):
-        nonlocal received
-        received += 1
-        if received >= jobs:
-            done.set()
-
-    await subscribe(wjs, on_body)
-    tell("subscribed")
-    await asyncio.wait_for(done.wait(), timeout=600)
-    last = time.perf_counter()
+    last = await common.consume_all(jobs, lambda on_body: subscribe(wjs, on_body), tell)
     await worker.close()
     return last
 

@@ -126,19 +126,7 @@ async def subscribe(connection, on_body):
 async def consume(port, jobs, tell):
     """The throughput workload's consumer (see `common.spawn_consumer`)."""
     connection = await aio_pika.connect(f"amqp://guest:guest@127.0.0.1:{port}/")
-    received = 0
-    done = asyncio.Event()
-
-    def on_body(_body):
-        nonlocal received
-        received += 1
-        if received >= jobs:
-            done.set()
-
-    await subscribe(connection, on_body)
-    tell("subscribed")
-    await asyncio.wait_for(done.wait(), timeout=600)
-    last = time.perf_counter()
+    last = await common.consume_all(jobs, lambda on_body: subscribe(connection, on_body), tell)
     await connection.close()
     return last
 
