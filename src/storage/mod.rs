@@ -20,6 +20,7 @@
 //! whose storage refused a write, and a node that keeps answering without its
 //! groups is worse than one its supervisor restarts.
 
+mod index;
 mod mark;
 mod migrate;
 mod open;
@@ -34,6 +35,8 @@ use std::sync::Arc;
 
 use rocksdb::{Direction, IteratorMode, Options, WriteBatch, WriteOptions, DB};
 
+pub use index::index_key;
+use index::INDEX_PREFIX;
 pub use migrate::Migrated;
 pub use open::MemoryBudget;
 use open::COLUMN_FAMILIES;
@@ -141,19 +144,6 @@ pub fn key(partition: PartitionId, id: u64) -> [u8; 12] {
 pub fn meta_key(partition: PartitionId, name: &str) -> Vec<u8> {
     let mut k = partition.to_be_bytes().to_vec();
     k.extend_from_slice(name.as_bytes());
-    k
-}
-
-/// What an index key's prefix has that no partition's has (partitions are
-/// below 4096).
-const INDEX_PREFIX: PartitionId = 1 << 31;
-
-/// A key of a partition's index in a table: records found by another key
-/// than their id (see `raft::state_machine::requests`). Its prefix is no
-/// partition's, so the partition's records and their scans never meet it.
-pub fn index_key(partition: PartitionId, by: &[u8]) -> Vec<u8> {
-    let mut k = (partition | INDEX_PREFIX).to_be_bytes().to_vec();
-    k.extend_from_slice(by);
     k
 }
 
@@ -347,29 +337,6 @@ impl Store {
         for item in self.db.iterator_cf(self.cf(table), IteratorMode::From(&start, Direction::Forward)) {
             let (k, v) = item?;
             if k.len() != 12 || k[..4] != partition.to_be_bytes() || !visit(id_of(&k), &v)? {
-                break;
-            }
-        }
-        Ok(())
-    }
-
-    /// Visits the entries of a partition's index in a table ([`index_key`])
-    /// that begin with `prefix`, from `prefix` + `from` on, in key order,
-    /// while `visit` (given the rest of each key after `prefix`) answers true.
-    pub fn scan_index(
-        &self,
-        table: Table,
-        partition: PartitionId,
-        prefix: &[u8],
-        from: &[u8],
-        mut visit: impl FnMut(&[u8]) -> Result<bool, StorageError>,
-    ) -> Result<(), StorageError> {
-        let within = index_key(partition, prefix);
-        let mut start = within.clone();
-        start.extend_from_slice(from);
-        for item in self.db.iterator_cf(self.cf(table), IteratorMode::From(&start, Direction::Forward)) {
-            let (k, _) = item?;
-            if !k.starts_with(&within) || !visit(&k[within.len()..])? {
                 break;
             }
         }

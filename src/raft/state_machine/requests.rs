@@ -35,10 +35,8 @@ fn request_key(partition: PartitionId, request: &RequestId) -> Vec<u8> {
     let mut by = Vec::with_capacity(32);
     match request {
         RequestId::Gateway { node, epoch, seq } => {
-            by.push(0);
-            for n in [node, epoch, seq] {
-                by.extend_from_slice(&n.to_be_bytes());
-            }
+            by.extend_from_slice(&gateway_prefix(*node, *epoch));
+            by.extend_from_slice(&seq.to_be_bytes());
         }
         RequestId::Key { tenant, user, key } => {
             by.push(1);
@@ -50,6 +48,14 @@ fn request_key(partition: PartitionId, request: &RequestId) -> Vec<u8> {
         }
     }
     index_key(partition, &by)
+}
+
+/// What the index keys of a gateway's (node, epoch) begin with.
+fn gateway_prefix(node: u64, epoch: u64) -> [u8; 17] {
+    let mut prefix = [0; 17];
+    prefix[1..9].copy_from_slice(&node.to_be_bytes());
+    prefix[9..].copy_from_slice(&epoch.to_be_bytes());
+    prefix
 }
 
 /// Stores an entry the engine added.
@@ -92,6 +98,27 @@ pub struct DiskRequests {
     /// above it unless a longer window's entry expires later, so most creates
     /// learn that nothing holds their id without reading the table.
     highest_stored: Option<u64>,
+    /// For a gateway's (node, epoch): no entry of its requests is stored or
+    /// unwritten with a sequence number above this one. A gateway numbers
+    /// its creates in order, so most of them learn that they are new without
+    /// reading the table; a repeat, or one that arrives after a later one,
+    /// reads it as before. Set at a (node, epoch)'s first insert, from the
+    /// table (one seek), and raised by each insert; at most
+    /// [`GATEWAYS_KEPT`] of them, forgotten together when full.
+    gateways: HashMap<(u64, u64), u64>,
+}
+
+/// The gateways' (node, epoch) a table keeps a bound for: a node's gateway
+/// draws a new epoch at each start, so a long-lived replica sees a few per
+/// node.
+const GATEWAYS_KEPT: usize = 256;
+
+/// A gateway's request: its (node, epoch) and its sequence number.
+fn gateway_seq(request: &RequestId) -> Option<((u64, u64), u64)> {
+    match request {
+        RequestId::Gateway { node, epoch, seq } => Some(((*node, *epoch), *seq)),
+        RequestId::Key { .. } => None,
+    }
 }
 
 impl std::fmt::Debug for DiskRequests {
@@ -148,7 +175,21 @@ impl DiskRequests {
             scanned_below: 0,
             next_stored: 0,
             highest_stored: last.map(|(id, _)| id),
+            gateways: HashMap::new(),
         }
+    }
+
+    /// The highest sequence number of a gateway's (node, epoch) stored or
+    /// unwritten: the last index key of its prefix, and the changes held.
+    fn highest_seq(&self, (node, epoch): (u64, u64)) -> Option<u64> {
+        let prefix = gateway_prefix(node, epoch);
+        let stored = must(
+            "the last remembered create of a gateway",
+            self.store.last_in_index(Table::Requests, self.partition, &prefix, &u64::MAX.to_be_bytes()),
+        );
+        let stored = stored.map(|rest| u64::from_be_bytes(rest.try_into().expect("an 8-byte sequence number")));
+        let unwritten = self.by_request.keys().filter_map(gateway_seq).filter(|(of, _)| *of == (node, epoch));
+        stored.into_iter().chain(unwritten.map(|(_, seq)| seq)).max()
     }
 }
 
@@ -163,6 +204,11 @@ impl RequestTable for DiskRequests {
     fn find(&self, request: &RequestId) -> Option<Deduped> {
         if let Some(change) = self.by_request.get(request) {
             return *change;
+        }
+        if let Some((of, seq)) = gateway_seq(request) {
+            if self.gateways.get(&of).is_some_and(|highest| seq > *highest) {
+                return None;
+            }
         }
         let stored = must("a remembered create", self.store.get(Table::Requests, request_key(self.partition, request)));
         stored.map(|bytes| {
@@ -187,6 +233,18 @@ impl RequestTable for DiskRequests {
         self.scanned_below = self.scanned_below.min(id);
         self.next_stored = self.next_stored.min(id);
         self.highest_stored = self.highest_stored.max(Some(id));
+        if let Some((of, seq)) = gateway_seq(request) {
+            match self.gateways.get_mut(&of) {
+                Some(highest) => *highest = (*highest).max(seq),
+                None => {
+                    if self.gateways.len() == GATEWAYS_KEPT {
+                        self.gateways.clear();
+                    }
+                    let highest = self.highest_seq(of).unwrap_or(0).max(seq);
+                    self.gateways.insert(of, highest);
+                }
+            }
+        }
         self.counts.add(request);
         self.by_request.insert(request.clone(), Some(entry));
         self.by_id.insert(id, Some(request.clone()));

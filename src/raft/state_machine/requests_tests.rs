@@ -102,3 +102,60 @@ fn the_entry_at_a_storage_id_is_found_after_a_reopen_and_above_every_stored_id_n
     assert_eq!(table.at(u64::MAX), None);
     assert_eq!(store.records_read(), read, "ids above every stored one read the table");
 }
+
+/// A gateway's creates after the first learn that they are new without a
+/// read, and the bound that lets them is never below a stored or unwritten
+/// sequence number: not after a reopen, when a create arrives after a later
+/// one, nor when the bounds were forgotten while an entry waited unwritten.
+#[test]
+fn a_gateways_new_creates_read_nothing_and_its_stored_ones_are_always_found() {
+    use crate::core::{Deduped, RequestTable};
+    let dir = tempfile::tempdir().unwrap();
+    let store = Store::open(dir.path()).unwrap();
+    let request = |epoch, seq| RequestId::Gateway { node: 1, epoch, seq };
+    let entry = |job| Deduped { job: JobKey::new(0, job), expires_at: 9_000, fingerprint: 0 };
+    let insert = |table: &mut requests::DiskRequests, id: u64, epoch: u64, seq: u64| {
+        table.insert(id, &request(epoch, seq), entry(seq));
+        let mut batch = store.batch();
+        requests::put(&mut batch, 0, id, &request(epoch, seq), &entry(seq));
+        store.write(batch);
+    };
+    let mut table = requests::DiskRequests::open(&store, 0).unwrap();
+    for seq in [1, 2, 50] {
+        insert(&mut table, 1_000 + seq, 7, seq);
+    }
+    table.written();
+    let read = store.records_read();
+    assert_eq!(table.find(&request(7, 51)), None);
+    assert_eq!(store.records_read(), read, "a create above the gateway's highest read the table");
+    assert_eq!(table.find(&request(7, 50)).map(|seen| seen.job), Some(JobKey::new(0, 50)));
+
+    // Reopened, the first create of the gateway reads; one that arrives
+    // after a later one does not hide the later one.
+    let mut table = requests::DiskRequests::open(&store, 0).unwrap();
+    assert_eq!(table.find(&request(7, 10)), None);
+    insert(&mut table, 1_010, 7, 10);
+    table.written();
+    assert_eq!(table.find(&request(7, 50)).map(|seen| seen.job), Some(JobKey::new(0, 50)));
+    assert_eq!(table.find(&request(7, 2)).map(|seen| seen.job), Some(JobKey::new(0, 2)));
+    let read = store.records_read();
+    assert_eq!(table.find(&request(7, 51)), None);
+    assert_eq!(store.records_read(), read);
+
+    // An entry unwritten when the bounds are forgotten (a table keeps a
+    // bounded number of them) still bounds its gateway's next creates.
+    table.insert(2_000, &request(8, 90), entry(90));
+    for epoch in 100..100 + 256 {
+        table.insert(3_000 + epoch, &request(epoch, 1), entry(1));
+    }
+    insert(&mut table, 2_001, 8, 20);
+    let mut batch = store.batch();
+    requests::put(&mut batch, 0, 2_000, &request(8, 90), &entry(90));
+    store.write(batch);
+    table.written();
+    assert_eq!(table.find(&request(8, 90)).map(|seen| seen.job), Some(JobKey::new(0, 90)));
+
+    // Other gateways and other epochs of this one keep their own bounds.
+    assert_eq!(table.find(&request(9, 3)), None);
+    assert_eq!(table.find(&RequestId::Gateway { node: 2, epoch: 7, seq: 51 }), None);
+}
