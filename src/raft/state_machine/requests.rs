@@ -9,7 +9,10 @@
 //! engine reports ([`crate::core::ApplyOutput`]); until that batch is written
 //! the table answers from the changes it holds ([`DiskRequests::written`]).
 //! Expiry reads the entries by storage id from where the last expiry
-//! stopped, so it never walks the deletions behind it.
+//! stopped, so it never walks the deletions behind it. A create reads
+//! neither key when bounds the table keeps in memory (the highest storage
+//! id stored, each gateway's highest sequence number) show that nothing
+//! can be there: nearly every create is new.
 //!
 //! Data version 10 added the index. A replica that starts without it (a data
 //! directory of an older build) writes it from the entries by storage id
