@@ -68,6 +68,12 @@ impl PartitionState {
     pub fn request(&self, request: &RequestId) -> Option<Deduped> {
         self.requests.find(request)
     }
+    /// The request entry at a storage id (what a create taking it would
+    /// displace).
+    #[cfg(test)]
+    pub fn request_at(&self, id: u64) -> Option<RequestId> {
+        self.requests.at(id)
+    }
     pub fn partition(&self) -> PartitionId {
         self.partition
     }

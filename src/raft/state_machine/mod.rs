@@ -235,14 +235,17 @@ struct Installed {
     meta: StateSnapshot,
     jobs: Vec<crate::core::Job>,
     requests: crate::core::RequestCounts,
+    /// The highest storage id of the request entries written.
+    highest_request: Option<u64>,
     registry: Registry,
     finished: Finished,
 }
 
 impl Installed {
-    /// The engine over what was installed, once the batch is written.
+    /// The engine over what was installed. It reads nothing from the store
+    /// (the batch is not written yet); it must not be used before it is.
     fn engine(self, store: &Arc<Store>, partition: PartitionId) -> (PartitionState, Finished) {
-        let requests = requests::DiskRequests::installed(store, partition, self.requests);
+        let requests = requests::DiskRequests::installed(store, partition, self.requests, self.highest_request);
         (PartitionState::restore_on(self.meta, self.jobs, Box::new(requests), self.registry), self.finished)
     }
 }
@@ -264,8 +267,10 @@ fn install_records(
     requests::clear(batch, partition);
     batch.delete_ids(Table::Specs, partition, 0..u64::MAX);
     let mut counts = crate::core::RequestCounts::default();
+    let mut highest_request = None;
     read_requests(version, input, &mut body, |id, request, entry| {
         counts.add(&request);
+        highest_request = highest_request.max(Some(id));
         requests::put(batch, partition, id, &request, &entry);
         Ok(())
     })?;
@@ -299,7 +304,8 @@ fn install_records(
         Some(plan) => batch.put(Table::Meta, meta_key(partition, PLAN), storage::encode(plan)),
         None => batch.delete(Table::Meta, meta_key(partition, PLAN)),
     }
-    Ok(Installed { meta: body.engine, jobs: body.jobs, requests: counts, registry: body.registry, finished })
+    let (meta, jobs, registry) = (body.engine, body.jobs, body.registry);
+    Ok(Installed { meta, jobs, requests: counts, highest_request, registry, finished })
 }
 
 /// How many job keys of each partition a restore skips: 2^40, more than a

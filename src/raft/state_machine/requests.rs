@@ -162,13 +162,19 @@ impl DiskRequests {
                 tracing::info!(partition, entries = counts.entries, "remembered creates indexed by request id");
             }
         }
-        Ok(DiskRequests::installed(store, partition, counts))
+        let last = store.last(Table::Requests, partition)?;
+        Ok(DiskRequests::installed(store, partition, counts, last.map(|(id, _)| id)))
     }
 
-    /// The table of entries just written (a snapshot's, a backup's),
-    /// counted as `counts`.
-    pub fn installed(store: &Arc<Store>, partition: PartitionId, counts: RequestCounts) -> DiskRequests {
-        let last = must("the last remembered create", store.last(Table::Requests, partition));
+    /// The table of the entries a snapshot installs, counted as `counts`,
+    /// the highest at storage id `highest_stored`. It reads nothing, so it
+    /// may be made before the batch that writes them is.
+    pub fn installed(
+        store: &Arc<Store>,
+        partition: PartitionId,
+        counts: RequestCounts,
+        highest_stored: Option<u64>,
+    ) -> DiskRequests {
         DiskRequests {
             store: Arc::clone(store),
             partition,
@@ -177,7 +183,7 @@ impl DiskRequests {
             by_id: BTreeMap::new(),
             scanned_below: 0,
             next_stored: 0,
-            highest_stored: last.map(|(id, _)| id),
+            highest_stored,
             gateways: HashMap::new(),
         }
     }
