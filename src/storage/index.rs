@@ -57,7 +57,12 @@ impl Store {
         let within = index_key(partition, prefix);
         let mut end = within.clone();
         end.extend_from_slice(to);
-        match self.db.iterator_cf(self.cf(table), IteratorMode::From(&end, Direction::Reverse)).next() {
+        // Stops at the prefix: a seek past it would walk every deleted key
+        // below, back to a live one.
+        let mut bounded = rocksdb::ReadOptions::default();
+        bounded.set_iterate_lower_bound(within.clone());
+        let mode = IteratorMode::From(&end, Direction::Reverse);
+        match self.db.iterator_cf_opt(self.cf(table), bounded, mode).next() {
             Some(item) => {
                 let (k, _) = item?;
                 Ok(k.strip_prefix(within.as_slice()).map(<[u8]>::to_vec))
