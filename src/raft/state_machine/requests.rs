@@ -166,9 +166,10 @@ impl DiskRequests {
         Ok(DiskRequests::installed(store, partition, counts, last.map(|(id, _)| id)))
     }
 
-    /// The table of the entries a snapshot installs, counted as `counts`,
-    /// the highest at storage id `highest_stored`. It reads nothing, so it
-    /// may be made before the batch that writes them is.
+    /// The table of the partition's entries, counted as `counts`, the
+    /// highest at storage id `highest_stored`: those stored (from
+    /// [`DiskRequests::open`]) or those a snapshot installs. It reads
+    /// nothing, so it may be made before the batch that writes them is.
     pub fn installed(
         store: &Arc<Store>,
         partition: PartitionId,
