@@ -180,7 +180,7 @@ pub fn register_metrics() {
         stages::STAGE_METRIC,
         Unit::Seconds,
         "Where a job's time goes, by stage (gateway_forward, leader_call, leader_queue, raft_write, log_sync, \
-         replicate, follower_append, apply, push); see docs/benchmarks.md"
+         replicate, follower_append, apply, push, append_wait, append_behind); see docs/benchmarks.md"
     );
     describe_histogram!("drover_raft_commands_per_entry", "Commands batched into one Raft entry");
     describe_histogram!("drover_storage_appends_per_sync", "Log appends covered by one WAL sync");

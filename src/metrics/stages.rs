@@ -55,10 +55,19 @@ pub enum Stage {
     /// A leader's push of activated jobs to a stream's gateway, until the
     /// gateway answered that its clients took them.
     Push,
+    /// On a leader, per follower: the oldest entry of an AppendEntries, from
+    /// its append to the leader's log to the request's send.
+    AppendWait,
+    /// The part of [`Stage::AppendWait`] spent behind the exchange before it
+    /// to the same follower, still in flight when the entry was appended
+    /// (openraft 0.9 keeps one AppendEntries in flight per follower); recorded
+    /// only for the appends that had such a wait. More appends in flight
+    /// would save at most this.
+    AppendBehind,
 }
 
 impl Stage {
-    pub const ALL: [Stage; 9] = [
+    pub const ALL: [Stage; 11] = [
         Stage::GatewayForward,
         Stage::LeaderCall,
         Stage::LeaderQueue,
@@ -68,6 +77,8 @@ impl Stage {
         Stage::FollowerAppend,
         Stage::Apply,
         Stage::Push,
+        Stage::AppendWait,
+        Stage::AppendBehind,
     ];
 
     pub fn as_str(self) -> &'static str {
@@ -81,6 +92,8 @@ impl Stage {
             Stage::FollowerAppend => "follower_append",
             Stage::Apply => "apply",
             Stage::Push => "push",
+            Stage::AppendWait => "append_wait",
+            Stage::AppendBehind => "append_behind",
         }
     }
 }

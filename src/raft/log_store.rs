@@ -23,6 +23,7 @@ use std::fmt::Debug;
 use std::io;
 use std::ops::{Bound, RangeBounds};
 use std::sync::Arc;
+use std::time::Instant;
 
 use openraft::storage::{LogFlushed, LogState, RaftLogReader, RaftLogStorage};
 use openraft::{Entry, LogId, RaftLogId, StorageError, StorageIOError, Vote};
@@ -69,6 +70,8 @@ pub struct LogStore {
     /// Entries appended here and not yet read for apply (readers, which
     /// replicate, start without any).
     unapplied: Unapplied,
+    /// When recent appends were made, shared with the partition's network.
+    appended: Arc<AppendTimes>,
 }
 
 impl Clone for LogStore {
@@ -79,7 +82,45 @@ impl Clone for LogStore {
             max_append_bytes: self.max_append_bytes,
             purged: self.purged.clone(),
             unapplied: Unapplied::default(),
+            appended: Arc::clone(&self.appended),
         }
+    }
+}
+
+/// When this node appended its recent entries: the network times an
+/// AppendEntries' oldest entry from its append to its send
+/// (`Stage::AppendWait`). Bounded by [`APPEND_TIMES_KEPT`] appends; an entry
+/// past them is not timed.
+#[derive(Default)]
+pub struct AppendTimes {
+    /// `(first index, last index, when)` of each append, oldest first.
+    appends: std::sync::Mutex<std::collections::VecDeque<(u64, u64, Instant)>>,
+}
+
+/// Appends whose time is kept, at most.
+const APPEND_TIMES_KEPT: usize = 256;
+
+impl AppendTimes {
+    fn record(&self, first: u64, last: u64, at: Instant) {
+        let mut appends = self.appends.lock().unwrap_or_else(std::sync::PoisonError::into_inner);
+        // An append overwrites the log from its first entry on.
+        while appends.back().is_some_and(|(from, _, _)| *from >= first) {
+            appends.pop_back();
+        }
+        if let Some(back) = appends.back_mut() {
+            back.1 = back.1.min(first - 1);
+        }
+        if appends.len() == APPEND_TIMES_KEPT {
+            appends.pop_front();
+        }
+        appends.push_back((first, last, at));
+    }
+
+    /// When the entry at `index` was appended, if that is still kept.
+    pub fn appended_at(&self, index: u64) -> Option<Instant> {
+        let appends = self.appends.lock().unwrap_or_else(std::sync::PoisonError::into_inner);
+        let at = appends.partition_point(|(_, last, _)| *last < index);
+        appends.get(at).filter(|(first, _, _)| *first <= index).map(|(_, _, when)| *when)
     }
 }
 
@@ -156,7 +197,13 @@ impl LogStore {
             max_append_bytes: MAX_APPEND_BYTES.min(max_message_bytes / 2),
             purged: DeletedBelow::default(),
             unapplied: Unapplied::default(),
+            appended: Arc::default(),
         }
+    }
+
+    /// When this store's recent entries were appended, for the network.
+    pub fn append_times(&self) -> Arc<AppendTimes> {
+        Arc::clone(&self.appended)
     }
 
     fn read_meta<T: serde::de::DeserializeOwned>(&self, name: &str) -> Result<Option<T>, StorageError<NodeId>> {
@@ -262,8 +309,10 @@ impl RaftLogStorage<TypeConfig> for LogStore {
     {
         let mut batch = self.store.batch();
         let mut count = 0u64;
+        let mut first_last = None;
         for entry in entries {
             let index = entry.get_log_id().index;
+            first_last = Some((first_last.map_or(index, |(first, _)| first), index));
             let encoded = storage::encode(&entry);
             let bytes = encoded.len();
             batch.put(Table::Log, storage::key(self.partition, index), encoded);
@@ -276,7 +325,10 @@ impl RaftLogStorage<TypeConfig> for LogStore {
         // them. A follower answers its leader only after that callback; a
         // leader replicates the entries at once and counts itself in the
         // quorum after it (vendor/openraft/DROVER.md).
-        let written = std::time::Instant::now();
+        let written = Instant::now();
+        if let Some((first, last)) = first_last {
+            self.appended.record(first, last, written);
+        }
         self.store.write_durable(
             batch,
             Box::new(move |result: Result<(), String>| {
@@ -317,6 +369,35 @@ mod tests {
 
     fn indexes_and_terms(entries: &[Entry<TypeConfig>]) -> Vec<(u64, u64)> {
         entries.iter().map(|e| (e.log_id.index, e.log_id.leader_id.term)).collect()
+    }
+
+    #[test]
+    fn an_entrys_append_time_is_its_latest_appends_and_only_while_kept() {
+        let times = AppendTimes::default();
+        let start = Instant::now();
+        let at = |ms: u64| start + std::time::Duration::from_millis(ms);
+        times.record(1, 3, at(1));
+        times.record(4, 4, at(2));
+        times.record(5, 9, at(3));
+        assert_eq!(times.appended_at(2), Some(at(1)));
+        assert_eq!(times.appended_at(4), Some(at(2)));
+        assert_eq!(times.appended_at(9), Some(at(3)));
+        assert_eq!(times.appended_at(10), None, "never appended");
+        // A new leader's entries overwrite the log from index 4 on.
+        times.record(4, 5, at(4));
+        assert_eq!(times.appended_at(3), Some(at(1)));
+        assert_eq!(times.appended_at(5), Some(at(4)));
+        assert_eq!(times.appended_at(6), None, "overwritten, and not appended again");
+        // From 2 on, within what was the first append.
+        times.record(2, 2, at(5));
+        assert_eq!(times.appended_at(1), Some(at(1)));
+        assert_eq!(times.appended_at(2), Some(at(5)));
+        assert_eq!(times.appended_at(3), None);
+        for n in 0..APPEND_TIMES_KEPT as u64 {
+            times.record(10 + n, 10 + n, at(10 + n));
+        }
+        assert_eq!(times.appended_at(1), None, "forgotten past the bound");
+        assert_eq!(times.appended_at(10 + APPEND_TIMES_KEPT as u64 - 1), Some(at(9 + APPEND_TIMES_KEPT as u64)));
     }
 
     #[test]

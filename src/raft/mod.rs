@@ -210,7 +210,7 @@ impl Replica {
             settings.snapshot_dir.clone(),
             Arc::clone(peers.versions()),
         )?;
-        let network = ClusterNetwork::new(partition, peers);
+        let network = ClusterNetwork::new(partition, peers, log.append_times());
         let raft = Raft::new(node_id, config, network, log, state_machine).await?;
         // A vote or any log entry (or a purge point) is Raft state.
         let has_raft_state = raft.is_initialized().await?;

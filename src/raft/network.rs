@@ -15,6 +15,7 @@
 //! fewer entries at once instead of backing off and resending the same range
 //! for ever.
 
+use std::sync::Arc;
 use std::time::{Duration, Instant};
 
 use openraft::error::{
@@ -29,8 +30,10 @@ use openraft::BasicNode;
 use serde::de::DeserializeOwned;
 use serde::Serialize;
 
+use super::log_store::AppendTimes;
 use super::{NodeId, TypeConfig};
 use crate::core::PartitionId;
+use crate::metrics::stages::{self, Stage};
 
 use crate::proto::cluster::{RaftReply, RaftRequest};
 use crate::transport::{Answers, PeerChannels, PeerClient};
@@ -39,11 +42,14 @@ use crate::transport::{Answers, PeerChannels, PeerClient};
 pub struct ClusterNetwork {
     partition: PartitionId,
     peers: PeerChannels,
+    appended: Arc<AppendTimes>,
 }
 
 impl ClusterNetwork {
-    pub fn new(partition: PartitionId, peers: PeerChannels) -> Self {
-        ClusterNetwork { partition, peers }
+    /// `appended` is the partition's log store's: when its entries were
+    /// appended, to time their wait for an AppendEntries.
+    pub fn new(partition: PartitionId, peers: PeerChannels, appended: Arc<AppendTimes>) -> Self {
+        ClusterNetwork { partition, peers, appended }
     }
 }
 
@@ -59,6 +65,8 @@ impl RaftNetworkFactory<TypeConfig> for ClusterNetwork {
             answered: self.peers.answers(),
             appends: None,
             unary_until: None,
+            appended: Arc::clone(&self.appended),
+            last_exchange_end: None,
         }
     }
 }
@@ -76,6 +84,10 @@ pub struct PeerConnection {
     /// Until when appends go unary: the target answered UNIMPLEMENTED for the
     /// stream (a node of an older version, until it is upgraded).
     unary_until: Option<Instant>,
+    /// When this partition's entries were appended on this node.
+    appended: Arc<AppendTimes>,
+    /// When the last AppendEntries to the target ended (answered or not).
+    last_exchange_end: Option<Instant>,
 }
 
 /// How long appends go unary after a peer said it has no append stream.
@@ -292,7 +304,15 @@ impl RaftNetwork<TypeConfig> for PeerConnection {
         option: RPCOption,
     ) -> Result<AppendEntriesResponse<NodeId>, RPCError<NodeId, BasicNode, RaftError<NodeId>>> {
         let entries = rpc.entries.len();
-        self.call(super::RpcKind::AppendEntries, &rpc, Some(entries), &option).await
+        if let Some(appended) = rpc.entries.first().and_then(|e| self.appended.appended_at(e.log_id.index)) {
+            stages::record(Stage::AppendWait, appended.elapsed());
+            if let Some(behind) = self.last_exchange_end.and_then(|end| end.checked_duration_since(appended)) {
+                stages::record(Stage::AppendBehind, behind);
+            }
+        }
+        let result = self.call(super::RpcKind::AppendEntries, &rpc, Some(entries), &option).await;
+        self.last_exchange_end = Some(Instant::now());
+        result
     }
 
     async fn install_snapshot(
