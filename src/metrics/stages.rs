@@ -56,7 +56,9 @@ pub enum Stage {
     /// gateway answered that its clients took them.
     Push,
     /// On a leader, per follower: the oldest entry of an AppendEntries, from
-    /// its append to the leader's log to the request's send.
+    /// its append to the leader's log to the request's send. A follower
+    /// catching up, or an append sent again after a failed exchange, counts
+    /// its whole wait (while the entry's time is still kept).
     AppendWait,
     /// The part of [`Stage::AppendWait`] spent behind the exchange before it
     /// to the same follower, still in flight when the entry was appended
