@@ -304,14 +304,20 @@ impl RaftNetwork<TypeConfig> for PeerConnection {
         option: RPCOption,
     ) -> Result<AppendEntriesResponse<NodeId>, RPCError<NodeId, BasicNode, RaftError<NodeId>>> {
         let entries = rpc.entries.len();
-        if let Some(appended) = rpc.entries.first().and_then(|e| self.appended.appended_at(e.log_id.index)) {
-            stages::record(Stage::AppendWait, appended.elapsed());
-            if let Some(behind) = self.last_exchange_end.and_then(|end| end.checked_duration_since(appended)) {
+        let waited = rpc.entries.first().and_then(|e| self.appended.appended_at(e.log_id.index)).map(|appended| {
+            let behind = self.last_exchange_end.and_then(|end| end.checked_duration_since(appended));
+            (appended.elapsed(), behind)
+        });
+        let result = self.call(super::RpcKind::AppendEntries, &rpc, Some(entries), &option).await;
+        self.last_exchange_end = Some(Instant::now());
+        // An append too large for one message goes again with fewer entries:
+        // its wait is counted then, once.
+        if let (Some((wait, behind)), false) = (waited, matches!(result, Err(RPCError::PayloadTooLarge(_)))) {
+            stages::record(Stage::AppendWait, wait);
+            if let Some(behind) = behind {
                 stages::record(Stage::AppendBehind, behind);
             }
         }
-        let result = self.call(super::RpcKind::AppendEntries, &rpc, Some(entries), &option).await;
-        self.last_exchange_end = Some(Instant::now());
         result
     }
 
