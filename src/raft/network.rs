@@ -312,7 +312,8 @@ impl RaftNetwork<TypeConfig> for PeerConnection {
         self.last_exchange_end = Some(Instant::now());
         // An append too large for one message goes again with fewer entries:
         // its wait is counted then, once.
-        if let (Some((wait, behind)), false) = (waited, matches!(result, Err(RPCError::PayloadTooLarge(_)))) {
+        let too_large = matches!(result, Err(RPCError::PayloadTooLarge(_)));
+        if let Some((wait, behind)) = waited.filter(|_| !too_large) {
             stages::record(Stage::AppendWait, wait);
             if let Some(behind) = behind {
                 stages::record(Stage::AppendBehind, behind);
