@@ -39,6 +39,8 @@ pub mod failpoints;
 #[cfg(feature = "server")]
 pub mod gateway;
 #[cfg(feature = "server")]
+pub mod leaders;
+#[cfg(feature = "server")]
 pub mod memory;
 #[cfg(feature = "server")]
 pub mod metrics;

@@ -72,8 +72,11 @@ fn admin_scope(method: &axum::http::Method, path: &str) -> Option<&'static str> 
     }
 }
 
-/// Authenticates every admin request but the probes (`Authorization:
-/// Bearer`), checks the scope its route needs, and hands the principal on.
+/// Admits every admin request but the probes as the client port admits a
+/// call ([`crate::gateway::call::admit`]: authenticated by `Authorization:
+/// Bearer` or the console's sign-in cookie, rate-limited, counted in flight
+/// so a stopping node drains it, traced), checks the scope its route needs,
+/// and hands the principal and the call on.
 async fn authorize(
     State(ctx): State<Arc<NodeContext>>,
     mut request: axum::extract::Request,
@@ -85,29 +88,41 @@ async fn authorize(
     let path = request.uri().path();
     let for_console = path == "/console" || path.starts_with("/console/");
     if for_console && request.method() == axum::http::Method::POST && !console::same_origin(request.headers()) {
-        let error = crate::gateway::ApiError::PermissionDenied(
+        let error = crate::gateway::api::ApiError::PermissionDenied(
             "a console form must be posted from this console's own pages".into(),
         );
         return api_error(error).into_response();
     }
-    let header =
-        request.headers().get(axum::http::header::AUTHORIZATION).map(|v| v.to_str().unwrap_or("?").to_string());
     // A browser on the console sends its token in the sign-in cookie.
-    let header = header.or_else(|| {
-        for_console.then(|| console::cookie_token(request.headers()).map(|t| format!("Bearer {t}"))).flatten()
-    });
-    let principal = match ctx.auth.authenticate(header.as_deref()) {
-        Ok(principal) => principal,
-        Err(_) if for_console => {
+    let cookie = match for_console && !request.headers().contains_key(axum::http::header::AUTHORIZATION) {
+        true => console::cookie_token(request.headers()),
+        false => None,
+    };
+    let route = format!("{} {}", request.method(), request.uri().path());
+    let span_name = || format!("admin {route}");
+    let door = crate::gateway::call::Door {
+        service: "admin",
+        method: &route,
+        span_name: &span_name,
+        token: cookie.as_deref(),
+    };
+    let admitted = match crate::gateway::call::admit(&ctx, request.headers(), door) {
+        Ok(admitted) => admitted,
+        Err(crate::gateway::api::ApiError::Unauthenticated(_)) if for_console => {
             let target = request.uri().path_and_query().map_or("/console", |p| p.as_str());
             return console::sign_in(target);
         }
         Err(error) => {
+            let unauthenticated = matches!(error, crate::gateway::api::ApiError::Unauthenticated(_));
             let mut response = api_error(error).into_response();
-            response.headers_mut().insert(axum::http::header::WWW_AUTHENTICATE, "Bearer".parse().expect("literal"));
+            if unauthenticated {
+                let challenge = "Bearer".parse().expect("literal");
+                response.headers_mut().insert(axum::http::header::WWW_AUTHENTICATE, challenge);
+            }
             return response;
         }
     };
+    let principal = Arc::clone(&admitted.call.principal);
     if !scope.is_empty() {
         if let Err(error) = principal.require(scope) {
             return api_error(error).into_response();
@@ -118,7 +133,8 @@ async fn authorize(
         crate::auth::audit(&principal, &action, json!({ "query": request.uri().query().unwrap_or_default() }));
     }
     request.extensions_mut().insert(principal);
-    next.run(request).await
+    request.extensions_mut().insert(admitted.call.clone());
+    admitted.serve(next.run(request)).await
 }
 
 #[derive(serde::Deserialize)]
@@ -149,7 +165,7 @@ async fn ready(State(ctx): State<Arc<NodeContext>>) -> impl IntoResponse {
 }
 
 async fn partitions(State(ctx): State<Arc<NodeContext>>) -> impl IntoResponse {
-    let brokers = crate::gateway::cluster_status_json(&ctx).await;
+    let brokers = crate::gateway::api::cluster_status_json(&ctx).await;
     Json(json!({
         "nodeId": ctx.topology.node_id,
         "clusterSize": ctx.topology.cluster_size(),
@@ -315,13 +331,13 @@ fn worker_json(w: &crate::proto::gateway::WorkerSession) -> serde_json::Value {
     })
 }
 
-fn api_error(error: impl Into<crate::gateway::ApiError>) -> (StatusCode, Json<serde_json::Value>) {
-    use crate::gateway::ApiError;
+fn api_error(error: impl Into<crate::gateway::api::ApiError>) -> (StatusCode, Json<serde_json::Value>) {
+    use crate::gateway::api::ApiError;
     let error = error.into();
     let status = match &error {
         ApiError::InvalidArgument(_) => StatusCode::BAD_REQUEST,
         ApiError::NotFound(_) => StatusCode::NOT_FOUND,
-        ApiError::FailedPrecondition(_) => StatusCode::CONFLICT,
+        ApiError::FailedPrecondition(_) | ApiError::Finished(_) => StatusCode::CONFLICT,
         ApiError::ResourceExhausted(_) => StatusCode::TOO_MANY_REQUESTS,
         ApiError::Unauthenticated(_) => StatusCode::UNAUTHORIZED,
         ApiError::PermissionDenied(_) => StatusCode::FORBIDDEN,
@@ -333,24 +349,14 @@ fn api_error(error: impl Into<crate::gateway::ApiError>) -> (StatusCode, Json<se
     (status, Json(json!({ "error": error.to_string() })))
 }
 
-/// The job API and a call as the request's principal: the actuator's worker
-/// routes are adapters over it, as the console is.
-fn job_api(
-    ctx: &Arc<NodeContext>,
-    principal: Arc<crate::auth::Principal>,
-) -> (crate::gateway::JobApi, crate::gateway::Call) {
-    let call = crate::gateway::Call::internal(principal, ctx.settings.request_timeout);
-    (crate::gateway::JobApi::new(Arc::clone(ctx)), call)
-}
-
 /// Every live worker session (`?label=name:value` for some) that takes jobs
 /// of one of the principal's tenants.
 async fn workers(
     State(ctx): State<Arc<NodeContext>>,
-    axum::Extension(principal): axum::Extension<Arc<crate::auth::Principal>>,
+    axum::Extension(call): axum::Extension<crate::gateway::api::Call>,
     axum::extract::Query(query): axum::extract::Query<WorkersQuery>,
 ) -> impl IntoResponse {
-    let (api, call) = job_api(&ctx, principal);
+    let api = crate::gateway::api::JobApi::new(Arc::clone(&ctx));
     let request = crate::proto::gateway::ListWorkersRequest { label: query.label };
     match api.list_workers(&call, request).await {
         Ok(workers) => {
@@ -363,7 +369,7 @@ async fn workers(
 /// `POST /actuator/workers/{running|quiet|terminate}?session=ID|label=L|all=true`.
 async fn direct_workers(
     State(ctx): State<Arc<NodeContext>>,
-    axum::Extension(principal): axum::Extension<Arc<crate::auth::Principal>>,
+    axum::Extension(call): axum::Extension<crate::gateway::api::Call>,
     axum::extract::Path(state): axum::extract::Path<String>,
     axum::extract::Query(query): axum::extract::Query<WorkersQuery>,
 ) -> impl IntoResponse {
@@ -374,13 +380,13 @@ async fn direct_workers(
             Ok(id) => id,
             Err(_) => {
                 let message = format!("session {:?} is not a session id (hex, as listed)", query.session);
-                return api_error(crate::gateway::ApiError::InvalidArgument(message));
+                return api_error(crate::gateway::api::ApiError::InvalidArgument(message));
             }
         }
     };
     let request =
         crate::proto::gateway::SetWorkerStateRequest { session_id, label: query.label, all: query.all, state };
-    let (api, call) = job_api(&ctx, principal);
+    let api = crate::gateway::api::JobApi::new(Arc::clone(&ctx));
     match api.set_worker_state(&call, request).await {
         Ok(workers) => {
             (StatusCode::OK, Json(json!({ "workers": workers.iter().map(worker_json).collect::<Vec<_>>() })))

@@ -5,7 +5,7 @@ use clap::Subcommand;
 use drover::client::Client;
 use drover::proto::gateway::*;
 
-use drover::gateway::limits::{describe, describe_now};
+use drover::gateway::api::render::{describe, describe_now};
 
 use super::{status_error, Target};
 

@@ -258,7 +258,7 @@ impl GatewayLink for Links {
             return;
         };
         runtime.spawn(async move {
-            let yielded = crate::gateway::yields::run_yields(&ctx, yields).await;
+            let yielded = crate::leaders::yields::run_yields(&ctx, yields).await;
             metrics::counter!("drover_broker_jobs_yielded_elsewhere_total").increment(yielded as u64);
             if yielded < count {
                 // Moved on (nothing to do), or no leader answered in time
@@ -277,7 +277,7 @@ impl LeaderLink for Links {
     fn hand_back(&self, activations: Vec<(JobKey, u32)>) {
         let Some(ctx) = self.ctx.upgrade() else { return };
         tokio::spawn(async move {
-            crate::gateway::yields::hand_back(&ctx, activations, YieldReason::Late).await;
+            crate::leaders::yields::hand_back(&ctx, activations, YieldReason::Late).await;
         });
     }
 

@@ -8,7 +8,7 @@ use tonic::{Request, Response, Status};
 use super::links::from_spec;
 use crate::context::NodeContext;
 use crate::core::{ActivatedJobData, Command, JobKey, JobRef};
-use crate::gateway::router;
+use crate::leaders;
 use crate::proto::cluster::cluster_server::Cluster;
 use crate::proto::cluster::*;
 use crate::raft::RpcKind;
@@ -91,7 +91,7 @@ async fn forward_reply(ctx: &NodeContext, request: ForwardRequest, deadline: Ins
                 .map_err(|e| Status::invalid_argument(format!("malformed forwarded principal: {e}")))?,
         ))
     };
-    Ok(match router::submit_here(ctx, principal.as_ref(), request.partition_id, commands, deadline).await {
+    Ok(match leaders::submit_here(ctx, principal.as_ref(), request.partition_id, commands, deadline).await {
         Ok(Ok(results)) => ForwardReply {
             results: bincode::serialize(&results).map_err(|e| Status::internal(e.to_string()))?.into(),
             ..Default::default()
@@ -120,7 +120,7 @@ async fn forwarded_on_stream(ctx: Option<&Arc<NodeContext>>, request: ForwardReq
         ms => Duration::from_millis(ms),
     };
     let deadline =
-        crate::gateway::deadline_after(timeout).unwrap_or_else(|| Instant::now() + ctx.settings.request_timeout);
+        crate::leaders::deadline_after(timeout).unwrap_or_else(|| Instant::now() + ctx.settings.request_timeout);
     forward_reply(ctx, request, deadline).await.unwrap_or_else(|status| ForwardReply {
         code: status.code() as i32,
         message: status.message().to_string(),
@@ -190,9 +190,9 @@ fn deadline_of<T>(request: &Request<T>, default: Duration) -> Instant {
         .metadata()
         .get("grpc-timeout")
         .and_then(|v| v.to_str().ok())
-        .and_then(crate::gateway::parse_grpc_timeout)
+        .and_then(crate::leaders::parse_grpc_timeout)
         .unwrap_or(default);
-    crate::gateway::deadline_after(timeout).unwrap_or_else(|| Instant::now() + default)
+    crate::leaders::deadline_after(timeout).unwrap_or_else(|| Instant::now() + default)
 }
 
 #[tonic::async_trait]
@@ -466,7 +466,7 @@ impl Cluster for ClusterService {
         };
         let until = Instant::now() + Duration::from_millis(request.wait_ms.min(600_000));
         match replica.staged_backup(&request.backup_id, until).await {
-            Ok(Some((part, file))) => Ok(Response::new(Box::pin(crate::gateway::backups::staged_chunks(part, file)))),
+            Ok(Some((part, file))) => Ok(Response::new(Box::pin(staged_chunks(part, file)))),
             Ok(None) => Err(Status::not_found(format!(
                 "node {} has not staged partition {}'s part of backup {:?}",
                 ctx.topology.node_id, request.partition_id, request.backup_id
@@ -485,3 +485,23 @@ impl Cluster for ClusterService {
         Ok(Response::new(ReleaseStagedBackupReply {}))
     }
 }
+
+/// A staged part as this node sends it to another node's gateway: the
+/// last chunk carries the part's description, as JSON.
+fn staged_chunks(
+    part: crate::raft::PartitionBackup,
+    file: std::fs::File,
+) -> impl futures::Stream<Item = Result<crate::proto::cluster::StagedBackupChunk, Status>> + Send {
+    use futures::StreamExt;
+    let json = serde_json::to_string(&part).unwrap_or_default();
+    crate::raft::staged_chunks(file, STAGED_CHUNK_BYTES).map(move |chunk| {
+        let (data, last) = chunk.map_err(|e| Status::internal(format!("reading a staged backup: {e}")))?;
+        Ok(crate::proto::cluster::StagedBackupChunk {
+            data: data.into(),
+            part: if last { json.clone() } else { String::new() },
+        })
+    })
+}
+
+/// A staged part's bytes per message between nodes.
+const STAGED_CHUNK_BYTES: usize = 1 << 20;

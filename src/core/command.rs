@@ -8,6 +8,7 @@ use serde::{Deserialize, Serialize};
 
 use super::failure::FailReason;
 use super::history::{Via, YieldReason};
+use super::ids::SessionId;
 use super::ids::{JobKey, Millis, PartitionId};
 use super::job::{field_len, ActivatedJobData, JobState, NewJob};
 use super::limit::{LimitState, QueueLimit};
@@ -16,7 +17,7 @@ use super::principal::Principal;
 use super::queue::QueueStats;
 use super::routing::Taker;
 use super::schedule::{Schedule, ScheduleSpec};
-use super::session::{Session, SessionId, SessionInfo, SessionTarget, WorkerState};
+use super::session::{Session, SessionInfo, SessionTarget, WorkerState};
 use super::workflow::{Workflow, WorkflowSpec};
 
 /// Who an activation is for.
@@ -430,6 +431,42 @@ impl Command {
             Command::As { commands, .. } => commands.len(),
             _ => 1,
         }
+    }
+
+    /// The data version from which this command may be sent, and the
+    /// feature that needs it, when it is newer than the oldest version a
+    /// build reads: a node sends it only once every member of the cluster
+    /// reads that version (the cluster version, `docs/upgrades.md`), so no
+    /// replica meets a command it cannot decode. The one table of the
+    /// gates: the partition client checks it for every command it sends.
+    pub fn since_version(&self) -> Option<(u16, &'static str)> {
+        use super::{limit::LIMITS, plan::MORE_PARTITIONS, plan::PLANS, PAUSED_QUEUES, SCHEDULES, WORKFLOWS};
+        Some(match self {
+            Command::As { commands, .. } => return commands.iter().filter_map(Command::since_version).max(),
+            Command::Create(job) if super::expires_at(&job.spec).is_some() => (SCHEDULES, "job expiry (expires_at)"),
+            Command::BackupMark { .. } => (7, "backups"),
+            Command::RegisterOwned(_) | Command::ActAs { .. } => (super::OWNED_SESSIONS, "worker sessions with owners"),
+            Command::SetPaused { .. } | Command::QueueStats { .. } => {
+                (PAUSED_QUEUES, "paused queues and queue listings")
+            }
+            Command::PutSchedule { .. }
+            | Command::DeleteSchedule { .. }
+            | Command::SetSchedulePaused { .. }
+            | Command::ListSchedules { .. } => (SCHEDULES, "cron schedules"),
+            Command::CreateWorkflow { .. }
+            | Command::CancelWorkflow { .. }
+            | Command::GetWorkflow { .. }
+            | Command::ListWorkflows { .. } => (WORKFLOWS, "workflows"),
+            Command::SetLimit { .. } | Command::GetLimits { .. } => (LIMITS, "queue limits"),
+            Command::ChangePlan { change: super::plan::PlanChange::AddPartitions { .. }, .. }
+            | Command::ProbeKey { .. }
+            | Command::GetAdoptable
+            | Command::Adopt(_) => (MORE_PARTITIONS, "adding partitions"),
+            Command::ChangePlan { .. } | Command::ReportVoters { .. } | Command::GetPlan => {
+                (PLANS, "cluster plan changes")
+            }
+            _ => return None,
+        })
     }
 
     /// Whether this is an operator's override of a job's fence: a worker's

@@ -13,7 +13,7 @@ use serde::{Deserialize, Serialize};
 
 use super::failure::FailReason;
 use super::ids::Millis;
-use super::session::SessionId;
+use super::ids::SessionId;
 
 /// Events kept from a job's start.
 pub const HISTORY_HEAD: usize = 8;

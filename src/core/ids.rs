@@ -15,6 +15,10 @@ pub type Millis = i64;
 /// A node's id in the cluster, `0..cluster_size`.
 pub type NodeId = u64;
 
+/// A worker session's id, drawn at random by the gateway that registered it;
+/// never 0 (0 on a job or stream means "no session").
+pub type SessionId = u64;
+
 /// The most partitions a cluster may have. Their ids fit 12 bits, so the top
 /// four bits of every [`JobKey`] are zero (the Zeebe gateway carries an
 /// attempt tag there).
@@ -189,4 +193,17 @@ pub fn idempotency_partition(tenant: &str, user: &str, key: &str, partitions: u3
         hash = hash.part(user.as_bytes());
     }
     (hash.finish() % u64::from(partitions.max(1))) as PartitionId
+}
+
+/// The UUIDv7 (RFC 9562) of time `at_ms` (Unix ms) whose 74 random bits
+/// are the low bits of `random`: ids of workflows and of OJS jobs. Pure: the
+/// caller draws the time and the randomness.
+pub fn uuid_v7(at_ms: i64, random: u128) -> String {
+    let time = (at_ms.max(0) as u128) & ((1 << 48) - 1);
+    let random = random & ((1 << 74) - 1);
+    let rand_a = (random >> 62) & 0xfff;
+    let rand_b = random & ((1 << 62) - 1);
+    let value = (time << 80) | (0x7 << 76) | (rand_a << 64) | (0b10 << 62) | rand_b;
+    let hex = format!("{value:032x}");
+    format!("{}-{}-{}-{}-{}", &hex[..8], &hex[8..12], &hex[12..16], &hex[16..20], &hex[20..])
 }

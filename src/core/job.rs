@@ -8,9 +8,9 @@ use serde::{Deserialize, Serialize};
 
 use super::failure::FailReason;
 use super::history::History;
+use super::ids::SessionId;
 use super::ids::{JobKey, Millis, RequestId, StableHash};
 use super::routing::Routing;
-use super::session::SessionId;
 
 /// Where a job is in its lifecycle.
 #[derive(Clone, Copy, PartialEq, Eq, Debug, Serialize, Deserialize)]

@@ -14,11 +14,9 @@ use std::sync::Arc;
 use bytes::Bytes;
 use serde::{Deserialize, Serialize};
 
-use super::ids::Millis;
+use super::ids::SessionId;
 
-/// A session's id, drawn at random by the gateway that registered it; never 0
-/// (0 on a job or stream means "no session").
-pub type SessionId = u64;
+use super::ids::Millis;
 
 /// What a worker is doing, or what the server wants it to do. Ordered by
 /// strength: when the worker and the server disagree, the stronger wins.

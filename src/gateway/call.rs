@@ -33,9 +33,9 @@ use std::time::{Duration, Instant};
 use tonic::codegen::http;
 use tracing::Instrument;
 
-use super::error::ApiError;
 use crate::auth::Principal;
-use crate::context::NodeContext;
+use crate::context::{InFlight, NodeContext};
+use crate::leaders::ApiError;
 
 /// The services on the client port that need no principal.
 pub const OPEN_SERVICES: &[&str] = &["grpc.health.v1.Health"];
@@ -129,31 +129,86 @@ fn snake_case(method: &str) -> String {
     out
 }
 
-/// The [`Call`] for a request with these headers, or the error it is
-/// refused with.
-pub(super) fn admit(ctx: &NodeContext, headers: &http::HeaderMap) -> Result<Call, ApiError> {
+/// A request admitted on one of the node's ports: the [`Call`] its handler
+/// gets, counted in flight until this drops (a stopping node waits for it),
+/// in the span that continues the caller's trace.
+pub struct Admitted {
+    pub call: Call,
+    pub span: tracing::Span,
+    _running: InFlight,
+}
+
+impl Admitted {
+    /// Runs `handler` in the call's span, the call counted in flight until
+    /// it has answered.
+    pub async fn serve<F: Future>(self, handler: F) -> F::Output {
+        let Admitted { span, _running, .. } = self;
+        let answer = handler.instrument(span).await;
+        drop(_running);
+        answer
+    }
+}
+
+/// Where a request comes in, for its span: the protocol's service
+/// (`drover.v1.Gateway`, `ojs`, `admin`) and the span's name.
+pub struct Door<'a> {
+    pub service: &'a str,
+    /// The RPC, or the HTTP method and route.
+    pub method: &'a str,
+    pub span_name: &'a dyn Fn() -> String,
+    /// The caller's bearer token, when it comes another way than the
+    /// `authorization` header (the console's sign-in cookie).
+    pub token: Option<&'a str>,
+}
+
+/// Admits a request with these headers, the one admission of every port
+/// (gRPC's call layer, the OJS port, the admin port): authenticates the
+/// caller (`authorization: Bearer ...`, or the door's token), admits it
+/// against its rate limit, parses its deadline (`grpc-timeout`; the node's
+/// request timeout without one), counts it in flight and opens its span.
+/// The error is what it is refused with.
+pub fn admit(ctx: &NodeContext, headers: &http::HeaderMap, door: Door<'_>) -> Result<Admitted, ApiError> {
     let caller_deadline = match headers.get("grpc-timeout") {
         None => None,
         Some(header) => {
             let text = header.to_str().unwrap_or_default();
-            let timeout = super::parse_grpc_timeout(text).ok_or_else(|| {
+            let timeout = crate::leaders::parse_grpc_timeout(text).ok_or_else(|| {
                 ApiError::InvalidArgument(format!(
                     "the grpc-timeout header {text:?} is not a gRPC timeout: it must be 1 to {} digits and a \
                      unit (H, M, S, m, u or n), like 30S",
-                    super::MAX_GRPC_TIMEOUT_DIGITS
+                    crate::leaders::MAX_GRPC_TIMEOUT_DIGITS
                 ))
             })?;
             // Eight digits of hours fit any clock we run on; should one
             // not, the call gets the node's default.
-            super::deadline_after(timeout)
+            crate::leaders::deadline_after(timeout)
         }
     };
-    let authorization = headers.get("authorization").map(|v| v.to_str().unwrap_or("?"));
+    let bearer = door.token.map(|token| format!("Bearer {token}"));
+    let authorization = match &bearer {
+        Some(bearer) => Some(bearer.as_str()),
+        None => headers.get("authorization").map(|v| v.to_str().unwrap_or("?")),
+    };
     let principal = ctx.auth.authenticate(authorization)?;
     ctx.auth.admit(&principal)?;
     let deadline = caller_deadline.unwrap_or_else(|| Instant::now() + ctx.settings.request_timeout);
     let traceparent = headers.get("traceparent").and_then(|v| v.to_str().ok()).unwrap_or_default().to_string();
-    Ok(Call { principal, deadline, caller_deadline, traceparent })
+    let call = Call { principal, deadline, caller_deadline, traceparent };
+    let span = if crate::trace_context::exporting() {
+        let name = (door.span_name)();
+        let span = tracing::info_span!(
+            "gateway.call",
+            otel.name = %name,
+            rpc.service = %door.service,
+            rpc.method = %door.method,
+            key = tracing::field::Empty,
+        );
+        crate::trace_context::continue_trace(&span, &call.traceparent);
+        span
+    } else {
+        tracing::Span::none()
+    };
+    Ok(Admitted { call, span, _running: ctx.gateway.request_started() })
 }
 
 impl<S, B> tower::Service<http::Request<B>> for CallService<S>
@@ -175,38 +230,18 @@ where
         if OPEN_SERVICES.contains(&service) {
             return Box::pin(self.inner.call(request));
         }
-        let call = match admit(&self.ctx, request.headers()) {
-            Ok(call) => call,
+        let span_name = || format!("gateway.{}", snake_case(method));
+        let door = Door { service, method, span_name: &span_name, token: None };
+        let admitted = match admit(&self.ctx, request.headers(), door) {
+            Ok(admitted) => admitted,
             Err(error) => {
                 let status: tonic::Status = error.into();
                 return Box::pin(std::future::ready(Ok(status.into_http())));
             }
         };
-        let span = if crate::trace_context::exporting() {
-            let name = format!("gateway.{}", snake_case(method));
-            let span = tracing::info_span!(
-                "gateway.call",
-                otel.name = %name,
-                rpc.service = %service,
-                rpc.method = %method,
-                key = tracing::field::Empty,
-            );
-            crate::trace_context::continue_trace(&span, &call.traceparent);
-            span
-        } else {
-            tracing::Span::none()
-        };
-        request.extensions_mut().insert(call);
-        let running = self.ctx.gateway.request_started();
+        request.extensions_mut().insert(admitted.call.clone());
         let answered = self.inner.call(request);
-        Box::pin(
-            async move {
-                let response = answered.await;
-                drop(running);
-                response
-            }
-            .instrument(span),
-        )
+        Box::pin(admitted.serve(answered))
     }
 }
 

@@ -408,7 +408,7 @@ async fn drive_partition(ctx: &NodeContext, replica: &Replica, plan: &ClusterPla
     let voters = replica.membership().voters;
     let deadline = Instant::now() + REPORT_WITHIN;
     let report = Command::ReportVoters { partition, voters };
-    crate::gateway::router::submit(ctx, 0, vec![report], deadline)
+    crate::leaders::submit(ctx, 0, vec![report], deadline)
         .await
         .map_err(|e| format!("reporting the voters of partition {partition} to the plan: {e}"))?;
     if !forming.is_empty() {
@@ -427,13 +427,13 @@ async fn drive_partition(ctx: &NodeContext, replica: &Replica, plan: &ClusterPla
 /// it takes work: what gateways sent to every partition before it existed.
 async fn adopt(ctx: &NodeContext, partition: PartitionId) -> Result<(), String> {
     let deadline = Instant::now() + OPEN_WITHIN;
-    let read = crate::gateway::router::submit(ctx, 0, vec![Command::GetAdoptable], deadline).await;
+    let read = crate::leaders::submit(ctx, 0, vec![Command::GetAdoptable], deadline).await;
     let adoptable = match read.map_err(|e| e.to_string())?.pop() {
         Some(crate::core::CommandResult::Adoptable(adoptable)) => adoptable,
         other => return Err(format!("reading partition 0's registrations: unexpected answer {other:?}")),
     };
     let (sessions, schemas) = (adoptable.sessions.len(), adoptable.schemas.len());
-    crate::gateway::router::submit(ctx, partition, vec![Command::Adopt(adoptable)], deadline)
+    crate::leaders::submit(ctx, partition, vec![Command::Adopt(adoptable)], deadline)
         .await
         .map_err(|e| format!("copying partition 0's registrations into partition {partition}: {e}"))?;
     tracing::info!(partition, sessions, schemas, "partition {partition} took partition 0's registrations");

@@ -15,7 +15,9 @@
 #![allow(clippy::result_large_err)]
 
 mod formation;
+mod leadership;
 mod log_store;
+mod membership;
 mod network;
 mod records;
 mod state_machine;
@@ -35,11 +37,12 @@ pub use crate::transport::PeerChannels;
 use formation::CatchUp;
 pub use formation::Formation;
 pub use log_store::has_raft_state;
+pub use membership::GroupMembers;
 pub use network::ClusterNetwork;
 pub use state_machine::backup::{check_id as check_backup_id, PartitionBackup};
 pub use state_machine::backup::{
     clear_staged as clear_staged_backups, expire_staged as expire_staged_backups,
-    release_staged as release_staged_backup,
+    release_staged as release_staged_backup, staged_chunks,
 };
 pub use state_machine::events::{EventsPage, ReadEvent, StoredEvent};
 pub use state_machine::{check_snapshot, check_snapshot_from, restore, snapshot_bytes, SharedState};
@@ -302,88 +305,6 @@ impl Replica {
         self.node_id
     }
 
-    /// The group's voters and learners, as this replica knows its
-    /// membership (while a change is under way, the voters of both
-    /// configurations), and whether a change is under way.
-    pub fn membership(&self) -> GroupMembers {
-        let metrics = self.raft.metrics();
-        let m = metrics.borrow();
-        let membership = m.membership_config.membership();
-        GroupMembers {
-            voters: membership.voter_ids().collect(),
-            learners: membership.learner_ids().collect(),
-            changing: membership.get_joint_config().len() > 1,
-        }
-    }
-
-    /// Adds `node` (reached at `addr`) to the group as a learner, and waits
-    /// up to `limit` until it holds the log this leader had once it was
-    /// added (copied as a snapshot when the log was purged). Only a leader
-    /// may. A learner votes in nothing: until it is made a voter, adding it
-    /// changes no majority.
-    pub async fn add_learner(&self, node: NodeId, addr: &str, limit: Duration) -> Result<(), String> {
-        let partition = self.partition;
-        let added = self
-            .raft
-            .add_learner(node, BasicNode { addr: addr.to_string() }, false)
-            .await
-            .map_err(|e| format!("adding node {node} to partition {partition} as a learner: {e}"))?;
-        // openraft's own wait gives up after a moment and says nothing:
-        // wait here for the learner to hold every entry up to the one that
-        // added it, and what the leader had then.
-        let until = {
-            let metrics = self.raft.metrics();
-            let last = metrics.borrow().last_log_index.unwrap_or(0);
-            last.max(added.log_id.index)
-        };
-        let mut metrics = self.raft.metrics();
-        let caught_up = tokio::time::timeout(limit, async {
-            loop {
-                let matched = {
-                    let m = metrics.borrow_and_update();
-                    if m.state != ServerState::Leader {
-                        return Err(format!("node {} no longer leads partition {partition}", self.node_id));
-                    }
-                    m.replication.as_ref().and_then(|r| r.get(&node).cloned().flatten()).map(|l| l.index)
-                };
-                if matched.is_some_and(|index| index >= until) {
-                    return Ok(());
-                }
-                if metrics.changed().await.is_err() {
-                    return Err(format!("partition {partition} stopped"));
-                }
-            }
-        })
-        .await;
-        match caught_up {
-            Ok(result) => result,
-            Err(_) => Err(format!(
-                "node {node} has not caught up with partition {partition} (entry {until}) within {limit:?}: tried again"
-            )),
-        }
-    }
-
-    /// Makes `voters` the group's voters (its learners first: see
-    /// [`Replica::add_learner`]) through a joint configuration, and drops
-    /// learners not among them; resolves once the new configuration is
-    /// committed. A leader not among them leads until then, and steps down.
-    pub async fn change_voters(&self, voters: std::collections::BTreeSet<NodeId>) -> Result<(), String> {
-        let partition = self.partition;
-        self.raft
-            .change_membership(voters.clone(), false)
-            .await
-            .map_err(|e| format!("making {voters:?} the voters of partition {partition}: {e}"))?;
-        let extra: std::collections::BTreeSet<NodeId> =
-            self.membership().learners.into_iter().filter(|n| !voters.contains(n)).collect();
-        if !extra.is_empty() {
-            self.raft
-                .change_membership(openraft::ChangeMembers::RemoveNodes(extra.clone()), false)
-                .await
-                .map_err(|e| format!("dropping learners {extra:?} of partition {partition}: {e}"))?;
-        }
-        Ok(())
-    }
-
     /// How long this replica's group has run in this process.
     pub fn running_for(&self) -> Duration {
         self.started.elapsed()
@@ -451,123 +372,6 @@ impl Replica {
         }
     }
 
-    /// Whether this replica leads but no majority has acknowledged it for
-    /// longer than the followers wait before electing another leader: it is
-    /// cut off (a minority side of a partition), and can commit nothing.
-    /// openraft keeps such a leader leading until it hears of a newer term.
-    pub fn cut_off(&self) -> bool {
-        let metrics = self.raft.metrics();
-        let m = metrics.borrow();
-        Self::is_cut_off(&m, self.quorum_lost_after)
-    }
-
-    fn is_cut_off(m: &openraft::RaftMetrics<NodeId, BasicNode>, quorum_lost_after: Duration) -> bool {
-        m.state == ServerState::Leader
-            && m.membership_config.membership().voter_ids().count() > 1
-            && m.millis_since_quorum_ack.is_some_and(|ms| Duration::from_millis(ms) > quorum_lost_after)
-    }
-
-    /// How many entries the closest of `among` trails this leader's log by;
-    /// `None` when this node does not lead or none of them has answered.
-    pub fn lag_of(&self, among: &[NodeId]) -> Option<u64> {
-        let metrics = self.raft.metrics();
-        let m = metrics.borrow();
-        if m.state != ServerState::Leader {
-            return None;
-        }
-        let last = m.last_log_index?;
-        m.replication
-            .as_ref()?
-            .iter()
-            .filter(|(node, _)| among.contains(node))
-            .filter_map(|(_, matched)| matched.as_ref().map(|l| last.saturating_sub(l.index)))
-            .min()
-    }
-
-    /// A follower of this leader whose log holds everything this leader's
-    /// does and that `up` takes for up, to hand leadership to: the first
-    /// such of `among` in its order, or any when `among` is empty. `None`
-    /// when this node does not lead or no such follower has caught up.
-    pub fn handover_target(&self, among: &[NodeId], up: impl Fn(NodeId) -> bool) -> Option<NodeId> {
-        let metrics = self.raft.metrics();
-        let m = metrics.borrow();
-        if m.state != ServerState::Leader {
-            return None;
-        }
-        let last = m.last_log_index?;
-        let replication = m.replication.as_ref()?;
-        let caught_up = |node: NodeId| {
-            node != self.node_id
-                && up(node)
-                && replication.get(&node).is_some_and(|m| m.is_some_and(|l| l.index >= last))
-        };
-        if among.is_empty() {
-            replication.keys().copied().find(|n| caught_up(*n))
-        } else {
-            among.iter().copied().find(|n| caught_up(*n))
-        }
-    }
-
-    /// Starts an election here at once, when asked by the leader this
-    /// replica follows, in its term (see `Node::shutdown`). A caught-up
-    /// candidate wins it with the old leader's vote, which it grants because
-    /// its log holds nothing the candidate's does not.
-    pub async fn campaign_for(&self, leader: NodeId, term: u64) -> Result<(), String> {
-        let following = {
-            let metrics = self.raft.metrics();
-            let m = metrics.borrow();
-            m.current_leader == Some(leader) && m.current_term == term && m.state == ServerState::Follower
-        };
-        if !following {
-            return Err(format!(
-                "node {} does not follow node {leader} in term {term} for partition {}",
-                self.node_id, self.partition
-            ));
-        }
-        if !self.may_vote() {
-            return Err(format!("node {} is still catching up with partition {}", self.node_id, self.partition));
-        }
-        self.raft.trigger().elect().await.map_err(|e| e.to_string())
-    }
-
-    /// Waits up to `limit` for this replica to learn of a leader other than
-    /// `known` (a new election's winner); answers whether it did.
-    pub async fn new_leader(&self, known: Option<NodeId>, limit: Duration) -> bool {
-        let mut metrics = self.raft.metrics();
-        tokio::time::timeout(limit, async {
-            loop {
-                let leader = metrics.borrow_and_update().current_leader;
-                if leader.is_some() && leader != known {
-                    return true;
-                }
-                if metrics.changed().await.is_err() {
-                    return false;
-                }
-            }
-        })
-        .await
-        .unwrap_or(false)
-    }
-
-    /// Waits until another node leads (or this one no longer does), up to
-    /// `limit`; answers whether leadership moved.
-    pub async fn leadership_moved(&self, limit: Duration) -> bool {
-        let mut metrics = self.raft.metrics();
-        let moved = |m: &RaftMetrics<NodeId, BasicNode>| m.current_leader.is_some_and(|l| l != self.node_id);
-        tokio::time::timeout(limit, async {
-            loop {
-                if moved(&metrics.borrow_and_update()) {
-                    return true;
-                }
-                if metrics.changed().await.is_err() {
-                    return false;
-                }
-            }
-        })
-        .await
-        .unwrap_or(false)
-    }
-
     pub async fn shutdown(&self) {
         if let Err(e) = self.raft.shutdown().await {
             tracing::warn!(partition = self.partition, "raft shutdown: {e}");
@@ -613,15 +417,6 @@ fn count(log_id: Option<LogId<NodeId>>) -> u64 {
 
 fn applied_count(metrics: &RaftMetrics<NodeId, BasicNode>) -> u64 {
     count(metrics.last_applied)
-}
-
-/// A group's members as one replica knows them.
-#[derive(Clone, Debug, Default, PartialEq, Eq)]
-pub struct GroupMembers {
-    pub voters: Vec<NodeId>,
-    pub learners: Vec<NodeId>,
-    /// A joint configuration: a change of voters under way.
-    pub changing: bool,
 }
 
 /// The three Raft RPCs carried by the cluster service.

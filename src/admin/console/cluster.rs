@@ -21,7 +21,7 @@ pub(super) async fn cluster(
     if let Err(error) = principal.require(crate::auth::CLUSTER_READ) {
         return failure(&ctx, &principal, "The cluster", &error.into());
     }
-    let brokers = crate::gateway::cluster_status(&ctx).await;
+    let brokers = crate::gateway::api::cluster_status(&ctx).await;
     let mut partitions: std::collections::BTreeMap<u32, Vec<(u64, &PartitionInfo)>> = Default::default();
     for broker in &brokers {
         for p in &broker.partitions {

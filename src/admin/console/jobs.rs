@@ -79,13 +79,13 @@ pub(super) fn shorten(text: &str, chars: usize) -> String {
 /// A page of jobs matching `search`, through ListJobs.
 pub(super) async fn list(
     ctx: &Arc<NodeContext>,
-    principal: &Arc<Principal>,
+    call: &crate::gateway::api::Call,
     search: &Search,
 ) -> Result<(Vec<Value>, String), tonic::Status> {
-    let (api, call) = as_principal(ctx, principal);
+    let api = crate::gateway::api::JobApi::new(Arc::clone(ctx));
     let request =
         ListJobsRequest { filter: Some(search.filter()), page_size: PAGE_SIZE, page_token: search.page.clone() };
-    let answer = api.list(&call, request).await?;
+    let answer = api.list(call, request).await?;
     let now = crate::auth::now_ms() as i64;
     Ok((answer.jobs.iter().map(|j| job_row(j, now)).collect(), answer.next_page_token))
 }
@@ -93,6 +93,7 @@ pub(super) async fn list(
 pub(super) async fn jobs(
     State(ctx): State<Arc<NodeContext>>,
     Extension(principal): Extension<Arc<Principal>>,
+    Extension(call): Extension<crate::gateway::api::Call>,
     Query(search): Query<Search>,
 ) -> Response {
     let key = search.key.trim();
@@ -105,7 +106,7 @@ pub(super) async fn jobs(
             }
         };
     }
-    let (rows, next) = match list(&ctx, &principal, &search).await {
+    let (rows, next) = match list(&ctx, &call, &search).await {
         Ok(found) => found,
         Err(status) => return failure(&ctx, &principal, "Searching jobs", &status),
     };
@@ -124,10 +125,11 @@ pub(super) async fn jobs(
 pub(super) async fn incidents(
     State(ctx): State<Arc<NodeContext>>,
     Extension(principal): Extension<Arc<Principal>>,
+    Extension(call): Extension<crate::gateway::api::Call>,
     Query(mut search): Query<Search>,
 ) -> Response {
     search.state = "incident".into();
-    let (rows, next) = match list(&ctx, &principal, &search).await {
+    let (rows, next) = match list(&ctx, &call, &search).await {
         Ok(found) => found,
         Err(status) => return failure(&ctx, &principal, "Listing incidents", &status),
     };
@@ -155,6 +157,7 @@ pub(super) struct Notice {
 pub(super) async fn job(
     State(ctx): State<Arc<NodeContext>>,
     Extension(principal): Extension<Arc<Principal>>,
+    Extension(call): Extension<crate::gateway::api::Call>,
     Path(key): Path<String>,
     Query(notice): Query<Notice>,
 ) -> Response {
@@ -162,7 +165,7 @@ pub(super) async fn job(
         let status = tonic::Status::invalid_argument(format!("{key:?} is not a job key (a decimal number)"));
         return failure(&ctx, &principal, "A job", &status);
     };
-    let (api, call) = as_principal(&ctx, &principal);
+    let api = crate::gateway::api::JobApi::new(Arc::clone(&ctx));
     let request = GetJobRequest { key, include_history: true, ..Default::default() };
     let job = match api.get(&call, request).await {
         Ok(job) => job,
@@ -248,10 +251,11 @@ pub(super) fn back_to(back: &str, fallback: String) -> Redirect {
 pub(super) async fn retry(
     State(ctx): State<Arc<NodeContext>>,
     Extension(principal): Extension<Arc<Principal>>,
+    Extension(call): Extension<crate::gateway::api::Call>,
     Path(key): Path<u64>,
     Form(form): Form<RetryForm>,
 ) -> Response {
-    let (api, call) = as_principal(&ctx, &principal);
+    let api = crate::gateway::api::JobApi::new(Arc::clone(&ctx));
     let request = UpdateJobRetriesRequest { key, retries: form.retries };
     match api.update_retries(&call, request).await {
         Ok(()) => back_to(&form.back, format!("/console/jobs/{key}?done=retried")).into_response(),
@@ -268,10 +272,11 @@ pub(super) struct CancelForm {
 pub(super) async fn cancel(
     State(ctx): State<Arc<NodeContext>>,
     Extension(principal): Extension<Arc<Principal>>,
+    Extension(call): Extension<crate::gateway::api::Call>,
     Path(key): Path<u64>,
     Form(form): Form<CancelForm>,
 ) -> Response {
-    let (api, call) = as_principal(&ctx, &principal);
+    let api = crate::gateway::api::JobApi::new(Arc::clone(&ctx));
     match api.cancel(&call, CancelJobRequest { key }).await {
         Ok(()) => back_to(&form.back, format!("/console/jobs/{key}?done=cancelled")).into_response(),
         Err(error) => failure(&ctx, &principal, &format!("Cancelling job {key}"), &error.into()),
@@ -293,12 +298,13 @@ pub(super) struct RetryAllForm {
 pub(super) async fn retry_all(
     State(ctx): State<Arc<NodeContext>>,
     Extension(principal): Extension<Arc<Principal>>,
+    Extension(call): Extension<crate::gateway::api::Call>,
     Form(form): Form<RetryAllForm>,
 ) -> Response {
     let search = Search { job_type: form.job_type, tenant: form.tenant, error: form.error, ..Default::default() };
     let mut filter = search.filter();
     filter.state = "incident".into();
-    let (api, call) = as_principal(&ctx, &principal);
+    let api = crate::gateway::api::JobApi::new(Arc::clone(&ctx));
     let request = RetryJobsRequest { filter: Some(filter), retries: form.retries, dry_run: false };
     match api.retry_jobs(&call, request).await {
         Ok(_) => Redirect::to(&format!("/console/incidents?{}", search.query())).into_response(),

@@ -8,7 +8,7 @@
 //!
 //! Owns the console's pages, its sign-in cookie and its metric samples. Every
 //! read and every action goes through this node's job API in-process
-//! ([`crate::gateway::JobApi`]), as the signed-in principal: it routes each
+//! ([`crate::gateway::api::JobApi`]), as the signed-in principal: it routes each
 //! to the partition leaders wherever they are and checks the principal's
 //! scopes and tenants, so each page works from any node and shows only what
 //! its viewer may see. Pages are rendered on the server from templates
@@ -26,7 +26,6 @@ use serde::Deserialize;
 
 use crate::auth::Principal;
 use crate::context::NodeContext;
-use crate::gateway::{Call, JobApi};
 use crate::proto::gateway::*;
 
 mod cluster;
@@ -181,11 +180,6 @@ fn http_status(code: tonic::Code) -> StatusCode {
         Code::Unavailable | Code::DeadlineExceeded => StatusCode::SERVICE_UNAVAILABLE,
         _ => StatusCode::INTERNAL_SERVER_ERROR,
     }
-}
-
-/// The job API and a call made as `principal`, the signed-in viewer.
-pub(super) fn as_principal(ctx: &Arc<NodeContext>, principal: &Arc<Principal>) -> (JobApi, Call) {
-    (JobApi::new(Arc::clone(ctx)), Call::internal(Arc::clone(principal), ctx.settings.request_timeout))
 }
 
 pub(super) fn encode(text: &str) -> String {

@@ -39,9 +39,10 @@ fn mean_ms(sum: u64, n: u64) -> String {
 pub(super) async fn queues(
     State(ctx): State<Arc<NodeContext>>,
     Extension(principal): Extension<Arc<Principal>>,
+    Extension(call): Extension<crate::gateway::api::Call>,
     Query(query): Query<QueuesQuery>,
 ) -> Response {
-    let (api, call) = as_principal(&ctx, &principal);
+    let api = crate::gateway::api::JobApi::new(Arc::clone(&ctx));
     let queues = match api.list_queues(&call, ListQueuesRequest::default()).await {
         Ok(queues) => queues,
         Err(error) => return failure(&ctx, &principal, "Queues", &error.into()),
@@ -67,8 +68,8 @@ pub(super) async fn queues(
                 failed_hour => hour.failed,
                 wait => mean_ms(hour.wait_ms, hour.activated),
                 run => mean_ms(hour.run_ms, hour.completed),
-                limit => q.limit.as_ref().map(crate::gateway::limits::describe).unwrap_or_default(),
-                limit_now => q.limit.as_ref().map(|_| crate::gateway::limits::describe_now(q)).unwrap_or_default(),
+                limit => q.limit.as_ref().map(crate::gateway::api::render::describe).unwrap_or_default(),
+                limit_now => q.limit.as_ref().map(|_| crate::gateway::api::render::describe_now(q)).unwrap_or_default(),
             }
         })
         .collect();
@@ -92,9 +93,10 @@ pub(super) struct PauseForm {
 pub(super) async fn set_paused(
     State(ctx): State<Arc<NodeContext>>,
     Extension(principal): Extension<Arc<Principal>>,
+    Extension(call): Extension<crate::gateway::api::Call>,
     Form(form): Form<PauseForm>,
 ) -> Response {
-    let (api, call) = as_principal(&ctx, &principal);
+    let api = crate::gateway::api::JobApi::new(Arc::clone(&ctx));
     let name = format!("{}/{}", form.tenant, form.job_type);
     let request = SetQueuePausedRequest { r#type: form.job_type, tenant_id: form.tenant, paused: form.paused };
     match api.set_queue_paused(&call, request).await {

@@ -24,9 +24,10 @@ pub(super) struct SchedulesQuery {
 pub(super) async fn schedules(
     State(ctx): State<Arc<NodeContext>>,
     Extension(principal): Extension<Arc<Principal>>,
+    Extension(call): Extension<crate::gateway::api::Call>,
     Query(query): Query<SchedulesQuery>,
 ) -> Response {
-    let (api, call) = as_principal(&ctx, &principal);
+    let api = crate::gateway::api::JobApi::new(Arc::clone(&ctx));
     let schedules = match api.list_schedules(&call, ListSchedulesRequest::default()).await {
         Ok(schedules) => schedules,
         Err(error) => return failure(&ctx, &principal, "Schedules", &error.into()),
@@ -77,9 +78,10 @@ pub(super) struct ScheduleForm {
 pub(super) async fn act(
     State(ctx): State<Arc<NodeContext>>,
     Extension(principal): Extension<Arc<Principal>>,
+    Extension(call): Extension<crate::gateway::api::Call>,
     Form(form): Form<ScheduleForm>,
 ) -> Response {
-    let (api, call) = as_principal(&ctx, &principal);
+    let api = crate::gateway::api::JobApi::new(Arc::clone(&ctx));
     let label = format!("{}/{}", form.tenant, form.name);
     let (name, tenant_id) = (form.name, form.tenant);
     let result = match form.action.as_str() {
@@ -88,7 +90,7 @@ pub(super) async fn act(
             api.set_schedule_paused(&call, request).await.map(|_| ())
         }
         "delete" => api.delete_schedule(&call, GetScheduleRequest { name, tenant_id }).await.map(|_| ()),
-        other => Err(crate::gateway::ApiError::InvalidArgument(format!("no schedule action {other:?}"))),
+        other => Err(crate::gateway::api::ApiError::InvalidArgument(format!("no schedule action {other:?}"))),
     };
     match result {
         Ok(()) => {

@@ -17,8 +17,9 @@ use crate::context::NodeContext;
 pub(super) async fn workers(
     State(ctx): State<Arc<NodeContext>>,
     Extension(principal): Extension<Arc<Principal>>,
+    Extension(call): Extension<crate::gateway::api::Call>,
 ) -> Response {
-    let (api, call) = as_principal(&ctx, &principal);
+    let api = crate::gateway::api::JobApi::new(Arc::clone(&ctx));
     let sessions = match api.list_workers(&call, ListWorkersRequest::default()).await {
         Ok(workers) => workers,
         Err(error) => return failure(&ctx, &principal, "Worker sessions", &error.into()),
@@ -68,13 +69,14 @@ pub(super) async fn workers(
 pub(super) async fn direct_worker(
     State(ctx): State<Arc<NodeContext>>,
     Extension(principal): Extension<Arc<Principal>>,
+    Extension(call): Extension<crate::gateway::api::Call>,
     Path((session, state)): Path<(String, String)>,
 ) -> Response {
     let Ok(session_id) = u64::from_str_radix(&session, 16) else {
         let status = tonic::Status::invalid_argument(format!("{session:?} is not a session id (hex, as listed)"));
         return failure(&ctx, &principal, "Directing a worker", &status);
     };
-    let (api, call) = as_principal(&ctx, &principal);
+    let api = crate::gateway::api::JobApi::new(Arc::clone(&ctx));
     let request = SetWorkerStateRequest { session_id, label: String::new(), all: false, state };
     match api.set_worker_state(&call, request).await {
         Ok(_) => Redirect::to("/console/workers").into_response(),

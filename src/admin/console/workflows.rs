@@ -37,9 +37,10 @@ fn step_row(s: &WorkflowStep) -> Value {
 pub(super) async fn workflows(
     State(ctx): State<Arc<NodeContext>>,
     Extension(principal): Extension<Arc<Principal>>,
+    Extension(call): Extension<crate::gateway::api::Call>,
     Query(query): Query<WorkflowsQuery>,
 ) -> Response {
-    let (api, call) = as_principal(&ctx, &principal);
+    let api = crate::gateway::api::JobApi::new(Arc::clone(&ctx));
     let running = query.running == "1";
     let request = ListWorkflowsRequest { running, ..Default::default() };
     let workflows = match api.list_workflows(&call, request).await {
@@ -94,9 +95,10 @@ pub(super) struct WorkflowForm {
 pub(super) async fn cancel(
     State(ctx): State<Arc<NodeContext>>,
     Extension(principal): Extension<Arc<Principal>>,
+    Extension(call): Extension<crate::gateway::api::Call>,
     Form(form): Form<WorkflowForm>,
 ) -> Response {
-    let (api, call) = as_principal(&ctx, &principal);
+    let api = crate::gateway::api::JobApi::new(Arc::clone(&ctx));
     let label = format!("{}/{}", form.tenant, form.id);
     let request = GetWorkflowRequest { id: form.id, tenant_id: form.tenant };
     match api.cancel_workflow(&call, request).await {

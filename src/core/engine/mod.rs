@@ -15,6 +15,7 @@
 //! [`timers`] what fires
 //! at the batch's time; [`reads`] the read-only views.
 
+mod activation;
 mod authorize;
 mod dedupe;
 mod jobs;

@@ -1,5 +1,5 @@
 //! OJS's cron jobs: a registration is a Drover schedule of the request's
-//! tenant ([`crate::gateway::schedules`]); its job template is an OJS
+//! tenant ([`crate::gateway::api::schedules`]); its job template is an OJS
 //! enqueue (type, args, meta, options), checked and translated as one.
 //!
 //! Both shapes in use are read: the conformance suite's (`expression`,

@@ -1,4 +1,4 @@
-//! OJS's events: Drover's lifecycle events ([`crate::gateway::events`]) in
+//! OJS's events: Drover's lifecycle events ([`crate::gateway::api::events`]) in
 //! OJS's envelope and vocabulary, read page by page
 //! (`GET /ojs/v1/events`) or watched as server-sent events
 //! (`GET /ojs/v1/events/stream`, resumed with `Last-Event-ID`).
@@ -20,7 +20,7 @@ use serde_json::{json, Value};
 
 use super::time::rfc3339;
 use super::{envelope, reply, Ojs, OjsCall, OjsError};
-use crate::gateway::events::{Cursor, EventFilter};
+use crate::gateway::api::events::{Cursor, EventFilter};
 use crate::proto::gateway as pb;
 
 const DEFAULT_LIMIT: usize = 100;

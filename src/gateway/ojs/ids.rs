@@ -7,25 +7,13 @@
 //! the create's idempotency key, found through the partition that key hashes
 //! to for as long as the key is remembered (the de-duplication window).
 
-use crate::core::{JobKey, StableHash};
+use crate::core::{uuid_v7, JobKey, StableHash};
 
 const CHECK_BITS: u32 = 10;
 
 /// The UUIDv7 of the job with `key`, created at `at_ms` (Unix ms).
 pub fn job_id(key: JobKey, at_ms: i64) -> String {
     uuid_v7(at_ms, (u128::from(check(key, at_ms)) << 64) | u128::from(key.0))
-}
-
-/// The UUIDv7 of time `at_ms` (Unix ms) whose 74 random bits are the low
-/// bits of `random`.
-pub fn uuid_v7(at_ms: i64, random: u128) -> String {
-    let time = (at_ms.max(0) as u128) & ((1 << 48) - 1);
-    let random = random & ((1 << 74) - 1);
-    let rand_a = (random >> 62) & 0xfff;
-    let rand_b = random & ((1 << 62) - 1);
-    let value = (time << 80) | (0x7 << 76) | (rand_a << 64) | (0b10 << 62) | rand_b;
-    let hex = format!("{value:032x}");
-    format!("{}-{}-{}-{}-{}", &hex[..8], &hex[8..12], &hex[12..16], &hex[16..20], &hex[20..])
 }
 
 /// The key a server-made id carries, if `id` is one (its check holds).

@@ -11,7 +11,7 @@ use serde_json::{json, Value};
 use super::envelope::{self, Conflict, Enqueue, Unique};
 use super::{body_json, ids, now_ms, reply, JsonBody, Ojs, OjsCall, OjsError};
 use crate::auth::Verb;
-use crate::gateway::{convert, ApiError};
+use crate::gateway::api::{validate, ApiError};
 use crate::proto::gateway as pb;
 
 /// How many generations of a unique key an enqueue walks (each a job that
@@ -77,7 +77,7 @@ impl Ojs {
     /// job API would refuse it as RESOURCE_EXHAUSTED, which OJS reads as a
     /// rate limit to retry.
     fn check_size(&self, request: &pb::CreateJobRequest) -> Result<(), OjsError> {
-        let (bytes, limit) = (convert::payload_bytes(request), self.ctx.settings.limits.max_payload_bytes);
+        let (bytes, limit) = (validate::payload_bytes(request), self.ctx.settings.limits.max_payload_bytes);
         if bytes > limit {
             return Err(OjsError::too_large(bytes, limit));
         }

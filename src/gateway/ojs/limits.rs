@@ -11,12 +11,19 @@ use std::time::{Duration, Instant};
 
 use serde_json::Value;
 
-use super::envelope::DeclaredLimit;
 use super::time::parse_duration;
 use super::{Ojs, OjsCall, OjsError};
 use crate::core::limit::limit_home;
-use crate::gateway::limits;
+use crate::gateway::api::queues as limits;
 use crate::proto::gateway as pb;
+
+/// `options.rate_limit`: a level of the queue's limit, the queue's own or,
+/// with a key, each key's (the job carries its key as `drover.limit_key`).
+#[derive(Debug, Clone, PartialEq)]
+pub struct DeclaredLimit {
+    pub per_key: bool,
+    pub level: pb::LimitLevel,
+}
 
 /// How long this gateway trusts the limit it last saw a queue have.
 const KNOWN_FOR: Duration = Duration::from_secs(5);
@@ -47,7 +54,6 @@ impl Ojs {
         if known.is_some() && Some(merged(known, declared, home)?) == known {
             return Ok(());
         }
-        limits::require_cluster_version(&self.ctx).map_err(OjsError::from)?;
         let states = limits::states(&self.ctx, None, vec![tenant.clone()], queue, call).await?;
         let current = states.first().map(|s| limits::to_proto(&s.limit));
         let wanted = merged(current, declared, home)?;

@@ -41,9 +41,8 @@ use axum::Router;
 use serde_json::{json, Value};
 use tokio::net::TcpListener;
 use tokio::sync::watch;
-use tracing::Instrument;
 
-use super::{ApiError, Call, JobApi};
+use super::api::{ApiError, Call, JobApi};
 use crate::context::NodeContext;
 
 /// OJS's media type; every answer carries it.
@@ -219,8 +218,10 @@ async fn admit(State(ctx): State<Arc<NodeContext>>, mut request: Request, next: 
     let mut response = if is_open(request.uri().path()) {
         next.run(request).await
     } else {
-        match super::call::admit(&ctx, request.headers()) {
-            Ok(call) => {
+        let span_name = || format!("ojs {route}");
+        let door = super::call::Door { service: "ojs", method: &route, span_name: &span_name, token: None };
+        match super::call::admit(&ctx, request.headers(), door) {
+            Ok(admitted) => {
                 let tenant = match request.headers().get(TENANT_HEADER).map(|v| v.to_str()) {
                     None => String::new(),
                     Some(Ok(tenant)) => tenant.to_string(),
@@ -228,19 +229,8 @@ async fn admit(State(ctx): State<Arc<NodeContext>>, mut request: Request, next: 
                         return OjsError::invalid("X-OJS-Tenant must be a visible ASCII string").into_response();
                     }
                 };
-                let span = if crate::trace_context::exporting() {
-                    let name = format!("ojs {route}");
-                    let span = tracing::info_span!("gateway.call", otel.name = %name, rpc.service = "ojs");
-                    crate::trace_context::continue_trace(&span, &call.traceparent);
-                    span
-                } else {
-                    tracing::Span::none()
-                };
-                request.extensions_mut().insert(OjsCall { call, tenant });
-                let running = ctx.gateway.request_started();
-                let response = next.run(request).instrument(span).await;
-                drop(running);
-                response
+                request.extensions_mut().insert(OjsCall { call: admitted.call.clone(), tenant });
+                admitted.serve(next.run(request)).await
             }
             Err(error) => OjsError::from(error).into_response(),
         }
@@ -351,7 +341,7 @@ impl From<ApiError> for OjsError {
         let (status, code) = match error {
             ApiError::InvalidArgument(_) => (StatusCode::BAD_REQUEST, "invalid_request"),
             ApiError::NotFound(_) => (StatusCode::NOT_FOUND, "not_found"),
-            ApiError::FailedPrecondition(_) => (StatusCode::CONFLICT, "conflict"),
+            ApiError::FailedPrecondition(_) | ApiError::Finished(_) => (StatusCode::CONFLICT, "conflict"),
             ApiError::ResourceExhausted(_) => (StatusCode::TOO_MANY_REQUESTS, "rate_limited"),
             ApiError::Unauthenticated(_) => (StatusCode::UNAUTHORIZED, "unauthenticated"),
             ApiError::PermissionDenied(_) => (StatusCode::FORBIDDEN, "forbidden"),

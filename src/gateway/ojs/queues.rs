@@ -1,6 +1,6 @@
 //! OJS's queues: a queue is a Drover job type of the request's tenant
 //! (docs/ojs.md), listed with its figures, paused and resumed through the
-//! job API's queues ([`crate::gateway::queues`]).
+//! job API's queues ([`crate::gateway::api::queues`]).
 
 use axum::extract::{Path, State};
 use axum::http::StatusCode;

@@ -26,7 +26,7 @@ use super::envelope::{self, Stored};
 use super::time::rfc3339;
 use super::{now_ms, reply, JsonBody, Ojs, OjsCall, OjsError};
 use crate::auth::Verb;
-use crate::gateway::ApiError;
+use crate::gateway::api::ApiError;
 use crate::proto::gateway as pb;
 
 /// How long an activation lasts when neither the fetch nor the job names a
@@ -41,7 +41,7 @@ const MAX_BEAT_JOBS: usize = 1000;
 /// longest a session may go without one (its jobs are held by their own
 /// visibility timeouts meanwhile). A gateway renews the session of a worker
 /// that fetches or beats through it every [`SESSION_RENEWAL`].
-const SESSION_BEAT_MS: i64 = crate::gateway::sessions::MAX_DEAD_AFTER_MS / 2;
+const SESSION_BEAT_MS: i64 = crate::gateway::api::MAX_DEAD_AFTER_MS / 2;
 const SESSION_RENEWAL: std::time::Duration = std::time::Duration::from_secs(600);
 
 /// The Drover session of OJS worker `worker` acting through `call`: one

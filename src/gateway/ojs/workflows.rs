@@ -1,5 +1,5 @@
 //! OJS's workflows (`/ojs/v1/workflows`): a chain, group or batch is a
-//! Drover workflow of the request's tenant ([`crate::gateway::workflows`]);
+//! Drover workflow of the request's tenant ([`crate::gateway::api::workflows`]);
 //! each of its jobs is an OJS enqueue (type, args, meta, options), checked
 //! and translated as one.
 //!
@@ -209,22 +209,6 @@ pub(super) async fn cancel(
     let request = pb::GetWorkflowRequest { id, tenant_id: call.scope() };
     let workflow = ojs.api.cancel_workflow(&call, request).await?;
     Ok(reply(StatusCode::OK, json!({ "workflow": described(&workflow) })))
-}
-
-/// Shows, on a job a workflow made, the workflow and its predecessors'
-/// results, as OJS's job context names them.
-pub(super) fn workflow_fields(
-    headers: &std::collections::HashMap<String, String>,
-    variables: &str,
-    out: &mut Map<String, Value>,
-) {
-    let Some(workflow) = headers.get(crate::core::workflow::WORKFLOW_HEADER) else { return };
-    out.insert("workflow_id".into(), json!(workflow));
-    if let Ok(Value::Object(mut vars)) = serde_json::from_str::<Value>(variables) {
-        if let Some(results) = vars.remove(crate::core::workflow::PARENT_RESULTS) {
-            out.insert("parent_results".into(), results);
-        }
-    }
 }
 
 #[cfg(test)]

@@ -4,7 +4,7 @@
 
 use crate::config::Limits;
 use crate::core::{attempt_tag, FailReason, JobKey, TAGGED_ATTEMPT};
-use crate::gateway::ApiError;
+use crate::gateway::api::ApiError;
 use crate::proto::gateway as pb;
 use crate::proto::zeebe as zb;
 

@@ -29,7 +29,6 @@
 
 use std::pin::Pin;
 use std::sync::Arc;
-use std::time::Instant;
 
 mod convert;
 
@@ -39,9 +38,9 @@ use tonic::{Request, Response, Status};
 
 pub use convert::*;
 
-use super::{router, ApiError, Call, JobApi};
+use super::api::{ApiError, Call, JobApi};
 use crate::context::NodeContext;
-use crate::core::{FailReason, JobKey};
+use crate::core::FailReason;
 use crate::proto::gateway as pb;
 use crate::proto::zeebe as zb;
 use crate::proto::zeebe::gateway_server::Gateway;
@@ -61,30 +60,11 @@ impl ZeebeService {
         ZeebeService { api: JobApi::new(Arc::clone(&ctx)), ctx }
     }
 
-    /// A call the job API refused with FAILED_PRECONDITION: NOT_FOUND if the
-    /// job is finished (Zeebe deletes completed and cancelled jobs), as it
-    /// was otherwise. Reads the job only on this error path.
-    async fn gone_if_finished(&self, key: JobKey, error: ApiError) -> Status {
-        if !matches!(error, ApiError::FailedPrecondition(_)) {
-            return error.into();
-        }
-        let deadline = Instant::now() + self.ctx.settings.request_timeout;
-        match router::describe(&self.ctx, key, deadline).await {
-            Ok(job) if job.state.is_final() => Status::not_found(format!(
-                "job {key} is already {}: a finished job is gone for Zeebe clients",
-                job.state.as_str()
-            )),
-            Err(ApiError::NotFound(message)) => Status::not_found(message),
-            _ => error.into(),
-        }
-    }
-
     /// Runs a job command the Zeebe request `request` translates to.
     async fn on_job<Z, N, F, Fut, T>(
         &self,
         request: Request<Z>,
         translate: impl FnOnce(Z) -> Result<N, ApiError>,
-        key_of: impl FnOnce(&N) -> u64,
         run: F,
         answer: T,
     ) -> Result<Response<T>, Status>
@@ -94,10 +74,12 @@ impl ZeebeService {
     {
         let call = Call::of(&request)?;
         let native = translate(request.into_inner())?;
-        let key = JobKey(key_of(&native));
         match run(self.api.clone(), call, native).await {
             Ok(()) => Ok(Response::new(answer)),
-            Err(error) => Err(self.gone_if_finished(key, error).await),
+            // Zeebe deletes completed and cancelled jobs: a finished job is
+            // gone for its clients.
+            Err(ApiError::Finished(message)) => Err(Status::not_found(message)),
+            Err(error) => Err(error.into()),
         }
     }
 
@@ -192,12 +174,12 @@ impl Gateway for ZeebeService {
         request: Request<zb::CompleteJobRequest>,
     ) -> Result<Response<zb::CompleteJobResponse>, Status> {
         let run = |api: JobApi, call: Call, r| async move { api.complete(&call, r).await };
-        self.on_job(request, complete_request, |r| r.key, run, zb::CompleteJobResponse {}).await
+        self.on_job(request, complete_request, run, zb::CompleteJobResponse {}).await
     }
 
     async fn fail_job(&self, request: Request<zb::FailJobRequest>) -> Result<Response<zb::FailJobResponse>, Status> {
         let run = |api: JobApi, call: Call, r| async move { api.fail(&call, r).await };
-        self.on_job(request, fail_request, |r| r.key, run, zb::FailJobResponse {}).await
+        self.on_job(request, fail_request, run, zb::FailJobResponse {}).await
     }
 
     async fn throw_error(
@@ -205,7 +187,7 @@ impl Gateway for ZeebeService {
         request: Request<zb::ThrowErrorRequest>,
     ) -> Result<Response<zb::ThrowErrorResponse>, Status> {
         let run = |api: JobApi, call: Call, r| async move { api.fail(&call, r).await };
-        self.on_job(request, throw_request, |r| r.key, run, zb::ThrowErrorResponse {}).await
+        self.on_job(request, throw_request, run, zb::ThrowErrorResponse {}).await
     }
 
     async fn update_job_retries(
@@ -213,7 +195,7 @@ impl Gateway for ZeebeService {
         request: Request<zb::UpdateJobRetriesRequest>,
     ) -> Result<Response<zb::UpdateJobRetriesResponse>, Status> {
         let run = |api: JobApi, call: Call, r| async move { api.update_retries(&call, r).await };
-        self.on_job(request, retries_request, |r| r.key, run, zb::UpdateJobRetriesResponse {}).await
+        self.on_job(request, retries_request, run, zb::UpdateJobRetriesResponse {}).await
     }
 
     async fn update_job_timeout(
@@ -221,7 +203,7 @@ impl Gateway for ZeebeService {
         request: Request<zb::UpdateJobTimeoutRequest>,
     ) -> Result<Response<zb::UpdateJobTimeoutResponse>, Status> {
         let run = |api: JobApi, call: Call, r| async move { api.update_timeout(&call, r).await.map(|_| ()) };
-        self.on_job(request, timeout_request, |r| r.key, run, zb::UpdateJobTimeoutResponse {}).await
+        self.on_job(request, timeout_request, run, zb::UpdateJobTimeoutResponse {}).await
     }
 
     async fn topology(&self, request: Request<zb::TopologyRequest>) -> Result<Response<zb::TopologyResponse>, Status> {

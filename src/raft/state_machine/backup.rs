@@ -256,6 +256,33 @@ impl<W: Write> Write for Digesting<W> {
     }
 }
 
+/// The bytes of a staged part's file in chunks of `chunk_bytes`, each with
+/// whether it is the last (a file of a whole number of chunks ends with an
+/// empty last one): what the gateway streams to a backup's reader and the
+/// cluster service to another node's gateway.
+pub fn staged_chunks(
+    file: std::fs::File,
+    chunk_bytes: usize,
+) -> impl futures::Stream<Item = std::io::Result<(Vec<u8>, bool)>> + Send {
+    use tokio::io::AsyncReadExt;
+    let file = tokio::fs::File::from_std(file);
+    futures::stream::unfold(Some(file), move |state| async move {
+        let mut file = state?;
+        let mut data = vec![0u8; chunk_bytes];
+        let mut filled = 0;
+        while filled < data.len() {
+            match file.read(&mut data[filled..]).await {
+                Ok(0) => break,
+                Ok(n) => filled += n,
+                Err(e) => return Some((Err(e), None)),
+            }
+        }
+        data.truncate(filled);
+        let last = filled < chunk_bytes;
+        Some((Ok((data, last)), (!last).then_some(file)))
+    })
+}
+
 #[cfg(test)]
 mod expiry_tests {
     use super::*;

@@ -6,15 +6,16 @@ use std::time::{Duration, Instant};
 
 use tokio::sync::broadcast::error::RecvError;
 
-use super::call::Call;
-use super::convert;
-use super::error::ApiError;
-use super::jobs::{JobApi, AWAIT_MARGIN};
-use super::router;
+use super::jobs::AWAIT_MARGIN;
 use super::sessions;
-use super::yields::hand_back;
+use super::validate;
+use super::ApiError;
+use super::Call;
+use super::JobApi;
 use crate::auth::{Principal, Verb};
 use crate::core::{ActivatedJobData, Command, CommandResult, JobKey, YieldReason};
+use crate::leaders;
+use crate::leaders::yields::hand_back;
 use crate::proto::gateway as pb;
 use crate::streams::{ClientStream, WorkerSpec};
 
@@ -43,7 +44,7 @@ impl JobApi {
                 request.request_timeout
             )));
         }
-        let spec = convert::worker_spec(
+        let spec = validate::worker_spec(
             request.r#type,
             request.worker,
             request.timeout,
@@ -56,7 +57,8 @@ impl JobApi {
         let max = request.max_jobs_to_activate as u32;
         let poll_for = Duration::from_millis(request.request_timeout.min(limits.max_request_timeout_ms) as u64);
         let request_timeout = self.ctx.settings.request_timeout;
-        let mut poll_deadline = super::deadline_after(poll_for).unwrap_or_else(|| Instant::now() + request_timeout);
+        let mut poll_deadline =
+            crate::leaders::deadline_after(poll_for).unwrap_or_else(|| Instant::now() + request_timeout);
         if let Some(caller) = call.caller_deadline {
             // A poll longer than the caller waits ends empty in time for the
             // caller to hear it, rather than with the caller's own deadline.
@@ -105,8 +107,8 @@ impl JobApi {
         principal.require_job(Verb::Work, &request.r#type)?;
         principal.require_tenants(&request.tenant_ids)?;
         let permit = self.ctx.auth.open_stream(principal)?;
-        let max_in_flight = convert::max_jobs_in_flight(request.max_jobs_in_flight)?;
-        let mut spec = convert::worker_spec(
+        let max_in_flight = validate::max_jobs_in_flight(request.max_jobs_in_flight)?;
+        let mut spec = validate::worker_spec(
             request.r#type,
             request.worker,
             request.timeout,
@@ -177,8 +179,8 @@ impl JobApi {
                 break;
             }
             let partition = (start + offset) % partitions;
-            let command = Command::Activate(convert::activation(spec, remaining, bytes_left, ctx.topology.node_id));
-            match router::submit_as(ctx, Some(principal), partition, vec![command], deadline).await {
+            let command = Command::Activate(validate::activation(spec, remaining, bytes_left, ctx.topology.node_id));
+            match leaders::submit_as(ctx, Some(principal), partition, vec![command], deadline).await {
                 Ok(mut results) => {
                     let result = results.pop();
                     if let Some(CommandResult::Rejected(error)) = result {

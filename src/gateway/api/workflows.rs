@@ -5,15 +5,14 @@
 
 use std::sync::Arc;
 
-use super::call::Call;
-use super::convert;
-use super::error::ApiError;
-use super::fanout::everywhere_as;
-use super::jobs::JobApi;
+use super::validate;
+use super::ApiError;
+use super::Call;
+use super::JobApi;
 use crate::auth::Verb;
-use crate::context::NodeContext;
-use crate::core::workflow::{workflow_partition, Kind, Step, StepSpec, When, Workflow, WorkflowSpec, WORKFLOWS};
+use crate::core::workflow::{workflow_partition, Kind, Step, StepSpec, When, Workflow, WorkflowSpec};
 use crate::core::{Command, CommandResult};
+use crate::leaders::fanout::everywhere_as;
 use crate::proto::gateway as pb;
 
 /// The longest id a caller may give.
@@ -30,13 +29,12 @@ impl JobApi {
         request: pb::CreateWorkflowRequest,
     ) -> Result<pb::Workflow, ApiError> {
         let principal = &call.principal;
-        let tenant = convert::tenant_id("tenant_id", request.tenant_id.clone())?;
+        let tenant = validate::tenant_id("tenant_id", request.tenant_id.clone())?;
         principal.require_tenant(&tenant)?;
         let spec = self.workflow_spec(request, tenant)?;
         for job_type in spec.job_types() {
             principal.require_job(Verb::Create, job_type)?;
         }
-        require_cluster_version(&self.ctx)?;
         crate::auth::audit(
             principal,
             "create_workflow",
@@ -61,7 +59,6 @@ impl JobApi {
     pub async fn get_workflow(&self, call: &Call, request: pb::GetWorkflowRequest) -> Result<pb::Workflow, ApiError> {
         call.principal.require_some(Verb::Read)?;
         let (tenant, id) = named(call, &request.tenant_id, &request.id)?;
-        require_cluster_version(&self.ctx)?;
         let partition = workflow_partition(&tenant, &id, self.ctx.topology.formed_partitions);
         let command = Command::GetWorkflow { tenant: tenant.clone(), id: id.clone() };
         let found = self.run(call, partition, command).await;
@@ -86,8 +83,7 @@ impl JobApi {
     ) -> Result<Vec<pb::Workflow>, ApiError> {
         let principal = &call.principal;
         principal.require_some(Verb::Read)?;
-        let tenants = convert::listed_tenants(principal, request.tenant_id)?;
-        require_cluster_version(&self.ctx)?;
+        let tenants = validate::listed_tenants(principal, request.tenant_id)?;
         let limit = match request.limit {
             0 => LIST_DEFAULT,
             n => n.min(LIST_MAX),
@@ -119,7 +115,6 @@ impl JobApi {
         // Of its job types, checked where the workflow lives.
         call.principal.require_some(Verb::Manage)?;
         let (tenant, id) = named(call, &request.tenant_id, &request.id)?;
-        require_cluster_version(&self.ctx)?;
         crate::auth::audit(&call.principal, "cancel_workflow", serde_json::json!({"id": id, "tenant": tenant}));
         let partition = workflow_partition(&tenant, &id, self.ctx.topology.formed_partitions);
         // Names this call: a resend of it after a lost answer is answered as done.
@@ -155,7 +150,7 @@ impl JobApi {
             ApiError::InvalidArgument(format!("kind {:?} is not a workflow: give chain, group or batch", request.kind))
         })?;
         let id = if request.id.is_empty() {
-            super::ojs::ids::uuid_v7(super::ojs::now_ms(), rand::random::<u128>())
+            crate::core::uuid_v7(crate::auth::now_ms() as i64, rand::random::<u128>())
         } else {
             valid_id(&request.id)?;
             request.id
@@ -196,12 +191,8 @@ impl JobApi {
         }
         job.tenant_id = tenant.to_string();
         job.ordering_key.clear();
-        let expiring = job.expires_at != 0 || job.custom_headers.contains_key(crate::core::EXPIRES_AT_HEADER);
-        if expiring {
-            super::status::require_cluster_version(&self.ctx, crate::core::SCHEDULES, "job expiry (expires_at)")?;
-        }
         let settings = &self.ctx.settings;
-        let job = convert::new_job(job, String::new(), &settings.limits, &settings.dedupe, || {
+        let job = validate::new_job(job, String::new(), &settings.limits, &settings.dedupe, || {
             self.ctx.gateway.next_request_id()
         })
         .map_err(|error| about(what, error))?;
@@ -220,7 +211,7 @@ fn about(what: &str, error: ApiError) -> ApiError {
 
 /// A workflow's tenant (checked against the caller) and id.
 fn named(call: &Call, tenant: &str, id: &str) -> Result<(String, String), ApiError> {
-    let tenant = convert::tenant_id("tenant_id", tenant.to_string())?;
+    let tenant = validate::tenant_id("tenant_id", tenant.to_string())?;
     call.principal.require_tenant(&tenant)?;
     valid_id(id)?;
     Ok((tenant, id.to_string()))
@@ -243,12 +234,6 @@ fn readable(call: &Call, workflow: &Workflow) -> bool {
 
 fn unexpected(result: CommandResult) -> ApiError {
     ApiError::Internal(format!("a workflow command was answered with {result:?}"))
-}
-
-/// Workflows travel as data version 13 commands: refused, saying why,
-/// while a member runs an older build.
-fn require_cluster_version(ctx: &NodeContext) -> Result<(), ApiError> {
-    super::status::require_cluster_version(ctx, WORKFLOWS, "workflows")
 }
 
 fn step_to_pb(name: String, job_type: &str, step: Step) -> pb::WorkflowStep {

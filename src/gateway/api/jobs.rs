@@ -1,38 +1,16 @@
-//! The typed job API: every operation on jobs, worker sessions and schemas a
-//! client can ask for, taking the [`Call`] (who, by when) and typed
-//! arguments, answering typed results or an [`ApiError`].
-//!
-//! Its arguments and answers are drover.v1's messages, the one vocabulary of
-//! the client API: the protocols built on it translate into them.
-//! `drover.v1` ([`super::v1`]), the Zeebe facade ([`super::zeebe`]) and the
-//! console are adapters over this API; none of them checks what a principal
-//! may do. This API does, per body, in one place: the job type and tenant a
-//! create or an activation names, and for commands on an existing job, the
-//! job's own type and tenant, checked where the job lives (see
-//! [`super::router`]'s screen). Authentication and admission happened in the
-//! call layer before.
-//!
-//! This file holds the operations on single jobs and listings; activations
-//! and streams are in [`super::activation`], sessions and schemas in
-//! [`super::workers`].
+//! The job API's operations on single jobs and listings: create (one, and a
+//! create stream's chunks), complete (and a complete stream's chunks),
+//! fail, timeouts, retries, cancel, checkpoints, reads, awaiting a result,
+//! and listings with their bulk retry and cancel. Activations and streams
+//! are in [`super::activation`], sessions and schemas in [`super::workers`].
 
-use std::sync::Arc;
 use std::time::{Duration, Instant};
 
-use bytes::Bytes;
-
-use super::call::Call;
-use super::convert;
-use super::error::ApiError;
-use super::fanout::run_chunk;
-use super::keys;
-use super::listing;
-use super::router;
+use super::{fence, job_ref, key_of, listing, render, settle, validate, ApiError, Call, JobApi, Repeat};
 use crate::auth::{Principal, Verb};
-use crate::context::NodeContext;
-use crate::core::{
-    Command, CommandResult, EventKind, FailReason, Job, JobKey, JobRef, JobState, PartitionId, RequestId,
-};
+use crate::core::{Command, CommandResult, FailReason, Job, JobKey, JobState, NewJob, PartitionId};
+use crate::leaders;
+use crate::leaders::fanout::run_chunk;
 use crate::proto::gateway as pb;
 
 /// AwaitJob's wait when the request names none, and the longest it may name.
@@ -44,46 +22,12 @@ const AWAIT_CHECK: Duration = Duration::from_secs(10);
 /// waited for (AwaitJob "not final yet", a long poll with no jobs).
 pub(super) const AWAIT_MARGIN: Duration = Duration::from_millis(200);
 
-/// The job API of one node's gateway.
-#[derive(Clone)]
-pub struct JobApi {
-    pub(super) ctx: Arc<NodeContext>,
-}
-
 impl JobApi {
-    pub fn new(ctx: Arc<NodeContext>) -> Self {
-        JobApi { ctx }
-    }
-
     pub async fn create(&self, call: &Call, request: pb::CreateJobRequest) -> Result<pb::CreateJobResponse, ApiError> {
         let started = Instant::now();
-        let (mut partition, command) = self.create_command(&call.principal, request, call.traceparent.clone())?;
-        let keyless = matches!(&command, Command::Create(job) if !matches!(job.request, Some(RequestId::Key { .. })));
-        let partitions = self.ctx.topology.partition_count();
-        let principal = Some(&call.principal);
-        if let Some((made_on, result)) =
-            keys::made_under_older_count(&self.ctx, &command, partition, call.deadline).await?
-        {
-            return self.answer_create(made_on, Some(result), started, call.deadline).await;
-        }
-        let mut submitted =
-            router::submit_as(&self.ctx, principal, partition, vec![command.clone()], call.deadline).await;
-        // A create without an idempotency key may be made on any partition:
-        // one out of this node's reach (its region cut off) sent nothing, so
-        // the create goes to the next partition instead.
-        for _ in 1..partitions {
-            if !(keyless && matches!(submitted, Err(ApiError::OutOfReach(_)))) {
-                break;
-            }
-            partition = (partition + 1) % partitions;
-            submitted = router::submit_as(&self.ctx, principal, partition, vec![command.clone()], call.deadline).await;
-        }
-        let mut result = submitted?.pop();
-        if let Some(CommandResult::Elsewhere(home)) = result {
-            // A limited queue's jobs are made on its home partition.
-            partition = home;
-            result = router::submit_as(&self.ctx, principal, home, vec![command], call.deadline).await?.pop();
-        }
+        let (job, ordering) = self.new_job(&call.principal, request, call.traceparent.clone())?;
+        let (partition, result) =
+            leaders::creates::create(&self.ctx, &call.principal, job, ordering, call.deadline).await?;
         self.answer_create(partition, result, started, call.deadline).await
     }
 
@@ -108,56 +52,13 @@ impl JobApi {
     /// Creates a chunk of a create stream's jobs: one answer per request, in order.
     pub async fn create_many(&self, call: &Call, requests: Vec<pb::CreateJobRequest>) -> Vec<pb::CreateJobResponse> {
         let started = Instant::now();
-        let mut commands: Vec<_> =
-            requests.into_iter().map(|r| self.create_command(&call.principal, r, call.traceparent.clone())).collect();
-        let mut partitions: Vec<Option<PartitionId>> =
-            commands.iter().map(|c| c.as_ref().ok().map(|(p, _)| *p)).collect();
+        let creates =
+            requests.into_iter().map(|r| self.new_job(&call.principal, r, call.traceparent.clone())).collect();
         let deadline = Instant::now() + self.ctx.settings.request_timeout;
-        let sent: Vec<Option<Command>> = commands.iter().map(|c| c.as_ref().ok().map(|(_, c)| c.clone())).collect();
-        // Keys made under an older partition count are answered from there
-        // (nothing to probe while the count never changed).
-        let mut made_before = Vec::new();
-        if self.ctx.topology.partition_count() != self.ctx.topology.formed_partitions {
-            for (i, command) in commands.iter_mut().enumerate() {
-                let Ok((partition, sent)) = command else { continue };
-                match keys::made_under_older_count(&self.ctx, sent, *partition, deadline).await {
-                    Ok(None) => continue,
-                    Ok(Some((made_on, result))) => made_before.push((i, made_on, Ok(result))),
-                    Err(error) => made_before.push((i, *partition, Err(error))),
-                }
-                // Sent nowhere; its answer is filled in below.
-                *command = Err(ApiError::Internal("answered by an older partition".into()));
-            }
-        }
-        let mut results = run_chunk(&self.ctx, Some(&call.principal), commands, deadline).await;
-        for (i, made_on, result) in made_before {
-            partitions[i] = Some(made_on);
-            results[i] = result;
-        }
-        // A limited queue's jobs are made on its home partition: those
-        // creates go there now, in one more round.
-        let elsewhere: Vec<(usize, PartitionId)> = results
-            .iter()
-            .enumerate()
-            .filter_map(|(i, r)| match r {
-                Ok(CommandResult::Elsewhere(home)) => Some((i, *home)),
-                _ => None,
-            })
-            .collect();
-        if !elsewhere.is_empty() {
-            let again = elsewhere
-                .iter()
-                .map(|(i, home)| Ok((*home, sent[*i].clone().expect("a sent command was answered"))))
-                .collect();
-            let answers = run_chunk(&self.ctx, Some(&call.principal), again, deadline).await;
-            for ((i, home), answer) in elsewhere.into_iter().zip(answers) {
-                partitions[i] = Some(home);
-                results[i] = answer;
-            }
-        }
+        let answers = leaders::creates::create_many(&self.ctx, &call.principal, creates, deadline).await;
         metrics::histogram!("drover_create_ack_seconds").record(started.elapsed().as_secs_f64());
-        let mut out = Vec::with_capacity(results.len());
-        for (result, partition) in results.into_iter().zip(partitions) {
+        let mut out = Vec::with_capacity(answers.len());
+        for (partition, result) in answers {
             out.push(match result {
                 Ok(CommandResult::Created { key, created, state }) => {
                     self.created(partition.unwrap_or_default(), key, created, state, deadline).await
@@ -217,7 +118,7 @@ impl JobApi {
         let mut out = Vec::with_capacity(results.len());
         for ((result, (key, attempt)), repeat) in results.into_iter().zip(keys).zip(repeats) {
             let result = match result {
-                Err(error) => settle(&self.ctx, repeat, error, deadline).await,
+                Err(error) => settle(&self.ctx, JobKey(key), repeat, error, deadline).await,
                 ok => ok,
             };
             self.answered(JobKey(key), attempt, &result);
@@ -248,7 +149,7 @@ impl JobApi {
         }
         let attempt = fence(request.attempt, request.override_fence)?;
         let limits = &self.ctx.settings.limits;
-        let variables = convert::merged_variables("failure", request.variables, limits)?;
+        let variables = validate::merged_variables("failure", request.variables, limits)?;
         let reason = FailReason::parse(&request.reason).ok_or_else(|| {
             let names: Vec<&str> = FailReason::ALL.iter().filter(|r| !r.by_broker()).map(|r| r.as_str()).collect();
             ApiError::InvalidArgument(format!("reason {:?} is not one of {}", request.reason, names.join(", ")))
@@ -319,14 +220,14 @@ impl JobApi {
         request: pb::CheckpointJobRequest,
     ) -> Result<pb::CheckpointJobResponse, ApiError> {
         let key = key_of(request.key)?;
-        convert::stage_name(&request.stage)?;
+        validate::stage_name(&request.stage)?;
         if request.attempt == 0 {
             return Err(ApiError::InvalidArgument(
                 "attempt is required: a checkpoint is fenced by the activation's attempt (ActivatedJob.attempt)".into(),
             ));
         }
         let limits = &self.ctx.settings.limits;
-        let variables = convert::merged_variables("checkpoint", request.variables, limits)?;
+        let variables = validate::merged_variables("checkpoint", request.variables, limits)?;
         let command = Command::Checkpoint {
             key,
             attempt: request.attempt,
@@ -354,9 +255,9 @@ impl JobApi {
     pub async fn get_for(&self, call: &Call, request: pb::GetJobRequest, verb: Verb) -> Result<pb::Job, ApiError> {
         let include_history = request.include_history;
         let job = self.read_job(&call.principal, request, verb, call.deadline).await?;
-        let mut answer = convert::job_for(&call.principal, &job);
+        let mut answer = render::job_for(&call.principal, &job);
         if include_history {
-            answer.history = convert::history_for(&call.principal, &job);
+            answer.history = render::history_for(&call.principal, &job);
             answer.history_dropped = job.history.dropped();
         }
         Ok(answer)
@@ -368,7 +269,7 @@ impl JobApi {
         request: pb::GetJobRequest,
     ) -> Result<pb::GetJobHistoryResponse, ApiError> {
         let job = self.read_job(&call.principal, request, Verb::Read, call.deadline).await?;
-        let events = convert::history_for(&call.principal, &job);
+        let events = render::history_for(&call.principal, &job);
         Ok(pb::GetJobHistoryResponse { key: job.key.0, events, dropped: job.history.dropped() })
     }
 
@@ -406,16 +307,16 @@ impl JobApi {
         };
         // Checked before any wait: a job the caller may not see is NOT_FOUND
         // at once, not when it ends (which would tell when that was).
-        let now = router::read(&self.ctx, &job, None, deadline.min(Instant::now() + AWAIT_CHECK)).await?;
+        let now = leaders::read(&self.ctx, &job, None, deadline.min(Instant::now() + AWAIT_CHECK)).await?;
         permitted(&now)?;
         let found = if now.state.is_final() {
             now
         } else {
-            let found = router::read(&self.ctx, &job, Some(final_by), deadline).await?;
+            let found = leaders::read(&self.ctx, &job, Some(final_by), deadline).await?;
             permitted(&found)?;
             found
         };
-        Ok(pb::AwaitJobResponse { r#final: found.state.is_final(), job: Some(convert::job_for(principal, &found)) })
+        Ok(pb::AwaitJobResponse { r#final: found.state.is_final(), job: Some(render::job_for(principal, &found)) })
     }
 
     pub async fn list(&self, call: &Call, request: pb::ListJobsRequest) -> Result<pb::ListJobsResponse, ApiError> {
@@ -438,32 +339,24 @@ impl JobApi {
         listing::cancel(&self.ctx, &call.principal, request, call.deadline).await
     }
 
-    fn create_command(
+    /// The job a create asks for, checked, and the partition its ordering
+    /// key places it on, if it has one (where it goes is the partition
+    /// client's to decide: [`leaders::creates`]).
+    fn new_job(
         &self,
         principal: &Principal,
         request: pb::CreateJobRequest,
         traceparent: String,
-    ) -> Result<(PartitionId, Command), ApiError> {
+    ) -> Result<(NewJob, Option<PartitionId>), ApiError> {
         principal.require_job(Verb::Create, &request.r#type)?;
         principal.require_tenant(&request.tenant_id)?;
         let ctx = &self.ctx;
         let settings = &ctx.settings;
-        let ordering = convert::ordering_partition(&request, ctx.topology.formed_partitions)?;
-        let job = convert::new_job(request, traceparent, &settings.limits, &settings.dedupe, || {
+        let ordering = validate::ordering_partition(&request, ctx.topology.formed_partitions)?;
+        let job = validate::new_job(request, traceparent, &settings.limits, &settings.dedupe, || {
             ctx.gateway.next_request_id()
         })?;
-        if crate::core::expires_at(&job.spec).is_some() {
-            super::status::require_cluster_version(ctx, crate::core::SCHEDULES, "job expiry (expires_at)")?;
-        }
-        // Every repeat of an idempotency key must reach the partition that
-        // remembers it; other creates go to a partition led here if any.
-        let partition = match &job.request {
-            Some(request @ RequestId::Key { .. }) => {
-                JobRef::Request(request.clone()).partition(ctx.topology.partition_count())
-            }
-            _ => ordering.unwrap_or_else(|| ctx.routing.next_create_partition()),
-        };
-        Ok((partition, Command::Create(job)))
+        Ok((job, ordering))
     }
 
     fn complete_command(&self, request: pb::CompleteJobRequest) -> Result<(PartitionId, Command), ApiError> {
@@ -472,7 +365,7 @@ impl JobApi {
             return Err(ApiError::NotFound(format!("no job with key {key}")));
         }
         let attempt = fence(request.attempt, request.override_fence)?;
-        let variables = convert::json_object("variables", request.variables)?;
+        let variables = validate::json_object("variables", request.variables)?;
         Ok((key.partition(), Command::Complete { key, attempt, variables }))
     }
 
@@ -488,7 +381,7 @@ impl JobApi {
     ) -> pb::CreateJobResponse {
         let state = match state {
             Some(state) => state.as_str().to_string(),
-            None => match router::describe(&self.ctx, key, deadline).await {
+            None => match leaders::describe(&self.ctx, key, deadline).await {
                 Ok(job) => job.state.as_str().to_string(),
                 // The job exists (the partition remembered it); only its state
                 // could not be read in time.
@@ -511,135 +404,8 @@ impl JobApi {
             principal.require_tenant(&request.tenant_id)?;
         }
         let job = job_ref(request.key, request.idempotency_key, request.tenant_id, request.user)?;
-        let found = router::read(&self.ctx, &job, None, deadline).await?;
+        let found = leaders::read(&self.ctx, &job, None, deadline).await?;
         principal.check_job(verb, &found.spec.tenant, &found.spec.job_type, found.key.0)?;
         Ok(found)
     }
-
-    /// Runs one command on the partition of `key`, for `principal`.
-    async fn one(
-        &self,
-        principal: &Arc<Principal>,
-        key: JobKey,
-        command: Command,
-        deadline: Instant,
-    ) -> Result<CommandResult, ApiError> {
-        if key.partition() >= self.ctx.topology.partition_count() || key.counter() == 0 {
-            return Err(ApiError::NotFound(format!("no job with key {key}")));
-        }
-        let repeat = Repeat::of(&command);
-        let mut results =
-            router::submit_as(&self.ctx, Some(principal), key.partition(), vec![command], deadline).await?;
-        match results.pop() {
-            Some(CommandResult::Rejected(error)) => settle(&self.ctx, repeat, error.into(), deadline).await,
-            Some(result) => Ok(result),
-            None => Err(ApiError::Internal("partition returned no result".into())),
-        }
-    }
-}
-
-/// The attempt a worker command is fenced by: the activation's, or, for an
-/// operator's override, 0 (acting whatever the job's attempt; the partition
-/// checks the manage scope and writes the override in the job's history).
-/// Attempt 0 is never a default: proto3 sends it for a field left out.
-fn fence(attempt: u32, override_fence: bool) -> Result<u32, ApiError> {
-    match (attempt, override_fence) {
-        (0, false) => Err(ApiError::InvalidArgument(
-            "attempt is required: give the attempt the activation answered (ActivatedJob.attempt). An operator who \
-             means to act whatever the job's attempt sets override_fence instead, which needs jobs:manage:<type>"
-                .into(),
-        )),
-        (0, true) => Ok(0),
-        (attempt, false) => Ok(attempt),
-        (attempt, true) => Err(ApiError::InvalidArgument(format!(
-            "override_fence acts whatever the job's attempt, so it takes no attempt; got attempt {attempt}"
-        ))),
-    }
-}
-
-/// The job a read names: `key`, or an idempotency key with its scope.
-fn job_ref(key: u64, idempotency_key: String, tenant: String, user: String) -> Result<JobRef, ApiError> {
-    match (key, idempotency_key.is_empty()) {
-        (0, true) => Err(ApiError::InvalidArgument("give the job's key or its idempotency_key".into())),
-        (0, false) => Ok(JobRef::Request(convert::idempotency_request(idempotency_key, tenant, user)?)),
-        (key, true) => Ok(JobRef::Key(key_of(key)?)),
-        (_, false) => Err(ApiError::InvalidArgument("give the job's key or its idempotency_key, not both".into())),
-    }
-}
-
-pub(super) fn key_of(key: u64) -> Result<JobKey, ApiError> {
-    if key == 0 {
-        return Err(ApiError::InvalidArgument("key is required".into()));
-    }
-    Ok(JobKey(key))
-}
-
-/// A completion or cancellation that may repeat one that already ended the
-/// job (a client's retry, or the gateway's own re-send after a lost answer).
-#[derive(Clone)]
-struct Repeat {
-    key: JobKey,
-    state: JobState,
-    /// The attempt the completion was for; 0 for a cancellation.
-    attempt: u32,
-    /// The completion's result: a repeat carries the same.
-    result: Option<Bytes>,
-}
-
-impl Repeat {
-    fn of(command: &Command) -> Option<Repeat> {
-        match command {
-            // Attempt 0 is an operator's override: nothing tells its repeat apart.
-            Command::Complete { key, attempt, variables } if *attempt != 0 => Some(Repeat {
-                key: *key,
-                state: JobState::Completed,
-                attempt: *attempt,
-                result: Some(variables.clone()),
-            }),
-            Command::Cancel { key, .. } => {
-                Some(Repeat { key: *key, state: JobState::Cancelled, attempt: 0, result: None })
-            }
-            _ => None,
-        }
-    }
-}
-
-/// Turns the refusal of a repeated completion or cancellation into success
-/// when the job already ended the way it asked: completed by that very
-/// attempt with that very result, or cancelled. A completion of the same
-/// attempt with another result did not take effect (another completion won,
-/// an operator's override, say): it stays FAILED_PRECONDITION, saying whose
-/// result stands. The partition keeps final records only in storage, so
-/// this reads the job; it runs only on a refusal.
-async fn settle(
-    ctx: &NodeContext,
-    repeat: Option<Repeat>,
-    error: ApiError,
-    deadline: Instant,
-) -> Result<CommandResult, ApiError> {
-    let (Some(repeat), ApiError::FailedPrecondition(_)) = (repeat, &error) else { return Err(error) };
-    let job = match router::describe(ctx, repeat.key, deadline).await {
-        Ok(job) if job.state == repeat.state && crate::core::fence_admits(repeat.attempt, job.attempt) => job,
-        _ => return Err(error),
-    };
-    match &repeat.result {
-        Some(result) if *result != job.result => Err(ApiError::FailedPrecondition(format!(
-            "job {} was already completed, for attempt {} by {}, with another result than this completion's; that \
-             result stands and this completion was not applied",
-            repeat.key,
-            job.attempt,
-            completed_by(&job)
-        ))),
-        _ => Ok(CommandResult::Done),
-    }
-}
-
-/// Who ended a completed job, as its history tells: an operator who
-/// overrode the fence, else the worker of its last activation.
-fn completed_by(job: &Job) -> String {
-    let overridden = job.history.events().filter_map(|e| match &e.kind {
-        EventKind::FenceOverridden { by, .. } => Some(format!("{by:?}, overriding the fence")),
-        _ => None,
-    });
-    overridden.last().unwrap_or_else(|| format!("worker {:?}", job.worker))
 }

@@ -3,18 +3,20 @@
 //! Nothing here checks who may do what: the call layer authenticated the
 //! caller, the job API authorizes the body.
 
+mod chunks;
+pub mod client_streams;
+
 use std::sync::Arc;
 
 use futures::StreamExt;
 use tonic::{Request, Response, Status, Streaming};
 
-use super::call::Call;
-use super::client_streams::{batch_too_large, chunked, rebatch, unbatch, BoxStream};
-use super::jobs::JobApi;
+use super::api::{Call, JobApi};
 use crate::context::NodeContext;
 use crate::proto::gateway::gateway_server::Gateway;
 use crate::proto::gateway::*;
 use crate::streams::{ClientBatches, ClientStream};
+use client_streams::{batch_too_large, chunked, rebatch, unbatch, BoxStream};
 
 pub struct GatewayService {
     api: JobApi,

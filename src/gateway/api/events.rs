@@ -14,13 +14,13 @@ use std::time::{Duration, Instant};
 
 use futures::Stream;
 
-use super::call::Call;
-use super::error::ApiError;
-use super::jobs::JobApi;
-use super::router;
+use super::ApiError;
+use super::Call;
+use super::JobApi;
 use crate::auth::{Principal, Verb};
 use crate::context::NodeContext;
 use crate::core::{Lifecycle, PartitionId};
+use crate::leaders;
 use crate::proto::gateway as pb;
 use crate::raft::ReadEvent;
 
@@ -127,10 +127,9 @@ impl JobApi {
         call: &Call,
         request: pb::WatchEventsRequest,
     ) -> Result<(Cursor, EventFilter), ApiError> {
-        require_cluster_version(&self.ctx)?;
         let tenant = match request.tenant_id.is_empty() {
             true => String::new(),
-            false => super::convert::tenant_id("tenant_id", request.tenant_id)?,
+            false => super::validate::tenant_id("tenant_id", request.tenant_id)?,
         };
         let filter = EventFilter::new(&call.principal, &request.kinds, request.types, tenant)?;
         let cursor = match request.from_now {
@@ -142,16 +141,14 @@ impl JobApi {
 
     /// One read of every partition after `cursor`.
     pub async fn read_events(&self, call: &Call, cursor: &Cursor, filter: &EventFilter) -> Result<Round, ApiError> {
-        require_cluster_version(&self.ctx)?;
         read_round(&self.ctx, cursor, filter, call.deadline).await
     }
 
     /// The cursor after every event kept now: each partition leader's last
     /// applied entry.
     pub async fn events_now(&self, call: &Call) -> Result<Cursor, ApiError> {
-        require_cluster_version(&self.ctx)?;
         let partitions = self.ctx.topology.partition_count();
-        let reads = (0..partitions).map(|p| router::events(&self.ctx, p, 0, 0, call.deadline));
+        let reads = (0..partitions).map(|p| leaders::events(&self.ctx, p, 0, 0, call.deadline));
         let pages = futures::future::join_all(reads).await;
         Ok(Cursor(pages.into_iter().map(|page| page.map(|p| p.applied)).collect::<Result<_, _>>()?))
     }
@@ -197,11 +194,6 @@ impl JobApi {
     }
 }
 
-/// Partitions keep events, and answer for them, from data version 11 on.
-fn require_cluster_version(ctx: &NodeContext) -> Result<(), ApiError> {
-    super::status::require_cluster_version(ctx, crate::core::PAUSED_QUEUES, "lifecycle events")
-}
-
 async fn read_round(
     ctx: &NodeContext,
     cursor: &Cursor,
@@ -215,7 +207,7 @@ async fn read_round(
         padded.0.resize(partitions as usize, 0);
     }
     let cursor = &padded;
-    let reads = (0..partitions).map(|p| router::events(ctx, p, cursor.0[p as usize], READ_PER_PARTITION, deadline));
+    let reads = (0..partitions).map(|p| leaders::events(ctx, p, cursor.0[p as usize], READ_PER_PARTITION, deadline));
     let pages = futures::future::join_all(reads).await;
     let mut next = cursor.clone();
     // Where each partition's events resume: past a gap once it is reported.

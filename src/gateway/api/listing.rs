@@ -5,13 +5,14 @@
 use std::sync::Arc;
 use std::time::Instant;
 
-use super::convert;
-use super::error::ApiError;
-use super::fanout::run_chunk;
-use super::router;
+use super::render;
+use super::validate;
+use super::ApiError;
 use crate::auth::{Principal, Verb};
 use crate::context::NodeContext;
 use crate::core::{Command, CommandResult, Job, JobFilter, JobKey, JobState, PartitionId};
+use crate::leaders;
+use crate::leaders::fanout::run_chunk;
 use crate::proto::gateway as pb;
 
 pub const DEFAULT_PAGE_SIZE: usize = 100;
@@ -52,7 +53,7 @@ pub async fn page(
     let mut bytes = 0;
     while from.partition() < partitions {
         let partition: PartitionId = from.partition();
-        let got = router::list(ctx, partition, (filter, &tenants), from, size - jobs.len(), deadline).await?;
+        let got = leaders::list(ctx, partition, (filter, &tenants), from, size - jobs.len(), deadline).await?;
         let Some(last) = got.last().map(|job| job.key) else {
             // This partition has nothing more: on to the next.
             from = JobKey::new(partition + 1, 0);
@@ -90,7 +91,7 @@ pub async fn list(
     request: pb::ListJobsRequest,
     deadline: Instant,
 ) -> Result<pb::ListJobsResponse, ApiError> {
-    let filter = convert::job_filter(request.filter)?;
+    let filter = validate::job_filter(request.filter)?;
     screen_filter(principal, Verb::Read, &filter)?;
     let size = match request.page_size {
         0 => DEFAULT_PAGE_SIZE,
@@ -104,7 +105,7 @@ pub async fn list(
     let (jobs, next) =
         page(ctx, &filter, (principal, Verb::Read), resume_at(&request.page_token)?, size, deadline).await?;
     Ok(pb::ListJobsResponse {
-        jobs: jobs.iter().map(|job| convert::job_for(principal, job)).collect(),
+        jobs: jobs.iter().map(|job| render::job_for(principal, job)).collect(),
         next_page_token: next.map(|key| key.0.to_string()).unwrap_or_default(),
     })
 }
@@ -190,7 +191,7 @@ pub async fn retry(
     request: pb::RetryJobsRequest,
     deadline: Instant,
 ) -> Result<pb::BulkJobsResponse, ApiError> {
-    let mut filter = convert::job_filter(request.filter)?;
+    let mut filter = validate::job_filter(request.filter)?;
     match filter.state {
         None | Some(JobState::Incident) => filter.state = Some(JobState::Incident),
         Some(other) => {
@@ -214,7 +215,7 @@ pub async fn cancel(
     request: pb::CancelJobsRequest,
     deadline: Instant,
 ) -> Result<pb::BulkJobsResponse, ApiError> {
-    let filter = convert::job_filter(request.filter)?;
+    let filter = validate::job_filter(request.filter)?;
     if let Some(state) = filter.state.filter(|s| s.is_final()) {
         return Err(ApiError::InvalidArgument(format!(
             "CancelJobs cancels jobs that are not final; the filter asks for {} jobs",

@@ -4,13 +4,12 @@
 //! where the plan is state; each partition's leader then carries it out
 //! (`crate::node`'s plan follower).
 
-use super::call::Call;
-use super::error::ApiError;
-use super::jobs::JobApi;
-use super::router::submit_as;
+use super::ApiError;
+use super::Call;
+use super::JobApi;
 use crate::auth::{CLUSTER_ADMIN, CLUSTER_READ};
-use crate::core::plan::MORE_PARTITIONS;
 use crate::core::{ClusterPlan, Command, CommandResult, Member, PlanChange, PLANS};
+use crate::leaders::submit_as;
 use crate::placement::Location;
 use crate::proto::gateway as pb;
 use pb::change_cluster_plan_request::Change;
@@ -39,11 +38,7 @@ impl JobApi {
     ) -> Result<pb::ClusterPlan, ApiError> {
         call.principal.require(CLUSTER_ADMIN)?;
         call.principal.require_tenant("*")?;
-        super::status::require_cluster_version(&self.ctx, PLANS, "cluster plan changes")?;
         let change = change_from(request)?;
-        if matches!(change, PlanChange::AddPartitions { .. }) {
-            super::status::require_cluster_version(&self.ctx, MORE_PARTITIONS, "adding partitions")?;
-        }
         let initial = Box::new(self.starting_plan()?);
         crate::auth::audit(
             &call.principal,

@@ -14,15 +14,15 @@ use std::time::Instant;
 
 use bytes::Bytes;
 
-use super::convert;
-use super::error::ApiError;
-use super::fanout::{everywhere, everywhere_as};
-use super::router;
+use super::validate;
+use super::ApiError;
 use crate::auth::Principal;
 use crate::context::NodeContext;
 use crate::core::{
     Command, CommandResult, JobKey, Schema, Session, SessionId, SessionInfo, SessionTarget, WorkerState, OWNED_SESSIONS,
 };
+use crate::leaders;
+use crate::leaders::fanout::{everywhere, everywhere_as};
 use crate::proto::gateway as pb;
 
 /// How often a worker beats unless it asks otherwise.
@@ -32,7 +32,7 @@ pub const DEFAULT_DEAD_AFTER_MS: i64 = 30_000;
 const MIN_HEARTBEAT_MS: i64 = 100;
 pub const MAX_DEAD_AFTER_MS: i64 = 3_600_000;
 const MAX_JOB_TYPES: usize = 100;
-const MAX_LABELS: usize = convert::MAX_WORKER_LABELS;
+const MAX_LABELS: usize = validate::MAX_WORKER_LABELS;
 const MAX_NAME_LEN: usize = 255;
 
 /// Ends a session everywhere without waiting: after a failed registration
@@ -61,8 +61,8 @@ pub async fn register(
     if request.worker_id.is_empty() {
         return Err(ApiError::InvalidArgument("worker_id is required: the worker's name".into()));
     }
-    convert::name("worker_id", &request.worker_id, MAX_NAME_LEN)?;
-    convert::name("hostname", &request.hostname, MAX_NAME_LEN)?;
+    validate::name("worker_id", &request.worker_id, MAX_NAME_LEN)?;
+    validate::name("hostname", &request.hostname, MAX_NAME_LEN)?;
     if request.job_types.len() > MAX_JOB_TYPES {
         return Err(ApiError::InvalidArgument(format!(
             "job_types names {} types; a worker may serve at most {MAX_JOB_TYPES}",
@@ -70,7 +70,7 @@ pub async fn register(
         )));
     }
     for job_type in &request.job_types {
-        convert::job_type(job_type)?;
+        validate::job_type(job_type)?;
     }
     let heartbeat_ms = match request.heartbeat_interval {
         0 => DEFAULT_HEARTBEAT_MS,
@@ -107,8 +107,8 @@ pub async fn register(
         pid: request.pid,
         job_types: request.job_types,
         concurrency: request.concurrency,
-        labels: convert::labels("labels", request.labels, MAX_LABELS)?,
-        tenants: convert::tenants(request.tenant_ids)?,
+        labels: validate::labels("labels", request.labels, MAX_LABELS)?,
+        tenants: validate::tenants(request.tenant_ids)?,
         heartbeat_ms,
         dead_after_ms,
     });
@@ -232,7 +232,7 @@ pub async fn deregister(
 /// seen before is taken from [`crate::context::KnownSessions`] instead where
 /// a check of its own says whether the session still lives.
 pub async fn known(ctx: &NodeContext, session: SessionId, deadline: Instant) -> Result<Arc<SessionInfo>, ApiError> {
-    let mut results = router::submit(ctx, 0, vec![Command::ListSessions], deadline).await?;
+    let mut results = leaders::submit(ctx, 0, vec![Command::ListSessions], deadline).await?;
     match results.pop() {
         Some(CommandResult::Sessions(sessions)) => match sessions.into_iter().find(|(s, _)| s.info.id == session) {
             Some((s, _)) => {
@@ -330,7 +330,7 @@ async fn act_as(
     deadline: Instant,
 ) -> Result<(), ApiError> {
     let command = Command::ActAs { session };
-    match router::submit_as(ctx, Some(principal), 0, vec![command], deadline).await?.pop() {
+    match leaders::submit_as(ctx, Some(principal), 0, vec![command], deadline).await?.pop() {
         Some(CommandResult::Rejected(error)) => Err(error.into()),
         Some(_) => Ok(()),
         None => Err(ApiError::Internal("partition 0 returned no result".into())),
@@ -391,7 +391,7 @@ fn worker_session(session: &Session) -> pb::WorkerSession {
 
 pub async fn list(ctx: &NodeContext, label: &str, deadline: Instant) -> Result<Vec<pb::WorkerSession>, ApiError> {
     if !label.is_empty() {
-        convert::labels("label", vec![label.to_string()], 1)?;
+        validate::labels("label", vec![label.to_string()], 1)?;
     }
     let mut sessions = merge(everywhere(ctx, |_| Command::ListSessions, deadline).await)?;
     sessions.retain(|s| label.is_empty() || s.labels.iter().any(|l| l == label));
@@ -410,7 +410,7 @@ pub async fn direct(
     let target = match (request.session_id, request.label.is_empty(), request.all) {
         (0, true, true) => SessionTarget::All,
         (0, false, false) => {
-            convert::labels("label", vec![request.label.clone()], 1)?;
+            validate::labels("label", vec![request.label.clone()], 1)?;
             SessionTarget::Label(request.label)
         }
         (id, true, false) if id != 0 => SessionTarget::One(id),
@@ -436,7 +436,7 @@ pub async fn set_schema(
     request: pb::SetSchemaRequest,
     deadline: Instant,
 ) -> Result<(), ApiError> {
-    convert::job_type(&request.r#type)?;
+    validate::job_type(&request.r#type)?;
     let schema = Bytes::from(request.schema);
     if !schema.is_empty() {
         if schema.len() > ctx.settings.limits.max_payload_bytes {
@@ -464,8 +464,8 @@ pub async fn set_schema(
 }
 
 pub async fn get_schema(ctx: &NodeContext, job_type: String, deadline: Instant) -> Result<String, ApiError> {
-    convert::job_type(&job_type)?;
-    let mut results = router::submit(ctx, 0, vec![Command::GetSchema { job_type }], deadline).await?;
+    validate::job_type(&job_type)?;
+    let mut results = leaders::submit(ctx, 0, vec![Command::GetSchema { job_type }], deadline).await?;
     match results.pop() {
         Some(CommandResult::Schema(schema)) => Ok(String::from_utf8_lossy(&schema).into_owned()),
         other => Err(ApiError::Internal(format!("unexpected result {other:?}"))),

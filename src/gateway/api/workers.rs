@@ -3,10 +3,10 @@
 //! What a session is and how its commands reach every partition is
 //! [`super::sessions`]'s.
 
-use super::call::Call;
-use super::error::ApiError;
-use super::jobs::JobApi;
 use super::sessions;
+use super::ApiError;
+use super::Call;
+use super::JobApi;
 use crate::auth::{Verb, CLUSTER_READ, WORKERS_MANAGE};
 use crate::core::JobKey;
 use crate::proto::gateway as pb;

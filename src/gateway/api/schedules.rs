@@ -5,16 +5,15 @@
 
 use std::sync::Arc;
 
-use super::call::Call;
-use super::convert;
-use super::error::ApiError;
-use super::fanout::everywhere_as;
-use super::jobs::JobApi;
-use super::router;
+use super::validate;
+use super::ApiError;
+use super::Call;
+use super::JobApi;
 use crate::auth::Verb;
-use crate::context::NodeContext;
 use crate::core::schedule::{schedule_partition, valid_schedule_name, Misfire, Overlap, Timetable};
-use crate::core::{Command, CommandResult, Schedule, ScheduleSpec, SCHEDULES};
+use crate::core::{Command, CommandResult, Schedule, ScheduleSpec};
+use crate::leaders;
+use crate::leaders::fanout::everywhere_as;
 use crate::proto::gateway as pb;
 
 impl JobApi {
@@ -25,11 +24,10 @@ impl JobApi {
         request: pb::PutScheduleRequest,
     ) -> Result<pb::PutScheduleResponse, ApiError> {
         let principal = &call.principal;
-        let tenant = convert::tenant_id("tenant_id", request.tenant_id.clone())?;
+        let tenant = validate::tenant_id("tenant_id", request.tenant_id.clone())?;
         principal.require_tenant(&tenant)?;
         let spec = self.schedule_spec(request, tenant)?;
         principal.require_job(Verb::Create, &spec.template.job_type)?;
-        require_cluster_version(&self.ctx)?;
         crate::auth::audit(
             principal,
             "put_schedule",
@@ -57,7 +55,6 @@ impl JobApi {
     pub async fn get_schedule(&self, call: &Call, request: pb::GetScheduleRequest) -> Result<pb::Schedule, ApiError> {
         call.principal.require_some(Verb::Read)?;
         let (tenant, name) = self.named(call, &request.tenant_id, &request.name)?;
-        require_cluster_version(&self.ctx)?;
         let partition = schedule_partition(&tenant, &name, self.ctx.topology.formed_partitions);
         let command = Command::ListSchedules { tenants: vec![tenant.clone()] };
         let CommandResult::Schedules(all) = self.run(call, partition, command).await? else {
@@ -78,8 +75,7 @@ impl JobApi {
     ) -> Result<Vec<pb::Schedule>, ApiError> {
         let principal = &call.principal;
         principal.require_some(Verb::Read)?;
-        let tenants = convert::listed_tenants(principal, request.tenant_id)?;
-        require_cluster_version(&self.ctx)?;
+        let tenants = validate::listed_tenants(principal, request.tenant_id)?;
         let command = |_| Command::ListSchedules { tenants: tenants.clone() };
         let mut schedules = Vec::new();
         for (partition, result) in
@@ -105,7 +101,6 @@ impl JobApi {
         // Of its job type, checked where the schedule lives.
         call.principal.require_some(Verb::Create)?;
         let (tenant, name) = self.named(call, &request.tenant_id, &request.name)?;
-        require_cluster_version(&self.ctx)?;
         crate::auth::audit(&call.principal, "delete_schedule", serde_json::json!({"name": name, "tenant": tenant}));
         let partition = schedule_partition(&tenant, &name, self.ctx.topology.formed_partitions);
         let command = Command::DeleteSchedule { tenant, name };
@@ -120,7 +115,6 @@ impl JobApi {
     ) -> Result<pb::Schedule, ApiError> {
         call.principal.require_some(Verb::Create)?;
         let (tenant, name) = self.named(call, &request.tenant_id, &request.name)?;
-        require_cluster_version(&self.ctx)?;
         let what = if request.paused { "pause_schedule" } else { "resume_schedule" };
         crate::auth::audit(&call.principal, what, serde_json::json!({"name": name, "tenant": tenant}));
         let partition = schedule_partition(&tenant, &name, self.ctx.topology.formed_partitions);
@@ -130,7 +124,7 @@ impl JobApi {
 
     /// A schedule's tenant (checked against the caller) and name.
     fn named(&self, call: &Call, tenant: &str, name: &str) -> Result<(String, String), ApiError> {
-        let tenant = convert::tenant_id("tenant_id", tenant.to_string())?;
+        let tenant = validate::tenant_id("tenant_id", tenant.to_string())?;
         call.principal.require_tenant(&tenant)?;
         valid_schedule_name(name).map_err(ApiError::InvalidArgument)?;
         Ok((tenant, name.to_string()))
@@ -146,7 +140,7 @@ impl JobApi {
     /// `command` on `partition`, as the caller (checked again at apply).
     pub(super) async fn run(&self, call: &Call, partition: u32, command: Command) -> Result<CommandResult, ApiError> {
         let mut results =
-            router::submit_as(&self.ctx, Some(&call.principal), partition, vec![command], call.deadline).await?;
+            leaders::submit_as(&self.ctx, Some(&call.principal), partition, vec![command], call.deadline).await?;
         match results.pop() {
             Some(CommandResult::Rejected(error)) => Err(error.into()),
             Some(result) => Ok(result),
@@ -196,7 +190,7 @@ impl JobApi {
         job.tenant_id = tenant.clone();
         job.ordering_key.clear();
         let settings = &self.ctx.settings;
-        let job = convert::new_job(job, String::new(), &settings.limits, &settings.dedupe, || {
+        let job = validate::new_job(job, String::new(), &settings.limits, &settings.dedupe, || {
             self.ctx.gateway.next_request_id()
         })?;
         let spec = ScheduleSpec {
@@ -223,12 +217,6 @@ fn readable(call: &Call, schedule: &Schedule) -> bool {
 
 fn unexpected(result: CommandResult) -> ApiError {
     ApiError::Internal(format!("a schedule command was answered with {result:?}"))
-}
-
-/// Schedules travel as data version 12 commands: refused, saying why, while
-/// a member runs an older build.
-fn require_cluster_version(ctx: &NodeContext) -> Result<(), ApiError> {
-    super::status::require_cluster_version(ctx, SCHEDULES, "cron schedules")
 }
 
 /// A schedule as `drover.v1` gives it.

@@ -7,22 +7,19 @@ use std::pin::Pin;
 use std::time::{Duration, Instant};
 
 use futures::{Stream, StreamExt};
-use tokio::io::AsyncReadExt;
 
-use super::call::Call;
-use super::error::ApiError;
-use super::fanout::everywhere;
-use super::jobs::JobApi;
+use super::ApiError;
+use super::Call;
+use super::JobApi;
 use crate::auth::CLUSTER_ADMIN;
 use crate::core::{Command, CommandResult, PartitionId};
+use crate::leaders::fanout::everywhere;
 use crate::proto::cluster::{ReadStagedBackupRequest, ReleaseStagedBackupRequest};
 use crate::proto::gateway as pb;
 use crate::raft::PartitionBackup;
 
 /// A backup part's bytes per message.
 const CHUNK_BYTES: usize = 1 << 20;
-/// The oldest data version that knows backup marks: every member must read it.
-const BACKUP_VERSION: u16 = 7;
 
 pub type Chunks = Pin<Box<dyn Stream<Item = Result<pb::BackupChunk, ApiError>> + Send>>;
 
@@ -62,7 +59,6 @@ impl JobApi {
     ) -> Result<pb::StartBackupResponse, ApiError> {
         may_back_up(call)?;
         check_id(&request.backup_id)?;
-        super::status::require_cluster_version(&self.ctx, BACKUP_VERSION, "backups")?;
         let versions = self.ctx.transport.peers.versions();
         crate::auth::audit(&call.principal, "start_backup", serde_json::json!({ "backup": request.backup_id }));
         let id = request.backup_id;
@@ -156,29 +152,14 @@ impl JobApi {
     }
 }
 
-/// A staged part read from this node's disk.
+/// A staged part read from this node's disk; the last chunk carries the
+/// part's description.
 fn local_chunks(part: PartitionBackup, file: std::fs::File) -> Chunks {
-    let file = tokio::fs::File::from_std(file);
-    let chunks = futures::stream::unfold(Some((file, Some(part))), |state| async move {
-        let (mut file, part) = state?;
-        let mut data = vec![0u8; CHUNK_BYTES];
-        let mut filled = 0;
-        while filled < data.len() {
-            match file.read(&mut data[filled..]).await {
-                Ok(0) => break,
-                Ok(n) => filled += n,
-                Err(e) => return Some((Err(ApiError::Internal(format!("reading the staged part: {e}"))), None)),
-            }
-        }
-        data.truncate(filled);
-        if filled < CHUNK_BYTES {
-            // The end: the last chunk carries the part's description.
-            let chunk = pb::BackupChunk { data, part: part.as_ref().map(part_of) };
-            return Some((Ok(chunk), None));
-        }
-        Some((Ok(pb::BackupChunk { data, part: None }), Some((file, part))))
-    });
-    Box::pin(chunks)
+    let described = pb::BackupChunk { part: Some(part_of(&part)), ..Default::default() };
+    Box::pin(crate::raft::staged_chunks(file, CHUNK_BYTES).map(move |chunk| {
+        let (data, last) = chunk.map_err(|e| ApiError::Internal(format!("reading the staged part: {e}")))?;
+        Ok(pb::BackupChunk { data, part: if last { described.part.clone() } else { None } })
+    }))
 }
 
 /// A staged part streamed from another node.
@@ -194,22 +175,6 @@ fn remote_chunks(stream: tonic::Streaming<crate::proto::cluster::StagedBackupChu
         };
         Ok(pb::BackupChunk { data: chunk.data.into(), part })
     }))
-}
-
-/// A staged part as the cluster service sends it to another node.
-pub fn staged_chunks(
-    part: PartitionBackup,
-    file: std::fs::File,
-) -> impl Stream<Item = Result<crate::proto::cluster::StagedBackupChunk, tonic::Status>> + Send {
-    let json = serde_json::to_string(&part).unwrap_or_default();
-    local_chunks(part, file).map(move |chunk| {
-        let chunk = chunk.map_err(tonic::Status::from)?;
-        let described = chunk.part.is_some();
-        Ok(crate::proto::cluster::StagedBackupChunk {
-            data: chunk.data.into(),
-            part: if described { json.clone() } else { String::new() },
-        })
-    })
 }
 
 impl From<std::io::Error> for ApiError {

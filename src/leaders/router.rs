@@ -73,6 +73,7 @@ pub async fn submit_as(
     commands: Vec<Command>,
     deadline: Instant,
 ) -> Result<Vec<CommandResult>, ApiError> {
+    super::versions::check_commands(ctx, &commands)?;
     // A principal that holds everything is checked by nothing; it travels
     // only with an override of a fence, which the job's history names it for.
     let principal = principal.filter(|p| !p.unrestricted() || commands.iter().any(Command::overrides_fence));
@@ -525,5 +526,3 @@ fn never_connected(status: &tonic::Status) -> bool {
     }
     false
 }
-
-pub use super::reads::{describe, events, list, read};

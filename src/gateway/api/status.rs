@@ -81,24 +81,3 @@ pub async fn cluster_status_json(ctx: &Arc<NodeContext>) -> serde_json::Value {
             .collect(),
     )
 }
-
-/// FAILED_PRECONDITION, naming the members behind, unless every member of
-/// the cluster reads data version `version`: `what` needs it (a feature
-/// whose commands or calls older builds do not know).
-pub fn require_cluster_version(ctx: &NodeContext, version: u16, what: &str) -> Result<(), super::ApiError> {
-    let versions = ctx.transport.peers.versions();
-    if versions.cluster_version() >= version {
-        return Ok(());
-    }
-    let behind: Vec<String> = versions
-        .members()
-        .into_iter()
-        .filter(|(_, v)| v.is_none_or(|v| v < version))
-        .map(|(n, v)| format!("node {n} ({})", v.map_or("not heard from".into(), |v| format!("version {v}"))))
-        .collect();
-    Err(super::ApiError::FailedPrecondition(format!(
-        "{what} need every member at data version {version} or later; the cluster runs at {}: {}",
-        versions.cluster_version(),
-        behind.join(", ")
-    )))
-}

@@ -15,6 +15,11 @@ pub enum ApiError {
     NotFound(String),
     #[error("{0}")]
     FailedPrecondition(String),
+    /// FAILED_PRECONDITION because the job the command names is finished
+    /// (completed, cancelled or expired): the job API says so for every
+    /// adapter, and each shows it its protocol's way.
+    #[error("{0}")]
+    Finished(String),
     #[error("{0}")]
     ResourceExhausted(String),
     /// No token, or one that does not verify.
@@ -55,7 +60,7 @@ impl ApiError {
         match self {
             ApiError::InvalidArgument(_) => Code::InvalidArgument,
             ApiError::NotFound(_) => Code::NotFound,
-            ApiError::FailedPrecondition(_) => Code::FailedPrecondition,
+            ApiError::FailedPrecondition(_) | ApiError::Finished(_) => Code::FailedPrecondition,
             ApiError::ResourceExhausted(_) => Code::ResourceExhausted,
             ApiError::Unauthenticated(_) => Code::Unauthenticated,
             ApiError::PermissionDenied(_) => Code::PermissionDenied,

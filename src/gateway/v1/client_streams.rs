@@ -9,7 +9,7 @@ use futures::{Stream, StreamExt};
 use tonic::Status;
 
 use super::chunks::BudgetChunks;
-use super::error::ApiError;
+use crate::gateway::api::ApiError;
 use crate::proto::gateway::{CompleteJobBatch, CompleteJobRequest, CreateJobBatch, CreateJobRequest};
 
 pub type BoxStream<T> = Pin<Box<dyn Stream<Item = Result<T, Status>> + Send>>;

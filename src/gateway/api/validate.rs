@@ -4,11 +4,11 @@ use std::sync::Arc;
 
 use bytes::Bytes;
 
-use super::error::ApiError;
+use super::ApiError;
 use crate::config::{DedupeWindows, Limits};
 use crate::core::{
-    Activation, EventKind, Job, JobEvent, JobFilter, JobSpec, JobState, NewJob, PartitionId, RequestId, Routing,
-    SessionId, Taker, Via, DEFAULT_TENANT, EXPIRES_AT_HEADER, MAX_JOB_LABELS,
+    Activation, JobFilter, JobSpec, JobState, NewJob, PartitionId, RequestId, Routing, SessionId, Taker, Via,
+    DEFAULT_TENANT, EXPIRES_AT_HEADER, MAX_JOB_LABELS,
 };
 use crate::proto::gateway as pb;
 use crate::streams::WorkerSpec;
@@ -432,137 +432,6 @@ pub fn activation(spec: &WorkerSpec, max_jobs: u32, max_bytes: u64, gateway: u64
         taker: Taker::new(spec.labels.clone(), false),
         rivals: Vec::new(),
     }
-}
-
-/// `job` as `principal` sees it: the worker session holding it only for a
-/// principal that may manage workers (a session id is what a worker acts
-/// as, so it is not handed to every reader).
-pub fn job_for(principal: &crate::auth::Principal, job: &Job) -> pb::Job {
-    let mut view = self::job(job);
-    if !principal.has(crate::auth::WORKERS_MANAGE) {
-        view.session_id = 0;
-    }
-    view
-}
-
-pub fn job(job: &Job) -> pb::Job {
-    pb::Job {
-        key: job.key.0,
-        r#type: job.spec.job_type.clone(),
-        tenant_id: job.spec.tenant.clone(),
-        variables: String::from_utf8_lossy(&job.spec.variables).into_owned(),
-        custom_headers: job.spec.custom_headers.iter().cloned().collect(),
-        retries: job.retries,
-        priority: job.spec.priority,
-        state: job.state.as_str().into(),
-        attempt: job.attempt,
-        worker: job.worker.clone(),
-        deadline: job.deadline,
-        due_at: job.due_at,
-        created_at: job.created_at,
-        error_message: job.error_message.clone(),
-        result: String::from_utf8_lossy(&job.result).into_owned(),
-        partition_id: job.key.partition(),
-        idempotency_key: job.spec.idempotency_key.clone(),
-        user: job.spec.user.clone(),
-        stages: job.spec.stages.clone(),
-        checkpoints: job
-            .checkpoints
-            .iter()
-            .map(|c| pb::Checkpoint { stage: c.stage.clone(), attempt: c.attempt, at: c.at })
-            .collect(),
-        stage: job.stage().unwrap_or_default().to_string(),
-        failure_reason: if job.failed_attempt == 0 { String::new() } else { job.fail_reason.as_str().to_string() },
-        attempts: job.attempt,
-        session_id: job.session,
-        retry_back_off: job.spec.retry_back_off_ms,
-        required_labels: job.spec.routing.required.clone(),
-        preferred_labels: job.spec.routing.preferred.clone(),
-        expires_at: crate::core::expires_at(&job.spec).unwrap_or(0),
-        history: Vec::new(),
-        history_dropped: 0,
-    }
-}
-
-/// A job's history as `principal` sees it: the sessions that activated it
-/// only for a principal that may manage workers, as in [`job_for`].
-pub fn history_for(principal: &crate::auth::Principal, job: &Job) -> Vec<pb::JobEvent> {
-    let mut events = history(job);
-    if !principal.has(crate::auth::WORKERS_MANAGE) {
-        for event in &mut events {
-            event.session_id = 0;
-        }
-    }
-    events
-}
-
-/// A job's history as the API shows it.
-pub fn history(job: &Job) -> Vec<pb::JobEvent> {
-    job.history.events().map(job_event).collect()
-}
-
-fn job_event(event: &JobEvent) -> pb::JobEvent {
-    let mut out = pb::JobEvent { at: event.at, kind: event.kind.name().into(), ..Default::default() };
-    match &event.kind {
-        EventKind::Created { user, gateway, idempotency_key } => {
-            out.user.clone_from(user);
-            out.gateway_node_id = *gateway;
-            out.idempotency_key.clone_from(idempotency_key);
-        }
-        EventKind::Activated { attempt, worker, session, via } => {
-            out.attempt = *attempt;
-            out.worker.clone_from(worker);
-            out.session_id = *session;
-            match via {
-                Via::Unknown => {}
-                Via::Poll { gateway } => {
-                    out.via = "poll".into();
-                    out.gateway_node_id = *gateway;
-                }
-                Via::Push { gateway, stream } => {
-                    out.via = "push".into();
-                    out.gateway_node_id = *gateway;
-                    out.stream_id = *stream;
-                }
-            }
-        }
-        EventKind::Yielded { attempt, gateway, reason } => {
-            out.attempt = *attempt;
-            out.gateway_node_id = *gateway;
-            out.reason = reason.as_str().to_string();
-        }
-        EventKind::TimedOut { attempt } | EventKind::Completed { attempt } => {
-            out.attempt = *attempt;
-        }
-        EventKind::Extended { attempt, deadline, count } => {
-            out.attempt = *attempt;
-            out.deadline = *deadline;
-            out.count = *count;
-        }
-        EventKind::Failed { attempt, reason, message, retries, back_off_ms } => {
-            out.attempt = *attempt;
-            out.reason = reason.as_str().into();
-            out.message.clone_from(message);
-            out.retries = *retries;
-            out.back_off = *back_off_ms;
-        }
-        EventKind::RetriesUpdated { retries, by } => {
-            out.retries = *retries;
-            out.user.clone_from(by);
-        }
-        EventKind::Cancelled { by } => out.user.clone_from(by),
-        EventKind::FenceOverridden { attempt, by } => {
-            out.attempt = *attempt;
-            out.user.clone_from(by);
-        }
-        EventKind::Checkpointed { attempt, stage } => {
-            out.attempt = *attempt;
-            out.stage.clone_from(stage);
-        }
-        EventKind::Expired { at } => out.deadline = *at,
-        EventKind::Due | EventKind::Incident => {}
-    }
-    out
 }
 
 #[cfg(test)]
