@@ -29,6 +29,33 @@
 //!   screen against the applied state, the session owner's tenants), as a
 //!   gateway that misjudged would; the partition's check at apply remains.
 //!
+//! Planted bugs, one each, for the fault suite's negative controls
+//! (`jepsen/src/controls.rs`): each is a bug the suite's checker must find.
+//! Those a leader acts on fire once per command, in the order the leader
+//! proposes (the entry it writes carries the bug to every replica alike):
+//!
+//! - `leader_complete_requeues`: a leader proposes a worker's completion as
+//!   a hand-back of the job, and answers it as done: the job is handed out
+//!   and completed again.
+//! - `leader_complete_cancels`: a leader proposes a worker's completion as
+//!   a cancel of the job, and answers it as done: an acknowledged
+//!   completion the replicas never hold.
+//! - `leader_fail_exhausts`: a leader proposes a worker's failure that
+//!   leaves retries as one that leaves none: an incident nobody asked for.
+//! - `read_any_tenant`: a node's job reads (`GetJob`, `GetJobHistory`,
+//!   `AwaitJob`) skip the check of the job's tenant.
+//!
+//! Those that act where entries are applied never use up a firing: they
+//! act whenever they are armed (any count), on what the entry decides, so
+//! every replica applying the same entries acts alike (a restart and a
+//! snapshot change nothing):
+//!
+//! - `apply_drop_tick`: a schedule passes over every tick at 7 s into a
+//!   10 s period of the partition's time without making its job, though it
+//!   records the tick as run.
+//! - `apply_limit_overrun`: a limited queue lets every activation start,
+//!   whatever its rate and concurrency (starts and slots are still counted).
+//!
 //! Production never sets the variable; a check is one read of a flag.
 
 use std::collections::HashMap;
@@ -76,6 +103,12 @@ pub fn arm(name: &str, count: u32, hold: Duration) {
     points().lock().expect("failpoints lock").insert(name.to_string(), Point { remaining: count, hold });
 }
 
+/// Whether `name` is armed with firings left, without using one up: for
+/// points that must act alike on every replica (see the module doc).
+pub fn armed(name: &str) -> bool {
+    enabled() && points().lock().expect("failpoints lock").get(name).is_some_and(|p| p.remaining > 0)
+}
+
 /// Whether the point fires now (using up one of its firings), and for how
 /// long it holds its caller.
 pub fn fire(name: &str) -> Option<Duration> {
@@ -103,5 +136,12 @@ mod tests {
         assert_eq!(points["a"].hold, Duration::from_millis(150));
         assert_eq!(points["b"].hold, Duration::ZERO);
         assert!(!points.contains_key("bad") && !points.contains_key("c"));
+    }
+
+    #[test]
+    fn an_unset_point_is_neither_armed_nor_fires() {
+        // The tests run without DROVER_FAILPOINTS: nothing is armed.
+        assert!(!armed("apply_drop_tick"));
+        assert_eq!(fire("leader_complete_cancels"), None);
     }
 }

@@ -174,13 +174,20 @@ pub fn check(attempts: &[Attempt], victim: &FinalReads, own: &FinalReads) -> Cro
         refused: attempts.iter().filter(|a| a.refused()).count(),
         ..CrossTenant::default()
     };
+    // Every key the attacker's own jobs have, on any replica.
+    let its_own: std::collections::BTreeSet<u64> = own.values().flat_map(|jobs| jobs.keys().copied()).collect();
     for a in attempts {
         let what = format!("{} {} on {} answered {}", a.surface, a.action, a.target, a.answer);
-        if a.foreign && a.answer == "ok" {
+        // A guessed key answered OK must be one of its own jobs: a key no
+        // job has is NOT_FOUND, and any other job is another tenant's.
+        let guessed_other = !a.foreign
+            && a.target.strip_prefix("job ").and_then(|k| k.parse::<u64>().ok()).is_some_and(|k| !its_own.contains(&k));
+        if (a.foreign || guessed_other) && a.answer == "ok" {
+            let what = if guessed_other { format!("{what}, a guessed key not its own") } else { what.clone() };
             if a.writes {
-                report.effects.push(what.clone());
+                report.effects.push(what);
             } else {
-                report.reads.push(what.clone());
+                report.reads.push(what);
             }
         }
         for exposed in &a.exposed {
@@ -780,8 +787,8 @@ mod tests {
             refused("CancelJob", true, true, "NotFound"),
             refused("Heartbeat", true, true, "PermissionDenied"),
             refused("GetJob", true, false, "NotFound"),
-            // A guessed key may be its own: an OK there says nothing.
-            refused("CancelJob", false, true, "ok"),
+            // A guessed key that is its own (job 9): an OK is its right.
+            Attempt { target: "job 9".into(), ..refused("CancelJob", false, true, "ok") },
             refused("CompleteJob", true, true, NO_ANSWER),
         ];
         let victim = on_node(vec![(7, job("", &["jepsen", "poller-3", "worker failed"], false))]);
@@ -798,6 +805,21 @@ mod tests {
         let report = check(&attempts, &FinalReads::new(), &FinalReads::new());
         assert_eq!(report.effects, vec!["drover.v1 CancelJob on job 7 answered ok"]);
         assert_eq!(report.reads, vec!["drover.v1 GetJob on job 7 answered ok"]);
+    }
+
+    #[test]
+    fn a_guessed_key_answered_ok_that_is_not_its_own_is_a_crossing() {
+        // An OK on a guessed key used to count for nothing ("it may be its
+        // own"). Its own jobs are known at the end: any other job it was
+        // answered OK on is another tenant's (a key no job has is NOT_FOUND).
+        let own = on_node(vec![(9, job(NAME, &[NAME], false))]);
+        let write = Attempt { target: "job 12".into(), ..refused("CancelJob", false, true, "ok") };
+        let read = Attempt { target: "job 13".into(), ..refused("GetJob", false, false, "ok") };
+        let report = check(&[write, read], &FinalReads::new(), &own);
+        assert_eq!(report.effects, vec!["drover.v1 CancelJob on job 12 answered ok, a guessed key not its own"]);
+        assert_eq!(report.reads.len(), 1, "{:?}", report.reads);
+        let mine = Attempt { target: "job 9".into(), ..refused("CancelJob", false, true, "ok") };
+        assert!(check(&[mine], &FinalReads::new(), &own).effects.is_empty());
     }
 
     #[test]
@@ -824,8 +846,8 @@ mod tests {
             "jobs":[{"key":5,"tenant":"","variables":"{\"id\":5}"},{"key":6,"tenant":"mallory","variables":"{}"}]}"#;
         let exposed = exposed_in(listing);
         assert_eq!(exposed.len(), 2, "{exposed:?}");
-        let attempts =
-            vec![Attempt { exposed, answer: "ok".into(), ..refused("GET /actuator/workers", false, false, "") }];
+        let listing = Attempt { target: "every session".into(), ..refused("GET /actuator/workers", false, false, "") };
+        let attempts = vec![Attempt { exposed, answer: "ok".into(), ..listing }];
         assert_eq!(check(&attempts, &FinalReads::new(), &FinalReads::new()).reads.len(), 2);
     }
 }

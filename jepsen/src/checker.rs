@@ -21,10 +21,23 @@
 //!   or a replica holding a job's stages out of their declared order;
 //! - **lost checkpoint**: an acknowledged checkpoint missing from the
 //!   record of a replica that holds the job;
-//! - **recovered** (reported, not a violation): a create with an unknown or
-//!   failed outcome whose job exists after all;
+//! - **recovered** (reported, not a violation): a create whose outcome was
+//!   unknown (a send answered `info`) whose job exists after all;
+//! - **failed yet made**: a create every send of which certainly failed
+//!   (`fail`: refused before anything was done) whose job exists;
 //! - **divergent**: after healing, a node's replica misses an acknowledged job
 //!   or holds it in another final state than the other replicas;
+//! - **completion rolled back**: a completion a client heard acknowledged of
+//!   a job that no replica holds completed after the drain;
+//! - **activated after completion**: a job handed to a worker at a later
+//!   attempt after a client heard its completion acknowledged;
+//! - **attempt handed twice**: one activation (key and attempt) handed to
+//!   two workers, or twice to one;
+//! - **unexplained incident**: a job that ended an incident though no
+//!   failure the history records asked to leave it without retries (the
+//!   workload fails a job for good now and then, on purpose; its jobs carry
+//!   far more retries than a run's dead sessions can use), and no write of
+//!   the attacker's touched it (that is a cross-tenant effect);
 //! - **slow recovery**: a killed session worker's job not activated again
 //!   within the session's bound (see `sessions`);
 //! - **early reactivation**, **early timer**, **late timer**: timers held to
@@ -37,7 +50,7 @@ use std::fmt::Write;
 
 use serde::Serialize;
 
-use crate::history::{FinalReads, Kind, Op, Phase};
+use crate::history::{FinalJob, FinalReads, Kind, Op, Phase};
 use crate::workload::STAGES;
 
 /// An acknowledged job that did not finish, with what each replica holds.
@@ -72,9 +85,13 @@ pub struct Misdelivery {
     pub job_type: Option<String>,
     /// The type the worker asked for.
     pub wanted_type: Option<String>,
-    /// The worker name the worker asked for, and the one on the activation.
+    /// The worker name the worker asked for, and the one on the activation
+    /// (or, when the activation does not say, the one a replica records).
     pub worker: Option<String>,
     pub assigned_worker: Option<String>,
+    /// Another tenant's job: its tenant.
+    #[serde(skip_serializing_if = "Option::is_none")]
+    pub tenant: Option<String>,
 }
 
 /// A stage committed by more than one attempt, or out of order.
@@ -85,6 +102,49 @@ pub struct StageTwice {
     pub stage: String,
     /// The attempts that committed it (acknowledged, or held by a replica).
     pub attempts: Vec<u32>,
+}
+
+/// A completion a client heard acknowledged, of a job no replica holds
+/// completed.
+#[derive(Debug, Serialize, PartialEq)]
+pub struct RolledBack {
+    pub id: u64,
+    pub key: u64,
+    /// The attempt whose completion was acknowledged.
+    pub attempt: u32,
+    /// Replica node -> the job's state there (as for lost jobs).
+    pub replicas: BTreeMap<usize, String>,
+}
+
+/// A job handed out again at a later attempt after a client heard its
+/// completion acknowledged.
+#[derive(Debug, Serialize, PartialEq)]
+pub struct AfterCompletion {
+    pub id: u64,
+    pub key: u64,
+    pub completed_attempt: u32,
+    pub acknowledged_ms: u64,
+    pub attempt: u32,
+    pub activated_ms: u64,
+    pub process: u64,
+}
+
+/// One activation (key and attempt) handed out more than once.
+#[derive(Debug, Serialize, PartialEq)]
+pub struct HandedTwice {
+    pub id: u64,
+    pub key: u64,
+    pub attempt: u32,
+    /// The processes it was handed to, once per handing.
+    pub processes: Vec<u64>,
+}
+
+/// An incident no recorded failure explains.
+#[derive(Debug, Serialize, PartialEq)]
+pub struct UnexplainedIncident {
+    pub id: u64,
+    pub key: u64,
+    pub why: String,
 }
 
 /// An acknowledged checkpoint a replica's record of the job lacks.
@@ -117,6 +177,14 @@ pub struct Report {
     pub checkpoints: usize,
     pub divergent: Vec<u64>,
     pub recovered: Vec<u64>,
+    pub failed_yet_made: Vec<u64>,
+    pub rolled_back: Vec<RolledBack>,
+    pub activated_after_completion: Vec<AfterCompletion>,
+    pub handed_twice: Vec<HandedTwice>,
+    pub unexplained_incidents: Vec<UnexplainedIncident>,
+    /// Replicas of acknowledged jobs' partitions whose node did not answer
+    /// the final read: what they hold was never compared.
+    pub unread_replicas: Vec<usize>,
     /// Jobs of killed session workers that were not activated again in time
     /// (see `sessions`).
     pub slow_recoveries: Vec<crate::sessions::SlowRecovery>,
@@ -137,13 +205,135 @@ pub struct Report {
     pub workflows: crate::workflows::Workflows,
     /// The limited queue's activations held to its limit (see `limits`).
     pub limits: crate::limits::Limits,
+    /// The faults the run injected, by nemesis and kind (see `faults`).
+    pub faults: crate::faults::Tally,
+    /// No anomaly was found.
     pub valid: bool,
+    /// Why a run with no anomaly cannot be called valid: a part of it went
+    /// unobserved (see [`Report::verdict`]).
+    pub unknown: Vec<String>,
+}
+
+/// What a run comes to.
+#[derive(Clone, Copy, Debug, PartialEq, Eq, Serialize)]
+#[serde(rename_all = "UPPERCASE")]
+pub enum Verdict {
+    /// Every check ran on everything it should, and none found an anomaly.
+    Valid,
+    /// No anomaly found, but part of the run went unobserved (its nemesis
+    /// never fired, a replica or a job was never read, a planned fault was
+    /// skipped, the plan never settled): it proves less than a valid run.
+    Unknown,
+    /// An anomaly was found.
+    Invalid,
+}
+
+impl Verdict {
+    /// The process exit code that says it: 0, 2 and 1.
+    pub fn code(self) -> i32 {
+        match self {
+            Verdict::Valid => 0,
+            Verdict::Invalid => 1,
+            Verdict::Unknown => 2,
+        }
+    }
+
+    pub fn from_code(code: i32) -> Option<Verdict> {
+        [Verdict::Valid, Verdict::Invalid, Verdict::Unknown].into_iter().find(|v| v.code() == code)
+    }
+}
+
+impl std::fmt::Display for Verdict {
+    fn fmt(&self, f: &mut std::fmt::Formatter<'_>) -> std::fmt::Result {
+        f.write_str(match self {
+            Verdict::Valid => "VALID",
+            Verdict::Unknown => "UNKNOWN",
+            Verdict::Invalid => "INVALID",
+        })
+    }
 }
 
 /// At most this many lines per anomaly in the text report (all are in the JSON).
 const DETAIL_LINES: usize = 20;
 
 impl Report {
+    pub fn verdict(&self) -> Verdict {
+        match (self.valid, self.unknown.is_empty()) {
+            (false, _) => Verdict::Invalid,
+            (true, false) => Verdict::Unknown,
+            (true, true) => Verdict::Valid,
+        }
+    }
+
+    /// Notes a part of the run that went unobserved.
+    pub fn unobserved(&mut self, why: String) {
+        if !self.unknown.contains(&why) {
+            self.unknown.push(why);
+        }
+    }
+
+    /// Every anomaly class that invalidates, with how often it was found:
+    /// what a negative control is held to.
+    pub fn classes(&self) -> Vec<(&'static str, usize)> {
+        vec![
+            ("lost", self.lost.len()),
+            ("unexpected", self.unexpected.len()),
+            ("duplicated", self.duplicated.len()),
+            ("stale", self.stale.len()),
+            ("duplicate create", self.duplicate_creates.len()),
+            ("failed yet made", self.failed_yet_made.len()),
+            ("misdelivered", self.misdelivered.len()),
+            ("attempt handed twice", self.handed_twice.len()),
+            ("stage twice", self.stage_twice.len()),
+            ("lost checkpoint", self.lost_checkpoints.len()),
+            ("divergent", self.divergent.len()),
+            ("completion rolled back", self.rolled_back.len()),
+            ("activated after completion", self.activated_after_completion.len()),
+            ("unexplained incident", self.unexplained_incidents.len()),
+            ("slow recovery", self.slow_recoveries.len()),
+            ("early reactivation", self.timing.early_reactivations.len()),
+            ("early timer", self.timing.early_timers.len()),
+            ("late timer", self.timing.late_timers.len()),
+            ("expired job handed out", self.expired_handed_out.len()),
+            ("tick doubled", self.ticks.doubled.len()),
+            ("tick missed", self.ticks.missed.len()),
+            ("step lost", self.workflows.step_lost.len()),
+            ("step twice", self.workflows.step_twice.len()),
+            ("callback lost", self.workflows.callback_lost.len()),
+            ("callback twice", self.workflows.callback_twice.len()),
+            ("wrong end", self.workflows.wrong_end.len()),
+            ("limit exceeded", self.limits.exceeded.len()),
+            ("limited job stuck", self.limits.stuck.len()),
+            ("limited job lost", self.limits.lost.len()),
+            ("cross-tenant effect", self.cross_tenant.effects.len()),
+            ("cross-tenant read", self.cross_tenant.reads.len()),
+        ]
+    }
+
+    /// How often `class` (a name [`Report::classes`] gives) was found.
+    #[cfg(test)]
+    pub fn found(&self, class: &str) -> usize {
+        self.classes().into_iter().find(|(name, _)| *name == class).map_or(0, |(_, n)| n)
+    }
+
+    /// The parts of the run no check saw, from what the checks counted:
+    /// replicas, limited jobs, workflows and schedules no node or gateway
+    /// answered for at the end.
+    pub fn note_unread(&mut self) {
+        if !self.unread_replicas.is_empty() {
+            self.unobserved(format!("nodes {:?} did not answer the final read", self.unread_replicas));
+        }
+        if self.limits.unread > 0 {
+            self.unobserved(format!("{} limited jobs unread", self.limits.unread));
+        }
+        if self.workflows.unread > 0 {
+            self.unobserved(format!("{} workflows unread", self.workflows.unread));
+        }
+        if self.ticks.unread > 0 {
+            self.unobserved(format!("{} schedules unread", self.ticks.unread));
+        }
+    }
+
     /// Jobs of killed session workers that came back late: each one makes
     /// the run invalid.
     pub fn add_slow_recoveries(&mut self, slow: Vec<crate::sessions::SlowRecovery>) {
@@ -181,40 +371,46 @@ impl Report {
         self.timing = timing;
     }
 
+    /// The verdict (with why, when UNKNOWN), the counts, every class
+    /// with how often it was found, the faults injected, and the other
+    /// checks' own summaries: the first line of the report.
     pub fn summary(&self) -> String {
+        let verdict = match self.verdict() {
+            Verdict::Unknown => format!("UNKNOWN ({})", self.unknown.join("; ")),
+            verdict => verdict.to_string(),
+        };
+        let classes: Vec<String> = self
+            .classes()
+            .into_iter()
+            .filter(|(name, _)| !name.starts_with("tick") && !self.in_own_summary(name))
+            .map(|(name, n)| format!("{name} {n}"))
+            .collect();
         format!(
-            "{}: {} attempted, {} acknowledged, {} completed, {} incidents, {} expired; lost {}, unexpected {}, \
-             duplicated {}, stale {}, duplicate creates {}, misdelivered {}, stage twice {}, lost checkpoints {} (of \
-             {}), divergent {}, recovered {}, worker kills {}, slow recoveries {}, early reactivations {}, early \
-             timers {}, late timers {}, expired job handed out {}; {}; {}; {}; {}",
-            if self.valid { "VALID" } else { "INVALID" },
+            "{verdict}: {} attempted, {} acknowledged, {} completed, {} incidents, {} expired; {}; recovered {}, \
+             checkpoints {}, worker kills {}, unread replicas {}; faults: {}; {}; {}; {}; {}",
             self.attempted,
             self.acknowledged,
             self.completed,
             self.incidents,
             self.expired,
-            self.lost.len(),
-            self.unexpected.len(),
-            self.duplicated.len(),
-            self.stale.len(),
-            self.duplicate_creates.len(),
-            self.misdelivered.len(),
-            self.stage_twice.len(),
-            self.lost_checkpoints.len(),
-            self.checkpoints,
-            self.divergent.len(),
+            classes.join(", "),
             self.recovered.len(),
+            self.checkpoints,
             self.worker_kills,
-            self.slow_recoveries.len(),
-            self.timing.early_reactivations.len(),
-            self.timing.early_timers.len(),
-            self.timing.late_timers.len(),
-            self.expired_handed_out.len(),
+            self.unread_replicas.len(),
+            self.faults.summary(),
             self.ticks.summary(),
             self.workflows.summary(),
             self.limits.summary(),
             self.cross_tenant.summary(),
         )
+    }
+
+    /// Classes another check's summary names with its own figures.
+    fn in_own_summary(&self, class: &str) -> bool {
+        let workflows = ["step lost", "step twice", "callback lost", "callback twice", "wrong end"];
+        let limits = ["limit exceeded", "limited job stuck", "limited job lost"];
+        workflows.contains(&class) || limits.contains(&class) || class.starts_with("cross-tenant")
     }
 
     /// One line per anomaly (the first few of each), after the summary.
@@ -235,6 +431,56 @@ impl Report {
                     let job_type = l.job_type.as_deref().unwrap_or("?");
                     format!("lost: job {} ({job_type}, key {}): {}", l.id, l.key, on.join(", "))
                 })
+                .collect(),
+        );
+        section(
+            self.rolled_back
+                .iter()
+                .map(|r| {
+                    let on: Vec<String> = r.replicas.iter().map(|(n, s)| format!("node {n} {s}")).collect();
+                    format!(
+                        "completion rolled back: job {} (key {}) completion of attempt {} acknowledged: {}",
+                        r.id,
+                        r.key,
+                        r.attempt,
+                        on.join(", ")
+                    )
+                })
+                .collect(),
+        );
+        section(
+            self.activated_after_completion
+                .iter()
+                .map(|a| {
+                    format!(
+                        "activated after completion: job {} (key {}) completion of attempt {} acknowledged at {} ms, \
+                         attempt {} handed to process {} at {} ms",
+                        a.id, a.key, a.completed_attempt, a.acknowledged_ms, a.attempt, a.process, a.activated_ms
+                    )
+                })
+                .collect(),
+        );
+        section(
+            self.handed_twice
+                .iter()
+                .map(|h| {
+                    format!(
+                        "attempt handed twice: job {} (key {}) attempt {} handed to processes {:?}",
+                        h.id, h.key, h.attempt, h.processes
+                    )
+                })
+                .collect(),
+        );
+        section(
+            self.unexplained_incidents
+                .iter()
+                .map(|i| format!("unexplained incident: job {} (key {}): {}", i.id, i.key, i.why))
+                .collect(),
+        );
+        section(
+            self.failed_yet_made
+                .iter()
+                .map(|id| format!("failed yet made: create {id} was refused at every send, and its job exists"))
                 .collect(),
         );
         section(
@@ -307,6 +553,12 @@ impl Report {
                             m.wanted_type.as_deref().unwrap_or("?")
                         );
                     }
+                    if let Some(tenant) = &m.tenant {
+                        let _ = write!(line, ": a job of tenant {tenant:?}");
+                    }
+                    if m.id == 0 {
+                        let _ = write!(line, ": a job without a workload id");
+                    }
                     if m.worker != m.assigned_worker {
                         let _ = write!(
                             line,
@@ -360,14 +612,7 @@ impl Report {
                 })
                 .collect(),
         );
-        section(
-            self.ticks
-                .doubled
-                .iter()
-                .map(|d| format!("tick doubled: {} at {}: keys {:?}", d.schedule, d.tick, d.keys))
-                .collect(),
-        );
-        section(self.ticks.missed.iter().map(|m| format!("tick missed: {} at {}", m.schedule, m.tick)).collect());
+        section(self.ticks.lines());
         section(self.workflows.lines());
         section(self.limits.lines());
         section(self.cross_tenant.effects.iter().map(|e| format!("cross-tenant effect: {e}")).collect());
@@ -409,7 +654,9 @@ pub fn check(history: &[Op], finals: &FinalReads, replicas: impl Fn(u64) -> Vec<
             }
         }
     }
-    for op in history {
+    // Id 0 is no create's: the activations of jobs without a workload id
+    // (a workflow's, the limited queue's, or one handed to the wrong worker).
+    for op in history.iter().filter(|o| o.id != 0) {
         if let Some(key) = op.key {
             keys_of_id.entry(op.id).or_default().insert(key);
         }
@@ -450,12 +697,30 @@ pub fn check(history: &[Op], finals: &FinalReads, replicas: impl Fn(u64) -> Vec<
         .collect();
 
     // Misdelivered: an activation of another type than the worker asked
-    // for, or made out to another worker.
+    // for (by the create, or by the job as handed out), of another tenant's
+    // job, of a job without a workload id handed to a workload worker, or
+    // made out to another worker (as the activation says, or as a replica
+    // records the attempt).
+    let recorded_worker = |key: u64, attempt: u32| -> Option<&str> {
+        finals
+            .values()
+            .filter_map(|jobs| jobs.get(&key))
+            .find_map(|job| job.activations.iter().find(|(a, _)| *a == attempt).map(|(_, worker)| worker.as_str()))
+    };
     for op in history.iter().filter(|o| o.kind == Kind::Activate && o.phase == Phase::Ok) {
-        let job_type = created_type.get(&op.id).copied();
-        let wrong_type = matches!((job_type, op.job_type.as_deref()), (Some(a), Some(b)) if a != b);
-        let wrong_worker = matches!((&op.worker, &op.assigned_worker), (Some(a), Some(b)) if a != b);
-        if wrong_type || wrong_worker {
+        let job_type = created_type.get(&op.id).copied().or(op.handed_type.as_deref());
+        let wanted = op.job_type.as_deref();
+        let wrong_type = matches!((job_type, wanted), (Some(a), Some(b)) if a != b)
+            || matches!((op.handed_type.as_deref(), wanted), (Some(a), Some(b)) if a != b);
+        let foreign = op.tenant.as_deref().is_some_and(|t| !t.is_empty() && t != drover::core::DEFAULT_TENANT);
+        let no_id = op.id == 0 && wanted.is_some_and(|t| crate::workload::WORKLOAD_TYPES.contains(&t));
+        let assigned = op.assigned_worker.as_deref().or_else(|| op.key.and_then(|k| recorded_worker(k, op.attempt)));
+        let wrong_worker = matches!((op.worker.as_deref(), assigned), (Some(a), Some(b)) if a != b)
+            || matches!(
+                (op.worker.as_deref(), op.key.and_then(|k| recorded_worker(k, op.attempt))),
+                (Some(a), Some(b)) if a != b
+            );
+        if wrong_type || wrong_worker || foreign || no_id {
             report.misdelivered.push(Misdelivery {
                 id: op.id,
                 key: op.key,
@@ -465,7 +730,50 @@ pub fn check(history: &[Op], finals: &FinalReads, replicas: impl Fn(u64) -> Vec<
                 job_type: job_type.map(str::to_string),
                 wanted_type: op.job_type.clone(),
                 worker: op.worker.clone(),
-                assigned_worker: op.assigned_worker.clone(),
+                assigned_worker: assigned.map(str::to_string),
+                tenant: op.tenant.clone().filter(|_| foreign),
+            });
+        }
+    }
+
+    // One activation handed out more than once: an attempt is one worker's.
+    let mut handed: BTreeMap<(u64, u32), Vec<&Op>> = BTreeMap::new();
+    for op in history.iter().filter(|o| o.kind == Kind::Activate && o.phase == Phase::Ok) {
+        if let Some(key) = op.key {
+            handed.entry((key, op.attempt)).or_default().push(op);
+        }
+    }
+    for ((key, attempt), ops) in &handed {
+        if ops.len() > 1 {
+            report.handed_twice.push(HandedTwice {
+                id: ops[0].id,
+                key: *key,
+                attempt: *attempt,
+                processes: ops.iter().map(|o| o.process).collect(),
+            });
+        }
+    }
+
+    // Activated after completion: a later attempt handed out after a
+    // client heard the completion of an earlier one acknowledged.
+    for (key, done) in &completions {
+        let first = done.iter().min_by_key(|o| o.time_ms).expect("a completion");
+        let later = history.iter().filter(|o| {
+            o.kind == Kind::Activate
+                && o.phase == Phase::Ok
+                && o.key == Some(*key)
+                && o.attempt > first.attempt
+                && o.time_ms > first.time_ms
+        });
+        for op in later {
+            report.activated_after_completion.push(AfterCompletion {
+                id: first.id,
+                key: *key,
+                completed_attempt: first.attempt,
+                acknowledged_ms: first.time_ms,
+                attempt: op.attempt,
+                activated_ms: op.time_ms,
+                process: op.process,
             });
         }
     }
@@ -502,38 +810,77 @@ pub fn check(history: &[Op], finals: &FinalReads, replicas: impl Fn(u64) -> Vec<
         .filter(|o| o.kind == Kind::Create && o.phase == Phase::Invoke && o.expires_at.is_some())
         .map(|o| o.id)
         .collect();
-    for (id, key) in &acknowledged {
-        let completed = completions.contains_key(key) || final_state.get(key).is_some_and(|s| s == "completed");
-        let incident = final_state.get(key).is_some_and(|s| s == "incident");
-        let expired = expiring.contains(id) && final_state.get(key).is_some_and(|s| s == "expired");
-        let on_replicas: BTreeMap<usize, Option<&str>> = replicas(*key)
+    // What each replica of a job's partition holds: its state, `missing`
+    // when the node answered without it, `None` when it did not answer.
+    let on_replicas = |key: u64| -> BTreeMap<usize, Option<&str>> {
+        replicas(key)
             .into_iter()
-            .map(|node| (node, finals.get(&node).map(|jobs| jobs.get(key).map_or("missing", |j| j.state.as_str()))))
-            .collect();
-        if completed {
-            report.completed += 1;
-        } else if incident {
-            report.incidents += 1;
-        } else if expired {
-            report.expired += 1;
-        } else {
-            report.lost.push(LostJob {
+            .map(|node| (node, finals.get(&node).map(|jobs| jobs.get(&key).map_or("missing", |j| j.state.as_str()))))
+            .collect()
+    };
+    let shown = |held: &BTreeMap<usize, Option<&str>>| -> BTreeMap<usize, String> {
+        held.iter().map(|(n, s)| (*n, s.unwrap_or("unread").to_string())).collect()
+    };
+    let mut unread: BTreeSet<usize> = BTreeSet::new();
+    for (id, key) in &acknowledged {
+        let state = final_state.get(key).map(String::as_str);
+        let held = on_replicas(*key);
+        unread.extend(held.iter().filter(|(_, s)| s.is_none()).map(|(n, _)| *n));
+        match state {
+            Some("completed") => report.completed += 1,
+            // Completed for a client, not on the replicas: rolled back (below).
+            _ if completions.contains_key(key) => {}
+            Some("incident") => {
+                report.incidents += 1;
+                if let Some(why) = unexplained(*key, history, finals) {
+                    report.unexplained_incidents.push(UnexplainedIncident { id: *id, key: *key, why });
+                }
+            }
+            Some("expired") if expiring.contains(id) => report.expired += 1,
+            _ => report.lost.push(LostJob {
                 id: *id,
                 key: *key,
                 job_type: created_type.get(id).map(|t| t.to_string()),
-                replicas: on_replicas.iter().map(|(n, s)| (*n, s.unwrap_or("unread").to_string())).collect(),
-            });
+                replicas: shown(&held),
+            }),
         }
         // Divergence: every replica of the partition that answered must hold
         // the job, and in the same final state.
-        let states: Vec<&str> = on_replicas.values().flatten().copied().collect();
+        let states: Vec<&str> = held.values().flatten().copied().collect();
         if states.iter().any(|s| *s == "missing" || *s != states[0]) {
             report.divergent.push(*id);
         }
     }
+    report.unread_replicas = unread.into_iter().collect();
+    // A completion acknowledged is final: some replica that answered must
+    // hold the job completed.
+    for (key, done) in &completions {
+        let held = on_replicas(*key);
+        let answered = held.values().any(Option::is_some);
+        if answered && final_state.get(key).map(String::as_str) != Some("completed") {
+            let first = done.iter().min_by_key(|o| o.time_ms).expect("a completion");
+            report.rolled_back.push(RolledBack {
+                id: first.id,
+                key: *key,
+                attempt: first.attempt,
+                replicas: shown(&held),
+            });
+        }
+    }
+    // A create that was not acknowledged and whose job exists: recovered
+    // when some send's outcome was unknown, an anomaly when every send was
+    // refused (a `fail` certainly did not happen).
+    let mut sends: BTreeMap<u64, Vec<Phase>> = BTreeMap::new();
+    for op in history.iter().filter(|o| o.kind == Kind::Create && o.phase != Phase::Invoke) {
+        sends.entry(op.id).or_default().push(op.phase);
+    }
     for id in &attempted {
         if !acknowledged.contains_key(id) && keys_of_id.contains_key(id) {
-            report.recovered.push(*id);
+            let refused = sends.get(id).is_some_and(|phases| phases.iter().all(|p| *p == Phase::Fail));
+            match refused {
+                true => report.failed_yet_made.push(*id),
+                false => report.recovered.push(*id),
+            }
         }
     }
     check_stages(history, finals, &id_of_key, &mut report);
@@ -546,14 +893,52 @@ pub fn check(history: &[Op], finals: &FinalReads, replicas: impl Fn(u64) -> Vec<
         && report.duplicated.is_empty()
         && report.stale.is_empty()
         && report.duplicate_creates.is_empty()
+        && report.failed_yet_made.is_empty()
         && report.misdelivered.is_empty()
+        && report.handed_twice.is_empty()
+        && report.rolled_back.is_empty()
+        && report.activated_after_completion.is_empty()
+        && report.unexplained_incidents.is_empty()
         && report.divergent.is_empty();
     report
 }
 
-/// Acknowledged jobs whose completion no client has heard of yet: cheap, for
-/// a drain to tell whether reading every replica is worth it. (A job whose
-/// completion was lost, or that became an incident, only the replicas show.)
+/// Why job `key`'s incident is unexplained, if it is. An incident is a
+/// failure that left the job no retries; the workload's jobs carry far more
+/// than its dead sessions use (`workload::RETRIES`), so one is explained
+/// only by a worker's failure asking for none (the workload's, on purpose:
+/// recorded with the retries it asked for), at the attempt whose failure the
+/// replicas record as leaving none, or by the attacker (a cross-tenant
+/// effect, counted there).
+fn unexplained(key: u64, history: &[Op], finals: &FinalReads) -> Option<String> {
+    let held: Vec<&FinalJob> = finals.values().filter_map(|jobs| jobs.get(&key)).collect();
+    if held.iter().any(|job| job.actors.iter().any(|a| crate::attacker::is_attacker(a))) {
+        return None;
+    }
+    let asked_none: BTreeSet<u32> = history
+        .iter()
+        .filter(|o| o.kind == Kind::Fail && o.phase == Phase::Invoke && o.key == Some(key) && o.retries == Some(0))
+        .map(|o| o.attempt)
+        .collect();
+    // The replica's record of the failure that left none, if it kept one.
+    let last = held
+        .iter()
+        .max_by_key(|job| job.failures.len())
+        .and_then(|job| job.failures.iter().rev().find(|f| f.retries == 0));
+    match last {
+        Some(failure) if asked_none.contains(&failure.attempt) => None,
+        Some(failure) => Some(format!(
+            "attempt {} failed ({}, {:?}) leaving no retries, and no worker asked for that",
+            failure.attempt, failure.reason, failure.message
+        )),
+        None if !asked_none.is_empty() => None,
+        None => Some("no recorded failure asked to leave it without retries".into()),
+    }
+}
+
+/// Acknowledged jobs whose completion (or failure for good) no client has
+/// heard of yet: cheap, for a drain to tell whether reading every replica is
+/// worth it. (A job whose completion was lost only the replicas show.)
 /// Session jobs are left out: the session worker processes complete them,
 /// and only the replicas show that, so counting them kept every drain
 /// waiting for its periodic full read.
@@ -573,6 +958,10 @@ pub fn unfinished(history: &[Op]) -> usize {
             }
             // A worker may complete a job before its producer hears of the create.
             (Kind::Complete, Some(key)) => {
+                completed.insert(key);
+            }
+            // Failed for good on purpose: an incident, finished too.
+            (Kind::Fail, Some(key)) if op.retries == Some(0) => {
                 completed.insert(key);
             }
             _ => {}
@@ -640,389 +1029,5 @@ fn check_stages(history: &[Op], finals: &FinalReads, id_of_key: &BTreeMap<u64, u
 }
 
 #[cfg(test)]
-mod tests {
-    use super::*;
-    use crate::history::FinalJob;
-
-    fn op(time_ms: u64, process: u64, kind: Kind, phase: Phase, id: u64, key: Option<u64>, attempt: u32) -> Op {
-        Op { time_ms, process, node: 0, kind, phase, id, key, attempt, ..Op::default() }
-    }
-
-    /// What a worker that asked for `wanted_type` as `worker` records when
-    /// handed an activation made out to `assigned`.
-    fn activated(id: u64, key: u64, attempt: u32, t: u64, wanted_type: &str, worker: &str, assigned: &str) -> Op {
-        Op {
-            job_type: Some(wanted_type.into()),
-            worker: Some(worker.into()),
-            assigned_worker: Some(assigned.into()),
-            ..op(t, 2, Kind::Activate, Phase::Ok, id, Some(key), attempt)
-        }
-    }
-
-    fn typed_create(id: u64, job_type: &str, t: u64) -> Op {
-        Op { job_type: Some(job_type.into()), ..op(t, 1, Kind::Create, Phase::Invoke, id, None, 0) }
-    }
-
-    fn lost_ids(r: &Report) -> Vec<u64> {
-        r.lost.iter().map(|l| l.id).collect()
-    }
-
-    fn created(id: u64, key: u64, t: u64) -> Vec<Op> {
-        vec![
-            op(t, 1, Kind::Create, Phase::Invoke, id, None, 0),
-            op(t + 1, 1, Kind::Create, Phase::Ok, id, Some(key), 0),
-        ]
-    }
-
-    fn completed(id: u64, key: u64, attempt: u32, t: u64, process: u64) -> Vec<Op> {
-        vec![
-            op(t, process, Kind::Complete, Phase::Invoke, id, Some(key), attempt),
-            op(t + 1, process, Kind::Complete, Phase::Ok, id, Some(key), attempt),
-        ]
-    }
-
-    fn finals(nodes: &[usize], jobs: &[(u64, u64, &str)]) -> FinalReads {
-        nodes
-            .iter()
-            .map(|n| {
-                (
-                    *n,
-                    jobs.iter()
-                        .map(|(id, key, s)| {
-                            (
-                                *key,
-                                FinalJob {
-                                    id: *id,
-                                    state: s.to_string(),
-                                    job_type: "jepsen".into(),
-                                    checkpoints: Vec::new(),
-                                    attempt: 0,
-                                    ..FinalJob::default()
-                                },
-                            )
-                        })
-                        .collect(),
-                )
-            })
-            .collect()
-    }
-
-    fn all_nodes(_: u64) -> Vec<usize> {
-        vec![0, 1, 2]
-    }
-
-    #[test]
-    fn a_clean_history_is_valid() {
-        let mut h = created(1, 101, 0);
-        h.extend(completed(1, 101, 1, 10, 2));
-        let r = check(&h, &finals(&[0, 1, 2], &[(1, 101, "completed")]), all_nodes);
-        assert!(r.valid, "{r:?}");
-        assert_eq!(r.completed, 1);
-    }
-
-    #[test]
-    fn a_lost_job_is_reported() {
-        let mut h = created(1, 101, 0);
-        h.extend(created(2, 102, 5));
-        h.extend(completed(1, 101, 1, 10, 2));
-        let r = check(&h, &finals(&[0, 1, 2], &[(1, 101, "completed")]), all_nodes);
-        assert!(!r.valid);
-        assert_eq!(lost_ids(&r), vec![2]);
-        assert_eq!(r.lost[0].replicas, [(0, "missing".into()), (1, "missing".into()), (2, "missing".into())].into());
-    }
-
-    #[test]
-    fn an_unfinished_job_after_the_drain_counts_as_lost() {
-        let h = created(1, 101, 0);
-        let r = check(&h, &finals(&[0, 1, 2], &[(1, 101, "activatable")]), all_nodes);
-        assert!(!r.valid);
-        assert_eq!(lost_ids(&r), vec![1]);
-        assert!(
-            r.details().contains("lost: job 1 (?, key 101): node 0 activatable, node 1 activatable"),
-            "{}",
-            r.details()
-        );
-    }
-
-    #[test]
-    fn a_pushed_only_job_that_was_never_pushed_is_lost_with_its_state() {
-        // Created for stream-only workers, acknowledged, and never handed to
-        // anyone: after the drain it is still activatable where it was read.
-        let mut h = vec![typed_create(1, "jepsen-pushed", 0)];
-        h.push(op(1, 1, Kind::Create, Phase::Ok, 1, Some(101), 0));
-        let mut f = finals(&[0, 2], &[(1, 101, "activatable")]);
-        f.insert(2, BTreeMap::new());
-        let r = check(&h, &f, all_nodes);
-        assert!(!r.valid);
-        assert_eq!(r.lost[0].job_type.as_deref(), Some("jepsen-pushed"));
-        assert_eq!(
-            r.lost[0].replicas,
-            [(0, "activatable".into()), (1, "unread".into()), (2, "missing".into())].into(),
-            "node 1 did not answer; node 2 answered without it"
-        );
-    }
-
-    #[test]
-    fn a_slow_recovery_makes_the_run_invalid_and_is_listed() {
-        let h = created(1, 101, 0);
-        let mut r = check(&h, &finals(&[0, 1, 2], &[(1, 101, "completed")]), all_nodes);
-        assert!(r.valid, "{r:?}");
-        r.add_slow_recoveries(Vec::new());
-        assert!(r.valid, "no slow recovery, still valid");
-        let slow = crate::sessions::SlowRecovery {
-            key: 101,
-            worker: "session-0".into(),
-            killed_at_ms: 1_000,
-            again_at_ms: None,
-        };
-        r.add_slow_recoveries(vec![slow]);
-        assert!(!r.valid);
-        assert!(r.summary().contains("slow recoveries 1"), "{}", r.summary());
-        assert!(r.details().contains("slow recovery: key 101 held by session-0"), "{}", r.details());
-    }
-
-    #[test]
-    fn an_incident_is_not_lost() {
-        let h = created(1, 101, 0);
-        let r = check(&h, &finals(&[0, 1, 2], &[(1, 101, "incident")]), all_nodes);
-        assert!(r.valid, "{r:?}");
-        assert_eq!(r.incidents, 1);
-    }
-
-    #[test]
-    fn an_unexpected_job_is_reported() {
-        let mut h = created(1, 101, 0);
-        h.extend(completed(1, 101, 1, 10, 2));
-        h.extend(completed(9, 109, 1, 12, 2));
-        let r = check(&h, &finals(&[0, 1, 2], &[(1, 101, "completed"), (9, 109, "completed")]), all_nodes);
-        assert!(!r.valid);
-        assert_eq!(r.unexpected, vec![9]);
-    }
-
-    #[test]
-    fn a_duplicate_completion_is_reported() {
-        let mut h = created(1, 101, 0);
-        h.extend(completed(1, 101, 1, 10, 2));
-        h.extend(completed(1, 101, 2, 20, 3));
-        let r = check(&h, &finals(&[0, 1, 2], &[(1, 101, "completed")]), all_nodes);
-        assert!(!r.valid);
-        assert_eq!(r.duplicated, vec![101]);
-    }
-
-    #[test]
-    fn an_acknowledged_create_that_made_two_jobs_is_a_duplicate() {
-        // A gateway re-submitted a create whose answer it lost: two jobs for
-        // one marker, each completed once. The client asked for one job.
-        let mut h = created(1, 102, 0);
-        h.extend(completed(1, 101, 1, 10, 2));
-        h.extend(completed(1, 102, 1, 12, 3));
-        let r = check(&h, &finals(&[0, 1, 2], &[(1, 101, "completed"), (1, 102, "completed")]), all_nodes);
-        assert!(!r.valid, "{r:?}");
-        assert!(r.duplicated.is_empty(), "each job completed once");
-        assert_eq!(r.duplicate_creates, vec![DuplicateCreate { id: 1, keys: vec![101, 102], acknowledged: Some(102) }]);
-        assert!(
-            r.details().contains("create 1 produced 2 jobs (keys [101, 102]; acknowledged as key 102)"),
-            "{}",
-            r.details()
-        );
-    }
-
-    #[test]
-    fn an_unacknowledged_create_that_made_two_jobs_is_a_duplicate() {
-        let mut h =
-            vec![op(0, 1, Kind::Create, Phase::Invoke, 7, None, 0), op(9, 1, Kind::Create, Phase::Info, 7, None, 0)];
-        h.extend(completed(7, 107, 1, 20, 2));
-        // The second job is only in the final reads, never handed to anyone.
-        let r = check(&h, &finals(&[0, 1, 2], &[(7, 107, "completed"), (7, 108, "activatable")]), all_nodes);
-        assert!(!r.valid, "{r:?}");
-        assert!(r.lost.is_empty(), "nothing acknowledged, nothing lost");
-        assert_eq!(r.duplicate_creates, vec![DuplicateCreate { id: 7, keys: vec![107, 108], acknowledged: None }]);
-        assert!(
-            r.details().contains("create 7 produced 2 jobs (keys [107, 108]; not acknowledged)"),
-            "{}",
-            r.details()
-        );
-    }
-
-    #[test]
-    fn a_second_job_seen_only_by_a_worker_is_a_duplicate() {
-        // The final reads hold one job, but a worker was handed another key
-        // carrying the same marker.
-        let mut h = created(1, 101, 0);
-        h.push(op(5, 2, Kind::Activate, Phase::Ok, 1, Some(109), 1));
-        h.extend(completed(1, 101, 1, 10, 2));
-        let r = check(&h, &finals(&[0, 1, 2], &[(1, 101, "completed")]), all_nodes);
-        assert!(!r.valid);
-        assert_eq!(r.duplicate_creates[0].keys, vec![101, 109]);
-    }
-
-    #[test]
-    fn a_job_of_another_type_pushed_to_a_stream_is_misdelivered() {
-        let mut h = vec![typed_create(1, "jepsen", 0)];
-        h.push(op(1, 1, Kind::Create, Phase::Ok, 1, Some(101), 0));
-        h.push(activated(1, 101, 1, 5, "jepsen-pushed", "pushed", "pushed"));
-        h.extend(completed(1, 101, 1, 10, 2));
-        let r = check(&h, &finals(&[0, 1, 2], &[(1, 101, "completed")]), all_nodes);
-        assert!(!r.valid);
-        assert_eq!(r.misdelivered.len(), 1);
-        assert!(r.details().contains("a jepsen job to a worker of type jepsen-pushed"), "{}", r.details());
-    }
-
-    #[test]
-    fn an_activation_made_out_to_another_worker_is_misdelivered() {
-        let mut h = vec![typed_create(1, "jepsen", 0)];
-        h.push(op(1, 1, Kind::Create, Phase::Ok, 1, Some(101), 0));
-        h.push(activated(1, 101, 1, 5, "jepsen", "streamer-b", "streamer-a"));
-        h.extend(completed(1, 101, 1, 10, 2));
-        let r = check(&h, &finals(&[0, 1, 2], &[(1, 101, "completed")]), all_nodes);
-        assert!(!r.valid);
-        assert!(r.details().contains("made out to worker streamer-a for worker streamer-b"), "{}", r.details());
-    }
-
-    #[test]
-    fn an_activation_for_the_worker_that_asked_is_not_misdelivered() {
-        let mut h = vec![typed_create(1, "jepsen", 0)];
-        h.push(op(1, 1, Kind::Create, Phase::Ok, 1, Some(101), 0));
-        h.push(activated(1, 101, 1, 5, "jepsen", "streamer-a", "streamer-a"));
-        h.extend(completed(1, 101, 1, 10, 2));
-        let r = check(&h, &finals(&[0, 1, 2], &[(1, 101, "completed")]), all_nodes);
-        assert!(r.valid, "{r:?}");
-    }
-
-    #[test]
-    fn a_stale_completion_is_reported() {
-        let mut h = created(1, 101, 0);
-        // Attempt 1 goes to process 2, times out; attempt 2 goes to process 3.
-        h.push(op(5, 2, Kind::Activate, Phase::Ok, 1, Some(101), 1));
-        h.push(op(50, 3, Kind::Activate, Phase::Ok, 1, Some(101), 2));
-        // Process 2 completes attempt 1 after attempt 2 was handed out, and it is accepted.
-        h.extend(completed(1, 101, 1, 60, 2));
-        let r = check(&h, &finals(&[0, 1, 2], &[(1, 101, "completed")]), all_nodes);
-        assert!(!r.valid);
-        assert_eq!(r.stale, vec![101]);
-    }
-
-    #[test]
-    fn a_completion_invoked_before_the_newer_activation_is_not_stale() {
-        let mut h = created(1, 101, 0);
-        h.push(op(5, 2, Kind::Activate, Phase::Ok, 1, Some(101), 1));
-        h.push(op(40, 2, Kind::Complete, Phase::Invoke, 1, Some(101), 1));
-        h.push(op(50, 3, Kind::Activate, Phase::Ok, 1, Some(101), 2));
-        h.push(op(60, 2, Kind::Complete, Phase::Ok, 1, Some(101), 1));
-        let r = check(&h, &finals(&[0, 1, 2], &[(1, 101, "completed")]), all_nodes);
-        assert!(r.stale.is_empty(), "{r:?}");
-    }
-
-    #[test]
-    fn a_drain_counts_jobs_no_client_heard_completed() {
-        let mut h = vec![
-            op(0, 1, Kind::Create, Phase::Ok, 1, Some(10), 0),
-            op(1, 2, Kind::Complete, Phase::Ok, 2, Some(11), 1),
-            op(2, 1, Kind::Create, Phase::Ok, 2, Some(11), 0),
-        ];
-        assert_eq!(unfinished(&h), 1, "job 10 is open; 11 was completed before its create was heard of");
-        h.push(op(3, 2, Kind::Complete, Phase::Ok, 1, Some(10), 1));
-        assert_eq!(unfinished(&h), 0);
-        // A session job's completion is never in the history: not counted.
-        let session = crate::sessions::SESSION_TYPE.to_string();
-        h.push(Op { job_type: Some(session), ..op(4, 1, Kind::Create, Phase::Invoke, 3, None, 0) });
-        h.push(op(5, 1, Kind::Create, Phase::Ok, 3, Some(12), 0));
-        assert_eq!(unfinished(&h), 0);
-    }
-
-    #[test]
-    fn a_divergent_node_is_reported() {
-        let mut h = created(1, 101, 0);
-        h.extend(completed(1, 101, 1, 10, 2));
-        let mut f = finals(&[0, 1], &[(1, 101, "completed")]);
-        f.insert(2, BTreeMap::new()); // node 2 answered but lacks the job
-        let r = check(&h, &f, all_nodes);
-        assert!(!r.valid);
-        assert_eq!(r.divergent, vec![1]);
-        let mut f = finals(&[0, 1], &[(1, 101, "completed")]);
-        f.insert(
-            2,
-            [(
-                101,
-                FinalJob {
-                    id: 1,
-                    state: "activatable".into(),
-                    job_type: "jepsen".into(),
-                    checkpoints: Vec::new(),
-                    attempt: 0,
-                    ..FinalJob::default()
-                },
-            )]
-            .into(),
-        );
-        assert_eq!(check(&h, &f, all_nodes).divergent, vec![1], "another state on one node");
-    }
-
-    #[test]
-    fn an_unknown_create_that_appears_is_recovered_not_a_violation() {
-        let mut h =
-            vec![op(0, 1, Kind::Create, Phase::Invoke, 7, None, 0), op(9, 1, Kind::Create, Phase::Info, 7, None, 0)];
-        h.extend(completed(7, 107, 1, 20, 2));
-        let r = check(&h, &finals(&[0, 1, 2], &[(7, 107, "completed")]), all_nodes);
-        assert!(r.valid, "{r:?}");
-        assert_eq!(r.recovered, vec![7]);
-    }
-
-    fn checkpointed(id: u64, key: u64, attempt: u32, stage: &str, t: u64) -> Op {
-        Op { stage: Some(stage.into()), ..op(t, 3, Kind::Checkpoint, Phase::Ok, id, Some(key), attempt) }
-    }
-
-    fn staged_finals(checkpoints: &[(&str, u32)]) -> FinalReads {
-        let mut f = finals(&[0, 1, 2], &[(9, 109, "completed")]);
-        for jobs in f.values_mut() {
-            jobs.get_mut(&109).unwrap().checkpoints = checkpoints.iter().map(|(s, a)| (s.to_string(), *a)).collect();
-        }
-        f
-    }
-
-    #[test]
-    fn a_stage_committed_by_two_attempts_is_an_anomaly() {
-        let mut h = created(9, 109, 0);
-        h.push(checkpointed(9, 109, 1, "reserved", 5));
-        h.push(checkpointed(9, 109, 2, "charged", 8));
-        h.extend(completed(9, 109, 2, 10, 3));
-        let r = check(&h, &staged_finals(&[("reserved", 1), ("charged", 2)]), all_nodes);
-        assert!(r.valid, "resuming at the next stage is right: {r:?}");
-        assert_eq!(r.checkpoints, 2);
-
-        h.push(checkpointed(9, 109, 2, "reserved", 9));
-        let r = check(&h, &staged_finals(&[("reserved", 1), ("charged", 2)]), all_nodes);
-        assert!(!r.valid);
-        assert_eq!(r.stage_twice.len(), 1);
-        assert_eq!((r.stage_twice[0].stage.as_str(), &r.stage_twice[0].attempts[..]), ("reserved", &[1, 2][..]));
-    }
-
-    #[test]
-    fn an_acknowledged_checkpoint_missing_from_a_replica_is_lost() {
-        let mut h = created(9, 109, 0);
-        h.push(checkpointed(9, 109, 1, "reserved", 5));
-        h.push(checkpointed(9, 109, 1, "charged", 6));
-        h.extend(completed(9, 109, 1, 10, 3));
-        let r = check(&h, &staged_finals(&[("reserved", 1)]), all_nodes);
-        assert!(!r.valid);
-        assert_eq!(r.lost_checkpoints.len(), 3, "one per replica: {:?}", r.lost_checkpoints);
-        let r = check(&h, &staged_finals(&[("charged", 1), ("reserved", 1)]), all_nodes);
-        assert!(r.stage_twice.iter().any(|s| s.stage == "(out of order)"), "{r:?}");
-    }
-
-    #[test]
-    fn a_keyed_create_sent_twice_is_valid_with_one_job_and_a_duplicate_with_two() {
-        let mut h = vec![
-            op(0, 1, Kind::Create, Phase::Invoke, 4, None, 0),
-            op(5, 1, Kind::Create, Phase::Info, 4, None, 0),
-            op(6, 1, Kind::Create, Phase::Invoke, 4, None, 0),
-            op(7, 1, Kind::Create, Phase::Ok, 4, Some(104), 0),
-        ];
-        h.extend(completed(4, 104, 1, 10, 2));
-        assert!(check(&h, &finals(&[0, 1, 2], &[(4, 104, "completed")]), all_nodes).valid);
-        let two = finals(&[0, 1, 2], &[(4, 104, "completed"), (4, 105, "activatable")]);
-        let r = check(&h, &two, all_nodes);
-        assert!(!r.valid);
-        assert_eq!(r.duplicate_creates[0].keys, vec![104, 105]);
-    }
-}
+#[path = "checker_tests.rs"]
+mod tests;

@@ -61,6 +61,9 @@ pub struct Nodes {
     /// Test only: nodes never sync their WAL (`DROVER_FAILPOINT_SKIP_WAL_SYNC`),
     /// to show the power nemesis finds lost writes.
     pub skip_wal_sync: bool,
+    /// Test only: `DROVER_FAILPOINTS` for every node alike (a negative
+    /// control's planted bug; see `src/failpoints.rs`).
+    pub failpoints: Option<String>,
     /// Each node's REGION/ZONE, named in the member list (none: empty).
     pub locations: Vec<String>,
     /// The members the cluster formed with: ids `0..original`, named in
@@ -189,6 +192,7 @@ impl Nodes {
             joining: vec![false; n],
             reseeds: 0,
             skip_wal_sync: false,
+            failpoints: None,
             locations: Vec::new(),
             original: members,
             slots: (0..n).map(|i| if i < members { Slot::Member } else { Slot::Spare }).collect(),
@@ -411,6 +415,7 @@ impl Nodes {
             .env("RUST_LOG", "warn,drover=info")
             .envs(self.clock_env(i)?)
             .envs(self.skip_wal_sync.then_some(("DROVER_FAILPOINT_SKIP_WAL_SYNC", "1")))
+            .envs(self.failpoints.as_ref().map(|spec| ("DROVER_FAILPOINTS", spec)))
             .stdout(log.try_clone()?)
             .stderr(log)
             .spawn()

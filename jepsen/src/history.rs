@@ -16,6 +16,9 @@ pub enum Kind {
     Fail,
     /// A stage committed with CheckpointJob.
     Checkpoint,
+    /// A streaming worker ended its session: whatever it held goes back
+    /// at once (its `process`, no key).
+    Release,
 }
 
 #[derive(Clone, Copy, Debug, Default, PartialEq, Eq, Serialize, Deserialize)]
@@ -67,6 +70,17 @@ pub struct Op {
     /// On a create: the expiry it asked for (Unix ms).
     #[serde(default, skip_serializing_if = "Option::is_none")]
     pub expires_at: Option<i64>,
+    /// On a failure: the retries the worker asked to leave the job (0: none,
+    /// an incident).
+    #[serde(default, skip_serializing_if = "Option::is_none")]
+    pub retries: Option<i32>,
+    /// On an activation: the type of the job as handed out (what the worker
+    /// asked for is `job_type`).
+    #[serde(default, skip_serializing_if = "Option::is_none")]
+    pub handed_type: Option<String>,
+    /// On an activation: the tenant of the job as handed out.
+    #[serde(default, skip_serializing_if = "Option::is_none")]
+    pub tenant: Option<String>,
 }
 
 /// A job as one node's replica holds it after the faults healed.
@@ -103,6 +117,26 @@ pub struct FinalJob {
     /// When each of its activations began, in the partition's time.
     #[serde(default, skip_serializing_if = "Vec::is_empty")]
     pub activated_at: Vec<i64>,
+    /// Each activation the replica records: (attempt, the worker name it was
+    /// made out to), oldest first.
+    #[serde(default, skip_serializing_if = "Vec::is_empty")]
+    pub activations: Vec<(u32, String)>,
+    /// Each failure of an attempt the replica records, oldest first.
+    #[serde(default, skip_serializing_if = "Vec::is_empty")]
+    pub failures: Vec<FailureEvent>,
+}
+
+/// A failed attempt as a replica's history of the job records it.
+#[derive(Clone, Debug, Default, PartialEq, Eq, Serialize, Deserialize)]
+pub struct FailureEvent {
+    pub attempt: u32,
+    /// Drover's reason (`worker-error`, `worker-died`, ...).
+    pub reason: String,
+    /// The retries it left the job.
+    pub retries: i32,
+    /// Who failed it: the failure's message (a worker's own words).
+    #[serde(default)]
+    pub message: String,
 }
 
 fn is_zero(n: &i64) -> bool {

@@ -11,7 +11,12 @@
 //!   the burst and the rate allow, more activations held at once than the
 //!   concurrency, or more of one key's than its concurrency;
 //! - `limited job stuck`: an acknowledged job never completed, though the
-//!   limit had room for it long before the end (a slot or a token lost).
+//!   limit had room for it long before the end (a slot or a token lost);
+//! - `limited job lost`: an acknowledged job its partition answers it does
+//!   not know (NOT_FOUND) until the end.
+//!
+//! A job no gateway answered for by the end is `unread`: not judged, and
+//! the run's verdict is then UNKNOWN, not VALID.
 
 use std::collections::BTreeMap;
 use std::sync::atomic::Ordering;
@@ -23,7 +28,7 @@ use drover::core::limit::LIMIT_KEY_HEADER;
 use drover::proto::gateway::{
     ActivatedJob, CreateJobRequest, GetJobRequest, LimitLevel, QueueLimit, SetQueueLimitRequest,
 };
-use serde::Serialize;
+use serde::{Deserialize, Serialize};
 
 use crate::schedules::through_any;
 use crate::workload::Shared;
@@ -34,9 +39,12 @@ pub const RATE_PERIOD_MS: i64 = 1_000;
 pub const BURST: u32 = 2;
 pub const CONCURRENCY: u32 = 3;
 pub const KEY_CONCURRENCY: u32 = 1;
-/// A job every so often: below the rate, so the backlog drains once the
-/// faults heal.
-const EVERY: Duration = Duration::from_millis(300);
+/// A burst of jobs every so often: below the rate on average, so the
+/// backlog drains once the faults heal, but each burst more than the bucket
+/// holds and the concurrency allows, so every run holds the limit to what
+/// it is for, faults or none.
+const EVERY: Duration = Duration::from_millis(1_800);
+const BURST_SIZE: u64 = 6;
 /// How long a worker holds a job.
 const HOLD: Duration = Duration::from_millis(150);
 
@@ -68,32 +76,38 @@ pub async fn set(gateways: &[String]) -> anyhow::Result<()> {
 pub async fn producer(shared: Arc<Shared>, acknowledged: Arc<Acknowledged>) {
     let mut n = 0u64;
     while !shared.stop_creating.load(Ordering::Relaxed) {
-        n += 1;
-        let mut request = CreateJobRequest {
-            r#type: LIMITED_TYPE.into(),
-            variables: "{}".into(),
-            retries: Some(10),
-            ..Default::default()
-        };
-        if n.is_multiple_of(2) {
-            request.custom_headers.insert(LIMIT_KEY_HEADER.into(), format!("key-{}", n % 4 / 2));
-        }
-        let created =
-            through_any(&shared.live_gateways(), Duration::from_secs(10), "creating a limited job", |client| {
-                let request = request.clone();
-                async move { client.raw().create_job(request).await }
-            })
-            .await;
-        if let Ok(made) = created {
-            acknowledged.0.lock().unwrap().push(made.into_inner().key);
+        for _ in 0..BURST_SIZE {
+            n += 1;
+            create(&shared, &acknowledged, n).await;
         }
         tokio::time::sleep(EVERY).await;
     }
 }
 
+/// The `n`th job: one in two under one of two keys.
+async fn create(shared: &Shared, acknowledged: &Acknowledged, n: u64) {
+    let mut request = CreateJobRequest {
+        r#type: LIMITED_TYPE.into(),
+        variables: "{}".into(),
+        retries: Some(10),
+        ..Default::default()
+    };
+    if n.is_multiple_of(2) {
+        request.custom_headers.insert(LIMIT_KEY_HEADER.into(), format!("key-{}", n % 4 / 2));
+    }
+    let created = through_any(&shared.live_gateways(), Duration::from_secs(10), "creating a limited job", |client| {
+        let request = request.clone();
+        async move { client.raw().create_job(request).await }
+    })
+    .await;
+    if let Ok(made) = created {
+        acknowledged.0.lock().unwrap().push(made.into_inner().key);
+    }
+}
+
 /// Takes the queue's jobs through gateway `home` and the next ones in turn.
-pub async fn worker(shared: Arc<Shared>, home: usize) {
-    shared.poll_in_turn(home, LIMITED_TYPE, "jepsen-limited", 4, work).await
+pub async fn worker(shared: Arc<Shared>, process: u64, home: usize) {
+    shared.poll_in_turn((process, home), LIMITED_TYPE, "jepsen-limited", 4, work).await
 }
 
 async fn work(client: Client, jobs: Vec<ActivatedJob>) {
@@ -106,7 +120,7 @@ async fn work(client: Client, jobs: Vec<ActivatedJob>) {
 
 /// One job as its history tells it: its key (if any), its state, and each
 /// activation's start and end in partition time (`None`: held at the end).
-#[derive(Clone, Debug, Default, PartialEq, Serialize)]
+#[derive(Clone, Debug, Default, PartialEq, Serialize, Deserialize)]
 pub struct JobRead {
     pub key: u64,
     pub limit_key: Option<String>,
@@ -114,47 +128,76 @@ pub struct JobRead {
     pub held: Vec<(i64, Option<i64>)>,
 }
 
-/// Reads every acknowledged job's history, waiting up to `limit` for each
-/// to complete.
+/// Reads every acknowledged job's history until each completed or `limit`
+/// passed, whatever the cluster does (a read that cannot be made by then
+/// leaves the job `unread`). A job its partition answers it does not know
+/// is `missing`; it is read again until the end, since a read may have
+/// gone to a replica behind.
 pub async fn finish(gateways: &[String], keys: &[u64], limit: Duration) -> Vec<JobRead> {
     let until = tokio::time::Instant::now() + limit;
-    let mut reads = Vec::new();
-    for key in keys {
-        loop {
-            let request = GetJobRequest { key: *key, include_history: true, ..Default::default() };
-            let left = until.saturating_duration_since(tokio::time::Instant::now()).max(Duration::from_secs(5));
-            let answer = through_any(gateways, left, "reading a limited job", |client| {
-                let request = request.clone();
-                async move { client.raw().get_job(request).await }
-            })
-            .await;
-            let read = match answer.ok().and_then(|r| r.into_inner().job) {
-                Some(job) => {
-                    let mut held = Vec::new();
-                    for event in &job.history {
-                        match event.kind.as_str() {
-                            "activated" => held.push((event.at, None)),
-                            "completed" | "timed_out" | "failed" | "yielded" | "cancelled" => {
-                                if let Some(last) = held.last_mut().filter(|(_, end)| end.is_none()) {
-                                    last.1 = Some(event.at);
-                                }
-                            }
-                            _ => {}
-                        }
-                    }
-                    let limit_key = job.custom_headers.get(LIMIT_KEY_HEADER).cloned();
-                    JobRead { key: *key, limit_key, state: job.state, held }
-                }
-                None => JobRead { key: *key, state: "unread".into(), ..Default::default() },
-            };
-            if read.state == "completed" || tokio::time::Instant::now() > until {
-                reads.push(read);
-                break;
+    let mut reads: BTreeMap<u64, JobRead> =
+        keys.iter().map(|key| (*key, JobRead { key: *key, state: "unread".into(), ..Default::default() })).collect();
+    let mut open: Vec<u64> = keys.to_vec();
+    while !open.is_empty() {
+        let mut still = Vec::new();
+        for key in open {
+            let left = until.saturating_duration_since(tokio::time::Instant::now());
+            if left.is_zero() {
+                still.push(key);
+                continue;
             }
+            let read = read_one(gateways, key, left).await;
+            if read.state != "completed" {
+                still.push(key);
+            }
+            if read.state != "unread" {
+                reads.insert(key, read);
+            }
+        }
+        open = still;
+        if tokio::time::Instant::now() >= until {
+            break;
+        }
+        if !open.is_empty() {
             tokio::time::sleep(Duration::from_millis(500)).await;
         }
     }
-    reads
+    reads.into_values().collect()
+}
+
+/// One read of job `key` through any gateway within `left`.
+async fn read_one(gateways: &[String], key: u64, left: Duration) -> JobRead {
+    let request = GetJobRequest { key, include_history: true, ..Default::default() };
+    let answer = through_any(gateways, left, "reading a limited job", |client| {
+        let request = request.clone();
+        async move {
+            match client.raw().get_job(request).await {
+                Err(status) if status.code() == tonic::Code::NotFound => Ok(None),
+                other => other.map(|r| r.into_inner().job),
+            }
+        }
+    })
+    .await;
+    match answer {
+        Ok(Some(job)) => {
+            let mut held = Vec::new();
+            for event in &job.history {
+                match event.kind.as_str() {
+                    "activated" => held.push((event.at, None)),
+                    "completed" | "timed_out" | "failed" | "yielded" | "cancelled" => {
+                        if let Some(last) = held.last_mut().filter(|(_, end)| end.is_none()) {
+                            last.1 = Some(event.at);
+                        }
+                    }
+                    _ => {}
+                }
+            }
+            let limit_key = job.custom_headers.get(LIMIT_KEY_HEADER).cloned();
+            JobRead { key, limit_key, state: job.state, held }
+        }
+        Ok(None) => JobRead { key, state: "missing".into(), ..Default::default() },
+        Err(_) => JobRead { key, state: "unread".into(), ..Default::default() },
+    }
 }
 
 #[derive(Clone, Debug, PartialEq, Serialize)]
@@ -168,38 +211,48 @@ pub struct Anomaly {
 pub struct Limits {
     pub jobs: usize,
     pub activations: usize,
+    /// Jobs no gateway answered for at the end: not judged (the verdict
+    /// is UNKNOWN).
     pub unread: usize,
     pub exceeded: Vec<Anomaly>,
-    pub stuck: Vec<u64>,
+    /// Jobs held in another state than completed at the end, with it.
+    pub stuck: Vec<(u64, String)>,
+    /// Jobs their partition did not know at the end.
+    pub lost: Vec<u64>,
 }
 
 impl Limits {
     pub fn anomalies(&self) -> usize {
-        self.exceeded.len() + self.stuck.len()
+        self.exceeded.len() + self.stuck.len() + self.lost.len()
     }
 
     pub fn summary(&self) -> String {
         format!(
-            "limited queue {} jobs ({} activations, {} unread): limit exceeded {}, limited job stuck {}",
+            "limited queue {} jobs ({} activations, {} unread): limit exceeded {}, limited job stuck {}, limited job \
+             lost {}",
             self.jobs,
             self.activations,
             self.unread,
             self.exceeded.len(),
-            self.stuck.len()
+            self.stuck.len(),
+            self.lost.len()
         )
     }
 
     pub fn lines(&self) -> Vec<String> {
         let exceeded = self.exceeded.iter().map(|a| format!("limit exceeded: at {}: {}", a.at, a.why));
-        exceeded.chain(self.stuck.iter().map(|k| format!("limited job stuck: key {k} never completed"))).collect()
+        let stuck = self.stuck.iter().map(|(k, state)| format!("limited job stuck: key {k} never completed ({state})"));
+        let lost = self.lost.iter().map(|k| format!("limited job lost: key {k}: its partition does not know it"));
+        exceeded.chain(stuck).chain(lost).collect()
     }
 }
 
 /// Holds the jobs' activations to the limit, in partition time.
 pub fn check(reads: &[JobRead]) -> Limits {
     let mut found = Limits { jobs: reads.len(), ..Default::default() };
-    let judged: Vec<&JobRead> = reads.iter().filter(|r| r.state != "unread").collect();
-    found.unread = reads.len() - judged.len();
+    let judged: Vec<&JobRead> = reads.iter().filter(|r| r.state != "unread" && r.state != "missing").collect();
+    found.unread = reads.iter().filter(|r| r.state == "unread").count();
+    found.lost = reads.iter().filter(|r| r.state == "missing").map(|r| r.key).collect();
     let mut starts: Vec<i64> = judged.iter().flat_map(|r| r.held.iter().map(|(from, _)| *from)).collect();
     starts.sort_unstable();
     found.activations = starts.len();
@@ -238,7 +291,7 @@ pub fn check(reads: &[JobRead]) -> Limits {
             held_over(spans, KEY_CONCURRENCY, &format!("key {key}'s jobs"));
         }
     }
-    found.stuck = judged.iter().filter(|r| r.state != "completed").map(|r| r.key).collect();
+    found.stuck = judged.iter().filter(|r| r.state != "completed").map(|r| (r.key, r.state.clone())).collect();
     found
 }
 
@@ -283,11 +336,24 @@ mod tests {
     }
 
     #[test]
-    fn a_job_that_never_completed_is_stuck_and_an_unread_one_is_not_judged() {
+    fn a_job_that_never_completed_is_stuck_and_an_unread_one_is_counted_apart() {
         let mut stuck = job(7, None, &[]);
         stuck.state = "activatable".into();
+        // No gateway answered: it cannot be judged, but it is counted, and
+        // the run's verdict is UNKNOWN for it (see `Verdict`), not VALID.
         let unread = JobRead { key: 8, state: "unread".into(), ..Default::default() };
         let found = check(&[stuck, unread]);
-        assert_eq!((found.stuck.clone(), found.unread), (vec![7], 1));
+        assert_eq!((found.stuck.clone(), found.unread, found.anomalies()), (vec![(7, "activatable".into())], 1, 1));
+    }
+
+    #[test]
+    fn a_job_its_partition_does_not_know_is_lost_not_unread() {
+        // It used to be read as "no answer" and excused as unread; a
+        // partition that answers NOT_FOUND for an acknowledged job lost it.
+        let missing = JobRead { key: 9, state: "missing".into(), ..Default::default() };
+        let found = check(&[job(1, None, &[(0, 10)]), missing]);
+        assert_eq!((found.lost.clone(), found.unread, found.anomalies()), (vec![9], 0, 1));
+        assert!(found.lines().iter().any(|l| l.contains("limited job lost: key 9")), "{:?}", found.lines());
+        assert_eq!(check(&[job(1, None, &[(0, 10)])]).anomalies(), 0, "a clean read is valid");
     }
 }

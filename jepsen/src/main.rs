@@ -9,9 +9,12 @@ mod attacker;
 mod availability;
 mod checker;
 mod cluster;
+mod controls;
 mod expiry;
 mod faketime;
+mod faults;
 mod history;
+mod judge;
 mod limits;
 mod lossyfs;
 mod membership;
@@ -21,6 +24,7 @@ mod partition;
 mod proxy;
 mod schedules;
 mod sessions;
+mod suite;
 mod timing;
 mod workflows;
 mod workload;
@@ -141,6 +145,15 @@ struct RunArgs {
     #[arg(long)]
     #[serde(default)]
     skip_wal_sync: bool,
+    /// Test only: `DROVER_FAILPOINTS` for every node (a planted bug; the
+    /// negative controls set it).
+    #[arg(long, hide = true)]
+    #[serde(default)]
+    failpoints: Option<String>,
+    /// The negative control this run is (its name; see `controls`).
+    #[arg(long, hide = true)]
+    #[serde(default)]
+    control: Option<String>,
     /// Producers creating jobs, each one create at a time.
     #[arg(long, default_value_t = 3)]
     #[serde(default = "default_producers")]
@@ -225,6 +238,12 @@ struct SuiteArgs {
     /// failed run keeps them; its logs, history and report are always kept).
     #[arg(long)]
     keep_data: bool,
+    /// Leave out the negative controls (see `controls`).
+    #[arg(long)]
+    skip_controls: bool,
+    /// Seconds of each negative control (default: --time).
+    #[arg(long)]
+    control_time: Option<u64>,
 }
 
 #[derive(Subcommand)]
@@ -232,15 +251,18 @@ enum Command {
     /// One test run.
     Run(RunArgs),
     /// Every nemesis alone, then all combined over TLS with tokens (as --tls and
-    /// --tokens say with --skip-secure), each for --time seconds.
+    /// --tokens say with --skip-secure), each for --time seconds, then the
+    /// negative controls (unless --skip-controls): each plants one bug,
+    /// which the checker must find with its class.
     Suite(SuiteArgs),
+    /// The negative controls alone.
+    Controls(SuiteArgs),
     /// Internal: the part of a run that executes inside the client namespace.
     #[command(hide = true)]
     Inner { dir: PathBuf },
-    /// Checks a finished run's history and final reads again (loss,
-    /// duplicates, divergence, stages, cross-tenant effects; not
-    /// availability or timers), as after a change to the checker:
-    /// `drover-jepsen recheck RUN_DIR`.
+    /// Checks a finished run again from what it kept, with every check the
+    /// run made (only the availability figures are not measured again), as
+    /// after a change to the checker: `drover-jepsen recheck RUN_DIR`.
     Recheck { dir: PathBuf },
     /// Internal: one node's delaying proxy to its peers, inside its namespace.
     #[command(hide = true)]
@@ -281,6 +303,9 @@ impl RunArgs {
         if self.regions {
             names.push("regions".into());
         }
+        if let Some(control) = &self.control {
+            names.push(format!("control-{control}"));
+        }
         names
     }
 }
@@ -301,68 +326,18 @@ fn main() -> anyhow::Result<()> {
     let cli = Cli::parse();
     match cli.command {
         Command::Run(args) => {
-            let (valid, _) = run(args)?;
-            std::process::exit(if valid { 0 } else { 1 });
+            let (verdict, _) = run(args)?;
+            std::process::exit(verdict.code());
         }
-        Command::Suite(SuiteArgs { run: args, combined_time, combined_nodes, skip_secure, keep_data }) => {
-            check_free_space(&args.out, SUITE_DISK_BYTES)?;
-            let mut passed = 0;
-            // The failed runs' summaries, repeated at the end: a CI log is
-            // often read from its tail.
-            let mut failed: Vec<String> = Vec::new();
-            // Every nemesis alone, with tokens on (so with the attacker of
-            // `attacker`) unless --skip-secure, and all of them combined
-            // with TLS on every port and tokens.
-            let secure = (args.tls, args.tokens || !skip_secure);
-            let mut combos: Vec<(Vec<Nemesis>, (bool, bool), bool)> =
-                Nemesis::ALL.iter().map(|n| (vec![*n], secure, false)).collect();
-            // The bad links again on two regions of 5 nodes, 40 ms apart.
-            combos.push((vec![Nemesis::Badlinks], secure, true));
-            // One combined run: with TLS and tokens unless --skip-secure.
-            combos.push((Nemesis::ALL.to_vec(), if skip_secure { secure } else { (true, true) }, false));
-            for (nemesis, (tls, tokens), regions) in combos {
-                let combined = nemesis.len() > 1;
-                let mut args = RunArgs { nemesis, tls, tokens, regions, ..args.clone() };
-                if combined {
-                    args.time = combined_time.unwrap_or(args.time);
-                    args.nodes = combined_nodes.unwrap_or(args.nodes);
-                }
-                if regions {
-                    args.nodes = 5;
-                }
-                // The seed is drawn here, so that a failure can be named by it.
-                let seed = args.seed.unwrap_or_else(rand::random);
-                args.seed = Some(seed);
-                let label = format!("{} seed {seed}", args.names().join("+"));
-                match run(args) {
-                    Ok((true, dir)) => {
-                        passed += 1;
-                        if !keep_data {
-                            remove_node_data(&dir);
-                        }
-                    }
-                    // With what it found: the first lines of its report.
-                    Ok((false, dir)) => {
-                        let report = std::fs::read_to_string(dir.join("report.txt")).unwrap_or_default();
-                        let found: Vec<&str> = report.lines().take(12).collect();
-                        failed.push(format!("{label} ({})\n  {}", dir.display(), found.join("\n  ")));
-                    }
-                    Err(e) => {
-                        eprintln!("jepsen: run failed: {e:#}");
-                        failed.push(format!("{label}: {e:#}"));
-                    }
-                }
-            }
-            println!("jepsen: {passed} passed, {} failed", failed.len());
-            for label in &failed {
-                println!("jepsen: failed: {label}");
-            }
-            std::process::exit(if failed.is_empty() { 0 } else { 1 });
+        Command::Suite(suite) => {
+            let controls = !suite.skip_controls;
+            std::process::exit(suite::run(suite, true, controls)?);
         }
+        Command::Controls(suite) => std::process::exit(suite::run(suite, false, true)?),
         Command::Inner { dir } => {
             let runtime = tokio::runtime::Builder::new_multi_thread().enable_all().build()?;
             match runtime.block_on(inner(&dir)) {
-                Ok(valid) => std::process::exit(if valid { 0 } else { 1 }),
+                Ok(verdict) => std::process::exit(verdict.code()),
                 Err(e) => {
                     // The summary line is read from the report: say there why
                     // the run ended without a verdict.
@@ -372,43 +347,12 @@ fn main() -> anyhow::Result<()> {
             }
         }
         Command::Recheck { dir } => {
-            let config: serde_json::Value = serde_json::from_str(&std::fs::read_to_string(dir.join("config.json"))?)?;
-            let nodes = config["args"]["nodes"].as_u64().context("config.json names no node count")? as usize;
-            let mut history = Vec::new();
-            for line in std::fs::read_to_string(dir.join("history.jsonl"))?.lines() {
-                history.push(serde_json::from_str::<history::Op>(line)?);
-            }
-            let finals: FinalReads = serde_json::from_str(&std::fs::read_to_string(dir.join("finals.json"))?)?;
             let started = std::time::Instant::now();
-            let args: RunArgs = serde_json::from_value(config["args"].clone())?;
-            // A run whose members changed kept the placement it checked against.
-            let placement = match std::fs::read_to_string(dir.join("placement.json")) {
-                Ok(text) => serde_json::from_str(&text)?,
-                Err(_) => placement_of(nodes, args.partitions, &locations(&args)),
-            };
-            let mut report = checker::check(&history, &finals, replicas_in(&placement));
-            // A run with tokens had an attacker: its attempts and its reads of its own jobs.
-            if let Ok(attacks) = std::fs::read_to_string(dir.join("attacks.jsonl")) {
-                let attempts: Vec<attacker::Attempt> =
-                    attacks.lines().map(serde_json::from_str).collect::<Result<_, _>>()?;
-                let own: FinalReads =
-                    serde_json::from_str(&std::fs::read_to_string(dir.join("attacker-finals.json"))?)?;
-                report.add_cross_tenant(attacker::check(&attempts, &finals, &own));
-            }
-            // Runs since schedules existed kept their ticks.
-            if let Ok(text) = std::fs::read_to_string(dir.join("schedules.json")) {
-                let (reads, ticks): (Vec<schedules::ScheduleRead>, schedules::TickReads) = serde_json::from_str(&text)?;
-                report.add_ticks(schedules::check(&reads, &ticks));
-            }
-            // And runs since workflows existed their workflows.
-            if let Ok(text) = std::fs::read_to_string(dir.join("workflows.json")) {
-                let (reads, before, after): (Vec<workflows::WorkflowRead>, workflows::StepReads, workflows::StepReads) =
-                    serde_json::from_str(&text)?;
-                report.add_workflows(workflows::check(&reads, &before, &after));
-            }
+            let kept = judge::Kept::load(&dir)?;
+            let report = judge::judge(&kept);
             println!("{}\n{}", report.summary(), report.details());
-            println!("checked {} operations in {} ms", history.len(), started.elapsed().as_millis());
-            std::process::exit(if report.valid { 0 } else { 1 });
+            println!("checked {} operations in {} ms", kept.history.len(), started.elapsed().as_millis());
+            std::process::exit(report.verdict().code());
         }
         Command::Proxy { node, targets, control } => proxy::serve(node, &targets, &control),
         Command::Lossyfs { mount, control } => lossyfs::serve(&mount, &control),
@@ -457,10 +401,60 @@ fn remove_node_data(dir: &Path) {
     }
 }
 
+/// The signal (SIGTERM or SIGINT) that asked this process to stop; 0 until one did.
+static STOP_SIGNAL: std::sync::atomic::AtomicI32 = std::sync::atomic::AtomicI32::new(0);
+
+extern "C" fn on_stop_signal(signal: libc::c_int) {
+    STOP_SIGNAL.store(signal, Ordering::SeqCst);
+}
+
+fn stop_signal() -> i32 {
+    STOP_SIGNAL.load(Ordering::SeqCst)
+}
+
+/// From now on SIGTERM and SIGINT ask the run to stop (it then ends its
+/// inner part and removes its network) instead of ending the process.
+fn catch_stop_signals() {
+    let handler = on_stop_signal as extern "C" fn(libc::c_int) as libc::sighandler_t;
+    // SAFETY: the handler only stores to an atomic, which is async-signal-safe.
+    unsafe {
+        libc::signal(libc::SIGTERM, handler);
+        libc::signal(libc::SIGINT, handler);
+    }
+}
+
+/// The longest a run may take, start to verdict: its faults (a run with
+/// several nemeses goes on until each was drawn once, up to
+/// `EVERY_NEMESIS_GRACE` past --time), its drain (with the membership
+/// nemesis twice: the plan settles first), the reads after it
+/// (`after_drain`), and starting and stopping nodes.
+fn run_bound(args: &RunArgs) -> Duration {
+    let faults = args.time + EVERY_NEMESIS_GRACE.as_secs() + 10;
+    let drain = args.drain * if args.nemesis.contains(&Nemesis::Membership) { 2 } else { 1 };
+    Duration::from_secs(faults + drain + after_drain(args).as_secs() + 240)
+}
+
+/// Unmounts (lazily) every file system mounted under `dir`: a run stopped
+/// before its lossy file systems could unmount leaves them behind.
+fn unmount_under(dir: &Path) {
+    let mounts = std::fs::read_to_string("/proc/self/mounts").unwrap_or_default();
+    for mount in mounts.lines().filter_map(|line| line.split_whitespace().nth(1)) {
+        if Path::new(mount).starts_with(dir) {
+            if let Ok(path) = std::ffi::CString::new(mount) {
+                // SAFETY: a NUL-terminated path.
+                unsafe { libc::umount2(path.as_ptr(), libc::MNT_DETACH) };
+            }
+        }
+    }
+}
+
 /// Sets up the namespaces, runs the test inside the client namespace, tears
-/// everything down, and prints the one-line summary. Returns whether the run
-/// was valid, and its directory.
-fn run(args: RunArgs) -> anyhow::Result<(bool, PathBuf)> {
+/// everything down, and prints the one-line summary. Returns the verdict,
+/// and the run's directory. A run that does not end within its bound, or
+/// is asked to stop by a signal, is stopped: its network is removed either
+/// way, and a run out of time is UNKNOWN.
+fn run(args: RunArgs) -> anyhow::Result<(checker::Verdict, PathBuf)> {
+    catch_stop_signals();
     let seed = args.seed.unwrap_or_else(rand::random);
     if !(3..100).contains(&args.nodes) {
         bail!("--nodes must be between 3 and 99 (partitions and majorities need 3)");
@@ -556,18 +550,47 @@ fn run(args: RunArgs) -> anyhow::Result<(bool, PathBuf)> {
         // The workload's clients and the session worker processes send it.
         inner.env(drover::client::TOKEN_ENV, std::fs::read_to_string(dir.join("token"))?);
     }
-    let status = inner.status()?;
+    let bound = run_bound(&args);
+    let started = Instant::now();
+    let mut child = inner.spawn()?;
+    let mut stopped_for = None;
+    let status = loop {
+        if let Some(status) = child.try_wait()? {
+            break status;
+        }
+        if stopped_for.is_none() && (stop_signal() != 0 || started.elapsed() > bound) {
+            stopped_for = Some(match stop_signal() {
+                0 => format!("the run did not end within its bound of {} s", bound.as_secs()),
+                signal => format!("the run was stopped by signal {signal}"),
+            });
+            // SAFETY: signalling our own child.
+            unsafe { libc::kill(child.id() as i32, libc::SIGTERM) };
+            let asked = Instant::now();
+            while child.try_wait()?.is_none() && asked.elapsed() < Duration::from_secs(10) {
+                std::thread::sleep(Duration::from_millis(100));
+            }
+            let _ = child.kill();
+        }
+        std::thread::sleep(Duration::from_millis(100));
+    };
+    // Its nodes, proxies and file systems die with it (parent-death
+    // signals); a file system that could not unmount is unmounted here.
+    unmount_under(&dir);
     drop(net);
+    if let Some(why) = &stopped_for {
+        let _ = std::fs::write(dir.join("report.txt"), format!("UNKNOWN ({why}): no verdict\n"));
+    }
     let report = std::fs::read_to_string(dir.join("report.txt")).unwrap_or_else(|_| "no report: the run failed".into());
     let mut lines = report.trim().lines();
     println!("jepsen: {} | seed {seed} | {}", names.join("+"), lines.next().unwrap_or_default());
     for line in lines {
         println!("jepsen:   {line}");
     }
-    if status.code() == Some(1) || status.code() == Some(0) {
-        Ok((status.success(), dir))
-    } else {
-        bail!("the run failed ({status}); see {}", dir.display())
+    match (stopped_for, status.code().and_then(checker::Verdict::from_code)) {
+        (Some(why), _) if stop_signal() != 0 => bail!("{why}; see {}", dir.display()),
+        (Some(_), _) => Ok((checker::Verdict::Unknown, dir)),
+        (None, Some(verdict)) => Ok((verdict, dir)),
+        (None, None) => bail!("the run failed ({status}); see {}", dir.display()),
     }
 }
 
@@ -586,7 +609,37 @@ fn append_line(path: &Path, value: &impl Serialize) {
     }
 }
 
-async fn inner(dir: &Path) -> anyhow::Result<bool> {
+/// How long the reads after the drain may take in all (workflows, the
+/// limited queue, schedules): half the drain, between 20 s and a minute,
+/// so a run ends in time whatever the cluster does. A healthy cluster
+/// answers them in seconds.
+fn after_drain(args: &RunArgs) -> Duration {
+    Duration::from_secs((args.drain / 2).clamp(20, 60))
+}
+/// How far past --time a run with several nemeses goes on until each was
+/// drawn once.
+const EVERY_NEMESIS_GRACE: Duration = Duration::from_secs(150);
+
+/// Ends the process when it is asked to stop, saying so in the report: its
+/// nodes, proxies and file systems die with it, and the run outside removes
+/// the network.
+fn stop_on_signals(dir: &Path) -> anyhow::Result<()> {
+    use tokio::signal::unix::{signal, SignalKind};
+    let (mut term, mut int) = (signal(SignalKind::terminate())?, signal(SignalKind::interrupt())?);
+    let report = dir.join("report.txt");
+    tokio::spawn(async move {
+        let name = tokio::select! {
+            _ = term.recv() => "SIGTERM",
+            _ = int.recv() => "SIGINT",
+        };
+        let _ = std::fs::write(&report, format!("UNKNOWN (the run was stopped by {name}): no verdict\n"));
+        std::process::exit(checker::Verdict::Unknown.code());
+    });
+    Ok(())
+}
+
+async fn inner(dir: &Path) -> anyhow::Result<checker::Verdict> {
+    stop_on_signals(dir)?;
     let config: InnerConfig = serde_json::from_str(&std::fs::read_to_string(dir.join("config.json"))?)?;
     let args = &config.args;
     let mut rng = StdRng::seed_from_u64(config.seed);
@@ -617,6 +670,7 @@ async fn inner(dir: &Path) -> anyhow::Result<bool> {
     }
     nodes.clocks = args.nemesis.contains(&Nemesis::Clock);
     nodes.skip_wal_sync = args.skip_wal_sync;
+    nodes.failpoints = args.failpoints.clone();
     let disks = if args.nemesis.contains(&Nemesis::Power) {
         let mounts: Vec<PathBuf> = (0..slots).map(|i| nodes.data_dir(i)).collect();
         Some(cluster::LossyDisks::mount(&std::env::current_exe()?, dir, &mounts).await?)
@@ -659,14 +713,15 @@ async fn inner(dir: &Path) -> anyhow::Result<bool> {
     // Workflows: one producer, two workers (see `workflows`).
     let acknowledged = Arc::new(workflows::Acknowledged::default());
     tasks.push(tokio::spawn(workflows::producer(Arc::clone(&shared), Arc::clone(&acknowledged))));
+    // Their process numbers are apart from the workload's.
     for home in 0..2 {
-        tasks.push(tokio::spawn(workflows::worker(Arc::clone(&shared), home)));
+        tasks.push(tokio::spawn(workflows::worker(Arc::clone(&shared), 90_000 + home as u64, home)));
     }
     // A limited queue: one producer, three workers (see `limits`).
     let limited = Arc::new(limits::Acknowledged::default());
     tasks.push(tokio::spawn(limits::producer(Arc::clone(&shared), Arc::clone(&limited))));
     for home in 0..3 {
-        tasks.push(tokio::spawn(limits::worker(Arc::clone(&shared), home)));
+        tasks.push(tokio::spawn(limits::worker(Arc::clone(&shared), 91_000 + home as u64, home)));
     }
     let producers = args.producers.max(1);
     for p in 0..producers {
@@ -715,7 +770,6 @@ async fn inner(dir: &Path) -> anyhow::Result<bool> {
     for _ in 0..sessions::WORKERS {
         session_workers.start()?;
     }
-    let mut worker_kills: Vec<(u64, String)> = Vec::new();
     // When each fault that stopped a node began, for the availability figures.
     let mut stops: Vec<availability::Stop> = Vec::new();
 
@@ -748,9 +802,26 @@ async fn inner(dir: &Path) -> anyhow::Result<bool> {
             append_line(&timeline, &event);
         }
     };
-    while Instant::now() + Duration::from_secs(4) < end {
-        tokio::time::sleep(Duration::from_millis(rng.random_range(1_500..3_000))).await;
+    // Faults from the start to the end: a round is a calm of 1-2 s, then a
+    // fault held 2-5 s (a pause 3-5 s, longer than an election and the
+    // activation timeout), whole even when it runs past --time. A run of
+    // several nemeses goes on until each was drawn once (up to a grace).
+    let mut drawn: std::collections::BTreeSet<u8> = std::collections::BTreeSet::new();
+    let distinct = {
+        let mut distinct: Vec<u8> = args.nemesis.iter().map(|n| *n as u8).collect();
+        distinct.sort_unstable();
+        distinct.dedup();
+        distinct.len()
+    };
+    loop {
+        let now = Instant::now();
+        let every_drawn = drawn.len() >= distinct;
+        if now >= end && (every_drawn || now >= end + EVERY_NEMESIS_GRACE) {
+            break;
+        }
+        tokio::time::sleep(Duration::from_millis(rng.random_range(1_000..2_000))).await;
         let nemesis = schedule.nemeses.next(&mut rng);
+        drawn.insert(nemesis as u8);
         let began = shared.recorder.now_ms();
         let fault = faults.inject(nemesis, &mut schedule, &mut rng).await?;
         note(&mut faults, &shared);
@@ -758,9 +829,6 @@ async fn inner(dir: &Path) -> anyhow::Result<bool> {
         if fault.stops_nodes {
             let kind = format!("{nemesis:?}/{}", fault.kind).to_lowercase();
             stops.push((began, kind, fault.description.clone()));
-        }
-        if let Some(killed) = fault.detail["worker"].as_str().filter(|_| nemesis == Nemesis::Workers) {
-            worker_kills.push((t, killed.to_string()));
         }
         append_line(
             &timeline,
@@ -772,14 +840,11 @@ async fn inner(dir: &Path) -> anyhow::Result<bool> {
         // Pauses outlast the longest wait before an election (2.4 s by default) and
         // the workload's 2 s activation timeout.
         let shortest = if nemesis == Nemesis::Pause { 3_000 } else { 2_000 };
-        let hold =
-            rng.random_range(shortest..5_000).min(end.saturating_duration_since(Instant::now()).as_millis() as u64);
-        tokio::time::sleep(Duration::from_millis(hold)).await;
+        tokio::time::sleep(Duration::from_millis(rng.random_range(shortest..5_000))).await;
         faults.heal().await?;
         note(&mut faults, &shared);
         append_line(&timeline, &serde_json::json!({ "time_ms": shared.recorder.now_ms(), "event": "heal" }));
     }
-    tokio::time::sleep(end.saturating_duration_since(Instant::now())).await;
 
     // Heal everything, stop creating, and drain with well-behaved workers.
     faults.heal().await?;
@@ -802,7 +867,14 @@ async fn inner(dir: &Path) -> anyhow::Result<bool> {
         }
         append_line(&timeline, &event);
     }
-    nodes.wait_ready(Duration::from_secs(60)).await?;
+    if let Err(e) = nodes.wait_ready(Duration::from_secs(60)).await {
+        // The drain reads what it can: a node that never answers is an
+        // unread replica (UNKNOWN), a job none holds is lost.
+        let event = serde_json::json!({
+            "time_ms": shared.recorder.now_ms(), "event": "not ready", "why": format!("{e:#}"),
+        });
+        append_line(&timeline, &event);
+    }
     // Where each partition's replicas are: as the cluster formed, or as the
     // plan has them now that the members changed.
     let mut placement = match settled_plan {
@@ -813,15 +885,16 @@ async fn inner(dir: &Path) -> anyhow::Result<bool> {
     let mut finals;
     // Reading every job from every replica is heavy on long runs (tens of
     // thousands of jobs each): it happens once clients have heard every
-    // acknowledged job completed, every FULL_READ_EVERY besides (jobs whose
+    // acknowledged job completed, every `full_read_every` besides (jobs whose
     // completion was lost, incidents), and at the deadline.
-    const FULL_READ_EVERY: Duration = Duration::from_secs(30);
+    // A third of the run's length, between 5 and 30 s: cheap on short runs.
+    let full_read_every = Duration::from_secs((args.time / 3).clamp(5, 30));
     let mut last_full_read = Instant::now();
     loop {
         tokio::time::sleep(Duration::from_secs(2)).await;
         let history = shared.recorder.take();
         let due = checker::unfinished(&history) == 0
-            || last_full_read.elapsed() >= FULL_READ_EVERY
+            || last_full_read.elapsed() >= full_read_every
             || Instant::now() > drain_end;
         if !due {
             continue;
@@ -836,7 +909,9 @@ async fn inner(dir: &Path) -> anyhow::Result<bool> {
         finals = final_reads(&nodes, nodes.token.as_deref()).await;
         let history = shared.recorder.take();
         let report = checker::check(&history, &finals, replicas_in(&placement));
-        let settled = report.lost.is_empty() && report.divergent.is_empty();
+        // (A completion rolled back is not waited for: the leader that
+        // acknowledged it had applied it, so no lagging replica explains it.)
+        let settled = report.lost.is_empty() && report.divergent.is_empty() && report.unread_replicas.is_empty();
         if settled || Instant::now() > drain_end {
             let event = serde_json::json!({
                 "time_ms": shared.recorder.now_ms(), "event": "drained", "settled": settled,
@@ -849,14 +924,21 @@ async fn inner(dir: &Path) -> anyhow::Result<bool> {
     // The workflows end (their workers still run), then every replica's
     // steps are read; any still running is read again, and the replicas
     // after it: an end a replica showed, a later read of its workflow
-    // shows, and a job a workflow names, a later read of the replicas.
-    let mut workflow_reads = workflows::finish(&gateways(), &acknowledged.ids(), Duration::from_secs(60)).await;
+    // shows, and a job a workflow names, a later read of the replicas. The
+    // reads after the drain take at most `after_drain` in all, each two
+    // fifths of it at most.
+    let budget = after_drain(args);
+    let after_drain = Instant::now() + budget;
+    let part = budget * 2 / 5;
+    let left = || after_drain.saturating_duration_since(Instant::now());
+    let ids = acknowledged.ids();
+    let mut workflow_reads = workflows::finish(&gateways(), &ids, left().min(part)).await;
     let steps_before = step_reads(&nodes, nodes.token.as_deref()).await;
     let running: Vec<String> = workflow_reads.iter().filter(|w| w.state == "running").map(|w| w.id.clone()).collect();
     let steps_after = if running.is_empty() {
         steps_before.clone()
     } else {
-        let again = workflows::finish(&gateways(), &running, Duration::from_secs(5)).await;
+        let again = workflows::finish(&gateways(), &running, left().min(Duration::from_secs(5))).await;
         for read in again {
             if let Some(first) = workflow_reads.iter_mut().find(|w| w.id == read.id) {
                 *first = read;
@@ -865,69 +947,46 @@ async fn inner(dir: &Path) -> anyhow::Result<bool> {
         step_reads(&nodes, nodes.token.as_deref()).await
     };
     // The limited queue's jobs run out; their histories are read.
-    let limited_reads = limits::finish(&gateways(), &limited.keys(), Duration::from_secs(60)).await;
+    let limited_reads = limits::finish(&gateways(), &limited.keys(), left().min(part)).await;
     // The schedules stop where they are; every replica's ticks are read.
-    let schedule_reads = schedules::finish(&gateways(), args.partitions).await?;
+    let schedule_reads = schedules::finish(&gateways(), args.partitions, left().max(Duration::from_secs(5))).await;
     let ticks = tick_reads(&nodes, nodes.token.as_deref()).await;
     shared.stop.store(true, Ordering::Relaxed);
     session_workers.stop_all();
-    for task in tasks {
-        let _ = tokio::time::timeout(Duration::from_secs(10), task).await;
+    // Every task ends soon after `stop`; one stuck in a call is left.
+    let joined = futures::future::join_all(tasks.iter_mut());
+    if tokio::time::timeout(Duration::from_secs(10), joined).await.is_err() {
+        tasks.iter().for_each(tokio::task::JoinHandle::abort);
     }
     let history = shared.recorder.take();
-    let mut report = checker::check(&history, &finals, replicas_in(&placement));
-    if membership {
-        // The placement the checker used, for `recheck`.
-        std::fs::write(dir.join("placement.json"), serde_json::to_string(&placement)?)?;
-    }
-    // A killed worker's jobs come back within the bound. Other faults may
-    // hold the cluster up for longer, so the bound holds only when killing
-    // workers is the only fault; loss is checked in every run.
-    let starts = sessions::parse_log(
-        &std::fs::read_to_string(session_workers.log()).unwrap_or_default(),
-        shared.recorder.epoch_ms(),
-    );
-    let completed: BTreeMap<u64, u32> = finals
-        .values()
-        .flat_map(|jobs| jobs.iter())
-        .filter(|(_, job)| job.state == "completed")
-        .map(|(key, job)| (*key, job.attempt))
-        .collect();
-    if args.nemesis.iter().all(|n| *n == Nemesis::Workers) {
-        report.add_slow_recoveries(sessions::check(&starts, &worker_kills, &completed));
-    }
-    report.worker_kills = worker_kills.len();
-    report.add_ticks(schedules::check(&schedule_reads, &ticks));
-    std::fs::write(dir.join("schedules.json"), serde_json::to_string(&(&schedule_reads, &ticks))?)?;
-    report.add_workflows(workflows::check(&workflow_reads, &steps_before, &steps_after));
-    report.add_limits(limits::check(&limited_reads));
-    std::fs::write(dir.join("limits.json"), serde_json::to_string(&limited_reads)?)?;
-    let kept = (&workflow_reads, &steps_before, &steps_after);
-    std::fs::write(dir.join("workflows.json"), serde_json::to_string(&kept)?)?;
-    report.availability = availability::measure(&history, &stops);
-    // Late timers say something only when nothing but clocks was faulted.
-    let clocks_only = args.nemesis.iter().all(|n| *n == Nemesis::Clock);
-    report.add_timing(timing::check(&history, &finals, workload::ACTIVATION_TIMEOUT_MS as u64, clocks_only));
-    if let Some(attacker) = &attacker {
-        let own = final_reads(&nodes, Some(&attacker.token)).await;
-        let attempts = attacker.attempts();
-        report.add_cross_tenant(attacker::check(&attempts, &finals, &own));
-        for attempt in &attempts {
-            append_line(&dir.join("attacks.jsonl"), attempt);
-        }
-        std::fs::write(dir.join("attacker-finals.json"), serde_json::to_string(&own)?)?;
-    }
-    for op in &history {
-        append_line(&dir.join("history.jsonl"), op);
-    }
-    std::fs::write(dir.join("finals.json"), serde_json::to_string(&finals)?)?;
+    let attacks = match &attacker {
+        Some(attacker) => Some((attacker.attempts(), final_reads(&nodes, Some(&attacker.token)).await)),
+        None => None,
+    };
+    let kept = judge::Kept {
+        args: args.clone(),
+        history,
+        finals,
+        placement,
+        timeline: std::fs::read_to_string(&timeline).unwrap_or_default(),
+        session_log: std::fs::read_to_string(session_workers.log()).unwrap_or_default(),
+        facts: judge::RunFacts { epoch_ms: shared.recorder.epoch_ms() },
+        attacks,
+        schedules: Some((schedule_reads, ticks)),
+        workflows: Some((workflow_reads, steps_before, steps_after)),
+        limits: Some(limited_reads),
+    };
+    kept.write(dir)?;
+    let mut report = judge::judge(&kept);
+    report.availability = availability::measure(&kept.history, &stops);
     std::fs::write(dir.join("report.json"), serde_json::to_string_pretty(&report)?)?;
+    std::fs::write(dir.join("verdict.json"), serde_json::to_string_pretty(&controls::Outcome::of(&report))?)?;
     let text = format!("{}\navailability: {}\n{}\n", report.summary(), report.availability.summary(), report.details());
     std::fs::write(dir.join("report.txt"), text)?;
     nodes.stop_all();
     drop(disks);
     drop(proxies);
-    Ok(report.valid)
+    Ok(report.verdict())
 }
 
 /// Mints a token with `drover token secret ARGS`: writes the secret to
@@ -1001,6 +1060,13 @@ async fn final_reads(nodes: &cluster::Nodes, token: Option<&str>) -> FinalReads 
                 let state = state.to_string();
                 let expires_at = job["expiresAt"].as_i64().unwrap_or(0);
                 let activated_at = serde_json::from_value(job["activatedAt"].clone()).unwrap_or_default();
+                let activations = job["activations"]
+                    .as_array()
+                    .into_iter()
+                    .flatten()
+                    .filter_map(|a| Some((a["attempt"].as_u64()? as u32, a["worker"].as_str()?.to_string())))
+                    .collect();
+                let failures = serde_json::from_value(job["failures"].clone()).unwrap_or_default();
                 let job = FinalJob {
                     id,
                     state,
@@ -1013,6 +1079,8 @@ async fn final_reads(nodes: &cluster::Nodes, token: Option<&str>) -> FinalReads 
                     forged,
                     expires_at,
                     activated_at,
+                    activations,
+                    failures,
                 };
                 jobs.insert(key, job);
             }

@@ -36,13 +36,6 @@ pub const WORKERS: usize = 2;
 /// many) and the new jobs, or a recovered job waits in the queue past the
 /// bound for a reason that is not the broker's.
 pub const CONCURRENCY: usize = 24;
-/// Retries a session job is created with. A dead worker's attempt counts as
-/// a failed one (`worker-died`, so a job that kills every worker it reaches
-/// ends as an incident), and the nemesis may kill each holder of one job in
-/// turn: with the default 3 retries, three unlucky kills make a correct
-/// incident. Far more retries than a run has kills keeps an incident here a
-/// finding.
-pub const RETRIES: i32 = 1_000;
 
 /// The running session worker processes.
 pub struct Workers {

@@ -42,12 +42,27 @@ pub const PUSHED_TYPE: &str = "jepsen-pushed";
 /// Polled by the staged workers; declares [`STAGES`].
 pub const STAGED_TYPE: &str = "jepsen-staged";
 pub const STAGES: [&str; 3] = ["reserved", "charged", "notified"];
+/// The types the workload's own workers ask for: every job of theirs
+/// carries a workload id.
+pub const WORKLOAD_TYPES: [&str; 3] = [JOB_TYPE, PUSHED_TYPE, STAGED_TYPE];
 /// How often a producer sends a create whose outcome it does not know.
 const CREATE_SENDS: usize = 3;
 /// Short, so timeouts and redeliveries happen often.
 pub const ACTIVATION_TIMEOUT_MS: i64 = 2_000;
 /// A worker's failure asks for this back-off before the next attempt.
 pub const FAIL_BACK_OFF_MS: i64 = 1_000;
+/// Retries every job of the workload is created with (session jobs too).
+/// Only its worker's failure asking for none (1 in [`FAILS_FOR_GOOD`]
+/// failures, on purpose) may leave it without: a dead session's attempt uses
+/// one (`worker-died`: a session worker the `workers` nemesis kills, a
+/// streaming worker's session that missed its beats), and the nemesis may
+/// kill each holder of one job in turn, but a run has far fewer of those
+/// than this, so an incident that no failure asking for none explains is a
+/// finding.
+pub const RETRIES: i32 = 1_000;
+/// One failure in this many asks for no retries: the job becomes an
+/// incident, as the workload meant.
+const FAILS_FOR_GOOD: u32 = 10;
 /// Jobs acknowledged and not yet completed, at most, before producers wait.
 /// The workers misbehave on purpose (one in ten never answers, one in twenty
 /// answers 2.5 s late, one in ten fails with a back-off), so they finish
@@ -187,9 +202,16 @@ impl Shared {
 
     /// Until everything stops: polls up to `max` jobs of `job_type` (5 s
     /// activations) through gateway `home + 1` and the next ones in turn,
-    /// and hands each batch, with the client that took it, to `work`.
-    pub async fn poll_in_turn<F, Fut>(&self, home: usize, job_type: &str, worker: &str, max: i32, mut work: F)
-    where
+    /// records what each poll was handed (as `process`), and hands each
+    /// batch, with the client that took it, to `work`.
+    pub async fn poll_in_turn<F, Fut>(
+        &self,
+        (process, home): (u64, usize),
+        job_type: &str,
+        worker: &str,
+        max: i32,
+        mut work: F,
+    ) where
         F: FnMut(Client, Vec<drover::proto::gateway::ActivatedJob>) -> Fut,
         Fut: std::future::Future<Output = ()>,
     {
@@ -204,6 +226,7 @@ impl Shared {
                 tokio::time::sleep(Duration::from_millis(200)).await;
                 continue;
             };
+            record_handed(self, (process, at), (job_type, worker), &jobs);
             work(client, jobs).await;
         }
     }
@@ -271,7 +294,7 @@ pub async fn producer(shared: Arc<Shared>, process: u64, seed: u64) {
             delay: delay.unwrap_or(0),
             idempotency_key: format!("jepsen-{id}"),
             stages: if job_type == STAGED_TYPE { STAGES.map(String::from).to_vec() } else { Vec::new() },
-            retries: (job_type == crate::sessions::SESSION_TYPE).then_some(crate::sessions::RETRIES),
+            retries: Some(RETRIES),
             expires_at: expires_at.unwrap_or(0),
             ..Default::default()
         };
@@ -332,13 +355,17 @@ pub const OJS_PRODUCER: &str = "ojs-producer";
 /// A create of [`JOB_TYPE`] through a node's OJS port, its args `[{"id": id}]`.
 /// Its OJS id is made from the workload id, so a resend after an unknown
 /// outcome is answered `duplicate` (409), and the job is then read back by
-/// that id for its key.
+/// that id for its key. Its retry policy gives it the retries of every other
+/// create ([`RETRIES`]): OJS's default of 3 attempts, with the deliberate
+/// failures and a dead session, would use them up and make an incident that
+/// no failure asked for.
 async fn ojs_create(shared: &Shared, process: u64, id: u64, rng: &mut StdRng) {
     let token = std::env::var(drover::client::TOKEN_ENV).ok();
     let (ca, token) = (shared.ca.as_deref(), token.as_deref().map(str::trim));
     let ojs_id = format!("01900000-0000-7000-8000-{id:012x}");
     let body = serde_json::json!({
-        "type": "jepsen.ojs", "id": ojs_id, "args": [{ "id": id }], "options": { "queue": JOB_TYPE },
+        "type": "jepsen.ojs", "id": ojs_id, "args": [{ "id": id }],
+        "options": { "queue": JOB_TYPE, "retry": { "max_attempts": RETRIES } },
     })
     .to_string();
     let key_in = |body: &str| -> Option<u64> {
@@ -395,7 +422,8 @@ pub fn id_in(variables: &serde_json::Value) -> Option<u64> {
 struct Wanted<'a> {
     job_type: &'a str,
     worker: &'a str,
-    /// When the poll that returned the job was sent (not for streams).
+    /// When the poll that returned the job was sent, or the stream that
+    /// was pushed it asked for.
     requested_ms: Option<u64>,
 }
 
@@ -414,7 +442,21 @@ fn activated(process: u64, node: usize, wanted: &Wanted<'_>, job: &ActivatedJob,
         worker: Some(wanted.worker.into()),
         assigned_worker: Some(job.worker.clone()),
         stage: (!job.stage.is_empty()).then(|| job.stage.clone()),
+        handed_type: Some(job.r#type.clone()),
+        tenant: Some(job.tenant_id.clone()),
         ..Op::default()
+    }
+}
+
+/// Records every job of one poll by a worker that does not otherwise
+/// record its work (the workflow and limited queues' workers): what it was
+/// handed, so the checker holds it to what the worker asked for. Their
+/// jobs carry no workload id (id 0).
+pub fn record_handed(shared: &Shared, (process, node): (u64, usize), wanted: (&str, &str), jobs: &[ActivatedJob]) {
+    let (job_type, worker) = wanted;
+    let wanted = Wanted { job_type, worker, requested_ms: None };
+    for job in jobs {
+        shared.recorder.record_op(activated(process, node, &wanted, job, id_of(job).unwrap_or(0)));
     }
 }
 
@@ -427,13 +469,22 @@ async fn handle(
     job: ActivatedJob,
     rng: &mut StdRng,
 ) {
-    let Some(id) = id_of(&job) else { return };
+    // Every job of the workload carries an id: one without is another's
+    // (a schedule's, a workflow's, the limited queue's, another tenant's),
+    // handed to a worker that did not ask for it. Recorded (the checker
+    // judges it) and left to time out.
+    let Some(id) = id_of(&job) else {
+        shared.recorder.record_op(activated(process, node, wanted, &job, 0));
+        return;
+    };
     shared.recorder.record_op(activated(process, node, wanted, &job, id));
     let roll: u32 = if shared.draining.load(Ordering::Relaxed) { 0 } else { rng.random_range(0..100) };
     if roll >= 90 {
         return; // never answers: the activation times out
     }
     if (80..90).contains(&roll) {
+        // Now and then for good: no retries left, an incident on purpose.
+        let retries = if rng.random_ratio(1, FAILS_FOR_GOOD) { 0 } else { (job.retries - 1).max(1) };
         let op = Op {
             process,
             node,
@@ -443,17 +494,21 @@ async fn handle(
             key: Some(job.key),
             attempt: job.attempt,
             wait_ms: Some(FAIL_BACK_OFF_MS as u64),
+            retries: Some(retries),
             ..Op::default()
         };
-        shared.recorder.record_op(op);
-        let retries = (job.retries - 1).max(1);
+        shared.recorder.record_op(op.clone());
         let result = client.fail(job.key, job.attempt, retries, "jepsen says no", FAIL_BACK_OFF_MS).await;
         let phase = match result {
             Ok(()) => Phase::Ok,
             Err(status) if certain_failure(&status) => Phase::Fail,
             Err(_) => Phase::Info,
         };
-        shared.recorder.record(process, node, Kind::Fail, phase, id, Some(job.key), job.attempt);
+        if retries == 0 && phase != Phase::Fail {
+            // It is over (or may be): nothing will complete it.
+            shared.completed(wanted.job_type, id);
+        }
+        shared.recorder.record_op(Op { phase, wait_ms: None, ..op });
         return;
     }
     if (75..80).contains(&roll) {
@@ -536,27 +591,34 @@ pub async fn ojs_poller(shared: Arc<Shared>, process: u64, seed: u64) {
             }
         };
         for job in jobs {
-            let (Some(id), Some(key), Some(attempt)) = (
-                job["args"][0]["id"].as_u64(),
+            let (Some(key), Some(attempt)) = (
                 job["drover"]["key"].as_str().and_then(|k| k.parse::<u64>().ok()),
                 job["attempt"].as_u64().map(|a| a as u32),
             ) else {
                 continue;
             };
-            shared.recorder.record_op(Op {
+            // The envelope does not say whose activation it is: the checker
+            // takes that from the replicas' record of the attempt (not this
+            // worker's own name, which would always match).
+            let handed = Op {
                 requested_ms: Some(requested),
                 process,
                 node,
                 kind: Kind::Activate,
                 phase: Phase::Ok,
-                id,
+                id: job["args"][0]["id"].as_u64().unwrap_or(0),
                 key: Some(key),
                 attempt,
                 job_type: Some(JOB_TYPE.into()),
                 worker: Some(worker.clone()),
-                assigned_worker: Some(worker.clone()),
+                handed_type: job["queue"].as_str().map(str::to_string),
                 ..Op::default()
-            });
+            };
+            let id = handed.id;
+            shared.recorder.record_op(handed);
+            if id == 0 {
+                continue; // not the workload's: left to time out
+            }
             let roll: u32 = if shared.draining.load(Ordering::Relaxed) { 0 } else { rng.random_range(0..100) };
             if roll >= 90 {
                 continue; // never answers: the activation times out
@@ -595,8 +657,12 @@ pub async fn staged(shared: Arc<Shared>, process: u64, seed: u64) {
             continue;
         };
         for job in jobs {
-            let Some(id) = id_of(&job) else { continue };
             let wanted = Wanted { job_type: STAGED_TYPE, worker: &worker, requested_ms: Some(requested) };
+            let Some(id) = id_of(&job) else {
+                // Not the workload's: recorded for the checker, left to time out.
+                shared.recorder.record_op(activated(process, node, &wanted, &job, 0));
+                continue;
+            };
             shared.recorder.record_op(activated(process, node, &wanted, &job, id));
             let resume = STAGES.iter().position(|s| *s == job.stage).map_or(0, |i| i + 1);
             let mut alive = true;
@@ -771,6 +837,10 @@ pub async fn streamer(shared: Arc<Shared>, process: u64, seed: u64, job_type: &'
         };
         let client = Client::connect_lazy(&shared.gateways[node]).unwrap();
         let worker = format!("{prefix}-{}", if rng.random_bool(0.5) { "a" } else { "b" });
+        // Whatever the stream is pushed was activated after its session was
+        // registered: the earliest its lease (and the session's) can have
+        // begun.
+        let asked = shared.recorder.now_ms();
         // Every connection is a worker session; its beats list no jobs, so
         // a job the worker never answers still times out.
         let Some(session) = Session::start(&client, &worker, job_type, &shared.leaks).await else {
@@ -793,7 +863,7 @@ pub async fn streamer(shared: Arc<Shared>, process: u64, seed: u64, job_type: &'
             continue;
         };
         backoff.reset();
-        let wanted = Wanted { job_type, worker: &worker, requested_ms: None };
+        let wanted = Wanted { job_type, worker: &worker, requested_ms: Some(asked) };
         let mut stream = response.into_inner();
         while !shared.stop.load(Ordering::Relaxed) && !session.lost() {
             match tokio::time::timeout(Duration::from_secs(3), stream.message()).await {
@@ -812,6 +882,11 @@ pub async fn streamer(shared: Arc<Shared>, process: u64, seed: u64, job_type: &'
                 }
             }
         }
+        // The session ends here (it is deregistered as it drops): what it
+        // still holds goes back at once, no lease left to wait out.
+        let release = Op { process, node, kind: Kind::Release, phase: Phase::Ok, ..Op::default() };
+        shared.recorder.record_op(release);
+        drop(session);
     }
 }
 

@@ -241,9 +241,16 @@ fn job_json(j: &crate::core::Job) -> serde_json::Value {
             "stage": c.stage, "attempt": c.attempt, "at": c.at,
         })).collect::<Vec<_>>(),
         "timers": timer_events(j),
+        "failures": failures(j),
         "expiresAt": crate::core::expires_at(&j.spec),
         "activatedAt": j.history.events().filter(|e| matches!(e.kind, crate::core::EventKind::Activated { .. }))
             .map(|e| e.at).collect::<Vec<_>>(),
+        "activations": j.history.events().filter_map(|e| match &e.kind {
+            crate::core::EventKind::Activated { attempt, worker, .. } => {
+                Some(json!({ "attempt": attempt, "worker": worker, "at": e.at }))
+            }
+            _ => None,
+        }).collect::<Vec<_>>(),
         "schedule": header(j, crate::core::schedule::SCHEDULE_HEADER),
         "tick": header(j, crate::core::schedule::TICK_HEADER).and_then(|t| t.parse::<i64>().ok()),
         "workflow": header(j, crate::core::workflow::WORKFLOW_HEADER),
@@ -294,6 +301,21 @@ fn timer_events(job: &crate::core::Job) -> Vec<serde_json::Value> {
             EventKind::Failed { back_off_ms, .. } => {
                 Some(json!({ "kind": "failed", "at": e.at, "back_off": back_off_ms }))
             }
+            _ => None,
+        })
+        .collect()
+}
+
+/// Each failed attempt of a job as this replica's history holds it: the
+/// attempt, the reason, the retries it left and its message. What the fault
+/// suite reads to tell whose failure made an incident.
+fn failures(job: &crate::core::Job) -> Vec<serde_json::Value> {
+    job.history
+        .events()
+        .filter_map(|e| match &e.kind {
+            crate::core::EventKind::Failed { attempt, reason, message, retries, .. } => Some(json!({
+                "attempt": attempt, "reason": reason.as_str(), "retries": retries, "message": message,
+            })),
             _ => None,
         })
         .collect()

@@ -330,3 +330,21 @@ fn a_schedules_ticks_and_a_workflows_steps_of_a_limited_queue_are_made_where_the
     assert!(made[0].steps.iter().all(|s| s.job.0 != 0), "each step's job made here: {:?}", made[0].steps);
     assert_eq!(p.take(10).len(), 1, "and held to the limit here: four jobs, one at a time");
 }
+
+#[test]
+fn a_planted_overrun_lets_every_activation_through_alike_on_every_replica() {
+    // The fault suite's `limit-overrun` control: the bug it plants must
+    // break the limit, the same way wherever the entries are applied.
+    let mut taken = Vec::new();
+    for _ in 0..2 {
+        let mut p = Partition::new();
+        p.state.plant(Plants { limit_overrun: true, ..Plants::default() });
+        p.run(set(on_home(concurrency(2), Limit::default())));
+        for _ in 0..6 {
+            p.create(Vec::new());
+        }
+        taken.push(p.take(10).iter().map(|job| job.key).collect::<Vec<_>>());
+    }
+    assert_eq!(taken[0].len(), 6, "all six at once, past a concurrency of two");
+    assert_eq!(taken[0], taken[1], "alike on two replicas");
+}

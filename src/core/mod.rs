@@ -25,8 +25,8 @@ pub mod workflow;
 
 pub use command::*;
 pub use engine::{
-    request_expiry_bound, request_storage_id, ApplyOutput, MemoryRequests, PartitionState, RequestCounts, RequestTable,
-    StateSnapshot,
+    request_expiry_bound, request_storage_id, ApplyOutput, MemoryRequests, PartitionState, Plants, RequestCounts,
+    RequestTable, StateSnapshot,
 };
 pub use failure::*;
 pub use history::*;

@@ -251,3 +251,17 @@ fn only_a_creator_of_the_type_in_the_tenant_schedules() {
     assert!(matches!(result, CommandResult::Rejected(CommandError { kind: ErrorKind::PermissionDenied, .. })));
     assert_eq!(p.state.schedule_records().len(), 1);
 }
+
+#[test]
+fn a_planted_dropped_tick_passes_over_one_tick_in_ten_and_records_it_run() {
+    // The fault suite's `tick-dropped` control: a tick at 7 s into a 10 s
+    // period of partition time makes no job, and the schedule says it ran.
+    let mut p = partition();
+    p.state.plant(Plants { drop_ticks: true, ..Plants::default() });
+    p.run_at(MIDNIGHT, put(spec("acme", "nightly", "* * * * * *")));
+    let made = p.tick_at(MIDNIGHT + 10_000);
+    assert_eq!(made.len(), 9, "{made:?}");
+    assert!(!made.contains(&(MIDNIGHT + 7_000)));
+    let schedule = p.schedule("acme", "nightly");
+    assert_eq!((schedule.runs, schedule.last_at), (9, MIDNIGHT + 10_000));
+}

@@ -127,6 +127,23 @@ pub struct PartitionState {
     /// When a bucket that held jobs back has a token again. In memory
     /// only: a new leader offers every waiting job anyway.
     limit_wake: Option<Millis>,
+    /// Bugs planted for the fault suite's negative controls: none outside
+    /// its runs (see [`Plants`]).
+    plants: Plants,
+}
+
+/// Test only: bugs a negative control of the fault suite plants where
+/// entries are applied (the state machine sets them from
+/// [`crate::failpoints`]). Each acts on what the entry decides (a tick's
+/// time, an activation), never on a count or a clock of its own, so every
+/// replica applying the same entries acts alike and the bug shows as itself.
+#[derive(Clone, Copy, Debug, Default, PartialEq, Eq)]
+pub struct Plants {
+    /// Schedules pass over every tick at 7 s into a 10 s period without
+    /// making its job, and record it as run.
+    pub drop_ticks: bool,
+    /// Limited queues let every activation start, whatever the limit.
+    pub limit_overrun: bool,
 }
 
 /// One ready queue of a type: its jobs' tenant and labels.
@@ -291,6 +308,11 @@ impl PartitionState {
             }
         }
         state
+    }
+
+    /// Plants (or, with the default, removes) test-only bugs (see [`Plants`]).
+    pub fn plant(&mut self, plants: Plants) {
+        self.plants = plants;
     }
 
     /// Applies one replicated batch: first the timers due at `batch.now`, then

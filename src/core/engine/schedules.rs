@@ -219,6 +219,11 @@ impl PartitionState {
                 }
             }
         }
+        if self.plants.drop_ticks && tick.rem_euclid(10_000) == 7_000 {
+            // A planted bug (test only): the tick passes, no job made.
+            schedule.last_at = tick;
+            return;
+        }
         let job = NewJob {
             spec: Arc::new(schedule.job_for_tick(tick)),
             retries: schedule.spec.retries,

@@ -359,7 +359,7 @@ impl Actor for PartitionLeader {
                     return Ok(());
                 }
                 state.note_finished(&commands);
-                let commands = state.route_polls(commands);
+                let commands = state.route_polls(planted(commands));
                 state.enqueue(commands, ReplyTo::Client(reply));
                 state.flush(&myself);
             }
@@ -607,6 +607,40 @@ impl LeaderState {
             }
         }
     }
+}
+
+/// Test only: the bugs a negative control plants where a leader proposes
+/// (see [`crate::failpoints`]): a worker's command proposed as another,
+/// answered as that one is. Untouched unless failpoints are on.
+fn planted(mut commands: Vec<Command>) -> Vec<Command> {
+    if !crate::failpoints::enabled() {
+        return commands;
+    }
+    for command in commands.iter_mut().flat_map(Command::each_mut) {
+        let instead = match command {
+            Command::Complete { key, attempt, .. } => {
+                if crate::failpoints::fire("leader_complete_requeues").is_some() {
+                    let reason = crate::core::YieldReason::Unknown;
+                    Some(Command::Yield { key: *key, attempt: *attempt, gateway: 0, reason })
+                } else if crate::failpoints::fire("leader_complete_cancels").is_some() {
+                    Some(Command::Cancel { key: *key, by: "failpoint leader_complete_cancels".into() })
+                } else {
+                    None
+                }
+            }
+            Command::Fail { retries, .. } if *retries > 0 => {
+                if crate::failpoints::fire("leader_fail_exhausts").is_some() {
+                    *retries = 0;
+                }
+                None
+            }
+            _ => None,
+        };
+        if let Some(instead) = instead {
+            *command = instead;
+        }
+    }
+    commands
 }
 
 /// How many results `commands` answer (a principal's run answers one per command).

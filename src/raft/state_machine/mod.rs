@@ -283,6 +283,13 @@ impl RaftStateMachine<TypeConfig> for StateMachine {
                         }
                         at += command.results();
                     }
+                    if crate::failpoints::enabled() {
+                        // Bugs a negative control plants, alike on every replica.
+                        inner.engine.plant(crate::core::Plants {
+                            drop_ticks: crate::failpoints::armed("apply_drop_tick"),
+                            limit_overrun: crate::failpoints::armed("apply_limit_overrun"),
+                        });
+                    }
                     let out = inner.engine.apply(&commands);
                     let now = inner.engine.clock();
                     let at = (entry.log_id.index, now);
