@@ -6,6 +6,22 @@ DROVER_TOOLS ?= $(HOME)/.cache/drover-tools/bin
 export DROVER_TOOLS
 export CARGO_TARGET_DIR
 
+# RocksDB's C++ is most of a cold build, and a check (clippy), a test build and
+# a release build each compile it. With ccache there (scripts/setup.sh installs
+# it) the compiler goes through it, and Cargo.toml gives RocksDB the same flags
+# in every profile, so the C++ is compiled once and served from the cache after.
+CCACHE := $(shell command -v ccache 2>/dev/null)
+ifneq ($(CCACHE),)
+ifeq ($(origin CC),default)
+export CC := ccache gcc
+endif
+ifeq ($(origin CXX),default)
+export CXX := ccache g++
+endif
+export CCACHE_DIR ?= $(HOME)/.cache/ccache
+export CCACHE_MAXSIZE ?= 5G
+endif
+
 .PHONY: run test setup fmt lint jepsen jepsen-long
 
 # The fault-injection suite, short form: every nemesis for 15 s (faults from

