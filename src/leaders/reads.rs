@@ -133,6 +133,9 @@ pub async fn events(
     limit: usize,
     deadline: Instant,
 ) -> Result<EventsPage, ApiError> {
+    // Older builds keep no events and serve no such read: the one read with a
+    // version gate of its own.
+    super::require_cluster_version(ctx, crate::core::PAUSED_QUEUES, "lifecycle events")?;
     let local = |replica: Arc<Replica>| async move { Ok(replica.state().events(after, limit)?) };
     let remote = |mut client: PeerClient, timeout: Duration| async move {
         let mut request =
