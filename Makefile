@@ -57,8 +57,9 @@ jepsen-long: setup
 	status=$$?; cat $$log; exit $$status
 
 # Both halves run whatever the other did, and the target fails if either
-# failed. nextest runs its `ci` profile: no retries (a flaky test is a
-# finding). Without root the fault suite cannot run: that fails, loudly.
+# failed. nextest runs its `ci` profile (.config/nextest.toml says why it
+# still retries once). Without root the fault suite cannot run: that fails,
+# loudly.
 test: setup
 	@status=0; \
 	if [ "$$(id -u)" = 0 ]; then \
