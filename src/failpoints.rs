@@ -28,6 +28,9 @@
 //!   without its fast-path checks of the job's or session's tenant (the
 //!   screen against the applied state, the session owner's tenants), as a
 //!   gateway that misjudged would; the partition's check at apply remains.
+//! - `retry_policy_at_gateway`: a gateway decides a failure by the job's
+//!   retry policy itself, from a read of the job, and sends the failure it
+//!   decided, as it does while a member is older than data version 17.
 //!
 //! Planted bugs, one each, for the fault suite's negative controls
 //! (`jepsen/src/controls.rs`): each is a bug the suite's checker must find.
@@ -41,7 +44,8 @@
 //!   a cancel of the job, and answers it as done: an acknowledged
 //!   completion the replicas never hold.
 //! - `leader_fail_exhausts`: a leader proposes a worker's failure that
-//!   leaves retries as one that leaves none: an incident nobody asked for.
+//!   leaves retries as one that leaves none (a failure by the job's policy
+//!   that may retry as one that may not): an incident nobody asked for.
 //! - `read_any_tenant`: a node's job reads (`GetJob`, `GetJobHistory`,
 //!   `AwaitJob`) skip the check of the job's tenant.
 //!

@@ -156,6 +156,7 @@ impl Mutator {
                     reason: self.text(),
                     variables: self.json(),
                     override_fence: self.rng.random(),
+                    ..Default::default()
                 };
                 ("FailJob", raw.fail_job(request).await.map(drop))
             }

@@ -280,6 +280,48 @@ async fn nacks_follow_the_retry_policy_and_exhausted_jobs_land_in_the_dead_lette
     assert_eq!(list["jobs"], json!([]));
 }
 
+/// A job enqueued before the partition kept its retry policy (its OJS
+/// options alone name it, as a build of data version 16 wrote them): its
+/// nacks still follow that policy.
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn a_job_enqueued_before_policies_were_kept_still_follows_its_own() {
+    let node = node().await;
+    let ojs = Ojs::of(&node);
+    let mut native =
+        pb::gateway_client::GatewayClient::connect(format!("http://{}", node.node().grpc_addr)).await.unwrap();
+    let options = json!({"retry": {"max_attempts": 5, "initial_interval": "PT7S", "jitter": false, "non_retryable_errors": ["Auth.*"]}});
+    let mut keys = Vec::new();
+    for _ in 0..2 {
+        let headers = [("ojs.type", "t.old"), ("ojs.at", "1700000000000")]
+            .into_iter()
+            .map(|(k, v)| (k.to_string(), v.to_string()))
+            .chain([("ojs.options".to_string(), options.to_string())])
+            .collect();
+        let create = pb::CreateJobRequest {
+            r#type: "old".into(),
+            variables: r#"{"args":[]}"#.into(),
+            custom_headers: headers,
+            retries: Some(5),
+            ..Default::default()
+        };
+        keys.push(native.create_job(create).await.unwrap().into_inner().key);
+    }
+    let mut fetched = ojs.fetch(&["old"]).await;
+    fetched.extend(ojs.fetch(&["old"]).await);
+    assert_eq!(fetched.len(), 2, "{fetched:?}");
+    let (code, answer) = ojs.nack(&fetched[0]["id"], json!({"code": "e", "message": "m", "type": "Network"})).await;
+    assert_eq!(code, 200, "{answer}");
+    assert_eq!((answer["state"].as_str(), answer["retry_delay_ms"].as_i64()), (Some("retryable"), Some(7_000)));
+    let (_, answer) = ojs.nack(&fetched[1]["id"], json!({"code": "e", "message": "m", "type": "Auth.Expired"})).await;
+    assert_eq!(answer["state"], "discarded", "{answer}");
+    for key in keys {
+        let job = native.get_job(pb::GetJobRequest { key, ..Default::default() }).await.unwrap().into_inner();
+        let job = job.job.unwrap();
+        assert!(!job.custom_headers.contains_key("drover.retry"), "an old job keeps its headers");
+        assert!(["scheduled", "incident"].contains(&job.state.as_str()), "{job:?}");
+    }
+}
+
 #[tokio::test(flavor = "multi_thread", worker_threads = 2)]
 async fn a_queue_is_fetched_by_priority_then_fifo_across_partitions_and_queues_in_the_order_given() {
     let node = node().await;

@@ -455,6 +455,7 @@ pub(crate) async fn job(command: JobCommand, target: &Target) -> anyhow::Result<
                 retry_back_off: back_off,
                 variables: String::new(),
                 reason: reason.clone(),
+                ..Default::default()
             };
             raw.fail_job(request).await.map_err(status_error)?;
             println!("failed {key} ({reason})");

@@ -235,9 +235,31 @@ impl Client {
             variables: String::new(),
             reason: reason.into(),
             override_fence: false,
+            ..Default::default()
         };
         self.raw().fail_job(request).await?;
         Ok(())
+    }
+
+    /// Fails an attempt as the job's retry policy decides (see
+    /// `FailJobRequest.by_policy`): `error_type` is matched against the
+    /// policy's non-retryable errors. Answers what was decided.
+    pub async fn fail_by_policy(
+        &self,
+        key: u64,
+        attempt: u32,
+        error_type: &str,
+        error_message: &str,
+    ) -> Result<FailJobResponse, tonic::Status> {
+        let request = FailJobRequest {
+            key,
+            attempt,
+            error_message: error_message.into(),
+            by_policy: true,
+            error_type: error_type.into(),
+            ..Default::default()
+        };
+        Ok(self.raw().fail_job(request).await?.into_inner())
     }
 
     pub async fn get_job(&self, key: u64) -> Result<Job, tonic::Status> {

@@ -320,6 +320,26 @@ pub enum Command {
     /// paused queues and queue limits, so that the fan-outs made before it
     /// existed hold on it too. The broker's own. Data version 16.
     Adopt(Box<Adoptable>),
+    /// A failed attempt whose job's retry policy decides what follows
+    /// (see [`super::retry`]): the job's own (its `drover.retry` header),
+    /// or the default one. With retries left and an error that may retry,
+    /// one retry is used and the job is due after the policy's back-off;
+    /// otherwise it is an incident. Answers [`CommandResult::Failed`] with
+    /// what was decided; `variables` and `max_payload_bytes` as for
+    /// [`Command::Fail`]. Data version 17 ([`super::retry::RETRY_POLICIES`]).
+    FailByPolicy {
+        key: JobKey,
+        attempt: u32,
+        error_message: String,
+        /// The error's type, matched against the policy's non-retryable ones.
+        error_type: String,
+        /// False when the worker says the error must not be retried.
+        retryable: bool,
+        /// The jitter the gateway drew, so every replica waits alike.
+        jitter: u16,
+        variables: Bytes,
+        max_payload_bytes: u64,
+    },
 }
 
 /// What every partition holds alike because gateways send it to every
@@ -465,6 +485,7 @@ impl Command {
             Command::ChangePlan { .. } | Command::ReportVoters { .. } | Command::GetPlan => {
                 (PLANS, "cluster plan changes")
             }
+            Command::FailByPolicy { .. } => (super::retry::RETRY_POLICIES, "failures decided by retry policies"),
             _ => return None,
         })
     }
@@ -476,6 +497,7 @@ impl Command {
             self,
             Command::Complete { attempt: 0, .. }
                 | Command::Fail { attempt: 0, .. }
+                | Command::FailByPolicy { attempt: 0, .. }
                 | Command::UpdateTimeout { attempt: 0, .. }
                 | Command::Checkpoint { attempt: 0, .. }
         )
@@ -493,6 +515,9 @@ impl Command {
             Command::Complete { variables, .. } => field_len(variables.len()) + 16,
             Command::Fail { error_message, variables, .. } => {
                 field_len(error_message.len()) + field_len(variables.len()) + 32
+            }
+            Command::FailByPolicy { error_message, error_type, variables, .. } => {
+                field_len(error_message.len()) + field_len(error_type.len()) + field_len(variables.len()) + 32
             }
             Command::Checkpoint { stage, variables, .. } => field_len(stage.len()) + field_len(variables.len()) + 32,
             Command::Register(info) | Command::RegisterOwned(info) => {
@@ -609,6 +634,12 @@ pub enum CommandResult {
     Plan(Option<Box<ClusterPlan>>),
     /// What a partition being added copies ([`Command::GetAdoptable`]).
     Adoptable(Box<Adoptable>),
+    /// What a failure by the job's policy decided ([`Command::FailByPolicy`]):
+    /// the retries left (0: an incident) and the wait before the job is due.
+    Failed {
+        retries: i32,
+        back_off_ms: i64,
+    },
 }
 
 /// What happened to a job, for counting.

@@ -18,6 +18,7 @@ pub mod limit;
 pub mod plan;
 pub mod principal;
 mod queue;
+pub mod retry;
 mod routing;
 pub mod schedule;
 mod session;
@@ -53,6 +54,8 @@ mod limit_tests;
 mod model_tests;
 #[cfg(test)]
 mod queue_tests;
+#[cfg(test)]
+mod retry_tests;
 #[cfg(test)]
 mod schedule_tests;
 #[cfg(test)]

@@ -323,6 +323,7 @@ fn needs(command: &Command) -> Option<(JobKey, Option<u32>, Verb)> {
     match command {
         Command::Complete { key, attempt, .. }
         | Command::Fail { key, attempt, .. }
+        | Command::FailByPolicy { key, attempt, .. }
         | Command::UpdateTimeout { key, attempt, .. }
         | Command::Checkpoint { key, attempt, .. } => Some((*key, Some(*attempt), Verb::Work)),
         Command::UpdateRetries { key, .. } | Command::Cancel { key, .. } => Some((*key, None, Verb::Manage)),

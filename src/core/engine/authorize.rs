@@ -26,6 +26,7 @@ impl PartitionState {
                 .and_then(|()| self.may_act_as_owned(by, activation.session)),
             Command::Complete { key, attempt, .. }
             | Command::Fail { key, attempt, .. }
+            | Command::FailByPolicy { key, attempt, .. }
             | Command::UpdateTimeout { key, attempt, .. }
             | Command::Checkpoint { key, attempt, .. } => self.may_act_on(by, Verb::Work, *key, Some(*attempt)),
             Command::UpdateRetries { key, .. } | Command::Cancel { key, .. } => {
@@ -140,6 +141,7 @@ impl PartitionState {
     pub(super) fn note_override(&mut self, by: &str, command: &Command, out: &mut ApplyOutput) {
         let (Command::Complete { key, .. }
         | Command::Fail { key, .. }
+        | Command::FailByPolicy { key, .. }
         | Command::UpdateTimeout { key, .. }
         | Command::Checkpoint { key, .. }) = command
         else {

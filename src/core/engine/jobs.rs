@@ -10,6 +10,7 @@ use bytes::Bytes;
 use serde_json::value::RawValue;
 
 use super::{queues, ApplyOutput, PartitionState};
+use crate::core::retry;
 use crate::core::workflow::StepState;
 use crate::core::{
     describe_fence, event_text, fence_admits, payload_fingerprint, Checkpoint, CommandError, CommandResult, EventKind,
@@ -27,6 +28,18 @@ pub(super) struct Failure<'a> {
     pub variables: &'a Bytes,
     pub max_payload_bytes: u64,
     pub reason: FailReason,
+}
+
+/// A failure the job's policy decides, as [`crate::core::Command::FailByPolicy`] carries it.
+pub(super) struct PolicyFailure<'a> {
+    pub key: JobKey,
+    pub attempt: u32,
+    pub message: &'a str,
+    pub error_type: &'a str,
+    pub retryable: bool,
+    pub jitter: u16,
+    pub variables: &'a Bytes,
+    pub max_payload_bytes: u64,
 }
 
 impl PartitionState {
@@ -80,6 +93,42 @@ impl PartitionState {
         };
         self.fail_attempt(key, reason, message.to_string(), retries, back_off_ms, out);
         Ok(CommandResult::Done)
+    }
+
+    /// A failed attempt whose job's retry policy decides what follows
+    /// ([`crate::core::Command::FailByPolicy`]): the same path as a
+    /// worker's failure, with the retries and back-off the policy gives.
+    pub(super) fn fail_by_policy(
+        &mut self,
+        failure: PolicyFailure<'_>,
+        out: &mut ApplyOutput,
+    ) -> Result<CommandResult, CommandError> {
+        let PolicyFailure { key, attempt, message, error_type, retryable, jitter, variables, max_payload_bytes } =
+            failure;
+        if self.already_failed(key, attempt) {
+            // A retried request whose first send took effect: answered with
+            // what it decided (the wait that is left of its back-off).
+            let job = &self.jobs[&key];
+            let back_off_ms = match job.state {
+                JobState::Scheduled => (job.due_at - self.clock).max(0),
+                _ => 0,
+            };
+            return Ok(CommandResult::Failed { retries: job.retries, back_off_ms });
+        }
+        self.activation_of(key, attempt, "fail")?;
+        if !variables.is_empty() {
+            let spec = self.spec_with_variables(key, variables, max_payload_bytes, "fail")?;
+            self.jobs.get_mut(&key).expect("checked by activation_of").spec = spec;
+            out.specs.push(key);
+        }
+        let job = &self.jobs[&key];
+        let policy = retry::retry_policy(&job.spec).unwrap_or_default();
+        let (retries, back_off_ms) = match policy.decide(job.retries, job.attempt, error_type, retryable, jitter) {
+            retry::Verdict::Retry { back_off_ms } => (job.retries - 1, back_off_ms),
+            retry::Verdict::Exhausted => (0, 0),
+        };
+        self.fail_attempt(key, FailReason::Failed, message.to_string(), retries, back_off_ms, out);
+        Ok(CommandResult::Failed { retries, back_off_ms })
     }
 
     /// The one path of a failed attempt, whoever ended it (its worker, or

@@ -396,6 +396,28 @@ impl PartitionState {
                 },
                 out,
             ),
+            Command::FailByPolicy {
+                key,
+                attempt,
+                error_message,
+                error_type,
+                retryable,
+                jitter,
+                variables,
+                max_payload_bytes,
+            } => self.fail_by_policy(
+                jobs::PolicyFailure {
+                    key: *key,
+                    attempt: *attempt,
+                    message: error_message,
+                    error_type,
+                    retryable: *retryable,
+                    jitter: *jitter,
+                    variables,
+                    max_payload_bytes: *max_payload_bytes,
+                },
+                out,
+            ),
             Command::UpdateTimeout { key, attempt, timeout_ms } => {
                 self.update_timeout(*key, *attempt, *timeout_ms, out)
             }

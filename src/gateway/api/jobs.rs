@@ -127,17 +127,42 @@ impl JobApi {
         out
     }
 
-    pub async fn fail(&self, call: &Call, request: pb::FailJobRequest) -> Result<(), ApiError> {
-        let (key, attempt) = (key_of(request.key)?, request.attempt);
-        let result = match self.fail_command(key, request) {
+    /// Fails an attempt: with the retries and back-off it names, or as the
+    /// job's retry policy decides (`by_policy`), answering what it decided.
+    pub async fn fail(&self, call: &Call, request: pb::FailJobRequest) -> Result<pb::FailJobResponse, ApiError> {
+        let (key, attempt, by_policy) = (key_of(request.key)?, request.attempt, request.by_policy);
+        let command = match self.fail_command(key, request) {
+            Ok(command) => self.as_cluster_takes(command, call.deadline).await,
+            Err(error) => Err(error),
+        };
+        // Decided here (a cluster not yet at the policies' version): the
+        // answer is what was decided.
+        let decided = match &command {
+            Ok(Command::Fail { retries, back_off_ms, .. }) if by_policy => {
+                pb::FailJobResponse { retries: *retries, retry_back_off: *back_off_ms }
+            }
+            _ => pb::FailJobResponse::default(),
+        };
+        let result = match command {
             Ok(command) => self.one(&call.principal, key, command, call.deadline).await,
             Err(error) => Err(error),
         };
         self.answered(key, attempt, &result);
-        result.map(|_| ())
+        Ok(match result? {
+            CommandResult::Failed { retries, back_off_ms } => {
+                pb::FailJobResponse { retries, retry_back_off: back_off_ms }
+            }
+            _ => decided,
+        })
     }
 
     fn fail_command(&self, key: JobKey, request: pb::FailJobRequest) -> Result<Command, ApiError> {
+        if request.by_policy {
+            let attempt = fence(request.attempt, request.override_fence)?;
+            let limits = &self.ctx.settings.limits;
+            let variables = validate::merged_variables("failure", request.variables.clone(), limits)?;
+            return super::retry::by_policy(key, attempt, request, variables, limits.max_payload_bytes as u64);
+        }
         if request.retries < 0 {
             return Err(ApiError::InvalidArgument(format!("retries must be zero or more, got {}", request.retries)));
         }

@@ -20,8 +20,8 @@
 //! [`activation`] polls and streams, [`workers`] sessions and schemas,
 //! [`queues`] queue figures, pauses and limits, [`events`] lifecycle events,
 //! [`schedules`], [`workflows`], [`plan`] the cluster plan, [`backups`], and
-//! [`status`] the cluster's status. [`validate`] checks client input and
-//! builds the engine's commands; [`render`] shows the engine's records.
+//! [`status`] the cluster's status, [`retry`] retry policies. [`validate`]
+//! checks client input and builds the engine's commands; [`render`] shows the engine's records.
 
 mod activation;
 mod backups;
@@ -31,6 +31,7 @@ mod listing;
 mod plan;
 pub mod queues;
 pub mod render;
+pub mod retry;
 pub mod schedules;
 mod sessions;
 pub mod status;

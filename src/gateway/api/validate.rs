@@ -156,6 +156,7 @@ pub fn new_job(
     let variables = json_object("variables", request.variables)?;
     let mut custom_headers: Vec<(String, String)> = request.custom_headers.into_iter().collect();
     expiry(&mut custom_headers, request.expires_at)?;
+    super::retry::policy_header(&mut custom_headers, request.retry_policy)?;
     custom_headers.sort();
     let tenant = tenant_id("tenant_id", request.tenant_id)?;
     name("user", &request.user, MAX_USER_LEN)?;

@@ -26,6 +26,7 @@ use super::envelope::{self, Stored};
 use super::time::rfc3339;
 use super::{now_ms, reply, JsonBody, Ojs, OjsCall, OjsError};
 use crate::auth::Verb;
+use crate::core::retry::{RetryPolicy as EnginePolicy, Verdict, RETRY_POLICY_HEADER};
 use crate::gateway::api::ApiError;
 use crate::proto::gateway as pb;
 
@@ -288,30 +289,44 @@ pub(super) async fn nack(
     let not_retryable = error.get("retryable").and_then(Value::as_bool) == Some(false);
     let mut request =
         pb::FailJobRequest { key: job.key, attempt: job.attempt, error_message: message, ..Default::default() };
+    if requeue {
+        request.retries = job.retries;
+        request.reason = "worker-shutdown".into();
+    } else if policy.engine != EnginePolicy::default() && !job.custom_headers.contains_key(RETRY_POLICY_HEADER) {
+        // Enqueued before the partition kept its policy: decided here, by
+        // the engine's rule, and sent as any worker's failure.
+        request.retries = match policy.engine.decide(job.retries, job.attempt, &kind, !not_retryable, rand::random()) {
+            Verdict::Retry { back_off_ms } => {
+                request.retry_back_off = back_off_ms;
+                job.retries - 1
+            }
+            Verdict::Exhausted => 0,
+        };
+    } else {
+        request.by_policy = true;
+        request.error_type = kind;
+        request.not_retryable = not_retryable;
+    }
+    let (by_policy, retries, back_off) = (request.by_policy, request.retries, request.retry_back_off);
+    let decided = ojs.api.fail(&call, request).await.map_err(|e| moved_on(&id, e))?;
+    let (retries, back_off) = if by_policy { (decided.retries, decided.retry_back_off) } else { (retries, back_off) };
     let now = now_ms();
     let mut answer = json!({ "id": id, "job_id": id, "attempt": job.attempt, "max_attempts": policy.max_attempts });
     let state = if requeue {
-        request.retries = job.retries;
-        request.reason = "worker-shutdown".into();
         "available"
-    } else if not_retryable || policy.is_fatal(&kind) || job.retries <= 1 {
-        request.retries = 0;
+    } else if retries == 0 {
         answer["discarded_at"] = json!(rfc3339(now));
         answer["completed_at"] = json!(rfc3339(now));
         "discarded"
     } else {
-        let delay = policy.delay_ms(job.attempt, rand::random::<f64>());
-        request.retries = job.retries - 1;
-        request.retry_back_off = delay;
-        answer["retry_delay_ms"] = json!(delay);
-        answer["next_attempt_at"] = json!(rfc3339(now + delay));
-        if delay > 0 {
+        answer["retry_delay_ms"] = json!(back_off);
+        answer["next_attempt_at"] = json!(rfc3339(now + back_off));
+        if back_off > 0 {
             "retryable"
         } else {
             "available"
         }
     };
-    ojs.api.fail(&call, request).await.map_err(|e| moved_on(&id, e))?;
     answer["state"] = json!(state);
     Ok(reply(StatusCode::OK, answer))
 }

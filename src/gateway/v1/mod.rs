@@ -160,8 +160,7 @@ impl Gateway for GatewayService {
 
     async fn fail_job(&self, request: Request<FailJobRequest>) -> Result<Response<FailJobResponse>, Status> {
         let (call, request) = parts(request)?;
-        self.api.fail(&call, request).await?;
-        Ok(Response::new(FailJobResponse {}))
+        Ok(Response::new(self.api.fail(&call, request).await?))
     }
 
     async fn update_job_timeout(

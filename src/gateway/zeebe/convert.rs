@@ -138,6 +138,7 @@ pub fn fail_request(r: zb::FailJobRequest) -> Result<pb::FailJobRequest, ApiErro
         retry_back_off: r.retry_back_off.max(0),
         variables: r.variables,
         reason: String::new(),
+        ..Default::default()
     })
 }
 
@@ -160,6 +161,7 @@ pub fn throw_request(r: zb::ThrowErrorRequest) -> Result<pb::FailJobRequest, Api
         retry_back_off: 0,
         variables: r.variables,
         reason: FailReason::BusinessError.as_str().into(),
+        ..Default::default()
     })
 }
 

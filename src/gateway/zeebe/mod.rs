@@ -178,7 +178,7 @@ impl Gateway for ZeebeService {
     }
 
     async fn fail_job(&self, request: Request<zb::FailJobRequest>) -> Result<Response<zb::FailJobResponse>, Status> {
-        let run = |api: JobApi, call: Call, r| async move { api.fail(&call, r).await };
+        let run = |api: JobApi, call: Call, r| async move { api.fail(&call, r).await.map(drop) };
         self.on_job(request, fail_request, run, zb::FailJobResponse {}).await
     }
 
@@ -186,7 +186,7 @@ impl Gateway for ZeebeService {
         &self,
         request: Request<zb::ThrowErrorRequest>,
     ) -> Result<Response<zb::ThrowErrorResponse>, Status> {
-        let run = |api: JobApi, call: Call, r| async move { api.fail(&call, r).await };
+        let run = |api: JobApi, call: Call, r| async move { api.fail(&call, r).await.map(drop) };
         self.on_job(request, throw_request, run, zb::ThrowErrorResponse {}).await
     }
 

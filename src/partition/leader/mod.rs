@@ -590,7 +590,10 @@ impl LeaderState {
     /// room to a partition waiting for it).
     fn note_finished(&mut self, commands: &[Command]) {
         for command in commands.iter().flat_map(Command::each) {
-            if let Command::Complete { key, attempt, .. } | Command::Fail { key, attempt, .. } = command {
+            if let Command::Complete { key, attempt, .. }
+            | Command::Fail { key, attempt, .. }
+            | Command::FailByPolicy { key, attempt, .. } = command
+            {
                 if let Some((gateway, pushed)) = self.pushed.finished(*key, *attempt) {
                     self.releases.entry(gateway).or_default().push((*key, pushed));
                 }
@@ -631,6 +634,12 @@ fn planted(mut commands: Vec<Command>) -> Vec<Command> {
             Command::Fail { retries, .. } if *retries > 0 => {
                 if crate::failpoints::fire("leader_fail_exhausts").is_some() {
                     *retries = 0;
+                }
+                None
+            }
+            Command::FailByPolicy { retryable: retryable @ true, .. } => {
+                if crate::failpoints::fire("leader_fail_exhausts").is_some() {
+                    *retryable = false;
                 }
                 None
             }

@@ -147,6 +147,11 @@ pub fn enqueue(body: &Value, now_ms: i64) -> Result<Enqueue, Invalid> {
     if let Some(meta) = meta {
         headers.insert(META.to_string(), meta.to_string());
     }
+    // The policy the partition decides a nack by; a job without one
+    // follows the engine's default, which is OJS's.
+    if policy.engine != crate::core::retry::RetryPolicy::default() {
+        headers.insert(crate::core::retry::RETRY_POLICY_HEADER.to_string(), policy.engine.encode());
+    }
     if let Some((_, Some(key))) = &limit {
         headers.insert(crate::core::limit::LIMIT_KEY_HEADER.to_string(), key.clone());
     }

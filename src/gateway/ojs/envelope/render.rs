@@ -98,7 +98,7 @@ pub fn activated(job: &pb::ActivatedJob, now_ms: i64) -> Value {
     out.insert("deadline".into(), json!(rfc3339(job.deadline)));
     if stored.is_ojs() && job.attempt > 1 {
         // The wait the policy gave before this attempt, without jitter.
-        out.insert("retry_delay_ms".into(), json!(stored.policy().delay_ms(job.attempt - 1, 0.5)));
+        out.insert("retry_delay_ms".into(), json!(stored.policy().delay_ms(job.attempt - 1)));
     }
     Value::Object(out)
 }
