@@ -84,9 +84,10 @@ struct Inner {
     last_applied: Option<LogId<NodeId>>,
     membership: StoredMembership<NodeId, BasicNode>,
     finished: Finished,
-    /// The leader time of the newest entry applied here that was appended
-    /// after this process started, and when it was applied (see
-    /// [`SharedState::clock_estimate`]).
+    /// A leader time of an entry applied here that was appended after this
+    /// process started, and when it was applied: of the entries since, the
+    /// one that puts the partition's time furthest on now (see
+    /// [`reads::observe`] and [`SharedState::clock_estimate`]).
     observed: Option<(Millis, std::time::Instant)>,
     /// The lifecycle events kept for subscribers (see [`events`]).
     events: events::EventLog,
@@ -295,7 +296,7 @@ impl RaftStateMachine<TypeConfig> for StateMachine {
                     let at = (entry.log_id.index, now);
                     inner.events.record(&mut batch, self.partition, at, &out.happened, commands.retention);
                     if entry.log_id.index > self.replayed_until {
-                        inner.observed = Some((now, std::time::Instant::now()));
+                        inner.observed = Some(reads::observe(inner.observed, now, std::time::Instant::now()));
                     }
                     touched.extend(out.touched);
                     // Before this entry's prune, which deletes the specs of

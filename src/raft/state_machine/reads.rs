@@ -61,8 +61,8 @@ impl SharedState {
     }
 
     /// The partition's leader time now, from this process's own steady clock:
-    /// the time of the last live entry applied here plus the time since it
-    /// was applied. `None` until this process has applied an entry written
+    /// the time of a live entry applied here plus the time since it was
+    /// applied (the entry that gives the latest time; see [`observe`]). `None` until this process has applied an entry written
     /// since it started (entries replayed from its own log tell nothing of
     /// how long it was down).
     pub fn clock_estimate(&self) -> Option<Millis> {
@@ -270,5 +270,59 @@ impl Page {
             self.jobs.push(job);
         }
         self.jobs.len() < self.limit && self.bytes < self.max_bytes
+    }
+}
+
+/// What a replica knows of the partition's time once it applies an entry
+/// stamped `at` at `seen`, having known `observed` before: the observation
+/// that puts the time further on. An entry is stamped when its leader
+/// proposes it and applied when it commits, so one whose commit waited (a
+/// lost quorum, slow links) is stamped long before it is seen: taken alone,
+/// it would set this replica's estimate back by the wait, and the next
+/// leader, which resumes from the replicas' estimates, would carry the
+/// partition's time that far behind the wall clocks for good. Both
+/// observations advance with the same steady clock, so the one ahead now
+/// stays ahead.
+pub(super) fn observe(
+    observed: Option<(Millis, std::time::Instant)>,
+    at: Millis,
+    seen: std::time::Instant,
+) -> (Millis, std::time::Instant) {
+    match observed {
+        Some((before, when)) => {
+            let since = seen.saturating_duration_since(when).as_millis() as Millis;
+            if before.saturating_add(since) > at {
+                (before, when)
+            } else {
+                (at, seen)
+            }
+        }
+        None => (at, seen),
+    }
+}
+
+#[cfg(test)]
+mod observe_tests {
+    use std::time::{Duration, Instant};
+
+    use super::observe;
+
+    #[test]
+    fn an_entry_that_committed_late_does_not_set_the_estimate_back() {
+        let start = Instant::now();
+        let later = |ms| start + Duration::from_millis(ms);
+        // Stamped 1,000 and seen at once; the next, stamped 1,100, seen 100 ms on.
+        let first = observe(None, 1_000, start);
+        let on_time = observe(Some(first), 1_100, later(100));
+        assert_eq!(on_time, (1_100, later(100)), "an entry on time is the newest word");
+        // Proposed at 1,200 (200 ms on), then the quorum was lost for 3 s:
+        // applied at 3,200 ms on, it would say 1,200 where the steady clock says 4,200.
+        let late = observe(Some(on_time), 1_200, later(3_200));
+        assert_eq!(late, on_time, "the late entry says less than what was known");
+        let estimate = |(at, when): (i64, Instant), now: Instant| at + now.duration_since(when).as_millis() as i64;
+        assert_eq!(estimate(late, later(3_200)), 4_200);
+        // A leader whose clock runs ahead moves it on.
+        let ahead = observe(Some(late), 9_000, later(3_300));
+        assert_eq!(ahead, (9_000, later(3_300)));
     }
 }
