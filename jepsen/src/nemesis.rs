@@ -401,7 +401,10 @@ impl Faults<'_> {
             }
             Nemesis::Power => {
                 let disks = self.disks.ok_or_else(|| anyhow::anyhow!("the power nemesis needs lossy disks"))?;
-                let kind = schedule.powers.next(rng);
+                // Nodes that never sync (the no-wal-sync control) lose what
+                // they acknowledged only when every node loses power at once:
+                // the nodes a smaller cut spares still hold it.
+                let kind = if self.nodes.skip_wal_sync { PowerKind::All } else { schedule.powers.next(rng) };
                 let count = match kind {
                     PowerKind::One => 1,
                     PowerKind::Minority => ((n - 1) / 2).max(1),
