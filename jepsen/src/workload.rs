@@ -25,8 +25,8 @@ use std::time::{Duration, Instant};
 
 use drover::client::Client;
 use drover::proto::gateway::{
-    ActivatedJob, CheckpointJobRequest, CreateJobRequest, DeregisterWorkerRequest, HeartbeatRequest,
-    RegisterWorkerRequest, StreamActivatedJobsRequest,
+    ActivatedJob, CheckpointJobRequest, CreateJobRequest, DeregisterWorkerRequest, FailJobRequest, HeartbeatRequest,
+    RegisterWorkerRequest, RetryPolicy, StreamActivatedJobsRequest,
 };
 use rand::rngs::StdRng;
 use rand::{Rng, SeedableRng};
@@ -60,6 +60,22 @@ pub const FAIL_BACK_OFF_MS: i64 = 1_000;
 /// than this, so an incident that no failure asking for none explains is a
 /// finding.
 pub const RETRIES: i32 = 1_000;
+/// The custom header a job's retry policy rides (drover.v1's `retry_policy`).
+const POLICY_HEADER: &str = "drover.retry";
+
+/// The retry policy the workload's drover.v1 creates carry: the back-off a
+/// worker's own failure asks for, exactly, so a failure by the policy and a
+/// worker's own are held to the same wait.
+fn workload_policy() -> RetryPolicy {
+    RetryPolicy {
+        backoff: "constant".into(),
+        initial_interval: Some(FAIL_BACK_OFF_MS),
+        max_interval: Some(FAIL_BACK_OFF_MS),
+        jitter: Some(false),
+        ..Default::default()
+    }
+}
+
 /// One failure in this many asks for no retries: the job becomes an
 /// incident, as the workload meant.
 const FAILS_FOR_GOOD: u32 = 10;
@@ -296,6 +312,7 @@ pub async fn producer(shared: Arc<Shared>, process: u64, seed: u64) {
             stages: if job_type == STAGED_TYPE { STAGES.map(String::from).to_vec() } else { Vec::new() },
             retries: Some(RETRIES),
             expires_at: expires_at.unwrap_or(0),
+            retry_policy: Some(workload_policy()),
             ..Default::default()
         };
         // One in four of the polled type's other undelayed creates goes through OJS.
@@ -484,7 +501,16 @@ async fn handle(
     }
     if (80..90).contains(&roll) {
         // Now and then for good: no retries left, an incident on purpose.
-        let retries = if rng.random_ratio(1, FAILS_FOR_GOOD) { 0 } else { (job.retries - 1).max(1) };
+        let for_good = rng.random_ratio(1, FAILS_FOR_GOOD);
+        // Half of the failures of a job that carries the workload's policy
+        // let it decide (the partition, at apply): the same retries and
+        // back-off as the worker's own, so the checker holds both alike.
+        let by_policy = job.custom_headers.contains_key(POLICY_HEADER) && rng.random_ratio(1, 2);
+        let retries = match (for_good, by_policy) {
+            (true, _) => 0,
+            (false, true) => job.retries - 1,
+            (false, false) => (job.retries - 1).max(1),
+        };
         let op = Op {
             process,
             node,
@@ -498,7 +524,20 @@ async fn handle(
             ..Op::default()
         };
         shared.recorder.record_op(op.clone());
-        let result = client.fail(job.key, job.attempt, retries, "jepsen says no", FAIL_BACK_OFF_MS).await;
+        let result = if by_policy {
+            let request = FailJobRequest {
+                key: job.key,
+                attempt: job.attempt,
+                error_message: "jepsen says no".into(),
+                by_policy: true,
+                error_type: "Jepsen".into(),
+                not_retryable: for_good,
+                ..Default::default()
+            };
+            client.raw().fail_job(request).await.map(drop)
+        } else {
+            client.fail(job.key, job.attempt, retries, "jepsen says no", FAIL_BACK_OFF_MS).await
+        };
         let phase = match result {
             Ok(()) => Phase::Ok,
             Err(status) if certain_failure(&status) => Phase::Fail,

@@ -189,8 +189,8 @@ pub(crate) enum JobCommand {
     Fail {
         key: u64,
         /// Retries left after this failure; 0 raises an incident.
-        #[arg(long)]
-        retries: i32,
+        #[arg(long, required_unless_present = "by_policy")]
+        retries: Option<i32>,
         #[arg(long, default_value = "")]
         message: String,
         /// Back-off in ms before the retry.
@@ -202,6 +202,14 @@ pub(crate) enum JobCommand {
         /// intermittent, worker-shutdown (no retry used) or internal-error.
         #[arg(long, default_value = "failed")]
         reason: String,
+        /// Let the job's retry policy decide the retries and back-off, on the
+        /// partition (see FailJobRequest.by_policy).
+        #[arg(long, conflicts_with_all = ["retries", "back_off"])]
+        by_policy: bool,
+        /// With --by-policy: the error's type, matched against the policy's
+        /// non-retryable errors.
+        #[arg(long, default_value = "", requires = "by_policy")]
+        error_type: String,
     },
     /// Give a job retries (resolves an incident).
     Retries { key: u64, retries: i32 },
@@ -444,21 +452,29 @@ pub(crate) async fn job(command: JobCommand, target: &Target) -> anyhow::Result<
                 .map_err(status_error)?;
             println!("completed {key}");
         }
-        JobCommand::Fail { key, retries, message, back_off, fence, reason } => {
+        JobCommand::Fail { key, retries, message, back_off, fence, reason, by_policy, error_type } => {
             let (attempt, override_fence) = fence.fields();
             let request = FailJobRequest {
                 key,
                 attempt,
                 override_fence,
-                retries,
+                retries: retries.unwrap_or(0),
                 error_message: message,
                 retry_back_off: back_off,
-                variables: String::new(),
-                reason: reason.clone(),
+                reason: if by_policy { String::new() } else { reason.clone() },
+                by_policy,
+                error_type,
                 ..Default::default()
             };
-            raw.fail_job(request).await.map_err(status_error)?;
-            println!("failed {key} ({reason})");
+            let decided = raw.fail_job(request).await.map_err(status_error)?.into_inner();
+            if by_policy {
+                println!(
+                    "failed {key} by its retry policy: {} retries left, due again in {} ms",
+                    decided.retries, decided.retry_back_off
+                );
+            } else {
+                println!("failed {key} ({reason})");
+            }
         }
         JobCommand::Retries { key, retries } => {
             raw.update_job_retries(UpdateJobRetriesRequest { key, retries }).await.map_err(status_error)?;
