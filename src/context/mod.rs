@@ -80,6 +80,12 @@ pub struct GatewayState {
     /// and labels never change, so a beat or a stream need not look them up
     /// again.
     pub known_sessions: KnownSessions,
+    /// The queue limits this gateway last saw, by (tenant, job type), with
+    /// when: what a create's declared limit is compared with before the
+    /// gateway reads the limit again (see `JobApi::declare_limit`).
+    pub seen_limits: std::sync::Mutex<
+        std::collections::HashMap<(String, String), (crate::proto::gateway::QueueLimit, std::time::Instant)>,
+    >,
 }
 
 /// Worker sessions' tenants and labels as a gateway remembers them, at most
@@ -141,6 +147,7 @@ impl GatewayState {
             request_seq: AtomicU64::new(0),
             in_flight: Arc::new(AtomicUsize::new(0)),
             known_sessions: KnownSessions::default(),
+            seen_limits: Default::default(),
         }
     }
 

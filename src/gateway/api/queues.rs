@@ -161,9 +161,91 @@ impl JobApi {
     }
 }
 
+/// A level of a queue's limit that a create declares (the Open Job Spec's
+/// `options.rate_limit`): the queue's own, or with a key each key's (the job
+/// carries its key as `drover.limit_key`).
+#[derive(Debug, Clone, PartialEq)]
+pub struct DeclaredLimit {
+    pub per_key: bool,
+    pub level: pb::LimitLevel,
+}
+
+/// How long a gateway trusts the limit it last saw a queue have.
+const SEEN_FOR: std::time::Duration = std::time::Duration::from_secs(5);
+
+impl JobApi {
+    /// Makes `declared` a level of `tenant`'s queue `job_type`'s limit
+    /// (merged with the level it does not name), unless it is already, for a
+    /// create that declares it. Setting it is managing the queue: it needs
+    /// `jobs:manage:<type>` (checked at apply), as `SetQueueLimit` does; a
+    /// create that declares the limit the queue has needs only to create. The
+    /// limit is read as the broker (a producer that may only create learns no
+    /// more than whether its declaration matched), fresh whenever this
+    /// gateway's last sight of it does not already match: a level another
+    /// gateway set meanwhile is kept, not overwritten from a stale copy. Two
+    /// creates declaring different levels at once both read, merge and
+    /// write: the later write wins, and the next create that declares the
+    /// lost level sets it again.
+    pub async fn declare_limit(
+        &self,
+        call: &Call,
+        tenant: &str,
+        job_type: &str,
+        declared: &DeclaredLimit,
+        via: &str,
+    ) -> Result<(), ApiError> {
+        let name = (tenant.to_string(), job_type.to_string());
+        let home = limit_home(tenant, job_type, self.ctx.topology.formed_partitions);
+        let seen = {
+            let seen = self.ctx.gateway.seen_limits.lock().expect("seen limits lock");
+            seen.get(&name).filter(|(_, at)| at.elapsed() < SEEN_FOR).map(|(limit, _)| *limit)
+        };
+        if seen.is_some() && Some(merged(seen, declared, home)?) == seen {
+            return Ok(());
+        }
+        let current = states(&self.ctx, None, vec![tenant.to_string()], job_type, call).await?;
+        let current = current.first().map(|s| to_proto(&s.limit));
+        let wanted = merged(current, declared, home)?;
+        if current != Some(wanted) {
+            let limit = from_proto(wanted, home)?;
+            crate::auth::audit(
+                &call.principal,
+                "limit_queue",
+                serde_json::json!({"type": job_type, "tenant": tenant, "limit": format!("{limit:?}"), "via": via}),
+            );
+            set_everywhere(&self.ctx, Some(&call.principal), tenant, job_type, Some(limit), call).await?;
+        }
+        let mut seen = self.ctx.gateway.seen_limits.lock().expect("seen limits lock");
+        if seen.len() >= MAX_SEEN_LIMITS {
+            seen.clear();
+        }
+        seen.insert(name, (wanted, std::time::Instant::now()));
+        Ok(())
+    }
+}
+
+/// The most queue limits a gateway remembers seeing; then it forgets them
+/// all and reads again.
+const MAX_SEEN_LIMITS: usize = 10_000;
+
+/// `current` with the level `declared` names replaced, as it reads back
+/// once set (defaults filled in).
+fn merged(
+    current: Option<pb::QueueLimit>,
+    declared: &DeclaredLimit,
+    home: crate::core::PartitionId,
+) -> Result<pb::QueueLimit, ApiError> {
+    let mut wanted = current.unwrap_or_default();
+    match declared.per_key {
+        true => wanted.per_key = Some(declared.level),
+        false => wanted.queue = Some(declared.level),
+    }
+    Ok(to_proto(&from_proto(wanted, home)?))
+}
+
 /// Sets `limit` (or lifts it) on every partition, as `principal` (checked
 /// at apply), or as the broker.
-pub async fn set_everywhere(
+async fn set_everywhere(
     ctx: &NodeContext,
     principal: Option<&Arc<Principal>>,
     tenant: &str,
@@ -181,7 +263,7 @@ pub async fn set_everywhere(
 
 /// Every partition's view of `tenants`' limited queues (of `job_type`,
 /// unless empty).
-pub async fn states(
+async fn states(
     ctx: &NodeContext,
     principal: Option<&Arc<Principal>>,
     tenants: Vec<String>,

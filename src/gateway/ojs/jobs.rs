@@ -89,7 +89,7 @@ impl Ojs {
         self.check_size(&enqueue.request)?;
         enqueue.request.tenant_id.clone_from(&call.tenant);
         if let Some(declared) = &enqueue.limit {
-            self.declare_limit(call, &enqueue.request.r#type, declared).await?;
+            self.api.declare_limit(call, &call.scope(), &enqueue.request.r#type, declared, "ojs").await?;
         }
         match enqueue.unique.clone() {
             Some(unique) if enqueue.request.idempotency_key.is_empty() => {

@@ -1,90 +1,13 @@
 //! OJS's `options.rate_limit`: a job declares its queue's limit (the
-//! queue's own, or with a key each key's), and the enqueue sets it on the
+//! queue's own, or with a key each key's). Only the parsing is OJS's: the
+//! enqueue hands the declared level to the job API
+//! ([`crate::gateway::api::JobApi::declare_limit`]), which sets it on the
 //! queue before the job is made, when it is not the queue's limit already.
-//! Setting it is managing the queue: it needs `jobs:manage:<queue>`, as
-//! `drover queue limit` does; an enqueue that declares the limit the queue
-//! has needs only `jobs:create`. Two enqueues declaring different levels at
-//! once both read, merge and write: the later write wins, and the next
-//! enqueue that declares the lost level sets it again.
-
-use std::time::{Duration, Instant};
 
 use serde_json::Value;
 
 use super::time::parse_duration;
-use super::{Ojs, OjsCall, OjsError};
-use crate::core::limit::limit_home;
-use crate::gateway::api::queues as limits;
 use crate::proto::gateway as pb;
-
-/// `options.rate_limit`: a level of the queue's limit, the queue's own or,
-/// with a key, each key's (the job carries its key as `drover.limit_key`).
-#[derive(Debug, Clone, PartialEq)]
-pub struct DeclaredLimit {
-    pub per_key: bool,
-    pub level: pb::LimitLevel,
-}
-
-/// How long this gateway trusts the limit it last saw a queue have.
-const KNOWN_FOR: Duration = Duration::from_secs(5);
-
-/// The limits this gateway last saw, by (tenant, queue).
-pub(super) type Known = std::collections::HashMap<(String, String), (pb::QueueLimit, Instant)>;
-
-impl Ojs {
-    /// Makes `declared` the limit of `queue` (merged with the level it does
-    /// not name), unless it is already. The queue's limit is read as the
-    /// broker (a producer that may only create learns no more than whether
-    /// its declaration matched), fresh whenever this gateway's last sight of
-    /// it does not already match: a level another gateway set meanwhile is
-    /// kept, not overwritten from a stale copy.
-    pub(super) async fn declare_limit(
-        &self,
-        call: &OjsCall,
-        queue: &str,
-        declared: &DeclaredLimit,
-    ) -> Result<(), OjsError> {
-        let tenant = call.scope();
-        let name = (tenant.clone(), queue.to_string());
-        let home = limit_home(&tenant, queue, self.ctx.topology.formed_partitions);
-        let known = {
-            let known = self.limits.lock().expect("limits lock");
-            known.get(&name).filter(|(_, at)| at.elapsed() < KNOWN_FOR).map(|(limit, _)| *limit)
-        };
-        if known.is_some() && Some(merged(known, declared, home)?) == known {
-            return Ok(());
-        }
-        let states = limits::states(&self.ctx, None, vec![tenant.clone()], queue, call).await?;
-        let current = states.first().map(|s| limits::to_proto(&s.limit));
-        let wanted = merged(current, declared, home)?;
-        if current != Some(wanted) {
-            let limit = limits::from_proto(wanted, home)?;
-            crate::auth::audit(
-                &call.principal,
-                "limit_queue",
-                serde_json::json!({"type": queue, "tenant": tenant, "limit": format!("{limit:?}"), "via": "ojs"}),
-            );
-            limits::set_everywhere(&self.ctx, Some(&call.principal), &tenant, queue, Some(limit), call).await?;
-        }
-        self.limits.lock().expect("limits lock").insert(name, (wanted, Instant::now()));
-        Ok(())
-    }
-}
-
-/// `current` with the level `declared` names replaced, as it reads back
-/// once set (defaults filled in).
-fn merged(
-    current: Option<pb::QueueLimit>,
-    declared: &DeclaredLimit,
-    home: crate::core::PartitionId,
-) -> Result<pb::QueueLimit, OjsError> {
-    let mut wanted = current.unwrap_or_default();
-    match declared.per_key {
-        true => wanted.per_key = Some(declared.level),
-        false => wanted.queue = Some(declared.level),
-    }
-    Ok(limits::to_proto(&limits::from_proto(wanted, home)?))
-}
 
 /// `options.rate_limit` as a limit level and its key: `max_per_second`,
 /// or a `throttle` (evenly spaced: a burst of one) or `rate` window, each

@@ -58,8 +58,6 @@ pub(crate) struct Ojs {
     /// OJS workers' sessions this gateway registered, and when it last
     /// renewed each (see `worker`).
     sessions: Arc<std::sync::Mutex<std::collections::HashMap<u64, std::time::Instant>>>,
-    /// Queue limits this gateway last saw (see `limits`).
-    limits: Arc<std::sync::Mutex<limits::Known>>,
 }
 
 /// Serves the OJS binding on `listener` until `stop`.
@@ -107,12 +105,7 @@ const ROUTES: [&str; 23] = [
 ];
 
 fn routes(ctx: Arc<NodeContext>) -> Router {
-    let state = Ojs {
-        api: JobApi::new(Arc::clone(&ctx)),
-        ctx: Arc::clone(&ctx),
-        sessions: Default::default(),
-        limits: Default::default(),
-    };
+    let state = Ojs { api: JobApi::new(Arc::clone(&ctx)), ctx: Arc::clone(&ctx), sessions: Default::default() };
     Router::new()
         .route("/ojs/manifest", get(manifest))
         .route("/ojs/v1/health", get(health))

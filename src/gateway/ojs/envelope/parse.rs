@@ -3,10 +3,10 @@
 use serde_json::{json, Map, Value};
 
 use super::super::ids;
-use super::super::limits::DeclaredLimit;
 use super::super::retry::RetryPolicy;
 use super::super::time::{parse_duration, parse_time_option, rfc3339};
 use super::{id_key, is_queue, is_type, AT, EXTRA, ID, KNOWN, META, NATIVE_OPTIONS, OPTIONS, RESULT, TYPE};
+use crate::gateway::api::queues::DeclaredLimit;
 use crate::proto::gateway as pb;
 
 /// An enqueue, checked.
