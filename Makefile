@@ -36,8 +36,16 @@ JEPSEN_CONTROL_TIME ?= 12
 setup:
 	@./scripts/setup.sh
 
+# `make run` builds what `make test` builds (the workspace's binaries in the
+# dev profile, RocksDB optimised as in every profile), so after either the
+# other compiles nothing of the dependencies again. It listens on loopback
+# only, without tokens: a node to try, not to expose (docs/operations.md has
+# the flags of a real one). RUN_FLAGS adds to them.
+RUN_FLAGS ?=
 run: setup
-	cargo run --release --bin drover -- serve --ojs-addr 0.0.0.0:8080
+	cargo build --workspace --bins
+	$(CARGO_TARGET_DIR)/debug/drover serve --grpc-addr 127.0.0.1:26500 --admin-addr 127.0.0.1:9600 \
+		--ojs-addr 127.0.0.1:8080 $(RUN_FLAGS)
 
 jepsen: setup
 	cargo build --workspace --bins

@@ -166,14 +166,21 @@ impl Node {
         if auth.enabled() {
             tracing::info!("client requests need a token (tokens file or JWT)");
         } else {
+            let mut open = vec![format!("gRPC {grpc_addr}"), format!("admin {admin_addr}")];
+            open.extend(ojs_addr.map(|addr| format!("OJS {addr}")));
             tracing::warn!(
-                "authentication is OFF: anyone who reaches the client or admin port may do anything; give \
-                 --tokens-file or --jwks-file (docs/security.md)"
+                ports = %open.join(", "),
+                "authentication is OFF: anyone who reaches these ports may do anything; give --tokens-file or \
+                 --jwks-file to turn tokens on (docs/security.md says how to make either)"
             );
         }
-        for (port, on) in
-            [("gateway", grpc_tls.is_some()), ("cluster", cluster_tls.is_some()), ("admin", admin_tls.is_some())]
-        {
+        let ports = [
+            ("gateway", grpc_tls.is_some()),
+            ("cluster", cluster_tls.is_some()),
+            ("admin", admin_tls.is_some()),
+            ("OJS", ojs_tls.is_some()),
+        ];
+        for (port, on) in ports.into_iter().filter(|(port, _)| *port != "OJS" || ojs_addr.is_some()) {
             if on {
                 tracing::info!(port, "serving TLS");
             } else {
