@@ -280,6 +280,35 @@ async fn nacks_follow_the_retry_policy_and_exhausted_jobs_land_in_the_dead_lette
     assert_eq!(list["jobs"], json!([]));
 }
 
+/// The conformance suite's worker cases direct a heartbeat through a job's
+/// `options.metadata.test_directive`: answered only on a node started for
+/// the suite (`--ojs-test-directives`), never by default.
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn test_directives_are_answered_only_on_a_node_started_for_the_conformance_suite() {
+    let plain = node().await;
+    let suite = LocalNode::start_with(|config| {
+        config.ojs_addr = Some("127.0.0.1:0".parse().unwrap());
+        config.ojs_test_directives = true;
+    })
+    .await;
+    for (node, answers) in [(&plain, ["running", "running"]), (&suite, ["quiet", "terminate"])] {
+        let ojs = Ojs::of(node);
+        for (directive, answer) in ["quiet", "terminate"].into_iter().zip(answers) {
+            let queue = format!("directed-{directive}");
+            let job = ojs
+                .enqueue(json!({"type": "t.directed", "args": [], "options": {"queue": queue, "metadata": {"test_directive": directive}}}))
+                .await;
+            let worker = format!("worker-{directive}");
+            let (code, fetched) =
+                ojs.post("/ojs/v1/workers/fetch", json!({"queues": [queue], "worker_id": worker})).await;
+            assert_eq!((code, &fetched["jobs"][0]["id"]), (200, &job["id"]), "{fetched}");
+            let beat = json!({"worker_id": worker, "active_jobs": [job["id"]]});
+            let (code, beat) = ojs.post("/ojs/v1/workers/heartbeat", beat).await;
+            assert_eq!((code, beat["state"].as_str()), (200, Some(answer)), "{directive}: {beat}");
+        }
+    }
+}
+
 /// A job enqueued before the partition kept its retry policy (its OJS
 /// options alone name it, as a build of data version 16 wrote them): its
 /// nacks still follow that policy.

@@ -56,6 +56,13 @@ pub struct ServeArgs {
     /// the gRPC port's TLS and tokens. [default: off]
     #[arg(long, env = "DROVER_OJS_ADDR")]
     pub ojs_addr: Option<String>,
+    /// For running the Open Job Spec conformance suite only: an OJS
+    /// heartbeat answers the `quiet` or `terminate` that a held job's
+    /// `options.metadata.test_directive` names, as the suite's worker cases
+    /// ask. It lets a job's payload direct its worker, so it is refused with
+    /// tokens on (docs/ojs.md). [default: false]
+    #[arg(long, env = "DROVER_OJS_TEST_DIRECTIVES", num_args = 0..=1, default_missing_value = "true")]
+    pub ojs_test_directives: Option<bool>,
     /// Every member's node-to-node address as ID=HOST:PORT, comma separated, the
     /// same list on every node. Each may end in @REGION/ZONE (or @REGION),
     /// for all members or none: replicas are then placed over zones and
@@ -331,6 +338,9 @@ pub struct NodeConfig {
     pub admin_addr: SocketAddr,
     /// Where the OJS HTTP binding listens; `None`: not served.
     pub ojs_addr: Option<SocketAddr>,
+    /// Whether OJS heartbeats answer the conformance suite's test
+    /// directives (`--ojs-test-directives`; never with tokens on).
+    pub ojs_test_directives: bool,
     /// Node id -> node-to-node address. Empty: this node alone, at its bound
     /// cluster address.
     pub members: BTreeMap<NodeId, String>,
@@ -386,6 +396,7 @@ impl NodeConfig {
             cluster_addr: "127.0.0.1:0".parse().expect("literal"),
             admin_addr: "127.0.0.1:0".parse().expect("literal"),
             ojs_addr: None,
+            ojs_test_directives: false,
             members: BTreeMap::new(),
             locations: BTreeMap::new(),
             location: Location::default(),
@@ -495,6 +506,13 @@ impl ServeArgs {
         if raft.election_timeout_min <= raft.heartbeat_interval * 2 {
             bail!("the election timeout must be more than twice the heartbeat interval");
         }
+        let ojs_test_directives = pick!(ojs_test_directives).unwrap_or(false);
+        if ojs_test_directives && (pick!(tokens_file).is_some() || pick!(jwks_file).is_some()) {
+            bail!(
+                "--ojs-test-directives lets a job's payload direct the worker that holds it: it is for running the \
+                 OJS conformance suite on a node of its own, and is refused with tokens on"
+            );
+        }
         let mut limits = Limits::default();
         if let Some(max) = pick!(max_payload_bytes) {
             limits.max_payload_bytes = max;
@@ -585,6 +603,7 @@ impl ServeArgs {
             )?,
             admin_addr: parse_addr("admin address", &pick!(admin_addr).unwrap_or_else(|| "0.0.0.0:9600".into()))?,
             ojs_addr: pick!(ojs_addr).map(|addr| parse_addr("OJS address", &addr)).transpose()?,
+            ojs_test_directives,
             members,
             locations,
             location,
@@ -652,6 +671,20 @@ mod tests {
         assert!(args.resolve().unwrap().local_pushes);
         let args = ServeArgs { push_placement: Some("nearest".into()), ..Default::default() };
         assert!(args.resolve().unwrap_err().to_string().contains("not `random` or `local`"));
+    }
+
+    #[test]
+    fn ojs_test_directives_are_off_by_default_and_refused_with_tokens() {
+        assert!(!ServeArgs::default().resolve().unwrap().ojs_test_directives);
+        let args = ServeArgs { ojs_test_directives: Some(true), ..Default::default() };
+        assert!(args.resolve().unwrap().ojs_test_directives);
+        let args = ServeArgs {
+            ojs_test_directives: Some(true),
+            tokens_file: Some("tokens.toml".into()),
+            ..Default::default()
+        };
+        let error = args.resolve().unwrap_err().to_string();
+        assert!(error.contains("refused with tokens on"), "{error}");
     }
 
     #[test]

@@ -61,6 +61,8 @@ pub struct Settings {
     pub dedupe: DedupeWindows,
     /// Where this node spools snapshots and stages its parts of backups.
     pub snapshot_dir: std::path::PathBuf,
+    /// OJS heartbeats answer the conformance suite's test directives.
+    pub ojs_test_directives: bool,
 }
 
 /// The client side of this node: worker streams, parked polls, request ids
@@ -216,6 +218,7 @@ impl NodeContext {
                 retention: config.retention,
                 dedupe: config.dedupe,
                 snapshot_dir: config.data_dir.join("snapshots"),
+                ojs_test_directives: config.ojs_test_directives,
             },
             topology,
             store,

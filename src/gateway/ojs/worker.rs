@@ -348,6 +348,7 @@ pub(super) async fn heartbeat(
         )));
     }
     let (mut extended, mut revoked) = (Vec::new(), Vec::new());
+    let mut directed: Option<&str> = None;
     for id in ids {
         let job = match ojs.find_for(&call, &id, false, Verb::Work).await {
             Ok(job) if job.state == "activated" => job,
@@ -357,6 +358,9 @@ pub(super) async fn heartbeat(
             }
             Err(error) => return Err(error),
         };
+        if ojs.ctx.settings.ojs_test_directives {
+            directed = directed.max(test_directive(&job));
+        }
         let timeout = Stored::of(&job.r#type, &job.custom_headers).timeout_ms().unwrap_or(DEFAULT_VISIBILITY_MS);
         let request = pb::UpdateJobTimeoutRequest { key: job.key, timeout, attempt: job.attempt, ..Default::default() };
         match ojs.api.update_timeout(&call, request).await {
@@ -368,6 +372,12 @@ pub(super) async fn heartbeat(
     let state = match body.get("worker_id").and_then(Value::as_str).filter(|w| !w.is_empty()) {
         Some(worker) => beat(&ojs, &call, worker).await?,
         None => "running".to_string(),
+    };
+    // Only with --ojs-test-directives, for the conformance suite: the
+    // answer, not the session, takes the directive.
+    let state = match directed {
+        Some(directive) if state == "running" || directive == "terminate" => directive.to_string(),
+        _ => state,
     };
     Ok(reply(
         StatusCode::OK,
@@ -381,4 +391,16 @@ async fn beat(ojs: &Ojs, call: &OjsCall, worker: &str) -> Result<String, OjsErro
     let session = session(ojs, call, worker, &[]).await?;
     let request = pb::HeartbeatRequest { session_id: session, ..Default::default() };
     Ok(unless_ended(ojs, session, ojs.api.heartbeat(call, request).await)?.state)
+}
+
+/// The conformance suite's directive a job carries in
+/// `options.metadata.test_directive` (`quiet` or `terminate`; `terminate`
+/// orders after `quiet`, so the stronger wins).
+fn test_directive(job: &pb::Job) -> Option<&'static str> {
+    let options = Stored::of(&job.r#type, &job.custom_headers).options();
+    match options.get("metadata").and_then(|m| m.get("test_directive")).and_then(Value::as_str) {
+        Some("quiet") => Some("quiet"),
+        Some("terminate") => Some("terminate"),
+        _ => None,
+    }
 }
