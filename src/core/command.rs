@@ -490,6 +490,26 @@ impl Command {
         })
     }
 
+    /// The job this command acts on by key, the attempt it is fenced by
+    /// (none for a manager's command), and what acting on it takes: the one
+    /// table that both the gateway's screen before proposing and the
+    /// engine's authorization at apply read, so a new command on a job is
+    /// judged alike in both by one entry here. `None` for commands that act
+    /// on no one job (creates, activations, sessions: judged by what they
+    /// name), and for the broker's own (a yield).
+    pub fn acts_on(&self) -> Option<(JobKey, Option<u32>, super::principal::Verb)> {
+        use super::principal::Verb;
+        match self {
+            Command::Complete { key, attempt, .. }
+            | Command::Fail { key, attempt, .. }
+            | Command::FailByPolicy { key, attempt, .. }
+            | Command::UpdateTimeout { key, attempt, .. }
+            | Command::Checkpoint { key, attempt, .. } => Some((*key, Some(*attempt), Verb::Work)),
+            Command::UpdateRetries { key, .. } | Command::Cancel { key, .. } => Some((*key, None, Verb::Manage)),
+            _ => None,
+        }
+    }
+
     /// Whether this is an operator's override of a job's fence: a worker's
     /// command with attempt 0, acting whatever the job's attempt.
     pub fn overrides_fence(&self) -> bool {

@@ -317,21 +317,6 @@ async fn forward(
     Ok(Attempt::Done(results))
 }
 
-/// The job a command acts on by key, the attempt it is fenced by, and what
-/// acting on it takes.
-fn needs(command: &Command) -> Option<(JobKey, Option<u32>, Verb)> {
-    match command {
-        Command::Complete { key, attempt, .. }
-        | Command::Fail { key, attempt, .. }
-        | Command::FailByPolicy { key, attempt, .. }
-        | Command::UpdateTimeout { key, attempt, .. }
-        | Command::Checkpoint { key, attempt, .. } => Some((*key, Some(*attempt), Verb::Work)),
-        Command::UpdateRetries { key, .. } | Command::Cancel { key, .. } => Some((*key, None, Verb::Manage)),
-        // Only the broker yields; a client cannot send one.
-        _ => None,
-    }
-}
-
 /// Splits a batch into what `principal` may run and, in the command order,
 /// refusals for the rest (`None` where a command runs). A job of another
 /// tenant is NOT_FOUND, as if it did not exist; one of its tenants without
@@ -342,7 +327,7 @@ fn needs(command: &Command) -> Option<(JobKey, Option<u32>, Verb)> {
 /// whose it is, is known, or a stranger could act on a job in the instant
 /// before its create applies.
 fn screen(replica: &Replica, principal: &Principal, commands: Vec<Command>) -> Result<Screened, ApiError> {
-    let keys: Vec<Option<(JobKey, Option<u32>, Verb)>> = commands.iter().map(needs).collect();
+    let keys: Vec<Option<(JobKey, Option<u32>, Verb)>> = commands.iter().map(Command::acts_on).collect();
     if keys.iter().all(Option::is_none) {
         return Ok(Screened::Ready(commands, Vec::new()));
     }

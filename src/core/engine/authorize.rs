@@ -13,7 +13,21 @@ impl PartitionState {
     /// does not act for is NOT_FOUND, as if it did not exist; a missing
     /// scope, or a session of another tenant, is PERMISSION_DENIED.
     pub(super) fn authorize(&self, by: &Principal, command: &Command) -> Result<(), CommandError> {
+        if let Some((key, attempt, verb)) = command.acts_on() {
+            return self.may_act_on(by, verb, key, attempt).map_err(refusal);
+        }
         let verdict = match command {
+            // Judged above by their entry in `Command::acts_on`; one missing
+            // there is refused, never let through.
+            Command::Complete { .. }
+            | Command::Fail { .. }
+            | Command::FailByPolicy { .. }
+            | Command::UpdateTimeout { .. }
+            | Command::Checkpoint { .. }
+            | Command::UpdateRetries { .. }
+            | Command::Cancel { .. } => {
+                Err(AuthError::PermissionDenied("a command on a job that names no job it acts on".into()))
+            }
             Command::Create(job) => {
                 by.require_tenant(&job.spec.tenant).and_then(|()| by.require_job(Verb::Create, &job.spec.job_type))
             }
@@ -24,14 +38,6 @@ impl PartitionState {
                 .require_tenants(&activation.tenants)
                 .and_then(|()| by.require_job(Verb::Work, &activation.job_type))
                 .and_then(|()| self.may_act_as_owned(by, activation.session)),
-            Command::Complete { key, attempt, .. }
-            | Command::Fail { key, attempt, .. }
-            | Command::FailByPolicy { key, attempt, .. }
-            | Command::UpdateTimeout { key, attempt, .. }
-            | Command::Checkpoint { key, attempt, .. } => self.may_act_on(by, Verb::Work, *key, Some(*attempt)),
-            Command::UpdateRetries { key, .. } | Command::Cancel { key, .. } => {
-                self.may_act_on(by, Verb::Manage, *key, None)
-            }
             Command::Register(info) | Command::RegisterOwned(info) => {
                 by.require_tenants(&info.tenants).and_then(|()| {
                     by.require_some(Verb::Work)?;
@@ -127,13 +133,7 @@ impl PartitionState {
                 }
             }
         };
-        verdict.map_err(|error| {
-            let kind = match error {
-                AuthError::NotFound(_) => ErrorKind::NotFound,
-                _ => ErrorKind::PermissionDenied,
-            };
-            CommandError { kind, message: error.to_string() }
-        })
+        verdict.map_err(refusal)
     }
 
     /// Writes in the job's history that `by` acted on it whatever its
@@ -203,4 +203,14 @@ impl PartitionState {
             _ => Ok(()),
         }
     }
+}
+
+/// An authorization refusal as a command's rejection: NOT_FOUND for another
+/// tenant's job, PERMISSION_DENIED for the rest.
+fn refusal(error: AuthError) -> CommandError {
+    let kind = match error {
+        AuthError::NotFound(_) => ErrorKind::NotFound,
+        _ => ErrorKind::PermissionDenied,
+    };
+    CommandError { kind, message: error.to_string() }
 }
