@@ -8,7 +8,7 @@ mod common;
 use std::time::Duration;
 
 use common::ProcessCluster;
-use drover::client::Client;
+use drover::client::{Client, JobOutcome, Worker, WorkerOptions};
 use drover::proto::gateway::{CreateJobRequest, FailJobRequest, RetryPolicy};
 use tonic::Code;
 
@@ -151,4 +151,63 @@ async fn a_failure_by_the_jobs_retry_policy_is_decided_where_the_job_lives() {
     let error = client.raw().fail_job(mixed).await.unwrap_err();
     assert_eq!(error.code(), Code::InvalidArgument);
     assert!(error.message().contains("by_policy"), "{}", error.message());
+}
+
+/// A Rust worker's handler fails by the job's policy: an error the policy
+/// retries is retried after its wait, one it never retries is an incident.
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn a_workers_failure_by_policy_follows_the_jobs_policy() {
+    let cluster = ProcessCluster::start(3, 1, 3, &["--heartbeat-ms", "50", "--election-timeout-ms", "300"]);
+    cluster.wait_ready().await;
+    let client = Client::connect(&cluster.gateway(0)).await.unwrap();
+    let policy = RetryPolicy {
+        backoff: "constant".into(),
+        initial_interval: Some(0),
+        jitter: Some(false),
+        non_retryable_errors: vec!["Fraud.*".into()],
+        ..Default::default()
+    };
+    let mut keys = Vec::new();
+    for order in ["flaky", "fraud"] {
+        let request = CreateJobRequest {
+            r#type: "charge".into(),
+            variables: format!(r#"{{"order":"{order}"}}"#),
+            retries: Some(3),
+            retry_policy: Some(policy.clone()),
+            ..Default::default()
+        };
+        keys.push(client.create(request).await.unwrap());
+    }
+    let worker = Worker::new(Client::connect(&cluster.gateway(1)).await.unwrap(), WorkerOptions::new("charge"));
+    let (stop, stopped) = tokio::sync::oneshot::channel::<()>();
+    let worker = tokio::spawn(worker.run(
+        |job: drover::proto::gateway::ActivatedJob| async move {
+            match (job.variables.contains("fraud"), job.attempt) {
+                (true, _) => {
+                    JobOutcome::FailByPolicy { error_type: "Fraud.Stolen".into(), message: "stolen card".into() }
+                }
+                (false, 1) => JobOutcome::FailByPolicy { error_type: "Timeout".into(), message: "bank slow".into() },
+                (false, _) => JobOutcome::Complete(r#"{"charged":true}"#.into()),
+            }
+        },
+        async move {
+            let _ = stopped.await;
+        },
+    ));
+    let states = || async {
+        let mut states = Vec::new();
+        for key in &keys {
+            let job = client.get_job(*key).await.unwrap();
+            states.push((job.state, job.retries));
+        }
+        states
+    };
+    common::eventually(
+        Duration::from_secs(30),
+        "the flaky charge to complete and the fraud to be an incident",
+        || async { states().await == [("completed".to_string(), 2), ("incident".to_string(), 0)] },
+    )
+    .await;
+    let _ = stop.send(());
+    worker.await.unwrap();
 }

@@ -50,6 +50,10 @@ pub enum JobOutcome {
     /// `malformed-payload` makes an incident at once, `worker-shutdown`
     /// hands the job back without using a retry.
     FailFor { reason: &'static str, retries: i32, message: String, back_off_ms: i64 },
+    /// Fail, and let the job's retry policy decide the retries and the
+    /// back-off, where the job lives (`FailJobRequest.by_policy`):
+    /// `error_type` is matched against the policy's non-retryable errors.
+    FailByPolicy { error_type: String, message: String },
     /// Report nothing: the job is no longer this worker's (a checkpoint or
     /// another call was refused as superseded), or the handler has reported
     /// its outcome itself.
@@ -477,6 +481,9 @@ impl Worker {
                     }
                     JobOutcome::FailFor { reason, retries, message, back_off_ms } => {
                         client.fail_for(reason, key, attempt, *retries, message, *back_off_ms).await
+                    }
+                    JobOutcome::FailByPolicy { error_type, message } => {
+                        client.fail_by_policy(key, attempt, error_type, message).await.map(drop)
                     }
                     JobOutcome::Abandon => Ok(()),
                 };
