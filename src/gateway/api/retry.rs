@@ -111,6 +111,13 @@ impl JobApi {
         command: Command,
         deadline: std::time::Instant,
     ) -> Result<Command, ApiError> {
+        if !matches!(command, Command::FailByPolicy { .. }) {
+            return Ok(command);
+        }
+        let older = self.ctx.transport.peers.versions().cluster_version() < RETRY_POLICIES;
+        if !older && crate::failpoints::fire("retry_policy_at_gateway").is_none() {
+            return Ok(command);
+        }
         let Command::FailByPolicy {
             key,
             attempt,
@@ -124,19 +131,6 @@ impl JobApi {
         else {
             return Ok(command);
         };
-        let older = self.ctx.transport.peers.versions().cluster_version() < RETRY_POLICIES;
-        if !older && crate::failpoints::fire("retry_policy_at_gateway").is_none() {
-            return Ok(Command::FailByPolicy {
-                key,
-                attempt,
-                error_message,
-                error_type,
-                retryable,
-                jitter,
-                variables,
-                max_payload_bytes,
-            });
-        }
         let job = crate::leaders::describe(&self.ctx, key, deadline).await?;
         let policy = retry_policy(&job.spec).unwrap_or_default();
         let (retries, back_off_ms) = match policy.decide(job.retries, job.attempt, &error_type, retryable, jitter) {
