@@ -530,6 +530,7 @@ async fn handle(
                 attempt: job.attempt,
                 error_message: "jepsen says no".into(),
                 by_policy: true,
+                retries: -1,
                 error_type: "Jepsen".into(),
                 not_retryable: for_good,
                 ..Default::default()

@@ -458,7 +458,9 @@ pub(crate) async fn job(command: JobCommand, target: &Target) -> anyhow::Result<
                 key,
                 attempt,
                 override_fence,
-                retries: retries.unwrap_or(0),
+                // With --by-policy, -1: an older gateway refuses it instead of
+                // failing the job for good.
+                retries: retries.unwrap_or(-1),
                 error_message: message,
                 retry_back_off: back_off,
                 reason: if by_policy { String::new() } else { reason.clone() },

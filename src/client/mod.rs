@@ -257,6 +257,8 @@ impl Client {
             error_message: error_message.into(),
             by_policy: true,
             error_type: error_type.into(),
+            // An older gateway refuses this instead of failing the job for good.
+            retries: -1,
             ..Default::default()
         };
         Ok(self.raw().fail_job(request).await?.into_inner())

@@ -43,7 +43,8 @@ pub struct RetryPolicy {
     pub initial_ms: i64,
     /// The exponential back-off's factor: 1.0 to 1000.
     pub coefficient: f64,
-    /// No wait is longer (ms).
+    /// No wait is longer before jitter (ms); jitter spreads it up to one
+    /// and a half times that.
     pub max_ms: i64,
     /// Whether the wait is drawn from half to one and a half times the
     /// computed one (spreading retries of jobs that failed together).
@@ -119,14 +120,17 @@ impl RetryPolicy {
             Backoff::Constant => base,
             Backoff::Linear => base * f64::from(n),
             Backoff::Exponential => {
-                // Multiplied out, not `powf`: exact IEEE operations give the
-                // same wait on every replica, and the cap ends the loop soon.
-                let mut wait = base;
-                for _ in 1..n {
-                    if wait >= cap || self.coefficient == 1.0 {
-                        break;
+                // base * coefficient^(n-1) by squaring: IEEE multiplications
+                // in a fixed order (no `powf`, whose last bit may differ
+                // between builds), about log2(n) of them, stopping once past
+                // the cap (the wait only grows) or at a wait of 0.
+                let (mut wait, mut factor, mut exponent) = (base, self.coefficient, n - 1);
+                while exponent > 0 && wait < cap && wait > 0.0 {
+                    if exponent & 1 == 1 {
+                        wait *= factor;
                     }
-                    wait *= self.coefficient;
+                    factor *= factor;
+                    exponent >>= 1;
                 }
                 wait
             }
@@ -138,11 +142,10 @@ impl RetryPolicy {
 
     /// Whether an error of type `kind` ends the job at once.
     pub fn is_fatal(&self, kind: &str) -> bool {
-        !kind.is_empty()
-            && self.non_retryable.iter().any(|pattern| match pattern.strip_suffix('*') {
-                Some(prefix) => kind.starts_with(prefix.strip_suffix('.').unwrap_or(prefix)),
-                None => pattern == kind,
-            })
+        self.non_retryable.iter().any(|pattern| match pattern.strip_suffix('*') {
+            Some(prefix) => kind.starts_with(prefix.strip_suffix('.').unwrap_or(prefix)),
+            None => pattern == kind,
+        })
     }
 
     /// What a failed attempt leads to: `retries` left before it, the error's
@@ -194,6 +197,15 @@ mod tests {
         assert_eq!([1, 2, 3].map(|n| constant.delay_ms(n, 0)), [1000, 1000, 1000]);
         let flat = policy(Backoff::Exponential, 1.0, false);
         assert_eq!(flat.delay_ms(u32::MAX, 0), 1000, "a coefficient of 1 is a constant wait, at once");
+        let creeping =
+            RetryPolicy { initial_ms: 1, max_ms: MAX_BACKOFF_MS, ..policy(Backoff::Exponential, 1.0001, false) };
+        assert_eq!(
+            creeping.delay_ms(u32::MAX, 0),
+            MAX_BACKOFF_MS,
+            "a factor just above 1 reaches the cap in few steps"
+        );
+        let none = RetryPolicy { initial_ms: 0, ..policy(Backoff::Exponential, 3.0, false) };
+        assert_eq!(none.delay_ms(u32::MAX, 0), 0);
         let jittered = RetryPolicy { initial_ms: 2000, ..policy(Backoff::Constant, 1.0, true) };
         assert_eq!((jittered.delay_ms(1, 0), jittered.delay_ms(1, u16::MAX)), (1000, 3000));
     }
@@ -210,6 +222,8 @@ mod tests {
         assert_eq!(p.decide(3, 1, "Auth.TokenExpired", true, 0), Verdict::Exhausted);
         assert_eq!(p.decide(3, 1, "NetworkError", false, 0), Verdict::Exhausted, "the worker said not to retry");
         assert!(!p.is_fatal("Fatal") && !p.is_fatal("") && p.is_fatal("AuthenticationError"));
+        let everything = RetryPolicy { non_retryable: vec!["*".into()], ..RetryPolicy::default() };
+        assert!(everything.is_fatal("") && everything.is_fatal("Anything"), "* names every error, typed or not");
     }
 
     #[test]

@@ -78,9 +78,12 @@ pub(super) fn by_policy(
     variables: bytes::Bytes,
     max_payload_bytes: u64,
 ) -> Result<Command, ApiError> {
-    if request.retries != 0 || request.retry_back_off != 0 || !request.reason.is_empty() {
+    // Retries -1 is how a client makes an older gateway, which does not know
+    // by_policy, refuse the request rather than fail the job for good.
+    if !matches!(request.retries, 0 | -1) || request.retry_back_off != 0 || !request.reason.is_empty() {
         return Err(ApiError::InvalidArgument(
-            "a failure by_policy leaves retries, retry_back_off and reason out: the job's retry policy decides them"
+            "a failure by_policy leaves retries (or sends -1), retry_back_off and reason out: the job's retry \
+             policy decides them"
                 .into(),
         ));
     }

@@ -111,6 +111,15 @@ impl RetryPolicy {
                 _ => return Err(format!("options.retry.on_exhaustion must be discard or dead_letter, got {v}")),
             }
         }
+        Ok(policy)
+    }
+
+    /// [`RetryPolicy::parse`] for a new job, whose policy the partition
+    /// keeps and applies: also within the engine's bounds (intervals up to a
+    /// week, at most 64 non-retryable error types of 1 to 255 bytes). A job
+    /// stored before is read back with `parse` alone, as it was accepted.
+    pub fn parse_new(value: Option<&Value>) -> Result<RetryPolicy, String> {
+        let policy = Self::parse(value)?;
         policy.engine.validate().map_err(|why| format!("options.retry: {why}"))?;
         Ok(policy)
     }
@@ -175,7 +184,7 @@ mod tests {
             (json!("three"), "retry"),
             (json!({"non_retryable_errors": [""]}), "non_retryable_errors"),
         ] {
-            let error = RetryPolicy::parse(Some(&value)).expect_err("refused");
+            let error = RetryPolicy::parse_new(Some(&value)).expect_err("refused");
             assert!(error.contains(field), "{error}");
         }
     }

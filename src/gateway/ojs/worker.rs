@@ -304,7 +304,9 @@ pub(super) async fn nack(
         };
     } else {
         request.by_policy = true;
-        request.error_type = kind;
+        // OJS bounds no error type; past the job API's 255 bytes the
+        // policy's patterns (themselves at most 255) see its start.
+        request.error_type = truncated(kind, crate::gateway::api::retry::MAX_ERROR_TYPE_LEN);
         request.not_retryable = not_retryable;
     }
     let (by_policy, retries, back_off) = (request.by_policy, request.retries, request.retry_back_off);
@@ -402,5 +404,28 @@ fn test_directive(job: &pb::Job) -> Option<&'static str> {
         Some("quiet") => Some("quiet"),
         Some("terminate") => Some("terminate"),
         _ => None,
+    }
+}
+
+/// `text` cut to at most `max` bytes, on a character boundary.
+fn truncated(mut text: String, max: usize) -> String {
+    if text.len() > max {
+        let mut end = max;
+        while !text.is_char_boundary(end) {
+            end -= 1;
+        }
+        text.truncate(end);
+    }
+    text
+}
+
+#[cfg(test)]
+mod tests {
+    #[test]
+    fn an_error_type_is_cut_on_a_character_boundary() {
+        assert_eq!(super::truncated("Timeout".into(), 255), "Timeout");
+        let long = "é".repeat(200); // 400 bytes
+        let cut = super::truncated(long, 255);
+        assert_eq!((cut.len(), cut.chars().count()), (254, 127));
     }
 }

@@ -127,7 +127,7 @@ pub fn enqueue(body: &Value, now_ms: i64) -> Result<Enqueue, Invalid> {
             }
         }
     }
-    let policy = RetryPolicy::parse(options.get("retry")).map_err(unprocessable)?;
+    let policy = RetryPolicy::parse_new(options.get("retry")).map_err(unprocessable)?;
     let unique = options
         .get("unique")
         .map(|u| unique(u, &kind, &queue, &args, meta.as_ref()))
