@@ -75,15 +75,6 @@ impl Default for RetryPolicy {
     }
 }
 
-/// What the engine does with a failed attempt under a policy.
-#[derive(Clone, Copy, Debug, PartialEq, Eq)]
-pub enum Verdict {
-    /// Due again after this many ms (0: at once), one retry used.
-    Retry { back_off_ms: i64 },
-    /// No retry: an incident (retries used up, or an error that must not retry).
-    Exhausted,
-}
-
 impl RetryPolicy {
     /// Why the policy is not one, if it is not: the first field out of range.
     pub fn validate(&self) -> Result<(), String> {
@@ -148,13 +139,16 @@ impl RetryPolicy {
         })
     }
 
-    /// What a failed attempt leads to: `retries` left before it, the error's
-    /// type, whether the worker said it may be retried at all.
-    pub fn decide(&self, retries: i32, attempt: u32, kind: &str, retryable: bool, jitter: u16) -> Verdict {
+    /// What a failed attempt leads to, given the `retries` left before it,
+    /// the error's type and whether the worker said it may be retried at
+    /// all: the retries left after it and the wait before the job is due
+    /// again. `(0, 0)` is an incident (retries used up, or an error that
+    /// must not retry); otherwise one retry is used.
+    pub fn decide(&self, retries: i32, attempt: u32, kind: &str, retryable: bool, jitter: u16) -> (i32, i64) {
         if retries <= 1 || !retryable || self.is_fatal(kind) {
-            return Verdict::Exhausted;
+            return (0, 0);
         }
-        Verdict::Retry { back_off_ms: self.delay_ms(attempt, jitter) }
+        (retries - 1, self.delay_ms(attempt, jitter))
     }
 
     /// The policy as its header keeps it (compact JSON).
@@ -216,11 +210,11 @@ mod tests {
             non_retryable: vec!["FatalError".into(), "Auth.*".into()],
             ..policy(Backoff::Constant, 1.0, false)
         };
-        assert_eq!(p.decide(3, 1, "NetworkError", true, 0), Verdict::Retry { back_off_ms: 1000 });
-        assert_eq!(p.decide(1, 3, "NetworkError", true, 0), Verdict::Exhausted, "the last attempt failed");
-        assert_eq!(p.decide(3, 1, "FatalError", true, 0), Verdict::Exhausted);
-        assert_eq!(p.decide(3, 1, "Auth.TokenExpired", true, 0), Verdict::Exhausted);
-        assert_eq!(p.decide(3, 1, "NetworkError", false, 0), Verdict::Exhausted, "the worker said not to retry");
+        assert_eq!(p.decide(3, 1, "NetworkError", true, 0), (2, 1000));
+        assert_eq!(p.decide(1, 3, "NetworkError", true, 0), (0, 0), "the last attempt failed");
+        assert_eq!(p.decide(3, 1, "FatalError", true, 0), (0, 0));
+        assert_eq!(p.decide(3, 1, "Auth.TokenExpired", true, 0), (0, 0));
+        assert_eq!(p.decide(3, 1, "NetworkError", false, 0), (0, 0), "the worker said not to retry");
         assert!(!p.is_fatal("Fatal") && !p.is_fatal("") && p.is_fatal("AuthenticationError"));
         let everything = RetryPolicy { non_retryable: vec!["*".into()], ..RetryPolicy::default() };
         assert!(everything.is_fatal("") && everything.is_fatal("Anything"), "* names every error, typed or not");

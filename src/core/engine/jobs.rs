@@ -78,13 +78,7 @@ impl PartitionState {
             // A retried request whose first send took effect.
             return Ok(CommandResult::Done);
         }
-        self.activation_of(key, attempt, "fail")?;
-        // Decide everything that can refuse the failure before changing the job.
-        if !variables.is_empty() {
-            let spec = self.spec_with_variables(key, variables, max_payload_bytes, "fail")?;
-            self.jobs.get_mut(&key).expect("checked by activation_of").spec = spec;
-            out.specs.push(key);
-        }
+        self.begin_failure(key, attempt, variables, max_payload_bytes, out)?;
         let job = &self.jobs[&key];
         let (retries, back_off_ms) = match reason {
             FailReason::MalformedPayload | FailReason::BusinessError => (0, 0),
@@ -93,6 +87,26 @@ impl PartitionState {
         };
         self.fail_attempt(key, reason, message.to_string(), retries, back_off_ms, out);
         Ok(CommandResult::Done)
+    }
+
+    /// What every failure by a worker checks and takes before the job
+    /// changes: that `attempt` holds it, and the variables it merges (which
+    /// may refuse the failure, so they are decided first).
+    fn begin_failure(
+        &mut self,
+        key: JobKey,
+        attempt: u32,
+        variables: &Bytes,
+        max_payload_bytes: u64,
+        out: &mut ApplyOutput,
+    ) -> Result<(), CommandError> {
+        self.activation_of(key, attempt, "fail")?;
+        if !variables.is_empty() {
+            let spec = self.spec_with_variables(key, variables, max_payload_bytes, "fail")?;
+            self.jobs.get_mut(&key).expect("checked by activation_of").spec = spec;
+            out.specs.push(key);
+        }
+        Ok(())
     }
 
     /// A failed attempt whose job's retry policy decides what follows
@@ -115,18 +129,10 @@ impl PartitionState {
             };
             return Ok(CommandResult::Failed { retries: job.retries, back_off_ms });
         }
-        self.activation_of(key, attempt, "fail")?;
-        if !variables.is_empty() {
-            let spec = self.spec_with_variables(key, variables, max_payload_bytes, "fail")?;
-            self.jobs.get_mut(&key).expect("checked by activation_of").spec = spec;
-            out.specs.push(key);
-        }
+        self.begin_failure(key, attempt, variables, max_payload_bytes, out)?;
         let job = &self.jobs[&key];
         let policy = retry::retry_policy(&job.spec).unwrap_or_default();
-        let (retries, back_off_ms) = match policy.decide(job.retries, job.attempt, error_type, retryable, jitter) {
-            retry::Verdict::Retry { back_off_ms } => (job.retries - 1, back_off_ms),
-            retry::Verdict::Exhausted => (0, 0),
-        };
+        let (retries, back_off_ms) = policy.decide(job.retries, job.attempt, error_type, retryable, jitter);
         self.fail_attempt(key, FailReason::Failed, message.to_string(), retries, back_off_ms, out);
         Ok(CommandResult::Failed { retries, back_off_ms })
     }

@@ -8,7 +8,7 @@
 //! decided failure as any worker's.
 
 use super::{ApiError, JobApi};
-use crate::core::retry::{retry_policy, Backoff, RetryPolicy, Verdict, RETRY_POLICIES, RETRY_POLICY_HEADER};
+use crate::core::retry::{retry_policy, Backoff, RetryPolicy, RETRY_POLICIES, RETRY_POLICY_HEADER};
 use crate::core::{Command, FailReason, JobKey};
 use crate::proto::gateway as pb;
 
@@ -136,10 +136,7 @@ impl JobApi {
         };
         let job = crate::leaders::describe(&self.ctx, key, deadline).await?;
         let policy = retry_policy(&job.spec).unwrap_or_default();
-        let (retries, back_off_ms) = match policy.decide(job.retries, job.attempt, &error_type, retryable, jitter) {
-            Verdict::Retry { back_off_ms } => (job.retries - 1, back_off_ms),
-            Verdict::Exhausted => (0, 0),
-        };
+        let (retries, back_off_ms) = policy.decide(job.retries, job.attempt, &error_type, retryable, jitter);
         Ok(Command::Fail {
             key,
             attempt,

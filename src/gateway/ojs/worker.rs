@@ -26,7 +26,7 @@ use super::envelope::{self, Stored};
 use super::time::rfc3339;
 use super::{now_ms, reply, JsonBody, Ojs, OjsCall, OjsError};
 use crate::auth::Verb;
-use crate::core::retry::{RetryPolicy as EnginePolicy, Verdict, RETRY_POLICY_HEADER};
+use crate::core::retry::{RetryPolicy as EnginePolicy, RETRY_POLICY_HEADER};
 use crate::gateway::api::ApiError;
 use crate::proto::gateway as pb;
 
@@ -295,13 +295,8 @@ pub(super) async fn nack(
     } else if policy.engine != EnginePolicy::default() && !job.custom_headers.contains_key(RETRY_POLICY_HEADER) {
         // Enqueued before the partition kept its policy: decided here, by
         // the engine's rule, and sent as any worker's failure.
-        request.retries = match policy.engine.decide(job.retries, job.attempt, &kind, !not_retryable, rand::random()) {
-            Verdict::Retry { back_off_ms } => {
-                request.retry_back_off = back_off_ms;
-                job.retries - 1
-            }
-            Verdict::Exhausted => 0,
-        };
+        (request.retries, request.retry_back_off) =
+            policy.engine.decide(job.retries, job.attempt, &kind, !not_retryable, rand::random());
     } else {
         request.by_policy = true;
         // OJS bounds no error type; past the job API's 255 bytes the
