@@ -104,6 +104,16 @@ fn another_tenants_job_is_not_found_at_apply_and_unchanged() {
         // globex may manage its own jobs: an override of acme's is still not its to make.
         Command::Complete { key, attempt: 0, variables: r#"{"forged":true}"#.into() },
         Command::UpdateTimeout { key, attempt: 1, timeout_ms: 1 },
+        Command::FailByPolicy {
+            key,
+            attempt: 1,
+            error_message: "forged".into(),
+            error_type: String::new(),
+            retryable: false,
+            jitter: 0,
+            variables: Default::default(),
+            max_payload_bytes: 1 << 20,
+        },
         Command::Checkpoint {
             key,
             attempt: 1,
