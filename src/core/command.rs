@@ -340,6 +340,18 @@ pub enum Command {
         variables: Bytes,
         max_payload_bytes: u64,
     },
+    /// A new leader's entry, first in it: the partition went `gap_ms`
+    /// without an entry (no beat could commit meanwhile), so before timers
+    /// fire, the leases that gap threatens
+    /// ([`super::SessionInfo::threatened_by`]) restart from the entry's
+    /// time, and only those: a dead worker with margin to spare is declared
+    /// dead when its own lease ends. Anywhere but first it does nothing.
+    /// Answers [`CommandResult::Done`]. The broker's own. Data version 18
+    /// ([`super::session::LEASES_BY_MARGIN`]); before it, a take-over's
+    /// entries set [`Batch::renew_sessions`].
+    RenewLeases {
+        gap_ms: Millis,
+    },
 }
 
 /// What every partition holds alike because gateways send it to every
@@ -362,10 +374,12 @@ pub struct Batch {
     /// replica prunes by the entry's own value, so they prune alike.
     pub retention: Retention,
     pub commands: Vec<Command>,
-    /// Set on a new leader's entries until its first one has applied:
-    /// every session's lease restarts from `now` before timers fire. While the partition had no leader, no beat
-    /// could commit, and a worker that kept beating must not be declared dead
-    /// for it.
+    /// Set on a new leader's entries until its first one has applied, below
+    /// cluster version 18: every session's lease restarts from `now` before
+    /// timers fire. While the partition had no leader, no beat could commit,
+    /// and a worker that kept beating must not be declared dead for it. From
+    /// version 18 on, a leader sends [`Command::RenewLeases`] instead, which
+    /// restarts only the leases the gap threatens.
     pub renew_sessions: bool,
 }
 
@@ -486,6 +500,9 @@ impl Command {
                 (PLANS, "cluster plan changes")
             }
             Command::FailByPolicy { .. } => (super::retry::RETRY_POLICIES, "failures decided by retry policies"),
+            Command::RenewLeases { .. } => {
+                (super::session::LEASES_BY_MARGIN, "restarting only the leases a take-over threatens")
+            }
             _ => return None,
         })
     }
@@ -579,6 +596,7 @@ impl Command {
             }
             Command::ReportVoters { voters, .. } => 8 * voters.len() + 16,
             Command::GetPlan | Command::GetAdoptable => 1,
+            Command::RenewLeases { .. } => 8,
             Command::ProbeKey { request, .. } => bincode::serialized_size(request).unwrap_or(0) as usize + 32,
             Command::Adopt(adoptable) => bincode::serialized_size(adoptable).unwrap_or(0) as usize,
             Command::As { by, commands } => by.encoded_len() + commands.iter().map(Command::encoded_len).sum::<usize>(),

@@ -18,6 +18,11 @@ use super::ids::SessionId;
 
 use super::ids::Millis;
 
+/// The data version from which a new leader restarts only the leases its
+/// gap threatens ([`super::Command::RenewLeases`]); before it, a take-over
+/// restarted every lease in the partition or none.
+pub const LEASES_BY_MARGIN: u16 = 18;
+
 /// What a worker is doing, or what the server wants it to do. Ordered by
 /// strength: when the worker and the server disagree, the stronger wins.
 #[derive(Clone, Copy, Debug, Default, PartialEq, Eq, PartialOrd, Ord, Hash, Serialize, Deserialize)]
@@ -77,6 +82,23 @@ pub struct Session {
     pub reported: WorkerState,
     /// The state an operator directed it to.
     pub directed: WorkerState,
+}
+
+impl SessionInfo {
+    /// How long a gap with no leader this session's lease rides out: it last
+    /// beat at most one interval before the partition's last entry and beats
+    /// again about one interval after a new leader took over, so what is
+    /// left of its lease for the gap is `dead_after - 2 * heartbeat`.
+    pub fn gap_margin(&self) -> Millis {
+        self.dead_after_ms.saturating_sub(self.heartbeat_ms.saturating_mul(2))
+    }
+    /// Whether a gap of `gap` ms with no leader could end this session's
+    /// lease though the worker kept beating. Judged at half the margin, so a
+    /// hand-over's few milliseconds harm none but the sessions with no
+    /// margin at all (a dead-after of exactly twice the heartbeat).
+    pub fn threatened_by(&self, gap: Millis) -> bool {
+        gap.saturating_mul(2) >= self.gap_margin()
+    }
 }
 
 impl Session {

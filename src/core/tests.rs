@@ -1096,6 +1096,43 @@ fn a_new_leader_s_first_entry_gives_every_session_a_full_lease() {
 }
 
 #[test]
+fn a_take_over_restarts_only_the_leases_its_gap_threatens() {
+    let mut h = Harness::new();
+    let key = h.create(0, 0);
+    // Session 7 beats every 1 s and is dead after 5 s: 3 s of margin. Session
+    // 8 is dead after exactly two beats: no margin, any gap threatens it.
+    h.run(0, Command::Register(session_info(7, &[])));
+    let tight = SessionInfo { heartbeat_ms: 2_500, dead_after_ms: 5_000, ..SessionInfo::clone(&session_info(8, &[])) };
+    h.run(0, Command::Register(Arc::new(tight)));
+    h.run(0, session_activation(7, 600_000));
+    // Worker 7 dies; its last beat is the registration at 0. The partition's
+    // last entry is at 4 s, and a hand-over's first entry comes 40 ms later.
+    h.state.apply(&Batch::at(4_000, vec![]));
+    assert_eq!(h.state.lease_gap(4_040), Some(40), "the session without margin is threatened by any gap");
+    let out = h.state.apply(&Batch::at(4_040, vec![Command::RenewLeases { gap_ms: 40 }]));
+    assert_eq!(out.results, vec![CommandResult::Done]);
+    assert_eq!(h.state.session(7).map(|s| s.last_beat), Some(0), "a lease with margin for the gap is not restarted");
+    assert_eq!(h.state.session(8).map(|s| s.last_beat), Some(4_040), "the threatened lease restarts");
+    // So worker 7 is declared dead when its own lease ends, not 5 s after the hand-over.
+    h.state.apply(&Batch::at(5_000, vec![]));
+    assert_eq!(h.state.job(key).unwrap().fail_reason, FailReason::WorkerDied);
+    assert!(h.state.session(8).is_some(), "session 8's lease runs to 9,040");
+    // Anywhere but first in its entry it does nothing.
+    h.state.apply(&Batch::at(5_100, vec![Command::ListSessions, Command::RenewLeases { gap_ms: 1_000_000 }]));
+    assert_eq!(h.state.session(8).map(|s| s.last_beat), Some(4_040));
+}
+
+#[test]
+fn a_take_over_below_data_version_18_restarts_every_lease() {
+    let mut h = Harness::new();
+    h.run(0, Command::Register(session_info(7, &[])));
+    let mut take_over = Batch::at(40, vec![]);
+    take_over.renew_sessions = true;
+    h.state.apply(&take_over);
+    assert_eq!(h.state.session(7).map(|s| s.last_beat), Some(40), "an older leader's entry keeps its meaning");
+}
+
+#[test]
 fn a_lease_is_restarted_only_after_a_gap_a_live_worker_could_not_beat_through() {
     let mut h = Harness::new();
     // Beats every 1 s, dead after 5 s: a live worker has 3 s of margin.
@@ -1103,17 +1140,17 @@ fn a_lease_is_restarted_only_after_a_gap_a_live_worker_could_not_beat_through() 
     // The last entry, before the session's lease ends at 5 s.
     h.state.apply(&Batch::at(4_000, vec![]));
     // A hand-over: the new leader's first entry 40 ms after the last one.
-    assert!(!h.state.leases_need_renewal(4_040), "a hand-over restarts no lease");
+    assert_eq!(h.state.lease_gap(4_040), None, "a hand-over restarts no lease");
     // Half that margin is the line.
-    assert!(!h.state.leases_need_renewal(5_499));
-    assert!(h.state.leases_need_renewal(5_500), "a gap a live worker may not beat through renews every lease");
-    assert!(h.state.leases_need_renewal(9_000));
+    assert_eq!(h.state.lease_gap(5_499), None);
+    assert_eq!(h.state.lease_gap(5_500), Some(1_500), "a gap a live worker may not beat through renews its lease");
+    assert_eq!(h.state.lease_gap(9_000), Some(5_000));
 }
 
 #[test]
 fn without_sessions_no_lease_needs_renewal() {
     let h = Harness::new();
-    assert!(!h.state.leases_need_renewal(1_000_000));
+    assert_eq!(h.state.lease_gap(1_000_000), None);
 }
 
 mod routing_by_labels {

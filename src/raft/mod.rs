@@ -175,6 +175,8 @@ pub struct Replica {
     /// How long a leader may go without a majority's acknowledgement before
     /// it counts as cut off ([`Replica::cut_off`]).
     quorum_lost_after: Duration,
+    /// What every member reads, so a leader writes only what they decode.
+    versions: Arc<crate::transport::Versions>,
 }
 
 impl Replica {
@@ -207,6 +209,7 @@ impl Replica {
         };
         let config = Arc::new(config.validate()?);
         let log = log_store::LogStore::new(partition, Arc::clone(&store), peers.max_message_bytes());
+        let versions = Arc::clone(peers.versions());
         let (state_machine, shared) = state_machine::StateMachine::open(
             partition,
             store,
@@ -259,6 +262,7 @@ impl Replica {
             // The followers elect another leader after at most twice the
             // minimum election timeout without hearing from this one.
             quorum_lost_after: settings.election_timeout_min * 2,
+            versions,
         }))
     }
 
@@ -303,6 +307,13 @@ impl Replica {
 
     pub fn node_id(&self) -> NodeId {
         self.node_id
+    }
+
+    /// The data version every member of the cluster reads (see
+    /// `docs/upgrades.md`): a leader's own commands newer than it are not
+    /// written.
+    pub fn cluster_version(&self) -> u16 {
+        self.versions.cluster_version()
     }
 
     /// How long this replica's group has run in this process.

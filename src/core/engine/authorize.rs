@@ -125,7 +125,8 @@ impl PartitionState {
             | Command::ReportVoters { .. }
             | Command::ProbeKey { .. }
             | Command::GetAdoptable
-            | Command::Adopt(_) => {
+            | Command::Adopt(_)
+            | Command::RenewLeases { .. } => {
                 if by.unrestricted() {
                     Ok(())
                 } else {

@@ -323,7 +323,10 @@ impl PartitionState {
         self.clock = self.clock.max(batch.now);
         self.expire_requests(&mut out);
         if batch.renew_sessions {
-            self.renew_sessions(&mut out);
+            self.renew_sessions(None, &mut out);
+        }
+        if let Some(Command::RenewLeases { gap_ms }) = batch.commands.first() {
+            self.renew_sessions(Some(*gap_ms), &mut out);
         }
         self.fire_timers(&mut out);
         if !self.limit_active.is_empty() {
@@ -473,6 +476,8 @@ impl PartitionState {
             }
             Command::GetAdoptable => Ok(CommandResult::Adoptable(Box::new(self.adoptable()))),
             Command::Adopt(adopted) => Ok(self.adopt(adopted, out)),
+            // Acted on before the timers fired, when first in its entry.
+            Command::RenewLeases { .. } => Ok(CommandResult::Done),
             // The state machine keeps the state for the backup; the engine's
             // state does not change.
             Command::BackupMark { .. } => Ok(CommandResult::Done),

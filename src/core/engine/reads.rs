@@ -81,20 +81,18 @@ impl PartitionState {
     pub fn clock(&self) -> Millis {
         self.clock
     }
-    /// Whether a leader taking over at `now` must restart every session's
-    /// lease (`Batch::renew_sessions`). No beat commits between the last
-    /// entry applied here and the take-over; a live session last beat at most
-    /// one interval before that entry and beats again about one interval after
-    /// the take-over, so its lease covers a gap under `dead_after - 2 *
-    /// heartbeat`. A gap under half of that, for every session, harms none (a
-    /// hand-over, a leader stepping down): leases stay as they are, and a dead
-    /// worker's jobs come back when its lease ends, not a whole lease later.
-    pub fn leases_need_renewal(&self, now: Millis) -> bool {
+    /// The gap a leader taking over at `now` must cover, when it threatens
+    /// some session's lease ([`crate::core::SessionInfo::threatened_by`]).
+    /// No beat commits between the last entry applied here and the take-over;
+    /// a live session's lease covers a gap under its margin. A gap under half
+    /// of every session's margin (a hand-over, a leader stepping down) harms
+    /// none: `None`, leases stay as they are, and a dead worker's jobs come
+    /// back when its lease ends, not a whole lease later. Otherwise the new
+    /// leader's entries carry the gap ([`crate::core::Command::RenewLeases`])
+    /// and restart the leases it threatens, only those.
+    pub fn lease_gap(&self, now: Millis) -> Option<Millis> {
         let gap = now.saturating_sub(self.clock);
-        self.sessions.values().any(|s| {
-            let margin = s.info.dead_after_ms.saturating_sub(s.info.heartbeat_ms.saturating_mul(2));
-            gap.saturating_mul(2) >= margin
-        })
+        self.sessions.values().any(|s| s.info.threatened_by(gap)).then_some(gap)
     }
     pub fn job(&self, key: JobKey) -> Option<&Job> {
         self.jobs.get(&key)

@@ -7,16 +7,18 @@ use bytes::Bytes;
 
 use super::{ApplyOutput, PartitionState};
 use crate::core::{
-    CommandError, CommandResult, ErrorKind, EventKind, FailReason, JobKey, JobState, Outcome, Schema, Session,
+    CommandError, CommandResult, ErrorKind, EventKind, FailReason, JobKey, JobState, Millis, Outcome, Schema, Session,
     SessionId, SessionInfo, SessionTarget, WorkerState,
 };
 
 impl PartitionState {
-    /// Restarts every session's lease from now (a new leader's first entry).
-    pub(super) fn renew_sessions(&mut self, out: &mut ApplyOutput) {
+    /// Restarts from now the lease of every session a leaderless gap of
+    /// `gap` ms threatens, or of every session without a gap (a take-over's
+    /// entry below data version 18).
+    pub(super) fn renew_sessions(&mut self, gap: Option<Millis>, out: &mut ApplyOutput) {
         let now = self.clock;
         for (id, session) in &mut self.sessions {
-            if session.last_beat < now {
+            if session.last_beat < now && gap.is_none_or(|gap| session.info.threatened_by(gap)) {
                 self.session_expiry.remove(&(session.expires_at(), *id));
                 session.last_beat = now;
                 self.session_expiry.insert((session.expires_at(), *id));

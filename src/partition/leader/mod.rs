@@ -62,7 +62,7 @@ use ractor::{Actor, ActorProcessingErr, ActorRef, RpcReplyPort};
 
 use crate::core::{
     ActivatedJobData, Activation, Batch, Command, CommandResult, JobKey, Millis, PartitionId, Retention, Routing,
-    Taker, Via, YieldReason,
+    Taker, Via, YieldReason, LEASES_BY_MARGIN,
 };
 use crate::metrics::stages::{self, Stage};
 use crate::raft::{NodeId, Replica, WriteError};
@@ -554,15 +554,22 @@ impl LeaderState {
             }
             self.in_flight += 1;
             metrics::histogram!("drover_raft_commands_per_entry").record(answers(&commands) as f64);
-            // Every entry until the take-over entry has applied restarts every
-            // session's lease (see `Batch`) once the partition has gone long
-            // without an entry (`PartitionState::leases_need_renewal`): writes
-            // run concurrently, and one started later may reach the log first,
+            // Every entry until the take-over entry has applied restarts the
+            // leases of the sessions the gap since the partition's last entry
+            // threatens (`PartitionState::lease_gap`): writes run
+            // concurrently, and one started later may reach the log first,
             // firing the timers of sessions that could not beat meanwhile. The
             // gap is judged at each such write, so a take-over whose first
-            // entry is slow to commit renews what it must.
+            // entry is slow to commit renews what it must. Below cluster
+            // version 18 the entry can only restart every lease.
             let now = self.clock.now();
-            let renew_sessions = !self.took_over && self.replica.state().read(|s| s.leases_need_renewal(now));
+            let gap = if self.took_over { None } else { self.replica.state().read(|s| s.lease_gap(now)) };
+            let by_margin = self.replica.cluster_version() >= LEASES_BY_MARGIN;
+            if let Some(gap_ms) = gap.filter(|_| by_margin) {
+                commands.insert(0, Command::RenewLeases { gap_ms });
+                replies.insert(0, (1, ReplyTo::Ignore));
+            }
+            let renew_sessions = gap.is_some() && !by_margin;
             let batch = Batch { now, retention: self.retention, commands, renew_sessions };
             tokio::spawn(write(Arc::clone(&self.replica), Arc::clone(&self.link), batch, replies, myself.clone()));
         }
