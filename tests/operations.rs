@@ -581,12 +581,15 @@ async fn the_helm_chart_with_tls_and_tokens_renders_nodes_that_serve_jobs_over_t
     }
 
     let ca = authority.pem().into_bytes();
-    let admin = format!("{}:9600", pod_ip(0));
-    eventually(Duration::from_secs(60), "node 0 to be ready over HTTPS, as the probe asks", || {
-        let (admin, ca) = (admin.clone(), ca.clone());
-        async move { drover::tls::https_get(&admin, "/ready", &ca).await.is_ok_and(|(code, _)| code == 200) }
-    })
-    .await;
+    // Node 0 ready, as the probe asks, and node 1, whose gateway the client dials.
+    for i in 0..2 {
+        let admin = format!("{}:9600", pod_ip(i));
+        eventually(Duration::from_secs(60), &format!("node {i} to be ready over HTTPS, as the probe asks"), || {
+            let (admin, ca) = (admin.clone(), ca.clone());
+            async move { drover::tls::https_get(&admin, "/ready", &ca).await.is_ok_and(|(code, _)| code == 200) }
+        })
+        .await;
+    }
     let anonymous = Client::connect_with_ca(&format!("https://{}:26500", pod_ip(1)), Some(&ca)).await.unwrap();
     let client = anonymous.with_token(&secret).unwrap();
     let started = std::time::Instant::now();

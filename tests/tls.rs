@@ -104,7 +104,9 @@ async fn tls_connect(
 
 /// The certificate a TLS port presents now (DER).
 async fn served_certificate(addr: &str, ca: &[u8], identity: Option<(&[u8], &[u8])>) -> Option<Vec<u8>> {
-    let stream = tls_connect(addr, ca, identity, b"h2").await.ok()?;
+    // Bounded: a handshake a port never finishes is no certificate.
+    let stream =
+        tokio::time::timeout(Duration::from_secs(5), tls_connect(addr, ca, identity, b"h2")).await.ok()?.ok()?;
     Some(stream.get_ref().1.peer_certificates()?.first()?.to_vec())
 }
 
@@ -146,15 +148,22 @@ async fn a_cluster_with_tls_on_every_port_serves_jobs_refuses_plaintext_and_take
     let client = Client::connect_with_ca(&gateway, Some(&ca)).await.expect("a TLS client connects");
     serve_one_job(&client, "tls-before").await;
 
-    // Plaintext is refused on every port.
-    let plain = Client::connect(&cluster.node(1).grpc).await;
-    let refused = match plain {
-        Err(_) => true,
-        Ok(plain) => plain.create_job("plain", "{}").await.is_err(),
+    // Plaintext is refused on every port. A refused client may retry or
+    // wait on a closed connection; unanswered within 10 s is not served.
+    let bound = Duration::from_secs(10);
+    let plain = async {
+        match Client::connect(&cluster.node(1).grpc).await {
+            Err(_) => true,
+            Ok(plain) => plain.create_job("plain", "{}").await.is_err(),
+        }
     };
+    let refused = tokio::time::timeout(bound, plain).await.unwrap_or(true);
     assert!(refused, "a plaintext client was served by a TLS gateway port");
-    let plain_admin = common::http_get(&cluster.node(1).admin, "/ready").await;
-    assert!(!plain_admin.is_ok_and(|(code, _)| code == 200), "the admin port answered plaintext HTTP");
+    let plain_admin = tokio::time::timeout(bound, common::http_get(&cluster.node(1).admin, "/ready")).await;
+    assert!(
+        !plain_admin.is_ok_and(|answer| answer.is_ok_and(|(code, _)| code == 200)),
+        "the admin port answered plaintext HTTP"
+    );
 
     // Rotation: new files, the same paths, no restart.
     let before = served_certificate(&cluster.node(2).grpc, &ca, None).await.expect("a TLS handshake");
