@@ -14,7 +14,8 @@
 //! - `leader_push_hold`: a partition leader holds a push of activated jobs
 //!   for `hold_ms` before sending it, as a leader about to crash would.
 //! - `apply_hold`: a replica holds the next batch of committed entries for
-//!   `hold_ms` before applying it, as a slow follower would.
+//!   `hold_ms` before applying it, as a slow follower would;
+//!   `apply_hold_P` the same for partition P's replica only.
 //! - `wal_sync_hold`: a node's group-commit writer holds its next WAL sync
 //!   for `hold_ms`, as a stalled disk would.
 //! - `append_stream_unimplemented`: a node answers an append stream's

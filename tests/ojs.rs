@@ -8,7 +8,7 @@ mod common;
 
 use std::time::Duration;
 
-use common::{eventually, http_exchange, LocalNode};
+use common::{eventually, http_exchange, LocalNode, ProcessCluster};
 use drover::proto::gateway as pb;
 use drover::proto::zeebe as zb;
 use serde_json::{json, Value};
@@ -792,4 +792,64 @@ async fn a_rate_limit_option_throttles_its_queue_and_only_a_manager_may_change_i
     let (code, answer) = ojs.post("/ojs/v1/jobs", bad).await;
     assert!(code == 400 || code == 422, "{code} {answer}");
     assert!(answer["error"]["message"].as_str().unwrap_or_default().contains("max_per_second"), "{answer}");
+}
+
+/// Each gateway an OJS worker reaches registers its session again, which for
+/// a live session is a renewal: one that fails on one partition (its leader
+/// stalled past the request's deadline) fails that request and nothing else.
+/// The session and the jobs it holds stay as they were.
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn a_session_renewal_that_fails_on_one_partition_ends_nothing() {
+    let args = ["--heartbeat-ms", "50", "--election-timeout-ms", "300", "--ojs-addr", "127.0.0.1:0"];
+    let cluster =
+        ProcessCluster::start_with_failpoints("", 2, &[&args[..], &["--request-timeout-ms", "1000"]].concat());
+    cluster.wait_ready().await;
+    let lagging = cluster.leader_of(1, Duration::from_secs(20)).await;
+    let first = cluster.other_than(lagging);
+    let second = (0..3).find(|n| *n != first && *n != lagging).unwrap();
+    let ojs_at = |node: usize| Ojs { addr: cluster.node(node).ojs.clone().unwrap(), token: None, tenant: None };
+    let (ojs, again) = (ojs_at(first), ojs_at(second));
+    for n in 0..8 {
+        ojs.enqueue(json!({"type": "t.renew", "args": [n], "options": {"queue": "renew"}})).await;
+    }
+    let fetch = json!({"queues": ["renew"], "worker_id": "w1", "count": 8, "visibility_timeout_ms": 600_000});
+    let mut held = Vec::new();
+    let started = std::time::Instant::now();
+    while held.len() < 8 {
+        assert!(started.elapsed() < Duration::from_secs(20), "the worker holds only {held:?} after 20 s");
+        let (code, answer) = ojs.post("/ojs/v1/workers/fetch", fetch.clone()).await;
+        assert_eq!(code, 200, "fetch: {answer}");
+        held.extend(answer["jobs"].as_array().unwrap().iter().map(|j| j["id"].clone()));
+    }
+
+    // Partition 1's leader holds its next apply past the request deadline;
+    // the second gateway, which has not seen this worker, registers it again.
+    let armed = common::http_request(
+        "PUT",
+        &cluster.node(lagging).admin,
+        "/actuator/failpoints/apply_hold_1?count=1&hold_ms=3000",
+    )
+    .await
+    .unwrap();
+    assert_eq!(armed.0, 200, "{armed:?}");
+    let (code, answer) = again.post("/ojs/v1/workers/fetch", json!({"queues": ["renew"], "worker_id": "w1"})).await;
+    assert!(code >= 500, "the renewal missed partition 1's deadline: {code} {answer}");
+
+    // Listing the workers goes through partition 1 after the held entry (it
+    // misses the deadline until the hold ends), so anything sent there
+    // before it has applied.
+    let client = drover::client::Client::connect(&cluster.node(first).grpc).await.unwrap();
+    let started = std::time::Instant::now();
+    let workers = loop {
+        match client.raw().list_workers(pb::ListWorkersRequest::default()).await {
+            Ok(answer) => break answer.into_inner().workers,
+            Err(status) => assert!(started.elapsed() < Duration::from_secs(20), "no worker list in 20 s: {status}"),
+        }
+    };
+    let w1 = workers.iter().find(|w| w.worker_id == "w1").unwrap_or_else(|| panic!("w1's session lives: {workers:?}"));
+    assert!(w1.missing_on.is_empty(), "on every partition: {w1:?}");
+    for id in &held {
+        let job = ojs.job(id).await;
+        assert_eq!((job["state"].as_str(), job["attempt"].as_i64()), (Some("active"), Some(1)), "{job}");
+    }
 }

@@ -434,3 +434,100 @@ async fn sigtstp_quiets_a_worker_and_sigcont_resumes_it() {
     })
     .await;
 }
+
+/// A partition whose leader stalls past a session's dead-after declares the
+/// worker dead there alone, while the other partitions keep taking its
+/// beats. That costs the worker the stalled partition's jobs (they went back
+/// with its lease there), never its session or its jobs elsewhere.
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn a_lease_lapsed_on_one_partition_costs_that_partition_s_jobs_not_the_session() {
+    // None armed at start: the test stalls one partition's leader.
+    let cluster = ProcessCluster::start_with_failpoints("", 2, CLUSTER_ARGS);
+    cluster.wait_ready().await;
+    let lagging = cluster.leader_of(1, Duration::from_secs(20)).await;
+    let client = Client::connect(&cluster.node(cluster.other_than(lagging)).grpc).await.unwrap();
+    let keys = create(&client, "lapse", 8).await;
+    let register = RegisterWorkerRequest {
+        worker_id: "steady".into(),
+        job_types: vec!["lapse".into()],
+        heartbeat_interval: 200,
+        dead_after: 1_000,
+        ..Default::default()
+    };
+    let session = client.raw().register_worker(register).await.unwrap().into_inner().session_id;
+    let mut held: Vec<ActivatedJob> = Vec::new();
+    let started = Instant::now();
+    while held.len() < keys.len() {
+        assert!(started.elapsed() < Duration::from_secs(20), "only {} of {} jobs activated", held.len(), keys.len());
+        let activate = ActivateJobsRequest {
+            r#type: "lapse".into(),
+            worker: "steady".into(),
+            timeout: 600_000,
+            max_jobs_to_activate: (keys.len() - held.len()) as i32,
+            request_timeout: 500,
+            session_id: session,
+            ..Default::default()
+        };
+        let mut stream = client.raw().activate_jobs(activate).await.unwrap().into_inner();
+        while let Some(batch) = stream.message().await.unwrap() {
+            held.extend(batch.jobs);
+        }
+    }
+    let on = |partition: u64| held.iter().filter(|j| j.key >> 48 == partition).cloned().collect::<Vec<_>>();
+    let (kept, lapsed) = (on(0), on(1));
+    assert!(!kept.is_empty() && !lapsed.is_empty(), "jobs on both partitions: {held:?}");
+    let beat = HeartbeatRequest {
+        session_id: session,
+        state: "running".into(),
+        jobs: held.iter().map(|j| HeldJob { key: j.key, attempt: j.attempt }).collect(),
+    };
+
+    // Partition 1's leader holds its next apply for 2.5 s: what is proposed
+    // there meanwhile waits unstamped, so its next entry comes 2.5 s on, past
+    // the 1 s lease, while partition 0 takes a beat every 200 ms.
+    let armed = common::http_request(
+        "PUT",
+        &cluster.node(lagging).admin,
+        "/actuator/failpoints/apply_hold_1?count=1&hold_ms=2500",
+    )
+    .await
+    .unwrap();
+    assert_eq!(armed.0, 200, "{armed:?}");
+    let mut beats = Vec::new();
+    for _ in 0..20 {
+        let (mut raw, beat) = (client.raw(), beat.clone());
+        beats.push(tokio::spawn(async move { raw.heartbeat(beat).await }));
+        tokio::time::sleep(Duration::from_millis(200)).await;
+    }
+    let mut revoked = Vec::new();
+    for beat in beats {
+        match beat.await.unwrap() {
+            Ok(answer) => revoked.extend(answer.into_inner().revoked),
+            Err(status) => {
+                assert_ne!(status.code(), Code::NotFound, "the session lives on partition 0: {status}");
+            }
+        }
+    }
+    let lapsed_keys: Vec<u64> = lapsed.iter().map(|j| j.key).collect();
+    assert!(
+        lapsed_keys.iter().all(|key| revoked.contains(key)),
+        "partition 1's jobs are revoked: {revoked:?}, of {lapsed_keys:?}"
+    );
+    for job in &kept {
+        let now = client.get_job(job.key).await.unwrap();
+        assert_eq!((now.state.as_str(), now.attempt), ("activated", job.attempt), "partition 0 keeps its job: {now:?}");
+        assert!(!revoked.contains(&job.key), "partition 0's job is not revoked");
+    }
+    for job in &lapsed {
+        let now = client.get_job(job.key).await.unwrap();
+        assert!(
+            now.state != "activated" || now.attempt > job.attempt,
+            "partition 1 handed its job back when the lease lapsed there: {now:?}"
+        );
+    }
+    // The session is whole again: a beat of the kept jobs is answered on both.
+    let whole =
+        HeartbeatRequest { jobs: kept.iter().map(|j| HeldJob { key: j.key, attempt: j.attempt }).collect(), ..beat };
+    let answer = client.raw().heartbeat(whole).await.unwrap().into_inner();
+    assert!(answer.revoked.is_empty(), "{answer:?}");
+}

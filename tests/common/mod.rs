@@ -78,6 +78,8 @@ pub struct NodeProcess {
     pub grpc: String,
     pub cluster: String,
     pub admin: String,
+    /// The OJS port, when it was started with `--ojs-addr`.
+    pub ojs: Option<String>,
     pub data_dir: PathBuf,
 }
 
@@ -178,8 +180,10 @@ impl NodeProcess {
         let mut grpc = None;
         let mut cluster = None;
         let mut admin = None;
+        let mut ojs = None;
+        let wants_ojs = args.iter().any(|a| a == "--ojs-addr");
         let deadline = Instant::now() + Duration::from_secs(30);
-        while grpc.is_none() || admin.is_none() {
+        while grpc.is_none() || admin.is_none() || (wants_ojs && ojs.is_none()) {
             let left = deadline.saturating_duration_since(Instant::now());
             let Ok(line) = rx.recv_timeout(left) else {
                 let _ = child.kill();
@@ -196,9 +200,15 @@ impl NodeProcess {
                 let url = rest.split_whitespace().next().unwrap_or_default();
                 admin = Some(url.trim_start_matches("https://").trim_start_matches("http://").to_string());
             }
+            if let Some(rest) = line.trim().strip_prefix("OJS (HTTP):") {
+                let url = rest.split_whitespace().next().unwrap_or_default();
+                let host = url.trim_start_matches("https://").trim_start_matches("http://");
+                ojs = Some(host.trim_end_matches("/ojs/v1").to_string());
+            }
         }
         let cluster = cluster.unwrap_or_default();
-        Ok(NodeProcess { child, grpc: grpc.unwrap(), cluster, admin: admin.unwrap(), data_dir: data_dir.to_path_buf() })
+        let (grpc, admin) = (grpc.unwrap(), admin.unwrap());
+        Ok(NodeProcess { child, grpc, cluster, admin, ojs, data_dir: data_dir.to_path_buf() })
     }
 
     pub async fn client(&self) -> Client {

@@ -322,12 +322,7 @@ impl PartitionState {
         // Leaders' clocks differ; never let time run backwards within a partition.
         self.clock = self.clock.max(batch.now);
         self.expire_requests(&mut out);
-        if batch.renew_sessions {
-            self.renew_sessions(None, &mut out);
-        }
-        if let Some(Command::RenewLeases { gap_ms }) = batch.commands.first() {
-            self.renew_sessions(Some(*gap_ms), &mut out);
-        }
+        self.renew_leases(batch, &mut out);
         self.fire_timers(&mut out);
         if !self.limit_active.is_empty() {
             self.release_slots(&mut out);

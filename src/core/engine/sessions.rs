@@ -7,15 +7,26 @@ use bytes::Bytes;
 
 use super::{ApplyOutput, PartitionState};
 use crate::core::{
-    CommandError, CommandResult, ErrorKind, EventKind, FailReason, JobKey, JobState, Millis, Outcome, Schema, Session,
-    SessionId, SessionInfo, SessionTarget, WorkerState,
+    Batch, Command, CommandError, CommandResult, ErrorKind, EventKind, FailReason, JobKey, JobState, Millis, Outcome,
+    Schema, Session, SessionId, SessionInfo, SessionTarget, WorkerState,
 };
 
 impl PartitionState {
+    /// A new leader's entry restarts leases before timers fire: those its
+    /// leading [`Command::RenewLeases`] threatens, or every one when it set
+    /// the flag of data versions before 18.
+    pub(super) fn renew_leases(&mut self, batch: &Batch, out: &mut ApplyOutput) {
+        if batch.renew_sessions {
+            self.renew_sessions(None, out);
+        }
+        if let Some(Command::RenewLeases { gap_ms }) = batch.commands.first() {
+            self.renew_sessions(Some(*gap_ms), out);
+        }
+    }
     /// Restarts from now the lease of every session a leaderless gap of
     /// `gap` ms threatens, or of every session without a gap (a take-over's
     /// entry below data version 18).
-    pub(super) fn renew_sessions(&mut self, gap: Option<Millis>, out: &mut ApplyOutput) {
+    fn renew_sessions(&mut self, gap: Option<Millis>, out: &mut ApplyOutput) {
         let now = self.clock;
         for (id, session) in &mut self.sessions {
             if session.last_beat < now && gap.is_none_or(|gap| session.info.threatened_by(gap)) {

@@ -4,9 +4,15 @@
 //! [`crate::core::Session`] for why), so registrations, heartbeats,
 //! directions and ends go to every partition at once and the answers are
 //! merged here: a heartbeat's directed state is the strongest any partition
-//! holds, its revoked jobs are all of theirs, and a session that one
-//! partition no longer knows is over everywhere. Schemas go to every
-//! partition too, so each one's leader checks its own creates.
+//! holds and its revoked jobs are all of theirs. A session that some
+//! partitions no longer know (its lease lapsed there alone, or a
+//! registration never reached them) while others beat it is registered
+//! again where it was missing, as the principal that beats it, and the jobs
+//! the worker held there are revoked: one partition's fault costs the
+//! worker that partition's jobs, never its session. Nothing here ends a
+//! session as the broker: an end always carries the principal that asked.
+//! Schemas go to every partition too, so each one's leader checks its own
+//! creates.
 
 use std::collections::BTreeMap;
 use std::sync::Arc;
@@ -19,7 +25,8 @@ use super::ApiError;
 use crate::auth::Principal;
 use crate::context::NodeContext;
 use crate::core::{
-    Command, CommandResult, JobKey, Schema, Session, SessionId, SessionInfo, SessionTarget, WorkerState, OWNED_SESSIONS,
+    Command, CommandResult, JobKey, PartitionId, Schema, Session, SessionId, SessionInfo, SessionTarget, WorkerState,
+    OWNED_SESSIONS,
 };
 use crate::leaders;
 use crate::leaders::fanout::{everywhere, everywhere_as};
@@ -35,13 +42,17 @@ const MAX_JOB_TYPES: usize = 100;
 const MAX_LABELS: usize = validate::MAX_WORKER_LABELS;
 const MAX_NAME_LEN: usize = 255;
 
-/// Ends a session everywhere without waiting: after a failed registration
-/// or a heartbeat that found the session over on some partition.
-fn end_in_background(ctx: &Arc<NodeContext>, session: SessionId) {
+/// Ends a session everywhere as `principal` without waiting: after a failed
+/// registration of a new session, or a heartbeat no partition answered
+/// but to say the session is over. As the principal, so the owner check at
+/// apply holds (an end can never reach another principal's session).
+fn end_in_background(ctx: &Arc<NodeContext>, principal: &Arc<Principal>, session: SessionId) {
     let ctx = Arc::clone(ctx);
+    let principal = Arc::clone(principal);
     tokio::spawn(async move {
         let deadline = Instant::now() + ctx.settings.request_timeout;
-        for result in everywhere(&ctx, |_| Command::EndSession { session }, deadline).await {
+        let end = |_| Command::EndSession { session };
+        for result in everywhere_as(&ctx, Some(&principal), end, deadline).await {
             if let Err(error) = result {
                 tracing::debug!(session = %format!("{session:x}"), "ending the session failed: {error}");
             }
@@ -94,7 +105,8 @@ pub async fn register(
             )))
         }
     };
-    let id = id.filter(|id| *id != 0).unwrap_or_else(|| loop {
+    let given = id.filter(|id| *id != 0);
+    let id = given.unwrap_or_else(|| loop {
         let id: u64 = rand::random();
         if id != 0 {
             break id;
@@ -120,7 +132,13 @@ pub async fn register(
     };
     let results = everywhere_as(ctx, Some(principal), register, deadline).await;
     if let Some(error) = results.into_iter().find_map(Result::err) {
-        end_in_background(ctx, id);
+        // A new session, which the worker will not use: ended where it was
+        // made. A given id may name a live session this only renewed (an
+        // OJS worker's, registered again by each gateway): it is left as it
+        // is, and the worker's next request registers it again.
+        if given.is_none() {
+            end_in_background(ctx, principal, id);
+        }
         return Err(error);
     }
     metrics::counter!("drover_worker_sessions_registered_total").increment(1);
@@ -171,31 +189,41 @@ pub async fn heartbeat(
     let results = everywhere_as(
         ctx,
         Some(principal),
-        |p| Command::Beat { session, state, held: std::mem::take(&mut held[p as usize]) },
+        |p| Command::Beat { session, state, held: held[p as usize].clone() },
         deadline,
     )
     .await;
     let mut directed = WorkerState::Running;
     let mut renewed = Vec::new();
     let mut first_error = None;
-    for result in results {
+    let (mut beaten, mut unknown) = (None, Vec::new());
+    for (partition, result) in results.into_iter().enumerate() {
         match result {
             Ok(CommandResult::Beat { directed: d, revoked: r, renewed: n }) => {
                 directed = directed.max(d);
                 revoked.extend(r.into_iter().map(|k| k.0));
                 renewed.extend(n);
+                beaten.get_or_insert(partition as PartitionId);
             }
             Ok(other) => return Err(ApiError::Internal(format!("unexpected heartbeat result {other:?}"))),
-            Err(ApiError::NotFound(message)) => {
-                // Over on one partition is over: its jobs there are already
-                // handed back, and the worker must stop them all and register again.
-                end_in_background(ctx, session);
-                return Err(ApiError::NotFound(message));
-            }
+            Err(ApiError::NotFound(message)) => unknown.push((partition as PartitionId, message)),
             Err(error) => {
                 first_error.get_or_insert(error);
             }
         }
+    }
+    if let Some((_, message)) = unknown.first() {
+        let Some(beaten) = beaten else {
+            // No partition beat it: over. Ended where it may linger, and
+            // the worker stops its jobs and registers again.
+            end_in_background(ctx, principal, session);
+            return Err(ApiError::NotFound(message.clone()));
+        };
+        let missing: Vec<PartitionId> = unknown.iter().map(|(p, _)| *p).collect();
+        register_again(ctx, principal, session, beaten, &missing, deadline).await?;
+        // What it held there was handed back with its lease, or was never
+        // its own there: the worker stops it.
+        revoked.extend(missing.iter().flat_map(|p| held[*p as usize].iter().map(|(key, _)| key.0)));
     }
     if let Some(error) = first_error {
         return Err(error);
@@ -203,6 +231,49 @@ pub async fn heartbeat(
     metrics::counter!("drover_worker_heartbeats_total").increment(1);
     let response = pb::HeartbeatResponse { state: directed.as_str().into(), revoked, job_tokens: Vec::new() };
     Ok(Beaten { response, renewed })
+}
+
+/// Registers `session` again on the partitions `missing` that no longer know
+/// it, as `principal` (partition `beaten` just took its beat from them, so
+/// it is theirs), with the registration `beaten` holds.
+async fn register_again(
+    ctx: &Arc<NodeContext>,
+    principal: &Arc<Principal>,
+    session: SessionId,
+    beaten: PartitionId,
+    missing: &[PartitionId],
+    deadline: Instant,
+) -> Result<(), ApiError> {
+    let mut listed = leaders::submit(ctx, beaten, vec![Command::ListSessions], deadline).await?;
+    let info = match listed.pop() {
+        Some(CommandResult::Sessions(sessions)) => sessions.into_iter().find(|(s, _)| s.info.id == session),
+        other => return Err(ApiError::Internal(format!("unexpected session list {other:?}"))),
+    };
+    let Some((known, _)) = info else {
+        return Err(ApiError::Unavailable(format!(
+            "worker session {session:x} was just beaten on partition {beaten} but is not listed there: retry"
+        )));
+    };
+    let owned = owned_sessions(ctx);
+    for partition in missing {
+        let register = match owned {
+            true => Command::RegisterOwned(Arc::clone(&known.info)),
+            false => Command::Register(Arc::clone(&known.info)),
+        };
+        let mut answer = leaders::submit_as(ctx, Some(principal), *partition, vec![register], deadline).await?;
+        if let Some(CommandResult::Rejected(error)) = answer.pop() {
+            return Err(error.into());
+        }
+    }
+    metrics::counter!("drover_worker_sessions_repaired_total").increment(missing.len() as u64);
+    tracing::warn!(
+        session = %format!("{session:x}"),
+        worker = %known.info.worker,
+        partitions = ?missing,
+        "worker session unknown on some partitions while others beat it (its lease lapsed there alone, or its \
+         registration missed them): registered again there; the jobs it held there are revoked"
+    );
+    Ok(())
 }
 
 /// A heartbeat's answer, and the listed jobs the session holds under the

@@ -249,7 +249,12 @@ impl RaftStateMachine<TypeConfig> for StateMachine {
         I: IntoIterator<Item = Entry<TypeConfig>> + Send,
         I::IntoIter: Send,
     {
-        if let Some(hold) = crate::failpoints::fire("apply_hold") {
+        let hold = crate::failpoints::fire("apply_hold").or_else(|| {
+            crate::failpoints::enabled()
+                .then(|| crate::failpoints::fire(&format!("apply_hold_{}", self.partition)))
+                .flatten()
+        });
+        if let Some(hold) = hold {
             tokio::time::sleep(hold).await;
         }
         let started = std::time::Instant::now();
