@@ -292,3 +292,31 @@ async fn a_part_a_restarted_node_no_longer_holds_is_read_from_another_replica() 
     let part = part.expect("the last chunk describes the part");
     assert_eq!((bytes, part.records), (part.bytes, 20));
 }
+
+/// The cluster port's staged-backup calls name a folder by the backup id a
+/// peer sends: an id that climbs out of the staging folder is refused, and
+/// deletes and reads nothing.
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn a_staged_backup_id_that_names_a_path_is_refused_on_the_cluster_port() {
+    use drover::proto::cluster::{ReadStagedBackupRequest, ReleaseStagedBackupRequest};
+    let dir = tempfile::tempdir().unwrap();
+    let data = dir.path().join("node");
+    let node = NodeProcess::start(&data, &[]);
+    node.wait_ready().await;
+    let probe = data.join("probe");
+    std::fs::create_dir_all(&probe).unwrap();
+    let mut peer = common::peer(format!("http://{}", node.cluster)).await.unwrap();
+    for id in ["../../probe", "../..", "a/b", ""] {
+        let release = ReleaseStagedBackupRequest { backup_id: id.into() };
+        let error = peer.release_staged_backup(release).await.unwrap_err();
+        assert_eq!(error.code(), Code::InvalidArgument, "{id:?}: {error}");
+        assert!(error.message().contains("backup id"), "the id is named: {}", error.message());
+        let read = ReadStagedBackupRequest { backup_id: id.into(), partition_id: 0, ..Default::default() };
+        assert_eq!(peer.read_staged_backup(read).await.err().map(|e| e.code()), Some(Code::InvalidArgument), "{id:?}");
+    }
+    assert!(probe.exists(), "nothing outside the staging folder was deleted");
+    let client = node.client().await;
+    client.create_job("after-probe", "{}").await.expect("the node still serves from its data");
+    let release = ReleaseStagedBackupRequest { backup_id: "no-such-backup".into() };
+    peer.release_staged_backup(release).await.expect("a well-formed id with nothing staged is released");
+}

@@ -457,6 +457,7 @@ impl Cluster for ClusterService {
     ) -> Result<Response<Self::ReadStagedBackupStream>, Status> {
         let ctx = self.ctx()?;
         let request = request.into_inner();
+        crate::raft::check_backup_id(&request.backup_id).map_err(Status::invalid_argument)?;
         let Some(replica) = ctx.routing.replica(request.partition_id) else {
             let node = ctx.topology.node_id;
             return Err(Status::not_found(format!(
@@ -480,7 +481,9 @@ impl Cluster for ClusterService {
         request: Request<ReleaseStagedBackupRequest>,
     ) -> Result<Response<ReleaseStagedBackupReply>, Status> {
         let ctx = self.ctx()?;
-        crate::raft::release_staged_backup(&ctx.settings.snapshot_dir, &request.into_inner().backup_id)
+        let id = request.into_inner().backup_id;
+        crate::raft::check_backup_id(&id).map_err(Status::invalid_argument)?;
+        crate::raft::release_staged_backup(&ctx.settings.snapshot_dir, &id)
             .map_err(|e| Status::internal(format!("deleting a staged backup: {e}")))?;
         Ok(Response::new(ReleaseStagedBackupReply {}))
     }

@@ -160,6 +160,7 @@ pub async fn open_staged(
     partition: PartitionId,
     until: Instant,
 ) -> std::io::Result<Option<(PartitionBackup, std::fs::File)>> {
+    checked(id)?;
     let (file, record) = part_paths(snapshot_dir, id, partition);
     let marker = staging_marker(snapshot_dir, id, partition);
     let until_applied = Instant::now() + APPLY_GRACE;
@@ -182,8 +183,19 @@ pub async fn open_staged(
     }
 }
 
+/// An id that would name a folder outside the staging folder (`..`, a
+/// path) is refused: it arrives from a peer's request.
+fn checked(id: &str) -> std::io::Result<()> {
+    check_id(id).map_err(|e| std::io::Error::new(std::io::ErrorKind::InvalidInput, e))
+}
+
 /// Deletes this node's staged parts of backup `id`.
 pub fn release_staged(snapshot_dir: &Path, id: &str) -> std::io::Result<()> {
+    checked(id)?;
+    remove_staged(snapshot_dir, id)
+}
+
+fn remove_staged(snapshot_dir: &Path, id: &str) -> std::io::Result<()> {
     match std::fs::remove_dir_all(staged_dir(snapshot_dir, id)) {
         Err(e) if e.kind() != std::io::ErrorKind::NotFound => Err(e),
         _ => Ok(()),
@@ -205,7 +217,7 @@ pub fn expire_staged(snapshot_dir: &Path, ttl: Duration) -> std::io::Result<Vec<
         let age = entry.metadata()?.modified()?.elapsed().unwrap_or_default();
         if age >= ttl {
             let id = entry.file_name().to_string_lossy().into_owned();
-            release_staged(snapshot_dir, &id)?;
+            remove_staged(snapshot_dir, &id)?;
             expired.push(id);
         }
     }
