@@ -553,6 +553,24 @@ async fn awaiting_another_tenants_job_is_not_found_at_once() {
     assert_eq!(refused.code(), Code::NotFound, "{refused:?}");
 }
 
+/// A key just past the partition's counter that no create is making (a
+/// typo, a probe) is NOT_FOUND once its create could have applied: never a
+/// wait to the deadline answered as "no leader, retry".
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn a_command_on_a_key_never_made_is_not_found_rather_than_unavailable() {
+    let tokens = Tokens::new();
+    let node = node_with(&tokens).await;
+    let acme = as_token(&node, tokens.secret("acme"));
+    let key = acme.create(CreateJobRequest { r#type: "t".into(), tenant_id: "acme".into(), ..Default::default() });
+    let key = key.await.unwrap();
+    for ahead in [1, 5] {
+        let complete = CompleteJobRequest { key: key + ahead, attempt: 1, ..Default::default() };
+        let error = acme.raw().complete_job(complete).await.expect_err("no such job");
+        assert_eq!(error.code(), Code::NotFound, "key {}: {error:?}", key + ahead);
+    }
+    assert_eq!(acme.get_job(key).await.unwrap().state, "activatable", "the job that was made is untouched");
+}
+
 /// Keys are sequential, so a stranger can guess the next ones and aim at
 /// jobs whose creates are still in flight. Such a command waits until the
 /// job is known, and then finds it is not the stranger's: no job of acme's is

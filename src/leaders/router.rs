@@ -192,11 +192,7 @@ async fn submit_local(
     // A principal that holds everything (carried only for an override's
     // history) has nothing to screen.
     let (commands, refused) = match (principal.filter(|p| !p.unrestricted()), replica) {
-        (Some(principal), Some(replica)) => match screen(&replica, principal, commands)? {
-            Screened::Ready(commands, refused) => (commands, refused),
-            // Its create is in flight here: ask again once it has applied.
-            Screened::NotApplied => return Ok(Attempt::Retry(Some(ctx.topology.node_id))),
-        },
+        (Some(principal), Some(replica)) => screen_once_applied(&replica, principal, commands, deadline).await?,
         _ => (commands, Vec::new()),
     };
     let (commands, mut refused) = match ctx.routing.replica(partition) {
@@ -322,11 +318,47 @@ async fn forward(
 /// tenant is NOT_FOUND, as if it did not exist; one of its tenants without
 /// the scope is PERMISSION_DENIED. A job's type and tenant never change, so
 /// this read needs no commit. A key this partition never created is
-/// NOT_FOUND; a key it is about to create (its create proposed, not applied
-/// here yet) is [`Screened::NotApplied`]: nothing runs until the job, and so
-/// whose it is, is known, or a stranger could act on a job in the instant
-/// before its create applies.
-fn screen(replica: &Replica, principal: &Principal, commands: Vec<Command>) -> Result<Screened, ApiError> {
+/// NOT_FOUND; while `creates_pending`, a key it may be about to create (its
+/// create proposed, not applied here yet) is [`Screened::NotApplied`]:
+/// nothing runs until the job, and so whose it is, is known, or a stranger
+/// could act on a job in the instant before its create applies.
+/// [`screen`], waiting while a key's create may be in flight here: until it
+/// applies, or for at most [`CREATE_APPLY_WAIT`] (and the deadline), after
+/// which a key still unknown was never made and is NOT_FOUND, never a wait
+/// to the deadline and "no leader".
+async fn screen_once_applied(
+    replica: &Replica,
+    principal: &Principal,
+    commands: Vec<Command>,
+    deadline: Instant,
+) -> Result<(Vec<Command>, Vec<Option<CommandResult>>), ApiError> {
+    let until = deadline.min(Instant::now() + CREATE_APPLY_WAIT);
+    let mut applied = replica.applying();
+    loop {
+        let waiting = Instant::now() < until;
+        match screen(replica, principal, commands.clone(), waiting)? {
+            Screened::Ready(commands, refused) => return Ok((commands, refused)),
+            // Its create is in flight here: screen again once more has applied.
+            Screened::NotApplied => {
+                if !matches!(tokio::time::timeout_at(until.into(), applied.changed()).await, Ok(Ok(()))) {
+                    // Out of time (or the group stopped): the next screen says NOT_FOUND.
+                    tokio::time::sleep_until(until.into()).await;
+                }
+            }
+        }
+    }
+}
+
+/// How long a command on a key just past the partition's counter waits for
+/// that key's create to apply before the key counts as never made.
+const CREATE_APPLY_WAIT: std::time::Duration = std::time::Duration::from_secs(2);
+
+fn screen(
+    replica: &Replica,
+    principal: &Principal,
+    commands: Vec<Command>,
+    creates_pending: bool,
+) -> Result<Screened, ApiError> {
     let keys: Vec<Option<(JobKey, Option<u32>, Verb)>> = commands.iter().map(Command::acts_on).collect();
     if keys.iter().all(Option::is_none) {
         return Ok(Screened::Ready(commands, Vec::new()));
@@ -340,7 +372,8 @@ fn screen(replica: &Replica, principal: &Principal, commands: Vec<Command>) -> R
         (owners, s.meta().next_counter)
     });
     let in_flight = |key: JobKey| {
-        key.partition() == replica.partition
+        creates_pending
+            && key.partition() == replica.partition
             && (next_counter..next_counter.saturating_add(CREATES_IN_FLIGHT)).contains(&key.counter())
     };
     if keys.iter().zip(&owners).any(|(k, owner)| owner.is_none() && k.is_some_and(|(key, _, _)| in_flight(key))) {

@@ -354,6 +354,13 @@ impl Replica {
         self.raft.server_metrics()
     }
 
+    /// Changes of this replica's log and what it applied (and, on a leader,
+    /// its quorum's acknowledgements): for a rare wait on an apply, never a
+    /// loop that runs on every change.
+    pub fn applying(&self) -> watch::Receiver<openraft::metrics::RaftDataMetrics<NodeId>> {
+        self.raft.data_metrics()
+    }
+
     pub fn status(&self) -> ReplicaStatus {
         let metrics = self.raft.metrics();
         let m = metrics.borrow();
