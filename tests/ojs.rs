@@ -853,3 +853,32 @@ async fn a_session_renewal_that_fails_on_one_partition_ends_nothing() {
         assert_eq!((job["state"].as_str(), job["attempt"].as_i64()), (Some("active"), Some(1)), "{job}");
     }
 }
+
+/// An enqueue whose outcome is unknown (every answer from the partition's
+/// leader lost) is a 504 that says whether sending it again is safe: not
+/// for a job without an id, which a second send may make twice.
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn an_enqueue_of_unknown_outcome_is_retryable_only_with_an_id() {
+    let args = ["--heartbeat-ms", "50", "--election-timeout-ms", "300", "--ojs-addr", "127.0.0.1:0"];
+    let cluster = ProcessCluster::start_with_failpoints(
+        "forward_lose_reply=1000",
+        1,
+        &[&args[..], &["--request-timeout-ms", "2000"]].concat(),
+    );
+    cluster.wait_ready().await;
+    let leader = cluster.leader_of(0, Duration::from_secs(20)).await;
+    let through = cluster.other_than(leader);
+    let ojs = Ojs { addr: cluster.node(through).ojs.clone().unwrap(), token: None, tenant: None };
+    let (code, answer) =
+        ojs.post("/ojs/v1/jobs", json!({"type": "t.lost", "args": [], "options": {"queue": "lost"}})).await;
+    assert_eq!((code, answer["error"]["code"].as_str()), (504, Some("timeout")), "{answer}");
+    assert_eq!(answer["error"]["retryable"], json!(false), "a second send may make a second job: {answer}");
+    assert!(answer["error"]["hint"].as_str().unwrap().contains("with an id"), "{answer}");
+    let with_id = json!({"type": "t.lost", "id": "0190b6e0-0000-7000-8000-000000000001", "args": [], "options": {"queue": "lost"}});
+    let (code, answer) = ojs.post("/ojs/v1/jobs", with_id).await;
+    assert_eq!(
+        (code, answer["error"]["retryable"].clone()),
+        (504, json!(true)),
+        "its id makes a second send safe: {answer}"
+    );
+}

@@ -105,6 +105,10 @@ impl Ojs {
                     Ok(_) => return Err(duplicate(client_id)),
                     // The same id with other contents.
                     Err(ApiError::FailedPrecondition(_)) if client_id.is_some() => return Err(duplicate(client_id)),
+                    // Without an id a second send may make a second job.
+                    Err(error) if enqueue.request.idempotency_key.is_empty() => {
+                        return Err(OjsError::from(error).unless_outcome_unknown())
+                    }
                     Err(error) => return Err(error.into()),
                 };
                 Ok((StatusCode::CREATED, created_envelope(&enqueue.request, &created)))
@@ -267,7 +271,10 @@ pub(super) async fn enqueue_batch(
                 None => created_envelope(request, &created)["job"].clone(),
                 Some(error) => {
                     failed += 1;
-                    json!({ "error": { "code": "backend_error", "message": error.message, "retryable": true } })
+                    // Outcome unknown: a second send of a job without an id may make a second job.
+                    let unknown = error.code == tonic::Code::DeadlineExceeded as i32;
+                    let code = if unknown { "timeout" } else { "backend_error" };
+                    json!({ "error": { "code": code, "message": error.message, "retryable": !unknown } })
                 }
             });
         }

@@ -294,6 +294,15 @@ impl OjsError {
         OjsError::new(StatusCode::CONFLICT, "duplicate", message)
     }
 
+    /// This error, not retryable when it says the outcome is unknown: for an
+    /// enqueue without an id, whose retry may make a second job.
+    pub(crate) fn unless_outcome_unknown(mut self) -> Self {
+        if self.code == "timeout" {
+            self.retryable = false;
+        }
+        self
+    }
+
     fn hint(&self) -> &'static str {
         match self.code {
             "invalid_request" | "invalid_payload" => "fix the request as the message says and send it again",
@@ -308,6 +317,10 @@ impl OjsError {
             "forbidden" => "ask for a token with the scope, job type and tenant the request needs",
             "rate_limited" => "slow down and retry after a pause",
             "envelope_too_large" => "store large data elsewhere and pass a reference in args",
+            "timeout" => {
+                "the request may or may not have taken effect: read before sending it again; an enqueue with an \
+                 id is safe to send again"
+            }
             _ => "retry later; if it persists, see the node's log and /actuator/partitions",
         }
     }
