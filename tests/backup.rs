@@ -241,6 +241,21 @@ async fn a_damaged_or_truncated_backup_is_refused_by_verify_and_by_restore() {
         assert!(!data.join("cluster.json").exists(), "a refused restore leaves no data directory to start on");
     }
 
+    // A hand-edited manifest that formed with more partitions than it has is
+    // named damaged, never a panic of the restore.
+    let edited = dir.path().join("edited");
+    damaged_copy(&good, "b1", &edited, |_| {});
+    let path = edited.join("b1/manifest.json");
+    let mut manifest: serde_json::Value = serde_json::from_slice(&std::fs::read(&path).unwrap()).unwrap();
+    manifest["formed_partitions"] = serde_json::json!(8);
+    std::fs::write(&path, manifest.to_string()).unwrap();
+    let data = dir.path().join("restored-edited");
+    let edited = edited.to_str().unwrap().to_string();
+    let mut restore = args(&["backup", "restore", "--from", &edited, "--id", "b1", "--partitions", "8", "--data-dir"]);
+    restore.push(data.to_str().unwrap().to_string());
+    let (ok, out, err) = drover(&restore).await;
+    assert!(!ok && err.contains("damaged") && !err.contains("panicked"), "restore of an edited manifest: {out}\n{err}");
+
     // An incomplete backup (no manifest) is listed as one and not restored.
     let incomplete = dir.path().join("incomplete");
     damaged_copy(&good, "b1", &incomplete, |_| {});

@@ -93,6 +93,14 @@ impl Manifest {
                 self.partitions_count
             );
         }
+        if self.formed_partitions > self.partitions_count {
+            bail!(
+                "the manifest of backup {id} says its cluster formed with {} partitions and had {} when backed up: \
+                 partitions are only ever added, so it is damaged",
+                self.formed_partitions,
+                self.partitions_count
+            );
+        }
         if let Some(part) = self.parts.iter().find(|p| p.data_version > crate::codec::DATA_VERSION) {
             bail!(
                 "backup {id}'s partition {} was written at data version {}; this build reads {} and older. \
@@ -409,4 +417,40 @@ pub async fn delete(destination: &Destination, id: &str) -> anyhow::Result<usize
         std::fs::File::open(dir)?.sync_all()?;
     }
     Ok(files.len())
+}
+
+#[cfg(test)]
+mod manifest_tests {
+    use super::Manifest;
+    use crate::raft::PartitionBackup;
+
+    #[test]
+    fn a_manifest_that_formed_with_more_partitions_than_it_has_is_damaged() {
+        let part = |partition| PartitionBackup {
+            backup: "b".into(),
+            partition,
+            term: 1,
+            leader: 0,
+            index: 1,
+            bytes: 0,
+            sha256: String::new(),
+            records: 0,
+            data_version: crate::codec::DATA_VERSION,
+        };
+        let mut manifest = Manifest {
+            backup_id: "b".into(),
+            created_at_ms: 0,
+            drover_version: String::new(),
+            cluster_version: crate::codec::DATA_VERSION,
+            partitions_count: 4,
+            formed_partitions: 2,
+            replication_factor: 1,
+            cluster_size: 1,
+            parts: (0..4).map(part).collect(),
+        };
+        manifest.check("b").expect("grown from 2 to 4");
+        manifest.formed_partitions = 8;
+        let error = manifest.check("b").expect_err("formed with more than it has").to_string();
+        assert!(error.contains("formed with 8 partitions and had 4") && error.contains("damaged"), "{error}");
+    }
 }
