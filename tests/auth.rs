@@ -1054,6 +1054,21 @@ async fn a_principal_past_its_stream_or_call_limit_is_resource_exhausted_and_oth
     assert_eq!(second.code(), Code::ResourceExhausted, "{second:?}");
     assert!(second.message().contains("--principal-streams"), "{}", second.message());
     admin.raw().stream_activated_jobs(stream()).await.expect("another principal's stream opens");
+    // An event watch holds a stream permit too, counted with job streams.
+    let acme = as_token(&node, tokens.secret("acme"));
+    let watch = acme.raw().watch_events(WatchEventsRequest::default()).await.expect("the first watch opens");
+    for refused in [
+        acme.raw().watch_events(WatchEventsRequest::default()).await.map(drop).unwrap_err(),
+        acme.raw()
+            .stream_activated_jobs(StreamActivatedJobsRequest { tenant_ids: vec!["acme".into()], ..stream() })
+            .await
+            .map(drop)
+            .unwrap_err(),
+    ] {
+        assert_eq!(refused.code(), Code::ResourceExhausted, "past acme's one stream: {refused:?}");
+        assert!(refused.message().contains("--principal-streams"), "{}", refused.message());
+    }
+    drop(watch);
     drop(first);
     // The slot comes back when the server sees the stream close.
     let started = std::time::Instant::now();

@@ -183,6 +183,16 @@ async fn bad_requests_get_the_error_catalog_and_make_nothing() {
     let (code, answer) = ojs.post("/ojs/v1/jobs/batch", batch).await;
     assert_error(code, &answer, 400, "invalid_request");
     assert!(ojs.fetch(&["batch"]).await.is_empty());
+    // A fetch from more queues than a worker may serve is refused before it
+    // activates anything, with or without a worker_id.
+    let waiting = ojs.enqueue(json!({"type": "a", "args": [], "options": {"queue": "q0"}})).await;
+    let queues: Vec<String> = (0..=100).map(|i| format!("q{i}")).collect();
+    for fetch in [json!({"queues": queues}), json!({"queues": queues, "worker_id": "many"})] {
+        let (code, answer) = ojs.post("/ojs/v1/workers/fetch", fetch).await;
+        assert_error(code, &answer, 400, "invalid_request");
+        assert!(answer["error"]["message"].as_str().unwrap().contains("at most 100"), "{answer}");
+    }
+    assert_eq!(ojs.job(&waiting["id"]).await["state"], "available", "the refused fetches took nothing");
 }
 
 #[tokio::test(flavor = "multi_thread", worker_threads = 2)]
@@ -605,11 +615,31 @@ async fn a_stale_workers_ack_never_lands_on_the_next_activation() {
     assert_eq!(second["jobs"][0]["id"], job["id"]);
     let attempt = second["jobs"][0]["attempt"].as_u64().unwrap();
     assert!(attempt >= 2, "{second}");
-    // The first worker's outcome, named by its attempt or by its name, is refused.
+    // The first worker's beat is told to stop and does not move the
+    // holder's deadline; the holder's own beat does.
+    let key = job["drover"]["key"].as_str().unwrap().parse::<u64>().unwrap();
+    let deadline = node.client.get_job(key).await.unwrap().deadline;
+    let (code, beat) =
+        ojs.post("/ojs/v1/workers/heartbeat", json!({"worker_id": "alpha", "active_jobs": [job["id"]]})).await;
+    assert_eq!(code, 200, "{beat}");
+    assert_eq!((&beat["revoked"], &beat["jobs_extended"]), (&json!([job["id"]]), &json!([])), "{beat}");
+    assert_eq!(node.client.get_job(key).await.unwrap().deadline, deadline, "a lapsed worker's beat moved the deadline");
+    let (_, beat) =
+        ojs.post("/ojs/v1/workers/heartbeat", json!({"worker_id": "beta", "active_jobs": [job["id"]]})).await;
+    assert_eq!(beat["jobs_extended"], json!([job["id"]]), "{beat}");
+    // The first worker's outcome, named by its attempt or by its name, is
+    // refused; so is one naming neither, which may be the lapsed worker's.
     let (code, answer) = ojs.post("/ojs/v1/workers/ack", json!({"job_id": job["id"], "attempt": 1})).await;
     assert_error(code, &answer, 409, "conflict");
+    let (code, answer) = ojs.post("/ojs/v1/workers/ack", json!({"job_id": job["id"], "result": {"by": "?"}})).await;
+    assert_error(code, &answer, 409, "conflict");
+    assert!(answer["error"]["message"].as_str().unwrap().contains("timed out"), "{answer}");
     let (code, answer) = ojs.nack(&job["id"], json!({"code": "late"})).await;
-    assert_eq!(code, 200, "an unnamed outcome acts on the current activation: {answer}");
+    assert_error(code, &answer, 409, "conflict");
+    assert_eq!(ojs.job(&job["id"]).await["state"], "active", "no unnamed outcome landed");
+    let nack = json!({"job_id": job["id"], "worker_id": "beta", "error": {"code": "failed"}});
+    let (code, answer) = ojs.post("/ojs/v1/workers/nack", nack).await;
+    assert_eq!(code, 200, "the holder's nack, naming it: {answer}");
     let third = std::sync::Mutex::new(Value::Null);
     eventually(Duration::from_secs(10), "the failed job to be fetchable again", || async {
         let (_, fetched) = ojs.post("/ojs/v1/workers/fetch", fetch("gamma")).await;

@@ -26,8 +26,12 @@ use crate::raft::ReadEvent;
 
 /// Events read from one partition per round.
 const READ_PER_PARTITION: usize = 500;
-/// How often an open watch asks the partitions for new events.
+/// How soon an open watch asks the partitions again after a round that
+/// found something; each round that finds nothing doubles the wait, up to
+/// [`WATCH_IDLE_POLL`], so an idle watch costs a read per partition a
+/// second, not ten.
 const WATCH_POLL: Duration = Duration::from_millis(100);
+const WATCH_IDLE_POLL: Duration = Duration::from_secs(1);
 
 /// Where a reader is: the last log index read, per partition.
 #[derive(Clone, Debug, PartialEq, Eq)]
@@ -153,17 +157,24 @@ impl JobApi {
         Ok(Cursor(pages.into_iter().map(|page| page.map(|p| p.applied)).collect::<Result<_, _>>()?))
     }
 
-    /// Opens a watch: rounds from `cursor` on, then a round every
-    /// [`WATCH_POLL`] while the caller listens and the node runs.
+    /// Opens a watch for `call`'s principal: rounds from `cursor` on, then
+    /// a round every [`WATCH_POLL`] to [`WATCH_IDLE_POLL`] while the caller
+    /// listens and the node runs. A watch holds one of the principal's
+    /// stream permits (`--principal-streams`) while it is open:
+    /// RESOURCE_EXHAUSTED when it holds as many as allowed.
     pub fn watch_events(
         &self,
+        call: &Call,
         mut cursor: Cursor,
         filter: EventFilter,
-    ) -> impl Stream<Item = Result<pb::LifecycleEvent, tonic::Status>> + Send + 'static {
+    ) -> Result<impl Stream<Item = Result<pb::LifecycleEvent, tonic::Status>> + Send + 'static, ApiError> {
+        let permit = self.ctx.auth.open_stream(&call.principal)?;
         let ctx = Arc::clone(&self.ctx);
         let (sender, receiver) = tokio::sync::mpsc::channel(256);
         tokio::spawn(async move {
+            let _permit = permit;
             let mut stopping = ctx.stopping.clone();
+            let mut idle = WATCH_POLL;
             loop {
                 let deadline = Instant::now() + ctx.settings.request_timeout;
                 let round = match read_round(&ctx, &cursor, &filter, deadline).await {
@@ -181,16 +192,17 @@ impl JobApi {
                 }
                 cursor = round.cursor;
                 if moved {
+                    idle = WATCH_POLL;
                     continue;
                 }
                 tokio::select! {
-                    _ = tokio::time::sleep(WATCH_POLL) => {}
+                    _ = tokio::time::sleep(idle) => idle = (idle * 2).min(WATCH_IDLE_POLL),
                     _ = sender.closed() => return,
                     _ = stopping.wait_for(|s| *s) => return,
                 }
             }
         });
-        tokio_stream::wrappers::ReceiverStream::new(receiver)
+        Ok(tokio_stream::wrappers::ReceiverStream::new(receiver))
     }
 }
 

@@ -50,7 +50,7 @@ use crate::context::NodeContext;
 use crate::core::{Command, CommandResult, EventKind, Job, JobKey, JobRef, JobState};
 use crate::leaders;
 pub use crate::leaders::ApiError;
-pub use sessions::MAX_DEAD_AFTER_MS;
+pub use sessions::{MAX_DEAD_AFTER_MS, MAX_JOB_TYPES};
 pub use status::{cluster_status, cluster_status_json};
 
 /// The job API of one node's gateway.

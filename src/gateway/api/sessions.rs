@@ -38,7 +38,8 @@ pub const DEFAULT_HEARTBEAT_MS: i64 = 5_000;
 pub const DEFAULT_DEAD_AFTER_MS: i64 = 30_000;
 const MIN_HEARTBEAT_MS: i64 = 100;
 pub const MAX_DEAD_AFTER_MS: i64 = 3_600_000;
-const MAX_JOB_TYPES: usize = 100;
+/// The most job types one worker session serves (and one OJS fetch names).
+pub const MAX_JOB_TYPES: usize = 100;
 const MAX_LABELS: usize = validate::MAX_WORKER_LABELS;
 const MAX_NAME_LEN: usize = 255;
 

@@ -181,7 +181,7 @@ pub(super) async fn stream(
         Some(text) => Cursor::parse(&text, &ojs.ctx.topology)?,
         None => ojs.api.events_now(&call).await?,
     };
-    let events = ojs.api.watch_events(cursor, filter).filter(move |e| {
+    let events = ojs.api.watch_events(&call, cursor, filter)?.filter(move |e| {
         let keep = e.as_ref().map_or(true, |e| wanted.admits(e));
         std::future::ready(keep)
     });

@@ -27,13 +27,16 @@ use super::time::rfc3339;
 use super::{now_ms, reply, JsonBody, Ojs, OjsCall, OjsError};
 use crate::auth::Verb;
 use crate::core::retry::{RetryPolicy as EnginePolicy, RETRY_POLICY_HEADER};
-use crate::gateway::api::ApiError;
+use crate::gateway::api::{ApiError, MAX_JOB_TYPES};
 use crate::proto::gateway as pb;
 
 /// How long an activation lasts when neither the fetch nor the job names a
 /// timeout: OJS's default visibility timeout, 30 minutes (the worker
 /// protocol's). A worker that dies sooner is noticed by its session.
 const DEFAULT_VISIBILITY_MS: i64 = 1_800_000;
+/// The worker a fetch that names no `worker_id` activates for; a beat
+/// cannot tell such a worker from another.
+const ANONYMOUS_WORKER: &str = "ojs-worker";
 /// The longest a fetch may wait for a job.
 const MAX_WAIT_MS: i64 = 30_000;
 /// The most jobs one heartbeat extends (each is a read and a write).
@@ -142,6 +145,12 @@ pub(super) async fn fetch(
     if queues.is_empty() {
         return Err(OjsError::invalid("queues is required: the queues to fetch from, in order"));
     }
+    if queues.len() > MAX_JOB_TYPES {
+        return Err(OjsError::invalid(format!(
+            "queues names {} queues; a fetch takes from at most {MAX_JOB_TYPES}: fetch from the rest in another request",
+            queues.len()
+        )));
+    }
     if let Some(bad) = queues.iter().find(|q| !envelope::is_queue(q)) {
         return Err(OjsError::invalid(format!("queue {bad:?} is not a queue name")));
     }
@@ -154,15 +163,18 @@ pub(super) async fn fetch(
         Some(_) => positive(&body, "wait_ms", 0, MAX_WAIT_MS)?,
     };
     let named = body.get("worker_id").and_then(Value::as_str).filter(|w| !w.is_empty());
-    let worker = named.unwrap_or("ojs-worker").to_string();
+    let worker = named.unwrap_or(ANONYMOUS_WORKER).to_string();
     let session = match named {
         Some(worker) => session(&ojs, &call, worker, &queues).await?,
         None => 0,
     };
+    // The whole fetch has one request timeout (plus its wait): queues not
+    // reached by then are not tried, and the jobs already held are answered.
+    let deadline = std::time::Instant::now() + ojs.ctx.settings.request_timeout;
     let mut jobs = Vec::new();
     for (i, queue) in queues.iter().enumerate() {
         let remaining = count - jobs.len() as i64;
-        if remaining == 0 {
+        if remaining == 0 || (i > 0 && std::time::Instant::now() >= deadline) {
             break;
         }
         let last = i + 1 == queues.len();
@@ -198,11 +210,36 @@ pub(super) async fn fetch(
 /// The job an ack or nack names, which must be active, and active under the
 /// activation the request names: its `attempt` when it gives one (an
 /// extension: what the fetch answered), else its `worker_id` when it gives
-/// one. A request with neither acts on whatever activation the job has.
+/// one. A request with neither acts on the job's activation only while no
+/// earlier one lapsed (see [`lapsed_before`]).
 async fn active(ojs: &Ojs, call: &OjsCall, body: &Value, verb: &str) -> Result<(String, pb::Job), OjsError> {
     let id = job_id(body)?;
-    let job = ojs.find_for(call, &id, false, Verb::Work).await?;
+    let job = ojs.find_for(call, &id, !names_activation(body), Verb::Work).await?;
     held(id, job, body, verb)
+}
+
+/// Whether `body` names the activation it acts for (`attempt` or `worker_id`).
+fn names_activation(body: &Value) -> bool {
+    body.get("attempt").is_some() || body.get("worker_id").and_then(Value::as_str).is_some()
+}
+
+/// An earlier activation of `job` (read with its history) that ended
+/// without its worker's word: it timed out, or its worker's session died or
+/// ended. That worker may still be at work, and may not know it; an outcome
+/// that does not say which activation it is for may be its. A history that
+/// dropped its oldest events is taken to hold such a one.
+fn lapsed_before(job: &pb::Job) -> Option<String> {
+    let lapse = job.history.iter().find(|e| {
+        e.attempt < job.attempt
+            && (e.kind == "timed_out"
+                || e.kind == "failed" && matches!(e.reason.as_str(), "worker-died" | "session-ended"))
+    });
+    match lapse {
+        Some(e) if e.kind == "timed_out" => Some(format!("attempt {} timed out", e.attempt)),
+        Some(e) => Some(format!("attempt {} ended as {}", e.attempt, e.reason)),
+        None if job.history_dropped > 0 && job.attempt > 1 => Some("its early history is no longer kept".into()),
+        None => None,
+    }
 }
 
 /// `job` (OJS id `id`), if the activation `body` names still holds it.
@@ -220,6 +257,15 @@ fn held(id: String, job: pb::Job, body: &Value, verb: &str) -> Result<(String, p
             "job {id} is held by worker {:?} now, not {worker:?}: that activation is over and its outcome is refused",
             job.worker
         ))),
+        (None, None) => match lapsed_before(&job) {
+            Some(lapse) => Err(OjsError::conflict(format!(
+                "job {id} is at attempt {} after an earlier activation lapsed ({lapse}); an outcome that names \
+                 neither attempt nor worker_id may be that worker's, so it is refused: send the attempt the fetch \
+                 answered, or the worker_id that fetched it",
+                job.attempt
+            ))),
+            None => Ok((id, job)),
+        },
         _ => Ok((id, job)),
     }
 }
@@ -250,7 +296,7 @@ pub(super) async fn ack(State(ojs): State<Ojs>, call: OjsCall, JsonBody(body): J
     // passes the check of a server-made one by chance one time in 1024, and
     // would then name another job's key.
     let id = job_id(&body)?;
-    let job = ojs.find_for(&call, &id, false, Verb::Work).await?;
+    let job = ojs.find_for(&call, &id, !names_activation(&body), Verb::Work).await?;
     // The same ack again (its answer was lost): the job completed by the
     // attempt it names, with its result.
     let named = body.get("attempt").and_then(Value::as_u64);
@@ -329,8 +375,9 @@ pub(super) async fn nack(
 }
 
 /// `POST /ojs/v1/workers/heartbeat`: `{worker_id, active_jobs: [id]}`.
-/// Each listed job still active has its deadline moved to now + its
-/// timeout; the others are answered as revoked, so the worker stops them.
+/// Each listed job still active (held by `worker_id`, when the beat names
+/// one) has its deadline moved to now + its timeout; the others are
+/// answered as revoked, so the worker stops them.
 pub(super) async fn heartbeat(
     State(ojs): State<Ojs>,
     call: OjsCall,
@@ -344,10 +391,17 @@ pub(super) async fn heartbeat(
             ids.len()
         )));
     }
+    let worker = body.get("worker_id").and_then(Value::as_str).filter(|w| !w.is_empty());
     let (mut extended, mut revoked) = (Vec::new(), Vec::new());
     let mut directed: Option<&str> = None;
     for id in ids {
         let job = match ojs.find_for(&call, &id, false, Verb::Work).await {
+            // Another worker holds it now (this one's activation lapsed): it
+            // is this worker's to stop, and the holder's deadline stays.
+            Ok(job) if job.worker != ANONYMOUS_WORKER && worker.is_some_and(|w| w != job.worker) => {
+                revoked.push(id);
+                continue;
+            }
             Ok(job) if job.state == "activated" => job,
             Ok(_) | Err(OjsError { code: "not_found", .. }) => {
                 revoked.push(id);
@@ -366,7 +420,7 @@ pub(super) async fn heartbeat(
             Err(error) => return Err(error.into()),
         }
     }
-    let state = match body.get("worker_id").and_then(Value::as_str).filter(|w| !w.is_empty()) {
+    let state = match worker {
         Some(worker) => beat(&ojs, &call, worker).await?,
         None => "running".to_string(),
     };

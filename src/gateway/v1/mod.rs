@@ -362,7 +362,7 @@ impl Gateway for GatewayService {
     ) -> Result<Response<Self::WatchEventsStream>, Status> {
         let (call, request) = parts(request)?;
         let (cursor, filter) = self.api.events_request(&call, request).await?;
-        Ok(Response::new(Box::pin(self.api.watch_events(cursor, filter))))
+        Ok(Response::new(Box::pin(self.api.watch_events(&call, cursor, filter)?)))
     }
 
     async fn get_cluster_plan(&self, request: Request<GetClusterPlanRequest>) -> Result<Response<ClusterPlan>, Status> {
