@@ -822,6 +822,21 @@ async fn a_rate_limit_option_throttles_its_queue_and_only_a_manager_may_change_i
     let (code, answer) = ojs.post("/ojs/v1/jobs", bad).await;
     assert!(code == 400 || code == 422, "{code} {answer}");
     assert!(answer["error"]["message"].as_str().unwrap_or_default().contains("max_per_second"), "{answer}");
+    // Queue figures and limits are read from the leaders' applied state:
+    // twenty reads of them add no entry to any partition's log (through
+    // the log they cost an entry per partition and read each).
+    let logs = || {
+        let ctx = &node.node().ctx;
+        (0..3).map(|p| ctx.routing.replica(p).expect("a replica").status().last_log_index).collect::<Vec<_>>()
+    };
+    let before = logs();
+    for _ in 0..20 {
+        let (code, stats) = ojs.get("/ojs/v1/queues/throttled/stats").await;
+        assert_eq!(code, 200, "{stats}");
+    }
+    let after = logs();
+    let grew: u64 = after.iter().zip(&before).map(|(a, b)| a - b).sum();
+    assert!(grew < 20, "twenty reads of queue figures wrote {grew} log entries: {before:?} to {after:?}");
 }
 
 /// Each gateway an OJS worker reaches registers its session again, which for

@@ -527,6 +527,24 @@ impl Command {
         }
     }
 
+    /// Whether this command only reads the partition's state, so that its
+    /// leader may answer it from what it applied, without a log entry
+    /// ([`super::PartitionState::answer_read`]). Applied from the log (a batch
+    /// an older leader proposed), each answers the same and changes nothing
+    /// but a queue-figures read's dropping of spent windows.
+    pub fn is_read(&self) -> bool {
+        matches!(
+            self,
+            Command::ListSessions
+                | Command::GetSchema { .. }
+                | Command::QueueStats { .. }
+                | Command::ListSchedules { .. }
+                | Command::GetWorkflow { .. }
+                | Command::ListWorkflows { .. }
+                | Command::GetLimits { .. }
+        )
+    }
+
     /// Whether this is an operator's override of a job's fence: a worker's
     /// command with attempt 0, acting whatever the job's attempt.
     pub fn overrides_fence(&self) -> bool {

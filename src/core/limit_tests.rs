@@ -348,3 +348,41 @@ fn a_planted_overrun_lets_every_activation_through_alike_on_every_replica() {
     assert_eq!(taken[0].len(), 6, "all six at once, past a concurrency of two");
     assert_eq!(taken[0], taken[1], "alike on two replicas");
 }
+
+#[test]
+fn a_read_answered_off_the_log_is_what_its_apply_answers_and_is_authorized_alike() {
+    let mut p = Partition::new();
+    p.run(set(on_home(concurrency(2), Limit::default())));
+    for _ in 0..3 {
+        p.create(Vec::new());
+    }
+    assert_eq!(p.take(1).len(), 1);
+    let tenants = vec![TENANT.to_string()];
+    let reads = [
+        Command::QueueStats { tenants: tenants.clone(), job_type: String::new() },
+        Command::GetLimits { tenants: tenants.clone(), job_type: TYPE.into() },
+        Command::ListSchedules { tenants: tenants.clone() },
+        Command::ListWorkflows { tenants: tenants.clone(), running: false, limit: 10 },
+        Command::GetWorkflow { tenant: TENANT.into(), id: "none".into() },
+        Command::GetSchema { job_type: TYPE.into() },
+        Command::ListSessions,
+    ];
+    for read in reads {
+        let now = p.now;
+        let off_the_log = p.state.answer_read(None, &read, now).unwrap_or_else(|| panic!("{read:?} is a read"));
+        let applied = p.run(read.clone());
+        assert_eq!(format!("{off_the_log:?}"), format!("{applied:?}"), "{read:?}");
+    }
+    let CommandResult::Queues(queues) = p.state.answer_read(None, &reads_queue(&tenants), p.now).unwrap() else {
+        panic!("queue figures")
+    };
+    assert_eq!((queues[0].available, queues[0].active), (2, 1), "{queues:?}");
+    assert!(p.state.answer_read(None, &set(None), p.now).is_none(), "a write is never answered off the log");
+    let stranger = super::authorize_tests::principal("stranger", &["jobs:read:*"], &["globex"]);
+    let refused = p.state.answer_read(Some(&stranger), &reads_queue(&tenants), p.now);
+    assert!(matches!(refused, Some(CommandResult::Rejected(_))), "another tenant's figures: {refused:?}");
+}
+
+fn reads_queue(tenants: &[String]) -> Command {
+    Command::QueueStats { tenants: tenants.to_vec(), job_type: String::new() }
+}

@@ -186,6 +186,9 @@ async fn submit_local(
     commands: Vec<Command>,
     deadline: Instant,
 ) -> Result<Attempt<Vec<CommandResult>>, ApiError> {
+    if let Some(results) = read_here(ctx, principal, partition, &commands) {
+        return Ok(Attempt::Done(results));
+    }
     // The failpoint stands for a gateway whose fast path was wrong: what
     // stops a stranger then is the check at apply.
     let replica = ctx.routing.replica(partition).filter(|_| crate::failpoints::fire("gateway_skip_checks").is_none());
@@ -236,6 +239,29 @@ async fn submit_local(
             why: "the leader actor stopped with the batch in flight".into(),
         }),
     }
+}
+
+/// The answers to a batch of reads only ([`Command::is_read`]: queue
+/// figures, limits, schedules, workflows, sessions, a schema), from this
+/// node's replica of a partition it leads, as it has applied them: no log
+/// entry. Only once the leader applied an entry of its own term, so that
+/// they see everything committed before it ([`Replica::leads_applied`]);
+/// until then they go through the log. Like job and event reads, a leader
+/// deposed an instant ago that does not know it yet may answer from before
+/// its successor's first entries.
+fn read_here(
+    ctx: &NodeContext,
+    principal: Option<&Arc<Principal>>,
+    partition: PartitionId,
+    commands: &[Command],
+) -> Option<Vec<CommandResult>> {
+    if commands.is_empty() || !commands.iter().all(Command::is_read) {
+        return None;
+    }
+    let replica = ctx.routing.replica(partition).filter(|r| r.leads_applied())?;
+    let now = std::time::SystemTime::now().duration_since(std::time::UNIX_EPOCH).map_or(0, |d| d.as_millis() as i64);
+    let by = principal.map(|p| &**p);
+    replica.state().read(|state| commands.iter().map(|c| state.answer_read(by, c, now)).collect())
 }
 
 async fn forward(

@@ -346,6 +346,18 @@ impl Replica {
         }
     }
 
+    /// Whether this replica leads and has applied an entry of its own term
+    /// (the one a new leader commits first): then everything committed
+    /// before its term is applied here, and its state answers reads as the
+    /// log would.
+    pub fn leads_applied(&self) -> bool {
+        let metrics = self.raft.metrics();
+        let m = metrics.borrow();
+        m.state == ServerState::Leader
+            && m.current_leader == Some(self.node_id)
+            && m.last_applied.is_some_and(|at| at.leader_id.term == m.current_term)
+    }
+
     /// Changes of this replica's vote, role, leader or membership. Not of
     /// its log: openraft's full metrics change with every loop of its core
     /// (every append, sync, acknowledgement and apply), and a loop that woke

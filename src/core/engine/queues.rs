@@ -123,6 +123,17 @@ impl PartitionState {
     /// to count are dropped here.
     pub(super) fn queue_stats(&mut self, tenants: &[String], job_type: &str) -> Vec<QueueStats> {
         let now = self.clock;
+        let stats = self.queue_figures(tenants, job_type, now);
+        self.windows.retain(|_, by_tenant| {
+            by_tenant.retain(|_, window| !window.is_stale(now));
+            !by_tenant.is_empty()
+        });
+        stats
+    }
+
+    /// The figures [`Self::queue_stats`] answers, as of `now`, changing
+    /// nothing: what a read off the log answers.
+    pub(super) fn queue_figures(&self, tenants: &[String], job_type: &str, now: Millis) -> Vec<QueueStats> {
         let every_tenant = tenants.iter().any(|t| t == "*");
         let listed = |t: &String| every_tenant || tenants.contains(t);
         let mut stats: BTreeMap<(&str, &str), QueueStats> = BTreeMap::new();
@@ -164,11 +175,6 @@ impl PartitionState {
                 entry.last_hour = window.since(now, HOUR_MS);
             }
         }
-        let stats = stats.into_values().collect();
-        self.windows.retain(|_, by_tenant| {
-            by_tenant.retain(|_, window| !window.is_stale(now));
-            !by_tenant.is_empty()
-        });
-        stats
+        stats.into_values().collect()
     }
 }

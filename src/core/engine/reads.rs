@@ -6,11 +6,47 @@ use std::collections::BTreeSet;
 use bytes::Bytes;
 
 use super::{PartitionState, StateSnapshot};
+use crate::core::principal::Principal;
 use crate::core::{
-    Deduped, Job, JobFilter, JobKey, Millis, PartitionId, Registry, RequestId, Routing, Session, SessionId, Taker,
+    Command, CommandResult, Deduped, Job, JobFilter, JobKey, Millis, PartitionId, Registry, RequestId, Routing,
+    Session, SessionId, Taker,
 };
 
 impl PartitionState {
+    /// The answer to read `command` ([`Command::is_read`]) for `by` (none:
+    /// nothing is checked), as of `now`, from this state as it is: what
+    /// applying it would answer, authorized as at apply, with nothing
+    /// changed and no log entry. `None` for a command that is not a read.
+    pub fn answer_read(&self, by: Option<&Principal>, command: &Command, now: Millis) -> Option<CommandResult> {
+        if !command.is_read() {
+            return None;
+        }
+        if let Some(refusal) = by.and_then(|by| self.authorize(by, command).err()) {
+            return Some(CommandResult::Rejected(refusal));
+        }
+        let now = now.max(self.clock);
+        Some(match command {
+            Command::ListSessions => CommandResult::Sessions(
+                self.sessions.values().map(|s| (s.clone(), self.held_by(s.info.id) as u32)).collect(),
+            ),
+            Command::GetSchema { job_type } => {
+                CommandResult::Schema(self.schemas.get(job_type).map(|s| s.source.clone()).unwrap_or_default())
+            }
+            Command::QueueStats { tenants, job_type } => {
+                CommandResult::Queues(self.queue_figures(tenants, job_type, now))
+            }
+            Command::ListSchedules { tenants } => CommandResult::Schedules(self.list_schedules(tenants)),
+            Command::GetWorkflow { tenant, id } => {
+                self.get_workflow(tenant, id).unwrap_or_else(CommandResult::Rejected)
+            }
+            Command::ListWorkflows { tenants, running, limit } => {
+                CommandResult::Workflows(self.list_workflows(tenants, *running, *limit))
+            }
+            Command::GetLimits { tenants, job_type } => CommandResult::Limits(self.limit_states(tenants, job_type)),
+            _ => return None,
+        })
+    }
+
     /// The sessions and schemas, as snapshotted.
     pub fn registry(&self) -> Registry {
         Registry {
