@@ -186,7 +186,7 @@ async fn submit_local(
     commands: Vec<Command>,
     deadline: Instant,
 ) -> Result<Attempt<Vec<CommandResult>>, ApiError> {
-    if let Some(results) = read_here(ctx, principal, partition, &commands) {
+    if let Some(results) = read_here(ctx, principal, partition, &commands, deadline).await {
         return Ok(Attempt::Done(results));
     }
     // The failpoint stands for a gateway whose fast path was wrong: what
@@ -243,22 +243,25 @@ async fn submit_local(
 
 /// The answers to a batch of reads only ([`Command::is_read`]: queue
 /// figures, limits, schedules, workflows, sessions, a schema), from this
-/// node's replica of a partition it leads, as it has applied them: no log
-/// entry. Only once the leader applied an entry of its own term, so that
-/// they see everything committed before it ([`Replica::leads_applied`]);
-/// until then they go through the log. Like job and event reads, a leader
-/// deposed an instant ago that does not know it yet may answer from before
-/// its successor's first entries.
-fn read_here(
+/// node's replica of a partition it leads, with no log entry: once a
+/// majority confirms it still leads and it applied all that was committed
+/// by then ([`Replica::confirm_leading`]), its state sees every write
+/// acknowledged before the read, as an entry would. `None` (go through the
+/// log) when it cannot confirm that within the deadline.
+async fn read_here(
     ctx: &NodeContext,
     principal: Option<&Arc<Principal>>,
     partition: PartitionId,
     commands: &[Command],
+    deadline: Instant,
 ) -> Option<Vec<CommandResult>> {
     if commands.is_empty() || !commands.iter().all(Command::is_read) {
         return None;
     }
-    let replica = ctx.routing.replica(partition).filter(|r| r.leads_applied())?;
+    let replica = ctx.routing.replica(partition)?;
+    if !replica.confirm_leading(deadline).await {
+        return None;
+    }
     let now = std::time::SystemTime::now().duration_since(std::time::UNIX_EPOCH).map_or(0, |d| d.as_millis() as i64);
     let by = principal.map(|p| &**p);
     replica.state().read(|state| commands.iter().map(|c| state.answer_read(by, c, now)).collect())

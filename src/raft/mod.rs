@@ -346,16 +346,15 @@ impl Replica {
         }
     }
 
-    /// Whether this replica leads and has applied an entry of its own term
-    /// (the one a new leader commits first): then everything committed
-    /// before its term is applied here, and its state answers reads as the
-    /// log would.
-    pub fn leads_applied(&self) -> bool {
-        let metrics = self.raft.metrics();
-        let m = metrics.borrow();
-        m.state == ServerState::Leader
-            && m.current_leader == Some(self.node_id)
-            && m.last_applied.is_some_and(|at| at.leader_id.term == m.current_term)
+    /// Whether this replica leads now, confirmed by a majority's answers
+    /// to a heartbeat round (no log entry, no fsync), and has applied
+    /// everything committed by then (openraft's read index): a read of its
+    /// state after it sees every write acknowledged before the call, as an
+    /// entry would. False when it does not lead, a majority does not answer
+    /// by `until`, or the replica stops.
+    pub async fn confirm_leading(&self, until: std::time::Instant) -> bool {
+        let within = until.saturating_duration_since(std::time::Instant::now());
+        matches!(tokio::time::timeout(within, self.raft.ensure_linearizable()).await, Ok(Ok(_)))
     }
 
     /// Changes of this replica's vote, role, leader or membership. Not of
