@@ -467,6 +467,46 @@ async fn an_unacknowledged_job_comes_back_after_its_visibility_timeout_unless_he
 }
 
 #[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn a_jobs_own_timeout_holds_each_activation_whatever_the_fetch_asks_with_no_write_after() {
+    let node = node().await;
+    let ojs = Ojs::of(&node);
+    let long =
+        ojs.enqueue(json!({"type": "t.long", "args": [], "options": {"queue": "own", "timeout_ms": 600_000}})).await;
+    let key: u64 = long["drover"]["key"].as_str().unwrap().parse().unwrap();
+    let stored = node.client.get_job(key).await.unwrap();
+    assert_eq!(stored.custom_headers.get("drover.activation_timeout").map(String::as_str), Some("600000"));
+    let (code, fetched) =
+        ojs.post("/ojs/v1/workers/fetch", json!({"queues": ["own"], "visibility_timeout_ms": 1_000})).await;
+    assert_eq!(code, 200, "{fetched}");
+    let request = pb::GetJobRequest { key, include_history: true, ..Default::default() };
+    let job = node.client.raw().get_job(request).await.unwrap().into_inner().job.unwrap();
+    let activated = job.history.iter().find(|e| e.kind == "activated").expect("an activation in its history");
+    assert!(
+        job.deadline - activated.at >= 600_000,
+        "the job's own 600 s holds its activation, not the fetch's 1 s: activated at {}, deadline {}",
+        activated.at,
+        job.deadline
+    );
+    let kinds: Vec<&str> = job.history.iter().map(|e| e.kind.as_str()).collect();
+    assert!(!kinds.contains(&"extended"), "the fetch moved no deadline after the activation: {kinds:?}");
+    // A drover.v1 producer names it the same way, and a poll with a short timeout gets it.
+    let create = pb::CreateJobRequest { r#type: "v1.long".into(), activation_timeout: 600_000, ..Default::default() };
+    let key = node.client.create(create).await.unwrap();
+    let jobs = node.client.activate("v1.long", "w", 1, 1_000, 5_000).await.unwrap();
+    assert_eq!(jobs.iter().map(|j| j.key).collect::<Vec<_>>(), vec![key]);
+    let job = node.client.get_job(key).await.unwrap();
+    assert!(
+        jobs[0].deadline >= job.created_at + 600_000,
+        "deadline {} for a job made at {}",
+        jobs[0].deadline,
+        job.created_at
+    );
+    let bad = pb::CreateJobRequest { r#type: "v1.long".into(), activation_timeout: -1, ..Default::default() };
+    let refused = node.client.create(bad).await.unwrap_err();
+    assert_eq!(refused.code(), tonic::Code::InvalidArgument, "{refused:?}");
+}
+
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
 async fn ojs_drover_and_zeebe_workers_share_one_job_type() {
     let node = node().await;
     let ojs = Ojs::of(&node);

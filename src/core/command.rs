@@ -442,6 +442,14 @@ impl CommandError {
     }
 }
 
+/// The data version a create of `spec` needs: the newest of what it carries
+/// (an expiry, its own activation timeout), or none.
+fn create_needs(spec: &super::JobSpec) -> Option<(u16, &'static str)> {
+    let expiry = super::expires_at(spec).map(|_| (super::SCHEDULES, "job expiry (expires_at)"));
+    let timeout = super::activation_timeout(spec).map(|_| (super::JOB_TIMEOUTS, "per-job activation timeouts"));
+    expiry.into_iter().chain(timeout).max()
+}
+
 impl Command {
     /// The commands themselves: those a principal's run carries, or this one.
     pub fn each(&self) -> std::slice::Iter<'_, Command> {
@@ -477,11 +485,23 @@ impl Command {
         use super::{limit::LIMITS, plan::MORE_PARTITIONS, plan::PLANS, PAUSED_QUEUES, SCHEDULES, WORKFLOWS};
         Some(match self {
             Command::As { commands, .. } => return commands.iter().filter_map(Command::since_version).max(),
-            Command::Create(job) if super::expires_at(&job.spec).is_some() => (SCHEDULES, "job expiry (expires_at)"),
+            Command::Create(job) => return create_needs(&job.spec),
             Command::BackupMark { .. } => (7, "backups"),
             Command::RegisterOwned(_) | Command::ActAs { .. } => (super::OWNED_SESSIONS, "worker sessions with owners"),
             Command::SetPaused { .. } | Command::QueueStats { .. } => {
                 (PAUSED_QUEUES, "paused queues and queue listings")
+            }
+            Command::PutSchedule { spec, .. } if super::activation_timeout(&spec.template).is_some() => {
+                (super::JOB_TIMEOUTS, "per-job activation timeouts")
+            }
+            Command::CreateWorkflow { spec, .. }
+                if spec
+                    .steps
+                    .iter()
+                    .chain(spec.callbacks.iter().map(|(_, step)| step))
+                    .any(|step| super::activation_timeout(&step.template).is_some()) =>
+            {
+                (super::JOB_TIMEOUTS, "per-job activation timeouts")
             }
             Command::PutSchedule { .. }
             | Command::DeleteSchedule { .. }

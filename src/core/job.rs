@@ -42,6 +42,31 @@ pub fn expires_at(spec: &JobSpec) -> Option<Millis> {
     spec.custom_headers.iter().find(|(name, _)| name == EXPIRES_AT_HEADER).and_then(|(_, at)| at.parse().ok())
 }
 
+/// The custom header that gives how long each activation of the job holds
+/// it (ms, above 0), whatever timeout the activation that takes it asks:
+/// the producer knows how long its job runs, the worker's poll does not.
+/// The gateway sets it from `CreateJobRequest.activation_timeout` (the Open
+/// Job Spec's `timeout_ms`).
+pub const ACTIVATION_TIMEOUT_HEADER: &str = "drover.activation_timeout";
+
+/// The data version from which a job may carry its own activation timeout
+/// ([`ACTIVATION_TIMEOUT_HEADER`]): a replica of an older build would give
+/// its activations the taker's timeout instead, so such a create is sent
+/// only once every member reads it.
+pub const JOB_TIMEOUTS: u16 = 19;
+
+/// The activation timeout a job's spec names, if any.
+pub fn activation_timeout(spec: &JobSpec) -> Option<Millis> {
+    if spec.custom_headers.is_empty() {
+        return None;
+    }
+    spec.custom_headers
+        .iter()
+        .find(|(name, _)| name == ACTIVATION_TIMEOUT_HEADER)
+        .and_then(|(_, ms)| ms.parse().ok())
+        .filter(|ms| *ms > 0)
+}
+
 impl JobState {
     pub fn as_str(self) -> &'static str {
         match self {

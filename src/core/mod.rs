@@ -61,4 +61,6 @@ mod schedule_tests;
 #[cfg(test)]
 mod tests;
 #[cfg(test)]
+mod timeout_tests;
+#[cfg(test)]
 mod workflow_tests;

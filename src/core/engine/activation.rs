@@ -34,8 +34,7 @@ impl PartitionState {
 
     pub(super) fn activate(&mut self, activation: &Activation, out: &mut ApplyOutput) -> Vec<ActivatedJobData> {
         let mut activated = Vec::new();
-        let timeout_ms = activation.timeout_ms.max(1);
-        let deadline = self.clock.saturating_add(timeout_ms);
+        let taker_timeout_ms = activation.timeout_ms.max(1);
         let mut bytes = 0u64;
         // The queues this taker may serve, decided once per queue.
         let mut queues: Vec<QueueKey> = self.ready.get(&activation.job_type).map_or_else(Vec::new, |queues| {
@@ -99,6 +98,9 @@ impl PartitionState {
             let popped = self.pop_ready(&activation.job_type, &queues[queue]);
             debug_assert_eq!(popped, Some(key));
             let job = self.jobs.get_mut(&key).expect("ready jobs are in memory");
+            // A job that names its own activation timeout is held that long.
+            let timeout_ms = crate::core::activation_timeout(&job.spec).unwrap_or(taker_timeout_ms);
+            let deadline = self.clock.saturating_add(timeout_ms);
             job.state = JobState::Activated;
             job.attempt += 1;
             job.activated_at = self.clock;

@@ -23,6 +23,15 @@ const AWAIT_CHECK: Duration = Duration::from_secs(10);
 pub(super) const AWAIT_MARGIN: Duration = Duration::from_millis(200);
 
 impl JobApi {
+    /// Whether a create may carry the job's own activation timeout: every
+    /// member reads data version 19 ([`crate::core::JOB_TIMEOUTS`]); until
+    /// then such a create is FAILED_PRECONDITION. A surface whose protocol
+    /// keeps the timeout elsewhere too (the Open Job Spec's options) leaves
+    /// it out meanwhile, and moves each activation's deadline itself.
+    pub fn takes_activation_timeouts(&self) -> bool {
+        leaders::versions::cluster_reads(&self.ctx, crate::core::JOB_TIMEOUTS)
+    }
+
     pub async fn create(&self, call: &Call, request: pb::CreateJobRequest) -> Result<pb::CreateJobResponse, ApiError> {
         let started = Instant::now();
         let (job, ordering) = self.new_job(&call.principal, request, call.traceparent.clone())?;

@@ -8,7 +8,7 @@ use super::ApiError;
 use crate::config::{DedupeWindows, Limits};
 use crate::core::{
     Activation, JobFilter, JobSpec, JobState, NewJob, PartitionId, RequestId, Routing, SessionId, Taker, Via,
-    DEFAULT_TENANT, EXPIRES_AT_HEADER, MAX_JOB_LABELS,
+    ACTIVATION_TIMEOUT_HEADER, DEFAULT_TENANT, EXPIRES_AT_HEADER, MAX_JOB_LABELS,
 };
 use crate::proto::gateway as pb;
 use crate::streams::WorkerSpec;
@@ -156,6 +156,7 @@ pub fn new_job(
     let variables = json_object("variables", request.variables)?;
     let mut custom_headers: Vec<(String, String)> = request.custom_headers.into_iter().collect();
     expiry(&mut custom_headers, request.expires_at)?;
+    activation_timeout(&mut custom_headers, request.activation_timeout)?;
     super::retry::policy_header(&mut custom_headers, request.retry_policy)?;
     custom_headers.sort();
     let tenant = tenant_id("tenant_id", request.tenant_id)?;
@@ -226,6 +227,39 @@ fn expiry(headers: &mut Vec<(String, String)>, expires_at: i64) -> Result<(), Ap
             ))),
             _ => Err(ApiError::InvalidArgument(format!(
                 "the custom header {EXPIRES_AT_HEADER} is the job's expiry: a Unix time in ms above 0, got {text:?}"
+            ))),
+        },
+    }
+}
+
+/// The longest activation timeout a job may name (ms): what an activation's
+/// own timeout may be.
+pub const MAX_ACTIVATION_TIMEOUT_MS: i64 = i32::MAX as i64;
+
+/// Puts a create's activation timeout in its custom headers (see
+/// [`crate::core::ACTIVATION_TIMEOUT_HEADER`]), or checks the one a client
+/// put there.
+fn activation_timeout(headers: &mut Vec<(String, String)>, timeout: i64) -> Result<(), ApiError> {
+    let valid = |ms: i64| (1..=MAX_ACTIVATION_TIMEOUT_MS).contains(&ms);
+    let given = headers.iter().find(|(name, _)| name == ACTIVATION_TIMEOUT_HEADER).map(|(_, ms)| ms.clone());
+    match given {
+        None if timeout == 0 => Ok(()),
+        None if valid(timeout) => {
+            headers.push((ACTIVATION_TIMEOUT_HEADER.to_string(), timeout.to_string()));
+            Ok(())
+        }
+        None => Err(ApiError::InvalidArgument(format!(
+            "activation_timeout must be 0 (the worker's) or from 1 to {MAX_ACTIVATION_TIMEOUT_MS} ms, got {timeout}"
+        ))),
+        Some(text) => match text.parse::<i64>() {
+            Ok(given) if valid(given) && (timeout == 0 || timeout == given) => Ok(()),
+            Ok(given) if valid(given) => Err(ApiError::InvalidArgument(format!(
+                "activation_timeout {timeout} and the custom header {ACTIVATION_TIMEOUT_HEADER} ({given}) disagree; \
+                 give one"
+            ))),
+            _ => Err(ApiError::InvalidArgument(format!(
+                "the custom header {ACTIVATION_TIMEOUT_HEADER} is the job's activation timeout: whole ms from 1 to \
+                 {MAX_ACTIVATION_TIMEOUT_MS}, got {text:?}"
             ))),
         },
     }
@@ -511,5 +545,50 @@ mod label_tests {
         assert!(error.contains("at most 16"), "{error}");
         let ok = routing(owned(&["region:b", "region:b"]), owned(&["pool:gpu"])).unwrap();
         assert_eq!((ok.required, ok.preferred), (owned(&["region:b"]), owned(&["pool:gpu"])));
+    }
+}
+
+#[cfg(test)]
+mod timeout_tests {
+    use super::*;
+
+    fn created(activation_timeout: i64, header: Option<&str>) -> Result<NewJob, ApiError> {
+        let custom_headers =
+            header.map(|ms| (ACTIVATION_TIMEOUT_HEADER.to_string(), ms.to_string())).into_iter().collect();
+        let request =
+            pb::CreateJobRequest { r#type: "t".into(), custom_headers, activation_timeout, ..Default::default() };
+        new_job(request, String::new(), &Limits::default(), &DedupeWindows::default(), || RequestId::Gateway {
+            node: 0,
+            epoch: 0,
+            seq: 0,
+        })
+    }
+
+    fn invalid(result: Result<NewJob, ApiError>) -> String {
+        match result {
+            Err(ApiError::InvalidArgument(message)) => message,
+            other => panic!("INVALID_ARGUMENT expected, got {:?}", other.map(|job| job.spec)),
+        }
+    }
+
+    #[test]
+    fn a_creates_activation_timeout_is_the_jobs_header_and_a_header_alone_is_checked() {
+        let timeout = |job: NewJob| crate::core::activation_timeout(&job.spec);
+        assert_eq!(timeout(created(0, None).unwrap()), None);
+        assert_eq!(timeout(created(90_000, None).unwrap()), Some(90_000));
+        assert_eq!(timeout(created(0, Some("90000")).unwrap()), Some(90_000));
+        assert_eq!(timeout(created(90_000, Some("90000")).unwrap()), Some(90_000), "the two agree");
+        assert_eq!(timeout(created(MAX_ACTIVATION_TIMEOUT_MS, None).unwrap()), Some(MAX_ACTIVATION_TIMEOUT_MS));
+    }
+
+    #[test]
+    fn a_bad_or_disagreeing_activation_timeout_is_refused_saying_why() {
+        assert!(invalid(created(5_000, Some("90000"))).contains("disagree"));
+        for bad in [-1, MAX_ACTIVATION_TIMEOUT_MS + 1] {
+            assert!(invalid(created(bad, None)).contains("activation_timeout must be"), "{bad}");
+        }
+        for bad in ["0", "-3", "ten", "99999999999"] {
+            assert!(invalid(created(0, Some(bad))).contains(ACTIVATION_TIMEOUT_HEADER), "{bad:?}");
+        }
     }
 }

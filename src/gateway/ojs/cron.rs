@@ -136,7 +136,10 @@ pub(super) async fn register(
     call: OjsCall,
     JsonBody(body): JsonBody,
 ) -> Result<Response, OjsError> {
-    let request = registration(&body, call.scope())?;
+    let mut request = registration(&body, call.scope())?;
+    if let Some(job) = request.job.as_mut() {
+        ojs.fit_timeout(job);
+    }
     let put = ojs.api.put_schedule(&call, request).await?;
     let status = if put.created { StatusCode::CREATED } else { StatusCode::OK };
     Ok(reply(status, one(&put.schedule.unwrap_or_default())))

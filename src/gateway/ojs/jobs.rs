@@ -84,9 +84,20 @@ impl Ojs {
         Ok(())
     }
 
+    /// Leaves a job's own activation timeout out of its create while some
+    /// member cannot take it (below data version 19): the fetch that takes
+    /// such a job moves its activation's deadline instead (see
+    /// [`super::worker`]), from the options the job keeps.
+    pub(super) fn fit_timeout(&self, request: &mut pb::CreateJobRequest) {
+        if request.activation_timeout != 0 && !self.api.takes_activation_timeouts() {
+            request.activation_timeout = 0;
+        }
+    }
+
     /// Creates one checked enqueue: the status and the envelope to answer.
     async fn create(&self, call: &OjsCall, mut enqueue: Enqueue) -> Result<(StatusCode, Value), OjsError> {
         self.check_size(&enqueue.request)?;
+        self.fit_timeout(&mut enqueue.request);
         enqueue.request.tenant_id.clone_from(&call.tenant);
         if let Some(declared) = &enqueue.limit {
             self.api.declare_limit(call, &call.scope(), &enqueue.request.r#type, declared, "ojs").await?;
@@ -247,6 +258,7 @@ pub(super) async fn enqueue_batch(
         .into_iter()
         .map(|mut e| {
             e.request.tenant_id.clone_from(&call.tenant);
+            ojs.fit_timeout(&mut e.request);
             e
         })
         .collect();

@@ -7,9 +7,15 @@
 //! names the activation (`attempt`, which a fetch answers, or else
 //! `worker_id`) is refused when the job's activation is another one: a
 //! stale worker's outcome never lands on the next worker's activation. An
-//! ack that names its attempt on a server-made id skips the read: the
-//! partition fences it, and a repeat of it (a retry after a lost answer) is
-//! answered OK, as Drover answers a repeated completion.
+//! ack always reads the job first (an id a client chose could pass a check
+//! of a server-made one by chance and name another job's key); a repeat of
+//! it (a retry after a lost answer) is answered OK, as Drover answers a
+//! repeated completion.
+//!
+//! A job's own timeout (`options.timeout_ms` or `visibility_timeout_ms`)
+//! is its activation timeout at its partition from data version 19; a fetch
+//! moves the deadline itself, with one more write, only for a job made
+//! without it (before the upgrade, or while a member ran an older build).
 //!
 //! A fetch or heartbeat that names a `worker_id` acts as that worker's
 //! Drover session (one per principal, tenant and worker id, registered on
@@ -27,6 +33,7 @@ use super::time::rfc3339;
 use super::{now_ms, reply, JsonBody, Ojs, OjsCall, OjsError};
 use crate::auth::Verb;
 use crate::core::retry::{RetryPolicy as EnginePolicy, RETRY_POLICY_HEADER};
+use crate::core::ACTIVATION_TIMEOUT_HEADER;
 use crate::gateway::api::{ApiError, MAX_JOB_TYPES};
 use crate::proto::gateway as pb;
 
@@ -193,8 +200,13 @@ pub(super) async fn fetch(
     let now = now_ms();
     let mut shown = Vec::with_capacity(jobs.len());
     for mut job in jobs {
-        // A job that names its own timeout holds its activation that long.
-        if let Some(timeout) = Stored::of(&job.r#type, &job.custom_headers).timeout_ms().filter(|t| *t != visibility) {
+        // A job that names its own timeout holds its activation that long:
+        // its partition gave it that deadline when the job carries the
+        // timeout as its own (data version 19); one made before, or while
+        // a member could not take it, is moved here.
+        let own = job.custom_headers.contains_key(ACTIVATION_TIMEOUT_HEADER);
+        let named = Stored::of(&job.r#type, &job.custom_headers).timeout_ms().filter(|t| *t != visibility && !own);
+        if let Some(timeout) = named {
             let request =
                 pb::UpdateJobTimeoutRequest { key: job.key, timeout, attempt: job.attempt, ..Default::default() };
             if let Ok(updated) = ojs.api.update_timeout(&call, request).await {

@@ -188,7 +188,11 @@ pub(super) async fn create(
     call: OjsCall,
     JsonBody(body): JsonBody,
 ) -> Result<Response, OjsError> {
-    let request = creation(&body, call.scope())?;
+    let mut request = creation(&body, call.scope())?;
+    let callbacks = [&mut request.on_complete, &mut request.on_success, &mut request.on_failure];
+    for job in request.steps.iter_mut().chain(callbacks.into_iter().flatten()) {
+        ojs.fit_timeout(job);
+    }
     let workflow = ojs.api.create_workflow(&call, request).await?;
     Ok(reply(StatusCode::CREATED, json!({ "workflow": described(&workflow) })))
 }

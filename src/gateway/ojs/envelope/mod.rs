@@ -108,6 +108,7 @@ mod tests {
         let request = &enqueue.request;
         assert_eq!((request.r#type.as_str(), request.ordering_key.as_str()), ("reports", "reports"));
         assert_eq!((request.retries, request.priority), (Some(5), 10));
+        assert_eq!(request.activation_timeout, 300_000, "the job's timeout_ms holds each of its activations");
         let job = pb::Job {
             key: 77,
             r#type: request.r#type.clone(),

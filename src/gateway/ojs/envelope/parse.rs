@@ -182,6 +182,11 @@ pub fn enqueue(body: &Value, now_ms: i64) -> Result<Enqueue, Invalid> {
         idempotency_key: id.as_deref().map(id_key).unwrap_or_default(),
         ordering_key: queue,
         expires_at: expires_at.map_or(0, |(ms, _)| ms.max(1)),
+        activation_timeout: ["visibility_timeout_ms", "timeout_ms"]
+            .iter()
+            .find_map(|name| options.get(*name).and_then(Value::as_i64))
+            .unwrap_or(0)
+            .min(crate::gateway::api::validate::MAX_ACTIVATION_TIMEOUT_MS),
         ..Default::default()
     };
     let limit = limit.map(|(level, key)| DeclaredLimit { per_key: key.is_some(), level });
