@@ -44,7 +44,7 @@ impl S3Server {
             "moto's S3 server is not installed in {} (scripts/setup.sh installs it)",
             moto.display()
         );
-        let port = std::net::TcpListener::bind("127.0.0.1:0").unwrap().local_addr().unwrap().port();
+        let port = common::free_port();
         let child = std::process::Command::new("python3")
             .args(["-m", "moto.server", "-H", "127.0.0.1", "-p", &port.to_string()])
             .env("PYTHONPATH", &moto)

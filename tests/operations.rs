@@ -351,7 +351,7 @@ impl Drop for Killed {
 /// Starts Prometheus on a free loopback port with this configuration and
 /// storage directory; returns it (killed when dropped) and its address.
 fn start_prometheus(config_path: &Path, data: &Path) -> (Killed, String) {
-    let port = std::net::TcpListener::bind("127.0.0.1:0").unwrap().local_addr().unwrap().port();
+    let port = common::free_port();
     let addr = format!("127.0.0.1:{port}");
     let prometheus = Killed(
         Command::new(tool("prometheus"))

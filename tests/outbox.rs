@@ -12,7 +12,7 @@ use std::path::{Path, PathBuf};
 use std::process::{Child, Command, Stdio};
 use std::time::{Duration, Instant};
 
-use common::{drover_bin, ProcessCluster};
+use common::{drover_bin, free_port, ProcessCluster};
 use drover::client::Client;
 use drover::proto::gateway::{JobFilter, ListJobsRequest};
 
@@ -98,10 +98,6 @@ impl Drop for Postgres {
         };
         let _ = command.args(["stop", "-m", "immediate", "-D", &data]).output();
     }
-}
-
-fn free_port() -> u16 {
-    std::net::TcpListener::bind("127.0.0.1:0").unwrap().local_addr().unwrap().port()
 }
 
 /// A `drover outbox` process, killed on drop.

@@ -16,6 +16,9 @@ use drover::node::Node;
 /// Running nodes under libfaketime: the fault suite's module, shared.
 #[path = "../../jepsen/src/faketime.rs"]
 pub mod faketime;
+mod ports;
+
+pub use ports::free_port;
 
 /// Waits for `check` to hold, polling, and panics with `what` after `limit`.
 pub async fn eventually<F, Fut>(limit: Duration, what: &str, mut check: F)
@@ -329,10 +332,6 @@ fn dechunk(body: &str) -> String {
         rest = after[size..].trim_start_matches("\r\n");
     }
     out
-}
-
-pub fn free_port() -> u16 {
-    std::net::TcpListener::bind("127.0.0.1:0").unwrap().local_addr().unwrap().port()
 }
 
 /// Ports of one node of a [`ProcessCluster`], fixed so a restart reuses them.
