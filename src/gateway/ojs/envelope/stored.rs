@@ -59,10 +59,14 @@ impl<'a> Stored<'a> {
     }
 
     /// How long an activation lasts: the job's visibility or execution
-    /// timeout, if it names one.
+    /// timeout, if it names one (in its OJS options, or as its own
+    /// activation timeout, as a job made on `drover.v1` does).
     pub fn timeout_ms(&self) -> Option<i64> {
         let options = self.options();
-        ["visibility_timeout_ms", "timeout_ms"].iter().find_map(|name| options.get(*name).and_then(Value::as_i64))
+        ["visibility_timeout_ms", "timeout_ms"]
+            .iter()
+            .find_map(|name| options.get(*name).and_then(Value::as_i64))
+            .or_else(|| self.headers.get(crate::core::ACTIVATION_TIMEOUT_HEADER).and_then(|ms| ms.parse().ok()))
     }
 
     pub fn id(&self, key: u64, created_at: i64) -> String {
