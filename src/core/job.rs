@@ -57,9 +57,6 @@ pub const JOB_TIMEOUTS: u16 = 19;
 
 /// The activation timeout a job's spec names, if any.
 pub fn activation_timeout(spec: &JobSpec) -> Option<Millis> {
-    if spec.custom_headers.is_empty() {
-        return None;
-    }
     spec.custom_headers
         .iter()
         .find(|(name, _)| name == ACTIVATION_TIMEOUT_HEADER)

@@ -212,24 +212,13 @@ pub fn new_job(
 /// Puts a create's expiry in its custom headers (see
 /// [`crate::core::EXPIRES_AT_HEADER`]), or checks the one a client put there.
 fn expiry(headers: &mut Vec<(String, String)>, expires_at: i64) -> Result<(), ApiError> {
-    let given = headers.iter().find(|(name, _)| name == EXPIRES_AT_HEADER).map(|(_, at)| at.clone());
-    match (given, expires_at) {
-        (None, 0) => Ok(()),
-        (None, at) if at > 0 => {
-            headers.push((EXPIRES_AT_HEADER.to_string(), at.to_string()));
-            Ok(())
-        }
-        (None, at) => Err(ApiError::InvalidArgument(format!("expires_at must be zero or more (Unix ms), got {at}"))),
-        (Some(text), at) => match text.parse::<i64>() {
-            Ok(given) if given > 0 && (at == 0 || at == given) => Ok(()),
-            Ok(given) if given > 0 => Err(ApiError::InvalidArgument(format!(
-                "expires_at {at} and the custom header {EXPIRES_AT_HEADER} ({given}) disagree; give one"
-            ))),
-            _ => Err(ApiError::InvalidArgument(format!(
-                "the custom header {EXPIRES_AT_HEADER} is the job's expiry: a Unix time in ms above 0, got {text:?}"
-            ))),
-        },
-    }
+    let field = HeaderField {
+        field: "expires_at",
+        header: EXPIRES_AT_HEADER,
+        what: "expiry",
+        unit: "a Unix time in ms above 0",
+    };
+    field.put(headers, expires_at, 1..=i64::MAX)
 }
 
 /// The longest activation timeout a job may name (ms): what an activation's
@@ -240,28 +229,53 @@ pub const MAX_ACTIVATION_TIMEOUT_MS: i64 = i32::MAX as i64;
 /// [`crate::core::ACTIVATION_TIMEOUT_HEADER`]), or checks the one a client
 /// put there.
 fn activation_timeout(headers: &mut Vec<(String, String)>, timeout: i64) -> Result<(), ApiError> {
-    let valid = |ms: i64| (1..=MAX_ACTIVATION_TIMEOUT_MS).contains(&ms);
-    let given = headers.iter().find(|(name, _)| name == ACTIVATION_TIMEOUT_HEADER).map(|(_, ms)| ms.clone());
-    match given {
-        None if timeout == 0 => Ok(()),
-        None if valid(timeout) => {
-            headers.push((ACTIVATION_TIMEOUT_HEADER.to_string(), timeout.to_string()));
-            Ok(())
+    let field = HeaderField {
+        field: "activation_timeout",
+        header: ACTIVATION_TIMEOUT_HEADER,
+        what: "activation timeout",
+        unit: "whole ms from 1 to 2147483647",
+    };
+    field.put(headers, timeout, 1..=MAX_ACTIVATION_TIMEOUT_MS)
+}
+
+/// A create's field that the job keeps as a custom header, which a client
+/// may give instead: 0 in the field is "not given".
+struct HeaderField {
+    field: &'static str,
+    header: &'static str,
+    what: &'static str,
+    unit: &'static str,
+}
+
+impl HeaderField {
+    /// Puts `value` in `headers`, or checks the header a client gave: in
+    /// `valid` (which `unit` says in words), and the same as `value` when
+    /// both are given.
+    fn put(
+        &self,
+        headers: &mut Vec<(String, String)>,
+        value: i64,
+        valid: std::ops::RangeInclusive<i64>,
+    ) -> Result<(), ApiError> {
+        let HeaderField { field, header, what, unit } = self;
+        let given = headers.iter().find(|(name, _)| name == header).map(|(_, text)| text.clone());
+        match given {
+            None if value == 0 => Ok(()),
+            None if valid.contains(&value) => {
+                headers.push((header.to_string(), value.to_string()));
+                Ok(())
+            }
+            None => Err(ApiError::InvalidArgument(format!("{field} must be 0 (none) or {unit}, got {value}"))),
+            Some(text) => match text.parse::<i64>() {
+                Ok(given) if valid.contains(&given) && (value == 0 || value == given) => Ok(()),
+                Ok(given) if valid.contains(&given) => Err(ApiError::InvalidArgument(format!(
+                    "{field} {value} and the custom header {header} ({given}) disagree; give one"
+                ))),
+                _ => Err(ApiError::InvalidArgument(format!(
+                    "the custom header {header} is the job's {what}: {unit}, got {text:?}"
+                ))),
+            },
         }
-        None => Err(ApiError::InvalidArgument(format!(
-            "activation_timeout must be 0 (the worker's) or from 1 to {MAX_ACTIVATION_TIMEOUT_MS} ms, got {timeout}"
-        ))),
-        Some(text) => match text.parse::<i64>() {
-            Ok(given) if valid(given) && (timeout == 0 || timeout == given) => Ok(()),
-            Ok(given) if valid(given) => Err(ApiError::InvalidArgument(format!(
-                "activation_timeout {timeout} and the custom header {ACTIVATION_TIMEOUT_HEADER} ({given}) disagree; \
-                 give one"
-            ))),
-            _ => Err(ApiError::InvalidArgument(format!(
-                "the custom header {ACTIVATION_TIMEOUT_HEADER} is the job's activation timeout: whole ms from 1 to \
-                 {MAX_ACTIVATION_TIMEOUT_MS}, got {text:?}"
-            ))),
-        },
     }
 }
 
@@ -579,6 +593,22 @@ mod timeout_tests {
         assert_eq!(timeout(created(0, Some("90000")).unwrap()), Some(90_000));
         assert_eq!(timeout(created(90_000, Some("90000")).unwrap()), Some(90_000), "the two agree");
         assert_eq!(timeout(created(MAX_ACTIVATION_TIMEOUT_MS, None).unwrap()), Some(MAX_ACTIVATION_TIMEOUT_MS));
+    }
+
+    #[test]
+    fn an_expiry_is_put_and_checked_the_same_way() {
+        let mut headers = Vec::new();
+        expiry(&mut headers, 5_000).unwrap();
+        assert_eq!(headers, vec![(EXPIRES_AT_HEADER.to_string(), "5000".to_string())]);
+        expiry(&mut headers, 0).unwrap();
+        expiry(&mut headers, 5_000).unwrap();
+        let error = expiry(&mut headers, 6_000).unwrap_err().to_string();
+        assert!(error.contains("disagree"), "{error}");
+        let error = expiry(&mut Vec::new(), -1).unwrap_err().to_string();
+        assert!(error.contains("expires_at must be 0 (none) or a Unix time in ms above 0"), "{error}");
+        let mut bad = vec![(EXPIRES_AT_HEADER.to_string(), "soon".to_string())];
+        let error = expiry(&mut bad, 0).unwrap_err().to_string();
+        assert!(error.contains("is the job's expiry"), "{error}");
     }
 
     #[test]
