@@ -22,7 +22,7 @@ use serde::de::DeserializeOwned;
 use serde::Serialize;
 
 /// The data version this build writes.
-pub const DATA_VERSION: u16 = 19;
+pub const DATA_VERSION: u16 = 20;
 /// The oldest data version this build reads: 6, the encodings of storage
 /// format 6, which carried no version.
 pub const OLDEST_VERSION: u16 = 6;

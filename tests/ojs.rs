@@ -8,7 +8,7 @@ mod common;
 
 use std::time::Duration;
 
-use common::{eventually, http_exchange, LocalNode, ProcessCluster};
+use common::{eventually, http_exchange, http_get, LocalNode, ProcessCluster};
 use drover::proto::gateway as pb;
 use drover::proto::zeebe as zb;
 use serde_json::{json, Value};
@@ -701,6 +701,50 @@ async fn a_stale_workers_ack_never_lands_on_the_next_activation() {
     let (code, answer) = ojs.post("/ojs/v1/workers/ack", json!({"job_id": job["id"]})).await;
     assert_error(code, &answer, 409, "conflict");
     assert_eq!(ojs.job(&job["id"]).await["state"], "completed");
+}
+
+/// An ack of a job the binding named is one write: the partition checks the
+/// id and the activation, so the gateway reads nothing, whether the ack
+/// names its attempt, its worker, or neither. A client's own id is read
+/// first, as before.
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn an_ack_is_one_write_with_no_read_of_the_job() {
+    let node = node().await;
+    let ojs = Ojs::of(&node);
+    let admin = node.node().admin_addr.to_string();
+    let reads = || async {
+        let (_, body) = http_get(&admin, "/metrics").await.unwrap();
+        common::metric_sum(&body, "drover_gateway_job_reads_total")
+    };
+    let acks = [json!({}), json!({"worker_id": "w1"}), json!({"attempt": 1}), json!({"attempt": 1, "worker_id": "w1"})];
+    for extra in acks {
+        let job = ojs.enqueue(json!({"type": "t.one", "args": [], "options": {"queue": "one-write"}})).await;
+        let (code, fetched) =
+            ojs.post("/ojs/v1/workers/fetch", json!({"queues": ["one-write"], "worker_id": "w1"})).await;
+        assert_eq!((code, &fetched["jobs"][0]["id"]), (200, &job["id"]), "{fetched}");
+        let mut ack = json!({"job_id": job["id"], "result": {"done": true}});
+        ack.as_object_mut().unwrap().extend(extra.as_object().unwrap().clone());
+        let before = reads().await;
+        let (code, answer) = ojs.post("/ojs/v1/workers/ack", ack.clone()).await;
+        assert_eq!(
+            (code, answer["state"].as_str(), answer["attempt"].as_u64()),
+            (200, Some("completed"), Some(1)),
+            "{ack}: {answer}"
+        );
+        assert_eq!(reads().await, before, "the ack {ack} read the job");
+        let done = ojs.job(&job["id"]).await;
+        assert_eq!((done["state"].as_str(), done["result"].clone()), (Some("completed"), json!({"done": true})));
+    }
+    // A client's id leads to no key: the job is read by it, then completed.
+    let id = "019461a8-1a2b-7c3d-8e4f-5a6b7c8d9e0f";
+    let job = ojs.enqueue(json!({"id": id, "type": "t.own", "args": [], "options": {"queue": "own-id"}})).await;
+    assert_eq!(job["id"], id);
+    let (_, fetched) = ojs.post("/ojs/v1/workers/fetch", json!({"queues": ["own-id"]})).await;
+    assert_eq!(fetched["jobs"][0]["id"], id, "{fetched}");
+    let before = reads().await;
+    let (code, answer) = ojs.post("/ojs/v1/workers/ack", json!({"job_id": id})).await;
+    assert_eq!((code, answer["state"].as_str()), (200, Some("completed")), "{answer}");
+    assert!(reads().await > before, "a client's id is found by a read");
 }
 
 #[tokio::test(flavor = "multi_thread", worker_threads = 2)]

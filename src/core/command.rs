@@ -352,6 +352,20 @@ pub enum Command {
     RenewLeases {
         gap_ms: Millis,
     },
+    /// A completion that names its job by an outside id and perhaps not its
+    /// activation (an Open Job Spec ack), with what it must find there
+    /// ([`super::Guard`]): decided at apply, so its gateway need not read
+    /// the job first. `attempt` is the activation's fence as for
+    /// [`Command::Complete`], or 0 for whichever activation holds the job
+    /// (never an override: the guard judges it). A job the id does not name
+    /// is NOT_FOUND. Answers [`CommandResult::Completed`]. Data version 20
+    /// ([`super::GUARDED_OUTCOMES`]).
+    CompleteGuarded {
+        key: JobKey,
+        attempt: u32,
+        variables: Bytes,
+        guard: super::Guard,
+    },
 }
 
 /// What every partition holds alike because gateways send it to every
@@ -523,6 +537,7 @@ impl Command {
             Command::RenewLeases { .. } => {
                 (super::session::LEASES_BY_MARGIN, "restarting only the leases a take-over threatens")
             }
+            Command::CompleteGuarded { .. } => (super::GUARDED_OUTCOMES, "completions guarded at their partition"),
             _ => return None,
         })
     }
@@ -542,6 +557,11 @@ impl Command {
             | Command::FailByPolicy { key, attempt, .. }
             | Command::UpdateTimeout { key, attempt, .. }
             | Command::Checkpoint { key, attempt, .. } => Some((*key, Some(*attempt), Verb::Work)),
+            // Attempt 0 names whichever activation the guard admits, not an
+            // override: judged as any worker's command on the job.
+            Command::CompleteGuarded { key, attempt, .. } => {
+                Some((*key, Some(*attempt).filter(|a| *a != 0), Verb::Work))
+            }
             Command::UpdateRetries { key, .. } | Command::Cancel { key, .. } => Some((*key, None, Verb::Manage)),
             _ => None,
         }
@@ -588,6 +608,16 @@ impl Command {
                 field_len(a.job_type.len()) + field_len(tenants) + field_len(a.worker.len()) + field_len(takers) + 32
             }
             Command::Complete { variables, .. } => field_len(variables.len()) + 16,
+            Command::CompleteGuarded { variables, guard, .. } => {
+                let identity = match &guard.identity {
+                    Some(super::Identity::Header { name, value }) => field_len(name.len()) + field_len(value.len()),
+                    Some(super::Identity::Stamped { chosen, stamp, .. }) => {
+                        field_len(chosen.len()) + field_len(stamp.len()) + 8
+                    }
+                    None => 0,
+                };
+                field_len(variables.len()) + identity + field_len(guard.worker.len()) + 24
+            }
             Command::Fail { error_message, variables, .. } => {
                 field_len(error_message.len()) + field_len(variables.len()) + 32
             }
@@ -715,6 +745,11 @@ pub enum CommandResult {
     Failed {
         retries: i32,
         back_off_ms: i64,
+    },
+    /// A guarded completion's answer ([`Command::CompleteGuarded`]): the
+    /// attempt it completed, which its sender may not have named.
+    Completed {
+        attempt: u32,
     },
 }
 

@@ -10,6 +10,7 @@
 mod command;
 mod engine;
 mod failure;
+mod guard;
 mod history;
 mod ids;
 mod job;
@@ -30,6 +31,7 @@ pub use engine::{
     RequestTable, StateSnapshot,
 };
 pub use failure::*;
+pub use guard::{lapse, Guard, Identity, Refusal, GUARDED_OUTCOMES};
 pub use history::*;
 pub use ids::*;
 pub use job::*;
@@ -48,6 +50,8 @@ mod authorize_tests;
 mod expiry_tests;
 #[cfg(test)]
 mod growth_tests;
+#[cfg(test)]
+mod guard_tests;
 #[cfg(test)]
 mod limit_tests;
 #[cfg(test)]

@@ -56,6 +56,7 @@ async fn read_on(
             "no job with {job} (it names partition {partition}, which does not exist)"
         )));
     }
+    metrics::counter!(crate::metrics::JOB_READS).increment(1);
     let request_bytes: bytes::Bytes = match job {
         JobRef::Key(_) => Default::default(),
         JobRef::Request(request) => bincode::serialize(request).map_err(|e| ApiError::Internal(e.to_string()))?.into(),

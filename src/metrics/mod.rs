@@ -23,6 +23,10 @@ pub const OJS_REQUESTS: &str = "drover_ojs_requests_total";
 pub const OJS_REQUEST_SECONDS: &str = "drover_ojs_request_seconds";
 /// Requests a node's cluster service answered, by method and code.
 pub const CLUSTER_REQUESTS: &str = "drover_cluster_requests_total";
+/// Jobs a gateway read from partition leaders (GetJob, and the reads
+/// behind the Open Job Spec's and Zeebe's answers): with the jobs finished,
+/// what a job costs in reads.
+pub const JOB_READS: &str = "drover_gateway_job_reads_total";
 /// Messages on the job streams of drover.v1 (CreateJobs, CompleteJobs,
 /// StreamActivatedJobs and their batch forms), both ways, by method: with
 /// the jobs they carried, what a job costs in messages.
@@ -64,6 +68,7 @@ pub fn register_metrics() {
     let counters: &[(&str, &str)] = &[
         ("drover_plan_moves_total", "Partitions this node moved to the cluster plan's voters, as their leader (docs/membership.md)"),
         ("drover_plan_step_failures_total", "Tries to move a partition to the plan's voters that failed and are tried again"),
+        (JOB_READS, "Jobs a gateway read from partition leaders (GetJob, and the reads behind OJS's and Zeebe's answers)"),
         ("drover_jobs_total", "Jobs reaching an outcome (created, activated, completed, failed, timed_out, yielded, incident, cancelled), counted by the partition leader"),
         ("drover_gateway_job_stream_push_total", "Jobs a gateway handed to a stream client"),
         ("drover_gateway_job_stream_push_fail_try_total", "Tries to hand a pushed job to a client that was not ready"),

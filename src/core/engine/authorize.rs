@@ -20,6 +20,7 @@ impl PartitionState {
             // Judged above by their entry in `Command::acts_on`; one missing
             // there is refused, never let through.
             Command::Complete { .. }
+            | Command::CompleteGuarded { .. }
             | Command::Fail { .. }
             | Command::FailByPolicy { .. }
             | Command::UpdateTimeout { .. }

@@ -14,8 +14,8 @@ use crate::core::retry;
 use crate::core::workflow::StepState;
 use crate::core::{
     describe_fence, event_text, fence_admits, payload_fingerprint, Checkpoint, CommandError, CommandResult, EventKind,
-    FailReason, History, Job, JobKey, JobSpec, JobState, Lifecycle, NewJob, Outcome, RequestId, Tally, YieldReason,
-    TAGGED_ATTEMPT,
+    FailReason, Guard, History, Job, JobKey, JobSpec, JobState, Lifecycle, NewJob, Outcome, Refusal, RequestId, Tally,
+    YieldReason, TAGGED_ATTEMPT,
 };
 
 /// A worker's failure of an attempt, as [`crate::core::Command::Fail`] carries it.
@@ -67,6 +67,36 @@ impl PartitionState {
         out.finished.push(job);
         self.step_ended(key, StepState::Completed, variables, "", out);
         Ok(CommandResult::Done)
+    }
+
+    /// A completion that must pass `guard` first ([`Command::CompleteGuarded`]).
+    pub(super) fn complete_guarded(
+        &mut self,
+        key: JobKey,
+        attempt: u32,
+        variables: &Bytes,
+        guard: &Guard,
+        out: &mut ApplyOutput,
+    ) -> Result<CommandResult, CommandError> {
+        let Some(job) = self.jobs.get(&key) else {
+            return Err(self.absent(key));
+        };
+        match guard.admits(job) {
+            Err(Refusal::NotThisJob) => return Err(CommandError::not_found(key)),
+            Err(Refusal::NotThisActivation(why)) => return Err(CommandError::precondition(why)),
+            Ok(()) => {}
+        }
+        // Whichever activation holds the job; a job not held is refused by
+        // the fence as any completion is.
+        let fence = if attempt == 0 && job.state == JobState::Activated { job.attempt } else { attempt };
+        if fence == 0 {
+            return Err(CommandError::precondition(format!(
+                "cannot complete job {key}: it is {}, not activated",
+                job.state.as_str()
+            )));
+        }
+        self.complete(key, fence, variables, out)?;
+        Ok(CommandResult::Completed { attempt: fence })
     }
 
     pub(super) fn fail(&mut self, failure: Failure<'_>, out: &mut ApplyOutput) -> Result<CommandResult, CommandError> {

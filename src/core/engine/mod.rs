@@ -372,6 +372,9 @@ impl PartitionState {
             Command::Create(new_job) => self.create_or_redirect(new_job, out),
             Command::Activate(activation) => self.activate_for(activation, out),
             Command::Complete { key, attempt, variables } => self.complete(*key, *attempt, variables, out),
+            Command::CompleteGuarded { key, attempt, variables, guard } => {
+                self.complete_guarded(*key, *attempt, variables, guard, out)
+            }
             Command::Fail {
                 key,
                 attempt,

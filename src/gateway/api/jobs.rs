@@ -8,7 +8,7 @@ use std::time::{Duration, Instant};
 
 use super::{fence, job_ref, key_of, listing, render, settle, validate, ApiError, Call, JobApi, Repeat};
 use crate::auth::{Principal, Verb};
-use crate::core::{Command, CommandResult, FailReason, Job, JobKey, JobState, NewJob, PartitionId};
+use crate::core::{Command, CommandResult, FailReason, Guard, Job, JobKey, JobState, NewJob, PartitionId};
 use crate::leaders;
 use crate::leaders::fanout::run_chunk;
 use crate::proto::gateway as pb;
@@ -30,6 +30,44 @@ impl JobApi {
     /// it out meanwhile, and moves each activation's deadline itself.
     pub fn takes_activation_timeouts(&self) -> bool {
         leaders::versions::cluster_reads(&self.ctx, crate::core::JOB_TIMEOUTS)
+    }
+
+    /// Whether a completion may carry a guard ([`Command::CompleteGuarded`]):
+    /// every member reads data version 20 ([`crate::core::GUARDED_OUTCOMES`]).
+    pub fn takes_guarded_outcomes(&self) -> bool {
+        leaders::versions::cluster_reads(&self.ctx, crate::core::GUARDED_OUTCOMES)
+    }
+
+    /// Completes the job at `key` if it passes `guard`, in one write,
+    /// answering the attempt it completed; `attempt` 0 is whichever
+    /// activation holds the job. A refusal comes back as the partition gave
+    /// it, unread: the caller named the job by an outside id and judges what
+    /// the refusal means (the job at `key` may not be the one it named, so a
+    /// repeat cannot be told here).
+    pub async fn complete_guarded(
+        &self,
+        call: &Call,
+        key: u64,
+        attempt: u32,
+        variables: String,
+        guard: Guard,
+    ) -> Result<u32, ApiError> {
+        let key = key_of(key)?;
+        if key.partition() >= self.ctx.topology.partition_count() || key.counter() == 0 {
+            return Err(ApiError::NotFound(format!("no job with key {key}")));
+        }
+        let variables = validate::json_object("variables", variables)?;
+        let command = Command::CompleteGuarded { key, attempt, variables, guard };
+        let results =
+            leaders::submit_as(&self.ctx, Some(&call.principal), key.partition(), vec![command], call.deadline).await;
+        let result = match results.map(|mut results| results.pop()) {
+            Ok(Some(CommandResult::Completed { attempt })) => Ok(attempt),
+            Ok(Some(CommandResult::Rejected(error))) => Err(error.into()),
+            Ok(other) => Err(ApiError::Internal(format!("a guarded completion was answered {other:?}"))),
+            Err(error) => Err(error),
+        };
+        self.answered(key, result.as_ref().map_or(attempt, |done| *done), &result);
+        result
     }
 
     pub async fn create(&self, call: &Call, request: pb::CreateJobRequest) -> Result<pb::CreateJobResponse, ApiError> {

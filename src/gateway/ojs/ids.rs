@@ -20,6 +20,12 @@ pub fn job_id(key: JobKey, at_ms: i64) -> String {
 /// A client's id passes the check by chance one time in 1024: callers
 /// confirm by reading the job and comparing its id.
 pub fn key_of(id: &str) -> Option<JobKey> {
+    stamped_key_of(id).map(|(key, _)| key)
+}
+
+/// The key a server-made id carries and the time it was made with (Unix
+/// ms), if `id` is one; as [`key_of`], only the job's id confirms it.
+pub fn stamped_key_of(id: &str) -> Option<(JobKey, i64)> {
     if !is_uuidv7(id) {
         return None;
     }
@@ -29,7 +35,7 @@ pub fn key_of(id: &str) -> Option<JobKey> {
     let rand_b = value & ((1 << 62) - 1);
     let random = (rand_a << 62) | rand_b;
     let key = JobKey(random as u64);
-    (u128::from(check(key, at_ms)) == random >> 64).then_some(key)
+    (u128::from(check(key, at_ms)) == random >> 64).then_some((key, at_ms))
 }
 
 fn check(key: JobKey, at_ms: i64) -> u16 {
@@ -60,6 +66,7 @@ mod tests {
             let id = job_id(key, at);
             assert!(is_uuidv7(&id), "{id}");
             assert_eq!(key_of(&id), Some(key), "{id}");
+            assert_eq!(stamped_key_of(&id), Some((key, at)), "{id}");
         }
         assert_ne!(job_id(JobKey::new(0, 1), 5), job_id(JobKey::new(0, 2), 5));
     }

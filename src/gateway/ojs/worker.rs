@@ -1,16 +1,19 @@
 //! OJS's worker endpoints: fetch (jobs from several queues, in the order
 //! given), ack, nack (with the job's retry policy) and heartbeat.
 //!
-//! An ack or nack names a job by id, so the gateway reads the job first and
-//! acts on the activation it finds, fenced by its attempt (a job activated
-//! again meanwhile refuses the outcome at its partition). A request that
-//! names the activation (`attempt`, which a fetch answers, or else
-//! `worker_id`) is refused when the job's activation is another one: a
-//! stale worker's outcome never lands on the next worker's activation. An
-//! ack always reads the job first (an id a client chose could pass a check
-//! of a server-made one by chance and name another job's key); a repeat of
-//! it (a retry after a lost answer) is answered OK, as Drover answers a
-//! repeated completion.
+//! An ack or nack names a job by id. A request that names the activation
+//! (`attempt`, which a fetch answers, or else `worker_id`) is refused when
+//! the job's activation is another one: a stale worker's outcome never
+//! lands on the next worker's activation; one that names neither is refused
+//! once an earlier activation lapsed. An ack of a job this binding named is
+//! one write from data version 20: the partition checks the id and the
+//! activation at apply ([`crate::core::Guard`]). Otherwise, and on any
+//! refusal, the gateway reads the job and acts on the activation it finds,
+//! fenced by its attempt (an id a client chose could pass the check of a
+//! server-made one by chance and name another job's key; the read tells).
+//! A repeated ack (a retry after a lost answer, naming its attempt and
+//! result) is answered OK, as Drover answers a repeated completion. A nack
+//! still reads the job first: its answer tells the job's policy.
 //!
 //! A job's own timeout (`options.timeout_ms` or `visibility_timeout_ms`)
 //! is its activation timeout at its partition from data version 19; a fetch
@@ -30,10 +33,10 @@ use serde_json::{json, Map, Value};
 
 use super::envelope::{self, Stored};
 use super::time::rfc3339;
-use super::{now_ms, reply, JsonBody, Ojs, OjsCall, OjsError};
+use super::{ids, now_ms, reply, JsonBody, Ojs, OjsCall, OjsError};
 use crate::auth::Verb;
 use crate::core::retry::{RetryPolicy as EnginePolicy, RETRY_POLICY_HEADER};
-use crate::core::ACTIVATION_TIMEOUT_HEADER;
+use crate::core::{Guard, Identity, ACTIVATION_TIMEOUT_HEADER};
 use crate::gateway::api::{ApiError, MAX_JOB_TYPES};
 use crate::proto::gateway as pb;
 
@@ -304,10 +307,13 @@ pub(super) async fn ack(State(ojs): State<Ojs>, call: OjsCall, JsonBody(body): J
             }),
         )
     };
-    // The job is read first, and its id compared: an id a client chose
-    // passes the check of a server-made one by chance one time in 1024, and
-    // would then name another job's key.
     let id = job_id(&body)?;
+    if let Some(attempt) = guarded_ack(&ojs, &call, &id, &body, &variables).await? {
+        return Ok(acked(&id, attempt));
+    }
+    // Read first, and the id compared: an id a client chose passes the
+    // check of a server-made one by chance one time in 1024, and would then
+    // name another job's key.
     let job = ojs.find_for(&call, &id, !names_activation(&body), Verb::Work).await?;
     // The same ack again (its answer was lost): the job completed by the
     // attempt it names, with its result.
@@ -321,6 +327,42 @@ pub(super) async fn ack(State(ojs): State<Ojs>, call: OjsCall, JsonBody(body): J
     let request = pb::CompleteJobRequest { key: job.key, variables, attempt: job.attempt, ..Default::default() };
     ojs.api.complete(&call, request).await.map_err(|e| moved_on(&id, e))?;
     Ok(acked(&id, job.attempt))
+}
+
+/// An ack in one write, for a job this binding named: its partition checks
+/// at apply what [`held`] checks of a read (that the id is the job's, and
+/// the activation the request names, or that none lapsed), and answers the
+/// attempt it completed. `None` when the job must be read to answer: a
+/// client's id, a cluster below data version 20, or a refusal (the read
+/// tells a repeat from an id that is not the job's, and says why the
+/// activation is over).
+async fn guarded_ack(
+    ojs: &Ojs,
+    call: &OjsCall,
+    id: &str,
+    body: &Value,
+    variables: &str,
+) -> Result<Option<u32>, OjsError> {
+    let Some((key, at)) = ids::stamped_key_of(id).filter(|_| ojs.api.takes_guarded_outcomes()) else {
+        return Ok(None);
+    };
+    let attempt = match body.get("attempt").map(|a| a.as_u64().and_then(|a| u32::try_from(a).ok())) {
+        None => 0,
+        Some(Some(attempt)) if attempt != 0 => attempt,
+        Some(_) => return Ok(None),
+    };
+    let worker = match body.get("worker_id").and_then(Value::as_str) {
+        _ if attempt != 0 => String::new(),
+        Some("") => return Ok(None),
+        worker => worker.unwrap_or_default().to_string(),
+    };
+    let identity = Identity::Stamped { chosen: envelope::ID.into(), stamp: envelope::AT.into(), at };
+    let guard = Guard { identity: Some(identity), no_lapse: attempt == 0 && worker.is_empty(), worker };
+    match ojs.api.complete_guarded(call, key.0, attempt, variables.to_string(), guard).await {
+        Ok(attempt) => Ok(Some(attempt)),
+        Err(ApiError::NotFound(_) | ApiError::FailedPrecondition(_) | ApiError::Finished(_)) => Ok(None),
+        Err(error) => Err(error.into()),
+    }
 }
 
 /// `POST /ojs/v1/workers/nack`: `{job_id, error?, requeue?, attempt?,
