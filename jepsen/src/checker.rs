@@ -736,11 +736,20 @@ pub fn check(history: &[Op], finals: &FinalReads, replicas: impl Fn(u64) -> Vec<
         }
     }
 
-    // One activation handed out more than once: an attempt is one worker's.
-    let mut handed: BTreeMap<(u64, u32), Vec<&Op>> = BTreeMap::new();
+    // Each key's activations, in history order: looked up per job below (a
+    // scan of the whole history per completed job took minutes on long runs).
+    let mut activated: BTreeMap<u64, Vec<&Op>> = BTreeMap::new();
     for op in history.iter().filter(|o| o.kind == Kind::Activate && o.phase == Phase::Ok) {
         if let Some(key) = op.key {
-            handed.entry((key, op.attempt)).or_default().push(op);
+            activated.entry(key).or_default().push(op);
+        }
+    }
+
+    // One activation handed out more than once: an attempt is one worker's.
+    let mut handed: BTreeMap<(u64, u32), Vec<&Op>> = BTreeMap::new();
+    for (key, ops) in &activated {
+        for op in ops {
+            handed.entry((*key, op.attempt)).or_default().push(op);
         }
     }
     for ((key, attempt), ops) in &handed {
@@ -758,13 +767,8 @@ pub fn check(history: &[Op], finals: &FinalReads, replicas: impl Fn(u64) -> Vec<
     // client heard the completion of an earlier one acknowledged.
     for (key, done) in &completions {
         let first = done.iter().min_by_key(|o| o.time_ms).expect("a completion");
-        let later = history.iter().filter(|o| {
-            o.kind == Kind::Activate
-                && o.phase == Phase::Ok
-                && o.key == Some(*key)
-                && o.attempt > first.attempt
-                && o.time_ms > first.time_ms
-        });
+        let later =
+            activated.get(key).into_iter().flatten().filter(|o| o.attempt > first.attempt && o.time_ms > first.time_ms);
         for op in later {
             report.activated_after_completion.push(AfterCompletion {
                 id: first.id,
@@ -784,20 +788,12 @@ pub fn check(history: &[Op], finals: &FinalReads, replicas: impl Fn(u64) -> Vec<
     for op in history.iter().filter(|o| o.kind == Kind::Complete && o.phase == Phase::Invoke) {
         invoked_at.insert((op.process, op.id, op.attempt), op.time_ms);
     }
-    // Each key's activations (attempt, time), looked up per completion: a
-    // scan of the whole history per completion took minutes on long runs.
-    let mut activations: BTreeMap<u64, Vec<(u32, u64)>> = BTreeMap::new();
-    for op in history.iter().filter(|o| o.kind == Kind::Activate && o.phase == Phase::Ok) {
-        if let Some(key) = op.key {
-            activations.entry(key).or_default().push((op.attempt, op.time_ms));
-        }
-    }
     for (key, ops) in &completions {
         for done in ops {
             let Some(&started) = invoked_at.get(&(done.process, done.id, done.attempt)) else { continue };
-            let superseded = activations
+            let superseded = activated
                 .get(key)
-                .is_some_and(|acts| acts.iter().any(|(attempt, at)| *attempt > done.attempt && *at < started));
+                .is_some_and(|acts| acts.iter().any(|o| o.attempt > done.attempt && o.time_ms < started));
             if superseded && !report.stale.contains(key) {
                 report.stale.push(*key);
             }

@@ -12,6 +12,7 @@
 //! must be activated again within [`RECOVERY_BOUND_MS`].
 
 use std::collections::BTreeMap;
+use std::os::unix::process::CommandExt;
 use std::path::{Path, PathBuf};
 use std::process::{Child, Command, Stdio};
 
@@ -76,7 +77,17 @@ impl Workers {
             log = self.log.display()
         );
         let stderr = std::fs::File::create(self.dir.join(format!("{name}.log")))?;
-        let child = Command::new(&self.drover)
+        let mut command = Command::new(&self.drover);
+        // Dies with the run, as its nodes do: a run stopped at its bound
+        // leaves no worker beating at the next run's addresses.
+        // SAFETY: prctl only, between fork and exec.
+        unsafe {
+            command.pre_exec(|| {
+                libc::prctl(libc::PR_SET_PDEATHSIG, libc::SIGKILL as libc::c_ulong, 0, 0, 0);
+                Ok(())
+            });
+        }
+        let child = command
             .arg("worker")
             .args(["--address", &gateways, "--type", SESSION_TYPE, "--name", &name, "--exec", &script])
             .args(["--concurrency", &CONCURRENCY.to_string(), "--timeout", &ACTIVATION_TIMEOUT_MS.to_string()])
