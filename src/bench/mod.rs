@@ -306,7 +306,7 @@ pub async fn run(args: BenchArgs) -> anyhow::Result<bool> {
                 Some(cluster) => cluster.nodes.iter().map(|n| n.ojs.clone()).collect(),
                 None => args.ojs_address.clone(),
             };
-            let figures = ojs::ojs(&args, &addresses).await?;
+            let figures = ojs::ojs(&args, &addresses, cluster.as_ref()).await?;
             clean &= figures.lost == 0 && figures.completed_twice == 0;
             if args.json {
                 println!("{}", serde_json::to_string(&Report { workload: *workload, parameters: &args, figures })?);

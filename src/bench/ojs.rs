@@ -13,6 +13,8 @@ use http_body_util::{BodyExt, Full};
 use serde::Serialize;
 use serde_json::{json, Value};
 
+use super::local::LocalCluster;
+use super::workload::total;
 use super::BenchArgs;
 
 /// Jobs a worker asks for per fetch.
@@ -35,18 +37,26 @@ pub struct OjsFigures {
     pub enqueue_per_s: f64,
     /// HTTP requests per job (enqueue, fetches, acks).
     pub requests_per_job: f64,
+    /// What the gateways read of jobs, per job (local nodes; none from a
+    /// build that does not count them).
+    pub job_reads_per_job: Option<f64>,
+    /// Commands the partition leaders proposed per job: its writes.
+    pub raft_commands_per_job: Option<f64>,
 }
 
 impl OjsFigures {
     pub fn print(&self) {
         println!(
             "ojs: {} jobs in {:.1} s through the OJS HTTP port: {:.0} jobs/s end to end, {:.0} enqueues/s; \
-             {:.2} requests per job; {} producers, {} workers; lost {}, completed twice {}, request errors {}",
+             {:.2} requests, {} job reads and {} Raft commands per job; {} producers, {} workers; lost {}, \
+             completed twice {}, request errors {}",
             self.jobs_created,
             self.elapsed_s,
             self.jobs_per_s,
             self.enqueue_per_s,
             self.requests_per_job,
+            per_job(self.job_reads_per_job),
+            per_job(self.raft_commands_per_job),
             self.producers,
             self.workers,
             self.lost,
@@ -55,6 +65,13 @@ impl OjsFigures {
         );
     }
 }
+
+fn per_job(figure: Option<f64>) -> String {
+    figure.map_or_else(|| "n/a".into(), |f| format!("{f:.2}"))
+}
+
+/// What the nodes counted, read before and after the run.
+const COUNTED: [&str; 2] = [crate::metrics::JOB_READS, "drover_raft_commands_per_entry_sum"];
 
 /// One keep-alive HTTP/1.1 connection to an OJS port.
 struct Conn {
@@ -97,9 +114,13 @@ impl Conn {
 }
 
 /// Runs the workload against OJS ports `addresses`.
-pub async fn ojs(args: &BenchArgs, addresses: &[String]) -> anyhow::Result<OjsFigures> {
+pub async fn ojs(args: &BenchArgs, addresses: &[String], cluster: Option<&LocalCluster>) -> anyhow::Result<OjsFigures> {
     if addresses.is_empty() {
         bail!("the ojs workload needs OJS ports: run it with --local-nodes, or give --ojs-address");
+    }
+    let mut counted_before = Vec::new();
+    for name in COUNTED {
+        counted_before.push(total(cluster, name).await);
     }
     let jobs = args.jobs;
     let (producers, workers) = (args.producers.max(1), args.workers.max(1));
@@ -187,6 +208,11 @@ pub async fn ojs(args: &BenchArgs, addresses: &[String]) -> anyhow::Result<OjsFi
     let elapsed = started.elapsed().as_secs_f64();
     let unique: u64 = done.iter().map(|w| u64::from(w.load(Ordering::Relaxed).count_ones())).sum();
     let created = created.load(Ordering::Relaxed);
+    let mut per_job = Vec::new();
+    for (name, before) in COUNTED.into_iter().zip(counted_before) {
+        let after = total(cluster, name).await;
+        per_job.push(after.map(|after| (after - before.unwrap_or(0.0)) / created.max(1) as f64));
+    }
     Ok(OjsFigures {
         producers,
         workers,
@@ -199,5 +225,7 @@ pub async fn ojs(args: &BenchArgs, addresses: &[String]) -> anyhow::Result<OjsFi
         jobs_per_s: unique as f64 / elapsed,
         enqueue_per_s: created as f64 / enqueue_elapsed,
         requests_per_job: requests.load(Ordering::Relaxed) as f64 / created.max(1) as f64,
+        job_reads_per_job: per_job[0],
+        raft_commands_per_job: per_job[1],
     })
 }

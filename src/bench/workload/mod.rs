@@ -20,6 +20,7 @@ use clients::*;
 pub use clients::{authenticate, trust};
 pub(crate) use clients::{next_job, now_micros};
 pub use figures::{Figures, Percentiles};
+pub(super) use samples::total;
 use samples::*;
 
 /// Give up waiting for completions after this long without progress.

@@ -89,6 +89,22 @@ pub(super) async fn sample_per_node(cluster: Option<&LocalCluster>, prefix: &str
     out
 }
 
+/// The sum over the local nodes of every sample of `name`, whatever its
+/// labels; `None` when no node reports it (a build without the metric).
+pub(in crate::bench) async fn total(cluster: Option<&LocalCluster>, name: &str) -> Option<f64> {
+    let cluster = cluster?;
+    let mut sum = None;
+    for index in 0..cluster.nodes.len() {
+        let Ok((_, body)) = cluster.admin_get(index, "/metrics").await else { continue };
+        for line in body.lines().filter(|l| l.strip_prefix(name).is_some_and(|rest| rest.starts_with([' ', '{']))) {
+            if let Some(value) = line.rsplit(' ').next().and_then(|v| v.parse::<f64>().ok()) {
+                *sum.get_or_insert(0.0) += value;
+            }
+        }
+    }
+    sum
+}
+
 pub(super) fn mib(bytes: &[u64]) -> Vec<f64> {
     bytes.iter().map(|b| (*b as f64 / (1024.0 * 1024.0) * 10.0).round() / 10.0).collect()
 }
