@@ -118,6 +118,7 @@ pub fn register_metrics() {
         "drover_gateway_job_stream_push_fail_try_total",
         "drover_broker_jobs_pushed_count_total",
         "drover_gateway_jobs_polled_total",
+        JOB_READS,
         "drover_storage_wal_syncs_total",
     ] {
         metrics::counter!(name).absolute(0);
