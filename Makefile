@@ -65,8 +65,8 @@ jepsen-long: setup
 	status=$$?; cat $$log; exit $$status
 
 # Both halves run whatever the other did, and the target fails if either
-# failed. nextest runs its `ci` profile (.config/nextest.toml says why it
-# still retries once). Without root the fault suite cannot run: that fails,
+# failed. nextest runs its `ci` profile, which retries nothing
+# (.config/nextest.toml). Without root the fault suite cannot run: that fails,
 # loudly.
 test: setup
 	@status=0; \
