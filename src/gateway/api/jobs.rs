@@ -66,7 +66,11 @@ impl JobApi {
             Ok(other) => Err(ApiError::Internal(format!("a guarded completion was answered {other:?}"))),
             Err(error) => Err(error),
         };
-        self.answered(key, result.as_ref().map_or(attempt, |done| *done), &result);
+        // A refusal of attempt 0 frees nothing: "whichever activation holds
+        // the job" is then another worker's, whose stream slot it must keep.
+        if result.is_ok() || attempt != 0 {
+            self.answered(key, result.as_ref().map_or(attempt, |done| *done), &result);
+        }
         result
     }
 

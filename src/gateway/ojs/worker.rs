@@ -360,7 +360,14 @@ async fn guarded_ack(
     let guard = Guard { identity: Some(identity), no_lapse: attempt == 0 && worker.is_empty(), worker };
     match ojs.api.complete_guarded(call, key.0, attempt, variables.to_string(), guard).await {
         Ok(attempt) => Ok(Some(attempt)),
-        Err(ApiError::NotFound(_) | ApiError::FailedPrecondition(_) | ApiError::Finished(_)) => Ok(None),
+        // Answered from a read, as before guards: a job token, say, may
+        // read and complete its own activation, but not one it does not name.
+        Err(
+            ApiError::NotFound(_)
+            | ApiError::FailedPrecondition(_)
+            | ApiError::Finished(_)
+            | ApiError::PermissionDenied(_),
+        ) => Ok(None),
         Err(error) => Err(error.into()),
     }
 }
