@@ -1,8 +1,6 @@
 //! Guarded completions: the partition checks the outside id, the worker and
 //! earlier lapses at apply, and answers the attempt it completed.
 
-use std::sync::Arc;
-
 use super::*;
 
 const TYPE: &str = "render";
@@ -10,14 +8,7 @@ const CHOSEN: &str = "x.id";
 const STAMP: &str = "x.at";
 
 fn create(headers: Vec<(String, String)>) -> Command {
-    Command::Create(NewJob {
-        spec: Arc::new(JobSpec { job_type: TYPE.into(), custom_headers: headers, ..Default::default() }),
-        retries: 3,
-        run_at: None,
-        delay_ms: 0,
-        request: None,
-        dedupe_window_ms: 0,
-    })
+    Command::Create(NewJob::plain(JobSpec { job_type: TYPE.into(), custom_headers: headers, ..Default::default() }))
 }
 
 fn activate(state: &mut PartitionState, now: Millis, worker: &str) -> Vec<ActivatedJobData> {

@@ -190,6 +190,14 @@ pub struct NewJob {
     pub dedupe_window_ms: Millis,
 }
 
+impl NewJob {
+    /// A test's create of `spec`: 3 retries, due at once, no request id;
+    /// change the rest with `..`.
+    pub fn plain(spec: JobSpec) -> NewJob {
+        NewJob { spec: Arc::new(spec), retries: 3, run_at: None, delay_ms: 0, request: None, dedupe_window_ms: 0 }
+    }
+}
+
 /// Which jobs a listing or a bulk operation covers; every field that is set
 /// must match.
 #[derive(Clone, Debug, Default, PartialEq, Eq, Serialize, Deserialize)]

@@ -1,21 +1,12 @@
 //! Jobs that name their own activation timeout: each activation holds them
 //! that long, whatever the taker asks, and the create needs data version 19.
 
-use std::sync::Arc;
-
 use super::*;
 
 const TYPE: &str = "render";
 
 fn create(headers: Vec<(String, String)>) -> Command {
-    Command::Create(NewJob {
-        spec: Arc::new(JobSpec { job_type: TYPE.into(), custom_headers: headers, ..Default::default() }),
-        retries: 3,
-        run_at: None,
-        delay_ms: 0,
-        request: None,
-        dedupe_window_ms: 0,
-    })
+    Command::Create(NewJob::plain(JobSpec { job_type: TYPE.into(), custom_headers: headers, ..Default::default() }))
 }
 
 fn timed(ms: &str) -> Vec<(String, String)> {
